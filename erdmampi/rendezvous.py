@@ -1,0 +1,334 @@
+"""Rendezvous key-value store: wire protocol and client (pure Python, stdlib only).
+
+Ranks publish their addresses under ``<jobid>/...`` keys and read the others'
+(Gloo ``Store`` semantics: ``set``/``get``/``add``/``wait``/``check``/``delete``).
+The server lives in :mod:`erdmampi.launcher.store_server`; both sides use the
+encoding defined here and nothing else.
+
+Wire protocol (TCP, one persistent connection per client, request/response)::
+
+    frame    := u32 length (big endian) | body          (length = len(body))
+    request  := u8 op | field*                           field := u32 length | bytes
+    response := u8 status | field*
+
+Requests and their fields (keys are UTF-8, values opaque bytes):
+
+    ==========  ================================  ==========================
+    op          request fields                    OK response fields
+    ==========  ================================  ==========================
+    1 SET       key, value                        (none)
+    2 GET       key, timeout_ms (ASCII decimal)   value
+    3 ADD       key, delta (ASCII decimal)        new value (ASCII decimal)
+    4 WAIT      timeout_ms, key...                (none)
+    5 CHECK     key...                            b"1" or b"0"
+    6 DELETE    key                               b"1" (existed) or b"0"
+    7 PING      (none)                            (none)
+    ==========  ================================  ==========================
+
+Status is 0 OK, 1 TIMEOUT (fields: the missing keys), 2 ERROR (field: message).
+A negative ``timeout_ms`` means "wait forever". ``ADD`` stores its counter as
+ASCII decimal, so ``get`` of a counter returns e.g. ``b"3"``.
+"""
+import socket
+import struct
+import threading
+import time
+
+__all__ = ["Store", "StoreError", "encode_frame", "read_frame", "pack_fields",
+           "unpack_fields", "OP_NAMES"]
+
+OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_CHECK, OP_DELETE, OP_PING = range(1, 8)
+OP_NAMES = {OP_SET: "SET", OP_GET: "GET", OP_ADD: "ADD", OP_WAIT: "WAIT",
+            OP_CHECK: "CHECK", OP_DELETE: "DELETE", OP_PING: "PING"}
+ST_OK, ST_TIMEOUT, ST_ERROR = 0, 1, 2
+
+#: Largest frame either side accepts (protects against garbage on the port).
+MAX_FRAME = 1 << 30
+
+_U32 = struct.Struct(">I")
+
+
+class StoreError(RuntimeError):
+    """The store answered with an error, or the connection broke."""
+
+
+# -- encoding (shared with launcher/store_server.py) -------------------------
+
+def pack_fields(code, fields=()):
+    """Body of a request/response: ``u8 code`` then length-prefixed fields."""
+    parts = [bytes((code,))]
+    for f in fields:
+        f = bytes(f)
+        parts.append(_U32.pack(len(f)))
+        parts.append(f)
+    return b"".join(parts)
+
+
+def unpack_fields(body):
+    """Inverse of :func:`pack_fields`: returns ``(code, [field, ...])``."""
+    if not body:
+        raise StoreError("empty frame")
+    code = body[0]
+    fields = []
+    view = memoryview(body)
+    pos, end = 1, len(body)
+    while pos < end:
+        if pos + 4 > end:
+            raise StoreError("truncated field header")
+        (n,) = _U32.unpack_from(body, pos)
+        pos += 4
+        if pos + n > end:
+            raise StoreError("truncated field")
+        fields.append(bytes(view[pos:pos + n]))
+        pos += n
+    return code, fields
+
+
+def encode_frame(code, fields=()):
+    body = pack_fields(code, fields)
+    return _U32.pack(len(body)) + body
+
+
+def _recv_exact(sock, n):
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            return None if got == 0 else b""
+        got += k
+    return bytes(buf)
+
+
+def read_frame(sock):
+    """Read one frame; returns ``(code, fields)`` or ``None`` on a clean EOF."""
+    head = _recv_exact(sock, 4)
+    if head is None:
+        return None
+    if len(head) != 4:
+        raise StoreError("connection closed inside a frame header")
+    (n,) = _U32.unpack(head)
+    if n == 0 or n > MAX_FRAME:
+        raise StoreError(f"bad frame length {n}")
+    body = _recv_exact(sock, n)
+    if body is None or len(body) != n:
+        raise StoreError("connection closed inside a frame")
+    return unpack_fields(body)
+
+
+def _key_bytes(key):
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    raise TypeError(f"store key must be str or bytes, not {type(key).__name__}")
+
+
+def _ms(timeout):
+    if timeout is None or timeout == float("inf"):
+        return b"-1"
+    return str(max(0, int(timeout * 1000))).encode()
+
+
+def parse_address(addr):
+    """``"host:port"`` (``"[v6]:port"`` too) -> ``(host, port)``."""
+    if not isinstance(addr, str) or ":" not in addr:
+        raise ValueError(f"rendezvous address must be 'host:port', got {addr!r}")
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port)
+    except ValueError:
+        raise ValueError(f"rendezvous address {addr!r}: port is not a number") from None
+    if not host or not 0 < port < 65536:
+        raise ValueError(f"rendezvous address {addr!r} is not a valid host:port")
+    return host, port
+
+
+# -- client ------------------------------------------------------------------
+
+class Store:
+    """Client of the rendezvous store.
+
+    :param host: server host name or address.
+    :param port: server TCP port.
+    :param prefix: prepended to every key (the launcher uses ``ERDMA_JOBID + "/"``).
+    :param timeout: default seconds for connecting and for blocking ``get``/``wait``.
+
+    One persistent TCP connection serves all calls; the object is thread-safe.
+    While one thread blocks in ``get``/``wait``, other threads get an extra
+    connection of their own, so a ``set`` from another thread is never stuck
+    behind a blocking ``get``.
+    """
+
+    def __init__(self, host, port, prefix="", timeout=60.0):
+        self.host = host
+        self.port = int(port)
+        self.prefix = _key_bytes(prefix)
+        self.timeout = float(timeout)
+        self._lock = threading.Lock()
+        self._idle = []          # connected sockets not in use
+        self._all = set()
+        self._closed = False
+        self._put(self._connect(self.timeout))
+
+    @classmethod
+    def from_address(cls, addr, prefix="", timeout=60.0):
+        host, port = parse_address(addr)
+        return cls(host, port, prefix=prefix, timeout=timeout)
+
+    def __repr__(self):
+        return f"Store({self.host!r}, {self.port}, prefix={self.prefix.decode(errors='replace')!r})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- public API --
+
+    def set(self, key, value):
+        """Store ``value`` (bytes-like, or str encoded as UTF-8) under ``key``."""
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        self._call(OP_SET, [self._k(key), bytes(value)])
+
+    def get(self, key, timeout=None):
+        """Value of ``key``, waiting until it is set.
+
+        :raises TimeoutError: when the key does not appear within ``timeout``
+            seconds (default: the store's timeout).
+        """
+        t = self.timeout if timeout is None else timeout
+        st, fields = self._call(OP_GET, [self._k(key), _ms(t)], timeout=t)
+        if st == ST_TIMEOUT:
+            raise TimeoutError(f"rendezvous store {self.host}:{self.port}: key "
+                               f"{self._name(key)!r} did not appear within {t:g} s")
+        return fields[0]
+
+    def add(self, key, n=1):
+        """Atomically add ``n`` to the integer counter ``key`` (0 if absent); returns the new value."""
+        if not isinstance(n, int):
+            raise TypeError(f"add() needs an int, not {type(n).__name__}")
+        _, fields = self._call(OP_ADD, [self._k(key), str(n).encode()])
+        return int(fields[0])
+
+    def wait(self, keys, timeout=None):
+        """Block until all ``keys`` exist.
+
+        :raises TimeoutError: naming the keys still missing after ``timeout`` seconds.
+        """
+        keys = [keys] if isinstance(keys, (str, bytes)) else list(keys)
+        t = self.timeout if timeout is None else timeout
+        st, fields = self._call(OP_WAIT, [_ms(t)] + [self._k(k) for k in keys], timeout=t)
+        if st == ST_TIMEOUT:
+            missing = [f[len(self.prefix):].decode(errors="replace") for f in fields]
+            raise TimeoutError(f"rendezvous store {self.host}:{self.port}: keys "
+                               f"{missing} did not appear within {t:g} s")
+
+    def check(self, keys):
+        """True when all ``keys`` exist (does not wait)."""
+        keys = [keys] if isinstance(keys, (str, bytes)) else list(keys)
+        _, fields = self._call(OP_CHECK, [self._k(k) for k in keys])
+        return fields[0] == b"1"
+
+    def delete(self, key):
+        """Remove ``key``; returns True when it existed."""
+        _, fields = self._call(OP_DELETE, [self._k(key)])
+        return fields[0] == b"1"
+
+    def ping(self):
+        self._call(OP_PING, [])
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            socks, self._all = list(self._all), set()
+            self._idle = []
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    # Private
+
+    def _k(self, key):
+        return self.prefix + _key_bytes(key)
+
+    @staticmethod
+    def _name(key):
+        return key.decode(errors="replace") if isinstance(key, (bytes, bytearray)) else key
+
+    def _connect(self, timeout):
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            try:
+                s = socket.create_connection((self.host, self.port),
+                                             timeout=max(0.1, deadline - time.monotonic()))
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.settimeout(None)
+                return s
+            except OSError as e:
+                if time.monotonic() + delay >= deadline:
+                    raise ConnectionError(f"cannot reach the rendezvous store at "
+                                          f"{self.host}:{self.port} within {timeout:g} s: {e}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _put(self, sock):
+        with self._lock:
+            if self._closed:
+                sock.close()
+                return
+            self._all.add(sock)
+            self._idle.append(sock)
+
+    def _take(self):
+        with self._lock:
+            if self._closed:
+                raise StoreError("store client is closed")
+            if self._idle:
+                return self._idle.pop()
+        s = self._connect(self.timeout)
+        with self._lock:
+            self._all.add(s)
+        return s
+
+    def _drop(self, sock):
+        with self._lock:
+            self._all.discard(sock)
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+    def _call(self, op, fields, timeout=0.0):
+        frame = encode_frame(op, fields)
+        sock = self._take()
+        try:
+            # the server answers a blocking op at its deadline; allow slack for the wire
+            sock.settimeout(None if timeout is None or timeout == float("inf")
+                            else max(timeout, 0) + max(30.0, self.timeout))
+            sock.sendall(frame)
+            reply = read_frame(sock)
+            if reply is None:
+                raise StoreError(f"rendezvous store {self.host}:{self.port} closed the connection")
+        except (OSError, StoreError) as e:
+            self._drop(sock)
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"rendezvous store {self.host}:{self.port}: "
+                             f"{OP_NAMES[op]} failed: {e}") from e
+        except BaseException:
+            self._drop(sock)     # e.g. KeyboardInterrupt mid-frame: stream state unknown
+            raise
+        self._put(sock)
+        status, rfields = reply
+        if status == ST_ERROR:
+            msg = rfields[0].decode(errors="replace") if rfields else "unknown error"
+            raise StoreError(f"rendezvous store {self.host}:{self.port}: {msg}")
+        return status, rfields

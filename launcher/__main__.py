@@ -1,0 +1,6 @@
+"""``python -m erdmampi.launcher`` is ``erdmarun``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
