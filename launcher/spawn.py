@@ -211,7 +211,7 @@ def exit_status(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
-def describe_status(returncode):
+def describe_status(returncode, local=True):
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -220,6 +220,8 @@ def describe_status(returncode):
         return f"was killed by signal {-returncode} ({name})"
     if returncode == EXIT_NOT_FOUND:
         return f"exited with code {returncode} (command not found?)"
+    if returncode == 255 and not local:
+        return f"exited with code {returncode} (ssh failed? see its message above)"
     return f"exited with code {returncode}"
 
 
@@ -521,7 +523,7 @@ class Job:
                         t.join(1.0)
                     status = exit_status(value)
                     self._say(f"rank {r.rank} (pid {r.proc.pid}, {r.where}) "
-                              f"{describe_status(value)}"
+                              f"{describe_status(value, r.local)}"
                               + (f"; terminating the other {alive} rank(s)" if alive else ""))
                     self._teardown(signal.SIGTERM)
                     kill_at = now + self.grace
