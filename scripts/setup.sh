@@ -109,12 +109,12 @@ fi
 # --- 4. mpi4py built against Debian's MPICH (the reference implementation) ---
 mpi4py_ok() {
     "$VPY" - >/dev/null 2>&1 <<'EOF'
-import subprocess, sys
+import re, subprocess
 from mpi4py import MPI
 assert "MPICH" in MPI.Get_library_version()
-# linked to the system libmpich (not one bundled in a wheel)
+# linked to the system libmpich (/lib or /usr/lib), not one bundled in a wheel
 libs = subprocess.run(["ldd", MPI.__file__], capture_output=True, text=True).stdout
-assert any("libmpich" in l and "/usr/lib" in l for l in libs.splitlines()), libs
+assert any("libmpich" in l and re.search(r"=> (/usr)?/lib/", l) for l in libs.splitlines()), libs
 EOF
 }
 
