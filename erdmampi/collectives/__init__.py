@@ -1,0 +1,232 @@
+"""Collective algorithms as free functions over a :class:`~.base.Transport`.
+
+Every collective has a dispatcher here (``bcast(t, buf, root)``,
+``allreduce(t, sendbuf, recvbuf, reduce_fn, commutative)``, ...) that picks
+an algorithm from :data:`ALGORITHMS` with :func:`select`, and the concrete
+algorithms live in the submodules (``bcast.bcast_binomial`` ...).  Each
+dispatcher also takes ``algorithm=`` to force one.
+
+Selection (``n`` = ranks, ``N`` = bytes of the vector; every rank must pick
+the same algorithm, so rules use only values all ranks know):
+
+=============== ========================================================
+collective      default choice
+=============== ========================================================
+barrier         dissemination
+bcast           binomial if N <= 512 KiB or n <= 2, else scatter_allgather
+                (van de Geijn); ``pipeline`` (segmented chain) on request
+reduce          binomial (rank-ordered tree for non-commutative ops)
+allreduce       recursive_doubling if N <= 64 KiB or count < n; else
+                reduce_bcast for non-commutative ops above 512 KiB;
+                else rabenseifner if n is a power of two, ring otherwise
+reduce_scatter  ring (commutative), reduce_scatterv (non-commutative)
+gatherv         linear
+scatterv        linear
+allgatherv      direct if the gathered vector is <= 32 KiB or n <= 2,
+                else ring
+alltoallv       direct if this rank's send+receive bytes <= 256 KiB or
+                n <= 2, else pairwise (the two interoperate, so ranks may
+                differ)
+scan, exscan    recursive_doubling
+=============== ========================================================
+
+Override for benchmarking: the environment variable
+``ERDMA_COLL_<NAME>=<algorithm>`` (``ERDMA_COLL_ALLREDUCE=ring``) forces an
+algorithm for that collective.  It must be set identically on every rank.
+Algorithms valid only for commutative ops fall back to a rank-ordered
+algorithm when given a non-commutative one, so an override is always safe.
+An unknown name raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from erdmampi.collectives.alltoall import alltoallv_direct, alltoallv_pairwise
+from erdmampi.collectives.barrier import barrier_dissemination
+from erdmampi.collectives.base import MAX_TAG, ReduceFn, Transport
+from erdmampi.collectives.bcast import (bcast_binomial, bcast_pipeline,
+                                        bcast_scatter_allgather)
+from erdmampi.collectives.gather import (allgatherv_direct, allgatherv_ring,
+                                         gatherv_linear, scatterv_linear)
+from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
+                                          alltoall_obj, bcast_obj, exscan_obj,
+                                          gather_obj, reduce_obj, scan_obj,
+                                          scatter_obj)
+from erdmampi.collectives.reduce import (allreduce_rabenseifner,
+                                         allreduce_recursive_doubling,
+                                         allreduce_reduce_bcast, allreduce_ring,
+                                         exscan_recursive_doubling,
+                                         reduce_binomial,
+                                         reduce_scatter_reduce_scatterv,
+                                         reduce_scatter_ring,
+                                         scan_recursive_doubling)
+
+__all__ = [
+    "Transport", "MAX_TAG", "ALGORITHMS", "select", "ENV_PREFIX",
+    "barrier", "bcast", "reduce", "allreduce", "gatherv", "scatterv",
+    "allgatherv", "alltoallv", "reduce_scatter", "scan", "exscan",
+    "bcast_obj", "gather_obj", "scatter_obj", "allgather_obj", "alltoall_obj",
+    "reduce_obj", "allreduce_obj", "scan_obj", "exscan_obj",
+]
+
+ENV_PREFIX = "ERDMA_COLL_"
+
+#: collective name -> {algorithm name -> function}
+ALGORITHMS: dict[str, dict[str, Callable]] = {
+    "barrier": {"dissemination": barrier_dissemination},
+    "bcast": {"binomial": bcast_binomial,
+              "scatter_allgather": bcast_scatter_allgather,
+              "pipeline": bcast_pipeline},
+    "reduce": {"binomial": reduce_binomial},
+    "allreduce": {"recursive_doubling": allreduce_recursive_doubling,
+                  "ring": allreduce_ring,
+                  "rabenseifner": allreduce_rabenseifner,
+                  "reduce_bcast": allreduce_reduce_bcast},
+    "reduce_scatter": {"ring": reduce_scatter_ring,
+                       "reduce_scatterv": reduce_scatter_reduce_scatterv},
+    "gatherv": {"linear": gatherv_linear},
+    "scatterv": {"linear": scatterv_linear},
+    "allgatherv": {"ring": allgatherv_ring, "direct": allgatherv_direct},
+    "alltoallv": {"pairwise": alltoallv_pairwise, "direct": alltoallv_direct},
+    "scan": {"recursive_doubling": scan_recursive_doubling},
+    "exscan": {"recursive_doubling": exscan_recursive_doubling},
+}
+
+KiB = 1024
+
+
+def _default(name: str, nbytes: int, size: int, count: int,
+             commutative: bool) -> str:
+    if name == "bcast":
+        return "binomial" if nbytes <= 512 * KiB or size <= 2 else "scatter_allgather"
+    if name == "allreduce":
+        if nbytes <= 64 * KiB or count < size:
+            return "recursive_doubling"
+        if not commutative:
+            return "recursive_doubling" if nbytes <= 512 * KiB else "reduce_bcast"
+        return "rabenseifner" if size & (size - 1) == 0 else "ring"
+    if name == "reduce_scatter":
+        return "ring" if commutative else "reduce_scatterv"
+    if name == "allgatherv":
+        return "direct" if nbytes <= 32 * KiB or size <= 2 else "ring"
+    if name == "alltoallv":
+        return "direct" if nbytes <= 256 * KiB or size <= 2 else "pairwise"
+    return next(iter(ALGORITHMS[name]))
+
+
+def select(name: str, nbytes: int = 0, size: int = 1, count: int = 0,
+           commutative: bool = True, algorithm: Optional[str] = None) -> Callable:
+    """The algorithm function for collective ``name``.
+
+    :param nbytes: message size in bytes as defined in the module table
+    :param size: number of ranks
+    :param count: number of elements (allreduce: count < size -> recursive doubling)
+    :param commutative: whether the reduction op commutes
+    :param algorithm: force this algorithm (else ``$ERDMA_COLL_<NAME>``, else
+        the default rule)
+    """
+    table = ALGORITHMS[name]
+    choice = algorithm or os.environ.get(ENV_PREFIX + name.upper()) or None
+    if choice is None:
+        choice = _default(name, nbytes, size, count, commutative)
+    try:
+        return table[choice]
+    except KeyError:
+        raise ValueError(f"unknown {name} algorithm {choice!r}; "
+                         f"choose one of {sorted(table)}") from None
+
+
+def _nbytes(arr: Optional[np.ndarray], count: int) -> int:
+    return 0 if arr is None else int(count) * arr.itemsize
+
+
+# -- dispatchers -------------------------------------------------------------
+
+def barrier(t: Transport, algorithm: Optional[str] = None) -> None:
+    """Block until every rank has entered the barrier."""
+    select("barrier", algorithm=algorithm)(t)
+
+
+def bcast(t: Transport, buf: np.ndarray, root: int,
+          algorithm: Optional[str] = None) -> None:
+    """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
+    select("bcast", buf.nbytes, t.size, buf.size, algorithm=algorithm)(t, buf, root)
+
+
+def reduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
+           root: int, reduce_fn: ReduceFn, commutative: bool = True,
+           algorithm: Optional[str] = None) -> None:
+    """Reduce into ``recvbuf`` at ``root``; ``sendbuf=None``: in place at root."""
+    data = sendbuf if sendbuf is not None else recvbuf
+    select("reduce", data.nbytes, t.size, data.size, commutative, algorithm)(
+        t, sendbuf, recvbuf, root, reduce_fn, commutative)
+
+
+def allreduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
+              reduce_fn: ReduceFn, commutative: bool = True,
+              algorithm: Optional[str] = None) -> None:
+    """Reduce into ``recvbuf`` on every rank; ``sendbuf=None``: in place."""
+    select("allreduce", recvbuf.nbytes, t.size, recvbuf.size, commutative, algorithm)(
+        t, sendbuf, recvbuf, reduce_fn, commutative)
+
+
+def gatherv(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
+            counts: Optional[Sequence[int]], displs: Optional[Sequence[int]],
+            root: int, algorithm: Optional[str] = None) -> None:
+    """Gather blocks at ``root`` (``counts``/``displs`` significant there)."""
+    select("gatherv", algorithm=algorithm)(t, sendbuf, recvbuf, counts, displs, root)
+
+
+def scatterv(t: Transport, sendbuf: Optional[np.ndarray], counts: Optional[Sequence[int]],
+             displs: Optional[Sequence[int]], recvbuf: Optional[np.ndarray], root: int,
+             algorithm: Optional[str] = None) -> None:
+    """Scatter blocks from ``root``; ``recvbuf=None`` at the root: in place."""
+    select("scatterv", algorithm=algorithm)(t, sendbuf, counts, displs, recvbuf, root)
+
+
+def allgatherv(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
+               counts: Sequence[int], displs: Optional[Sequence[int]],
+               algorithm: Optional[str] = None) -> None:
+    """Gather blocks on every rank; ``sendbuf=None``: own block in place."""
+    total = sum(int(c) for c in counts)
+    select("allgatherv", _nbytes(recvbuf, total), t.size, total, algorithm=algorithm)(
+        t, sendbuf, recvbuf, counts, displs)
+
+
+def alltoallv(t: Transport, sendbuf: Optional[np.ndarray], scounts: Optional[Sequence[int]],
+              sdispls: Optional[Sequence[int]], recvbuf: np.ndarray,
+              rcounts: Sequence[int], rdispls: Optional[Sequence[int]],
+              algorithm: Optional[str] = None) -> None:
+    """Personalised all-to-all; ``sendbuf=None``: in place in ``recvbuf``."""
+    local = sum(int(c) for c in rcounts)
+    if sendbuf is not None and scounts is not None:
+        local += sum(int(c) for c in scounts)
+    select("alltoallv", _nbytes(recvbuf, local), t.size, local, algorithm=algorithm)(
+        t, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls)
+
+
+def reduce_scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
+                   recvcounts: Sequence[int], reduce_fn: ReduceFn,
+                   commutative: bool = True, algorithm: Optional[str] = None) -> None:
+    """Reduce a vector of sum(recvcounts) elements; rank r gets block r."""
+    total = sum(int(c) for c in recvcounts)
+    select("reduce_scatter", _nbytes(recvbuf, total), t.size, total, commutative,
+           algorithm)(t, sendbuf, recvbuf, recvcounts, reduce_fn, commutative)
+
+
+def scan(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
+         reduce_fn: ReduceFn, algorithm: Optional[str] = None) -> None:
+    """Inclusive prefix reduction (rank order); ``sendbuf=None``: in place."""
+    select("scan", recvbuf.nbytes, t.size, recvbuf.size, False, algorithm)(
+        t, sendbuf, recvbuf, reduce_fn)
+
+
+def exscan(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
+           reduce_fn: ReduceFn, algorithm: Optional[str] = None) -> None:
+    """Exclusive prefix reduction; rank 0's ``recvbuf`` is left untouched."""
+    select("exscan", recvbuf.nbytes, t.size, recvbuf.size, False, algorithm)(
+        t, sendbuf, recvbuf, reduce_fn)
