@@ -226,7 +226,11 @@ def describe_status(returncode, local=True):
 
 
 class _Output:
-    """Line-by-line forwarding of rank output to our stdout/stderr."""
+    """Line-by-line forwarding of rank output to our stdout/stderr.
+
+    Whole lines are written atomically (lines of different ranks never mix,
+    except for lines longer than 64 KiB); a last line without a newline gets one.
+    """
 
     def __init__(self, tag):
         self.tag = tag
@@ -249,20 +253,22 @@ class _Output:
 
     def pump(self, rank, pipe, fd):
         prefix = f"[{rank}] ".encode() if self.tag else b""
-        at_start = True
+        at_start, pending = True, b""
         try:
             while True:
                 chunk = pipe.readline(1 << 16)
                 if not chunk:
                     break
-                if prefix:
-                    ends = chunk.endswith(b"\n")
-                    self.write(fd, (prefix if at_start else b"") + chunk)
-                    at_start = ends
-                else:
-                    self.write(fd, chunk)
-            if prefix and not at_start:
-                self.write(fd, b"\n")
+                if chunk.endswith(b"\n"):
+                    self.write(fd, (prefix if at_start else b"") + pending + chunk)
+                    pending, at_start = b"", True
+                else:            # EOF without a newline, or a line longer than 64 KiB
+                    pending += chunk
+                    if len(pending) >= 1 << 16:
+                        self.write(fd, (prefix if at_start else b"") + pending)
+                        pending, at_start = b"", False
+            if pending or not at_start:   # end the last line here, in the same write
+                self.write(fd, (prefix if at_start else b"") + pending + b"\n")
         except (OSError, ValueError):
             pass
         finally:
@@ -370,7 +376,16 @@ class Job:
                 advertise = self.rendezvous_addr.strip("[]")
         if remote:
             bind = "0.0.0.0"
-            advertise = advertise or route_address(remote[0].address)
+            if not advertise:
+                try:
+                    advertise = route_address(remote[0].address)
+                except JobError as e:    # e.g. a host alias known only to ssh_config
+                    try:
+                        advertise = route_address("192.0.2.1")    # the default route's address
+                    except JobError:
+                        raise e from None
+                    self._say(f"{e}; advertising the rendezvous store at {advertise} "
+                              f"(choose another with --rendezvous-addr)")
         else:
             bind = "127.0.0.1"
             advertise = advertise or "127.0.0.1"
