@@ -1,0 +1,329 @@
+"""The only importer of the cffi engine (erdmampi._erdma).
+
+Thin handle wrappers over ext/include/erdma.h: the engine speaks world ranks,
+byte counts and 32-bit context ids.  Blocking calls release the GIL (cffi does
+that for every call) and wait in slices so that Ctrl-C still works.
+"""
+from __future__ import annotations
+
+import threading
+
+from ._erdma import ffi, lib
+
+ANY_SOURCE = lib.ERDMA_ANY_SOURCE
+ANY_TAG = lib.ERDMA_ANY_TAG
+
+ERR_INVAL = lib.ERDMA_ERR_INVAL
+ERR_NOMEM = lib.ERDMA_ERR_NOMEM
+ERR_TRUNCATE = lib.ERDMA_ERR_TRUNCATE
+ERR_TIMEOUT = lib.ERDMA_ERR_TIMEOUT
+ERR_PEER = lib.ERDMA_ERR_PEER
+ERR_RANK = lib.ERDMA_ERR_RANK
+ERR_STATE = lib.ERDMA_ERR_STATE
+ERR_AUTH = lib.ERDMA_ERR_AUTH
+
+CC_ALGOS = {"reno": lib.ERDMA_CC_RENO, "cubic": lib.ERDMA_CC_CUBIC,
+            "bbr": lib.ERDMA_CC_BBR, "bbr2": lib.ERDMA_CC_BBR2}
+
+_SLICE = 0.5  # seconds a blocking call waits before checking for signals
+
+
+def strerror(code: int) -> str:
+    return ffi.string(lib.erdma_strerror(code)).decode()
+
+
+class EngineError(Exception):
+    """An ERDMA_ERR_* code from the C engine (mapped to MPI.Exception above)."""
+
+    def __init__(self, code: int, what: str = ""):
+        self.code = code
+        msg = strerror(code)
+        super().__init__(f"{what}: {msg}" if what else msg)
+
+
+def _check(rc: int, what: str = "") -> None:
+    if rc != 0:
+        raise EngineError(rc, what)
+
+
+class RawStatus:
+    __slots__ = ("source", "tag", "error", "cancelled", "nbytes")
+
+    def __init__(self, st=None):
+        if st is None:
+            self.source, self.tag, self.error, self.cancelled, self.nbytes = -1, -1, 0, False, 0
+        else:
+            self.source, self.tag, self.error = st.source, st.tag, st.error
+            self.cancelled, self.nbytes = bool(st.cancelled), st.nbytes
+
+    def __repr__(self):
+        return (f"RawStatus(source={self.source}, tag={self.tag}, error={self.error}, "
+                f"cancelled={self.cancelled}, nbytes={self.nbytes})")
+
+
+class EngineRequest:
+    """One engine request.  Holds the Python buffer alive until completion."""
+
+    __slots__ = ("_req", "_keep", "_status", "_engine")
+
+    def __init__(self, engine, req, keep):
+        self._engine = engine
+        self._req = req
+        self._keep = keep
+        self._status = None
+
+    @property
+    def done(self) -> bool:
+        return self._status is not None
+
+    def test(self):
+        if self._status is None:
+            done = ffi.new("int *")
+            st = ffi.new("erdma_status *")
+            lib.erdma_req_test(self._req, done, st)
+            if not done[0]:
+                return None
+            self._status = RawStatus(st)
+        return self._status
+
+    def wait(self, timeout: float | None = None) -> RawStatus:
+        if self._status is not None:
+            return self._status
+        st = ffi.new("erdma_status *")
+        left = timeout
+        while True:
+            step = _SLICE if left is None else min(_SLICE, max(left, 0.0))
+            rc = lib.erdma_req_wait(self._req, step, st)
+            if rc == 0:
+                self._status = RawStatus(st)
+                return self._status
+            if rc != ERR_TIMEOUT:
+                raise EngineError(rc, "wait")
+            if left is not None:
+                left -= step
+                if left <= 0:
+                    raise EngineError(ERR_TIMEOUT, "wait")
+
+    def cancel(self) -> None:
+        if self._req is not None:
+            lib.erdma_req_cancel(self._req)
+
+    def take(self) -> bytearray:
+        """Copy out the engine-allocated payload of an alloc receive."""
+        st = self.wait()
+        data = lib.erdma_req_data(self._req)
+        if data == ffi.NULL or st.nbytes == 0:
+            return bytearray()
+        return bytearray(ffi.buffer(data, st.nbytes))
+
+    def view(self):
+        """Zero-copy view of an alloc receive's payload (valid until free)."""
+        st = self.wait()
+        data = lib.erdma_req_data(self._req)
+        return ffi.buffer(data, st.nbytes) if st.nbytes else b""
+
+    def free(self) -> None:
+        """Release the handle; a pending request is parked (with the buffers it
+        uses) until the engine completes it."""
+        if self._req is None:
+            return
+        if self.test() is None:
+            with _deferred_lock:
+                _deferred.append(self)
+            return
+        lib.erdma_req_free(self._req)
+        self._req = None
+        self._keep = None
+
+    def __del__(self):
+        try:
+            if self._req is not None and self._status is not None:
+                lib.erdma_req_free(self._req)
+        except Exception:
+            pass
+
+
+class EngineMessage:
+    """A message removed from the queue by a matched probe."""
+
+    __slots__ = ("_msg", "source", "tag", "nbytes")
+
+    def __init__(self, msg, st: RawStatus):
+        self._msg = msg
+        self.source, self.tag, self.nbytes = st.source, st.tag, st.nbytes
+
+
+def waitany(reqs) -> int:
+    """Index of a completed request among reqs (None entries ignored); -1 if none active."""
+    handles = [r._req if (r is not None and r._req is not None) else ffi.NULL for r in reqs]
+    for i, r in enumerate(reqs):
+        if r is not None and r.done:
+            return i
+    if all(h == ffi.NULL for h in handles):
+        return -1
+    arr = ffi.new("erdma_req *[]", handles)
+    idx = ffi.new("int *")
+    while True:
+        rc = lib.erdma_req_waitany(arr, len(handles), _SLICE, idx)
+        if rc == 0:
+            return idx[0]
+        if rc != ERR_TIMEOUT:
+            raise EngineError(rc, "waitany")
+
+
+_deferred: list = []  # freed by the user but still pending in the engine
+_deferred_lock = threading.Lock()
+
+
+def _reap_deferred() -> None:
+    if not _deferred:
+        return
+    with _deferred_lock:
+        pending = list(_deferred)
+        _deferred.clear()
+    for r in pending:
+        r.free()  # re-parks itself if still pending
+
+
+def _ptr(addr: int):
+    return ffi.cast("void *", addr)
+
+
+class Engine:
+    """A rank's transport engine: one UDP socket, QUIC to every peer, matching."""
+
+    def __init__(self, handle, rank: int, size: int):
+        self._h = handle
+        self.rank = rank
+        self.size = size
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def create(cls, rank: int = 0, size: int = 1, bind: str = "127.0.0.1", port: int = 0,
+               cc: str = "cubic", eager_limit: int = 65536, idle_timeout: float = 60.0,
+               connect_timeout: float = 60.0, max_udp_payload: int = 0,
+               verbose: bool = False) -> "Engine":
+        if cc not in CC_ALGOS:
+            raise ValueError(f"unknown congestion control {cc!r}; choose one of {sorted(CC_ALGOS)}")
+        cfg = ffi.new("erdma_config *")
+        lib.erdma_config_default(cfg)
+        bind_c = ffi.new("char[]", bind.encode())
+        cfg.rank, cfg.size, cfg.bind_addr, cfg.port = rank, size, bind_c, port
+        cfg.cc_algo = CC_ALGOS[cc]
+        cfg.eager_limit = eager_limit
+        cfg.idle_timeout = idle_timeout
+        cfg.handshake_timeout = connect_timeout
+        cfg.max_udp_payload = max_udp_payload
+        cfg.verbose = int(verbose)
+        out = ffi.new("erdma_engine **")
+        _check(lib.erdma_engine_new(cfg, out), f"engine start (bind {bind}:{port})")
+        return cls(out[0], rank, size)
+
+    # -- bootstrap
+    @property
+    def local_addr(self) -> str:
+        buf = ffi.new("char[128]")
+        lib.erdma_engine_local_addr(self._h, buf, 128)
+        return ffi.string(buf).decode()
+
+    @property
+    def fingerprint(self) -> str:
+        buf = ffi.new("char[80]")
+        lib.erdma_engine_fingerprint(self._h, buf, 80)
+        return ffi.string(buf).decode()
+
+    def set_peer(self, rank: int, host: str, port: int, fingerprint: str | None = None) -> None:
+        _check(lib.erdma_engine_set_peer(self._h, rank, host.encode(), port,
+                                         (fingerprint or "").encode()), f"peer {rank}")
+
+    def connect(self) -> None:
+        _check(lib.erdma_engine_connect(self._h), "connecting to peers")
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        lib.erdma_engine_shutdown(self._h, timeout)
+
+    def stats(self) -> dict:
+        st = ffi.new("erdma_stats *")
+        lib.erdma_engine_stats(self._h, st)
+        return {k: getattr(st, k) for k in ("pkts_sent", "pkts_recv", "bytes_sent",
+                                            "bytes_recv", "msgs_sent", "msgs_recv", "unexpected")}
+
+    def peer_error(self, rank: int) -> int:
+        return lib.erdma_engine_peer_error(self._h, rank)
+
+    # -- point to point
+    def isend(self, addr: int, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
+              keep=None) -> EngineRequest:
+        _reap_deferred()
+        out = ffi.new("erdma_req **")
+        _check(lib.erdma_isend(self._h, _ptr(addr), nbytes, dest, tag, ctx,
+                               lib.ERDMA_SEND_SYNC if sync else 0, out), "send")
+        return EngineRequest(self, out[0], keep)
+
+    def irecv(self, addr: int, nbytes: int, source: int, tag: int, ctx: int,
+              keep=None) -> EngineRequest:
+        out = ffi.new("erdma_req **")
+        _check(lib.erdma_irecv(self._h, _ptr(addr), nbytes, source, tag, ctx, 0, out), "recv")
+        return EngineRequest(self, out[0], keep)
+
+    def irecv_alloc(self, source: int, tag: int, ctx: int) -> EngineRequest:
+        out = ffi.new("erdma_req **")
+        _check(lib.erdma_irecv(self._h, ffi.NULL, 0, source, tag, ctx, 1, out), "recv")
+        return EngineRequest(self, out[0], None)
+
+    def iprobe(self, source: int, tag: int, ctx: int):
+        flag = ffi.new("int *")
+        st = ffi.new("erdma_status *")
+        _check(lib.erdma_iprobe(self._h, source, tag, ctx, flag, st), "iprobe")
+        return RawStatus(st) if flag[0] else None
+
+    def probe(self, source: int, tag: int, ctx: int) -> RawStatus:
+        st = ffi.new("erdma_status *")
+        while True:
+            rc = lib.erdma_probe(self._h, source, tag, ctx, _SLICE, st)
+            if rc == 0:
+                return RawStatus(st)
+            if rc != ERR_TIMEOUT:
+                raise EngineError(rc, "probe")
+
+    def improbe(self, source: int, tag: int, ctx: int):
+        flag = ffi.new("int *")
+        st = ffi.new("erdma_status *")
+        msg = ffi.new("erdma_msg **")
+        _check(lib.erdma_improbe(self._h, source, tag, ctx, flag, msg, st), "improbe")
+        if not flag[0]:
+            return None
+        raw = RawStatus(st)
+        return EngineMessage(msg[0], raw), raw
+
+    def mprobe(self, source: int, tag: int, ctx: int):
+        st = ffi.new("erdma_status *")
+        msg = ffi.new("erdma_msg **")
+        while True:
+            rc = lib.erdma_mprobe(self._h, source, tag, ctx, _SLICE, msg, st)
+            if rc == 0:
+                raw = RawStatus(st)
+                return EngineMessage(msg[0], raw), raw
+            if rc != ERR_TIMEOUT:
+                raise EngineError(rc, "mprobe")
+
+    def imrecv(self, msg: EngineMessage, addr: int, nbytes: int, keep=None) -> EngineRequest:
+        out = ffi.new("erdma_req **")
+        handle, msg._msg = msg._msg, None
+        if handle is None:
+            raise EngineError(ERR_INVAL, "message already received")
+        _check(lib.erdma_imrecv(self._h, handle, _ptr(addr), nbytes, 0, out), "mrecv")
+        return EngineRequest(self, out[0], keep)
+
+    def imrecv_alloc(self, msg: EngineMessage) -> EngineRequest:
+        out = ffi.new("erdma_req **")
+        handle, msg._msg = msg._msg, None
+        if handle is None:
+            raise EngineError(ERR_INVAL, "message already received")
+        _check(lib.erdma_imrecv(self._h, handle, ffi.NULL, 0, 1, out), "mrecv")
+        return EngineRequest(self, out[0], None)

@@ -1,0 +1,689 @@
+/* erdma_conn.c - one QUIC connection per peer rank (ngtcp2 + GnuTLS):
+ * connection setup, the ngtcp2 callbacks, the stream framing parser
+ * (frames -> matching) and the packet writer.  All under e->mu. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gnutls/crypto.h>
+
+#include "erdma_internal.h"
+
+/* ---------------------------------------------------------------- frames */
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+
+void hdr_encode(uint8_t out[ERDMA_HDR_LEN], const frame_hdr *h) {
+  memset(out, 0, ERDMA_HDR_LEN);
+  out[0] = h->type;
+  out[1] = h->flags;
+  put32(out + 4, h->ctx);
+  put32(out + 8, (uint32_t)h->tag);
+  put64(out + 16, h->len);
+  put64(out + 24, h->id);
+}
+
+void hdr_decode(frame_hdr *h, const uint8_t in[ERDMA_HDR_LEN]) {
+  h->type = in[0];
+  h->flags = in[1];
+  h->ctx = get32(in + 4);
+  h->tag = (int32_t)get32(in + 8);
+  h->len = get64(in + 16);
+  h->id = get64(in + 24);
+}
+
+/* ------------------------------------------------------------- helpers */
+static void make_cid(ngtcp2_cid *cid, uint32_t tag) {
+  uint8_t d[ERDMA_CIDLEN];
+  put32(d, tag); /* lets the receive path find the connection in O(1) */
+  gnutls_rnd(GNUTLS_RND_NONCE, d + 4, sizeof d - 4);
+  ngtcp2_cid_init(cid, d, sizeof d);
+}
+
+static void cid_add(erdma_conn *c, const ngtcp2_cid *cid) {
+  if (c->ncids < ERDMA_MAX_CIDS) c->cids[c->ncids++] = *cid;
+}
+
+static int cid_has(const erdma_conn *c, const uint8_t *d, size_t n) {
+  for (int i = 0; i < c->ncids; i++)
+    if (c->cids[i].datalen == n && memcmp(c->cids[i].data, d, n) == 0) return 1;
+  return 0;
+}
+
+static void path_of(erdma_conn *c, ngtcp2_path *path) {
+  path->local.addr = (ngtcp2_sockaddr *)&c->e->local;
+  path->local.addrlen = c->e->local_len;
+  path->remote.addr = (ngtcp2_sockaddr *)&c->remote;
+  path->remote.addrlen = c->remote_len;
+  path->user_data = NULL;
+}
+
+static void log_conn(erdma_conn *c, const char *what, int rv) {
+  if (c->e->cfg.verbose)
+    fprintf(stderr, "erdma[%d]: peer %d: %s (%d: %s)\n", c->e->cfg.rank, c->peer, what,
+            rv, rv < -200 ? ngtcp2_strerror(rv) : erdma_strerror(rv));
+}
+
+/* The connection is unusable: fail the peer unless we are shutting down. */
+static void conn_lost(erdma_conn *c, int rv) {
+  erdma_engine *e = c->e;
+  if (c->closed) return;
+  c->closed = 1;
+  log_conn(c, "connection lost", rv);
+  if (c->peer >= 0 && !e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+}
+
+/* ----------------------------------------------------------- rx framing */
+static void rx_reset(erdma_conn *c) {
+  c->rx.hdr_got = 0;
+  c->rx.remaining = 0;
+  c->rx.dst = NULL;
+  c->rx.room = 0;
+  c->rx.req = NULL;
+  c->rx.msg = NULL;
+}
+
+static void payload_done(erdma_conn *c) {
+  erdma_engine *e = c->e;
+  erdma_req *r = c->rx.req;
+  erdma_msg *m = c->rx.msg;
+  if (r) {
+    recv_finish(r);
+  } else if (m) {
+    m->complete = 1;
+    if (m->bound) {
+      erdma_req *b = m->bound;
+      if (m->len) memcpy(b->buf, m->data, m->len < b->cap ? m->len : b->cap);
+      recv_finish(b);
+      msg_free(m);
+    } else if (!m->queued && !m->taken) {
+      msg_free(m); /* its receive failed or was cancelled */
+    }
+    pthread_cond_broadcast(&e->cv);
+  }
+  rx_reset(c);
+}
+
+static erdma_req *list_take_id(erdma_req **head, erdma_req **tail, uint64_t id) {
+  for (erdma_req *r = *head; r; r = r->next)
+    if (r->id == id) {
+      DL_REMOVE(*head, *tail, r);
+      return r;
+    }
+  return NULL;
+}
+
+/* A HELLO names the peer; check it against its published certificate. */
+static int on_hello(erdma_conn *c, const frame_hdr *h) {
+  erdma_engine *e = c->e;
+  int rank = (int)h->ctx;
+  if (h->type != FR_HELLO || rank < 0 || rank >= e->cfg.size || rank == e->cfg.rank ||
+      (int)h->len != e->cfg.size || (c->is_client && rank != c->peer)) {
+    log_conn(c, "bad HELLO", ERDMA_ERR_AUTH);
+    return ERDMA_ERR_AUTH;
+  }
+  if (!c->is_client) {
+    peer_info *p = &e->peers[rank];
+    if (p->fingerprint[0]) {
+      char fp[65];
+      tls_peer_fingerprint(c, fp);
+      if (strcmp(fp, p->fingerprint) != 0) {
+        fprintf(stderr, "erdma[%d]: refused a connection claiming rank %d: certificate "
+                        "fingerprint does not match the rendezvous record\n", e->cfg.rank, rank);
+        return ERDMA_ERR_AUTH;
+      }
+    }
+    /* leave the pending list, take the peer slot */
+    erdma_conn **pp = &e->pending;
+    while (*pp && *pp != c) pp = &(*pp)->next_pending;
+    if (*pp) *pp = c->next_pending;
+    if (p->conn && p->conn != c) conn_close(p->conn, 0);
+    p->conn = c;
+    c->peer = rank;
+  }
+  c->hello_recv = 1;
+  pthread_cond_broadcast(&e->cv);
+  return 0;
+}
+
+static int on_header(erdma_conn *c) {
+  erdma_engine *e = c->e;
+  frame_hdr *h = &c->rx.cur;
+  erdma_req *r;
+  erdma_msg *m;
+  hdr_decode(h, c->rx.hdr);
+  if (!c->hello_recv) return on_hello(c, h);
+  int src = c->peer;
+  switch (h->type) {
+  case FR_EAGER:
+    e->stats.msgs_recv++;
+    r = posted_take(e, src, h->tag, h->ctx);
+    if (r) {
+      if (recv_prepare(r, src, h->tag, h->len) != 0) {
+        req_complete(r, ERDMA_ERR_NOMEM);
+        break;
+      }
+      c->rx.req = r;
+      c->rx.dst = r->buf;
+      c->rx.room = h->len < r->cap ? h->len : r->cap;
+    } else {
+      m = msg_new(src, h->tag, h->ctx, h->len);
+      if (!m || !(m->data = malloc(h->len ? h->len : 1))) return ERDMA_ERR_NOMEM;
+      m->queued = 1;
+      DL_APPEND(e->unexp_head, e->unexp_tail, m);
+      e->stats.unexpected++;
+      c->rx.msg = m;
+      c->rx.dst = m->data;
+      c->rx.room = h->len;
+      pthread_cond_broadcast(&e->cv);
+    }
+    c->rx.remaining = h->len;
+    break;
+  case FR_RTS:
+    e->stats.msgs_recv++;
+    m = msg_new(src, h->tag, h->ctx, h->len);
+    if (!m) return ERDMA_ERR_NOMEM;
+    m->rndv = 1;
+    m->sync = h->flags & FR_FLAG_SYNC;
+    m->sender_id = h->id;
+    r = posted_take(e, src, h->tag, h->ctx);
+    if (r) {
+      bind_recv(e, r, m);
+    } else {
+      m->queued = 1;
+      DL_APPEND(e->unexp_head, e->unexp_tail, m);
+      e->stats.unexpected++;
+      pthread_cond_broadcast(&e->cv);
+    }
+    break;
+  case FR_CTS:
+    r = list_take_id(&e->rndv_send_head, &e->rndv_send_tail, h->id);
+    if (r) {
+      frame_hdr d = {0};
+      d.type = FR_DATA;
+      d.id = h->len;
+      d.len = r->nbytes;
+      conn_enqueue(c, &d, r->sbuf, r->nbytes, NULL, r);
+    }
+    break;
+  case FR_DATA:
+    r = list_take_id(&e->rndv_recv_head, &e->rndv_recv_tail, h->id);
+    if (r) {
+      c->rx.req = r;
+      c->rx.dst = r->buf;
+      c->rx.room = h->len < r->cap ? h->len : r->cap;
+    }
+    c->rx.remaining = h->len; /* unknown receiver: the bytes are discarded */
+    break;
+  default:
+    return ERDMA_ERR_AUTH;
+  }
+  return 0;
+}
+
+static int rx_feed(erdma_conn *c, const uint8_t *data, size_t len) {
+  while (len > 0) {
+    if (c->rx.hdr_got < ERDMA_HDR_LEN) {
+      size_t n = ERDMA_HDR_LEN - c->rx.hdr_got;
+      if (n > len) n = len;
+      memcpy(c->rx.hdr + c->rx.hdr_got, data, n);
+      c->rx.hdr_got += n;
+      data += n;
+      len -= n;
+      if (c->rx.hdr_got < ERDMA_HDR_LEN) break;
+      int rv = on_header(c);
+      if (rv) return rv;
+      if (c->rx.remaining == 0) payload_done(c);
+      continue;
+    }
+    size_t n = len < c->rx.remaining ? len : (size_t)c->rx.remaining;
+    size_t w = n < c->rx.room ? n : (size_t)c->rx.room;
+    if (w) {
+      memcpy(c->rx.dst, data, w);
+      c->rx.dst += w;
+      c->rx.room -= w;
+    }
+    if (c->rx.msg) c->rx.msg->arrived += n;
+    c->rx.remaining -= n;
+    data += n;
+    len -= n;
+    if (c->rx.remaining == 0) payload_done(c);
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------ ngtcp2 callbacks */
+static void rand_cb(uint8_t *dest, size_t destlen, const ngtcp2_rand_ctx *ctx) {
+  (void)ctx;
+  gnutls_rnd(GNUTLS_RND_RANDOM, dest, destlen);
+}
+
+static int new_cid_cb(ngtcp2_conn *conn, ngtcp2_cid *cid, uint8_t *token, size_t cidlen,
+                      void *user_data) {
+  erdma_conn *c = user_data;
+  (void)conn;
+  (void)cidlen;
+  make_cid(cid, c->cid_tag);
+  gnutls_rnd(GNUTLS_RND_RANDOM, token, NGTCP2_STATELESS_RESET_TOKENLEN);
+  cid_add(c, cid);
+  return 0;
+}
+
+static int remove_cid_cb(ngtcp2_conn *conn, const ngtcp2_cid *cid, void *user_data) {
+  erdma_conn *c = user_data;
+  (void)conn;
+  for (int i = 0; i < c->ncids; i++)
+    if (ngtcp2_cid_eq(&c->cids[i], cid)) {
+      c->cids[i] = c->cids[--c->ncids];
+      break;
+    }
+  return 0;
+}
+
+static int handshake_completed_cb(ngtcp2_conn *conn, void *user_data) {
+  erdma_conn *c = user_data;
+  erdma_engine *e = c->e;
+  c->handshake_done = 1;
+  ngtcp2_conn_set_keep_alive_timeout(
+      conn, (ngtcp2_duration)(e->cfg.idle_timeout / 4 * NGTCP2_SECONDS));
+  if (c->is_client) {
+    peer_info *p = &e->peers[c->peer];
+    if (p->fingerprint[0]) {
+      char fp[65];
+      tls_peer_fingerprint(c, fp);
+      if (strcmp(fp, p->fingerprint) != 0) {
+        fprintf(stderr, "erdma[%d]: rank %d presented a certificate that does not match "
+                        "the rendezvous record; refusing it\n", e->cfg.rank, c->peer);
+        return NGTCP2_ERR_CALLBACK_FAILURE;
+      }
+    }
+    if (ngtcp2_conn_open_bidi_stream(conn, &c->stream_id, NULL) != 0)
+      return NGTCP2_ERR_CALLBACK_FAILURE;
+  }
+  pthread_cond_broadcast(&e->cv);
+  return 0;
+}
+
+static int stream_open_cb(ngtcp2_conn *conn, int64_t stream_id, void *user_data) {
+  erdma_conn *c = user_data;
+  (void)conn;
+  if (!c->is_client && c->stream_id < 0 && (stream_id & 3) == 0) c->stream_id = stream_id;
+  return 0;
+}
+
+static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream_id,
+                               uint64_t offset, const uint8_t *data, size_t datalen,
+                               void *user_data, void *stream_user_data) {
+  erdma_conn *c = user_data;
+  (void)flags;
+  (void)offset;
+  (void)stream_user_data;
+  if (stream_id == c->stream_id) {
+    c->e->stats.bytes_recv += datalen;
+    if (rx_feed(c, data, datalen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
+  }
+  /* every byte is consumed at once (copied to its destination) */
+  ngtcp2_conn_extend_max_stream_offset(conn, stream_id, datalen);
+  ngtcp2_conn_extend_max_offset(conn, datalen);
+  return 0;
+}
+
+static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint64_t datalen,
+                    void *user_data, void *stream_user_data) {
+  erdma_conn *c = user_data;
+  (void)conn;
+  (void)stream_user_data;
+  if (stream_id != c->stream_id) return 0;
+  if (offset + datalen > c->acked) c->acked = offset + datalen;
+  while (c->tx_head && c->tx_head->stream_end <= c->acked && c->tx_head != c->tx_write) {
+    tx_item *t = c->tx_head;
+    c->tx_head = t->next;
+    if (!c->tx_head) c->tx_tail = NULL;
+    if (t->req) req_complete(t->req, 0);
+    free(t->owned);
+    free(t);
+  }
+  if (!c->tx_head) pthread_cond_broadcast(&c->e->cv);
+  return 0;
+}
+
+static void fill_callbacks(ngtcp2_callbacks *cb, int client) {
+  memset(cb, 0, sizeof *cb);
+  if (client) {
+    cb->client_initial = ngtcp2_crypto_client_initial_cb;
+    cb->recv_retry = ngtcp2_crypto_recv_retry_cb;
+  } else {
+    cb->recv_client_initial = ngtcp2_crypto_recv_client_initial_cb;
+  }
+  cb->recv_crypto_data = ngtcp2_crypto_recv_crypto_data_cb;
+  cb->encrypt = ngtcp2_crypto_encrypt_cb;
+  cb->decrypt = ngtcp2_crypto_decrypt_cb;
+  cb->hp_mask = ngtcp2_crypto_hp_mask_cb;
+  cb->update_key = ngtcp2_crypto_update_key_cb;
+  cb->delete_crypto_aead_ctx = ngtcp2_crypto_delete_crypto_aead_ctx_cb;
+  cb->delete_crypto_cipher_ctx = ngtcp2_crypto_delete_crypto_cipher_ctx_cb;
+  cb->get_path_challenge_data = ngtcp2_crypto_get_path_challenge_data_cb;
+  cb->version_negotiation = ngtcp2_crypto_version_negotiation_cb;
+  cb->rand = rand_cb;
+  cb->get_new_connection_id = new_cid_cb;
+  cb->remove_connection_id = remove_cid_cb;
+  cb->handshake_completed = handshake_completed_cb;
+  cb->stream_open = stream_open_cb;
+  cb->recv_stream_data = recv_stream_data_cb;
+  cb->acked_stream_data_offset = acked_cb;
+}
+
+static void fill_settings(erdma_engine *e, ngtcp2_settings *s, ngtcp2_transport_params *p) {
+  const erdma_config *cfg = &e->cfg;
+  ngtcp2_settings_default(s);
+  s->initial_ts = erdma_now();
+  s->cc_algo = (ngtcp2_cc_algo)cfg->cc_algo;
+  s->initial_rtt = 10 * NGTCP2_MILLISECONDS;
+  s->max_tx_udp_payload_size = e->pkt_size;
+  if (e->pkt_size > 1452) {
+    s->no_tx_udp_payload_size_shaping = 1; /* loopback: no PMTUD needed */
+    s->no_pmtud = 1;
+  }
+  s->max_window = cfg->conn_window * 4;
+  s->max_stream_window = cfg->stream_window * 4;
+  s->handshake_timeout = (ngtcp2_duration)(cfg->handshake_timeout * NGTCP2_SECONDS);
+  ngtcp2_transport_params_default(p);
+  p->initial_max_stream_data_bidi_local = cfg->stream_window;
+  p->initial_max_stream_data_bidi_remote = cfg->stream_window;
+  p->initial_max_stream_data_uni = cfg->stream_window;
+  p->initial_max_data = cfg->conn_window;
+  p->initial_max_streams_bidi = 4;
+  p->initial_max_streams_uni = 4;
+  p->max_idle_timeout = (ngtcp2_duration)(cfg->idle_timeout * NGTCP2_SECONDS);
+  p->active_connection_id_limit = 4;
+}
+
+static erdma_conn *conn_alloc(erdma_engine *e, int client) {
+  erdma_conn *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->e = e;
+  c->is_client = client;
+  c->peer = -1;
+  c->stream_id = -1;
+  return c;
+}
+
+static int conn_start(erdma_conn *c) {
+  frame_hdr h = {0};
+  if (tls_session_new(c->e, c) != 0) return ERDMA_ERR_TLS;
+  ngtcp2_conn_set_tls_native_handle(c->conn, c->tls);
+  h.type = FR_HELLO;
+  h.ctx = (uint32_t)c->e->cfg.rank;
+  h.len = (uint64_t)c->e->cfg.size;
+  conn_enqueue(c, &h, NULL, 0, NULL, NULL);
+  return 0;
+}
+
+int conn_client_new(erdma_engine *e, int peer) {
+  ngtcp2_callbacks cb;
+  ngtcp2_settings s;
+  ngtcp2_transport_params p;
+  ngtcp2_cid dcid, scid;
+  ngtcp2_path path;
+  erdma_conn *c = conn_alloc(e, 1);
+  if (!c) return ERDMA_ERR_NOMEM;
+  c->peer = peer;
+  c->cid_tag = (uint32_t)peer;
+  memcpy(&c->remote, &e->peers[peer].addr, e->peers[peer].addr_len);
+  c->remote_len = e->peers[peer].addr_len;
+  make_cid(&dcid, (uint32_t)e->cfg.rank); /* the server files us under our rank */
+  make_cid(&scid, c->cid_tag);
+  cid_add(c, &scid);
+  fill_callbacks(&cb, 1);
+  fill_settings(e, &s, &p);
+  path_of(c, &path);
+  int rv = ngtcp2_conn_client_new(&c->conn, &dcid, &scid, &path, NGTCP2_PROTO_VER_V1, &cb,
+                                  &s, &p, NULL, c);
+  if (rv != 0) {
+    free(c);
+    return ERDMA_ERR_QUIC;
+  }
+  if ((rv = conn_start(c)) != 0) {
+    conn_free(c);
+    return rv;
+  }
+  e->peers[peer].conn = c;
+  conn_flush(c);
+  return 0;
+}
+
+static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
+                                   const struct sockaddr_storage *from, socklen_t fromlen) {
+  ngtcp2_callbacks cb;
+  ngtcp2_settings s;
+  ngtcp2_transport_params p;
+  ngtcp2_cid scid;
+  ngtcp2_path path;
+  erdma_conn *c = conn_alloc(e, 0);
+  if (!c) return NULL;
+  memcpy(&c->remote, from, fromlen);
+  c->remote_len = fromlen;
+  c->cid_tag = hd->dcid.datalen >= 4 ? get32(hd->dcid.data) : 0xffffffffu;
+  make_cid(&scid, c->cid_tag);
+  cid_add(c, &scid);
+  cid_add(c, &hd->dcid);
+  fill_callbacks(&cb, 0);
+  fill_settings(e, &s, &p);
+  p.original_dcid = hd->dcid;
+  path_of(c, &path);
+  if (ngtcp2_conn_server_new(&c->conn, &hd->scid, &scid, &path, hd->version, &cb, &s, &p,
+                             NULL, c) != 0) {
+    free(c);
+    return NULL;
+  }
+  if (conn_start(c) != 0) {
+    conn_free(c);
+    return NULL;
+  }
+  c->next_pending = e->pending;
+  e->pending = c;
+  return c;
+}
+
+static erdma_conn *find_conn(erdma_engine *e, const uint8_t *dcid, size_t n) {
+  if (n == ERDMA_CIDLEN) {
+    uint32_t tag = get32(dcid);
+    if (tag < (uint32_t)e->cfg.size) {
+      erdma_conn *c = e->peers[tag].conn;
+      if (c && cid_has(c, dcid, n)) return c;
+    }
+  }
+  for (erdma_conn *c = e->pending; c; c = c->next_pending)
+    if (cid_has(c, dcid, n)) return c;
+  for (int i = 0; i < e->cfg.size; i++)
+    if (e->peers[i].conn && cid_has(e->peers[i].conn, dcid, n)) return e->peers[i].conn;
+  return NULL;
+}
+
+int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
+                         const struct sockaddr_storage *from, socklen_t fromlen) {
+  ngtcp2_version_cid vc;
+  ngtcp2_pkt_info pi = {0};
+  ngtcp2_path path;
+  if (ngtcp2_pkt_decode_version_cid(&vc, data, len, ERDMA_CIDLEN) != 0) return 0;
+  erdma_conn *c = find_conn(e, vc.dcid, vc.dcidlen);
+  if (!c) {
+    ngtcp2_pkt_hd hd;
+    if (e->stopping || ngtcp2_accept(&hd, data, len) != 0) return 0;
+    if (!(c = server_conn_new(e, &hd, from, fromlen))) return 0;
+  }
+  if (c->closed) return 0;
+  path_of(c, &path);
+  path.remote.addr = (ngtcp2_sockaddr *)from;
+  path.remote.addrlen = fromlen;
+  int rv = ngtcp2_conn_read_pkt(c->conn, &path, &pi, data, len, erdma_now());
+  if (rv != 0) {
+    if (rv == NGTCP2_ERR_DRAINING && c->peer >= 0) e->peers[c->peer].closed_by_peer = 1;
+    conn_lost(c, rv);
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ tx */
+void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload, uint64_t plen,
+                  uint8_t *owned, erdma_req *req) {
+  tx_item *t = calloc(1, sizeof *t);
+  if (!t) {
+    if (req) req_complete(req, ERDMA_ERR_NOMEM);
+    free(owned);
+    return;
+  }
+  hdr_encode(t->hdr, h);
+  t->payload = payload;
+  t->plen = plen;
+  t->owned = owned;
+  t->req = req;
+  c->tx_offset += ERDMA_HDR_LEN + plen;
+  t->stream_end = c->tx_offset;
+  if (c->tx_tail) c->tx_tail->next = t; else c->tx_head = t;
+  c->tx_tail = t;
+  if (!c->tx_write) c->tx_write = t;
+  c->e->stats.msgs_sent += (h->type == FR_EAGER || h->type == FR_RTS);
+}
+
+static void tx_advance(erdma_conn *c, uint64_t n) {
+  while (n > 0 && c->tx_write) {
+    tx_item *t = c->tx_write;
+    uint64_t rem = ERDMA_HDR_LEN + t->plen - t->written;
+    uint64_t take = n < rem ? n : rem;
+    t->written += take;
+    n -= take;
+    c->e->stats.bytes_sent += take;
+    if (t->written == ERDMA_HDR_LEN + t->plen) c->tx_write = t->next;
+  }
+}
+
+int conn_tx_idle(erdma_conn *c) { return c->tx_head == NULL; }
+
+int conn_flush(erdma_conn *c) {
+  erdma_engine *e = c->e;
+  size_t lens[ERDMA_BATCH];
+  int n = 0, blocked = 0;
+  ngtcp2_path_storage ps;
+  ngtcp2_pkt_info pi;
+  ngtcp2_tstamp ts = erdma_now();
+  if (c->closed || !c->conn) return 0;
+  ngtcp2_path_storage_zero(&ps);
+  for (;;) {
+    ngtcp2_vec iov[16];
+    size_t niov = 0;
+    int64_t sid = -1;
+    if (c->stream_id >= 0 && !blocked) {
+      for (tx_item *t = c->tx_write; t && niov < 15; t = t->next) {
+        uint64_t w = t->written;
+        if (w < ERDMA_HDR_LEN) {
+          iov[niov].base = t->hdr + w;
+          iov[niov++].len = ERDMA_HDR_LEN - w;
+          w = ERDMA_HDR_LEN;
+        }
+        if (t->plen > w - ERDMA_HDR_LEN) {
+          iov[niov].base = (uint8_t *)t->payload + (w - ERDMA_HDR_LEN);
+          iov[niov++].len = t->plen - (w - ERDMA_HDR_LEN);
+        }
+      }
+      if (niov) sid = c->stream_id;
+    }
+    ngtcp2_ssize pdatalen = -1;
+    uint8_t *buf = e->txbuf + (size_t)n * e->pkt_size;
+    ngtcp2_ssize nw = ngtcp2_conn_writev_stream(
+        c->conn, &ps.path, &pi, buf, e->pkt_size, &pdatalen,
+        sid >= 0 ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, niov ? iov : NULL, niov, ts);
+    if (nw < 0) {
+      if (nw == NGTCP2_ERR_WRITE_MORE) {
+        tx_advance(c, (uint64_t)pdatalen);
+        continue;
+      }
+      if (nw == NGTCP2_ERR_STREAM_DATA_BLOCKED || nw == NGTCP2_ERR_STREAM_SHUT_WR) {
+        blocked = 1;
+        continue;
+      }
+      if (n) engine_sendv(e, c, e->txbuf, lens, n);
+      conn_lost(c, (int)nw);
+      return ERDMA_ERR_QUIC;
+    }
+    if (pdatalen > 0) tx_advance(c, (uint64_t)pdatalen);
+    if (nw == 0) break;
+    lens[n++] = (size_t)nw;
+    if (n == ERDMA_BATCH) {
+      engine_sendv(e, c, e->txbuf, lens, n);
+      n = 0;
+    }
+  }
+  if (n) engine_sendv(e, c, e->txbuf, lens, n);
+  ngtcp2_conn_update_pkt_tx_time(c->conn, ts);
+  return 0;
+}
+
+static void for_each_conn(erdma_engine *e, void (*fn)(erdma_conn *)) {
+  erdma_conn *c, *next;
+  for (c = e->pending; c; c = next) {
+    next = c->next_pending; /* fn may move c to a peer slot */
+    fn(c);
+  }
+  for (int i = 0; i < e->cfg.size; i++)
+    if (e->peers[i].conn) fn(e->peers[i].conn);
+}
+
+static void flush_one(erdma_conn *c) { conn_flush(c); }
+void conn_flush_all(erdma_engine *e) { for_each_conn(e, flush_one); }
+
+static void expire_one(erdma_conn *c) {
+  ngtcp2_tstamp now = erdma_now();
+  if (c->closed || !c->conn || ngtcp2_conn_get_expiry(c->conn) > now) return;
+  int rv = ngtcp2_conn_handle_expiry(c->conn, now);
+  if (rv != 0) conn_lost(c, rv);
+}
+void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
+
+uint64_t conn_next_expiry(erdma_engine *e) {
+  uint64_t t = UINT64_MAX;
+  for (erdma_conn *c = e->pending; c; c = c->next_pending)
+    if (!c->closed && ngtcp2_conn_get_expiry(c->conn) < t) t = ngtcp2_conn_get_expiry(c->conn);
+  for (int i = 0; i < e->cfg.size; i++) {
+    erdma_conn *c = e->peers[i].conn;
+    if (c && !c->closed && ngtcp2_conn_get_expiry(c->conn) < t) t = ngtcp2_conn_get_expiry(c->conn);
+  }
+  return t;
+}
+
+void conn_close(erdma_conn *c, int graceful) {
+  erdma_engine *e = c->e;
+  if (graceful && !c->closed && c->conn && !ngtcp2_conn_is_in_closing_period(c->conn) &&
+      !ngtcp2_conn_is_in_draining_period(c->conn)) {
+    ngtcp2_connection_close_error ccerr;
+    ngtcp2_path_storage ps;
+    ngtcp2_pkt_info pi;
+    size_t len;
+    ngtcp2_connection_close_error_set_application_error(&ccerr, 0, NULL, 0);
+    ngtcp2_path_storage_zero(&ps);
+    ngtcp2_ssize nw = ngtcp2_conn_write_connection_close(c->conn, &ps.path, &pi, e->txbuf,
+                                                         e->pkt_size, &ccerr, erdma_now());
+    if (nw > 0) {
+      len = (size_t)nw;
+      engine_sendv(e, c, e->txbuf, &len, 1);
+    }
+  }
+  c->closed = 1;
+}
+
+void conn_free(erdma_conn *c) {
+  tx_item *t, *n;
+  for (t = c->tx_head; t; t = n) {
+    n = t->next;
+    if (t->req) req_complete(t->req, ERDMA_ERR_PEER);
+    free(t->owned);
+    free(t);
+  }
+  if (c->rx.msg && !c->rx.msg->queued && !c->rx.msg->taken && !c->rx.msg->bound)
+    msg_free(c->rx.msg);
+  if (c->conn) ngtcp2_conn_del(c->conn);
+  if (c->tls) gnutls_deinit(c->tls);
+  free(c);
+}

@@ -1,0 +1,648 @@
+/* erdma_engine.c - engine lifecycle, the UDP socket, the progress thread and
+ * the public point-to-point API (erdma.h).  One mutex guards all engine
+ * state; waiting threads sleep on one condition variable. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "erdma_internal.h"
+
+uint64_t erdma_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void engine_wake(erdma_engine *e) {
+  uint64_t one = 1;
+  if (write(e->evfd, &one, sizeof one) < 0) { /* counter full: already awake */ }
+}
+
+void erdma_config_default(erdma_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->size = 1;
+  cfg->bind_addr = "127.0.0.1";
+  cfg->cc_algo = ERDMA_CC_CUBIC;
+  cfg->eager_limit = 65536;
+  cfg->idle_timeout = 60.0;
+  cfg->handshake_timeout = 60.0;
+  cfg->stream_window = 32u << 20;
+  cfg->conn_window = 64u << 20;
+  cfg->sock_buf = 8 << 20;
+}
+
+const char *erdma_strerror(int rc) {
+  switch (rc) {
+  case ERDMA_OK: return "success";
+  case ERDMA_ERR_INVAL: return "invalid argument";
+  case ERDMA_ERR_NOMEM: return "out of memory";
+  case ERDMA_ERR_TRUNCATE: return "message truncated: receive buffer too small";
+  case ERDMA_ERR_TIMEOUT: return "timed out";
+  case ERDMA_ERR_PEER: return "connection to peer lost";
+  case ERDMA_ERR_RANK: return "invalid rank";
+  case ERDMA_ERR_CANCELLED: return "request cancelled";
+  case ERDMA_ERR_SOCKET: return "UDP socket error";
+  case ERDMA_ERR_TLS: return "TLS error";
+  case ERDMA_ERR_QUIC: return "QUIC error";
+  case ERDMA_ERR_STATE: return "invalid engine state";
+  case ERDMA_ERR_AUTH: return "peer authentication failed";
+  default: return "unknown error";
+  }
+}
+
+int erdma_err_is_fatal(int rc) { return rc < ERDMA_ERR_FATAL; }
+
+/* ------------------------------------------------------------ socket io */
+static int resolve(const char *host, int port, struct sockaddr_storage *out, socklen_t *len) {
+  struct addrinfo hints = {0}, *res = NULL;
+  char ps[16];
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  snprintf(ps, sizeof ps, "%d", port);
+  if (getaddrinfo(host, ps, &hints, &res) != 0 || !res) return ERDMA_ERR_INVAL;
+  memcpy(out, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return 0;
+}
+
+static int is_loopback(const struct sockaddr_storage *a) {
+  if (a->ss_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->ss_family == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a)->sin6_addr);
+  return 0;
+}
+
+void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
+  struct mmsghdr msgs[ERDMA_BATCH];
+  struct iovec iov[ERDMA_BATCH];
+  int sent = 0;
+  for (int i = 0; i < n; i++) {
+    iov[i].iov_base = bufs + (size_t)i * e->pkt_size;
+    iov[i].iov_len = lens[i];
+    memset(&msgs[i], 0, sizeof msgs[i]);
+    msgs[i].msg_hdr.msg_name = &c->remote;
+    msgs[i].msg_hdr.msg_namelen = c->remote_len;
+    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  while (sent < n) {
+    int rv = sendmmsg(e->fd, msgs + sent, (unsigned)(n - sent), 0);
+    if (rv < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == ENOBUFS) {
+        /* socket buffer full: wait briefly rather than drop (QUIC would
+         * recover, but a loss costs the congestion window) */
+        struct pollfd p = {e->fd, POLLOUT, 0};
+        if (poll(&p, 1, 10) > 0) continue;
+      }
+      break; /* dropped; QUIC retransmits */
+    }
+    sent += rv;
+  }
+  e->stats.pkts_sent += (uint64_t)sent;
+}
+
+static void recv_batch(erdma_engine *e) {
+  struct mmsghdr msgs[ERDMA_BATCH];
+  struct iovec iov[ERDMA_BATCH];
+  struct sockaddr_storage from[ERDMA_BATCH];
+  for (int round = 0; round < 8; round++) {
+    for (int i = 0; i < ERDMA_BATCH; i++) {
+      iov[i].iov_base = e->rxbuf + (size_t)i * 65536;
+      iov[i].iov_len = 65536;
+      memset(&msgs[i], 0, sizeof msgs[i]);
+      msgs[i].msg_hdr.msg_name = &from[i];
+      msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    int n = recvmmsg(e->fd, msgs, ERDMA_BATCH, MSG_DONTWAIT, NULL);
+    if (n <= 0) return;
+    e->stats.pkts_recv += (uint64_t)n;
+    for (int i = 0; i < n; i++)
+      conn_handle_datagram(e, iov[i].iov_base, msgs[i].msg_len, &from[i],
+                           msgs[i].msg_hdr.msg_namelen);
+    if (n < ERDMA_BATCH) return;
+  }
+}
+
+static void *progress_main(void *arg) {
+  erdma_engine *e = arg;
+  struct pollfd pfd[2];
+  pthread_mutex_lock(&e->mu);
+  while (e->running) {
+    uint64_t exp = conn_next_expiry(e), now = erdma_now();
+    uint64_t wait_ns = exp <= now ? 0 : exp - now;
+    if (wait_ns > 200000000ull) wait_ns = 200000000ull;
+    struct timespec ts = {(time_t)(wait_ns / 1000000000ull), (long)(wait_ns % 1000000000ull)};
+    pfd[0].fd = e->fd;
+    pfd[0].events = POLLIN;
+    pfd[1].fd = e->evfd;
+    pfd[1].events = POLLIN;
+    pthread_mutex_unlock(&e->mu);
+    int rv = ppoll(pfd, 2, &ts, NULL);
+    pthread_mutex_lock(&e->mu);
+    if (rv > 0 && (pfd[1].revents & POLLIN)) {
+      uint64_t v;
+      if (read(e->evfd, &v, sizeof v) < 0) { /* spurious */ }
+    }
+    if (rv > 0 && (pfd[0].revents & POLLIN)) recv_batch(e);
+    conn_handle_expiry_all(e);
+    conn_flush_all(e);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
+  erdma_engine *e;
+  pthread_condattr_t ca;
+  int one = 1;
+  if (!cfg || !out || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
+    return ERDMA_ERR_INVAL;
+  if (!(e = calloc(1, sizeof *e))) return ERDMA_ERR_NOMEM;
+  e->cfg = *cfg;
+  snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
+  e->cfg.bind_addr = e->bind_addr;
+  e->fd = e->evfd = -1;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  int rv = ERDMA_ERR_SOCKET;
+  if (resolve(e->bind_addr, cfg->port, &e->local, &e->local_len) != 0) goto fail;
+  e->fd = socket(e->local.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (e->fd < 0) goto fail;
+  setsockopt(e->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (cfg->sock_buf > 0) {
+    /* FORCE works as root and ignores rmem_max; fall back to the capped one */
+    if (setsockopt(e->fd, SOL_SOCKET, SO_RCVBUFFORCE, &cfg->sock_buf, sizeof(int)) != 0)
+      setsockopt(e->fd, SOL_SOCKET, SO_RCVBUF, &cfg->sock_buf, sizeof(int));
+    if (setsockopt(e->fd, SOL_SOCKET, SO_SNDBUFFORCE, &cfg->sock_buf, sizeof(int)) != 0)
+      setsockopt(e->fd, SOL_SOCKET, SO_SNDBUF, &cfg->sock_buf, sizeof(int));
+  }
+  if (bind(e->fd, (struct sockaddr *)&e->local, e->local_len) != 0) goto fail;
+  e->local_len = sizeof e->local;
+  getsockname(e->fd, (struct sockaddr *)&e->local, &e->local_len);
+  e->pkt_size = cfg->max_udp_payload ? cfg->max_udp_payload
+                                     : (is_loopback(&e->local) ? 16384 : 1452);
+  if (e->pkt_size < 1200) e->pkt_size = 1200;
+  if (e->pkt_size > 65000) e->pkt_size = 65000;
+  e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  rv = ERDMA_ERR_NOMEM;
+  e->txbuf = malloc((size_t)ERDMA_BATCH * e->pkt_size);
+  e->rxbuf = malloc((size_t)ERDMA_BATCH * 65536);
+  e->peers = calloc((size_t)cfg->size, sizeof *e->peers);
+  if (e->evfd < 0 || !e->txbuf || !e->rxbuf || !e->peers) goto fail;
+  if ((rv = tls_identity_new(e)) != 0) goto fail;
+  *out = e;
+  return 0;
+fail:
+  erdma_engine_free(e);
+  return rv;
+}
+
+int erdma_engine_local_addr(erdma_engine *e, char *buf, size_t len) {
+  char host[INET6_ADDRSTRLEN];
+  int port;
+  if (e->local.ss_family == AF_INET6) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&e->local;
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+    snprintf(buf, len, "[%s]:%d", host, port);
+  } else {
+    struct sockaddr_in *a = (struct sockaddr_in *)&e->local;
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    port = ntohs(a->sin_port);
+    snprintf(buf, len, "%s:%d", host, port);
+  }
+  return 0;
+}
+
+int erdma_engine_fingerprint(erdma_engine *e, char *buf, size_t len) {
+  snprintf(buf, len, "%s", e->fingerprint);
+  return 0;
+}
+
+int erdma_engine_set_peer(erdma_engine *e, int rank, const char *host, int port,
+                          const char *fingerprint) {
+  if (rank < 0 || rank >= e->cfg.size) return ERDMA_ERR_RANK;
+  pthread_mutex_lock(&e->mu);
+  peer_info *p = &e->peers[rank];
+  int rv = resolve(host, port, &p->addr, &p->addr_len);
+  if (rv == 0) {
+    p->known = 1;
+    snprintf(p->fingerprint, sizeof p->fingerprint, "%s", fingerprint ? fingerprint : "");
+  }
+  pthread_mutex_unlock(&e->mu);
+  return rv;
+}
+
+static int peer_ready(erdma_engine *e, int i) {
+  erdma_conn *c = e->peers[i].conn;
+  return c && c->handshake_done && c->hello_recv && c->stream_id >= 0;
+}
+
+static int deadline_wait(erdma_engine *e, uint64_t deadline) {
+  struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
+  return pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+}
+
+static uint64_t deadline_of(double timeout) {
+  return timeout < 0 ? UINT64_MAX : erdma_now() + (uint64_t)(timeout * 1e9);
+}
+
+int erdma_engine_connect(erdma_engine *e) {
+  int rv = 0;
+  if (e->started) return ERDMA_ERR_STATE;
+  e->started = 1;
+  if (e->cfg.size == 1) return 0;
+  for (int i = 0; i < e->cfg.size; i++)
+    if (i != e->cfg.rank && !e->peers[i].known) return ERDMA_ERR_STATE;
+  e->running = 1;
+  if (pthread_create(&e->thread, NULL, progress_main, e) != 0) {
+    e->running = 0;
+    return ERDMA_ERR_NOMEM;
+  }
+  pthread_mutex_lock(&e->mu);
+  for (int i = 0; i < e->cfg.rank && rv == 0; i++) rv = conn_client_new(e, i);
+  engine_wake(e);
+  uint64_t deadline = deadline_of(e->cfg.handshake_timeout);
+  while (rv == 0) {
+    int missing = -1;
+    for (int i = 0; i < e->cfg.size && missing < 0; i++) {
+      if (i == e->cfg.rank) continue;
+      if (e->peers[i].error) rv = ERDMA_ERR_PEER;
+      else if (!peer_ready(e, i)) missing = i;
+    }
+    if (missing < 0 || rv) break;
+    if (erdma_now() >= deadline) {
+      fprintf(stderr, "erdma[%d]: no QUIC connection to rank %d after %.0f s\n", e->cfg.rank,
+              missing, e->cfg.handshake_timeout);
+      rv = ERDMA_ERR_TIMEOUT;
+      break;
+    }
+    deadline_wait(e, erdma_now() + 50000000ull < deadline ? erdma_now() + 50000000ull : deadline);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return rv;
+}
+
+int erdma_engine_shutdown(erdma_engine *e, double timeout) {
+  if (!e->running) return 0;
+  pthread_mutex_lock(&e->mu);
+  e->stopping = 1;
+  uint64_t deadline = deadline_of(timeout);
+  int rv = 0;
+  for (;;) {
+    int busy = 0;
+    for (int i = 0; i < e->cfg.size; i++) {
+      erdma_conn *c = e->peers[i].conn;
+      if (c && !c->closed && !conn_tx_idle(c)) busy = 1;
+    }
+    if (!busy) break;
+    if (erdma_now() >= deadline) {
+      rv = ERDMA_ERR_TIMEOUT;
+      break;
+    }
+    engine_wake(e);
+    deadline_wait(e, erdma_now() + 20000000ull);
+  }
+  for (int i = 0; i < e->cfg.size; i++)
+    if (e->peers[i].conn) conn_close(e->peers[i].conn, 1);
+  e->running = 0;
+  engine_wake(e);
+  pthread_mutex_unlock(&e->mu);
+  pthread_join(e->thread, NULL);
+  return rv;
+}
+
+void erdma_engine_free(erdma_engine *e) {
+  if (!e) return;
+  if (e->running) erdma_engine_shutdown(e, 1.0);
+  pthread_mutex_lock(&e->mu);
+  e->stopping = 1;
+  if (e->peers)
+    for (int i = 0; i < e->cfg.size; i++)
+      if (e->peers[i].conn) {
+        conn_free(e->peers[i].conn);
+        e->peers[i].conn = NULL;
+      }
+  while (e->pending) {
+    erdma_conn *c = e->pending;
+    e->pending = c->next_pending;
+    conn_free(c);
+  }
+  while (e->unexp_head) {
+    erdma_msg *m = e->unexp_head;
+    DL_REMOVE(e->unexp_head, e->unexp_tail, m);
+    msg_free(m);
+  }
+  pthread_mutex_unlock(&e->mu);
+  tls_identity_free(e);
+  if (e->fd >= 0) close(e->fd);
+  if (e->evfd >= 0) close(e->evfd);
+  free(e->txbuf);
+  free(e->rxbuf);
+  free(e->peers);
+  /* requests still held by the user stay valid (they are never touched again) */
+  free(e);
+}
+
+int erdma_engine_stats(erdma_engine *e, erdma_stats *st) {
+  pthread_mutex_lock(&e->mu);
+  *st = e->stats;
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
+int erdma_engine_peer_error(erdma_engine *e, int rank) {
+  if (rank < 0 || rank >= e->cfg.size) return ERDMA_ERR_RANK;
+  return e->peers[rank].error;
+}
+
+/* -------------------------------------------------------- point to point */
+static int check_src(erdma_engine *e, int source) {
+  return source == ERDMA_ANY_SOURCE || (source >= 0 && source < e->cfg.size);
+}
+
+int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+                uint32_t ctx, int flags, erdma_req **out) {
+  if (dest < 0 || dest >= e->cfg.size) return ERDMA_ERR_RANK;
+  if ((!buf && nbytes) || tag < 0) return ERDMA_ERR_INVAL;
+  if (dest != e->cfg.rank && !e->started) return ERDMA_ERR_STATE;
+  erdma_req *r = req_new(e, REQ_SEND);
+  if (!r) return ERDMA_ERR_NOMEM;
+  r->sbuf = buf;
+  r->nbytes = nbytes;
+  r->dest = dest;
+  r->tag = tag;
+  r->ctx = ctx;
+  r->flags = flags;
+  r->st.nbytes = nbytes;
+  pthread_mutex_lock(&e->mu);
+  if (dest == e->cfg.rank) {
+    /* to ourselves: copy now (never blocks), match in place */
+    erdma_msg *m = msg_new(dest, tag, ctx, nbytes);
+    if (!m || !(m->data = malloc(nbytes ? nbytes : 1))) {
+      free(m);
+      req_complete(r, ERDMA_ERR_NOMEM);
+    } else {
+      if (nbytes) memcpy(m->data, buf, nbytes);
+      m->complete = 1;
+      if (flags & ERDMA_SEND_SYNC) m->sreq = r;
+      erdma_req *rr = posted_take(e, dest, tag, ctx);
+      if (rr) {
+        bind_recv(e, rr, m);
+      } else {
+        m->queued = 1;
+        DL_APPEND(e->unexp_head, e->unexp_tail, m);
+        pthread_cond_broadcast(&e->cv);
+      }
+      if (!(flags & ERDMA_SEND_SYNC)) req_complete(r, 0);
+    }
+  } else {
+    peer_info *p = &e->peers[dest];
+    frame_hdr h = {0};
+    h.ctx = ctx;
+    h.tag = tag;
+    h.len = nbytes;
+    if (p->error || !p->conn || p->conn->closed) {
+      req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
+    } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC)) {
+      uint8_t *copy = malloc(nbytes ? nbytes : 1);
+      if (!copy) {
+        req_complete(r, ERDMA_ERR_NOMEM);
+      } else {
+        if (nbytes) memcpy(copy, buf, nbytes);
+        h.type = FR_EAGER;
+        conn_enqueue(p->conn, &h, copy, nbytes, copy, NULL);
+        req_complete(r, 0);
+        conn_flush(p->conn);
+      }
+    } else {
+      h.type = FR_RTS;
+      h.flags = (flags & ERDMA_SEND_SYNC) ? FR_FLAG_SYNC : 0;
+      h.id = r->id = ++e->next_id;
+      DL_APPEND(e->rndv_send_head, e->rndv_send_tail, r);
+      conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
+      conn_flush(p->conn);
+    }
+  }
+  pthread_mutex_unlock(&e->mu);
+  *out = r;
+  return 0;
+}
+
+/* Bind r to m (taken out of the queue), then push any CTS it produced. */
+static void bind_and_flush(erdma_engine *e, erdma_req *r, erdma_msg *m) {
+  int src = m->source, rndv = m->rndv;
+  bind_recv(e, r, m);
+  if (rndv && e->peers[src].conn) conn_flush(e->peers[src].conn);
+}
+
+int erdma_irecv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
+                int alloc, erdma_req **out) {
+  if (!check_src(e, source)) return ERDMA_ERR_RANK;
+  if ((!buf && cap && !alloc) || (tag < 0 && tag != ERDMA_ANY_TAG)) return ERDMA_ERR_INVAL;
+  erdma_req *r = req_new(e, REQ_RECV);
+  if (!r) return ERDMA_ERR_NOMEM;
+  r->buf = alloc ? NULL : buf;
+  r->cap = alloc ? 0 : cap;
+  r->alloc = alloc;
+  r->source = source;
+  r->tag = tag;
+  r->ctx = ctx;
+  pthread_mutex_lock(&e->mu);
+  erdma_msg *m = unexp_find(e, source, tag, ctx);
+  if (m) {
+    DL_REMOVE(e->unexp_head, e->unexp_tail, m);
+    m->queued = 0;
+    bind_and_flush(e, r, m);
+  } else if (source >= 0 && source != e->cfg.rank && e->peers[source].error) {
+    req_complete(r, e->peers[source].error);
+  } else {
+    DL_APPEND(e->posted_head, e->posted_tail, r);
+  }
+  pthread_mutex_unlock(&e->mu);
+  *out = r;
+  return 0;
+}
+
+static void fill_probe(erdma_status *st, const erdma_msg *m) {
+  memset(st, 0, sizeof *st);
+  st->source = m->source;
+  st->tag = m->tag;
+  st->nbytes = m->len;
+}
+
+static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double timeout,
+                      int take, int *flag, erdma_msg **msg, erdma_status *st) {
+  if (!check_src(e, source)) return ERDMA_ERR_RANK;
+  uint64_t deadline = deadline_of(timeout);
+  int rv = 0;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    erdma_msg *m = unexp_find(e, source, tag, ctx);
+    if (m) {
+      fill_probe(st, m);
+      if (take) {
+        DL_REMOVE(e->unexp_head, e->unexp_tail, m);
+        m->queued = 0;
+        m->taken = 1;
+        *msg = m;
+      }
+      if (flag) *flag = 1;
+      break;
+    }
+    if (source >= 0 && source != e->cfg.rank && e->peers[source].error) {
+      rv = e->peers[source].error;
+      break;
+    }
+    if (flag && timeout == 0) {
+      *flag = 0;
+      break;
+    }
+    if (erdma_now() >= deadline) {
+      rv = ERDMA_ERR_TIMEOUT;
+      break;
+    }
+    deadline_wait(e, deadline < erdma_now() + 100000000ull ? deadline : erdma_now() + 100000000ull);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return rv;
+}
+
+int erdma_iprobe(erdma_engine *e, int source, int tag, uint32_t ctx, int *flag,
+                 erdma_status *st) {
+  return probe_impl(e, source, tag, ctx, 0, 0, flag, NULL, st);
+}
+
+int erdma_improbe(erdma_engine *e, int source, int tag, uint32_t ctx, int *flag,
+                  erdma_msg **msg, erdma_status *st) {
+  *msg = NULL;
+  return probe_impl(e, source, tag, ctx, 0, 1, flag, msg, st);
+}
+
+int erdma_probe(erdma_engine *e, int source, int tag, uint32_t ctx, double timeout,
+                erdma_status *st) {
+  return probe_impl(e, source, tag, ctx, timeout, 0, NULL, NULL, st);
+}
+
+int erdma_mprobe(erdma_engine *e, int source, int tag, uint32_t ctx, double timeout,
+                 erdma_msg **msg, erdma_status *st) {
+  *msg = NULL;
+  return probe_impl(e, source, tag, ctx, timeout, 1, NULL, msg, st);
+}
+
+int erdma_imrecv(erdma_engine *e, erdma_msg *m, void *buf, uint64_t cap, int alloc,
+                 erdma_req **out) {
+  if (!m || (!buf && cap && !alloc)) return ERDMA_ERR_INVAL;
+  erdma_req *r = req_new(e, REQ_RECV);
+  if (!r) return ERDMA_ERR_NOMEM;
+  r->buf = alloc ? NULL : buf;
+  r->cap = alloc ? 0 : cap;
+  r->alloc = alloc;
+  r->source = m->source;
+  r->tag = m->tag;
+  r->ctx = m->ctx;
+  pthread_mutex_lock(&e->mu);
+  m->taken = 0;
+  bind_and_flush(e, r, m);
+  pthread_mutex_unlock(&e->mu);
+  *out = r;
+  return 0;
+}
+
+/* ------------------------------------------------------------- requests */
+int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
+  erdma_engine *e = r->e;
+  pthread_mutex_lock(&e->mu);
+  *done = r->done;
+  if (r->done && st) *st = r->st;
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
+int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
+  erdma_engine *e = r->e;
+  uint64_t deadline = deadline_of(timeout);
+  int rv = 0;
+  pthread_mutex_lock(&e->mu);
+  while (!r->done) {
+    if (erdma_now() >= deadline) {
+      rv = ERDMA_ERR_TIMEOUT;
+      break;
+    }
+    deadline_wait(e, deadline);
+  }
+  if (r->done && st) *st = r->st;
+  pthread_mutex_unlock(&e->mu);
+  return rv;
+}
+
+int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
+  erdma_engine *e = NULL;
+  int rv = 0;
+  *index = -1;
+  for (int i = 0; i < n && !e; i++)
+    if (reqs[i]) e = reqs[i]->e;
+  if (!e) return 0;
+  uint64_t deadline = deadline_of(timeout);
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    for (int i = 0; i < n; i++)
+      if (reqs[i] && reqs[i]->done) {
+        *index = i;
+        break;
+      }
+    if (*index >= 0) break;
+    if (erdma_now() >= deadline) {
+      rv = ERDMA_ERR_TIMEOUT;
+      break;
+    }
+    deadline_wait(e, deadline);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return rv;
+}
+
+int erdma_req_cancel(erdma_req *r) {
+  erdma_engine *e = r->e;
+  pthread_mutex_lock(&e->mu);
+  if (r->kind == REQ_RECV && !r->done) {
+    for (erdma_req *q = e->posted_head; q; q = q->next)
+      if (q == r) {
+        DL_REMOVE(e->posted_head, e->posted_tail, r);
+        r->st.cancelled = 1;
+        req_complete(r, 0);
+        break;
+      }
+  }
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
+void *erdma_req_data(erdma_req *r) { return r->buf; }
+
+void erdma_req_free(erdma_req *r) {
+  if (!r) return;
+  erdma_engine *e = r->e;
+  pthread_mutex_lock(&e->mu);
+  r->user_freed = 1;
+  req_release(r);
+  pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,216 @@
+/* erdma_internal.h - engine-private types shared by the engine sources. */
+#ifndef ERDMA_INTERNAL_H
+#define ERDMA_INTERNAL_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <gnutls/gnutls.h>
+#include <ngtcp2/ngtcp2.h>
+#include <ngtcp2/ngtcp2_crypto.h>
+
+#include "erdma.h"
+
+/* ---- wire protocol (docs/design.md, "Wire protocol") ---- */
+#define ERDMA_HDR_LEN 32
+enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5 };
+#define FR_FLAG_SYNC 1
+
+typedef struct frame_hdr {
+  uint8_t type, flags;
+  uint32_t ctx;   /* HELLO: sender rank */
+  int32_t tag;
+  uint64_t len;   /* payload length (EAGER/DATA/RTS); HELLO: world size */
+  uint64_t id;    /* RTS, CTS: sender req id; DATA: receiver req id (CTS: len = receiver req id) */
+} frame_hdr;
+
+void hdr_encode(uint8_t out[ERDMA_HDR_LEN], const frame_hdr *h);
+void hdr_decode(frame_hdr *h, const uint8_t in[ERDMA_HDR_LEN]);
+
+/* ---- requests and unexpected messages (erdma_match.c) ---- */
+enum { REQ_SEND = 1, REQ_RECV = 2 };
+
+struct erdma_req {
+  erdma_engine *e;
+  int kind;
+  int done;
+  int user_freed;        /* erdma_req_free called before completion */
+  int engine_refs;       /* engine structures still pointing at it */
+  erdma_status st;
+  uint64_t id;           /* for RTS/CTS */
+  /* receive */
+  void *buf;
+  uint64_t cap;
+  int alloc;
+  int source, tag;
+  uint32_t ctx;
+  /* send */
+  const void *sbuf;
+  uint64_t nbytes;
+  int dest;
+  int flags;
+  struct erdma_req *prev, *next; /* posted-receive queue / pending-send list */
+};
+
+struct erdma_msg {
+  int source, tag;
+  uint32_t ctx;
+  uint64_t len;
+  int rndv;              /* RTS only: data still at the sender */
+  int sync;
+  uint64_t sender_id;
+  uint8_t *data;         /* eager payload (owned) */
+  uint64_t arrived;
+  int complete;
+  int queued;            /* in the unexpected queue */
+  int taken;             /* held by a matched probe (erdma_msg handle) */
+  erdma_req *bound;      /* receive waiting for the rest of the payload */
+  erdma_req *sreq;       /* local synchronous send completed on match */
+  struct erdma_msg *prev, *next;
+};
+
+/* intrusive doubly linked list of reqs or msgs */
+#define DL_APPEND(head, tail, x) do { (x)->next = NULL; (x)->prev = (tail); \
+    if (tail) (tail)->next = (x); else (head) = (x); (tail) = (x); } while (0)
+#define DL_REMOVE(head, tail, x) do { \
+    if ((x)->prev) (x)->prev->next = (x)->next; else (head) = (x)->next; \
+    if ((x)->next) (x)->next->prev = (x)->prev; else (tail) = (x)->prev; \
+    (x)->prev = (x)->next = NULL; } while (0)
+
+/* ---- outgoing stream items ---- */
+typedef struct tx_item {
+  uint8_t hdr[ERDMA_HDR_LEN];
+  const uint8_t *payload;
+  uint64_t plen;
+  uint64_t written;      /* bytes of hdr+payload handed to ngtcp2 */
+  uint64_t stream_end;   /* stream offset just past this item */
+  uint8_t *owned;        /* eager copy, freed on ack */
+  erdma_req *req;        /* send completed on ack (DATA) */
+  struct tx_item *next;
+} tx_item;
+
+/* ---- connections (erdma_conn.c) ---- */
+#define ERDMA_CIDLEN 18
+#define ERDMA_MAX_CIDS 16
+
+typedef struct rx_state {
+  uint8_t hdr[ERDMA_HDR_LEN];
+  size_t hdr_got;
+  uint64_t remaining;    /* payload bytes still to come for the current frame */
+  uint8_t *dst;          /* where payload goes */
+  uint64_t room;         /* bytes of dst still writable; beyond that: discard */
+  erdma_req *req;        /* completed when the payload is done */
+  erdma_msg *msg;        /* or: unexpected message being filled */
+  frame_hdr cur;
+} rx_state;
+
+typedef struct erdma_conn {
+  erdma_engine *e;
+  ngtcp2_conn *conn;
+  gnutls_session_t tls;
+  ngtcp2_crypto_conn_ref conn_ref;
+  int is_client;
+  int peer;              /* peer rank, -1 until HELLO */
+  int handshake_done;
+  int hello_recv;
+  int closed;            /* closing/draining/dead */
+  uint32_t cid_tag;      /* first 4 bytes of every CID we issue */
+  int64_t stream_id;     /* -1 until open */
+  struct sockaddr_storage remote;
+  socklen_t remote_len;
+  ngtcp2_cid cids[ERDMA_MAX_CIDS];
+  int ncids;
+  /* tx */
+  tx_item *tx_head, *tx_tail, *tx_write;
+  uint64_t tx_offset;    /* stream offset assigned so far */
+  uint64_t acked;
+  rx_state rx;
+  struct erdma_conn *next_pending; /* server conns awaiting HELLO */
+} erdma_conn;
+
+typedef struct peer_info {
+  struct sockaddr_storage addr;
+  socklen_t addr_len;
+  int known;
+  char fingerprint[65];
+  erdma_conn *conn;
+  int error;             /* ERDMA_ERR_PEER once lost */
+  int closed_by_peer;
+} peer_info;
+
+/* ---- the engine ---- */
+#define ERDMA_BATCH 32
+
+struct erdma_engine {
+  erdma_config cfg;
+  char bind_addr[64];
+  int fd;
+  int evfd;
+  struct sockaddr_storage local;
+  socklen_t local_len;
+  size_t pkt_size;       /* max UDP payload we write */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t thread;
+  int running, started, stopping;
+  /* TLS identity */
+  gnutls_certificate_credentials_t cred;
+  char fingerprint[65];
+  gnutls_priority_t prio;
+  /* peers */
+  peer_info *peers;
+  erdma_conn *pending;   /* accepted, rank unknown */
+  /* matching */
+  erdma_req *posted_head, *posted_tail;       /* posted receives */
+  erdma_msg *unexp_head, *unexp_tail;         /* unexpected messages */
+  erdma_req *rndv_send_head, *rndv_send_tail; /* sends waiting for CTS */
+  erdma_req *rndv_recv_head, *rndv_recv_tail; /* receives waiting for DATA */
+  uint64_t next_id;
+  /* io buffers (used under mu) */
+  uint8_t *txbuf;
+  uint8_t *rxbuf;
+  erdma_stats stats;
+};
+
+/* engine.c */
+uint64_t erdma_now(void);
+void engine_wake(erdma_engine *e);
+void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
+
+/* match.c (all under e->mu) */
+erdma_req *req_new(erdma_engine *e, int kind);
+void req_complete(erdma_req *r, int error);
+void req_release(erdma_req *r);      /* drop an engine reference */
+int match(int want_src, int want_tag, uint32_t want_ctx, int src, int tag, uint32_t ctx);
+erdma_req *posted_take(erdma_engine *e, int src, int tag, uint32_t ctx);
+erdma_msg *unexp_find(erdma_engine *e, int src, int tag, uint32_t ctx);
+erdma_msg *msg_new(int src, int tag, uint32_t ctx, uint64_t len);
+void msg_free(erdma_msg *m);
+void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m);
+int recv_prepare(erdma_req *r, int src, int tag, uint64_t len);
+void recv_finish(erdma_req *r);
+void engine_fail_peer(erdma_engine *e, int peer, int error);
+
+/* conn.c (all under e->mu) */
+int conn_client_new(erdma_engine *e, int peer);
+int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
+                         const struct sockaddr_storage *from, socklen_t fromlen);
+int conn_flush(erdma_conn *c);
+void conn_flush_all(erdma_engine *e);
+void conn_handle_expiry_all(erdma_engine *e);
+uint64_t conn_next_expiry(erdma_engine *e);
+void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload,
+                  uint64_t plen, uint8_t *owned, erdma_req *req);
+void conn_close(erdma_conn *c, int graceful);
+void conn_free(erdma_conn *c);
+int conn_tx_idle(erdma_conn *c);
+
+/* tls.c */
+int tls_identity_new(erdma_engine *e);
+void tls_identity_free(erdma_engine *e);
+int tls_session_new(erdma_engine *e, erdma_conn *c);
+int tls_peer_fingerprint(erdma_conn *c, char out[65]);
+
+#endif

@@ -1,0 +1,192 @@
+/* erdma_match.c - MPI matching: requests, the posted-receive queue, the
+ * unexpected-message queue, and binding a receive to a message.  Pure
+ * bookkeeping: every function runs under e->mu and does no I/O itself
+ * (a rendezvous match queues a CTS frame on the peer's connection). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "erdma_internal.h"
+
+erdma_req *req_new(erdma_engine *e, int kind) {
+  erdma_req *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->e = e;
+  r->kind = kind;
+  r->st.source = -1;
+  r->st.tag = -1;
+  return r;
+}
+
+static void req_destroy(erdma_req *r) {
+  if (r->alloc) free(r->buf);
+  free(r);
+}
+
+/* The engine references a request only while it is not done; the user's
+ * reference lasts until erdma_req_free. */
+void req_complete(erdma_req *r, int error) {
+  if (r->done) return;
+  if (error && !r->st.error) r->st.error = error;
+  r->done = 1;
+  pthread_cond_broadcast(&r->e->cv);
+  if (r->user_freed) req_destroy(r);
+}
+
+void req_release(erdma_req *r) {
+  if (r->done && r->user_freed) req_destroy(r);
+}
+
+int match(int want_src, int want_tag, uint32_t want_ctx, int src, int tag, uint32_t ctx) {
+  return want_ctx == ctx && (want_src == ERDMA_ANY_SOURCE || want_src == src) &&
+         (want_tag == ERDMA_ANY_TAG || want_tag == tag);
+}
+
+erdma_req *posted_take(erdma_engine *e, int src, int tag, uint32_t ctx) {
+  for (erdma_req *r = e->posted_head; r; r = r->next)
+    if (match(r->source, r->tag, r->ctx, src, tag, ctx)) {
+      DL_REMOVE(e->posted_head, e->posted_tail, r);
+      return r;
+    }
+  return NULL;
+}
+
+erdma_msg *unexp_find(erdma_engine *e, int src, int tag, uint32_t ctx) {
+  for (erdma_msg *m = e->unexp_head; m; m = m->next)
+    if (match(src, tag, ctx, m->source, m->tag, m->ctx)) return m;
+  return NULL;
+}
+
+erdma_msg *msg_new(int src, int tag, uint32_t ctx, uint64_t len) {
+  erdma_msg *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->source = src;
+  m->tag = tag;
+  m->ctx = ctx;
+  m->len = len;
+  return m;
+}
+
+void msg_free(erdma_msg *m) {
+  free(m->data);
+  free(m);
+}
+
+/* A receive learns its message: note source/tag/length, allocate if asked. */
+int recv_prepare(erdma_req *r, int src, int tag, uint64_t len) {
+  r->st.source = src;
+  r->st.tag = tag;
+  r->nbytes = len;
+  if (r->alloc) {
+    r->buf = malloc(len ? len : 1);
+    if (!r->buf) return ERDMA_ERR_NOMEM;
+    r->cap = len;
+  }
+  return 0;
+}
+
+/* All payload bytes have been stored: fill the status and complete. */
+void recv_finish(erdma_req *r) {
+  r->st.nbytes = r->nbytes < r->cap ? r->nbytes : r->cap;
+  req_complete(r, r->nbytes > r->cap ? ERDMA_ERR_TRUNCATE : 0);
+}
+
+/* Bind receive r to message m (already out of the unexpected queue). */
+void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
+  if (m->rndv) {
+    frame_hdr h = {0};
+    peer_info *p = &e->peers[m->source];
+    int rv = recv_prepare(r, m->source, m->tag, m->len);
+    if (rv == 0 && (p->error || !p->conn)) rv = p->error ? p->error : ERDMA_ERR_PEER;
+    if (rv) {
+      req_complete(r, rv);
+    } else {
+      r->id = ++e->next_id;
+      DL_APPEND(e->rndv_recv_head, e->rndv_recv_tail, r);
+      h.type = FR_CTS;
+      h.id = m->sender_id;
+      h.len = r->id;
+      conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
+    }
+    msg_free(m);
+    return;
+  }
+  if (!m->complete) {
+    int rv = recv_prepare(r, m->source, m->tag, m->len);
+    if (rv) {
+      req_complete(r, rv); /* m, now orphaned, is freed when its payload ends */
+      return;
+    }
+    m->bound = r;
+    return;
+  }
+  if (r->alloc) {
+    /* take the payload buffer instead of copying it */
+    r->st.source = m->source;
+    r->st.tag = m->tag;
+    r->nbytes = r->cap = m->len;
+    r->buf = m->data ? m->data : malloc(1);
+    m->data = NULL;
+  } else {
+    recv_prepare(r, m->source, m->tag, m->len);
+    if (m->len) memcpy(r->buf, m->data, m->len < r->cap ? m->len : r->cap);
+  }
+  if (m->sreq) req_complete(m->sreq, 0);
+  recv_finish(r);
+  msg_free(m);
+}
+
+/* Peer `peer` is gone: fail everything that depends on it. */
+void engine_fail_peer(erdma_engine *e, int peer, int error) {
+  erdma_req *r, *nx;
+  erdma_msg *m, *mn;
+  peer_info *p = &e->peers[peer];
+  if (p->error) return;
+  p->error = error;
+  for (r = e->posted_head; r; r = nx) {
+    nx = r->next;
+    if (r->source == peer) {
+      DL_REMOVE(e->posted_head, e->posted_tail, r);
+      req_complete(r, error);
+    }
+  }
+  for (r = e->rndv_send_head; r; r = nx) {
+    nx = r->next;
+    if (r->dest == peer) {
+      DL_REMOVE(e->rndv_send_head, e->rndv_send_tail, r);
+      req_complete(r, error);
+    }
+  }
+  for (r = e->rndv_recv_head; r; r = nx) {
+    nx = r->next;
+    if (r->st.source == peer) {
+      DL_REMOVE(e->rndv_recv_head, e->rndv_recv_tail, r);
+      req_complete(r, error);
+    }
+  }
+  for (m = e->unexp_head; m; m = mn) {
+    mn = m->next;
+    if (m->source == peer && (m->rndv || !m->complete)) {
+      DL_REMOVE(e->unexp_head, e->unexp_tail, m);
+      if (p->conn && p->conn->rx.msg == m) p->conn->rx.msg = NULL;
+      msg_free(m);
+    }
+  }
+  if (p->conn) {
+    erdma_conn *c = p->conn;
+    if (c->rx.req) {
+      req_complete(c->rx.req, error);
+      c->rx.req = NULL;
+    }
+    if (c->rx.msg && c->rx.msg->bound) {
+      req_complete(c->rx.msg->bound, error);
+      msg_free(c->rx.msg);
+    }
+    c->rx.msg = NULL;
+    for (tx_item *t = c->tx_head; t; t = t->next)
+      if (t->req) {
+        req_complete(t->req, error);
+        t->req = NULL;
+      }
+  }
+  pthread_cond_broadcast(&e->cv);
+}

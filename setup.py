@@ -1,0 +1,44 @@
+"""Build erdmampi: the cffi engine (ext/), the Python package and erdmarun."""
+import shutil
+import subprocess
+import sys
+
+from setuptools import setup
+
+REQUIRED_PKGCONFIG = {
+    "libngtcp2": "libngtcp2-dev",
+    "libngtcp2_crypto_gnutls": "libngtcp2-crypto-gnutls-dev",
+    "gnutls": "libgnutls28-dev",
+}
+
+
+def check_system_libraries():
+    """Fail early, naming the Debian packages, when the C libraries are missing."""
+    if shutil.which("pkg-config") is None:
+        sys.exit("erdmampi: pkg-config not found. Install it: apt-get install -y pkg-config "
+                 + " ".join(REQUIRED_PKGCONFIG.values()))
+    missing = [deb for pc, deb in REQUIRED_PKGCONFIG.items()
+               if subprocess.call(["pkg-config", "--exists", pc]) != 0]
+    if missing:
+        sys.exit("erdmampi: missing C libraries. Install them: apt-get install -y "
+                 + " ".join(missing))
+
+
+if not any(a in sys.argv for a in ("egg_info", "dist_info", "--help", "clean", "sdist")):
+    check_system_libraries()
+
+setup(
+    name="erdmampi",
+    version="0.1.0",
+    description="MPI for GPUs across the Internet: mpi4py-compatible API over QUIC",
+    python_requires=">=3.9",
+    packages=["erdmampi", "erdmampi.util", "erdmampi.collectives",
+              "erdmampi.kernels", "erdmampi.launcher"],
+    package_dir={"erdmampi.kernels": "kernels", "erdmampi.launcher": "launcher"},
+    setup_requires=["cffi>=1.15"],
+    install_requires=["cffi>=1.15", "numpy"],
+    cffi_modules=["ext/build_engine.py:ffibuilder"],
+    ext_package="erdmampi",
+    entry_points={"console_scripts": ["erdmarun=erdmampi.launcher.cli:main"]},
+    zip_safe=False,
+)
