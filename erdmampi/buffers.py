@@ -1,0 +1,682 @@
+"""The single buffer-spec parser (mpi4py's ``msgbuffer.pxi`` rules).
+
+A message is ``buf``, ``[buf, type]``, ``[buf, count]``, ``[buf, count, type]``,
+``[buf, (count, displ), type]`` or ``[buf, count, displ, type]``; vector
+messages take counts/displacements per block.  ``buf`` is any object with
+the buffer protocol, ``__dlpack__`` or ``__cuda_array_interface__``; ``type``
+is a :class:`~erdmampi.datatype.Datatype` or a typecode string.  Everything
+resolves to a :class:`BufMsg` holding a host address, a byte length and a
+1-D NumPy view over exactly the message.
+
+Device buffers (DLPack on a non-CPU device, CUDA array interface) are staged
+through host memory: ``BufMsg.array`` is a host copy, and ``finish()`` copies
+it back after a receive.  Staging uses CuPy, Numba or the CUDA runtime
+(``libcudart`` through ctypes), whichever is importable; without any of them
+a device buffer raises ``BufferError`` with a clear message.
+
+Error types follow mpi4py: malformed specs raise ``TypeError``/``ValueError``,
+unknown typecodes ``KeyError``, buffers that cannot be exported as required
+(read-only for a receive, non-contiguous, non-native byte order)
+``BufferError``.  Unlike mpi4py (which leaves it to MPI), a count that does not
+fit in the buffer raises ``ValueError``: the engine must never write past it.
+"""
+
+import ctypes
+import operator
+
+import numpy as np
+
+from .datatype import DATATYPE_NULL, Datatype, asdatatype, from_format, PREDEFINED
+
+__all__ = [
+    "BottomType", "InPlaceType", "BufferAutomaticType",
+    "BOTTOM", "IN_PLACE", "BUFFER_AUTOMATIC",
+    "is_bottom", "is_in_place", "is_buffer_automatic",
+    "BufMsg", "getbuffer", "message_p2p", "message_cco", "message_vector",
+]
+
+# -----------------------------------------------------------------------------
+# Sentinels
+
+
+class _Sentinel:
+    __slots__ = ()
+    _name = ""
+    _value = 0
+
+    def __new__(cls):
+        inst = cls.__dict__.get("_instance")
+        if inst is None:
+            inst = object.__new__(cls)
+            cls._instance = inst
+        return inst
+
+    def __bool__(self):
+        return self._value != 0
+
+    def __int__(self):
+        return self._value
+
+    def __index__(self):
+        return self._value
+
+    def __hash__(self):
+        return hash(self._value)
+
+    def __eq__(self, other):
+        if isinstance(other, type(self)):
+            return True
+        if not _is_integral(other):
+            return NotImplemented
+        return self._value == operator.index(other)
+
+    def __ne__(self, other):
+        res = self.__eq__(other)
+        return res if res is NotImplemented else not res
+
+    def __repr__(self):
+        return self._name
+
+    def __reduce__(self):
+        return self._name
+
+
+class BottomType(_Sentinel):
+    """Type of `BOTTOM`."""
+
+    __slots__ = ()
+    _name = "BOTTOM"
+    _value = 0
+
+
+class InPlaceType(_Sentinel):
+    """Type of `IN_PLACE`."""
+
+    __slots__ = ()
+    _name = "IN_PLACE"
+    _value = -1
+
+
+class BufferAutomaticType(_Sentinel):
+    """Type of `BUFFER_AUTOMATIC`."""
+
+    __slots__ = ()
+    _name = "BUFFER_AUTOMATIC"
+    _value = 0
+
+
+BOTTOM = BottomType()
+IN_PLACE = InPlaceType()
+BUFFER_AUTOMATIC = BufferAutomaticType()
+
+
+def is_bottom(obj):
+    """``None`` or `BOTTOM` (mpi4py treats both as MPI_BOTTOM)."""
+    return obj is None or obj is BOTTOM
+
+
+def is_in_place(obj):
+    """``None`` or `IN_PLACE` (mpi4py treats both as MPI_IN_PLACE)."""
+    return obj is None or obj is IN_PLACE
+
+
+def is_buffer_automatic(obj):
+    return obj is BUFFER_AUTOMATIC
+
+
+def _is_integral(ob):
+    try:
+        operator.index(ob)
+    except TypeError:
+        return False
+    try:
+        len(ob)
+    except TypeError:
+        return True
+    return False
+
+
+# -----------------------------------------------------------------------------
+# Buffer acquisition
+
+_CPU_DEVICES = (1,)  # kDLCPU; host-accessible CUDA/ROCm memory goes via staging
+
+
+class _Raw:
+    """A contiguous byte range: the result of exporting one object."""
+
+    __slots__ = ("obj", "raw", "fmt", "device", "_download", "_upload")
+
+    def __init__(self, obj, raw, fmt, device=False, download=None, upload=None):
+        self.obj = obj          # keep-alive
+        self.raw = raw          # 1-D uint8 ndarray over the bytes (host)
+        self.fmt = fmt          # format string, or None
+        self.device = device
+        self._download = download
+        self._upload = upload
+
+
+def _raw_from_memoryview(mv):
+    if mv.c_contiguous:
+        src = mv if (mv.ndim == 1 and mv.format == "B") else mv.cast("B")
+        return np.frombuffer(src, dtype=np.uint8)
+    arr = np.asarray(mv)
+    return arr.reshape(-1, order="F").view(np.uint8)
+
+
+def _from_buffer_protocol(obj, readonly):
+    """(raw, fmt) or raises the error PyObject_GetBuffer would raise."""
+    mv = memoryview(obj)
+    if not mv.contiguous:
+        raise BufferError("memoryview: underlying buffer is not contiguous")
+    if not readonly and mv.readonly:
+        raise BufferError("Object is not writable.")
+    return _raw_from_memoryview(mv), mv.format
+
+
+def _dlpack_format(dtype):
+    """Format string mpi4py derives from a DLPack dtype (dlpack_get_format)."""
+    kind, size = dtype.kind, dtype.itemsize
+    if kind == "b" and size == 1:
+        return "?"
+    if kind == "i":
+        return {1: "b", 2: "h", 4: "i", 8: "l"}.get(size, None)
+    if kind == "u":
+        return {1: "B", 2: "H", 4: "I", 8: "L"}.get(size, None)
+    if kind == "f":
+        return {2: "e", 4: "f", 8: "d", 16: "g"}.get(size, None)
+    if kind == "c":
+        return {4: "Ze", 8: "Zf", 16: "Zd", 32: "Zg"}.get(size, None)
+    return None  # -> BYTE
+
+
+def _from_dlpack(obj, readonly):
+    try:
+        dlpack_device = obj.__dlpack_device__
+        obj.__dlpack__  # noqa: B018
+    except AttributeError:
+        raise NotImplementedError("dlpack: missing support") from None
+    device_type, _device_id = dlpack_device()
+    if int(device_type) not in _CPU_DEVICES:
+        return _stage_dlpack(obj, readonly, int(device_type))
+    arr = np.from_dlpack(obj)
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        raise BufferError("dlpack: buffer is not contiguous")
+    if not readonly and not arr.flags.writeable:
+        raise BufferError("dlpack: buffer is not writable")
+    raw = arr.reshape(-1, order="A").view(np.uint8) if arr.size else np.empty(0, np.uint8)
+    return _Raw(obj, raw, _dlpack_format(arr.dtype))
+
+
+def _cai_format(typekind, itemsize):
+    table = {
+        "b": {1: "?"},
+        "i": {1: "b", 2: "h", 4: "i", 8: "l"},
+        "u": {1: "B", 2: "H", 4: "I", 8: "L"},
+        "f": {2: "e", 4: "f", 8: "d", 16: "g"},
+        "c": {4: "Ze", 8: "Zf", 16: "Zd", 32: "Zg"},
+    }
+    return table.get(typekind, {}).get(itemsize)
+
+
+def _cai_is_contig(shape, strides, itemsize, order):
+    size = itemsize
+    dims = range(len(shape)) if order == "F" else reversed(range(len(shape)))
+    for i in dims:
+        if shape[i] > 1 and strides[i] != size:
+            return False
+        size *= shape[i]
+    return True
+
+
+def _cai_describe(obj, readonly):
+    """Parse ``__cuda_array_interface__`` like mpi4py's Py_GetCAIBuffer.
+
+    Returns ``(dev_ptr, nbytes, format)``.
+    """
+    cai = obj.__cuda_array_interface__
+    typestr = cai["typestr"]
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    mask = cai.get("mask")
+    dev_ptr, ro = cai["data"]
+    size = 1
+    for s in shape:
+        size *= s
+    if dev_ptr is None and size == 0:
+        dev_ptr = 0
+    byteorder, typekind, itemsize = typestr[0], typestr[1], int(typestr[2:])
+    if byteorder == ">" or byteorder not in "<>|=":
+        raise BufferError(
+            f"__cuda_array_interface__: typestr {typestr!r} with "
+            f"{'non-native' if byteorder == '>' else 'unrecognized'} byte order")
+    if mask is not None:
+        raise BufferError("__cuda_array_interface__: cannot handle masked arrays")
+    if size < 0:
+        raise BufferError(
+            f"__cuda_array_interface__: buffer with negative size "
+            f"(shape:{shape}, size:{size})")
+    if strides is not None:
+        strides = tuple(strides)
+        if not (_cai_is_contig(shape, strides, itemsize, "C")
+                or _cai_is_contig(shape, strides, itemsize, "F")):
+            raise BufferError(
+                f"__cuda_array_interface__: buffer is not contiguous "
+                f"(shape:{shape}, strides:{strides}, itemsize:{itemsize})")
+    if ro and not readonly:
+        raise BufferError("__cuda_array_interface__: buffer is not writable")
+    return int(dev_ptr), size * itemsize, _cai_format(typekind, itemsize)
+
+
+def _from_cai(obj, readonly):
+    try:
+        obj.__cuda_array_interface__  # noqa: B018
+    except AttributeError:
+        raise NotImplementedError("missing CUDA array interface") from None
+    dev_ptr, nbytes, fmt = _cai_describe(obj, readonly)
+    copier = _device_copier(obj, dev_ptr, nbytes)
+    return _staged(obj, nbytes, fmt, copier, readonly)
+
+
+# -- device staging --------------------------------------------------------
+
+
+class _CudaRuntime:
+    """cudaMemcpy through ctypes (no Python GPU package needed)."""
+
+    _lib = None
+
+    @classmethod
+    def load(cls):
+        if cls._lib is None:
+            for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.11.0"):
+                try:
+                    lib = ctypes.CDLL(name)
+                except OSError:
+                    continue
+                lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                           ctypes.c_size_t, ctypes.c_int]
+                lib.cudaMemcpy.restype = ctypes.c_int
+                cls._lib = lib
+                break
+            else:
+                cls._lib = False
+        return cls._lib or None
+
+    @classmethod
+    def copy(cls, dst, src, nbytes):
+        rc = cls._lib.cudaMemcpy(dst, src, nbytes, 4)  # cudaMemcpyDefault
+        if rc != 0:
+            raise BufferError(f"cudaMemcpy failed with error {rc}")
+
+
+def _device_copier(obj, dev_ptr, nbytes):
+    """(download(host_uint8), upload(host_uint8)) for a CAI device buffer."""
+    try:
+        import cupy  # noqa: PLC0415
+
+        darr = cupy.asarray(obj).reshape(-1, order="A").view(cupy.uint8)
+
+        def download(host):
+            host[...] = cupy.asnumpy(darr)
+
+        def upload(host):
+            darr.set(host)
+
+        return download, upload
+    except ImportError:
+        pass
+    try:
+        from numba import cuda  # noqa: PLC0415
+
+        darr = cuda.as_cuda_array(obj)
+
+        def download(host):
+            host[...] = darr.copy_to_host().reshape(-1, order="A").view(np.uint8)
+
+        def upload(host):
+            darr.copy_to_device(host.view(darr.dtype).reshape(darr.shape, order="A"))
+
+        return download, upload
+    except ImportError:
+        pass
+    if _CudaRuntime.load() is not None:
+        def download(host):
+            _CudaRuntime.copy(host.ctypes.data, dev_ptr, nbytes)
+
+        def upload(host):
+            _CudaRuntime.copy(dev_ptr, host.ctypes.data, nbytes)
+
+        return download, upload
+    raise BufferError(
+        "__cuda_array_interface__: staging a device buffer through host "
+        "memory needs CuPy, Numba or the CUDA runtime (libcudart)")
+
+
+def _stage_dlpack(obj, readonly, device_type):
+    try:
+        import cupy  # noqa: PLC0415
+    except ImportError:
+        raise BufferError(
+            f"dlpack: buffer on device type {device_type} needs CuPy "
+            f"for staging through host memory") from None
+    darr = cupy.from_dlpack(obj)
+    if not (darr.flags.c_contiguous or darr.flags.f_contiguous):
+        raise BufferError("dlpack: buffer is not contiguous")
+    flat = darr.reshape(-1, order="A").view(cupy.uint8)
+
+    def download(host):
+        host[...] = cupy.asnumpy(flat)
+
+    def upload(host):
+        flat.set(host)
+
+    return _staged(obj, flat.size, _dlpack_format(np.dtype(darr.dtype.str)),
+                   (download, upload), readonly)
+
+
+def _staged(obj, nbytes, fmt, copier, readonly):
+    download, upload = copier
+    host = np.empty(nbytes, dtype=np.uint8)
+    if nbytes:
+        # receives start from the device contents too, so that copying the
+        # whole staging area back never clobbers bytes the message missed
+        download(host)
+    return _Raw(obj, host, fmt, device=True, download=download,
+                upload=None if readonly else upload)
+
+
+def getbuffer(obj, readonly):
+    """Export ``obj`` as contiguous bytes (mpi4py's PyMPI_GetBuffer order:
+    buffer protocol, then DLPack, then CUDA array interface)."""
+    try:
+        raw, fmt = _from_buffer_protocol(obj, readonly)
+        return _Raw(obj, raw, fmt)
+    except (TypeError, BufferError, ValueError) as exc:
+        first = exc
+    for path in (_from_dlpack, _from_cai):
+        try:
+            return path(obj, readonly)
+        except NotImplementedError:
+            continue
+    raise first
+
+
+# -----------------------------------------------------------------------------
+# Messages
+
+
+class BufMsg:
+    """One resolved message buffer.
+
+    ``addr``/``nbytes``: host address and byte length of the whole message
+    (``blocks`` blocks of ``count`` items each for block collectives, one
+    block otherwise); ``array``: 1-D view of exactly those bytes with
+    ``datatype.np_dtype`` (``uint8`` when the datatype has none);
+    ``obj``: keep-alive reference; ``device``: the user buffer is device
+    memory and ``array`` is its host staging copy.
+    """
+
+    __slots__ = ("obj", "addr", "nbytes", "count", "datatype", "array",
+                 "device", "blocks", "_raw", "_offset")
+
+    def __init__(self, obj, raw, offset, nbytes, count, datatype, array, blocks=1):
+        self.obj = obj
+        self.blocks = blocks
+        self._raw = raw
+        self._offset = offset
+        self.nbytes = nbytes
+        self.count = count
+        self.datatype = datatype
+        self.array = array
+        self.device = bool(raw is not None and raw.device)
+        if raw is None or raw.raw.size == 0:
+            self.addr = 0
+        else:
+            self.addr = raw.raw.ctypes.data + offset
+
+    def finish(self):
+        """After a receive: copy the host staging area back to the device."""
+        raw = self._raw
+        if raw is not None and raw.device and raw._upload is not None and raw.raw.size:
+            raw._upload(raw.raw)
+
+    def __repr__(self):
+        return (f"<BufMsg addr={self.addr:#x} nbytes={self.nbytes} "
+                f"count={self.count} datatype={self.datatype.Get_name()!r}"
+                f"{' device' if self.device else ''}>")
+
+
+def _array_view(raw_bytes, datatype, nitems):
+    """1-D view of ``nitems`` datatype items over ``raw_bytes``."""
+    dtype = datatype.np_dtype
+    if dtype is None:
+        return raw_bytes
+    nelem = datatype._elements(nitems)
+    span = nelem * dtype.itemsize
+    return raw_bytes[:span].view(dtype) if span else np.empty(0, dtype)
+
+
+def _extent(datatype, what):
+    if datatype == DATATYPE_NULL:
+        raise ValueError(f"message: cannot {what}, datatype is null")
+    lb, extent = datatype.Get_extent()
+    if extent <= 0:
+        raise ValueError(
+            f"message: cannot {what}, datatype extent {extent} "
+            f"(lb:{lb}, ub:{lb + extent})")
+    return extent
+
+
+def _unpack(msg, vector=False):
+    """Split a spec into (buf, count(s), displ(s), type) like mpi4py."""
+    o_count = o_displ = o_type = None
+    if isinstance(msg, (list, tuple)):
+        nargs = len(msg)
+        if nargs == 2:
+            o_buf, o_count = msg
+            if isinstance(o_count, (Datatype, str)):
+                o_count, o_type = None, o_count
+            elif isinstance(o_count, tuple) or (not vector and isinstance(o_count, list)):
+                o_count, o_displ = o_count
+        elif nargs == 3:
+            o_buf, o_count, o_type = msg
+            if isinstance(o_count, tuple) or (not vector and isinstance(o_count, list)):
+                o_count, o_displ = o_count
+        elif nargs == 4:
+            o_buf, o_count, o_displ, o_type = msg
+        else:
+            raise ValueError("message: expecting 2 to 4 items")
+        return o_buf, o_count, o_displ, o_type
+    if _has_buffer(msg) or hasattr(msg, "__dlpack__") or hasattr(msg, "__cuda_array_interface__"):
+        return msg, None, None, None
+    raise TypeError("message: expecting buffer or list/tuple")
+
+
+def _has_buffer(obj):
+    if isinstance(obj, (bytes, bytearray, memoryview, np.ndarray, _Sentinel)):
+        return True
+    try:
+        memoryview(obj).release()
+    except TypeError:
+        return False
+    except (BufferError, ValueError):
+        return True
+    return True
+
+
+def _basic(o_buf, o_type, readonly):
+    """(raw or None, datatype) for the buffer part of a message."""
+    if is_bottom(o_buf):
+        return None, asdatatype(o_type)
+    if isinstance(o_buf, _Sentinel):
+        raise TypeError(f"message: {o_buf!r} is not a valid buffer here")
+    raw = getbuffer(o_buf, readonly)
+    if o_type is not None:
+        datatype = asdatatype(o_type)
+    elif raw.fmt is None:
+        datatype = PREDEFINED["BYTE"]
+    else:
+        datatype = from_format(raw.fmt)
+    return raw, datatype
+
+
+def _message_simple(msg, readonly, blocks):
+    o_buf, o_count, o_displ, o_type = _unpack(msg)
+    raw, datatype = _basic(o_buf, o_type, readonly)
+    length = 0 if raw is None else raw.raw.size
+    extent = 0
+    offset = 0
+    displ = 0
+    if o_displ is not None:
+        displ = operator.index(o_displ)
+        if displ < 0:
+            raise ValueError(f"message: negative displacement {displ}")
+        if displ > 0:
+            extent = _extent(datatype, "handle displacement")
+            if displ * extent > length:
+                raise ValueError(
+                    f"message: displacement {displ} out of bounds, "
+                    f"number of datatype entries {length // extent}")
+            offset = displ * extent
+            length -= offset
+    count = 0
+    if o_count is not None:
+        count = operator.index(o_count)
+        if count < 0:
+            raise ValueError(f"message: negative count {count}")
+        if count > 0 and o_buf is None:
+            raise ValueError(f"message: buffer is None but count is {count}")
+        if count > 0 and raw is None:
+            raise ValueError(
+                "message: BOTTOM with a nonzero count (absolute addresses) "
+                "is not supported")
+    elif length > 0:
+        if extent == 0:
+            extent = _extent(datatype, "infer count")
+        if length % extent:
+            lb = datatype.Get_extent()[0]
+            raise ValueError(
+                f"message: cannot infer count, buffer length {length} "
+                f"is not a multiple of datatype extent {extent} "
+                f"(lb:{lb}, ub:{lb + extent})")
+        if blocks < 2:
+            count = length // extent
+        else:
+            if (length // extent) % blocks:
+                raise ValueError(
+                    f"message: cannot infer count, number of entries "
+                    f"{length // extent} is not a multiple of required "
+                    f"number of blocks {blocks}")
+            count = (length // extent) // blocks
+    nblocks = blocks if blocks >= 2 else 1
+    total = count * nblocks
+    nbytes = 0
+    if total > 0:
+        if extent == 0:
+            extent = _extent(datatype, "compute message size")
+        nbytes = total * extent
+        if nbytes > length:
+            raise ValueError(
+                f"message: count {count}"
+                f"{f' x {nblocks} blocks' if nblocks > 1 else ''} out of bounds, "
+                f"number of datatype entries {length // extent}")
+    raw_bytes = np.empty(0, np.uint8) if raw is None else raw.raw
+    array = _array_view(raw_bytes[offset:offset + nbytes], datatype, total)
+    return BufMsg(o_buf, raw, offset, nbytes, count, datatype, array, nblocks)
+
+
+def message_p2p(spec, readonly):
+    """Resolve a point-to-point message spec (``readonly``: a send buffer)."""
+    return _message_simple(spec, readonly, 1)
+
+
+def message_cco(spec, readonly, blocks):
+    """Resolve a block collective message spec.
+
+    ``count`` is the per-block count: given explicitly, or (like mpi4py) the
+    buffer length divided by ``blocks`` when ``blocks >= 2``, the whole
+    buffer otherwise.  ``msg.blocks == max(blocks, 1)``; ``nbytes`` and
+    ``array`` cover all blocks (block ``i`` is
+    ``array.reshape(blocks, -1)[i]``).  Buffers MPI ignores (the receive
+    buffer of Gather at a non-root...) should not be parsed at all, as
+    mpi4py skips them.
+    """
+    return _message_simple(spec, readonly, blocks)
+
+
+def _int_list(seq, n, what):
+    values = [operator.index(x) for x in seq]
+    if len(values) != n:
+        raise ValueError(f"expecting {n} items, got {len(values)}")
+    return values
+
+
+def message_vector(spec, readonly, size):
+    """Resolve a vector collective message spec for ``size`` blocks.
+
+    Returns ``(msg, counts, displs)``: ``msg.array`` views the whole buffer
+    as items of ``msg.datatype``; block ``i`` is
+    ``msg.array[displs[i]:displs[i] + counts[i]]`` (in items, times
+    ``datatype._mult`` elements for contiguous derived types).
+    """
+    o_buf, o_counts, o_displs, o_type = _unpack(spec, vector=True)
+    raw, datatype = _basic(o_buf, o_type, readonly)
+    bsize = 0 if raw is None else raw.raw.size
+    extent = None
+    if o_counts is None:
+        csize = 0
+        if bsize > 0:
+            extent = _extent(datatype, "infer count")
+            if bsize % extent:
+                lb = datatype.Get_extent()[0]
+                raise ValueError(
+                    f"message: cannot infer count, buffer length {bsize} "
+                    f"is not a multiple of datatype extent {extent} "
+                    f"(lb:{lb}, ub:{lb + extent})")
+            csize = bsize // extent
+        counts = [csize // size + (csize % size > i) for i in range(size)]
+    elif _is_integral(o_counts):
+        counts = [operator.index(o_counts)] * size
+    else:
+        counts = _int_list(o_counts, size, "counts")
+    if o_displs is None:
+        displs, acc = [], 0
+        for c in counts:
+            displs.append(acc)
+            acc += c
+    elif _is_integral(o_displs):
+        stride = operator.index(o_displs)
+        displs = [stride * i for i in range(size)]
+    else:
+        displs = _int_list(o_displs, size, "displs")
+    for c in counts:
+        if c < 0:
+            raise ValueError(f"message: negative count {c}")
+    for d in displs:
+        if d < 0:
+            raise ValueError(f"message: negative displacement {d}")
+    nitems = 0
+    if raw is not None and bsize:
+        if extent is None and datatype != DATATYPE_NULL and datatype.Get_extent()[1] > 0:
+            extent = datatype.Get_extent()[1]
+        nitems = bsize // extent if extent else 0
+    need = max((d + c for c, d in zip(counts, displs) if c > 0), default=0)
+    if need > 0:
+        if raw is None:
+            if o_buf is None:
+                raise ValueError(f"message: buffer is None but count is {max(counts)}")
+            raise ValueError(
+                "message: BOTTOM with a nonzero count (absolute addresses) "
+                "is not supported")
+        if extent is None:
+            extent = _extent(datatype, "compute message size")
+            nitems = bsize // extent
+        if need > nitems:
+            raise ValueError(
+                f"message: counts and displacements need {need} datatype "
+                f"entries, buffer has {nitems}")
+    raw_bytes = np.empty(0, np.uint8) if raw is None else raw.raw
+    array = _array_view(raw_bytes[: nitems * (extent or 0)], datatype, nitems)
+    msg = BufMsg(o_buf, raw, 0, nitems * (extent or 0), nitems, datatype, array)
+    return msg, counts, displs
