@@ -318,7 +318,7 @@ class Job:
         self.jobid = secrets.token_hex(8)
         self.ranks = []
         self.server = None
-        self._events = queue.Queue()
+        self._events = queue.SimpleQueue()   # put() is safe from a signal handler
         self._signals = []
 
     # -- public --
