@@ -95,11 +95,13 @@ def bcast_scatter_allgather(t: Transport, buf: np.ndarray, root: int) -> None:
         sidx = (vr - step) % n
         ridx = (vr - step - 1) % n
         reqs = []
+        # the root has every chunk: it receives nothing (so its buffer may be
+        # read-only) and its left neighbour sends it nothing
         rpart = span(ridx, ridx + 1)
-        if rpart.size:
+        if rpart.size and vr != 0:
             reqs.append(t.irecv(rpart, (left + root) % n, 1 + step % 1000))
         spart = span(sidx, sidx + 1)
-        if spart.size:
+        if spart.size and right != 0:
             reqs.append(t.isend(spart, (right + root) % n, 1 + step % 1000))
         t.waitall(reqs)
 
