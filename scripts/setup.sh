@@ -137,6 +137,7 @@ fi
 "$VPY" -c 'import erdmampi._erdma' \
     || die "erdmampi installed but its engine module erdmampi._erdma does not import"
 [ -x "$VENV/bin/erdmarun" ] || die "erdmarun was not installed into $VENV/bin"
+"$VENV/bin/erdmarun" --help >/dev/null || die "erdmarun is installed but does not start"
 say "erdmampi: OK ($VENV/bin/erdmarun)"
 
 say "done. Activate with: source .venv/bin/activate"
