@@ -1,0 +1,128 @@
+"""Start this rank's engine from the environment contract (docs/design.md).
+
+Reads rank/size (erdmarun's ERDMA_*, or Slurm / Open MPI / MPICH-PMI
+variables), publishes this rank's QUIC endpoint and certificate fingerprint
+in the rendezvous store, reads everyone else's and connects the full mesh.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from ._engine import Engine
+
+_RANK_SIZE_VARS = [
+    ("ERDMA_RANK", "ERDMA_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+]
+
+_world = None
+_info: dict = {}
+
+
+def _env_float(name: str, default: float) -> float:
+    v = os.environ.get(name)
+    if not v:
+        return default
+    try:
+        f = float(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r} is not a number of seconds") from None
+    if f <= 0:
+        raise ValueError(f"{name}={v!r} must be positive")
+    return f
+
+
+def rank_and_size(env=os.environ) -> tuple[int, int]:
+    """(rank, size) from the first launcher whose variables are set; (0, 1) if none."""
+    for rk, sk in _RANK_SIZE_VARS:
+        if rk in env and sk in env:
+            try:
+                rank, size = int(env[rk]), int(env[sk])
+            except ValueError:
+                raise ValueError(f"{rk}/{sk} must be integers, got {env[rk]!r}/{env[sk]!r}") from None
+            if size < 1 or not 0 <= rank < size:
+                raise ValueError(f"{rk}={rank} is not a rank of {sk}={size}")
+            return rank, size
+    return 0, 1
+
+
+def _route_addr(host: str, port: int) -> str:
+    """The local address that routes to the rendezvous host."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        fam, _, _, _, addr = infos[0]
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def init_world() -> Engine:
+    """Create and connect COMM_WORLD's engine (idempotent)."""
+    global _world
+    if _world is not None:
+        return _world
+    env = os.environ
+    rank, size = rank_and_size(env)
+    rdv = env.get("ERDMA_RENDEZVOUS")
+    host_id = env.get("ERDMA_HOST") or socket.gethostname()
+    opts = dict(
+        cc=env.get("ERDMA_CC", "cubic").lower(),
+        eager_limit=int(env.get("ERDMA_EAGER_LIMIT", 65536)),
+        idle_timeout=_env_float("ERDMA_TIMEOUT", 60.0),
+        connect_timeout=_env_float("ERDMA_CONNECT_TIMEOUT", 60.0),
+        max_udp_payload=int(env.get("ERDMA_MAX_UDP_PAYLOAD", 0)),
+        verbose=env.get("ERDMA_VERBOSE", "") not in ("", "0"),
+    )
+    hosts = [host_id]
+    if size == 1:
+        eng = Engine.create(0, 1, bind=env.get("ERDMA_BIND", "127.0.0.1"), **opts)
+        eng.connect()
+    else:
+        if not rdv:
+            raise RuntimeError(
+                f"rank {rank} of {size}: no rendezvous address. Start the job with erdmarun, "
+                "or set ERDMA_RENDEZVOUS=host:port of a running store "
+                "(python -m erdmampi.launcher.store_server)")
+        from .rendezvous import Store
+        jobid = env.get("ERDMA_JOBID") or env.get("SLURM_JOB_ID") or "job"
+        store = Store.from_address(rdv, prefix=f"{jobid}/", timeout=opts["connect_timeout"])
+        rhost, _, rport = rdv.rpartition(":")
+        bind = env.get("ERDMA_BIND") or _route_addr(rhost.strip("[]"), int(rport))
+        eng = Engine.create(rank, size, bind=bind, port=int(env.get("ERDMA_PORT", 0)), **opts)
+        addr, _, port = eng.local_addr.rpartition(":")
+        store.set(f"ep/{rank}", json.dumps({"addr": addr.strip("[]"), "port": int(port),
+                                            "fp": eng.fingerprint, "host": host_id}).encode())
+        hosts = []
+        for r in range(size):
+            rec = json.loads(store.get(f"ep/{r}", timeout=opts["connect_timeout"]))
+            hosts.append(rec["host"])
+            if r != rank:
+                eng.set_peer(r, rec["addr"], rec["port"], rec["fp"])
+        eng.connect()
+        store.close()
+    local = [r for r in range(size) if hosts[r] == host_id]
+    _info.update(
+        host=host_id, hosts=hosts, local_rank=local.index(rank), local_size=len(local),
+        appnum=int(env.get("ERDMA_APPNUM", 0)),
+        universe_size=int(env.get("ERDMA_UNIVERSE_SIZE", size)),
+    )
+    _world = eng
+    return eng
+
+
+def world_info() -> dict:
+    """appnum, universe_size, local_rank, local_size, host, hosts (by world rank)."""
+    if _world is None:
+        init_world()
+    return dict(_info)
+
+
+def shutdown_world(timeout: float = 10.0) -> None:
+    if _world is not None:
+        _world.shutdown(timeout)
