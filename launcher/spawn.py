@@ -3,6 +3,7 @@
 Pure Python; imports :mod:`erdmampi.rendezvous` (through the store server) only.
 The launcher and the ranks talk through environment variables (docs/launcher.md).
 """
+import functools
 import os
 import queue
 import secrets
@@ -11,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -140,14 +140,17 @@ def is_local_host(name):
 
     Any other name or address (even ``127.0.0.1``) goes through the ssh launcher.
     """
-    if "@" in name:
-        return False
+    return "@" not in name and name in _local_names()
+
+
+@functools.lru_cache(maxsize=1)
+def _local_names():
     local = {"localhost", socket.gethostname(), socket.gethostname().split(".")[0]}
     try:
         local.add(socket.getfqdn())
     except OSError:
         pass
-    return name in local
+    return frozenset(local)
 
 
 def route_address(host):
