@@ -198,7 +198,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   e->local_len = sizeof e->local;
   getsockname(e->fd, (struct sockaddr *)&e->local, &e->local_len);
   e->pkt_size = cfg->max_udp_payload ? cfg->max_udp_payload
-                                     : (is_loopback(&e->local) ? 16384 : 1452);
+                                     : (is_loopback(&e->local) ? 65000 : 1452);
   if (e->pkt_size < 1200) e->pkt_size = 1200;
   if (e->pkt_size > 65000) e->pkt_size = 65000;
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
