@@ -12,7 +12,7 @@ DEMOS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -n) NP="${2:?-n needs a number}"; shift 2 ;;
-        -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set /p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         all) DEMOS+=(pi ring allreduce_numpy parallel_sum_obj); shift ;;
         *) DEMOS+=("${1%.py}"); shift ;;
     esac

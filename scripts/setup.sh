@@ -3,7 +3,8 @@
 # virtualenv (.venv), mpi4py built against Debian's MPICH (the reference used
 # by the tests) and an editable install of erdmampi (compiles the C engine).
 #
-# Safe to re-run: every step is skipped when its result is already there.
+# Safe to re-run: each step is skipped when its result is already there,
+# except the last, which rebuilds the engine when its sources changed.
 # Works as root, or through sudo for the apt step.
 #
 #   bash scripts/setup.sh [--no-mpi4py]
@@ -23,7 +24,7 @@ WITH_MPI4PY=1
 for arg in "$@"; do
     case "$arg" in
         --no-mpi4py) WITH_MPI4PY=0 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set /p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option: $arg (see --help)" ;;
     esac
 done
