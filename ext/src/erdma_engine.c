@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/udp.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,19 +84,44 @@ static int is_loopback(const struct sockaddr_storage *a) {
   return 0;
 }
 
+/* Packets sit in bufs at a stride of pkt_size.  A run of full-size packets
+ * is contiguous, so with UDP GSO it leaves in one datagram train (one
+ * sendmmsg entry with a UDP_SEGMENT control message). */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
   struct mmsghdr msgs[ERDMA_BATCH];
   struct iovec iov[ERDMA_BATCH];
-  int sent = 0;
-  for (int i = 0; i < n; i++) {
-    iov[i].iov_base = bufs + (size_t)i * e->pkt_size;
-    iov[i].iov_len = lens[i];
-    memset(&msgs[i], 0, sizeof msgs[i]);
-    msgs[i].msg_hdr.msg_name = &c->remote;
-    msgs[i].msg_hdr.msg_namelen = c->remote_len;
-    msgs[i].msg_hdr.msg_iov = &iov[i];
-    msgs[i].msg_hdr.msg_iovlen = 1;
+  union {
+    char buf[CMSG_SPACE(sizeof(uint16_t))];
+    struct cmsghdr align;
+  } ctl[ERDMA_BATCH];
+  int sent = 0, m = 0;
+  size_t max_run = e->gso ? 65000 / e->pkt_size : 1;
+  for (int i = 0; i < n; m++) {
+    int j = i + 1;
+    if (lens[i] == e->pkt_size)
+      while (j < n && (size_t)(j - i) < max_run && lens[j - 1] == e->pkt_size) j++;
+    iov[m].iov_base = bufs + (size_t)i * e->pkt_size;
+    iov[m].iov_len = (size_t)(j - i - 1) * e->pkt_size + lens[j - 1];
+    memset(&msgs[m], 0, sizeof msgs[m]);
+    msgs[m].msg_hdr.msg_name = &c->remote;
+    msgs[m].msg_hdr.msg_namelen = c->remote_len;
+    msgs[m].msg_hdr.msg_iov = &iov[m];
+    msgs[m].msg_hdr.msg_iovlen = 1;
+    if (j - i > 1) {
+      struct cmsghdr *cm = (struct cmsghdr *)ctl[m].buf;
+      uint16_t seg = (uint16_t)e->pkt_size;
+      memset(ctl[m].buf, 0, sizeof ctl[m].buf);
+      cm->cmsg_level = SOL_UDP;
+      cm->cmsg_type = UDP_SEGMENT;
+      cm->cmsg_len = CMSG_LEN(sizeof seg);
+      memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+      msgs[m].msg_hdr.msg_control = ctl[m].buf;
+      msgs[m].msg_hdr.msg_controllen = sizeof ctl[m].buf;
+    }
+    e->stats.pkts_sent += (uint64_t)(j - i);
+    i = j;
   }
+  n = m;
   while (sent < n) {
     int rv = sendmmsg(e->fd, msgs + sent, (unsigned)(n - sent), 0);
     if (rv < 0) {
@@ -110,7 +136,6 @@ void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, i
     }
     sent += rv;
   }
-  e->stats.pkts_sent += (uint64_t)sent;
 }
 
 static void recv_batch(erdma_engine *e) {
@@ -201,6 +226,13 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
                                      : (is_loopback(&e->local) ? 65000 : 1452);
   if (e->pkt_size < 1200) e->pkt_size = 1200;
   if (e->pkt_size > 65000) e->pkt_size = 65000;
+  if (e->pkt_size <= 9000) {
+    /* probe UDP GSO; without it each packet is its own sendmmsg entry */
+    int seg = (int)e->pkt_size;
+    e->gso = setsockopt(e->fd, SOL_UDP, UDP_SEGMENT, &seg, sizeof seg) == 0;
+    seg = 0;
+    if (e->gso) setsockopt(e->fd, SOL_UDP, UDP_SEGMENT, &seg, sizeof seg);
+  }
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   rv = ERDMA_ERR_NOMEM;
   e->txbuf = malloc((size_t)ERDMA_BATCH * e->pkt_size);

@@ -151,6 +151,7 @@ struct erdma_engine {
   struct sockaddr_storage local;
   socklen_t local_len;
   size_t pkt_size;       /* max UDP payload we write */
+  int gso;               /* kernel UDP GSO (UDP_SEGMENT) available */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   pthread_t thread;
