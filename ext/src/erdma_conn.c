@@ -66,13 +66,55 @@ static void log_conn(erdma_conn *c, const char *what, int rv) {
             rv, rv < -200 ? ngtcp2_strerror(rv) : erdma_strerror(rv));
 }
 
-/* The connection is unusable: fail the peer unless we are shutting down. */
+/* Tell the peer why we drop the connection (RFC 9000 CONNECTION_CLOSE). */
+static void send_close(erdma_conn *c, int rv) {
+  erdma_engine *e = c->e;
+  ngtcp2_connection_close_error ccerr;
+  ngtcp2_path_storage ps;
+  ngtcp2_pkt_info pi;
+  if (!c->conn || ngtcp2_conn_is_in_closing_period(c->conn) ||
+      ngtcp2_conn_is_in_draining_period(c->conn) || rv == NGTCP2_ERR_DRAINING ||
+      rv == NGTCP2_ERR_IDLE_CLOSE || rv == NGTCP2_ERR_DROP_CONN)
+    return;
+  uint8_t alert = ngtcp2_conn_get_tls_alert(c->conn);
+  if (alert)
+    ngtcp2_connection_close_error_set_transport_error_tls_alert(&ccerr, alert, NULL, 0);
+  else if (rv == 0)
+    ngtcp2_connection_close_error_set_application_error(&ccerr, 0, NULL, 0);
+  else
+    ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, rv, NULL, 0);
+  ngtcp2_path_storage_zero(&ps);
+  ngtcp2_ssize nw = ngtcp2_conn_write_connection_close(c->conn, &ps.path, &pi, e->txbuf,
+                                                       e->pkt_size, &ccerr, erdma_now());
+  if (nw > 0) {
+    size_t len = (size_t)nw;
+    engine_sendv(e, c, e->txbuf, &len, 1);
+  }
+}
+
+/* The connection is unusable: tell the peer, fail the rank unless we are
+ * shutting down.  Closed connections still waiting for a HELLO are reaped
+ * by conn_reap_pending. */
 static void conn_lost(erdma_conn *c, int rv) {
   erdma_engine *e = c->e;
   if (c->closed) return;
+  send_close(c, rv);
   c->closed = 1;
   log_conn(c, "connection lost", rv);
   if (c->peer >= 0 && !e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+}
+
+void conn_reap_pending(erdma_engine *e) {
+  erdma_conn **pp = &e->pending;
+  while (*pp) {
+    erdma_conn *c = *pp;
+    if (c->closed) {
+      *pp = c->next_pending;
+      conn_free(c);
+    } else {
+      pp = &c->next_pending;
+    }
+  }
 }
 
 /* ----------------------------------------------------------- rx framing */
@@ -135,11 +177,21 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
         return ERDMA_ERR_AUTH;
       }
     }
+    if (p->conn && p->conn != c) {
+      /* one connection per rank: a second claimant is refused while the
+       * first lives; a dead one is replaced */
+      if (!p->conn->closed) {
+        fprintf(stderr, "erdma[%d]: refused a second connection claiming rank %d\n",
+                e->cfg.rank, rank);
+        return ERDMA_ERR_AUTH;
+      }
+      conn_free(p->conn);
+      p->conn = NULL;
+    }
     /* leave the pending list, take the peer slot */
     erdma_conn **pp = &e->pending;
     while (*pp && *pp != c) pp = &(*pp)->next_pending;
     if (*pp) *pp = c->next_pending;
-    if (p->conn && p->conn != c) conn_close(p->conn, 0);
     p->conn = c;
     c->peer = rank;
   }
@@ -654,22 +706,7 @@ uint64_t conn_next_expiry(erdma_engine *e) {
 }
 
 void conn_close(erdma_conn *c, int graceful) {
-  erdma_engine *e = c->e;
-  if (graceful && !c->closed && c->conn && !ngtcp2_conn_is_in_closing_period(c->conn) &&
-      !ngtcp2_conn_is_in_draining_period(c->conn)) {
-    ngtcp2_connection_close_error ccerr;
-    ngtcp2_path_storage ps;
-    ngtcp2_pkt_info pi;
-    size_t len;
-    ngtcp2_connection_close_error_set_application_error(&ccerr, 0, NULL, 0);
-    ngtcp2_path_storage_zero(&ps);
-    ngtcp2_ssize nw = ngtcp2_conn_write_connection_close(c->conn, &ps.path, &pi, e->txbuf,
-                                                         e->pkt_size, &ccerr, erdma_now());
-    if (nw > 0) {
-      len = (size_t)nw;
-      engine_sendv(e, c, e->txbuf, &len, 1);
-    }
-  }
+  if (graceful && !c->closed) send_close(c, 0);
   c->closed = 1;
 }
 

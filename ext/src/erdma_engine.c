@@ -185,6 +185,7 @@ static void *progress_main(void *arg) {
     if (rv > 0 && (pfd[0].revents & POLLIN)) recv_batch(e);
     conn_handle_expiry_all(e);
     conn_flush_all(e);
+    conn_reap_pending(e);
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;

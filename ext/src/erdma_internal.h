@@ -205,6 +205,7 @@ uint64_t conn_next_expiry(erdma_engine *e);
 void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload,
                   uint64_t plen, uint8_t *owned, erdma_req *req);
 void conn_close(erdma_conn *c, int graceful);
+void conn_reap_pending(erdma_engine *e);
 void conn_free(erdma_conn *c);
 int conn_tx_idle(erdma_conn *c);
 
