@@ -1,0 +1,342 @@
+"""The ``MPI`` facade: ``from erdmampi import MPI`` as ``from mpi4py import MPI``.
+
+Constants, predefined objects and module functions; the logic lives in the
+modules it re-exports.  Importing this module starts the engine unless
+``erdmampi.rc.initialize`` is false, and registers ``Finalize`` at exit
+(``rc.finalize``: None means "if we initialized").
+"""
+
+import atexit as _atexit
+import socket as _socket
+import sys as _sys
+import threading as _threading
+import time as _time
+
+from . import rc as _rc
+from . import comm as _comm
+from .buffers import (BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType,  # noqa: F401
+                      BufferAutomaticType, InPlaceType)
+from .comm import (APPNUM, COMM_NULL, COMM_SELF, COMM_TYPE_HW_GUIDED,  # noqa: F401
+                   COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED, COMM_TYPE_SHARED,
+                   COMM_WORLD, ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL,
+                   ERRORS_RETURN, IO, KEYVAL_INVALID, LASTUSEDCODE, TAG_UB, UNIVERSE_SIZE,
+                   WTIME_IS_GLOBAL, Cartcomm, Comm, Distgraphcomm, Errhandler, Graphcomm,
+                   Intercomm, Intracomm, Topocomm)
+from .datatype import PREDEFINED as _PREDEFINED_TYPES
+from .datatype import Datatype  # noqa: F401
+from .exceptions import ERROR_NAMES as _ERROR_NAMES
+from .exceptions import Exception, Get_error_class, Get_error_string  # noqa: F401,A004
+from .group import (CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR,  # noqa: F401
+                    UNEQUAL, Group)
+from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message  # noqa: F401
+from .msgpickle import Pickle, pickle  # noqa: F401
+from .op import PREDEFINED_OPS as _PREDEFINED_OPS
+from .op import Op  # noqa: F401
+from .request import REQUEST_NULL, Grequest, Prequest, Request  # noqa: F401
+from .status import Status  # noqa: F401
+
+globals().update(_PREDEFINED_TYPES)
+globals().update(_PREDEFINED_OPS)
+globals().update(_ERROR_NAMES)
+
+# -----------------------------------------------------------------------------
+# Constants (MPICH 4.0 values, as mpi4py exposes them)
+
+VERSION = 4
+SUBVERSION = 0
+
+ANY_SOURCE = -2
+ANY_TAG = -1
+PROC_NULL = -1
+ROOT = -3
+UNDEFINED = -32766
+BSEND_OVERHEAD = 96
+
+THREAD_SINGLE = 0
+THREAD_FUNNELED = 1
+THREAD_SERIALIZED = 2
+THREAD_MULTIPLE = 3
+
+MAX_PROCESSOR_NAME = 128
+MAX_ERROR_STRING = 512
+MAX_PORT_NAME = 1024
+MAX_INFO_KEY = 255
+MAX_INFO_VAL = 1024
+MAX_OBJECT_NAME = 128
+MAX_DATAREP_STRING = 128
+MAX_LIBRARY_VERSION_STRING = 8192
+MAX_PSET_NAME_LEN = 256
+MAX_STRINGTAG_LEN = 256
+
+GRAPH = 1
+CART = 2
+DIST_GRAPH = 3
+
+ORDER_C = 56
+ORDER_F = 57
+ORDER_FORTRAN = 57
+
+TYPECLASS_REAL = 1
+TYPECLASS_INTEGER = 2
+TYPECLASS_COMPLEX = 3
+TYPECLASS_LOGICAL = 4
+
+F_SOURCE = 2
+F_TAG = 3
+F_ERROR = 4
+F_STATUS_SIZE = 5
+
+_THREAD_LEVELS = {"single": THREAD_SINGLE, "funneled": THREAD_FUNNELED,
+                  "serialized": THREAD_SERIALIZED, "multiple": THREAD_MULTIPLE}
+
+
+# -----------------------------------------------------------------------------
+# Info (a plain key/value store; hints are ignored by erdmampi)
+
+
+class Info:
+    """Info object, as ``MPI.Info``: string keys and values."""
+
+    def __init__(self, info=None):
+        self._d = dict(info._d) if isinstance(info, Info) and info._d is not None else None
+
+    @classmethod
+    def Create(cls, items=None):
+        info = cls()
+        info._d = {}
+        if items:
+            for k, v in dict(items).items():
+                info.Set(k, v)
+        return info
+
+    def Set(self, key, value):
+        self._d[str(key)] = str(value)
+
+    def Get(self, key):
+        return self._d.get(str(key))
+
+    def Delete(self, key):
+        if str(key) not in self._d:
+            from .exceptions import ERR_INFO_NOKEY, raise_error
+            raise_error(ERR_INFO_NOKEY)
+        del self._d[str(key)]
+
+    def Get_nkeys(self):
+        return len(self._d)
+
+    def Get_nthkey(self, n):
+        return list(self._d)[n]
+
+    def Dup(self):
+        return Info.Create(self._d)
+
+    def Free(self):
+        self._d = None
+
+    def __bool__(self):
+        return self._d is not None
+
+    def __len__(self):
+        return len(self._d or {})
+
+    def __contains__(self, key):
+        return str(key) in (self._d or {})
+
+    def __iter__(self):
+        return iter(self._d or {})
+
+    def __getitem__(self, key):
+        return self._d[str(key)]
+
+    def __setitem__(self, key, value):
+        self.Set(key, value)
+
+    def keys(self):
+        return list(self._d or {})
+
+    def items(self):
+        return list((self._d or {}).items())
+
+    def get(self, key, default=None):
+        return (self._d or {}).get(str(key), default)
+
+
+INFO_NULL = Info()
+INFO_ENV = Info.Create()
+
+# -----------------------------------------------------------------------------
+# Initialization
+
+
+def Init():
+    """Start the engine (MPI_Init)."""
+    _comm.init(THREAD_MULTIPLE)
+
+
+def Init_thread(required=THREAD_MULTIPLE):
+    """Start the engine; the engine is thread safe, so THREAD_MULTIPLE is provided."""
+    _comm.init(THREAD_MULTIPLE)
+    return THREAD_MULTIPLE
+
+
+def Finalize():
+    """Synchronise and shut the engine down (MPI_Finalize)."""
+    _comm.finalize()
+
+
+def Is_initialized():
+    return _comm._rt.initialized
+
+
+def Is_finalized():
+    return _comm._rt.finalized
+
+
+def Query_thread():
+    return _comm._rt.thread_level
+
+
+def Is_thread_main():
+    return _threading.current_thread() is _threading.main_thread()
+
+
+# -----------------------------------------------------------------------------
+# Environment
+
+_T0 = _time.perf_counter()
+
+
+def Wtime():
+    """Elapsed wall-clock time in seconds (monotonic)."""
+    return _time.perf_counter()
+
+
+def Wtick():
+    """Resolution of Wtime."""
+    return 1e-9
+
+
+def Get_processor_name():
+    return _socket.gethostname()
+
+
+def Get_version():
+    """MPI standard version implemented: (4, 0)."""
+    return (VERSION, SUBVERSION)
+
+
+def Get_library_version():
+    from . import __version__
+    return (f"erdmampi {__version__} (MPI {VERSION}.{SUBVERSION} API over QUIC: "
+            "ngtcp2 + GnuTLS engine)")
+
+
+def get_vendor():
+    """("erdmampi", (0, 1, 0))."""
+    from . import __version__
+    return ("erdmampi", tuple(int(x) for x in __version__.split(".")[:3]))
+
+
+def Pcontrol(level):
+    pass
+
+
+def Attach_buffer(buf):
+    """Buffered sends need no user buffer (the engine buffers)."""
+
+
+def Detach_buffer():
+    return None
+
+
+def Flush_buffer():
+    pass
+
+
+def Alloc_mem(size, info=None):
+    return memoryview(bytearray(int(size)))
+
+
+def Free_mem(mem):
+    pass
+
+
+def Get_address(location):
+    from .buffers import getbuffer
+    return getbuffer(location, True).raw.ctypes.data
+
+
+def Aint_add(base, disp):
+    return int(base) + int(disp)
+
+
+def Aint_diff(addr1, addr2):
+    return int(addr1) - int(addr2)
+
+
+def Compute_dims(nnodes, dims):
+    """Balanced dimensions for a Cartesian grid (zeros in ``dims`` are free)."""
+    if isinstance(dims, int):
+        dims = [0] * dims
+    dims = [int(d) for d in dims]
+    fixed = 1
+    for d in dims:
+        if d < 0:
+            from .exceptions import ERR_DIMS, raise_error
+            raise_error(ERR_DIMS)
+        if d:
+            fixed *= d
+    free = [i for i, d in enumerate(dims) if d == 0]
+    n = int(nnodes)
+    if fixed == 0 or n % fixed:
+        from .exceptions import ERR_DIMS, raise_error
+        raise_error(ERR_DIMS, "nnodes is not a multiple of the fixed dimensions")
+    rest = n // fixed
+    factors = []
+    p = 2
+    while rest > 1:
+        while rest % p == 0:
+            factors.append(p)
+            rest //= p
+        p += 1
+    sizes = [1] * len(free)
+    for f in sorted(factors, reverse=True):
+        if sizes:
+            i = sizes.index(min(sizes))
+            sizes[i] *= f
+    sizes.sort(reverse=True)
+    for i, s in zip(free, sizes):
+        dims[i] = s
+    return dims
+
+
+def Add_error_class():
+    from .exceptions import ERR_OTHER, raise_error
+    raise_error(ERR_OTHER, "user error classes are not supported")
+
+
+# -----------------------------------------------------------------------------
+# Automatic initialization and finalization (mpi4py.rc)
+
+
+def _atexit_finalize():
+    if _comm._rt.initialized and not _comm._rt.finalized:
+        try:
+            Finalize()
+        except BaseException:
+            pass
+
+
+def _startup():
+    if not _rc.initialize:
+        return
+    if not _comm._rt.initialized:
+        level = _THREAD_LEVELS.get(str(_rc.thread_level).lower(), THREAD_MULTIPLE)
+        _comm.init(level if _rc.threads else THREAD_SINGLE)
+        if _rc.finalize is None or _rc.finalize:
+            _atexit.register(_atexit_finalize)
+
+
+_startup()
+
+del _sys

@@ -1,0 +1,70 @@
+"""erdmampi: an mpi4py-compatible MPI for Python over a QUIC engine.
+
+Importing this package starts nothing; ``from erdmampi import MPI`` starts the
+engine (unless :data:`rc.initialize` is false), as ``mpi4py`` does.
+"""
+
+__version__ = "0.1.0"
+__author__ = "erdmampi developers"
+
+
+class Rc:
+    """Runtime configuration options, read when ``erdmampi.MPI`` is imported.
+
+    :param initialize: start the engine on import of ``erdmampi.MPI`` (True).
+    :param threads: request thread support (True).
+    :param thread_level: "multiple", "serialized", "funneled" or "single".
+    :param finalize: finalize at exit: None (default) means when we initialized.
+    :param fast_reduce: tree-based reductions for objects (True).
+    :param recv_mprobe: receive objects with matched probes (True).
+    :param irecv_bufsz: default buffer size for ``irecv()`` without a buffer.
+    :param errors: "exception", "default", "abort" or "fatal".
+    """
+
+    initialize = True
+    threads = True
+    thread_level = "multiple"
+    finalize = None
+    fast_reduce = True
+    recv_mprobe = True
+    irecv_bufsz = 32768
+    errors = "exception"
+
+    def __init__(self, **kwargs):
+        self(**kwargs)
+
+    def __setattr__(self, name, value):
+        if not hasattr(self, name):
+            raise TypeError(f"object has no attribute {name!r}")
+        super().__setattr__(name, value)
+
+    def __call__(self, **kwargs):
+        for key in kwargs:
+            if not hasattr(self, key):
+                raise TypeError(f"unexpected argument {key!r}")
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    def __repr__(self):
+        return f"<{__name__}.rc>"
+
+
+rc = Rc()
+__import__("sys").modules[f"{__name__}.rc"] = rc
+
+
+def get_include():
+    """Return the directory of the C engine's public header."""
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(here), "ext", "include")
+
+
+def get_config():
+    """Return a dict describing how erdmampi was built."""
+    return {"transport": "quic", "engine": "erdma", "mpi_version": "4.0"}
+
+
+def profile(name=None, **kargs):  # pragma: no cover - mpi4py compatibility
+    """Accepted for mpi4py compatibility; profiling libraries do not apply."""
+    raise NotImplementedError("erdmampi has no PMPI profiling layer")

@@ -1,0 +1,1582 @@
+"""Communicators: Comm and Intracomm over the engine and the collectives.
+
+Point-to-point calls resolve their buffer spec with :mod:`erdmampi.buffers`
+and hand address/length to the engine, which speaks COMM_WORLD ranks and byte
+counts; this module translates ranks through the communicator's
+:class:`~erdmampi.group.Group` and bytes to counts through
+:class:`~erdmampi.status.Status`.  Collective calls build one
+:class:`_CollTransport` per call over the communicator's collective context id
+(``ctx + 1``), with engine tags unique per call.
+"""
+
+import os
+import socket
+import sys
+import threading
+
+import numpy as np
+
+from . import _engine, bootstrap
+from . import collectives as coll
+from .buffers import IN_PLACE, BOTTOM, is_in_place, message_cco, message_p2p, message_vector
+from .exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_COUNT, ERR_KEYVAL, ERR_OP,
+                         ERR_OTHER, ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TYPE,
+                         Exception as MPIException, ERR_LASTCODE, raise_error)
+from .group import Group, IDENT, CONGRUENT, SIMILAR, UNEQUAL, _set_world_rank
+from .message import Message, MESSAGE_NO_PROC
+from .msgpickle import pickle as _default_pickle
+from .op import Op
+from .request import Request, Prequest, _DoneOp, _EngineOp, _ThreadOp, engine_exception, \
+    error_class
+from .status import Status
+
+ANY_SOURCE = -2
+ANY_TAG = -1
+PROC_NULL = -1
+ROOT = -3
+UNDEFINED = -32766
+TAG_UB_VALUE = 2 ** 28 - 1          # MPICH's value
+COMM_TYPE_SHARED = 1
+COMM_TYPE_HW_GUIDED = 2
+COMM_TYPE_HW_UNGUIDED = 3
+COMM_TYPE_RESOURCE_GUIDED = -32766
+
+# Attribute keys (mpi4py + MPICH values)
+TAG_UB = 1681915905
+IO = 1681915909
+WTIME_IS_GLOBAL = 1681915911
+UNIVERSE_SIZE = 1681915913
+LASTUSEDCODE = 1681915915
+APPNUM = 1681915917
+KEYVAL_INVALID = 603979776
+
+_COLL_TAGS = 1024                   # tags an algorithm may use: 0 .. 1023
+_SEQ_MOD = 2 ** 20
+_GROUP_TAG_BASE = 1 << 29           # Create_group traffic on the p2p context
+
+_NULL_HANDLE = 0x04000000
+_WORLD_HANDLE = 0x44000000
+_SELF_HANDLE = 0x44000001
+
+
+# -----------------------------------------------------------------------------
+# Runtime state
+
+
+class _Runtime:
+    """Process-wide state: the engine, init flags and the next context id."""
+
+    def __init__(self):
+        self.engine = None
+        self.initialized = False
+        self.finalized = False
+        self.next_ctx = 4           # 0/1 COMM_WORLD, 2/3 COMM_SELF
+        self.thread_level = 3
+        self.main_thread = threading.main_thread()
+        self.lock = threading.Lock()
+        self.next_handle = 0x44000002
+        self.info = {}
+
+
+_rt = _Runtime()
+
+
+def _engine_or_raise():
+    eng = _rt.engine
+    if eng is None:
+        if _rt.finalized:
+            raise_error(ERR_OTHER, "MPI has been finalized")
+        raise_error(ERR_OTHER, "MPI is not initialized (call MPI.Init)")
+    return eng
+
+
+def _new_handle():
+    with _rt.lock:
+        h = _rt.next_handle
+        _rt.next_handle += 1
+    return h
+
+
+def init(thread_level=3):
+    """Start the engine and set up COMM_WORLD and COMM_SELF (MPI_Init)."""
+    if _rt.initialized:
+        raise_error(ERR_OTHER, "MPI is already initialized")
+    if _rt.finalized:
+        raise_error(ERR_OTHER, "MPI cannot be initialized again after Finalize")
+    eng = bootstrap.init_world()
+    _rt.engine = eng
+    _rt.info = bootstrap.world_info()
+    _rt.initialized = True
+    _rt.thread_level = thread_level
+    _set_world_rank(eng.rank)
+    COMM_WORLD._setup(Group._from_ranks(range(eng.size)), 0)
+    COMM_SELF._setup(Group._from_ranks([eng.rank]), 2)
+    return eng
+
+
+def finalize():
+    """Synchronise COMM_WORLD and shut the engine down (MPI_Finalize)."""
+    if not _rt.initialized:
+        raise_error(ERR_OTHER, "MPI is not initialized")
+    if _rt.finalized:
+        raise_error(ERR_OTHER, "MPI is already finalized")
+    try:
+        if COMM_WORLD._ranks is not None and len(COMM_WORLD._ranks) > 1:
+            COMM_WORLD.Barrier()
+    except MPIException:
+        pass
+    finally:
+        _rt.finalized = True
+        try:
+            bootstrap.shutdown_world()
+        finally:
+            _rt.engine = None
+
+
+# -----------------------------------------------------------------------------
+# Collective transport
+
+
+class _CollTransport:
+    """:class:`erdmampi.collectives.base.Transport` for one collective call.
+
+    Algorithm tags 0..1023 become ``(seq % 2**20) * 1024 + tag`` on the
+    communicator's collective context id; ``seq`` counts collective calls on
+    the communicator, so concurrent (nonblocking) collectives never mix.
+    """
+
+    __slots__ = ("rank", "size", "_eng", "_ranks", "_ctx", "_base", "_pkl")
+
+    def __init__(self, comm, ctx, base, ranks=None, rank=None):
+        self._eng = _engine_or_raise()
+        self._ranks = ranks if ranks is not None else comm._ranks
+        self.size = len(self._ranks)
+        self.rank = rank if rank is not None else comm._rank
+        self._ctx = ctx
+        self._base = base
+        self._pkl = _default_pickle
+
+    def isend(self, buf, dest, tag):
+        buf = np.ascontiguousarray(buf)
+        try:
+            return self._eng.isend(buf.ctypes.data, buf.nbytes, self._ranks[dest],
+                                   self._base + tag, self._ctx, keep=buf)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+
+    def irecv(self, buf, source, tag):
+        try:
+            return self._eng.irecv(buf.ctypes.data, buf.nbytes, self._ranks[source],
+                                   self._base + tag, self._ctx, keep=buf)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+
+    def send_obj(self, obj, dest, tag):
+        data = np.frombuffer(self._pkl._encode(obj), dtype=np.uint8)
+        self.waitall([self.isend(data, dest, tag)])
+
+    def recv_obj(self, source, tag):
+        try:
+            req = self._eng.irecv_alloc(self._ranks[source], self._base + tag, self._ctx)
+            raw = req.wait()
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if raw.error:
+            raise_error(error_class(raw.error), "collective receive failed")
+        return self._pkl._decode(req.take())
+
+    def waitall(self, reqs):
+        for r in reqs:
+            try:
+                raw = r.wait()
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            if raw.error:
+                raise_error(error_class(raw.error), "collective message failed "
+                            "(mismatched counts across ranks?)")
+
+
+def _u8(arr):
+    """uint8 view of a contiguous 1-D array (no copy)."""
+    if arr is None:
+        return None
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _extent(msg):
+    return msg.datatype.Get_extent()[1]
+
+
+def _mult(msg):
+    return msg.datatype._elements(1)
+
+
+def _check_op(op):
+    if not isinstance(op, Op):
+        raise TypeError(f"expected MPI.Op, got {type(op).__name__}")
+    return op
+
+
+def _reduce_fn(op, datatype):
+    def fn(inarr, inoutarr):
+        op._apply(inarr, inoutarr, datatype)
+    return fn
+
+
+def _py_op(op):
+    if isinstance(op, Op):
+        return op._py
+    if callable(op):
+        return op
+    raise TypeError(f"expected MPI.Op or callable, got {type(op).__name__}")
+
+
+# -----------------------------------------------------------------------------
+# Errhandler (exceptions are always raised; kept for API compatibility)
+
+
+class Errhandler:
+    """Error handler, as ``MPI.Errhandler``; erdmampi always raises exceptions."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, errhandler=None):
+        self._name = errhandler._name if isinstance(errhandler, Errhandler) else None
+
+    @classmethod
+    def _make(cls, name):
+        e = cls()
+        e._name = name
+        return e
+
+    def __eq__(self, other):
+        return isinstance(other, Errhandler) and self._name == other._name
+
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        return self._name is not None
+
+    def __repr__(self):
+        return f"<Errhandler {self._name or 'ERRHANDLER_NULL'}>"
+
+    def Free(self):
+        pass
+
+    free = Free
+
+
+ERRHANDLER_NULL = Errhandler()
+ERRORS_RETURN = Errhandler._make("ERRORS_RETURN")
+ERRORS_ARE_FATAL = Errhandler._make("ERRORS_ARE_FATAL")
+ERRORS_ABORT = Errhandler._make("ERRORS_ABORT")
+
+_keyvals = {}
+_next_keyval = [1700000000]
+
+
+# -----------------------------------------------------------------------------
+# Communicators
+
+
+class Comm:
+    """Communication context, as ``MPI.Comm``.
+
+    ``_ranks`` is the tuple of COMM_WORLD ranks (None: null or freed),
+    ``_ctx`` the point-to-point context id (collectives use ``_ctx + 1``).
+    """
+
+    def __init__(self, comm=None):
+        self._ranks = None
+        self._group = None
+        self._rank = UNDEFINED
+        self._ctx = -1
+        self._seq = 0
+        self._name = ""
+        self._attrs = {}
+        self._predef = False
+        self._handle = _NULL_HANDLE
+        self._lock = threading.Lock()
+        self._errhandler = ERRORS_RETURN
+        self._pkl = _default_pickle
+        if comm is not None:
+            if not isinstance(comm, Comm):
+                raise TypeError(f"expected Comm, got {type(comm).__name__}")
+            self._share(comm)
+
+    def _share(self, comm):
+        for k in ("_ranks", "_group", "_rank", "_ctx", "_name", "_attrs", "_handle",
+                  "_errhandler", "_predef"):
+            setattr(self, k, getattr(comm, k))
+        self._lock = comm._lock
+        self._seq_owner = comm
+        self._predef = False
+
+    def _setup(self, group, ctx, name=None):
+        self._group = group
+        self._ranks = group._ranks
+        self._rank = group.Get_rank()
+        self._ctx = ctx
+        if name is not None:
+            self._name = name
+        if self._handle == _NULL_HANDLE:
+            self._handle = _new_handle()
+
+    @classmethod
+    def _from_group(cls, group, ctx):
+        c = cls()
+        c._setup(group, ctx)
+        return c
+
+    # Private helpers
+
+    def _check(self):
+        if self._ranks is None:
+            raise_error(ERR_COMM, "invalid communicator (COMM_NULL or freed)")
+        if _rt.engine is None:
+            _engine_or_raise()
+        return self._ranks
+
+    def _next_seq(self):
+        owner = getattr(self, "_seq_owner", self)
+        with owner._lock:
+            seq = owner._seq
+            owner._seq += 1
+        return seq
+
+    def _transport(self):
+        seq = self._next_seq()
+        return _CollTransport(self, self._ctx + 1, (seq % _SEQ_MOD) * _COLL_TAGS)
+
+    def _dest(self, dest):
+        ranks = self._check()
+        dest = int(dest)
+        if dest == PROC_NULL:
+            return None
+        if dest < 0 or dest >= len(ranks):
+            raise_error(ERR_RANK, f"invalid rank {dest} (communicator size {len(ranks)})")
+        return ranks[dest]
+
+    def _source(self, source):
+        ranks = self._check()
+        source = int(source)
+        if source == PROC_NULL:
+            return None
+        if source == ANY_SOURCE:
+            return _engine.ANY_SOURCE
+        if source < 0 or source >= len(ranks):
+            raise_error(ERR_RANK, f"invalid source rank {source} "
+                        f"(communicator size {len(ranks)})")
+        return ranks[source]
+
+    @staticmethod
+    def _send_tag(tag):
+        tag = int(tag)
+        if tag < 0 or tag > TAG_UB_VALUE:
+            raise_error(ERR_TAG, f"invalid tag {tag} (must be 0..{TAG_UB_VALUE})")
+        return tag
+
+    @staticmethod
+    def _recv_tag(tag):
+        tag = int(tag)
+        if tag == ANY_TAG:
+            return _engine.ANY_TAG
+        if tag < 0 or tag > TAG_UB_VALUE:
+            raise_error(ERR_TAG, f"invalid tag {tag} (must be 0..{TAG_UB_VALUE} or ANY_TAG)")
+        return tag
+
+    def _root(self, root):
+        ranks = self._check()
+        root = int(root)
+        if root < 0 or root >= len(ranks):
+            raise_error(ERR_ROOT, f"invalid root {root} (communicator size {len(ranks)})")
+        return root
+
+    def _comm_rank(self, world):
+        if world < 0:
+            return world
+        return self._group._index.get(world, UNDEFINED)
+
+    def _finish_fields(self, raw, msg=None):
+        err = error_class(raw.error)
+        if msg is not None and not err and not raw.cancelled:
+            msg.finish()
+        return (self._comm_rank(raw.source), raw.tag, err, raw.nbytes, raw.cancelled)
+
+    # Point-to-point: engine operations (return request operations)
+
+    def _isend_op(self, buf, dest, tag, sync=False):
+        msg = message_p2p(buf, True)
+        wdest = self._dest(dest)
+        tag = self._send_tag(tag)
+        if wdest is None:
+            return _DoneOp()
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.isend(msg.addr, msg.nbytes, wdest, tag, self._ctx, sync=sync, keep=msg)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, lambda raw: (PROC_NULL if False else ANY_SOURCE, ANY_TAG,
+                                            error_class(raw.error), 0, raw.cancelled, None))
+
+    def _irecv_op(self, buf, source, tag):
+        msg = message_p2p(buf, False)
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            return _DoneOp()
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.irecv(msg.addr, msg.nbytes, wsrc, tag, self._ctx, keep=msg)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,))
+
+    def _isend_obj_op(self, obj, dest, tag, sync=False):
+        wdest = self._dest(dest)
+        tag = self._send_tag(tag)
+        if wdest is None:
+            return _DoneOp()
+        data = self._pkl._encode(obj)
+        arr = np.frombuffer(data, dtype=np.uint8)
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.isend(arr.ctypes.data if arr.size else 0, arr.nbytes, wdest, tag,
+                             self._ctx, sync=sync, keep=(data, arr))
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, lambda raw: (ANY_SOURCE, ANY_TAG, error_class(raw.error), 0,
+                                            raw.cancelled, None))
+
+    def _obj_finish(self, ereq):
+        def finish(raw):
+            fields = self._finish_fields(raw)
+            obj = None
+            if not fields[2] and not raw.cancelled:
+                obj = self._pkl._decode(ereq.take())
+            return fields + (obj,)
+        return finish
+
+    def _irecv_obj_op(self, source, tag):
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            return _DoneOp()
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.irecv_alloc(wsrc, tag, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, self._obj_finish(ereq))
+
+    def _mrecv_buf(self, emsg, buf):
+        msg = message_p2p(buf, False)
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.imrecv(emsg, msg.addr, msg.nbytes, keep=msg)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,))
+
+    def _mrecv_obj(self, emsg):
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.imrecv_alloc(emsg)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, self._obj_finish(ereq))
+
+    def _probe_raw(self, source, tag, blocking):
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            return "noproc"
+        eng = _engine_or_raise()
+        try:
+            if blocking:
+                return eng.probe(wsrc, tag, self._ctx)
+            return eng.iprobe(wsrc, tag, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+
+    def _mprobe_raw(self, source, tag, blocking):
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            return "noproc"
+        eng = _engine_or_raise()
+        try:
+            if blocking:
+                return eng.mprobe(wsrc, tag, self._ctx)
+            return eng.improbe(wsrc, tag, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+
+    def _fill_probe(self, status, raw):
+        if status is None:
+            return
+        if raw == "noproc":
+            status._fill(PROC_NULL, ANY_TAG, 0, 0, False)
+        else:
+            status._fill(self._comm_rank(raw.source), raw.tag, 0, raw.nbytes, False)
+
+    # -- Group, size, rank --------------------------------------------------
+
+    def Get_group(self):
+        """Return a copy of the group of the communicator."""
+        self._check()
+        return Group._from_ranks(self._ranks)
+
+    def Get_size(self):
+        """Number of processes."""
+        return len(self._check())
+
+    def Get_rank(self):
+        """Rank of this process."""
+        self._check()
+        return self._rank
+
+    @property
+    def group(self):
+        return self.Get_group()
+
+    @property
+    def size(self):
+        return self.Get_size()
+
+    @property
+    def rank(self):
+        return self.Get_rank()
+
+    @classmethod
+    def Compare(cls, comm1, comm2):
+        """IDENT, CONGRUENT, SIMILAR or UNEQUAL."""
+        a, b = comm1._check(), comm2._check()
+        if comm1._ctx == comm2._ctx and a == b:
+            return IDENT
+        if a == b:
+            return CONGRUENT
+        if sorted(a) == sorted(b):
+            return SIMILAR
+        return UNEQUAL
+
+    # -- Equality -----------------------------------------------------------
+
+    def __eq__(self, other):
+        if not isinstance(other, Comm):
+            return NotImplemented
+        if self._ranks is None or other._ranks is None:
+            return self._ranks is None and other._ranks is None
+        return self._handle == other._handle
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        return self._ranks is not None
+
+    def __repr__(self):
+        if self._ranks is None:
+            return f"<{type(self).__name__} COMM_NULL>"
+        return f"<{type(self).__name__} {self._name or hex(self._handle)} size={len(self._ranks)}>"
+
+    # -- Communicator constructors ------------------------------------------
+
+    def _agree_ctx(self):
+        """A context id unused by every member (Allreduce MAX of next_ctx)."""
+        t = self._transport()
+        val = np.array([_rt.next_ctx], dtype=np.int64)
+        coll.allreduce(t, None, val, lambda a, io: np.maximum(a, io, out=io))
+        new = int(val[0])
+        with _rt.lock:
+            _rt.next_ctx = max(_rt.next_ctx, new + 2)
+        return new
+
+    def Dup(self, info=None):
+        """Duplicate the communicator (same group, new context)."""
+        self._check()
+        ctx = self._agree_ctx()
+        c = type(self)()
+        c._setup(Group._from_ranks(self._ranks), ctx)
+        c._attrs = dict(self._attrs)
+        return c
+
+    def Clone(self):
+        """Duplicate the communicator (same group, new context)."""
+        return self.Dup()
+
+    Dup_with_info = Dup
+
+    def Idup(self, info=None):
+        """Nonblocking Dup: returns ``(newcomm, request)``."""
+        return self.Dup(), Request._new(_DoneOp())
+
+    def Free(self):
+        """Free the communicator; it becomes COMM_NULL."""
+        self._check()
+        if self._predef:
+            raise_error(ERR_COMM, "cannot free a predefined communicator")
+        self._ranks = None
+        self._group = None
+        self._rank = UNDEFINED
+
+    def free(self):
+        """Free the communicator if it is not null or predefined."""
+        if self._ranks is not None and not self._predef:
+            self.Free()
+
+    Disconnect = Free
+
+    # -- Names and attributes -----------------------------------------------
+
+    def Get_name(self):
+        self._check()
+        return self._name
+
+    def Set_name(self, name):
+        self._check()
+        self._name = str(name)
+
+    @property
+    def name(self):
+        return self.Get_name()
+
+    @name.setter
+    def name(self, value):
+        self.Set_name(value)
+
+    def Get_attr(self, keyval):
+        """Attribute value (predefined: TAG_UB, APPNUM, UNIVERSE_SIZE, ...)."""
+        self._check()
+        keyval = int(keyval)
+        if keyval == TAG_UB:
+            return TAG_UB_VALUE
+        if keyval == WTIME_IS_GLOBAL:
+            return 0
+        if keyval == IO:
+            return ANY_SOURCE
+        if keyval == LASTUSEDCODE:
+            return ERR_LASTCODE
+        if keyval == APPNUM:
+            return int(_rt.info.get("appnum", 0))
+        if keyval == UNIVERSE_SIZE:
+            if "ERDMA_UNIVERSE_SIZE" in os.environ:
+                return int(_rt.info.get("universe_size", len(self._ranks)))
+            return None
+        if keyval not in _keyvals:
+            raise_error(ERR_KEYVAL, f"invalid keyval {keyval}")
+        return self._attrs.get(keyval)
+
+    def Set_attr(self, keyval, attrval):
+        self._check()
+        if int(keyval) not in _keyvals:
+            raise_error(ERR_KEYVAL, f"invalid keyval {keyval}")
+        self._attrs[int(keyval)] = attrval
+
+    def Delete_attr(self, keyval):
+        self._check()
+        if int(keyval) not in _keyvals:
+            raise_error(ERR_KEYVAL, f"invalid keyval {keyval}")
+        self._attrs.pop(int(keyval), None)
+
+    @classmethod
+    def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython=False):
+        with _rt.lock:
+            k = _next_keyval[0]
+            _next_keyval[0] += 1
+        _keyvals[k] = (copy_fn, delete_fn)
+        return k
+
+    @classmethod
+    def Free_keyval(cls, keyval):
+        _keyvals.pop(int(keyval), None)
+        return KEYVAL_INVALID
+
+    def Get_errhandler(self):
+        self._check()
+        return self._errhandler
+
+    def Set_errhandler(self, errhandler):
+        self._check()
+        self._errhandler = errhandler
+
+    def Call_errhandler(self, errorcode):
+        self._check()
+        raise MPIException(errorcode)
+
+    def Get_info(self):
+        self._check()
+        return None
+
+    def Set_info(self, info):
+        self._check()
+
+    info = property(Get_info, Set_info)
+
+    def Is_inter(self):
+        self._check()
+        return False
+
+    def Is_intra(self):
+        self._check()
+        return True
+
+    @property
+    def is_inter(self):
+        return self.Is_inter()
+
+    @property
+    def is_intra(self):
+        return self.Is_intra()
+
+    def Get_topology(self):
+        self._check()
+        return UNDEFINED
+
+    @property
+    def topology(self):
+        return self.Get_topology()
+
+    @property
+    def is_topo(self):
+        return self.Get_topology() != UNDEFINED
+
+    @classmethod
+    def Get_parent(cls):
+        return COMM_NULL
+
+    def py2f(self):
+        return self._handle if self._ranks is not None else _NULL_HANDLE
+
+    toint = py2f
+
+    @property
+    def handle(self):
+        return self.py2f()
+
+    @classmethod
+    def f2py(cls, arg):
+        arg = int(arg)
+        for c in (COMM_WORLD, COMM_SELF):
+            if c._handle == arg:
+                return c
+        if arg == _NULL_HANDLE:
+            return COMM_NULL
+        raise_error(ERR_COMM, f"unknown communicator handle {arg:#x}")
+
+    fromint = f2py
+
+    def Abort(self, errorcode=0):
+        """Terminate every process of the job (this one exits with ``errorcode``)."""
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        rank = _rt.engine.rank if _rt.engine is not None else 0
+        try:
+            sys.stderr.write(f"application called MPI_Abort({self._name or 'comm'}, "
+                             f"{int(errorcode)}) - process {rank}\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os._exit(int(errorcode) & 0xFF if int(errorcode) else 0)
+
+    # -- Point-to-point: blocking -------------------------------------------
+
+    def Send(self, buf, dest, tag=0):
+        """Blocking send."""
+        Request._new(self._isend_op(buf, dest, tag)).Wait()
+
+    def Bsend(self, buf, dest, tag=0):
+        """Buffered send (the engine buffers: same as Send)."""
+        self.Send(buf, dest, tag)
+
+    def Rsend(self, buf, dest, tag=0):
+        """Ready send (same as Send)."""
+        self.Send(buf, dest, tag)
+
+    def Ssend(self, buf, dest, tag=0):
+        """Synchronous send: returns once the receive has matched."""
+        Request._new(self._isend_op(buf, dest, tag, sync=True)).Wait()
+
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Blocking receive."""
+        Request._new(self._irecv_op(buf, source, tag)).Wait(status)
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                 recvtag=ANY_TAG, status=None):
+        """Send and receive."""
+        rreq = Request._new(self._irecv_op(recvbuf, source, recvtag))
+        sreq = Request._new(self._isend_op(sendbuf, dest, sendtag))
+        rreq.Wait(status)
+        sreq.Wait()
+
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
+                         status=None):
+        """Send and receive in one buffer."""
+        msg = message_p2p(buf, False)
+        tmp = np.array(msg.array, copy=True).reshape(-1).view(np.uint8)
+        sreq = Request._new(self._isend_op([tmp, "B"], dest, sendtag))
+        rreq = Request._new(self._irecv_op(buf, source, recvtag))
+        rreq.Wait(status)
+        sreq.Wait()
+
+    # -- Point-to-point: nonblocking ----------------------------------------
+
+    def Isend(self, buf, dest, tag=0):
+        return Request._new(self._isend_op(buf, dest, tag))
+
+    Ibsend = Isend
+    Irsend = Isend
+
+    def Issend(self, buf, dest, tag=0):
+        return Request._new(self._isend_op(buf, dest, tag, sync=True))
+
+    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return Request._new(self._irecv_op(buf, source, tag))
+
+    def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                  recvtag=ANY_TAG):
+        rop = self._irecv_op(recvbuf, source, recvtag)
+        sop = self._isend_op(sendbuf, dest, sendtag)
+
+        def run():
+            Request._new(sop).Wait()
+        st_req = Request._new(rop)
+        return _pair_request(st_req, Request._new(sop))
+
+    # -- Persistent ---------------------------------------------------------
+
+    def Send_init(self, buf, dest, tag=0):
+        self._dest(dest)
+        self._send_tag(tag)
+        return Prequest._persistent(lambda: self._isend_op(buf, dest, tag))
+
+    Bsend_init = Send_init
+    Rsend_init = Send_init
+
+    def Ssend_init(self, buf, dest, tag=0):
+        self._dest(dest)
+        self._send_tag(tag)
+        return Prequest._persistent(lambda: self._isend_op(buf, dest, tag, sync=True))
+
+    def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        self._source(source)
+        self._recv_tag(tag)
+        return Prequest._persistent(lambda: self._irecv_op(buf, source, tag))
+
+    # -- Probes -------------------------------------------------------------
+
+    def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Block until a matching message is available."""
+        raw = self._probe_raw(source, tag, True)
+        self._fill_probe(status, raw)
+        return True
+
+    def Iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Whether a matching message is available."""
+        raw = self._probe_raw(source, tag, False)
+        if raw is None:
+            return False
+        self._fill_probe(status, raw)
+        return True
+
+    def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Matched probe: returns a Message removed from the queue."""
+        got = self._mprobe_raw(source, tag, True)
+        if got == "noproc":
+            self._fill_probe(status, got)
+            return MESSAGE_NO_PROC
+        emsg, raw = got
+        self._fill_probe(status, raw)
+        return Message._new(self, emsg)
+
+    def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Nonblocking matched probe: a Message or None."""
+        got = self._mprobe_raw(source, tag, False)
+        if got is None:
+            return None
+        if got == "noproc":
+            self._fill_probe(status, got)
+            return MESSAGE_NO_PROC
+        emsg, raw = got
+        self._fill_probe(status, raw)
+        return Message._new(self, emsg)
+
+    # -- Python objects: point-to-point -------------------------------------
+
+    def send(self, obj, dest, tag=0):
+        """Send a Python object."""
+        Request._new(self._isend_obj_op(obj, dest, tag)).wait()
+
+    bsend = send
+
+    def ssend(self, obj, dest, tag=0):
+        """Synchronous send of a Python object."""
+        Request._new(self._isend_obj_op(obj, dest, tag, sync=True)).wait()
+
+    def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Receive a Python object (of any size: ``buf`` is not needed)."""
+        return Request._new(self._irecv_obj_op(source, tag)).wait(status)
+
+    def isend(self, obj, dest, tag=0):
+        return Request._new(self._isend_obj_op(obj, dest, tag))
+
+    ibsend = isend
+
+    def issend(self, obj, dest, tag=0):
+        return Request._new(self._isend_obj_op(obj, dest, tag, sync=True))
+
+    def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
+        """Nonblocking receive of a Python object; ``wait()`` returns it."""
+        return Request._new(self._irecv_obj_op(source, tag))
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                 recvtag=ANY_TAG, status=None):
+        """Send and receive Python objects."""
+        rreq = Request._new(self._irecv_obj_op(source, recvtag))
+        sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag))
+        obj = rreq.wait(status)
+        sreq.wait()
+        return obj
+
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Probe(source, tag, status)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Iprobe(source, tag, status)
+
+    def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Mprobe(source, tag, status)
+
+    def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Improbe(source, tag, status)
+
+    # -- Collectives: buffers -----------------------------------------------
+    # Each _c_* method parses and checks its arguments in the caller's thread
+    # and returns a closure that runs the algorithm (run now, or in a thread
+    # for the nonblocking variant).
+
+    def _c_barrier(self):
+        self._check()
+        t = self._transport()
+        return lambda: coll.barrier(t)
+
+    def _c_bcast(self, buf, root):
+        self._check()
+        root = self._root(root)
+        msg = message_cco(buf, self._rank == root, 1)
+        t = self._transport()
+
+        def run():
+            coll.bcast(t, _u8(msg.array), root)
+            msg.finish()
+        return run
+
+    def _c_reduce(self, sendbuf, recvbuf, op, root):
+        self._check()
+        root = self._root(root)
+        _check_op(op)
+        isroot = self._rank == root
+        smsg = None if (isroot and is_in_place(sendbuf)) else message_cco(sendbuf, True, 1)
+        rmsg = message_cco(recvbuf, False, 1) if isroot else None
+        if smsg is not None and rmsg is not None and smsg.nbytes != rmsg.nbytes:
+            raise ValueError(f"mismatch in send count {smsg.count} "
+                             f"and receive count {rmsg.count}")
+        dt = (smsg or rmsg).datatype
+        op._check(dt)
+        t = self._transport()
+        sarr = smsg.array if smsg is not None else None
+        rarr = rmsg.array if rmsg is not None else None
+
+        def run():
+            coll.reduce(t, sarr, rarr, root, _reduce_fn(op, dt), op.Is_commutative())
+            if rmsg is not None:
+                rmsg.finish()
+        return run
+
+    def _c_allreduce(self, sendbuf, recvbuf, op):
+        self._check()
+        _check_op(op)
+        rmsg = message_cco(recvbuf, False, 1)
+        smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
+        if smsg is not None and smsg.nbytes != rmsg.nbytes:
+            raise ValueError(f"mismatch in send count {smsg.count} "
+                             f"and receive count {rmsg.count}")
+        dt = rmsg.datatype
+        op._check(dt)
+        t = self._transport()
+
+        def run():
+            coll.allreduce(t, None if smsg is None else smsg.array, rmsg.array,
+                           _reduce_fn(op, dt), op.Is_commutative())
+            rmsg.finish()
+        return run
+
+    def _c_scan(self, sendbuf, recvbuf, op, exclusive):
+        self._check()
+        _check_op(op)
+        rmsg = message_cco(recvbuf, False, 1)
+        smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
+        if smsg is not None and smsg.nbytes != rmsg.nbytes:
+            raise ValueError(f"mismatch in send count {smsg.count} "
+                             f"and receive count {rmsg.count}")
+        dt = rmsg.datatype
+        op._check(dt)
+        t = self._transport()
+        fn = coll.exscan if exclusive else coll.scan
+
+        def run():
+            fn(t, None if smsg is None else smsg.array, rmsg.array, _reduce_fn(op, dt))
+            rmsg.finish()
+        return run
+
+    def _c_reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, block):
+        self._check()
+        _check_op(op)
+        size = len(self._ranks)
+        rmsg = message_cco(recvbuf, False, 1)
+        inplace = is_in_place(sendbuf)
+        if block:
+            counts = [rmsg.count] * size
+        elif recvcounts is None:
+            counts = None
+        else:
+            counts = [int(c) for c in recvcounts]
+            if len(counts) != size:
+                raise ValueError(f"expecting {size} items, got {len(counts)}")
+        smsg = None if inplace else message_cco(sendbuf, True, 1)
+        dt = rmsg.datatype
+        op._check(dt)
+        mult = _mult(rmsg)
+        t = self._transport()
+        if counts is None:
+            t2 = self._transport()
+
+        def run():
+            cnts = counts
+            if cnts is None:
+                mine = np.array([rmsg.count], dtype=np.int64)
+                allc = np.empty(size, dtype=np.int64)
+                coll.allgatherv(t2, mine, allc, [1] * size, None)
+                cnts = [int(c) for c in allc]
+            ecounts = [c * mult for c in cnts]
+            total = sum(ecounts)
+            if inplace:
+                full = rmsg.array
+                if full.size < total:
+                    raise ValueError(f"receive buffer too small for IN_PLACE "
+                                     f"({full.size} < {total} elements)")
+                coll.reduce_scatter(t, None, full, ecounts, _reduce_fn(op, dt),
+                                    op.Is_commutative())
+            else:
+                if smsg.array.size < total:
+                    raise ValueError(f"send buffer too small ({smsg.array.size} "
+                                     f"< {total} elements)")
+                coll.reduce_scatter(t, smsg.array[:total], rmsg.array, ecounts,
+                                    _reduce_fn(op, dt), op.Is_commutative())
+            rmsg.finish()
+        return run
+
+    def _c_gather(self, sendbuf, recvbuf, root):
+        self._check()
+        root = self._root(root)
+        size = len(self._ranks)
+        isroot = self._rank == root
+        rmsg = message_cco(recvbuf, False, size) if isroot else None
+        smsg = None if (isroot and is_in_place(sendbuf)) else message_cco(sendbuf, True, 1)
+        if rmsg is not None:
+            blk = rmsg.nbytes // size
+            if smsg is not None and smsg.nbytes != blk:
+                raise ValueError(f"mismatch in send count {smsg.count} "
+                                 f"and receive count {rmsg.count}")
+            counts = [blk] * size
+            displs = [blk * i for i in range(size)]
+        else:
+            counts = displs = None
+        t = self._transport()
+
+        def run():
+            coll.gatherv(t, _u8(smsg.array) if smsg is not None else None,
+                         _u8(rmsg.array) if rmsg is not None else None,
+                         counts, displs, root)
+            if rmsg is not None:
+                rmsg.finish()
+        return run
+
+    def _c_gatherv(self, sendbuf, recvbuf, root):
+        self._check()
+        root = self._root(root)
+        size = len(self._ranks)
+        isroot = self._rank == root
+        counts = displs = None
+        rmsg = None
+        if isroot:
+            rmsg, c, d = message_vector(recvbuf, False, size)
+            ext = _extent(rmsg) if rmsg.nbytes else 0
+            counts = [x * ext for x in c]
+            displs = [x * ext for x in d]
+        smsg = None if (isroot and is_in_place(sendbuf)) else message_cco(sendbuf, True, 1)
+        if isroot and smsg is not None and smsg.nbytes != counts[self._rank]:
+            raise ValueError(f"mismatch in send count {smsg.count} and receive "
+                             f"count {counts[self._rank] // max(_extent(rmsg), 1)}")
+        t = self._transport()
+
+        def run():
+            coll.gatherv(t, _u8(smsg.array) if smsg is not None else None,
+                         _u8(rmsg.array) if rmsg is not None else None,
+                         counts, displs, root)
+            if rmsg is not None:
+                rmsg.finish()
+        return run
+
+    def _c_scatter(self, sendbuf, recvbuf, root):
+        self._check()
+        root = self._root(root)
+        size = len(self._ranks)
+        isroot = self._rank == root
+        smsg = message_cco(sendbuf, True, size) if isroot else None
+        rmsg = None if (isroot and is_in_place(recvbuf)) else message_cco(recvbuf, False, 1)
+        counts = displs = None
+        if smsg is not None:
+            blk = smsg.nbytes // size
+            if rmsg is not None and rmsg.nbytes != blk:
+                raise ValueError(f"mismatch in send count {smsg.count} "
+                                 f"and receive count {rmsg.count}")
+            counts = [blk] * size
+            displs = [blk * i for i in range(size)]
+        t = self._transport()
+
+        def run():
+            coll.scatterv(t, _u8(smsg.array) if smsg is not None else None, counts, displs,
+                          _u8(rmsg.array) if rmsg is not None else None, root)
+            if rmsg is not None:
+                rmsg.finish()
+        return run
+
+    def _c_scatterv(self, sendbuf, recvbuf, root):
+        self._check()
+        root = self._root(root)
+        size = len(self._ranks)
+        isroot = self._rank == root
+        smsg = counts = displs = None
+        if isroot:
+            smsg, c, d = message_vector(sendbuf, True, size)
+            ext = _extent(smsg) if smsg.nbytes else 0
+            counts = [x * ext for x in c]
+            displs = [x * ext for x in d]
+        rmsg = None if (isroot and is_in_place(recvbuf)) else message_cco(recvbuf, False, 1)
+        if isroot and rmsg is not None and rmsg.nbytes != counts[self._rank]:
+            raise ValueError(f"mismatch in send count and receive count {rmsg.count}")
+        t = self._transport()
+
+        def run():
+            coll.scatterv(t, _u8(smsg.array) if smsg is not None else None, counts, displs,
+                          _u8(rmsg.array) if rmsg is not None else None, root)
+            if rmsg is not None:
+                rmsg.finish()
+        return run
+
+    def _c_allgather(self, sendbuf, recvbuf):
+        self._check()
+        size = len(self._ranks)
+        rmsg = message_cco(recvbuf, False, size)
+        smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
+        blk = rmsg.nbytes // size
+        if smsg is not None and smsg.nbytes != blk:
+            raise ValueError(f"mismatch in send count {smsg.count} "
+                             f"and receive count {rmsg.count}")
+        counts = [blk] * size
+        displs = [blk * i for i in range(size)]
+        t = self._transport()
+
+        def run():
+            coll.allgatherv(t, _u8(smsg.array) if smsg is not None else None,
+                            _u8(rmsg.array), counts, displs)
+            rmsg.finish()
+        return run
+
+    def _c_allgatherv(self, sendbuf, recvbuf):
+        self._check()
+        size = len(self._ranks)
+        rmsg, c, d = message_vector(recvbuf, False, size)
+        ext = _extent(rmsg) if rmsg.nbytes else 0
+        counts = [x * ext for x in c]
+        displs = [x * ext for x in d]
+        smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
+        if smsg is not None and smsg.nbytes != counts[self._rank]:
+            raise ValueError(f"mismatch in send count {smsg.count} and receive "
+                             f"count {c[self._rank]}")
+        t = self._transport()
+
+        def run():
+            coll.allgatherv(t, _u8(smsg.array) if smsg is not None else None,
+                            _u8(rmsg.array), counts, displs)
+            rmsg.finish()
+        return run
+
+    def _c_alltoall(self, sendbuf, recvbuf):
+        self._check()
+        size = len(self._ranks)
+        rmsg = message_cco(recvbuf, False, size)
+        smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, size)
+        blk = rmsg.nbytes // size
+        if smsg is not None and smsg.nbytes != rmsg.nbytes:
+            raise ValueError(f"mismatch in send count {smsg.count} "
+                             f"and receive count {rmsg.count}")
+        counts = [blk] * size
+        displs = [blk * i for i in range(size)]
+        t = self._transport()
+
+        def run():
+            coll.alltoallv(t, _u8(smsg.array) if smsg is not None else None,
+                           counts if smsg is not None else None,
+                           displs if smsg is not None else None,
+                           _u8(rmsg.array), counts, displs)
+            rmsg.finish()
+        return run
+
+    def _c_alltoallv(self, sendbuf, recvbuf):
+        self._check()
+        size = len(self._ranks)
+        rmsg, rc, rd = message_vector(recvbuf, False, size)
+        rext = _extent(rmsg) if rmsg.nbytes else 0
+        rcounts = [x * rext for x in rc]
+        rdispls = [x * rext for x in rd]
+        scounts = sdispls = None
+        smsg = None
+        if not is_in_place(sendbuf):
+            smsg, sc, sd = message_vector(sendbuf, True, size)
+            sext = _extent(smsg) if smsg.nbytes else 0
+            scounts = [x * sext for x in sc]
+            sdispls = [x * sext for x in sd]
+        t = self._transport()
+
+        def run():
+            coll.alltoallv(t, _u8(smsg.array) if smsg is not None else None, scounts, sdispls,
+                           _u8(rmsg.array), rcounts, rdispls)
+            rmsg.finish()
+        return run
+
+    def Barrier(self):
+        """Block until every process has entered."""
+        self._c_barrier()()
+
+    def Bcast(self, buf, root=0):
+        self._c_bcast(buf, root)()
+
+    def Reduce(self, sendbuf, recvbuf, op=None, root=0):
+        self._c_reduce(sendbuf, recvbuf, _sum(op), root)()
+
+    def Allreduce(self, sendbuf, recvbuf, op=None):
+        self._c_allreduce(sendbuf, recvbuf, _sum(op))()
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
+        self._c_reduce_scatter(sendbuf, recvbuf, None, _sum(op), True)()
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
+        self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _sum(op), False)()
+
+    def Gather(self, sendbuf, recvbuf, root=0):
+        self._c_gather(sendbuf, recvbuf, root)()
+
+    def Gatherv(self, sendbuf, recvbuf, root=0):
+        self._c_gatherv(sendbuf, recvbuf, root)()
+
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        self._c_scatter(sendbuf, recvbuf, root)()
+
+    def Scatterv(self, sendbuf, recvbuf, root=0):
+        self._c_scatterv(sendbuf, recvbuf, root)()
+
+    def Allgather(self, sendbuf, recvbuf):
+        self._c_allgather(sendbuf, recvbuf)()
+
+    def Allgatherv(self, sendbuf, recvbuf):
+        self._c_allgatherv(sendbuf, recvbuf)()
+
+    def Alltoall(self, sendbuf, recvbuf):
+        self._c_alltoall(sendbuf, recvbuf)()
+
+    def Alltoallv(self, sendbuf, recvbuf):
+        self._c_alltoallv(sendbuf, recvbuf)()
+
+    # Nonblocking collectives: the algorithm runs in a background thread.
+
+    def Ibarrier(self):
+        return _icoll(self._c_barrier())
+
+    def Ibcast(self, buf, root=0):
+        return _icoll(self._c_bcast(buf, root))
+
+    def Ireduce(self, sendbuf, recvbuf, op=None, root=0):
+        return _icoll(self._c_reduce(sendbuf, recvbuf, _sum(op), root))
+
+    def Iallreduce(self, sendbuf, recvbuf, op=None):
+        return _icoll(self._c_allreduce(sendbuf, recvbuf, _sum(op)))
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=None):
+        return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, None, _sum(op), True))
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
+        return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _sum(op), False))
+
+    def Igather(self, sendbuf, recvbuf, root=0):
+        return _icoll(self._c_gather(sendbuf, recvbuf, root))
+
+    def Igatherv(self, sendbuf, recvbuf, root=0):
+        return _icoll(self._c_gatherv(sendbuf, recvbuf, root))
+
+    def Iscatter(self, sendbuf, recvbuf, root=0):
+        return _icoll(self._c_scatter(sendbuf, recvbuf, root))
+
+    def Iscatterv(self, sendbuf, recvbuf, root=0):
+        return _icoll(self._c_scatterv(sendbuf, recvbuf, root))
+
+    def Iallgather(self, sendbuf, recvbuf):
+        return _icoll(self._c_allgather(sendbuf, recvbuf))
+
+    def Iallgatherv(self, sendbuf, recvbuf):
+        return _icoll(self._c_allgatherv(sendbuf, recvbuf))
+
+    def Ialltoall(self, sendbuf, recvbuf):
+        return _icoll(self._c_alltoall(sendbuf, recvbuf))
+
+    def Ialltoallv(self, sendbuf, recvbuf):
+        return _icoll(self._c_alltoallv(sendbuf, recvbuf))
+
+    # -- Collectives: Python objects ----------------------------------------
+
+    def _obj_transport(self):
+        self._check()
+        t = self._transport()
+        t._pkl = self._pkl
+        return t, self._pkl._encode, self._pkl._decode
+
+    def barrier(self):
+        """Barrier (object API)."""
+        self.Barrier()
+
+    def bcast(self, obj, root=0):
+        """Broadcast a Python object from ``root``."""
+        root = self._root(root)
+        t, d, l = self._obj_transport()
+        return coll.bcast_obj(t, obj, root, d, l)
+
+    def gather(self, sendobj, root=0):
+        root = self._root(root)
+        t, d, l = self._obj_transport()
+        return coll.gather_obj(t, sendobj, root, d, l)
+
+    def scatter(self, sendobj, root=0):
+        root = self._root(root)
+        t, d, l = self._obj_transport()
+        if self._rank == root and sendobj is not None:
+            sendobj = list(sendobj)
+            if len(sendobj) != len(self._ranks):
+                raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
+        return coll.scatter_obj(t, sendobj, root, d, l)
+
+    def allgather(self, sendobj):
+        t, d, l = self._obj_transport()
+        return coll.allgather_obj(t, sendobj, d, l)
+
+    def alltoall(self, sendobj):
+        t, d, l = self._obj_transport()
+        if sendobj is not None:
+            sendobj = list(sendobj)
+            if len(sendobj) != len(self._ranks):
+                raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
+        return coll.alltoall_obj(t, sendobj, d, l)
+
+    def reduce(self, sendobj, op=None, root=0):
+        root = self._root(root)
+        fn = _py_op(_sum(op))
+        t, d, l = self._obj_transport()
+        return coll.reduce_obj(t, sendobj, fn, root, d, l)
+
+    def allreduce(self, sendobj, op=None):
+        fn = _py_op(_sum(op))
+        t, d, l = self._obj_transport()
+        return coll.allreduce_obj(t, sendobj, fn, d, l)
+
+
+def _sum(op):
+    if op is None:
+        from .op import SUM
+        return SUM
+    return op
+
+
+def _icoll(run):
+    return Request._new(_ThreadOp(run))
+
+
+def _pair_request(recv_req, send_req):
+    """One request completing when both halves have (Isendrecv)."""
+    rop, sop = recv_req._op, send_req._op
+
+    class _PairOp:
+        __slots__ = ("fields", "obj")
+        persistent = False
+
+        def __init__(self):
+            self.fields = None
+            self.obj = None
+
+        def test(self):
+            if self.fields is not None:
+                return True
+            if rop.test() and sop.test():
+                self.fields = rop.fields
+                self.obj = rop.obj
+                return True
+            return False
+
+        def wait(self):
+            rop.wait()
+            sop.wait()
+            self.test()
+
+        def cancel(self):
+            rop.cancel()
+            sop.cancel()
+
+        def free(self):
+            rop.free()
+            sop.free()
+
+    return Request._new(_PairOp())
+
+
+class Intracomm(Comm):
+    """Intra-communicator, as ``MPI.Intracomm``."""
+
+    # -- Constructors ---------------------------------------------------------
+
+    def Split(self, color=0, key=0):
+        """Split by ``color`` (UNDEFINED: COMM_NULL), ordering by ``key``."""
+        self._check()
+        size = len(self._ranks)
+        color, key = int(color), int(key)
+        if color < 0 and color != UNDEFINED:
+            raise_error(ERR_ARG, f"invalid color {color}")
+        t = self._transport()
+        mine = np.array([color, key, _rt.next_ctx], dtype=np.int64)
+        table = np.empty(3 * size, dtype=np.int64)
+        coll.allgatherv(t, mine, table, [3] * size, None)
+        table = table.reshape(size, 3)
+        new = int(table[:, 2].max())
+        with _rt.lock:
+            _rt.next_ctx = max(_rt.next_ctx, new + 2)
+        if color == UNDEFINED:
+            return COMM_NULL
+        members = sorted((int(table[r, 1]), r) for r in range(size) if int(table[r, 0]) == color)
+        group = Group._from_ranks([self._ranks[r] for _, r in members])
+        return Intracomm._from_group(group, new)
+
+    def Split_type(self, split_type, key=0, info=None):
+        """Split by type: COMM_TYPE_SHARED groups the processes of one host."""
+        self._check()
+        split_type = int(split_type)
+        if split_type == UNDEFINED:
+            return self.Split(UNDEFINED, key)
+        if split_type not in (COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED):
+            raise_error(ERR_ARG, f"invalid split type {split_type}")
+        hosts = _rt.info.get("hosts") or [_rt.info.get("host")] * _rt.engine.size
+        ordered = sorted(set(hosts))
+        color = ordered.index(hosts[_rt.engine.rank])
+        return self.Split(color, key)
+
+    def Create(self, group):
+        """Communicator for ``group`` (a subgroup); others get COMM_NULL."""
+        self._check()
+        group._check()
+        members = set(self._ranks)
+        if any(w not in members for w in group._ranks):
+            raise_error(ERR_GROUP_, "group is not a subgroup of the communicator")
+        ctx = self._agree_ctx()
+        if group.Get_rank() == UNDEFINED:
+            return COMM_NULL
+        return Intracomm._from_group(Group._from_ranks(group._ranks), ctx)
+
+    def Create_group(self, group, tag=0):
+        """Like Create, but collective over ``group`` only."""
+        self._check()
+        group._check()
+        if group.Get_rank() == UNDEFINED:
+            return COMM_NULL
+        members = set(self._ranks)
+        if any(w not in members for w in group._ranks):
+            raise_error(ERR_GROUP_, "group is not a subgroup of the communicator")
+        tag = self._send_tag(tag)
+        base = _GROUP_TAG_BASE + (tag % 65536) * _COLL_TAGS
+        t = _CollTransport(self, self._ctx, base, ranks=group._ranks, rank=group.Get_rank())
+        val = np.array([_rt.next_ctx], dtype=np.int64)
+        coll.allreduce(t, None, val, lambda a, io: np.maximum(a, io, out=io))
+        new = int(val[0])
+        with _rt.lock:
+            _rt.next_ctx = max(_rt.next_ctx, new + 2)
+        return Intracomm._from_group(Group._from_ranks(group._ranks), new)
+
+    # -- Prefix reductions ----------------------------------------------------
+
+    def Scan(self, sendbuf, recvbuf, op=None):
+        self._c_scan(sendbuf, recvbuf, _sum(op), False)()
+
+    def Exscan(self, sendbuf, recvbuf, op=None):
+        self._c_scan(sendbuf, recvbuf, _sum(op), True)()
+
+    def Iscan(self, sendbuf, recvbuf, op=None):
+        return _icoll(self._c_scan(sendbuf, recvbuf, _sum(op), False))
+
+    def Iexscan(self, sendbuf, recvbuf, op=None):
+        return _icoll(self._c_scan(sendbuf, recvbuf, _sum(op), True))
+
+    def scan(self, sendobj, op=None):
+        fn = _py_op(_sum(op))
+        t, d, l = self._obj_transport()
+        return coll.scan_obj(t, sendobj, fn, d, l)
+
+    def exscan(self, sendobj, op=None):
+        fn = _py_op(_sum(op))
+        t, d, l = self._obj_transport()
+        return coll.exscan_obj(t, sendobj, fn, d, l)
+
+
+from .exceptions import ERR_GROUP as ERR_GROUP_  # noqa: E402
+
+
+class Intercomm(Comm):
+    """Inter-communicator type (not supported: no constructor creates one)."""
+
+
+class Topocomm(Intracomm):
+    """Topology communicator type (not supported)."""
+
+
+class Cartcomm(Topocomm):
+    pass
+
+
+class Graphcomm(Topocomm):
+    pass
+
+
+class Distgraphcomm(Topocomm):
+    pass
+
+
+COMM_NULL = Comm()
+COMM_NULL._predef = True
+COMM_WORLD = Intracomm()
+COMM_WORLD._name = "MPI_COMM_WORLD"
+COMM_WORLD._handle = _WORLD_HANDLE
+COMM_WORLD._predef = True
+COMM_SELF = Intracomm()
+COMM_SELF._name = "MPI_COMM_SELF"
+COMM_SELF._handle = _SELF_HANDLE
+COMM_SELF._predef = True

@@ -1,0 +1,203 @@
+"""Group: an ordered set of processes, held as a tuple of COMM_WORLD ranks."""
+
+from .exceptions import (ERR_ARG, ERR_GROUP, ERR_RANK, raise_error)
+
+UNDEFINED = -32766
+PROC_NULL = -1
+IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
+
+_world_rank = [0]          # this process's COMM_WORLD rank, set at Init
+
+
+def _set_world_rank(rank):
+    _world_rank[0] = rank
+
+
+class Group:
+    """Process group, as ``MPI.Group``.
+
+    ``_ranks`` is a tuple of COMM_WORLD ranks, or None for ``GROUP_NULL``.
+    """
+
+    __slots__ = ("_ranks", "_index", "_predef", "__weakref__")
+
+    def __init__(self, group=None):
+        self._predef = False
+        if group is None:
+            self._ranks = None
+            self._index = None
+        elif isinstance(group, Group):
+            self._ranks = group._ranks
+            self._index = group._index
+        else:
+            raise TypeError(f"expected Group, got {type(group).__name__}")
+
+    @classmethod
+    def _from_ranks(cls, ranks):
+        g = cls()
+        g._ranks = tuple(ranks)
+        g._index = {w: i for i, w in enumerate(g._ranks)}
+        return g
+
+    # Private
+
+    def _check(self):
+        if self._ranks is None:
+            raise_error(ERR_GROUP, "invalid group (GROUP_NULL)")
+        return self._ranks
+
+    def _world(self, rank):
+        """World rank of group rank ``rank``."""
+        return self._ranks[rank]
+
+    def _rank_of(self, world_rank):
+        return self._index.get(world_rank, UNDEFINED)
+
+    def _check_ranks(self, ranks):
+        size = len(self._check())
+        out = []
+        for r in ranks:
+            r = int(r)
+            if r < 0 or r >= size:
+                raise_error(ERR_RANK, f"invalid rank {r} for group of size {size}")
+            out.append(r)
+        return out
+
+    # Public API
+
+    def __eq__(self, other):
+        if not isinstance(other, Group):
+            return NotImplemented
+        if self._ranks is None or other._ranks is None:
+            return self._ranks is None and other._ranks is None
+        return self is other or (self._ranks == other._ranks)
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        return self._ranks is not None
+
+    def __repr__(self):
+        if self._ranks is None:
+            return "<Group GROUP_NULL>"
+        return f"<Group size={len(self._ranks)}>"
+
+    def Get_size(self):
+        """Number of processes in the group."""
+        return len(self._check())
+
+    def Get_rank(self):
+        """Rank of this process in the group, or UNDEFINED."""
+        self._check()
+        return self._index.get(_world_rank[0], UNDEFINED)
+
+    size = property(Get_size, doc="number of processes")
+    rank = property(Get_rank, doc="rank of this process")
+
+    def Translate_ranks(self, ranks=None, group=None):
+        """Translate ``ranks`` of this group to ranks of ``group`` (UNDEFINED if absent)."""
+        mine = self._check()
+        if ranks is None:
+            ranks = range(len(mine))
+        ranks = list(ranks)
+        if group is None:
+            return [r for r in self._check_ranks_or_null(ranks)]
+        group._check()
+        out = []
+        for r in self._check_ranks_or_null(ranks):
+            out.append(r if r == PROC_NULL else group._index.get(mine[r], UNDEFINED))
+        return out
+
+    def _check_ranks_or_null(self, ranks):
+        size = len(self._ranks)
+        for r in ranks:
+            r = int(r)
+            if r != PROC_NULL and (r < 0 or r >= size):
+                raise_error(ERR_RANK, f"invalid rank {r} for group of size {size}")
+        return [int(r) for r in ranks]
+
+    def Compare(self, group):
+        """IDENT, SIMILAR or UNEQUAL."""
+        a, b = self._check(), group._check()
+        if a == b:
+            return IDENT
+        if sorted(a) == sorted(b):
+            return SIMILAR
+        return UNEQUAL
+
+    @classmethod
+    def Union(cls, group1, group2):
+        a, b = group1._check(), group2._check()
+        seen = set(a)
+        return cls._from_ranks(list(a) + [w for w in b if w not in seen])
+
+    @classmethod
+    def Intersection(cls, group1, group2):
+        a, b = group1._check(), set(group2._check())
+        return cls._from_ranks([w for w in a if w in b])
+
+    @classmethod
+    def Difference(cls, group1, group2):
+        a, b = group1._check(), set(group2._check())
+        return cls._from_ranks([w for w in a if w not in b])
+
+    def Incl(self, ranks):
+        """Group of the listed ranks, in that order."""
+        ranks = self._check_ranks(ranks)
+        if len(set(ranks)) != len(ranks):
+            raise_error(ERR_RANK, "duplicate ranks in Group.Incl")
+        return Group._from_ranks([self._ranks[r] for r in ranks])
+
+    def Excl(self, ranks):
+        """Group without the listed ranks."""
+        ranks = self._check_ranks(ranks)
+        if len(set(ranks)) != len(ranks):
+            raise_error(ERR_RANK, "duplicate ranks in Group.Excl")
+        drop = set(ranks)
+        return Group._from_ranks([w for i, w in enumerate(self._ranks) if i not in drop])
+
+    @staticmethod
+    def _expand(triples):
+        out = []
+        for t in triples:
+            first, last, stride = (int(x) for x in t)
+            if stride == 0:
+                raise_error(ERR_ARG, "zero stride in range")
+            stop = last + (1 if stride > 0 else -1)
+            out.extend(range(first, stop, stride))
+        return out
+
+    def Range_incl(self, ranks):
+        return self.Incl(self._expand(ranks))
+
+    def Range_excl(self, ranks):
+        return self.Excl(self._expand(ranks))
+
+    def Dup(self):
+        self._check()
+        return Group._from_ranks(self._ranks)
+
+    def Free(self):
+        """Free the group: it becomes GROUP_NULL."""
+        self._check()
+        if self._predef:
+            raise_error(ERR_GROUP, "cannot free a predefined group")
+        self._ranks = None
+        self._index = None
+
+    def py2f(self):
+        return id(self) & 0x7FFFFFFF if self._ranks is not None else 0
+
+    @classmethod
+    def f2py(cls, arg):
+        raise NotImplementedError("Group.f2py is not supported")
+
+
+GROUP_NULL = Group()
+GROUP_NULL._predef = True
+GROUP_EMPTY = Group._from_ranks(())
+GROUP_EMPTY._predef = True

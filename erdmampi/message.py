@@ -1,0 +1,130 @@
+"""Message: a message taken off the queue by a matched probe (Mprobe/Improbe)."""
+
+from .exceptions import ERR_REQUEST, raise_error
+from .request import Request, _DoneOp
+
+PROC_NULL = -1
+ANY_TAG = -1
+ANY_SOURCE = -2
+
+
+class Message:
+    """Matched message, as ``MPI.Message``.
+
+    ``_comm`` is the communicator it was probed on, ``_emsg`` the engine's
+    handle; ``_noproc`` marks ``MESSAGE_NO_PROC`` (a probe of PROC_NULL).
+    """
+
+    __slots__ = ("_comm", "_emsg", "_noproc", "_predef", "__weakref__")
+
+    def __init__(self, message=None):
+        self._comm = None
+        self._emsg = None
+        self._noproc = False
+        self._predef = False
+        if message is not None:
+            if not isinstance(message, Message):
+                raise TypeError(f"expected Message, got {type(message).__name__}")
+            self._comm, self._emsg, self._noproc = message._comm, message._emsg, message._noproc
+
+    @classmethod
+    def _new(cls, comm, emsg):
+        m = cls()
+        m._comm = comm
+        m._emsg = emsg
+        return m
+
+    def __eq__(self, other):
+        if not isinstance(other, Message):
+            return NotImplemented
+        if self._noproc or other._noproc:
+            return self._noproc == other._noproc
+        if self._emsg is None or other._emsg is None:
+            return self._emsg is None and other._emsg is None
+        return self._emsg is other._emsg
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        return self._emsg is not None or self._noproc
+
+    def __repr__(self):
+        if self._noproc:
+            return "<Message MESSAGE_NO_PROC>"
+        return f"<Message {'null' if self._emsg is None else 'matched'}>"
+
+    # Private
+
+    def _take(self):
+        """(comm, engine message) and make this message null; None for NO_PROC."""
+        if self._noproc:
+            return None, None
+        if self._emsg is None:
+            raise_error(ERR_REQUEST, "invalid message (MESSAGE_NULL)")
+        comm, emsg = self._comm, self._emsg
+        if not self._predef:
+            self._emsg = None
+            self._comm = None
+        return comm, emsg
+
+    # Probes
+
+    @classmethod
+    def Probe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.Mprobe(source, tag, status)
+
+    @classmethod
+    def Iprobe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return comm.Improbe(source, tag, status)
+
+    probe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None:
+                        comm.mprobe(source, tag, status))
+    iprobe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None:
+                         comm.improbe(source, tag, status))
+
+    # Receives
+
+    def Recv(self, buf, status=None):
+        """Receive the matched message into ``buf``."""
+        self.Irecv(buf).Wait(status)
+
+    def Irecv(self, buf):
+        """Start receiving the matched message into ``buf``."""
+        noproc = self._noproc
+        comm, emsg = self._take()
+        if noproc:
+            return Request._new(_DoneOp())
+        return Request._new(comm._mrecv_buf(emsg, buf))
+
+    def recv(self, status=None):
+        """Receive the matched message and return the object."""
+        return self.irecv().wait(status)
+
+    def irecv(self):
+        """Start receiving the matched message as an object."""
+        noproc = self._noproc
+        comm, emsg = self._take()
+        if noproc:
+            return Request._new(_DoneOp())
+        return Request._new(comm._mrecv_obj(emsg))
+
+    def free(self):
+        if not self._predef:
+            self._emsg = None
+            self._comm = None
+
+    def py2f(self):
+        return 0 if self._emsg is None else id(self._emsg) & 0x7FFFFFFF
+
+    toint = py2f
+
+
+MESSAGE_NULL = Message()
+MESSAGE_NULL._predef = True
+MESSAGE_NO_PROC = Message()
+MESSAGE_NO_PROC._noproc = True
+MESSAGE_NO_PROC._predef = True

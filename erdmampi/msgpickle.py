@@ -1,0 +1,153 @@
+"""Pickle: object serialisation for the lowercase (object) API.
+
+Large buffers (numpy arrays, bytes-like objects at least ``THRESHOLD`` bytes)
+travel out of band with pickle protocol 5. On the wire a message is either a
+plain pickle stream, or an out-of-band frame::
+
+    MAGIC (8 bytes) | u64 nbuffers | u64 len(data) | u64 len(buf_i)... | data | buf_0 | ...
+
+Received frames are decoded without copying the buffers: the objects they
+rebuild (numpy arrays) share the received bytearray.
+"""
+
+import os
+import pickle as _pickle
+import struct
+
+__all__ = ["Pickle", "pickle", "PROTOCOL", "THRESHOLD"]
+
+PROTOCOL = _pickle.HIGHEST_PROTOCOL
+THRESHOLD = 1024 ** 2 // 4  # 0.25 MiB, as mpi4py
+if os.environ.get("MPI4PY_PICKLE_PROTOCOL"):
+    PROTOCOL = int(os.environ["MPI4PY_PICKLE_PROTOCOL"])
+if os.environ.get("MPI4PY_PICKLE_THRESHOLD"):
+    THRESHOLD = int(os.environ["MPI4PY_PICKLE_THRESHOLD"])
+
+_dumps = _pickle.dumps
+_loads = _pickle.loads
+
+MAGIC = b"\x00ERDMA5\x00"
+_U64 = struct.Struct("<Q")
+
+
+class Pickle:
+    """Serializer for Python objects, as ``MPI.Pickle``.
+
+    :param dumps: callable ``dumps(obj, protocol[, buffer_callback=...])``.
+    :param loads: callable ``loads(data[, buffers=...])``.
+    :param protocol: pickle protocol (None: highest, when the default dumps).
+    :param threshold: size in bytes from which buffers travel out of band.
+    """
+
+    def __init__(self, dumps=None, loads=None, protocol=None, threshold=None):
+        if dumps is None:
+            dumps = _dumps
+        if loads is None:
+            loads = _loads
+        if protocol is None and dumps is _dumps:
+            protocol = PROTOCOL
+        if threshold is None:
+            threshold = THRESHOLD
+        self._dumps = dumps
+        self._loads = loads
+        self._protocol = protocol
+        self._threshold = threshold
+
+    @property
+    def PROTOCOL(self):
+        """Protocol version."""
+        return self._protocol
+
+    @PROTOCOL.setter
+    def PROTOCOL(self, protocol):
+        if protocol is None and self._dumps is _dumps:
+            protocol = PROTOCOL
+        self._protocol = protocol
+
+    @property
+    def THRESHOLD(self):
+        """Out-of-band threshold."""
+        return self._threshold
+
+    @THRESHOLD.setter
+    def THRESHOLD(self, threshold):
+        self._threshold = THRESHOLD if threshold is None else threshold
+
+    def dumps(self, obj):
+        """Serialize ``obj`` to a pickle data stream."""
+        if self._protocol is None:
+            return self._dumps(obj)
+        return self._dumps(obj, self._protocol)
+
+    def loads(self, data):
+        """Deserialize an object from a pickle data stream."""
+        return self._loads(data)
+
+    def dumps_oob(self, obj):
+        """Serialize ``obj`` to a pickle data stream and out-of-band buffers."""
+        protocol = self._protocol
+        if protocol is None or protocol < 5:
+            return self.dumps(obj), []
+        buffers = []
+        threshold = self._threshold
+
+        def callback(pb):
+            raw = pb.raw()
+            if raw.nbytes < threshold:
+                return True          # keep in band
+            buffers.append(raw)
+            return False
+
+        data = self._dumps(obj, protocol, buffer_callback=callback)
+        return data, buffers
+
+    def loads_oob(self, data, buffers):
+        """Deserialize an object from a pickle data stream and buffers."""
+        return self._loads(data, buffers=buffers)
+
+    # Private: the wire frame used by the lowercase API
+
+    def _encode(self, obj):
+        """Return a bytes-like message for ``obj`` (one engine message)."""
+        data, buffers = self.dumps_oob(obj)
+        if not buffers:
+            return data
+        nb = len(buffers)
+        header = bytearray(MAGIC)
+        header += _U64.pack(nb) + _U64.pack(len(data))
+        for b in buffers:
+            header += _U64.pack(b.nbytes)
+        total = len(header) + len(data) + sum(b.nbytes for b in buffers)
+        out = bytearray(total)
+        pos = len(header)
+        out[:pos] = header
+        out[pos:pos + len(data)] = data
+        pos += len(data)
+        for b in buffers:
+            n = b.nbytes
+            out[pos:pos + n] = b.cast("B") if b.format != "B" else b
+            pos += n
+        return out
+
+    def _decode(self, msg):
+        """Rebuild an object from a message made by :meth:`_encode`."""
+        mv = memoryview(msg)
+        if mv.nbytes >= 24 and mv[:8] == MAGIC:
+            nb = _U64.unpack_from(mv, 8)[0]
+            ndata = _U64.unpack_from(mv, 16)[0]
+            pos = 24
+            sizes = [_U64.unpack_from(mv, pos + 8 * i)[0] for i in range(nb)]
+            pos += 8 * nb
+            data = mv[pos:pos + ndata]
+            pos += ndata
+            buffers = []
+            for n in sizes:
+                buffers.append(_pickle.PickleBuffer(mv[pos:pos + n]))
+                pos += n
+            return self.loads_oob(data, buffers)
+        if mv.nbytes == 0:
+            return None
+        return self.loads(mv)
+
+
+pickle = Pickle()

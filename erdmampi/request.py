@@ -1,0 +1,525 @@
+"""Request and Prequest: wrappers of engine requests and background operations.
+
+A :class:`Request` holds an *operation* (``_op``); ``_op is None`` means the
+request is null (``REQUEST_NULL``, or completed and deallocated by a wait).
+Operations:
+
+* :class:`_EngineOp`: one engine request plus a ``finish(raw)`` completion
+  that translates world ranks, copies device staging buffers back and, for
+  object receives, unpickles the payload.
+* :class:`_DoneOp`: completed at creation (PROC_NULL, empty operations).
+* :class:`_ThreadOp`: a nonblocking collective running in a thread.
+"""
+
+import threading
+import time
+
+from . import _engine
+from .exceptions import (ERR_ARG, ERR_IN_STATUS, ERR_NO_MEM, ERR_OTHER,
+                         ERR_PROC_FAILED, ERR_RANK, ERR_REQUEST, ERR_TRUNCATE,
+                         Exception as MPIException, raise_error)
+from .status import Status
+
+UNDEFINED = -32766
+PROC_NULL = -1
+ANY_TAG = -1
+
+_ENGINE_ERRORS = {
+    _engine.ERR_TRUNCATE: (ERR_TRUNCATE, "message truncated"),
+    _engine.ERR_PEER: (ERR_PROC_FAILED, "peer process failed or is unreachable"),
+    _engine.ERR_RANK: (ERR_RANK, "invalid rank"),
+    _engine.ERR_INVAL: (ERR_ARG, "invalid argument"),
+    _engine.ERR_TIMEOUT: (ERR_OTHER, "timed out"),
+    _engine.ERR_NOMEM: (ERR_NO_MEM, "out of memory"),
+}
+
+
+def error_class(code):
+    """MPI error class for an ERDMA_ERR_* code (0 -> 0)."""
+    if not code:
+        return 0
+    return _ENGINE_ERRORS.get(code, (ERR_OTHER, ""))[0]
+
+
+def engine_exception(err):
+    """MPI.Exception for an :class:`erdmampi._engine.EngineError`."""
+    cls, what = _ENGINE_ERRORS.get(err.code, (ERR_OTHER, ""))
+    return MPIException(cls, f"{err}")
+
+
+class _DoneOp:
+    """An operation that completed when it was started."""
+
+    __slots__ = ("fields", "obj")
+    persistent = False
+
+    def __init__(self, source=PROC_NULL, tag=ANY_TAG, nbytes=0, obj=None):
+        self.fields = (source, tag, 0, nbytes, False)
+        self.obj = obj
+
+    def test(self):
+        return True
+
+    def wait(self):
+        pass
+
+    def cancel(self):
+        pass
+
+    def free(self):
+        pass
+
+
+class _EngineOp:
+    """One engine request and its completion.
+
+    ``finish(raw) -> (source, tag, error_class, nbytes, cancelled, obj)`` runs
+    once, when the engine request has completed.
+    """
+
+    __slots__ = ("ereq", "finish", "fields", "obj", "_lock")
+
+    def __init__(self, ereq, finish):
+        self.ereq = ereq
+        self.finish = finish
+        self.fields = None
+        self.obj = None
+        self._lock = threading.Lock()
+
+    def _complete(self, raw):
+        with self._lock:
+            if self.fields is None:
+                src, tag, err, nbytes, cancelled, obj = self.finish(raw)
+                self.obj = obj
+                self.fields = (src, tag, err, nbytes, cancelled)
+
+    def test(self):
+        if self.fields is not None:
+            return True
+        try:
+            raw = self.ereq.test()
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if raw is None:
+            return False
+        self._complete(raw)
+        return True
+
+    def wait(self):
+        if self.fields is not None:
+            return
+        try:
+            raw = self.ereq.wait()
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        self._complete(raw)
+
+    def cancel(self):
+        if self.fields is None:
+            self.ereq.cancel()
+
+    def free(self):
+        self.ereq.free()
+
+
+class _ThreadOp:
+    """A callable run in a daemon thread (nonblocking collectives)."""
+
+    __slots__ = ("thread", "fields", "obj", "exc", "_fn")
+
+    def __init__(self, fn):
+        self.fields = None
+        self.obj = None
+        self.exc = None
+        self._fn = fn
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name="erdmampi-icoll")
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.obj = self._fn()
+        except BaseException as e:  # re-raised by wait()
+            self.exc = e
+        self._fn = None
+
+    def _finish(self):
+        if self.fields is None:
+            self.fields = (ANY_SOURCE_, ANY_TAG, 0, 0, False)
+        if self.exc is not None:
+            exc, self.exc = self.exc, None
+            raise exc
+
+    def test(self):
+        if self.thread.is_alive():
+            return False
+        self.thread.join()
+        self._finish()
+        return True
+
+    def wait(self):
+        while self.thread.is_alive():
+            self.thread.join(0.5)
+        self._finish()
+
+    def cancel(self):
+        pass
+
+    def free(self):
+        pass
+
+
+ANY_SOURCE_ = -2
+
+
+def _fill(status, fields):
+    if status is not None and fields is not None:
+        status._fill(*fields)
+
+
+def _raise_status_error(fields):
+    if fields is not None and fields[2]:
+        raise_error(fields[2], _ENGINE_ERROR_TEXT.get(fields[2]))
+
+
+_ENGINE_ERROR_TEXT = {cls: what for cls, what in _ENGINE_ERRORS.values()}
+
+
+class Request:
+    """Communication request, as ``MPI.Request``."""
+
+    __slots__ = ("_op", "_predef", "__weakref__")
+
+    def __init__(self, request=None):
+        self._predef = False
+        self._op = None
+        if request is not None:
+            if not isinstance(request, Request):
+                raise TypeError(f"expected Request, got {type(request).__name__}")
+            self._op = request._op
+
+    @classmethod
+    def _new(cls, op):
+        req = cls.__new__(cls)
+        req._predef = False
+        req._op = op
+        return req
+
+    def __eq__(self, other):
+        if not isinstance(other, Request):
+            return NotImplemented
+        if self._op is None or other._op is None:
+            return self._op is None and other._op is None
+        return self._op is other._op
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        return self._op is not None
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {'active' if self._op is not None else 'null'}>"
+
+    # Private
+
+    def _done(self, status):
+        """Completed: fill ``status``, deallocate, raise the status error."""
+        op = self._op
+        fields = op.fields
+        _fill(status, fields)
+        self._release()
+        _raise_status_error(fields)
+        return op.obj
+
+    def _release(self):
+        self._op = None
+
+    def _empty(self, status):
+        if status is not None:
+            status._fill(ANY_SOURCE_, ANY_TAG, 0, 0, False)
+
+    # Completion: one request
+
+    def Wait(self, status=None):
+        """Wait for completion; the request becomes null."""
+        self.wait(status)
+        return True
+
+    def Test(self, status=None):
+        """Test for completion; if complete, the request becomes null."""
+        return self.test(status)[0]
+
+    def Get_status(self, status=None):
+        """Test for completion without deallocating."""
+        op = self._op
+        if op is None:
+            self._empty(status)
+            return True
+        if not op.test():
+            return False
+        _fill(status, op.fields)
+        return True
+
+    def wait(self, status=None):
+        """Wait for completion and return the received object (or None)."""
+        op = self._op
+        if op is None:
+            self._empty(status)
+            return None
+        op.wait()
+        return self._done(status)
+
+    def test(self, status=None):
+        """``(flag, obj)``: whether complete and the received object."""
+        op = self._op
+        if op is None:
+            self._empty(status)
+            return True, None
+        if not op.test():
+            return False, None
+        return True, self._done(status)
+
+    def get_status(self, status=None):
+        return self.Get_status(status)
+
+    def Cancel(self):
+        """Cancel a pending request; it must still be waited for."""
+        if self._op is not None:
+            self._op.cancel()
+
+    cancel = Cancel
+
+    def Free(self):
+        """Deallocate; a pending operation still completes in the background."""
+        op = self._op
+        if op is None:
+            if self._predef:
+                raise_error(ERR_REQUEST, "cannot free REQUEST_NULL")
+            return
+        op.free()
+        self._op = None
+
+    free = Free
+
+    # Completion: many requests
+
+    @classmethod
+    def Waitall(cls, requests, statuses=None):
+        """Wait for all requests; fills ``statuses`` (a list) when given."""
+        cls.waitall(requests, statuses)
+        return True
+
+    @classmethod
+    def waitall(cls, requests, statuses=None):
+        requests = list(requests)
+        errors = []
+        objs = []
+        sts = _statuses(statuses, len(requests))
+        for i, req in enumerate(requests):
+            st = sts[i] if sts is not None else None
+            try:
+                objs.append(req.wait(st))
+            except MPIException as e:
+                objs.append(None)
+                errors.append(e)
+        if errors:
+            if len(requests) == 1:
+                raise errors[0]
+            raise_error(ERR_IN_STATUS, f"{len(errors)} request(s) failed: {errors[0]}")
+        return objs
+
+    @classmethod
+    def Testall(cls, requests, statuses=None):
+        return cls.testall(requests, statuses)[0]
+
+    @classmethod
+    def testall(cls, requests, statuses=None):
+        requests = list(requests)
+        for req in requests:
+            if req._op is not None and not req._op.test():
+                return False, None
+        return True, cls.waitall(requests, statuses)
+
+    @classmethod
+    def Waitany(cls, requests, status=None):
+        return cls.waitany(requests, status)[0]
+
+    @classmethod
+    def waitany(cls, requests, status=None):
+        """``(index, obj)``; index UNDEFINED when every request is null."""
+        requests = list(requests)
+        _block_any(requests)
+        index, _, obj = cls.testany(requests, status)
+        return index, obj
+
+    @classmethod
+    def Testany(cls, requests, status=None):
+        index, flag, _ = cls.testany(requests, status)
+        return index, flag
+
+    @classmethod
+    def testany(cls, requests, status=None):
+        """``(index, flag, obj)``."""
+        requests = list(requests)
+        active = [i for i, r in enumerate(requests) if r._op is not None]
+        if not active:
+            if status is not None:
+                status._fill(ANY_SOURCE_, ANY_TAG, 0, 0, False)
+            return UNDEFINED, True, None
+        for i in active:
+            if requests[i]._op.test():
+                return i, True, requests[i]._done(status)
+        return UNDEFINED, False, None
+
+    @classmethod
+    def Waitsome(cls, requests, statuses=None):
+        return cls.waitsome(requests, statuses)[0]
+
+    @classmethod
+    def waitsome(cls, requests, statuses=None):
+        """``(indices, objs)``; ``(None, None)`` when every request is null."""
+        requests = list(requests)
+        _block_any(requests)
+        return cls.testsome(requests, statuses)
+
+    @classmethod
+    def Testsome(cls, requests, statuses=None):
+        return cls.testsome(requests, statuses)[0]
+
+    @classmethod
+    def testsome(cls, requests, statuses=None):
+        requests = list(requests)
+        if all(r._op is None for r in requests):
+            return None, None
+        sts = _statuses(statuses, len(requests))
+        indices, objs = [], []
+        for i, req in enumerate(requests):
+            if req._op is not None and req._op.test():
+                indices.append(i)
+                objs.append(req._done(sts[i] if sts is not None else None))
+        return indices, objs
+
+    @classmethod
+    def Get_status_all(cls, requests, statuses=None):
+        sts = _statuses(statuses, len(requests))
+        flags = [r.Get_status(sts[i] if sts is not None else None)
+                 for i, r in enumerate(requests)]
+        return all(flags)
+
+    @classmethod
+    def Get_status_any(cls, requests, status=None):
+        requests = list(requests)
+        if all(r._op is None for r in requests):
+            return UNDEFINED, True
+        for i, r in enumerate(requests):
+            if r._op is not None and r.Get_status(status):
+                return i, True
+        return UNDEFINED, False
+
+    @classmethod
+    def Get_status_some(cls, requests, statuses=None):
+        requests = list(requests)
+        if all(r._op is None for r in requests):
+            return None
+        sts = _statuses(statuses, len(requests))
+        return [i for i, r in enumerate(requests)
+                if r._op is not None and r.Get_status(sts[i] if sts is not None else None)]
+
+    get_status_all = Get_status_all
+    get_status_any = Get_status_any
+    get_status_some = Get_status_some
+
+    def py2f(self):
+        return 0 if self._op is None else (id(self._op) & 0x7FFFFFFF)
+
+    def toint(self):
+        return self.py2f()
+
+    @property
+    def handle(self):
+        return self.py2f()
+
+
+def _block_any(requests):
+    """Block until one active request has completed (or none is active)."""
+    while True:
+        ops = [r._op for r in requests if r._op is not None]
+        if not ops:
+            return
+        for op in ops:
+            if op.test():
+                return
+        if all(isinstance(op, _EngineOp) for op in ops):
+            try:
+                _engine.waitany([op.ereq for op in ops])
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+        else:
+            time.sleep(0.0005)
+
+
+def _statuses(statuses, n):
+    """Grow a user's status list to ``n`` entries (as mpi4py does)."""
+    if statuses is None:
+        return None
+    while len(statuses) < n:
+        statuses.append(Status())
+    return statuses
+
+
+class Prequest(Request):
+    """Persistent request: ``Start()`` runs the operation again."""
+
+    __slots__ = ("_start", "_inactive")
+
+    @classmethod
+    def _persistent(cls, start):
+        req = cls.__new__(cls)
+        req._predef = False
+        req._op = None
+        req._start = start
+        req._inactive = True
+        return req
+
+    def __bool__(self):
+        return getattr(self, "_start", None) is not None
+
+    def _release(self):
+        self._op = None   # inactive, still allocated
+
+    def Start(self):
+        """Start the persistent operation."""
+        if getattr(self, "_start", None) is None:
+            raise_error(ERR_REQUEST, "invalid persistent request")
+        if self._op is not None:
+            raise_error(ERR_REQUEST, "persistent request is already active")
+        self._op = self._start()
+
+    @classmethod
+    def Startall(cls, requests):
+        for r in requests:
+            r.Start()
+
+    def Free(self):
+        if self._op is not None:
+            self._op.free()
+        self._op = None
+        self._start = None
+
+    free = Free
+
+
+class Grequest(Request):
+    """Generalized request (not supported beyond its type)."""
+
+    @classmethod
+    def Start(cls, query_fn=None, free_fn=None, cancel_fn=None, args=None, kwargs=None):
+        raise_error(ERR_OTHER, "generalized requests are not supported")
+
+
+REQUEST_NULL = Request()
+REQUEST_NULL._predef = True

@@ -1,0 +1,169 @@
+"""Status: the envelope of a received (or probed) message."""
+
+UNDEFINED = -32766
+ANY_SOURCE = -2
+ANY_TAG = -1
+SUCCESS = 0
+
+
+def _byte():
+    from .datatype import BYTE
+    return BYTE
+
+
+def _dtsize(datatype):
+    if datatype is None:
+        return 1
+    size = datatype.Get_size()
+    return size
+
+
+class Status:
+    """Status object, as ``MPI.Status``: source, tag, error and the byte count.
+
+    Counts are kept in bytes; :meth:`Get_count` divides by the datatype size.
+    """
+
+    __slots__ = ("_source", "_tag", "_error", "_nbytes", "_cancelled")
+
+    def __init__(self, status=None):
+        self._source = ANY_SOURCE
+        self._tag = ANY_TAG
+        self._error = SUCCESS
+        self._nbytes = 0
+        self._cancelled = False
+        if status is not None:
+            if not isinstance(status, Status):
+                raise TypeError(f"expected Status, got {type(status).__name__}")
+            self._copy_from(status)
+
+    # Private
+
+    def _copy_from(self, other):
+        self._source = other._source
+        self._tag = other._tag
+        self._error = other._error
+        self._nbytes = other._nbytes
+        self._cancelled = other._cancelled
+
+    def _fill(self, source, tag, error, nbytes, cancelled=False):
+        self._source = source
+        self._tag = tag
+        self._error = error
+        self._nbytes = nbytes
+        self._cancelled = cancelled
+
+    # Public API
+
+    def __eq__(self, other):
+        if not isinstance(other, Status):
+            return NotImplemented
+        return (self._source, self._tag, self._error, self._nbytes, self._cancelled) == \
+            (other._source, other._tag, other._error, other._nbytes, other._cancelled)
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (f"<Status source={self._source} tag={self._tag} error={self._error} "
+                f"count={self._nbytes}>")
+
+    def __reduce__(self):
+        return (_rebuild_status, (self._source, self._tag, self._error,
+                                  self._nbytes, self._cancelled))
+
+    def Get_source(self):
+        """Return the message source."""
+        return self._source
+
+    def Set_source(self, source):
+        self._source = int(source)
+
+    def Get_tag(self):
+        """Return the message tag."""
+        return self._tag
+
+    def Set_tag(self, tag):
+        self._tag = int(tag)
+
+    def Get_error(self):
+        """Return the error code."""
+        return self._error
+
+    def Set_error(self, error):
+        self._error = int(error)
+
+    def Get_count(self, datatype=None):
+        """Return the number of received entries of ``datatype`` (UNDEFINED if partial)."""
+        size = _dtsize(datatype if datatype is not None else _byte())
+        if size == 0:
+            return 0 if self._nbytes == 0 else UNDEFINED
+        if self._nbytes % size:
+            return UNDEFINED
+        return self._nbytes // size
+
+    Get_count_c = Get_count
+
+    def Get_elements(self, datatype):
+        """Return the number of basic elements of ``datatype`` received."""
+        size = _dtsize(datatype)
+        if size == 0:
+            return 0
+        # Predefined types: elements == count; derived types may have a base size.
+        base = getattr(datatype, "_element_size", None)
+        if callable(base):
+            base = base()
+        if base:
+            return UNDEFINED if self._nbytes % base else self._nbytes // base
+        return UNDEFINED if self._nbytes % size else self._nbytes // size
+
+    Get_elements_c = Get_elements
+
+    def Set_elements(self, datatype, count):
+        """Set the number of elements (as bytes of ``datatype``)."""
+        self._nbytes = int(count) * _dtsize(datatype)
+
+    Set_elements_c = Set_elements
+
+    def Is_cancelled(self):
+        """Return whether the request was cancelled."""
+        return self._cancelled
+
+    def Set_cancelled(self, flag):
+        self._cancelled = bool(flag)
+
+    def py2f(self):
+        """Return the Fortran-style integer array (source, tag, error, count lo, count hi, cancelled)."""
+        return [self._source, self._tag, self._error,
+                self._nbytes & 0x7FFFFFFF, self._nbytes >> 31, int(self._cancelled)]
+
+    @classmethod
+    def f2py(cls, arg):
+        st = cls()
+        st._source, st._tag, st._error = int(arg[0]), int(arg[1]), int(arg[2])
+        st._nbytes = int(arg[3]) | (int(arg[4]) << 31)
+        st._cancelled = bool(arg[5])
+        return st
+
+    source = property(Get_source, Set_source, doc="source")
+    tag = property(Get_tag, Set_tag, doc="tag")
+    error = property(Get_error, Set_error, doc="error")
+    cancelled = property(Is_cancelled, doc="cancelled state")
+
+    @property
+    def count(self):
+        """Byte count."""
+        return self.Get_count()
+
+    @count.setter
+    def count(self, value):
+        self._nbytes = int(value)
+
+
+def _rebuild_status(source, tag, error, nbytes, cancelled):
+    st = Status()
+    st._fill(source, tag, error, nbytes, cancelled)
+    return st
