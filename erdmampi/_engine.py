@@ -203,7 +203,7 @@ class Engine:
     def create(cls, rank: int = 0, size: int = 1, bind: str = "127.0.0.1", port: int = 0,
                cc: str = "cubic", eager_limit: int = 65536, idle_timeout: float = 60.0,
                connect_timeout: float = 60.0, max_udp_payload: int = 0,
-               verbose: bool = False) -> "Engine":
+               spin_us: int = 50, verbose: bool = False) -> "Engine":
         if cc not in CC_ALGOS:
             raise ValueError(f"unknown congestion control {cc!r}; choose one of {sorted(CC_ALGOS)}")
         cfg = ffi.new("erdma_config *")
@@ -215,6 +215,7 @@ class Engine:
         cfg.idle_timeout = idle_timeout
         cfg.handshake_timeout = connect_timeout
         cfg.max_udp_payload = max_udp_payload
+        cfg.spin_us = spin_us
         cfg.verbose = int(verbose)
         out = ffi.new("erdma_engine **")
         _check(lib.erdma_engine_new(cfg, out), f"engine start (bind {bind}:{port})")

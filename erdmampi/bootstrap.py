@@ -77,6 +77,7 @@ def init_world() -> Engine:
         idle_timeout=_env_float("ERDMA_TIMEOUT", 60.0),
         connect_timeout=_env_float("ERDMA_CONNECT_TIMEOUT", 60.0),
         max_udp_payload=int(env.get("ERDMA_MAX_UDP_PAYLOAD", 0)),
+        spin_us=int(env.get("ERDMA_SPIN_US", 50)),
         verbose=env.get("ERDMA_VERBOSE", "") not in ("", "0"),
     )
     hosts = [host_id]

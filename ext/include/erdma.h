@@ -65,6 +65,7 @@ typedef struct erdma_config {
   uint64_t stream_window;    /* QUIC stream flow-control window, bytes */
   uint64_t conn_window;      /* QUIC connection flow-control window, bytes */
   int sock_buf;              /* SO_SNDBUF/SO_RCVBUF bytes */
+  int spin_us;               /* a waiter polls the socket this long before sleeping */
   int verbose;
 } erdma_config;
 

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->stream_window = 32u << 20;
   cfg->conn_window = 64u << 20;
   cfg->sock_buf = 8 << 20;
+  cfg->spin_us = 50;
 }
 
 const char *erdma_strerror(int rc) {
@@ -610,11 +612,28 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
   return 0;
 }
 
+/* Before sleeping, a waiter polls the socket itself for a short while: a
+ * reply that arrives within the spin is processed by this thread directly,
+ * saving the wake-up of the progress thread and then of this one. */
+static void spin_progress(erdma_engine *e, const erdma_req *r) {
+  if (e->cfg.spin_us <= 0 || !e->running) return;
+  uint64_t until = erdma_now() + (uint64_t)e->cfg.spin_us * 1000u;
+  while (!r->done && erdma_now() < until) {
+    recv_batch(e);
+    if (r->done) break;
+    pthread_mutex_unlock(&e->mu);
+    sched_yield();
+    pthread_mutex_lock(&e->mu);
+  }
+  if (!r->done) conn_flush_all(e);
+}
+
 int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
   erdma_engine *e = r->e;
   uint64_t deadline = deadline_of(timeout);
   int rv = 0;
   pthread_mutex_lock(&e->mu);
+  if (!r->done) spin_progress(e, r);
   while (!r->done) {
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
