@@ -1,0 +1,1 @@
+"""Utilities built on the public ``erdmampi.MPI`` API (as ``mpi4py.util``)."""
