@@ -100,11 +100,13 @@ static void conn_lost(erdma_conn *c, int rv) {
   if (c->closed) return;
   send_close(c, rv);
   c->closed = 1;
-  if (c->peer >= 0 && !e->stopping) {
+  if (c->peer >= 0 && !e->stopping && rv == NGTCP2_ERR_DRAINING) {
+    /* the peer said goodbye (it finalized): later use of it fails quietly */
+    engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+  } else if (c->peer >= 0 && !e->stopping) {
     /* always said: the user needs to know why their job failed */
     fprintf(stderr, "erdma[%d]: connection to rank %d lost: %s\n", e->cfg.rank, c->peer,
             rv == NGTCP2_ERR_IDLE_CLOSE ? "no reply within ERDMA_TIMEOUT"
-            : rv == NGTCP2_ERR_DRAINING ? "closed by the peer"
             : rv < -200 ? ngtcp2_strerror(rv) : erdma_strerror(rv));
     engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
   } else {
