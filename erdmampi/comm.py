@@ -416,8 +416,8 @@ class Comm:
             ereq = eng.isend(msg.addr, msg.nbytes, wdest, tag, self._ctx, sync=sync, keep=msg)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
-        return _EngineOp(ereq, lambda raw: (PROC_NULL if False else ANY_SOURCE, ANY_TAG,
-                                            error_class(raw.error), 0, raw.cancelled, None))
+        return _EngineOp(ereq, lambda raw: (ANY_SOURCE, ANY_TAG, error_class(raw.error), 0,
+                                            raw.cancelled, None))
 
     def _irecv_op(self, buf, source, tag):
         msg = message_p2p(buf, False)
@@ -842,11 +842,7 @@ class Comm:
                   recvtag=ANY_TAG):
         rop = self._irecv_op(recvbuf, source, recvtag)
         sop = self._isend_op(sendbuf, dest, sendtag)
-
-        def run():
-            Request._new(sop).Wait()
-        st_req = Request._new(rop)
-        return _pair_request(st_req, Request._new(sop))
+        return _pair_request(Request._new(rop), Request._new(sop))
 
     # -- Persistent ---------------------------------------------------------
 
