@@ -8,11 +8,13 @@ is a :class:`~erdmampi.datatype.Datatype` or a typecode string.  Everything
 resolves to a :class:`BufMsg` holding a host address, a byte length and a
 1-D NumPy view over exactly the message.
 
-Device buffers (DLPack on a non-CPU device, CUDA array interface) are staged
-through host memory: ``BufMsg.array`` is a host copy, and ``finish()`` copies
-it back after a receive.  Staging uses CuPy, Numba or the CUDA runtime
-(``libcudart`` through ctypes), whichever is importable; without any of them
-a device buffer raises ``BufferError`` with a clear message.
+Device buffers (CUDA array interface; DLPack on a CUDA or ROCm device) are
+staged through host memory: ``BufMsg.array`` is a host copy of the message's
+bytes, and ``finish()`` copies it back after a receive.  Staging uses CuPy,
+Numba or the CUDA runtime (``libcudart`` through ctypes), whichever works;
+without any of them, or for another DLPack device type, a device buffer
+raises ``BufferError`` with a clear message.  The "device staging" section
+below states when the device is read and written (stream-ordered semantics).
 
 Error types follow mpi4py: malformed specs raise ``TypeError``/``ValueError``,
 unknown typecodes ``KeyError``, buffers that cannot be exported as required
@@ -139,11 +141,25 @@ def _is_integral(ob):
 # -----------------------------------------------------------------------------
 # Buffer acquisition
 
-_CPU_DEVICES = (1,)  # kDLCPU; host-accessible CUDA/ROCm memory goes via staging
+_CPU_DEVICES = (1,)  # kDLCPU; every other DLPack device is staged or refused
+
+# DLPack DLDeviceType values (dlpack.h) and the ones staged through the host
+_DL_DEVICE_NAMES = {
+    1: "CPU", 2: "CUDA", 3: "CUDAHost", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+    9: "VPI", 10: "ROCM", 11: "ROCMHost", 12: "ExtDev", 13: "CUDAManaged",
+    14: "OneAPI", 15: "WebGPU", 16: "Hexagon", 17: "MAIA",
+}
+_DL_STAGED = (2, 3, 10, 11, 13)  # CUDA and ROCm memory (CuPy / CAI)
 
 
 class _Raw:
-    """A contiguous byte range: the result of exporting one object."""
+    """A contiguous byte range: the result of exporting one object.
+
+    For a device buffer ``raw`` is a host staging area of the same size,
+    filled only where a message needs it: :meth:`stage_in` copies a byte
+    range device -> host, :meth:`stage_out` host -> device (see the
+    "device staging" section for the ordering rules).
+    """
 
     __slots__ = ("obj", "raw", "fmt", "device", "_download", "_upload")
 
@@ -152,8 +168,18 @@ class _Raw:
         self.raw = raw          # 1-D uint8 ndarray over the bytes (host)
         self.fmt = fmt          # format string, or None
         self.device = device
-        self._download = download
-        self._upload = upload
+        self._download = download   # (host, start, stop) device -> host
+        self._upload = upload       # (host, start, stop) host -> device
+
+    def stage_in(self, start, stop):
+        """Copy device bytes ``[start, stop)`` into the staging area."""
+        if self.device and self._download is not None and stop > start:
+            self._download(self.raw, start, stop)
+
+    def stage_out(self, start, stop):
+        """Copy staging bytes ``[start, stop)`` back to the device."""
+        if self.device and self._upload is not None and stop > start:
+            self._upload(self.raw, start, stop)
 
 
 def _raw_from_memoryview(mv):
@@ -196,9 +222,9 @@ def _from_dlpack(obj, readonly):
         obj.__dlpack__  # noqa: B018
     except AttributeError:
         raise NotImplementedError("dlpack: missing support") from None
-    device_type, _device_id = dlpack_device()
+    device_type, device_id = dlpack_device()
     if int(device_type) not in _CPU_DEVICES:
-        return _stage_dlpack(obj, readonly, int(device_type))
+        return _from_dlpack_device(obj, readonly, int(device_type), int(device_id))
     arr = np.from_dlpack(obj)
     if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         raise BufferError("dlpack: buffer is not contiguous")
@@ -269,34 +295,83 @@ def _cai_describe(obj, readonly):
 
 
 def _from_cai(obj, readonly):
+    """Stage a ``__cuda_array_interface__`` buffer (see "device staging")."""
     try:
-        obj.__cuda_array_interface__  # noqa: B018
+        cai = obj.__cuda_array_interface__
     except AttributeError:
         raise NotImplementedError("missing CUDA array interface") from None
     dev_ptr, nbytes, fmt = _cai_describe(obj, readonly)
-    copier = _device_copier(obj, dev_ptr, nbytes)
-    return _staged(obj, nbytes, fmt, copier, readonly)
+    stream = cai.get("stream") if isinstance(cai, dict) else None
+    if stream == 0:
+        # CAI v3: 0 is ambiguous (legacy or per-thread default) and disallowed
+        raise BufferError("__cuda_array_interface__: stream 0 is not allowed "
+                          "(use 1 for the legacy or 2 for the per-thread default stream)")
+    if nbytes == 0:
+        return _Raw(obj, np.empty(0, np.uint8), fmt, device=True)
+    download, upload = _device_copier(obj, dev_ptr, nbytes, stream)
+    return _Raw(obj, np.empty(nbytes, np.uint8), fmt, device=True,
+                download=download, upload=None if readonly else upload)
 
 
 # -- device staging --------------------------------------------------------
+#
+# Device buffers (``__cuda_array_interface__``, DLPack on a CUDA or ROCm
+# device) never reach the engine: each message gets a host staging area of
+# the buffer's size, and only the bytes the message covers are copied.
+#
+# Ordering (stream-ordered semantics, as CUDA-aware MPIs define them):
+#
+# * When the call that names the buffer starts (Send/Isend/Recv/Irecv,
+#   any collective, also its I-variant), the producer's stream is
+#   synchronised before the device is read: the CAI ``stream`` field
+#   (v3: 1 = legacy default, 2 = per-thread default, else a ``cudaStream_t``;
+#   ``None`` = nothing to wait for), or, for DLPack, the stream CuPy hands
+#   to ``__dlpack__(stream=...)``.  Work queued on that stream *before* the
+#   call is therefore seen; work queued after it is not.
+# * Sends copy the message's bytes device -> host once, in that call: the
+#   device buffer may be reused as soon as the call returns (even for Isend).
+# * Receives copy the message's bytes device -> host in that call too (so
+#   that bytes a short message does not write keep their device contents),
+#   receive into the host area, and copy it host -> device when the
+#   operation completes: inside a blocking call, or in the Wait/Test that
+#   completes the request (for a nonblocking collective, in its progress
+#   thread before Wait returns).  The upload is synchronous: when that call
+#   returns the data is on the device, visible to work on any stream.
+# * The device range a pending receive covers must not be touched until
+#   completion (as in MPI); a receive request that is freed instead of
+#   completed never copies back.
+#
+# The device is chosen by the pointer (CuPy and the CUDA runtime query its
+# attributes; Numba copies through unified addressing in the current
+# context).  Staging uses CuPy, else Numba (not its simulator, whose arrays
+# are host memory exported as CPU DLPack), else ``libcudart`` via ctypes.
 
 
 class _CudaRuntime:
-    """cudaMemcpy through ctypes (no Python GPU package needed)."""
+    """The CUDA runtime through ctypes (no Python GPU package needed)."""
 
     _lib = None
 
     @classmethod
     def load(cls):
         if cls._lib is None:
-            for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.11.0"):
+            for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                         "libcudart.so.11.0"):
                 try:
                     lib = ctypes.CDLL(name)
                 except OSError:
                     continue
-                lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
-                                           ctypes.c_size_t, ctypes.c_int]
-                lib.cudaMemcpy.restype = ctypes.c_int
+                vp, sz, cint = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+                for fn, args in (("cudaMemcpy", [vp, vp, sz, cint]),
+                                 ("cudaStreamSynchronize", [vp]),
+                                 ("cudaPointerGetAttributes", [vp, vp]),
+                                 ("cudaGetDevice", [ctypes.POINTER(cint)]),
+                                 ("cudaSetDevice", [cint]),
+                                 ("cudaRuntimeGetVersion", [ctypes.POINTER(cint)])):
+                    getattr(lib, fn).argtypes = args
+                    getattr(lib, fn).restype = cint
+                lib.cudaGetErrorString.argtypes = [cint]
+                lib.cudaGetErrorString.restype = ctypes.c_char_p
                 cls._lib = lib
                 break
             else:
@@ -304,86 +379,174 @@ class _CudaRuntime:
         return cls._lib or None
 
     @classmethod
-    def copy(cls, dst, src, nbytes):
-        rc = cls._lib.cudaMemcpy(dst, src, nbytes, 4)  # cudaMemcpyDefault
+    def check(cls, rc, what):
         if rc != 0:
-            raise BufferError(f"cudaMemcpy failed with error {rc}")
+            msg = cls._lib.cudaGetErrorString(rc)
+            raise BufferError(f"{what} failed with error {rc}"
+                              f"{': ' + msg.decode() if msg else ''}")
 
+    @classmethod
+    def device_of(cls, ptr):
+        """Device ordinal owning ``ptr`` (None: unknown, host or managed)."""
+        lib = cls._lib
+        ver = ctypes.c_int(0)
+        if lib.cudaRuntimeGetVersion(ctypes.byref(ver)) != 0 or ver.value < 11000:
+            return None  # cudaPointerAttributes has this layout from CUDA 11
+        attrs = (ctypes.c_int * 16)()  # {int type; int device; void *dptr, *hptr}
+        if lib.cudaPointerGetAttributes(attrs, ptr) != 0:
+            return None
+        return attrs[1] if attrs[0] == 2 else None  # cudaMemoryTypeDevice
 
-def _device_copier(obj, dev_ptr, nbytes):
-    """(download(host_uint8), upload(host_uint8)) for a CAI device buffer."""
-    try:
-        import cupy  # noqa: PLC0415
+    @classmethod
+    def copier(cls, dev_ptr, stream):
+        lib = cls._lib
+        device = cls.device_of(dev_ptr)
 
-        darr = cupy.asarray(obj).reshape(-1, order="A").view(cupy.uint8)
+        def on_device(fn):
+            if device is None:
+                return fn()
+            cur = ctypes.c_int(0)
+            cls.check(lib.cudaGetDevice(ctypes.byref(cur)), "cudaGetDevice")
+            if cur.value == device:
+                return fn()
+            cls.check(lib.cudaSetDevice(device), "cudaSetDevice")
+            try:
+                return fn()
+            finally:
+                lib.cudaSetDevice(cur.value)
 
-        def download(host):
-            host[...] = cupy.asnumpy(darr)
+        def download(host, start, stop):
+            def run():
+                if stream is not None:
+                    cls.check(lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+                cls.check(lib.cudaMemcpy(host.ctypes.data + start, dev_ptr + start,
+                                         stop - start, 4), "cudaMemcpy")  # Default
+            on_device(run)
 
-        def upload(host):
-            darr.set(host)
+        def upload(host, start, stop):
+            def run():
+                cls.check(lib.cudaMemcpy(dev_ptr + start, host.ctypes.data + start,
+                                         stop - start, 4), "cudaMemcpy")
+                # pageable H2D may return before the DMA lands: wait for it
+                cls.check(lib.cudaStreamSynchronize(1), "cudaStreamSynchronize")
+            on_device(run)
 
         return download, upload
-    except ImportError:
-        pass
+
+
+def _cupy_copier(cupy, flat, stream):
+    """Copy functions over ``flat``, a 1-D ``uint8`` CuPy array."""
+    dev = flat.device
+
+    def download(host, start, stop):
+        with dev:
+            if stream is not None:
+                cupy.cuda.ExternalStream(stream).synchronize()
+            s = cupy.cuda.get_current_stream()
+            flat[start:stop].get(stream=s, out=host[start:stop])
+            s.synchronize()
+
+    def upload(host, start, stop):
+        with dev:
+            s = cupy.cuda.get_current_stream()
+            flat[start:stop].set(host[start:stop], stream=s)
+            s.synchronize()
+
+    return download, upload
+
+
+def _numba_cuda():
+    """``numba.cuda`` if it can reach a real GPU, else None."""
     try:
         from numba import cuda  # noqa: PLC0415
-
-        darr = cuda.as_cuda_array(obj)
-
-        def download(host):
-            host[...] = darr.copy_to_host().reshape(-1, order="A").view(np.uint8)
-
-        def upload(host):
-            darr.copy_to_device(host.view(darr.dtype).reshape(darr.shape, order="A"))
-
-        return download, upload
     except ImportError:
-        pass
+        return None
+    if not hasattr(cuda, "from_cuda_array_interface"):
+        return None  # the CUDA simulator: no device memory to stage
+    try:
+        return cuda if cuda.is_available() else None
+    except Exception:  # noqa: BLE001  (driver errors while probing)
+        return None
+
+
+def _numba_copier(cuda, obj, dev_ptr, stream):
+    def view(start, stop):
+        desc = {"shape": (stop - start,), "typestr": "|u1", "strides": None,
+                "data": (dev_ptr + start, False), "version": 3}
+        return cuda.from_cuda_array_interface(desc, owner=obj, sync=False)
+
+    def download(host, start, stop):
+        if stream is not None:
+            cuda.external_stream(stream).synchronize()
+        s = cuda.default_stream()
+        view(start, stop).copy_to_host(host[start:stop], stream=s)
+        s.synchronize()
+
+    def upload(host, start, stop):
+        s = cuda.default_stream()
+        view(start, stop).copy_to_device(host[start:stop], stream=s)
+        s.synchronize()
+
+    return download, upload
+
+
+def _device_copier(obj, dev_ptr, nbytes, stream=None):
+    """``(download, upload)`` for ``nbytes`` of device memory at ``dev_ptr``:
+    CuPy, else Numba, else libcudart (see "device staging")."""
+    try:
+        import cupy  # noqa: PLC0415
+    except ImportError:
+        cupy = None
+    if cupy is not None:
+        try:
+            # device_id -1: CuPy asks the driver which device owns dev_ptr
+            mem = cupy.cuda.UnownedMemory(dev_ptr, nbytes, obj, -1)
+            flat = cupy.ndarray((nbytes,), cupy.uint8, cupy.cuda.MemoryPointer(mem, 0))
+        except Exception as exc:  # noqa: BLE001  (CUDA errors: bad pointer, no GPU)
+            raise BufferError(f"__cuda_array_interface__: CuPy cannot access "
+                              f"device pointer {dev_ptr:#x}: {exc}") from exc
+        return _cupy_copier(cupy, flat, stream)
+    cuda = _numba_cuda()
+    if cuda is not None:
+        return _numba_copier(cuda, obj, dev_ptr, stream)
     if _CudaRuntime.load() is not None:
-        def download(host):
-            _CudaRuntime.copy(host.ctypes.data, dev_ptr, nbytes)
-
-        def upload(host):
-            _CudaRuntime.copy(dev_ptr, host.ctypes.data, nbytes)
-
-        return download, upload
+        return _CudaRuntime.copier(dev_ptr, stream)
     raise BufferError(
         "__cuda_array_interface__: staging a device buffer through host "
-        "memory needs CuPy, Numba or the CUDA runtime (libcudart)")
+        "memory needs CuPy, Numba (with a GPU) or the CUDA runtime (libcudart)")
 
 
-def _stage_dlpack(obj, readonly, device_type):
+def _from_dlpack_device(obj, readonly, device_type, device_id):
+    """Stage a DLPack buffer on a CUDA/ROCm device; refuse other devices."""
+    name = _DL_DEVICE_NAMES.get(device_type, "unknown")
+    if device_type not in _DL_STAGED:
+        raise BufferError(
+            f"dlpack: buffer on device type {device_type} ({name}) is not "
+            f"supported: only CPU memory, and CUDA or ROCm memory staged "
+            f"through the host, can be communicated")
+    if hasattr(obj, "__cuda_array_interface__") and device_type in (2, 13):
+        # torch / CuPy / Numba arrays export both: the CAI path can also
+        # stage with Numba or libcudart
+        return _from_cai(obj, readonly)
     try:
         import cupy  # noqa: PLC0415
     except ImportError:
         raise BufferError(
-            f"dlpack: buffer on device type {device_type} needs CuPy "
+            f"dlpack: buffer on device type {device_type} ({name}) needs CuPy "
             f"for staging through host memory") from None
-    darr = cupy.from_dlpack(obj)
+    with cupy.cuda.Device(device_id):
+        # from_dlpack passes our current stream to __dlpack__(stream=...):
+        # the producer orders its pending work before it
+        darr = cupy.from_dlpack(obj)
     if not (darr.flags.c_contiguous or darr.flags.f_contiguous):
         raise BufferError("dlpack: buffer is not contiguous")
-    flat = darr.reshape(-1, order="A").view(cupy.uint8)
-
-    def download(host):
-        host[...] = cupy.asnumpy(flat)
-
-    def upload(host):
-        flat.set(host)
-
-    return _staged(obj, flat.size, _dlpack_format(np.dtype(darr.dtype.str)),
-                   (download, upload), readonly)
-
-
-def _staged(obj, nbytes, fmt, copier, readonly):
-    download, upload = copier
-    host = np.empty(nbytes, dtype=np.uint8)
-    if nbytes:
-        # receives start from the device contents too, so that copying the
-        # whole staging area back never clobbers bytes the message missed
-        download(host)
-    return _Raw(obj, host, fmt, device=True, download=download,
-                upload=None if readonly else upload)
+    fmt = _dlpack_format(np.dtype(darr.dtype.str))
+    if darr.nbytes == 0:
+        return _Raw(obj, np.empty(0, np.uint8), fmt, device=True)
+    flat = cupy.ndarray((darr.nbytes,), cupy.uint8, darr.data)
+    download, upload = _cupy_copier(cupy, flat, None)
+    return _Raw((obj, darr), np.empty(darr.nbytes, np.uint8), fmt, device=True,
+                download=download, upload=None if readonly else upload)
 
 
 def getbuffer(obj, readonly):
@@ -434,12 +597,16 @@ class BufMsg:
             self.addr = 0
         else:
             self.addr = raw.raw.ctypes.data + offset
+        if self.device:
+            # sends and receives alike start from the device contents
+            raw.stage_in(offset, offset + nbytes)
 
     def finish(self):
-        """After a receive: copy the host staging area back to the device."""
-        raw = self._raw
-        if raw is not None and raw.device and raw._upload is not None and raw.raw.size:
-            raw._upload(raw.raw)
+        """After a receive completes: copy the message's bytes from the host
+        staging area back to the device (synchronously; no-op for host
+        buffers).  Every completed receive path must call it once."""
+        if self.device:
+            self._raw.stage_out(self._offset, self._offset + self.nbytes)
 
     def __repr__(self):
         return (f"<BufMsg addr={self.addr:#x} nbytes={self.nbytes} "
