@@ -328,3 +328,123 @@ class Engine:
             raise EngineError(ERR_INVAL, "message already received")
         _check(lib.erdma_imrecv(self._h, handle, ffi.NULL, 0, 1, out), "mrecv")
         return EngineRequest(self, out[0], None)
+
+
+# ---- schedules (ext/src/erdma_sched.c) ----
+
+#: reduction op name -> ERDMA_OP_* (predefined ops the C reducer handles)
+SCHED_OPS = {name: getattr(lib, "ERDMA_OP_" + name) for name in
+             ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")}
+#: element type name (NumPy's) -> ERDMA_DT_*
+SCHED_DTYPES = {name: getattr(lib, "ERDMA_DT_" + name.upper()) for name in
+                ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                 "uint64", "float32", "float64", "complex64", "complex128")}
+
+
+def reduce_local(in_addr: int, inout_addr: int, count: int, op: int, dtype: int) -> None:
+    """``inout = in OP inout`` over ``count`` elements with the C kernels."""
+    _check(lib.erdma_reduce_local(_ptr(in_addr), _ptr(inout_addr), count, op, dtype),
+           "reduce_local")
+
+
+class Schedule:
+    """A graph of chunked send/recv/reduce/copy steps run by the engine.
+
+    Build it with the step methods (each returns the step index), then
+    :meth:`start` it (a C worker thread runs it, the GIL is free) and
+    :meth:`wait`/:meth:`test`.  Buffers are raw addresses; pass the objects
+    owning them to :meth:`keep` so they live until the schedule is done.
+    """
+
+    __slots__ = ("_s", "_keep", "_state", "_result")
+
+    def __init__(self, engine: "Engine", chunk: int = 0):
+        out = ffi.new("erdma_sched **")
+        _check(lib.erdma_sched_new(engine._h, chunk, out), "schedule")
+        self._s = out[0]
+        self._keep = [engine]
+        self._state = 0          # 0 built, 1 started, 2 done
+        self._result = 0
+
+    def _step(self, rc: int, what: str) -> int:
+        if rc < 0:
+            raise EngineError(rc, what)
+        return rc
+
+    def send(self, addr: int, nbytes: int, dest: int, tag: int, ctx: int) -> int:
+        return self._step(lib.erdma_sched_send(self._s, _ptr(addr), nbytes, dest, tag, ctx),
+                          "schedule send")
+
+    def recv(self, addr: int, nbytes: int, source: int, tag: int, ctx: int) -> int:
+        return self._step(lib.erdma_sched_recv(self._s, _ptr(addr), nbytes, source, tag, ctx),
+                          "schedule recv")
+
+    def reduce(self, in_addr: int, inout_addr: int, count: int, op: int, dtype: int) -> int:
+        return self._step(lib.erdma_sched_reduce(self._s, _ptr(in_addr), _ptr(inout_addr),
+                                                 count, op, dtype), "schedule reduce")
+
+    def copy(self, src: int, dst: int, nbytes: int) -> int:
+        return self._step(lib.erdma_sched_copy(self._s, _ptr(src), _ptr(dst), nbytes),
+                          "schedule copy")
+
+    def after(self, step: int, on: int, chunkwise: bool = True) -> None:
+        _check(lib.erdma_sched_after(self._s, step, on, 1 if chunkwise else 0),
+               "schedule dependency")
+
+    def barrier(self) -> None:
+        _check(lib.erdma_sched_barrier(self._s), "schedule barrier")
+
+    def keep(self, obj) -> None:
+        self._keep.append(obj)
+
+    @property
+    def nsteps(self) -> int:
+        return lib.erdma_sched_nsteps(self._s)
+
+    def start(self) -> None:
+        _check(lib.erdma_sched_start(self._s), "schedule start")
+        self._state = 1
+
+    def test(self) -> bool:
+        """True once finished; raises :class:`EngineError` if it failed."""
+        if self._state == 1:
+            done = ffi.new("int *")
+            rc = lib.erdma_sched_test(self._s, done)
+            if not done[0]:
+                return False
+            self._finish(rc)
+        return self._done()
+
+    def wait(self) -> None:
+        """Block (GIL released, in slices for Ctrl-C) until finished."""
+        while self._state == 1:
+            rc = lib.erdma_sched_wait(self._s, _SLICE)
+            if rc != ERR_TIMEOUT:
+                self._finish(rc)
+        self._done()
+
+    def run(self) -> None:
+        """:meth:`start` then :meth:`wait`."""
+        self.start()
+        self.wait()
+
+    def _finish(self, rc: int) -> None:
+        self._state = 2
+        self._result = rc
+        lib.erdma_sched_free(self._s)
+        self._s = None
+        self._keep = None
+
+    def _done(self) -> bool:
+        if self._state != 2:
+            raise EngineError(lib.ERDMA_ERR_STATE, "schedule not started")
+        if self._result:
+            raise EngineError(self._result, "schedule")
+        return True
+
+    def __del__(self):
+        # a started schedule that nobody waited for keeps its buffers
+        # (leaked) rather than blocking the garbage collector
+        if getattr(self, "_s", None) is not None and self._state == 0:
+            lib.erdma_sched_free(self._s)
+            self._s = None

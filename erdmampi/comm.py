@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from . import _engine, bootstrap
+from . import _collsched, _engine, bootstrap
 from . import collectives as coll
 from .buffers import IN_PLACE, BOTTOM, is_in_place, message_cco, message_p2p, message_vector
 from .exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_COUNT, ERR_KEYVAL, ERR_OP,
@@ -156,7 +156,13 @@ class _CollTransport:
         self._base = base
         self._pkl = _default_pickle
 
+    def schedule(self, chunked=True):
+        """A builder for :mod:`erdmampi.collectives.sched` algorithms."""
+        return _collsched.CollSchedule(self._eng, self._ranks, self._ctx, self._base,
+                                       chunked)
+
     def isend(self, buf, dest, tag):
+        _collsched.notify_started()
         buf = np.ascontiguousarray(buf)
         try:
             return self._eng.isend(buf.ctypes.data, buf.nbytes, self._ranks[dest],
@@ -165,6 +171,7 @@ class _CollTransport:
             raise engine_exception(e) from None
 
     def irecv(self, buf, source, tag):
+        _collsched.notify_started()
         try:
             return self._eng.irecv(buf.ctypes.data, buf.nbytes, self._ranks[source],
                                    self._base + tag, self._ctx, keep=buf)
@@ -176,6 +183,7 @@ class _CollTransport:
         self.waitall([self.isend(data, dest, tag)])
 
     def recv_obj(self, source, tag):
+        _collsched.notify_started()
         try:
             req = self._eng.irecv_alloc(self._ranks[source], self._base + tag, self._ctx)
             raw = req.wait()
@@ -220,6 +228,10 @@ def _check_op(op):
 def _reduce_fn(op, datatype):
     def fn(inarr, inoutarr):
         op._apply(inarr, inoutarr, datatype)
+    if op._predefined:
+        # lets collectives.sched reduce in C: (op name, element dtype)
+        rdt = datatype._base._reduce_dtype
+        fn.sched = (op._name, rdt if rdt is not None else datatype.np_dtype)
     return fn
 
 
@@ -1408,7 +1420,21 @@ def _sum(op):
 
 
 def _icoll(run):
-    return Request._new(_ThreadOp(run))
+    # The algorithm runs in a thread; the caller waits until it has posted its
+    # first message or started its C schedule (erdmampi._collsched), so that a
+    # schedule is running before the caller goes back to computing.
+    started = threading.Event()
+
+    def body():
+        _collsched.icoll_state.started = started
+        try:
+            return run()
+        finally:
+            _collsched.icoll_state.started = None
+            started.set()
+    req = Request._new(_ThreadOp(body))
+    started.wait()
+    return req
 
 
 def _pair_request(recv_req, send_req):

@@ -48,7 +48,7 @@ ffibuilder.set_source(
     '#include "erdma.h"',
     sources=[_rel(p) for p in sorted(glob.glob(os.path.join(HERE, "src", "*.c")))],
     include_dirs=[_rel(os.path.join(HERE, "include")), _rel(os.path.join(HERE, "src"))],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"]
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function"]
     + [f for f in _pkgconfig("--cflags")],
     extra_link_args=_pkgconfig("--libs") + ["-lpthread"],
 )

@@ -13,22 +13,32 @@ the same algorithm, so rules use only values all ranks know):
 collective      default choice
 =============== ========================================================
 barrier         dissemination
-bcast           binomial if N <= 512 KiB or n <= 2, else scatter_allgather
-                (van de Geijn); ``pipeline`` (segmented chain) on request
+bcast           sched_chain if N >= S; else binomial if N <= 512 KiB or
+                n <= 2, else scatter_allgather (van de Geijn);
+                ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
 allreduce       recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
-                else rabenseifner if n is a power of two, ring otherwise
-reduce_scatter  ring (commutative), reduce_scatterv (non-commutative)
+                else sched_ring if N >= S; else rabenseifner if n is a
+                power of two, ring otherwise
+reduce_scatter  sched_ring if N >= S (commutative); else ring
+                (commutative), reduce_scatterv (non-commutative)
 gatherv         linear
 scatterv        linear
-allgatherv      direct if the gathered vector is <= 32 KiB or n <= 2,
-                else ring
-alltoallv       direct if this rank's send+receive bytes <= 256 KiB or
-                n <= 2, else pairwise (the two interoperate, so ranks may
-                differ)
+allgatherv      direct if the gathered vector is <= 32 KiB or n <= 2 and
+                N < S; else sched_ring if N >= S; else ring
+alltoallv       sched (pairwise, in C) if N >= S; else direct if this
+                rank's send+receive bytes <= 256 KiB or n <= 2, else
+                pairwise (the three interoperate, so ranks may differ)
 scan, exscan    recursive_doubling
 =============== ========================================================
+
+``sched_*`` algorithms (:mod:`erdmampi.collectives.sched`) run as schedules
+in the C engine, chunk-pipelined, with C reductions; ``S`` is
+:data:`SCHED_MIN` (256 KiB; ``ERDMA_SCHED_MIN`` overrides it, identically on
+every rank).  Where one cannot run (a transport without schedules, a
+user-defined op, an element type the C reducer lacks) the dispatcher runs
+the algorithm that would be chosen without it.
 
 Override for benchmarking: the environment variable
 ``ERDMA_COLL_<NAME>=<algorithm>`` (``ERDMA_COLL_ALLREDUCE=ring``) forces an
@@ -56,6 +66,9 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           alltoall_obj, bcast_obj, exscan_obj,
                                           gather_obj, reduce_obj, scan_obj,
                                           scatter_obj)
+from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
+                                        alltoallv_sched, bcast_sched_chain,
+                                        reduce_scatter_sched_ring)
 from erdmampi.collectives.reduce import (allreduce_rabenseifner,
                                          allreduce_recursive_doubling,
                                          allreduce_reduce_bcast, allreduce_ring,
@@ -80,18 +93,23 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "barrier": {"dissemination": barrier_dissemination},
     "bcast": {"binomial": bcast_binomial,
               "scatter_allgather": bcast_scatter_allgather,
-              "pipeline": bcast_pipeline},
+              "pipeline": bcast_pipeline,
+              "sched_chain": bcast_sched_chain},
     "reduce": {"binomial": reduce_binomial},
     "allreduce": {"recursive_doubling": allreduce_recursive_doubling,
                   "ring": allreduce_ring,
                   "rabenseifner": allreduce_rabenseifner,
-                  "reduce_bcast": allreduce_reduce_bcast},
+                  "reduce_bcast": allreduce_reduce_bcast,
+                  "sched_ring": allreduce_sched_ring},
     "reduce_scatter": {"ring": reduce_scatter_ring,
-                       "reduce_scatterv": reduce_scatter_reduce_scatterv},
+                       "reduce_scatterv": reduce_scatter_reduce_scatterv,
+                       "sched_ring": reduce_scatter_sched_ring},
     "gatherv": {"linear": gatherv_linear},
     "scatterv": {"linear": scatterv_linear},
-    "allgatherv": {"ring": allgatherv_ring, "direct": allgatherv_direct},
-    "alltoallv": {"pairwise": alltoallv_pairwise, "direct": alltoallv_direct},
+    "allgatherv": {"ring": allgatherv_ring, "direct": allgatherv_direct,
+                   "sched_ring": allgatherv_sched_ring},
+    "alltoallv": {"pairwise": alltoallv_pairwise, "direct": alltoallv_direct,
+                  "sched": alltoallv_sched},
     "scan": {"recursive_doubling": scan_recursive_doubling},
     "exscan": {"recursive_doubling": exscan_recursive_doubling},
 }
@@ -99,18 +117,40 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
 KiB = 1024
 
 
+def _sched_min() -> int:
+    try:
+        return int(os.environ.get("ERDMA_SCHED_MIN", 256 * KiB))
+    except ValueError:
+        return 256 * KiB
+
+
+#: bytes from which the ``sched_*`` algorithms are the default
+SCHED_MIN = _sched_min()
+
+
 def _default(name: str, nbytes: int, size: int, count: int,
-             commutative: bool) -> str:
+             commutative: bool, sched: bool = True) -> str:
+    big = sched and size > 1 and nbytes >= SCHED_MIN
     if name == "bcast":
+        if big:
+            return "sched_chain"
         return "binomial" if nbytes <= 512 * KiB or size <= 2 else "scatter_allgather"
     if name == "allreduce":
         if nbytes <= 64 * KiB or count < size:
             return "recursive_doubling"
         if not commutative:
             return "recursive_doubling" if nbytes <= 512 * KiB else "reduce_bcast"
+        if big:
+            return "sched_ring"
         return "rabenseifner" if size & (size - 1) == 0 else "ring"
     if name == "reduce_scatter":
+        if big and commutative:
+            return "sched_ring"
         return "ring" if commutative else "reduce_scatterv"
+    if big and name == "allgatherv":
+        return "sched_ring"
+    if big and name == "alltoallv":
+        return "sched"
     if name == "allgatherv":
         return "direct" if nbytes <= 32 * KiB or size <= 2 else "ring"
     if name == "alltoallv":
@@ -144,6 +184,15 @@ def _nbytes(arr: Optional[np.ndarray], count: int) -> int:
     return 0 if arr is None else int(count) * arr.itemsize
 
 
+def _run(name: str, args: tuple, nbytes: int, size: int, count: int,
+         commutative: bool, algorithm: Optional[str]) -> None:
+    """Run the selected algorithm; a ``sched_*`` one that cannot run here
+    returns ``False`` and the choice without schedules runs instead."""
+    if select(name, nbytes, size, count, commutative, algorithm)(*args) is False:
+        ALGORITHMS[name][_default(name, nbytes, size, count, commutative,
+                                  sched=False)](*args)
+
+
 # -- dispatchers -------------------------------------------------------------
 
 def barrier(t: Transport, algorithm: Optional[str] = None) -> None:
@@ -154,7 +203,7 @@ def barrier(t: Transport, algorithm: Optional[str] = None) -> None:
 def bcast(t: Transport, buf: np.ndarray, root: int,
           algorithm: Optional[str] = None) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
-    select("bcast", buf.nbytes, t.size, buf.size, algorithm=algorithm)(t, buf, root)
+    _run("bcast", (t, buf, root), buf.nbytes, t.size, buf.size, True, algorithm)
 
 
 def reduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
@@ -170,8 +219,8 @@ def allreduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
               reduce_fn: ReduceFn, commutative: bool = True,
               algorithm: Optional[str] = None) -> None:
     """Reduce into ``recvbuf`` on every rank; ``sendbuf=None``: in place."""
-    select("allreduce", recvbuf.nbytes, t.size, recvbuf.size, commutative, algorithm)(
-        t, sendbuf, recvbuf, reduce_fn, commutative)
+    _run("allreduce", (t, sendbuf, recvbuf, reduce_fn, commutative), recvbuf.nbytes,
+         t.size, recvbuf.size, commutative, algorithm)
 
 
 def gatherv(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
@@ -193,8 +242,8 @@ def allgatherv(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
                algorithm: Optional[str] = None) -> None:
     """Gather blocks on every rank; ``sendbuf=None``: own block in place."""
     total = sum(int(c) for c in counts)
-    select("allgatherv", _nbytes(recvbuf, total), t.size, total, algorithm=algorithm)(
-        t, sendbuf, recvbuf, counts, displs)
+    _run("allgatherv", (t, sendbuf, recvbuf, counts, displs), _nbytes(recvbuf, total),
+         t.size, total, True, algorithm)
 
 
 def alltoallv(t: Transport, sendbuf: Optional[np.ndarray], scounts: Optional[Sequence[int]],
@@ -205,8 +254,8 @@ def alltoallv(t: Transport, sendbuf: Optional[np.ndarray], scounts: Optional[Seq
     local = sum(int(c) for c in rcounts)
     if sendbuf is not None and scounts is not None:
         local += sum(int(c) for c in scounts)
-    select("alltoallv", _nbytes(recvbuf, local), t.size, local, algorithm=algorithm)(
-        t, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls)
+    _run("alltoallv", (t, sendbuf, scounts, sdispls, recvbuf, rcounts, rdispls),
+         _nbytes(recvbuf, local), t.size, local, True, algorithm)
 
 
 def reduce_scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
@@ -214,8 +263,8 @@ def reduce_scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndar
                    commutative: bool = True, algorithm: Optional[str] = None) -> None:
     """Reduce a vector of sum(recvcounts) elements; rank r gets block r."""
     total = sum(int(c) for c in recvcounts)
-    select("reduce_scatter", _nbytes(recvbuf, total), t.size, total, commutative,
-           algorithm)(t, sendbuf, recvbuf, recvcounts, reduce_fn, commutative)
+    _run("reduce_scatter", (t, sendbuf, recvbuf, recvcounts, reduce_fn, commutative),
+         _nbytes(recvbuf, total), t.size, total, commutative, algorithm)
 
 
 def scan(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,

@@ -136,4 +136,86 @@ int erdma_req_cancel(erdma_req *r);
 void *erdma_req_data(erdma_req *r);      /* alloc buffer (owned by the req) */
 void erdma_req_free(erdma_req *r);       /* free now, or when it completes */
 
+/* ---- schedules (erdma_sched.c) ---- */
+/*
+ * A schedule is a graph of steps (send, recv, local reduce, local copy) built
+ * once and then run by the engine: a worker thread (erdma_sched_start) or the
+ * calling thread (erdma_sched_run) posts each step as soon as its
+ * dependencies are met, using only the public p2p API above.
+ *
+ * Every step is split into chunks of `chunk` bytes (a multiple of 64; all
+ * ranks of a collective must use the same value, since a send of n bytes and
+ * the matching receive are split identically).  A dependency is either full
+ * (the step waits for every chunk of the other) or chunkwise (chunk c waits
+ * for chunk min(c, last) of the other): chunkwise is valid when the two
+ * steps cover their buffers from the same relative offset, which lets the
+ * reduction of chunk c overlap the transfer of chunk c+1.  Chunks of one
+ * send or recv step are posted in order; two steps between the same pair of
+ * ranks must not share a tag.  erdma_sched_barrier ends a round: later steps
+ * start only once every earlier step has completed.
+ *
+ * Step-adding calls return the step's index (>= 0) or a negative error.
+ */
+/* Reduction operations and element types of erdma_reduce_local. */
+#define ERDMA_OP_SUM 0
+#define ERDMA_OP_PROD 1
+#define ERDMA_OP_MAX 2
+#define ERDMA_OP_MIN 3
+#define ERDMA_OP_LAND 4
+#define ERDMA_OP_LOR 5
+#define ERDMA_OP_LXOR 6
+#define ERDMA_OP_BAND 7
+#define ERDMA_OP_BOR 8
+#define ERDMA_OP_BXOR 9
+#define ERDMA_DT_INT8 0
+#define ERDMA_DT_INT16 1
+#define ERDMA_DT_INT32 2
+#define ERDMA_DT_INT64 3
+#define ERDMA_DT_UINT8 4
+#define ERDMA_DT_UINT16 5
+#define ERDMA_DT_UINT32 6
+#define ERDMA_DT_UINT64 7
+#define ERDMA_DT_FLOAT32 8
+#define ERDMA_DT_FLOAT64 9
+#define ERDMA_DT_COMPLEX64 10  /* SUM, PROD only */
+#define ERDMA_DT_COMPLEX128 11 /* SUM, PROD only */
+#define ERDMA_SCHED_DEFAULT_CHUNK 524288
+
+/* inout[i] = in[i] OP inout[i] for i < count (erdmampi/op.py semantics:
+ * MAX keeps inout only where inout > in, so a NaN in `in` wins; integer
+ * overflow wraps; logical ops give 0/1).  ERDMA_ERR_INVAL for a pair that
+ * is not supported. */
+int erdma_reduce_local(const void *in, void *inout, uint64_t count, int op,
+                       int dtype);
+/* Size in bytes of an element of dtype, 0 if unknown. */
+int erdma_dtype_size(int dtype);
+
+typedef struct erdma_sched erdma_sched;
+/* chunk = 0: ERDMA_SCHED_DEFAULT_CHUNK. */
+int erdma_sched_new(erdma_engine *e, uint64_t chunk, erdma_sched **out);
+int erdma_sched_send(erdma_sched *s, const void *buf, uint64_t nbytes, int dest,
+                     int tag, uint32_t ctx);
+int erdma_sched_recv(erdma_sched *s, void *buf, uint64_t nbytes, int source,
+                     int tag, uint32_t ctx);
+/* inout = in OP inout over count elements (local, vectorised). */
+int erdma_sched_reduce(erdma_sched *s, const void *in, void *inout,
+                       uint64_t count, int op, int dtype);
+int erdma_sched_copy(erdma_sched *s, const void *src, void *dst, uint64_t nbytes);
+/* step waits for step `on` (on < step); chunkwise as described above. */
+int erdma_sched_after(erdma_sched *s, int step, int on, int chunkwise);
+/* End of round. */
+int erdma_sched_barrier(erdma_sched *s);
+/* Run it in a worker thread; erdma_sched_wait/test collect the result. */
+int erdma_sched_start(erdma_sched *s);
+/* Run it in the calling thread until done; returns the first error. */
+int erdma_sched_run(erdma_sched *s);
+/* timeout < 0 waits forever; ERDMA_ERR_TIMEOUT if it runs out; else the
+ * schedule's result (0 or its first error). */
+int erdma_sched_wait(erdma_sched *s, double timeout);
+/* *done = 1 once finished; returns its result then, else 0. */
+int erdma_sched_test(erdma_sched *s, int *done);
+int erdma_sched_nsteps(erdma_sched *s);
+/* Waits for a started schedule to finish, then frees it. */
+void erdma_sched_free(erdma_sched *s);
+
 #endif
