@@ -93,7 +93,7 @@ else
 fi
 
 # --- 3. Python dependencies ---------------------------------------------------
-PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic)
+PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic numba)
 if "$VPY" - "${PY_PACKAGES[@]}" >/dev/null 2>&1 <<'EOF'
 import sys
 from importlib.metadata import version
