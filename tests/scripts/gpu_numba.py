@@ -167,6 +167,15 @@ for c in (comm, comm.Dup()):
     d = dev(np.zeros(10))
     c.Iallreduce(s, d, MPI.SUM).Wait()
     check((host(d) == total).all(), "Iallreduce")
+    # large enough for the chunked C schedules (over 256 KiB)
+    big = dev(np.arange(1 << 16, dtype="d") + r)
+    want = n * np.arange(1 << 16, dtype="d") + total - n
+    d = dev(np.zeros(1 << 16))
+    c.Allreduce(big, d, MPI.SUM)
+    check(np.array_equal(host(d), want), "Allreduce large")
+    d = dev(np.arange(1 << 16, dtype="d") + r)
+    c.Iallreduce(MPI.IN_PLACE, d, MPI.SUM).Wait()
+    check(np.array_equal(host(d), want), "Iallreduce IN_PLACE large")
     d = dev(np.zeros(10))
     c.Reduce(s, d if r == 0 else None, MPI.SUM, 0)
     if r == 0:
