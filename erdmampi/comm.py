@@ -222,6 +222,9 @@ def _mult(msg):
 def _check_op(op):
     if not isinstance(op, Op):
         raise TypeError(f"expected MPI.Op, got {type(op).__name__}")
+    if op._predefined and op._name in ("REPLACE", "NO_OP"):
+        # MPICH: REPLACE and NO_OP are for one-sided accumulates only
+        raise_error(ERR_OP, f"MPI_{op._name} is not valid in a reduction collective")
     return op
 
 
@@ -1048,7 +1051,13 @@ class Comm:
         size = len(self._ranks)
         rmsg = message_cco(recvbuf, False, 1)
         inplace = is_in_place(sendbuf)
-        if block:
+        if block and inplace:
+            # mpi4py: the IN_PLACE buffer holds all blocks, one per rank
+            if rmsg.count % size:
+                raise ValueError(f"receive buffer size {rmsg.count} "
+                                 f"is not a multiple of {size}")
+            counts = [rmsg.count // size] * size
+        elif block:
             counts = [rmsg.count] * size
         elif recvcounts is None:
             counts = None
