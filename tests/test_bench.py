@@ -1,0 +1,121 @@
+"""Smoke tests of the benchmark suite (bench/): tiny sizes, JSON shape, no timings."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness import REPO, erdmarun_cmd, rank_env
+
+sys.path.insert(0, str(REPO))
+from bench.collectives import busbw_factor, layout  # noqa: E402
+from bench.common import format_size, parse_size  # noqa: E402
+from bench.run_all import markdown, summarize  # noqa: E402
+
+QUICK = ["--repeats", "2", "--warmup", "1", "--target-time", "0.01", "--quiet"]
+
+
+def _erdmarun(n, module, *args, timeout=50):
+    cmd = erdmarun_cmd() + ["-n", str(n), "--timeout", str(timeout - 5), sys.executable, "-m",
+                            "bench." + module, "--stack", "erdmampi"] + list(args)
+    env = rank_env({"PYTHONPATH": str(REPO)})
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_parse_size():
+    assert parse_size("8") == 8
+    assert parse_size("4K") == parse_size("4KiB") == 4096
+    assert parse_size("64MiB") == 64 << 20
+    assert format_size(4096) == "4 KiB" and format_size(8) == "8 B"
+    with pytest.raises(ValueError):
+        parse_size("lots")
+    with pytest.raises(ValueError):
+        parse_size("0")
+
+
+def test_busbw_factors_are_nccl_tests():
+    assert busbw_factor("allreduce", 4) == pytest.approx(1.5)
+    assert busbw_factor("allgather", 4) == pytest.approx(0.75)
+    assert busbw_factor("reduce_scatter", 2) == pytest.approx(0.5)
+    assert busbw_factor("alltoall", 4) == pytest.approx(0.75)
+    assert busbw_factor("bcast", 4) == 1.0
+    with pytest.raises(ValueError):
+        busbw_factor("scan", 2)
+    # reported bytes: allgather counts the gathered output, reduce_scatter the input
+    assert layout("allgather", 4096, 4) == (256, 1024)
+    assert layout("reduce_scatter", 4096, 4) == (1024, 256)
+    assert layout("bcast", 4096, 2) == (1024, 0)
+
+
+def test_summary_ratio_against_better_peer():
+    def doc(stack, t):
+        return {"stack": stack, "nprocs": 2,
+                "results": [{"op": "allreduce", "bytes": 1 << 20, "time_us": t, "correct": True}]}
+    runs = [doc("erdmampi", 100.0), doc("mpi4py", 300.0), doc("gloo", 200.0),
+            doc("erdmampi", 120.0), doc("mpi4py", 100.0), doc("gloo", 220.0)]
+    (row,) = summarize(runs, ["erdmampi", "mpi4py", "gloo"])
+    assert row["time_us"] == {"erdmampi": 110.0, "mpi4py": 200.0, "gloo": 210.0}
+    assert row["best_peer"] == "mpi4py"
+    assert row["ratio"] == pytest.approx(200.0 / 110.0)
+    # busbw = bytes / time * 2(n-1)/n, n = 2
+    assert row["bw_GBps"]["erdmampi"] == pytest.approx((1 << 20) / 110e-6 / 1e9)
+    md = markdown([row], ["erdmampi", "mpi4py", "gloo"], {"rounds": 2})
+    assert "| 1 MiB |" in md and "| MPICH | 1.82 |" in md
+
+
+@pytest.mark.slow
+def test_pingpong_json(tmp_path):
+    out = tmp_path / "pp.json"
+    r = _erdmarun(2, "pingpong", "--max-size", "64", "--json", str(out), *QUICK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "pingpong" and doc["stack"] == "erdmampi"
+    assert doc["nprocs"] == 2 and doc["library"].startswith("erdmampi")
+    assert [row["bytes"] for row in doc["results"]] == [8, 16, 32, 64]
+    for row in doc["results"]:
+        assert row["op"] == "pingpong" and row["repeats"] == 2
+        assert len(row["latency_us_all"]) == 2
+        assert row["latency_us"] > 0 and row["bandwidth_GBps"] > 0
+
+
+@pytest.mark.slow
+def test_collectives_json(tmp_path):
+    out = tmp_path / "coll.json"
+    r = _erdmarun(2, "collectives", "--ops", "allreduce,alltoall", "--min-size", "4K",
+                  "--max-size", "8K", "--json", str(out), *QUICK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "collectives" and doc["nprocs"] == 2
+    rows = [(row["op"], row["bytes"]) for row in doc["results"]]
+    assert rows == [("allreduce", 4096), ("allreduce", 8192), ("alltoall", 4096),
+                    ("alltoall", 8192)]
+    for row in doc["results"]:
+        assert row["correct"] is True
+        assert row["busbw_GBps"] == pytest.approx(
+            row["algbw_GBps"] * busbw_factor(row["op"], 2))
+        assert len(row["time_us_all"]) == 2
+
+
+def test_collectives_rejects_unknown_op():
+    r = subprocess.run([sys.executable, "-m", "bench.collectives", "--ops", "allreduce,scan"],
+                       cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "unknown collective 'scan'" in r.stderr
+
+
+@pytest.mark.slow
+def test_run_all_writes_json_and_table(tmp_path):
+    cmd = [sys.executable, "-m", "bench.run_all", "--stacks", "erdmampi", "--np", "2",
+           "--ops", "bcast", "--max-size", "4K", "--pp-max-size", "8", "--repeats", "1",
+           "--target-time", "0.01", "--rounds", "2", "--timeout", "40", "--outdir", str(tmp_path)]
+    env = rank_env({"PYTHONPATH": str(REPO)})
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=55)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["meta"]["rounds"] == 2 and doc["meta"]["failures"] == []
+    assert len(doc["runs"]) == 4  # (pingpong, bcast) x 2 rounds
+    assert [(row["op"], row["np"], row["bytes"]) for row in doc["summary"]] == \
+        [("pingpong", 2, 8), ("bcast", 2, 4096)]
+    for row in doc["summary"]:
+        assert row["rounds"] == {"erdmampi": 2} and row["best_peer"] is None
+    assert "### bcast float32" in (tmp_path / "results.md").read_text()
