@@ -217,7 +217,46 @@ def markdown(rows, stacks, meta):
             "alternated." % meta["rounds"])
     if meta.get("skipped"):
         head += " Skipped: " + "; ".join("%s: %s" % kv for kv in meta["skipped"].items()) + "."
-    return head + "\n\n" + "\n".join(out)
+    summary = headline(rows, stacks)
+    return head + "\n\n" + (summary + "\n" if summary else "") + "\n".join(out)
+
+
+HEADLINE_SIZES = {"pingpong": (8, 64 * 1024, MIB, 64 * MIB),
+                  "collective": (4096, MIB, 16 * MIB, 64 * MIB, 256 * MIB)}
+
+
+def headline(rows, stacks):
+    """A compact table: the ratio at a few sizes for every (op, ranks)."""
+    out = []
+    for kind in ("pingpong", "collective"):
+        want = HEADLINE_SIZES[kind]
+        rs = [r for r in rows if (r["op"] == "pingpong") == (kind == "pingpong")]
+        have = [b for b in want if any(r["bytes"] == b for r in rs)]
+        if not have:
+            continue
+        head = ["" if kind == "collective" else "ping-pong", "ranks"] + \
+            [format_size(b) for b in have]
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|---|" + "---:|" * (len(head) - 1))
+        keys = []
+        for r in rs:
+            if (r["op"], r["np"]) not in keys:
+                keys.append((r["op"], r["np"]))
+        for op, n in keys:
+            cells = ["latency" if op == "pingpong" else op, str(n)]
+            for b in have:
+                r = next((x for x in rs if x["op"] == op and x["np"] == n and x["bytes"] == b),
+                         None)
+                if r is None or r["ratio"] is None:
+                    cells.append("–")
+                else:
+                    cells.append("%.2f (%s)" % (r["ratio"], LABEL[r["best_peer"]]))
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    if not out:
+        return ""
+    return ("Ratio erdmampi : best peer (in brackets) at selected sizes, > 1 = erdmampi "
+            "faster:\n\n" + "\n".join(out))
 
 
 def plot(rows, stacks, path):
@@ -309,6 +348,9 @@ def parse_args(argv=None):
                    help="smoke run (~2 min): 1 round, ping-pong to 1MiB, collectives "
                         "4KiB-1MiB, 3 short repetitions")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
+    p.add_argument("--from-json", metavar="RESULTS_JSON",
+                   help="run nothing: rewrite results.md and bandwidth.png next to an "
+                        "existing results.json")
     p.add_argument("--outdir", default=None,
                    help="output folder (default bench/results/<date-time>/)")
     args = p.parse_args(argv)
@@ -344,11 +386,36 @@ def parse_args(argv=None):
     return args
 
 
+def write_outputs(outdir, meta, rows, runs, log):
+    stacks = meta["stacks"]
+    md = markdown(rows, stacks, meta)
+    json_path = os.path.join(outdir, "results.json")
+    if runs is not None:
+        with open(json_path, "w") as f:
+            json.dump({"meta": meta, "summary": rows, "runs": runs}, f, indent=1)
+    md_path = os.path.join(outdir, "results.md")
+    with open(md_path, "w") as f:
+        f.write(md + "\n")
+    png = plot(rows, stacks, os.path.join(outdir, "bandwidth.png"))
+    log("\n" + md)
+    log("libraries: " + "; ".join("%s = %s" % kv for kv in meta["libraries"].items()))
+    log("wrote %s, %s%s (%.0f s)" % (json_path, md_path, ", " + png if png else
+                                    " (no plot: matplotlib missing)", meta["elapsed_s"]))
+
+
 def main(argv=None):
     args = parse_args(argv)
 
     def log(text):
         print(text, flush=True)
+
+    if args.from_json:
+        with open(args.from_json) as f:
+            doc = json.load(f)
+        rows = summarize(doc["runs"], doc["meta"]["stacks"])
+        write_outputs(os.path.dirname(os.path.abspath(args.from_json)), doc["meta"], rows,
+                      None, log)
+        return 0
 
     stacks, skipped = check_stacks(args.stacks)
     for s, why in skipped.items():
@@ -381,18 +448,7 @@ def main(argv=None):
             "elapsed_s": round(time.time() - t_start, 1), "stacks": stacks, "skipped": skipped,
             "libraries": libraries, "failures": failures,
             "args": {k: v for k, v in vars(args).items() if not callable(v)}}
-    md = markdown(rows, stacks, meta)
-    json_path = os.path.join(args.outdir, "results.json")
-    with open(json_path, "w") as f:
-        json.dump({"meta": meta, "summary": rows, "runs": runs}, f, indent=1)
-    md_path = os.path.join(args.outdir, "results.md")
-    with open(md_path, "w") as f:
-        f.write(md + "\n")
-    png = plot(rows, stacks, os.path.join(args.outdir, "bandwidth.png"))
-    log("\n" + md)
-    log("libraries: " + "; ".join("%s = %s" % kv for kv in libraries.items()))
-    log("wrote %s, %s%s (%.0f s)" % (json_path, md_path, ", " + png if png else
-                                    " (no plot: matplotlib missing)", meta["elapsed_s"]))
+    write_outputs(args.outdir, meta, rows, runs, log)
     if failures:
         log("FAILED runs: " + ", ".join("%(stack)s %(job)s np=%(np)d round %(round)d" % f
                                         for f in failures))
