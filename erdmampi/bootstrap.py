@@ -50,6 +50,15 @@ def rank_and_size(env=os.environ) -> tuple[int, int]:
     return 0, 1
 
 
+def _host_id() -> str:
+    """Names this machine (not just this hostname): hostname plus boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{socket.gethostname()}/{f.read().strip()[:8]}"
+    except OSError:
+        return socket.gethostname()
+
+
 def _route_addr(host: str, port: int) -> str:
     """The local address that routes to the rendezvous host."""
     try:
@@ -70,7 +79,7 @@ def init_world() -> Engine:
     env = os.environ
     rank, size = rank_and_size(env)
     rdv = env.get("ERDMA_RENDEZVOUS")
-    host_id = env.get("ERDMA_HOST") or socket.gethostname()
+    host_id = env.get("ERDMA_HOST") or _host_id()
     opts = dict(
         cc=env.get("ERDMA_CC", "cubic").lower(),
         eager_limit=int(env.get("ERDMA_EAGER_LIMIT", 65536)),
@@ -105,6 +114,9 @@ def init_world() -> Engine:
             hosts.append(rec["host"])
             if r != rank:
                 eng.set_peer(r, rec["addr"], rec["port"], rec["fp"])
+        local = [r for r in range(size) if hosts[r] == host_id]
+        if len(local) > 1 and env.get("ERDMA_SHM", "1") != "0":
+            eng.shm_setup(jobid, local, int(env.get("ERDMA_SHM_RING", 2 << 20)))
         eng.connect()
         store.close()
     local = [r for r in range(size) if hosts[r] == host_id]

@@ -9,8 +9,11 @@ SCRIPTS = REPO / "tests" / "scripts"
 
 
 @pytest.mark.slow
-def test_engine_p2p_semantics():
-    res = run_mpi(2, SCRIPTS / "engine_p2p.py", timeout=120, env={"ERDMA_TIMEOUT": "2"})
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shm", "quic"])
+def test_engine_p2p_semantics(shm):
+    # ERDMA_SHM=0 forces QUIC between ranks on one host
+    res = run_mpi(2, SCRIPTS / "engine_p2p.py", timeout=120,
+                  env={"ERDMA_TIMEOUT": "2", "ERDMA_SHM": shm, "ERDMA_SHM_RING": "65536"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "[0] OK" in out and "[1] OK" in out, out

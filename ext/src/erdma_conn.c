@@ -285,7 +285,7 @@ static int on_header(erdma_conn *c) {
   return 0;
 }
 
-static int rx_feed(erdma_conn *c, const uint8_t *data, size_t len) {
+int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len) {
   while (len > 0) {
     if (c->rx.hdr_got < ERDMA_HDR_LEN) {
       size_t n = ERDMA_HDR_LEN - c->rx.hdr_got;
@@ -384,7 +384,7 @@ static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream
   (void)stream_user_data;
   if (stream_id == c->stream_id) {
     c->e->stats.bytes_recv += datalen;
-    if (rx_feed(c, data, datalen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
+    if (conn_rx_feed(c, data, datalen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   }
   /* every byte is consumed at once (copied to its destination) */
   ngtcp2_conn_extend_max_stream_offset(conn, stream_id, datalen);
@@ -392,13 +392,9 @@ static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream
   return 0;
 }
 
-static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint64_t datalen,
-                    void *user_data, void *stream_user_data) {
-  erdma_conn *c = user_data;
-  (void)conn;
-  (void)stream_user_data;
-  if (stream_id != c->stream_id) return 0;
-  if (offset + datalen > c->acked) c->acked = offset + datalen;
+/* Everything before stream offset `upto` has been delivered: release it. */
+void conn_acked(erdma_conn *c, uint64_t upto) {
+  if (upto > c->acked) c->acked = upto;
   while (c->tx_head && c->tx_head->stream_end <= c->acked && c->tx_head != c->tx_write) {
     tx_item *t = c->tx_head;
     c->tx_head = t->next;
@@ -408,6 +404,14 @@ static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint6
     free(t);
   }
   if (!c->tx_head) pthread_cond_broadcast(&c->e->cv);
+}
+
+static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint64_t datalen,
+                    void *user_data, void *stream_user_data) {
+  erdma_conn *c = user_data;
+  (void)conn;
+  (void)stream_user_data;
+  if (stream_id == c->stream_id) conn_acked(c, offset + datalen);
   return 0;
 }
 
@@ -462,7 +466,7 @@ static void fill_settings(erdma_engine *e, ngtcp2_settings *s, ngtcp2_transport_
   p->active_connection_id_limit = 4;
 }
 
-static erdma_conn *conn_alloc(erdma_engine *e, int client) {
+erdma_conn *conn_alloc(erdma_engine *e, int client) {
   erdma_conn *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->e = e;
@@ -569,6 +573,7 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
   ngtcp2_version_cid vc;
   ngtcp2_pkt_info pi = {0};
   ngtcp2_path path;
+  if (len == 1 && data[0] == 0) return 0; /* shared-memory doorbell: just a wake-up */
   if (ngtcp2_pkt_decode_version_cid(&vc, data, len, ERDMA_CIDLEN) != 0) return 0;
   erdma_conn *c = find_conn(e, vc.dcid, vc.dcidlen);
   if (!c) {
@@ -577,6 +582,7 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
     if (!(c = server_conn_new(e, &hd, from, fromlen))) return 0;
   }
   if (c->closed) return 0;
+  c->dirty = 1;
   path_of(c, &path);
   path.remote.addr = (ngtcp2_sockaddr *)from;
   path.remote.addrlen = fromlen;
@@ -607,6 +613,7 @@ void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload, uint64
   if (c->tx_tail) c->tx_tail->next = t; else c->tx_head = t;
   c->tx_tail = t;
   if (!c->tx_write) c->tx_write = t;
+  c->dirty = 1;
   c->e->stats.msgs_sent += (h->type == FR_EAGER || h->type == FR_RTS);
 }
 
@@ -631,6 +638,8 @@ int conn_flush(erdma_conn *c) {
   ngtcp2_path_storage ps;
   ngtcp2_pkt_info pi;
   ngtcp2_tstamp ts = erdma_now();
+  c->dirty = 0;
+  if (c->shm) return c->closed ? 0 : shm_flush(c);
   if (c->closed || !c->conn) return 0;
   ngtcp2_path_storage_zero(&ps);
   for (;;) {
@@ -693,13 +702,16 @@ static void for_each_conn(erdma_engine *e, void (*fn)(erdma_conn *)) {
     if (e->peers[i].conn) fn(e->peers[i].conn);
 }
 
-static void flush_one(erdma_conn *c) { conn_flush(c); }
+static void flush_one(erdma_conn *c) {
+  if (c->dirty) conn_flush(c);
+}
 void conn_flush_all(erdma_engine *e) { for_each_conn(e, flush_one); }
 
 static void expire_one(erdma_conn *c) {
   ngtcp2_tstamp now = erdma_now();
   if (c->closed || !c->conn || ngtcp2_conn_get_expiry(c->conn) > now) return;
   int rv = ngtcp2_conn_handle_expiry(c->conn, now);
+  c->dirty = 1;
   if (rv != 0) conn_lost(c, rv);
 }
 void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
@@ -707,10 +719,12 @@ void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
 uint64_t conn_next_expiry(erdma_engine *e) {
   uint64_t t = UINT64_MAX;
   for (erdma_conn *c = e->pending; c; c = c->next_pending)
-    if (!c->closed && ngtcp2_conn_get_expiry(c->conn) < t) t = ngtcp2_conn_get_expiry(c->conn);
+    if (!c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
+      t = ngtcp2_conn_get_expiry(c->conn);
   for (int i = 0; i < e->cfg.size; i++) {
     erdma_conn *c = e->peers[i].conn;
-    if (c && !c->closed && ngtcp2_conn_get_expiry(c->conn) < t) t = ngtcp2_conn_get_expiry(c->conn);
+    if (c && !c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
+      t = ngtcp2_conn_get_expiry(c->conn);
   }
   return t;
 }
@@ -732,5 +746,6 @@ void conn_free(erdma_conn *c) {
     msg_free(c->rx.msg);
   if (c->conn) ngtcp2_conn_del(c->conn);
   if (c->tls) gnutls_deinit(c->tls);
+  if (c->shm) shm_conn_release(c);
   free(c);
 }

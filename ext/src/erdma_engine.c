@@ -177,9 +177,12 @@ static void *progress_main(void *arg) {
     pfd[0].events = POLLIN;
     pfd[1].fd = e->evfd;
     pfd[1].events = POLLIN;
+    if (shm_sleep_prepare(e)) ts.tv_sec = ts.tv_nsec = 0;
     pthread_mutex_unlock(&e->mu);
     int rv = ppoll(pfd, 2, &ts, NULL);
     pthread_mutex_lock(&e->mu);
+    shm_sleep_done(e);
+    shm_poll(e);
     if (rv > 0 && (pfd[1].revents & POLLIN)) {
       uint64_t v;
       if (read(e->evfd, &v, sizeof v) < 0) { /* spurious */ }
@@ -313,11 +316,13 @@ int erdma_engine_connect(erdma_engine *e) {
     return ERDMA_ERR_NOMEM;
   }
   pthread_mutex_lock(&e->mu);
-  for (int i = 0; i < e->cfg.rank && rv == 0; i++) rv = conn_client_new(e, i);
+  for (int i = 0; i < e->cfg.rank && rv == 0; i++)
+    if (shm_is_local(e, i) < 0) rv = conn_client_new(e, i);
   engine_wake(e);
   uint64_t deadline = deadline_of(e->cfg.handshake_timeout);
   while (rv == 0) {
     int missing = -1;
+    if (e->shm.seg && shm_attach_peers(e) < 0) rv = ERDMA_ERR_NOMEM;
     for (int i = 0; i < e->cfg.size && missing < 0; i++) {
       if (i == e->cfg.rank) continue;
       if (e->peers[i].error) rv = ERDMA_ERR_PEER;
@@ -362,6 +367,7 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
   engine_wake(e);
   pthread_mutex_unlock(&e->mu);
   pthread_join(e->thread, NULL);
+  shm_teardown(e);
   return rv;
 }
 
@@ -387,6 +393,7 @@ void erdma_engine_free(erdma_engine *e) {
     msg_free(m);
   }
   pthread_mutex_unlock(&e->mu);
+  shm_teardown(e);
   tls_identity_free(e);
   if (e->fd >= 0) close(e->fd);
   if (e->evfd >= 0) close(e->evfd);
@@ -620,6 +627,8 @@ static void spin_progress(erdma_engine *e, const erdma_req *r) {
   uint64_t until = erdma_now() + (uint64_t)e->cfg.spin_us * 1000u;
   while (!r->done && erdma_now() < until) {
     recv_batch(e);
+    shm_poll(e);
+    conn_flush_all(e);
     if (r->done) break;
     pthread_mutex_unlock(&e->mu);
     sched_yield();

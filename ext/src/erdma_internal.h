@@ -116,6 +116,7 @@ typedef struct erdma_conn {
   int handshake_done;
   int hello_recv;
   int closed;            /* closing/draining/dead */
+  int dirty;             /* has something to write: flush it */
   uint32_t cid_tag;      /* first 4 bytes of every CID we issue */
   int64_t stream_id;     /* -1 until open */
   struct sockaddr_storage remote;
@@ -128,6 +129,11 @@ typedef struct erdma_conn {
   uint64_t acked;
   rx_state rx;
   struct erdma_conn *next_pending; /* server conns awaiting HELLO */
+  /* shared memory (erdma_shm.c): a conn without ngtcp2 */
+  int shm;
+  struct shm_ring *tx_ring, *rx_ring;
+  struct shm_seg *peer_seg;
+  size_t peer_map_len;
 } erdma_conn;
 
 typedef struct peer_info {
@@ -139,6 +145,20 @@ typedef struct peer_info {
   int error;             /* ERDMA_ERR_PEER once lost */
   int closed_by_peer;
 } peer_info;
+
+/* ---- shared memory between ranks on one host (erdma_shm.c) ---- */
+typedef struct shm_state {
+  char job[64];
+  int *local;            /* world ranks on this host, ascending */
+  int nlocal;
+  int my_index;
+  uint64_t ring_bytes;
+  struct shm_seg *seg;   /* our inbound rings */
+  size_t map_len;
+  char name[128];
+  int unlinked;
+  uint64_t next_liveness;
+} shm_state;
 
 /* ---- the engine ---- */
 #define ERDMA_BATCH 32
@@ -173,6 +193,7 @@ struct erdma_engine {
   uint8_t *txbuf;
   uint8_t *rxbuf;
   erdma_stats stats;
+  shm_state shm;
 };
 
 /* engine.c */
@@ -194,7 +215,20 @@ int recv_prepare(erdma_req *r, int src, int tag, uint64_t len);
 void recv_finish(erdma_req *r);
 void engine_fail_peer(erdma_engine *e, int peer, int error);
 
+/* shm.c (all under e->mu) */
+int shm_attach_peers(erdma_engine *e);  /* 0 when all attached, 1 if some not yet */
+int shm_is_local(erdma_engine *e, int rank);
+int shm_flush(erdma_conn *c);
+int shm_poll(erdma_engine *e);          /* returns bytes consumed */
+int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
+void shm_sleep_done(erdma_engine *e);
+void shm_conn_release(erdma_conn *c);
+void shm_teardown(erdma_engine *e);
+
 /* conn.c (all under e->mu) */
+erdma_conn *conn_alloc(erdma_engine *e, int client);
+int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len);
+void conn_acked(erdma_conn *c, uint64_t upto);
 int conn_client_new(erdma_engine *e, int peer);
 int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen);

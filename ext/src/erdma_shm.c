@@ -1,0 +1,323 @@
+/* erdma_shm.c - ranks on one host talk through shared memory.
+ *
+ * Each rank owns one POSIX shm segment holding an inbound byte ring per local
+ * sender.  A ring carries exactly the frame stream a QUIC stream would
+ * (erdma_conn.c parses it with the same code), so matching, eager and
+ * rendezvous work unchanged.  Single producer, single consumer; head/tail are
+ * byte counters.  A consumer whose progress thread is about to sleep sets
+ * `sleeping`; a producer that sees it rings a doorbell: a 1-byte UDP
+ * datagram to the consumer's QUIC socket, which the progress thread already
+ * polls.  A producer blocked on a full ring sets `prod_waiting` and the
+ * consumer rings it back.  All functions run under e->mu. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "erdma_internal.h"
+
+#define SHM_MAGIC 0x3130736d616d6465ull /* "edmams01" */
+#define SHM_HDR 128
+
+struct shm_ring {
+  _Alignas(64) _Atomic uint64_t head;   /* bytes produced */
+  _Alignas(64) _Atomic uint64_t tail;   /* bytes consumed */
+  _Alignas(64) _Atomic uint32_t prod_waiting;
+  _Alignas(64) uint8_t data[];
+};
+
+struct shm_seg {
+  _Atomic uint64_t magic;   /* set last: the segment is initialised */
+  int32_t owner, nlocal;
+  int32_t pid;
+  _Atomic uint32_t sleeping; /* owner's progress thread is (about to be) asleep */
+  _Atomic uint32_t attached; /* local peers that mapped it */
+  _Atomic uint32_t closed;   /* owner shut down cleanly */
+  uint64_t ring_bytes;
+};
+
+static size_t ring_stride(uint64_t ring_bytes) {
+  return sizeof(struct shm_ring) + (size_t)ring_bytes;
+}
+
+static struct shm_ring *ring_at(struct shm_seg *s, int i) {
+  return (struct shm_ring *)((uint8_t *)s + SHM_HDR + (size_t)i * ring_stride(s->ring_bytes));
+}
+
+static void seg_name(const erdma_engine *e, int rank, char *out, size_t n) {
+  snprintf(out, n, "/erdma-%s-%d", e->shm.job, rank);
+}
+
+int shm_is_local(erdma_engine *e, int rank) {
+  for (int i = 0; i < e->shm.nlocal; i++)
+    if (e->shm.local[i] == rank) return i;
+  return -1;
+}
+
+int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ranks,
+                           int nlocal, uint64_t ring_bytes) {
+  shm_state *s = &e->shm;
+  int fd, me = -1;
+  if (e->started || s->seg || nlocal < 1 || !job) return ERDMA_ERR_STATE;
+  for (int i = 0; i < nlocal; i++) {
+    if (local_ranks[i] < 0 || local_ranks[i] >= e->cfg.size) return ERDMA_ERR_RANK;
+    if (local_ranks[i] == e->cfg.rank) me = i;
+  }
+  if (me < 0) return ERDMA_ERR_INVAL;
+  if (nlocal == 1) return 0;
+  uint64_t rb = 4096;
+  while (rb < ring_bytes) rb <<= 1; /* power of two: positions wrap with a mask */
+  size_t j = 0;
+  for (const char *p = job; *p && j < sizeof s->job - 1; p++)
+    if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))
+      s->job[j++] = *p;
+  s->job[j] = 0;
+  s->local = malloc(sizeof(int) * (size_t)nlocal);
+  if (!s->local) return ERDMA_ERR_NOMEM;
+  memcpy(s->local, local_ranks, sizeof(int) * (size_t)nlocal);
+  s->nlocal = nlocal;
+  s->my_index = me;
+  s->ring_bytes = rb;
+  s->map_len = SHM_HDR + (size_t)nlocal * ring_stride(rb);
+  seg_name(e, e->cfg.rank, s->name, sizeof s->name);
+  fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 && errno == EEXIST) { /* left over by a crashed job with this id */
+    shm_unlink(s->name);
+    fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  }
+  if (fd < 0) return ERDMA_ERR_SOCKET;
+  if (ftruncate(fd, (off_t)s->map_len) != 0) {
+    close(fd);
+    shm_unlink(s->name);
+    return ERDMA_ERR_NOMEM;
+  }
+  void *m = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) {
+    shm_unlink(s->name);
+    return ERDMA_ERR_NOMEM;
+  }
+  s->seg = m;
+  s->seg->owner = e->cfg.rank;
+  s->seg->nlocal = nlocal;
+  s->seg->pid = (int32_t)getpid();
+  s->seg->ring_bytes = rb;
+  atomic_store_explicit(&s->seg->magic, SHM_MAGIC, memory_order_release);
+  return 0;
+}
+
+/* Map every local peer's segment that exists by now; 1 while some are missing. */
+int shm_attach_peers(erdma_engine *e) {
+  shm_state *s = &e->shm;
+  int missing = 0;
+  for (int i = 0; i < s->nlocal; i++) {
+    int p = s->local[i];
+    if (p == e->cfg.rank || e->peers[p].conn) continue;
+    char name[128];
+    seg_name(e, p, name, sizeof name);
+    int fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) {
+      missing = 1;
+      continue;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != s->map_len) {
+      close(fd);
+      missing = 1;
+      continue;
+    }
+    struct shm_seg *ps = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (ps == MAP_FAILED) return ERDMA_ERR_NOMEM;
+    if (atomic_load_explicit(&ps->magic, memory_order_acquire) != SHM_MAGIC) {
+      munmap(ps, s->map_len);
+      missing = 1;
+      continue;
+    }
+    erdma_conn *c = conn_alloc(e, 0);
+    if (!c) {
+      munmap(ps, s->map_len);
+      return ERDMA_ERR_NOMEM;
+    }
+    c->shm = 1;
+    c->peer = p;
+    c->handshake_done = c->hello_recv = 1;
+    c->stream_id = 0;
+    memcpy(&c->remote, &e->peers[p].addr, e->peers[p].addr_len);
+    c->remote_len = e->peers[p].addr_len;
+    c->peer_seg = ps;
+    c->peer_map_len = s->map_len;
+    c->tx_ring = ring_at(ps, s->my_index);
+    c->rx_ring = ring_at(s->seg, i);
+    e->peers[p].conn = c;
+    atomic_fetch_add(&ps->attached, 1);
+  }
+  if (!s->unlinked && s->seg &&
+      atomic_load(&s->seg->attached) == (uint32_t)(s->nlocal - 1)) {
+    shm_unlink(s->name); /* everyone has it mapped: nothing left behind on a crash */
+    s->unlinked = 1;
+  }
+  return missing;
+}
+
+static void doorbell(erdma_engine *e, erdma_conn *c) {
+  static const uint8_t ring = 0; /* never a valid QUIC first byte */
+  if (sendto(e->fd, &ring, 1, MSG_DONTWAIT, (struct sockaddr *)&c->remote, c->remote_len) < 0) {
+    /* the socket buffer is full of datagrams for it: it is awake anyway */
+  }
+}
+
+static void ring_put(struct shm_ring *r, uint64_t cap, uint64_t pos, const uint8_t *src,
+                     uint64_t n) {
+  uint64_t off = pos & (cap - 1), first = cap - off < n ? cap - off : n;
+  memcpy(r->data + off, src, first);
+  if (n > first) memcpy(r->data, src + first, n - first);
+}
+
+int shm_flush(erdma_conn *c) {
+  erdma_engine *e = c->e;
+  struct shm_ring *r = c->tx_ring;
+  uint64_t cap = e->shm.ring_bytes, wrote = 0;
+  if (atomic_load_explicit(&c->peer_seg->closed, memory_order_relaxed)) return 0;
+  for (;;) {
+    uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+    uint64_t room = cap - (head - tail);
+    while (c->tx_write && room > 0) {
+      tx_item *t = c->tx_write;
+      uint64_t n;
+      if (t->written < ERDMA_HDR_LEN) {
+        n = ERDMA_HDR_LEN - t->written;
+        if (n > room) n = room;
+        ring_put(r, cap, head, t->hdr + t->written, n);
+      } else {
+        uint64_t done = t->written - ERDMA_HDR_LEN;
+        n = t->plen - done;
+        if (n > room) n = room;
+        ring_put(r, cap, head, t->payload + done, n);
+      }
+      t->written += n;
+      head += n;
+      room -= n;
+      wrote += n;
+      if (t->written == ERDMA_HDR_LEN + t->plen) c->tx_write = t->next;
+    }
+    atomic_store_explicit(&r->head, head, memory_order_release);
+    if (!c->tx_write) break;
+    /* ring full: ask the consumer to ring us back, then look once more */
+    atomic_store_explicit(&r->prod_waiting, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&r->tail, memory_order_seq_cst) == tail) break;
+  }
+  if (c->tx_write) c->dirty = 1; /* retried when the consumer rings back */
+  if (wrote) {
+    e->stats.bytes_sent += wrote;
+    conn_acked(c, c->acked + wrote); /* in the ring = delivered */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&c->peer_seg->sleeping, memory_order_relaxed)) doorbell(e, c);
+  }
+  return 0;
+}
+
+static void check_alive(erdma_engine *e, erdma_conn *c) {
+  struct shm_seg *ps = c->peer_seg;
+  if (c->closed) return;
+  if (atomic_load(&ps->closed)) {
+    c->closed = 1; /* a goodbye: later use of the peer fails quietly */
+    if (!e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+  } else if (kill(ps->pid, 0) != 0 && errno == ESRCH) {
+    c->closed = 1;
+    if (!e->stopping) {
+      fprintf(stderr, "erdma[%d]: rank %d (pid %d, same host) has exited\n", e->cfg.rank,
+              c->peer, ps->pid);
+      engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+    }
+  }
+}
+
+int shm_poll(erdma_engine *e) {
+  shm_state *s = &e->shm;
+  uint64_t cap = s->ring_bytes;
+  int total = 0;
+  if (!s->seg) return 0;
+  int check = erdma_now() >= s->next_liveness;
+  if (check) s->next_liveness = erdma_now() + 200000000ull;
+  if (!s->unlinked && atomic_load(&s->seg->attached) == (uint32_t)(s->nlocal - 1)) {
+    shm_unlink(s->name);
+    s->unlinked = 1;
+  }
+  for (int i = 0; i < s->nlocal; i++) {
+    int p = s->local[i];
+    erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
+    if (!c || !c->shm || c->closed) continue;
+    struct shm_ring *r = c->rx_ring;
+    uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    while (tail != head) {
+      uint64_t off = tail & (cap - 1), n = head - tail;
+      if (n > cap - off) n = cap - off;
+      int rv = conn_rx_feed(c, r->data + off, (size_t)n);
+      tail += n;
+      total += (int)n;
+      e->stats.bytes_recv += n;
+      if (rv) {
+        fprintf(stderr, "erdma[%d]: bad frame from rank %d over shared memory\n", e->cfg.rank,
+                p);
+        c->closed = 1;
+        engine_fail_peer(e, p, ERDMA_ERR_PEER);
+        break;
+      }
+    }
+    atomic_store_explicit(&r->tail, tail, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&r->prod_waiting, memory_order_relaxed)) {
+      atomic_store_explicit(&r->prod_waiting, 0, memory_order_relaxed);
+      doorbell(e, c);
+    }
+    if (check) check_alive(e, c);
+  }
+  return total;
+}
+
+int shm_sleep_prepare(erdma_engine *e) {
+  shm_state *s = &e->shm;
+  if (!s->seg) return 0;
+  atomic_store_explicit(&s->seg->sleeping, 1, memory_order_seq_cst);
+  for (int i = 0; i < s->nlocal; i++) {
+    int p = s->local[i];
+    erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
+    if (c && c->shm && !c->closed &&
+        atomic_load_explicit(&c->rx_ring->head, memory_order_seq_cst) !=
+            atomic_load_explicit(&c->rx_ring->tail, memory_order_relaxed)) {
+      atomic_store_explicit(&s->seg->sleeping, 0, memory_order_relaxed);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void shm_sleep_done(erdma_engine *e) {
+  if (e->shm.seg) atomic_store_explicit(&e->shm.seg->sleeping, 0, memory_order_relaxed);
+}
+
+void shm_conn_release(erdma_conn *c) {
+  if (c->peer_seg) munmap(c->peer_seg, c->peer_map_len);
+  c->peer_seg = NULL;
+}
+
+void shm_teardown(erdma_engine *e) {
+  shm_state *s = &e->shm;
+  if (s->seg) {
+    atomic_store(&s->seg->closed, 1);
+    if (!s->unlinked) shm_unlink(s->name);
+    munmap(s->seg, s->map_len);
+  }
+  free(s->local);
+  memset(s, 0, sizeof *s);
+}
