@@ -472,12 +472,28 @@ class Comm:
             return fields + (obj,)
         return finish
 
-    def _irecv_obj_op(self, source, tag):
+    def _irecv_obj_op(self, source, tag, buf=None):
         wsrc = self._source(source)
         tag = self._recv_tag(tag)
         if wsrc is None:
             return _DoneOp()
         eng = _engine_or_raise()
+        if buf is not None:
+            # mpi4py: a given buffer bounds the pickled message (ERR_TRUNCATE if larger)
+            arr = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+            try:
+                ereq = eng.irecv(arr.ctypes.data if arr.size else 0, arr.nbytes, wsrc, tag,
+                                 self._ctx, keep=arr)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+
+            def finish(raw):
+                fields = self._finish_fields(raw)
+                obj = None
+                if not fields[2] and not raw.cancelled:
+                    obj = self._pkl._decode(arr[:raw.nbytes].tobytes())
+                return fields + (obj,)
+            return _EngineOp(ereq, finish)
         try:
             ereq = eng.irecv_alloc(wsrc, tag, self._ctx)
         except _engine.EngineError as e:
@@ -930,8 +946,8 @@ class Comm:
         Request._new(self._isend_obj_op(obj, dest, tag, sync=True)).wait()
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
-        """Receive a Python object (of any size: ``buf`` is not needed)."""
-        return Request._new(self._irecv_obj_op(source, tag)).wait(status)
+        """Receive a Python object; ``buf`` (optional) bounds its pickled size."""
+        return Request._new(self._irecv_obj_op(source, tag, buf)).wait(status)
 
     def isend(self, obj, dest, tag=0):
         return Request._new(self._isend_obj_op(obj, dest, tag))
@@ -943,7 +959,7 @@ class Comm:
 
     def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
         """Nonblocking receive of a Python object; ``wait()`` returns it."""
-        return Request._new(self._irecv_obj_op(source, tag))
+        return Request._new(self._irecv_obj_op(source, tag, buf))
 
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):

@@ -230,7 +230,9 @@ class Request:
         """Completed: fill ``status``, deallocate, raise the status error."""
         op = self._op
         fields = op.fields
-        _fill(status, fields)
+        if status is not None and fields is not None:
+            # MPI_Wait/Test/Recv leave MPI_ERROR alone (MPICH); the error is raised
+            status._fill(*fields[:2], status._error, *fields[3:])
         self._release()
         _raise_status_error(fields)
         return op.obj
@@ -326,6 +328,8 @@ class Request:
             except MPIException as e:
                 objs.append(None)
                 errors.append(e)
+                if st is not None:
+                    st._error = e.Get_error_class()
         if errors:
             if len(requests) == 1:
                 raise errors[0]
