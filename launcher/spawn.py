@@ -343,8 +343,19 @@ class Job:
                 for t in r.readers:
                     t.join(max(0.0, end - time.monotonic()))
             self.server.close()
+            self._remove_shm_segments()
 
     # Private
+
+    def _remove_shm_segments(self):
+        """Shared-memory segments of local ranks that died before every peer
+        mapped them (ranks unlink them themselves otherwise)."""
+        import glob
+        for path in glob.glob(f"/dev/shm/erdma-{self.jobid}-*"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def _say(self, msg):
         self.output.write(2, f"erdmarun: {msg}\n".encode())

@@ -43,3 +43,28 @@ def test_sixteen_ranks_connect_quickly():
     # the issue's bound: a 16-rank mesh on one machine forms in a few seconds
     assert max(times) < 5.0, times
     assert wall < 30, wall
+
+
+@pytest.mark.slow
+def test_crashed_job_leaves_no_shared_memory():
+    # rank 1 dies between creating its segment and mapping rank 0's, so no
+    # segment is ever fully mapped (and unlinked) by the ranks themselves
+    code = (
+        "import glob, os, time\n"
+        "from erdmampi import _engine\n"
+        "def die(self):\n"
+        "    job = os.environ['ERDMA_JOBID']\n"
+        "    while len(glob.glob(f'/dev/shm/erdma-{job}-*')) < 2:\n"
+        "        time.sleep(0.01)\n"
+        "    print('segments exist', flush=True)\n"
+        "    os._exit(3)\n"
+        "if os.environ['ERDMA_RANK'] == '1':\n"
+        "    _engine.Engine.connect = die\n"
+        "from erdmampi import MPI\n"
+    )
+    import glob
+    before = set(glob.glob("/dev/shm/erdma-*"))
+    res = run_mpi(2, code, timeout=60, env={"ERDMA_CONNECT_TIMEOUT": "5"})
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "segments exist" in res.stdout
+    assert set(glob.glob("/dev/shm/erdma-*")) <= before
