@@ -599,10 +599,18 @@ def test_reduce_obj_does_not_mutate_input():
 def test_select_defaults():
     KiB = 1024
     assert C.select("bcast", 100, 8) is C.ALGORITHMS["bcast"]["binomial"]
-    assert C.select("bcast", 4096 * KiB, 8).__name__ == "bcast_scatter_allgather"
+    assert C.select("bcast", 400 * KiB, 1).__name__ == "bcast_binomial"
     assert C.select("allreduce", 100, 8, 10).__name__ == "allreduce_recursive_doubling"
-    assert C.select("allreduce", 8 << 20, 8, 1 << 20).__name__ == "allreduce_rabenseifner"
-    assert C.select("allreduce", 8 << 20, 6, 1 << 20).__name__ == "allreduce_ring"
+    # large messages: schedules run by the C engine (erdmampi.collectives.sched)
+    assert C.select("bcast", 4096 * KiB, 8).__name__ == "bcast_sched_chain"
+    assert C.select("allreduce", 8 << 20, 8, 1 << 20).__name__ == "allreduce_sched_ring"
+    assert C.select("reduce_scatter", 8 << 20, 6).__name__ == "reduce_scatter_sched_ring"
+    assert C.select("allgatherv", 8 << 20, 6).__name__ == "allgatherv_sched_ring"
+    assert C.select("alltoallv", 8 << 20, 6).__name__ == "alltoallv_sched"
+    # ... and without them (a transport without schedules, a user-defined op)
+    assert C._default("bcast", 4096 * KiB, 8, 0, True, sched=False) == "scatter_allgather"
+    assert C._default("allreduce", 8 << 20, 8, 1 << 20, True, sched=False) == "rabenseifner"
+    assert C._default("allreduce", 8 << 20, 6, 1 << 20, True, sched=False) == "ring"
     assert C.select("allreduce", 8 << 20, 6, 1 << 20,
                     commutative=False).__name__ == "allreduce_reduce_bcast"
     assert C.select("reduce_scatter", 8 << 20, 6, commutative=False).__name__ \
