@@ -18,7 +18,8 @@ import numpy as np
 
 from . import _collsched, _engine, bootstrap
 from . import collectives as coll
-from .buffers import IN_PLACE, BOTTOM, is_in_place, message_cco, message_p2p, message_vector
+from .buffers import IN_PLACE, BOTTOM, is_in_place, message_vector
+from . import buffers as _buffers
 from .exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_COUNT, ERR_KEYVAL, ERR_OP,
                          ERR_OTHER, ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TYPE,
                          Exception as MPIException, ERR_LASTCODE, raise_error)
@@ -26,6 +27,7 @@ from .group import Group, IDENT, CONGRUENT, SIMILAR, UNEQUAL, _set_world_rank
 from .message import Message, MESSAGE_NO_PROC
 from .msgpickle import pickle as _default_pickle
 from .op import Op
+from .op import SUM as _SUM
 from .request import Request, Prequest, _DoneOp, _EngineOp, _ThreadOp, engine_exception, \
     error_class
 from .status import Status
@@ -202,6 +204,21 @@ class _CollTransport:
             if raw.error:
                 raise_error(error_class(raw.error), "collective message failed "
                             "(mismatched counts across ranks?)")
+
+
+def _committed(msg):
+    dt = getattr(msg, "datatype", None)
+    if dt is not None and not dt._is_committed():
+        raise_error(ERR_TYPE, "datatype has not been committed")
+    return msg
+
+
+def message_p2p(*args, **kw):
+    return _committed(_buffers.message_p2p(*args, **kw))
+
+
+def message_cco(*args, **kw):
+    return _committed(_buffers.message_cco(*args, **kw))
 
 
 def _u8(arr):
@@ -664,12 +681,15 @@ class Comm:
     # -- Names and attributes -----------------------------------------------
 
     def Get_name(self):
-        self._check()
+        if self._ranks is None:
+            return "MPI_COMM_NULL"    # MPICH names the null handle
         return self._name
 
     def Set_name(self, name):
         self._check()
-        self._name = str(name)
+        if not isinstance(name, str):
+            raise TypeError(f"expected str, got {type(name).__name__}")
+        self._name = name
 
     @property
     def name(self):
@@ -1301,17 +1321,17 @@ class Comm:
     def Bcast(self, buf, root=0):
         self._c_bcast(buf, root)()
 
-    def Reduce(self, sendbuf, recvbuf, op=None, root=0):
-        self._c_reduce(sendbuf, recvbuf, _sum(op), root)()
+    def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
+        self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
-    def Allreduce(self, sendbuf, recvbuf, op=None):
-        self._c_allreduce(sendbuf, recvbuf, _sum(op))()
+    def Allreduce(self, sendbuf, recvbuf, op=_SUM):
+        self._c_allreduce(sendbuf, recvbuf, _op_arg(op))()
 
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=None):
-        self._c_reduce_scatter(sendbuf, recvbuf, None, _sum(op), True)()
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
+        self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op), True)()
 
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
-        self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _sum(op), False)()
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=_SUM):
+        self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op), False)()
 
     def Gather(self, sendbuf, recvbuf, root=0):
         self._c_gather(sendbuf, recvbuf, root)()
@@ -1345,17 +1365,17 @@ class Comm:
     def Ibcast(self, buf, root=0):
         return _icoll(self._c_bcast(buf, root))
 
-    def Ireduce(self, sendbuf, recvbuf, op=None, root=0):
-        return _icoll(self._c_reduce(sendbuf, recvbuf, _sum(op), root))
+    def Ireduce(self, sendbuf, recvbuf, op=_SUM, root=0):
+        return _icoll(self._c_reduce(sendbuf, recvbuf, _op_arg(op), root))
 
-    def Iallreduce(self, sendbuf, recvbuf, op=None):
-        return _icoll(self._c_allreduce(sendbuf, recvbuf, _sum(op)))
+    def Iallreduce(self, sendbuf, recvbuf, op=_SUM):
+        return _icoll(self._c_allreduce(sendbuf, recvbuf, _op_arg(op)))
 
-    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=None):
-        return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, None, _sum(op), True))
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
+        return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op), True))
 
-    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
-        return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _sum(op), False))
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=_SUM):
+        return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op), False))
 
     def Igather(self, sendbuf, recvbuf, root=0):
         return _icoll(self._c_gather(sendbuf, recvbuf, root))
@@ -1438,9 +1458,18 @@ class Comm:
 
 
 def _sum(op):
+    """Lowercase (object) reductions: None means SUM, as in mpi4py."""
     if op is None:
         from .op import SUM
         return SUM
+    return op
+
+
+def _op_arg(op):
+    """Uppercase (buffer) reductions: mpi4py's ``op`` must be an ``Op`` (default SUM)."""
+    if not isinstance(op, Op):
+        raise TypeError(f"Argument 'op' has incorrect type (expected MPI.Op, "
+                        f"got {type(op).__name__})")
     return op
 
 
@@ -1509,8 +1538,6 @@ class Intracomm(Comm):
         self._check()
         size = len(self._ranks)
         color, key = int(color), int(key)
-        if color < 0 and color != UNDEFINED:
-            raise_error(ERR_ARG, f"invalid color {color}")
         t = self._transport()
         mine = np.array([color, key, _rt.next_ctx], dtype=np.int64)
         table = np.empty(3 * size, dtype=np.int64)
@@ -1571,17 +1598,17 @@ class Intracomm(Comm):
 
     # -- Prefix reductions ----------------------------------------------------
 
-    def Scan(self, sendbuf, recvbuf, op=None):
-        self._c_scan(sendbuf, recvbuf, _sum(op), False)()
+    def Scan(self, sendbuf, recvbuf, op=_SUM):
+        self._c_scan(sendbuf, recvbuf, _op_arg(op), False)()
 
-    def Exscan(self, sendbuf, recvbuf, op=None):
-        self._c_scan(sendbuf, recvbuf, _sum(op), True)()
+    def Exscan(self, sendbuf, recvbuf, op=_SUM):
+        self._c_scan(sendbuf, recvbuf, _op_arg(op), True)()
 
-    def Iscan(self, sendbuf, recvbuf, op=None):
-        return _icoll(self._c_scan(sendbuf, recvbuf, _sum(op), False))
+    def Iscan(self, sendbuf, recvbuf, op=_SUM):
+        return _icoll(self._c_scan(sendbuf, recvbuf, _op_arg(op), False))
 
-    def Iexscan(self, sendbuf, recvbuf, op=None):
-        return _icoll(self._c_scan(sendbuf, recvbuf, _sum(op), True))
+    def Iexscan(self, sendbuf, recvbuf, op=_SUM):
+        return _icoll(self._c_scan(sendbuf, recvbuf, _op_arg(op), True))
 
     def scan(self, sendobj, op=None):
         fn = _py_op(_sum(op))

@@ -53,6 +53,10 @@ def _type_error(msg):
     return _exc.Exception(_exc.ERR_TYPE, msg)
 
 
+# handles of derived datatypes not committed yet (communication with them: ERR_TYPE)
+_UNCOMMITTED = set()
+
+
 class Datatype:
     """Datatype object (``MPI.Datatype``)."""
 
@@ -222,7 +226,7 @@ class Datatype:
         base = self._base
         size = self._size * mult
         extent = self._extent * mult
-        return Datatype._make(
+        new = Datatype._make(
             _name=name, _size=size, _lb=self._lb, _extent=extent,
             _tlb=self._tlb, _textent=(extent - self._extent + self._textent) if mult else 0,
             _typechar="" if combiner != COMBINER_DUP else self._typechar,
@@ -232,6 +236,12 @@ class Datatype:
             _predefined=False, _combiner=combiner, _mult=self._mult * mult,
             _base=base,
         )
+        if combiner != COMBINER_DUP or not self._is_committed():
+            _UNCOMMITTED.add(new._handle)   # MPI_Type_dup keeps the committed state
+        return new
+
+    def _is_committed(self):
+        return self._handle not in _UNCOMMITTED
 
     def Dup(self):
         """Duplicate a datatype."""
@@ -249,6 +259,7 @@ class Datatype:
     def Commit(self):
         """Commit the datatype."""
         self._check()
+        _UNCOMMITTED.discard(self._handle)
         return self
 
     def Free(self):

@@ -160,13 +160,17 @@ class Group:
         drop = set(ranks)
         return Group._from_ranks([w for i, w in enumerate(self._ranks) if i not in drop])
 
-    @staticmethod
-    def _expand(triples):
+    def _expand(self, triples):
+        size = len(self._check())
         out = []
         for t in triples:
             first, last, stride = (int(x) for x in t)
             if stride == 0:
                 raise_error(ERR_ARG, "zero stride in range")
+            if not (0 <= first < size and 0 <= last < size):
+                # MPICH reports ranges outside the group as MPI_ERR_ARG
+                raise_error(ERR_ARG, f"range ({first}, {last}, {stride}) outside a group "
+                                     f"of size {size}")
             stop = last + (1 if stride > 0 else -1)
             out.extend(range(first, stop, stride))
         return out
