@@ -759,8 +759,10 @@ class Comm:
         raise MPIException(errorcode)
 
     def Get_info(self):
+        """A new (empty: erdmampi takes no hints) Info object, as MPI_Comm_get_info."""
         self._check()
-        return None
+        from .MPI import Info
+        return Info.Create()
 
     def Set_info(self, info):
         self._check()

@@ -37,6 +37,8 @@ LEGIT_DIFFERENT = {
     "module.library_version",    # "MPICH Version: 4.0.2 ..." vs "erdmampi ..."
     "module.vendor",             # mpi4py.get_vendor(): ("MPICH", ...) vs ("erdmampi", ...)
     "module.processor_name",     # both the host name in practice, but not promised
+    "attr.world.UNIVERSE_SIZE",  # launcher-dependent: hydra without -usize gives None,
+                                 # erdmarun gives the job size (both allowed by MPI 4.0 11.10.1)
 }
 
 
