@@ -238,12 +238,14 @@ class Engine:
         _check(lib.erdma_engine_set_peer(self._h, rank, host.encode(), port,
                                          (fingerprint or "").encode()), f"peer {rank}")
 
-    def shm_setup(self, job: str, local_ranks, ring_bytes: int = 2 << 20) -> None:
-        """Use shared memory with these ranks (all on this host, this one included)."""
+    def shm_setup(self, job: str, local_ranks, ring_bytes: int = 2 << 20,
+                  cma: bool = True) -> None:
+        """Use shared memory with these ranks (all on this host, this one included);
+        cma: large messages are read from the sender's memory with one copy."""
         ranks = sorted(local_ranks)
         arr = ffi.new("int[]", ranks)
-        _check(lib.erdma_engine_shm_setup(self._h, job.encode(), arr, len(ranks), ring_bytes),
-               "shared memory setup")
+        _check(lib.erdma_engine_shm_setup(self._h, job.encode(), arr, len(ranks), ring_bytes,
+                                          int(cma)), "shared memory setup")
 
     def connect(self) -> None:
         _check(lib.erdma_engine_connect(self._h), "connecting to peers")

@@ -116,7 +116,8 @@ def init_world() -> Engine:
                 eng.set_peer(r, rec["addr"], rec["port"], rec["fp"])
         local = [r for r in range(size) if hosts[r] == host_id]
         if len(local) > 1 and env.get("ERDMA_SHM", "1") != "0":
-            eng.shm_setup(jobid, local, int(env.get("ERDMA_SHM_RING", 2 << 20)))
+            eng.shm_setup(jobid, local, int(env.get("ERDMA_SHM_RING", 2 << 20)),
+                          cma=env.get("ERDMA_SHM_CMA", "1") != "0")
         eng.connect()
         store.close()
     local = [r for r in range(size) if hosts[r] == host_id]

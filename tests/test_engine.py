@@ -9,11 +9,14 @@ SCRIPTS = REPO / "tests" / "scripts"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shm", ["1", "0"], ids=["shm", "quic"])
-def test_engine_p2p_semantics(shm):
-    # ERDMA_SHM=0 forces QUIC between ranks on one host
+@pytest.mark.parametrize("shm,cma", [("1", "1"), ("1", "0"), ("0", "0")],
+                         ids=["shm-cma", "shm-ring", "quic"])
+def test_engine_p2p_semantics(shm, cma):
+    # ERDMA_SHM=0 forces QUIC between ranks on one host; ERDMA_SHM_CMA=0 sends
+    # large messages through the shared-memory ring instead of one-copy reads
     res = run_mpi(2, SCRIPTS / "engine_p2p.py", timeout=120,
-                  env={"ERDMA_TIMEOUT": "2", "ERDMA_SHM": shm, "ERDMA_SHM_RING": "65536"})
+                  env={"ERDMA_TIMEOUT": "2", "ERDMA_SHM": shm, "ERDMA_SHM_CMA": cma,
+                       "ERDMA_SHM_RING": "65536"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "[0] OK" in out and "[1] OK" in out, out

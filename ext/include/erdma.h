@@ -97,9 +97,10 @@ int erdma_engine_set_peer(erdma_engine *e, int rank, const char *host, int port,
                           const char *fingerprint);
 /* Ranks on this host (ascending world ranks, including this one) talk through
  * shared memory instead of QUIC: call before erdma_engine_connect, with the
- * same list on every one of them.  `job` names the segments. */
+ * same list on every one of them.  `job` names the segments.  use_cma: large
+ * messages are read straight from the sender (process_vm_readv, one copy). */
 int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ranks,
-                           int nlocal, uint64_t ring_bytes);
+                           int nlocal, uint64_t ring_bytes, int use_cma);
 /* Start the progress thread and open QUIC connections to all lower ranks;
  * wait (up to cfg.handshake_timeout) until every peer is connected. */
 int erdma_engine_connect(erdma_engine *e);

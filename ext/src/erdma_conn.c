@@ -21,6 +21,7 @@ void hdr_encode(uint8_t out[ERDMA_HDR_LEN], const frame_hdr *h) {
   out[1] = h->flags;
   put32(out + 4, h->ctx);
   put32(out + 8, (uint32_t)h->tag);
+  put32(out + 12, h->aux);
   put64(out + 16, h->len);
   put64(out + 24, h->id);
 }
@@ -30,6 +31,7 @@ void hdr_decode(frame_hdr *h, const uint8_t in[ERDMA_HDR_LEN]) {
   h->flags = in[1];
   h->ctx = get32(in + 4);
   h->tag = (int32_t)get32(in + 8);
+  h->aux = get32(in + 12);
   h->len = get64(in + 16);
   h->id = get64(in + 24);
 }
@@ -250,6 +252,11 @@ static int on_header(erdma_conn *c) {
     m->rndv = 1;
     m->sync = h->flags & FR_FLAG_SYNC;
     m->sender_id = h->id;
+    if ((h->flags & FR_FLAG_CMA) && c->shm) {
+      m->cma = 1;
+      m->cma_addr = h->id;
+      m->sender_id = h->aux;
+    }
     r = posted_take(e, src, h->tag, h->ctx);
     if (r) {
       bind_recv(e, r, m);
@@ -262,7 +269,9 @@ static int on_header(erdma_conn *c) {
     break;
   case FR_CTS:
     r = list_take_id(&e->rndv_send_head, &e->rndv_send_tail, h->id);
-    if (r) {
+    if (r && (h->flags & FR_FLAG_CMA)) {
+      req_complete(r, 0); /* the receiver copied it out of our memory */
+    } else if (r) {
       frame_hdr d = {0};
       d.type = FR_DATA;
       d.id = h->len;

@@ -478,7 +478,12 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     } else {
       h.type = FR_RTS;
       h.flags = (flags & ERDMA_SEND_SYNC) ? FR_FLAG_SYNC : 0;
-      h.id = r->id = ++e->next_id;
+      h.id = r->id = ++e->next_id & 0xffffffffu; /* fits the CMA RTS's aux field */
+      if (p->conn->shm && e->shm.cma && nbytes) {
+        h.flags |= FR_FLAG_CMA; /* the receiver reads buf straight from us */
+        h.aux = (uint32_t)r->id;
+        h.id = (uint64_t)(uintptr_t)buf;
+      }
       DL_APPEND(e->rndv_send_head, e->rndv_send_tail, r);
       conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
       conn_flush(p->conn);

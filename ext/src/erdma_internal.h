@@ -17,6 +17,7 @@
 #define ERDMA_HDR_LEN 32
 enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5 };
 #define FR_FLAG_SYNC 1
+#define FR_FLAG_CMA 2 /* shared memory: RTS id = sender address, aux = request id; CTS: done */
 
 typedef struct frame_hdr {
   uint8_t type, flags;
@@ -24,6 +25,7 @@ typedef struct frame_hdr {
   int32_t tag;
   uint64_t len;   /* payload length (EAGER/DATA/RTS); HELLO: world size */
   uint64_t id;    /* RTS, CTS: sender req id; DATA: receiver req id (CTS: len = receiver req id) */
+  uint32_t aux;   /* RTS with FR_FLAG_CMA: sender req id */
 } frame_hdr;
 
 void hdr_encode(uint8_t out[ERDMA_HDR_LEN], const frame_hdr *h);
@@ -61,6 +63,8 @@ struct erdma_msg {
   int rndv;              /* RTS only: data still at the sender */
   int sync;
   uint64_t sender_id;
+  uint64_t cma_addr;     /* FR_FLAG_CMA: the payload's address in the sender */
+  int cma;
   uint8_t *data;         /* eager payload (owned) */
   uint64_t arrived;
   int complete;
@@ -158,6 +162,7 @@ typedef struct shm_state {
   char name[128];
   int unlinked;
   uint64_t next_liveness;
+  int cma;               /* single-copy reads (process_vm_readv) allowed */
 } shm_state;
 
 /* ---- the engine ---- */
@@ -224,6 +229,7 @@ int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 void shm_sleep_done(erdma_engine *e);
 void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
+int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n);
 
 /* conn.c (all under e->mu) */
 erdma_conn *conn_alloc(erdma_engine *e, int client);

@@ -99,6 +99,13 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
     if (rv == 0 && (p->error || !p->conn)) rv = p->error ? p->error : ERDMA_ERR_PEER;
     if (rv) {
       req_complete(r, rv);
+    } else if (m->cma && shm_cma_read(e, m->source, r->buf, m->cma_addr,
+                                      m->len < r->cap ? m->len : r->cap) == 0) {
+      h.type = FR_CTS; /* single copy done: tell the sender it may complete */
+      h.flags = FR_FLAG_CMA;
+      h.id = m->sender_id;
+      conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
+      recv_finish(r);
     } else {
       r->id = ++e->next_id;
       DL_APPEND(e->rndv_recv_head, e->rndv_recv_tail, r);

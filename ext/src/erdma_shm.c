@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "erdma_internal.h"
@@ -62,7 +64,7 @@ int shm_is_local(erdma_engine *e, int rank) {
 }
 
 int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ranks,
-                           int nlocal, uint64_t ring_bytes) {
+                           int nlocal, uint64_t ring_bytes, int use_cma) {
   shm_state *s = &e->shm;
   int fd, me = -1;
   if (e->started || s->seg || nlocal < 1 || !job) return ERDMA_ERR_STATE;
@@ -85,6 +87,9 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
   s->nlocal = nlocal;
   s->my_index = me;
   s->ring_bytes = rb;
+  s->cma = use_cma;
+  /* under Yama ptrace_scope=1 a sibling may only read us if we allow it */
+  if (use_cma) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   s->map_len = SHM_HDR + (size_t)nlocal * ring_stride(rb);
   seg_name(e, e->cfg.rank, s->name, sizeof s->name);
   fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -304,6 +309,32 @@ int shm_sleep_prepare(erdma_engine *e) {
 
 void shm_sleep_done(erdma_engine *e) {
   if (e->shm.seg) atomic_store_explicit(&e->shm.seg->sleeping, 0, memory_order_relaxed);
+}
+
+/* Copy n bytes at addr in local peer `peer` into dst with one copy
+ * (process_vm_readv).  Refused (no ptrace access): switch to the ring. */
+int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n) {
+  erdma_conn *c = e->peers[peer].conn;
+  uint64_t done = 0;
+  if (!c || !c->shm || !e->shm.cma) return -1;
+  while (done < n) {
+    struct iovec l = {(uint8_t *)dst + done, (size_t)(n - done)};
+    struct iovec r = {(void *)(uintptr_t)(addr + done), (size_t)(n - done)};
+    ssize_t got = process_vm_readv(c->peer_seg->pid, &l, 1, &r, 1, 0);
+    if (got <= 0) {
+      if (done == 0) {
+        if (e->cfg.verbose)
+          fprintf(stderr, "erdma[%d]: process_vm_readv from rank %d refused (%s); "
+                          "large messages go through the ring\n", e->cfg.rank, peer,
+                  strerror(errno));
+        e->shm.cma = 0;
+        return -1;
+      }
+      return -1;
+    }
+    done += (uint64_t)got;
+  }
+  return 0;
 }
 
 void shm_conn_release(erdma_conn *c) {
