@@ -125,6 +125,36 @@ for cname, comm in (("world", world), ("dup", world.Dup())):
             rb = sb.copy()
             call(f"{P}.AlltoallIP.c{cnt}", nb_or_b(comm, "Alltoall", nb), MPI.IN_PLACE, rb)
             out(f"{P}.AlltoallIP.c{cnt}.val", digest(rb))
+        # v-variants IN_PLACE at the root, buffer specs with explicit types/counts
+        counts = counts_for("uneven")
+        displs = [sum(counts[:i]) for i in range(n)]
+        for root in (0, n - 1):
+            if r == root:
+                g = np.full(sum(counts), -1, "i8")
+                g[displs[r]:displs[r] + counts[r]] = 5
+                call(f"{P}.GathervIP.r{root}", nb_or_b(comm, "Gatherv", nb), MPI.IN_PLACE,
+                     [g, counts, displs, MPI.INT64_T], root)
+                out(f"{P}.GathervIP.r{root}.val", digest(g))
+                sv = np.arange(sum(counts), dtype="i8")
+                call(f"{P}.ScattervIP.r{root}", nb_or_b(comm, "Scatterv", nb),
+                     [sv, counts, displs, MPI.INT64_T], MPI.IN_PLACE, root)
+                out(f"{P}.ScattervIP.r{root}.val", digest(sv))
+            else:
+                call(f"{P}.GathervIP.r{root}", nb_or_b(comm, "Gatherv", nb),
+                     np.full(counts[r], r, "i8"), None, root)
+                rv = np.full(counts[r], -1, "i8")
+                call(f"{P}.ScattervIP.r{root}", nb_or_b(comm, "Scatterv", nb), None, rv, root)
+                out(f"{P}.ScattervIP.r{root}.val", digest(rv))
+        b = np.arange(10, dtype="f8") if r == 0 else np.zeros(10)
+        call(f"{P}.Bcast.spec3", nb_or_b(comm, "Bcast", nb), [b, 4, MPI.DOUBLE], 0)
+        out(f"{P}.Bcast.spec3.val", digest(b))
+        b = np.arange(10, dtype="i4") if r == 0 else np.zeros(10, "i4")
+        call(f"{P}.Bcast.bytes", nb_or_b(comm, "Bcast", nb), [b, MPI.BYTE], 0)
+        out(f"{P}.Bcast.bytes.val", digest(b))
+        for dt in ("?", "F", "D", "u8", "b"):
+            b = (np.arange(6) % 3).astype(dt) if r == 1 % n else np.zeros(6, dt)
+            call(f"{P}.Bcast.{dt}", nb_or_b(comm, "Bcast", nb), b, 1 % n)
+            out(f"{P}.Bcast.{dt}.val", digest(b))
         call(f"{P}.Barrier", nb_or_b(comm, "Barrier", nb))
     # large-ish collectives (checksums)
     big = (np.arange(3_000_000, dtype="i4") * (r + 1)) % 1_000_003

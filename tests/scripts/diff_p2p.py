@@ -201,7 +201,34 @@ elif r == 1:
     out("trunc.Irecv.status.err", MPI.Get_error_class(st.Get_error()) if st.Get_error() else 0)
 comm.Barrier()
 
-# 10. Status object itself
+# 10. buffer specs and persistent requests
+if n >= 2 and r < 2:
+    peer = 1 - r
+    src = np.arange(12, dtype="i4") * (r + 1)
+    specs = {"plain": lambda a: a, "typed": lambda a: [a, MPI.INT],
+             "count": lambda a: [a, 5, MPI.INT], "cd": lambda a: [a, (4, 2), MPI.INT],
+             "bytes": lambda a: [a, MPI.BYTE], "mv": lambda a: memoryview(a)}
+    for name, spec in specs.items():
+        b = np.full(12, -1, "i4")
+        st = MPI.Status()
+        call(f"spec.{name}", comm.Sendrecv, spec(src), peer, 700, spec(b), peer, 700, st,
+             show=None)
+        out(f"spec.{name}.val", digest(b) + " " + st_full(st, MPI.INT))
+    sreq = comm.Send_init(src, peer, 701)
+    b = np.zeros(12, "i4")
+    rreq = comm.Recv_init(b, peer, 701)
+    for it in range(3):
+        src[0] = it
+        MPI.Prequest.Startall([rreq, sreq])
+        st = MPI.Status()
+        MPI.Request.Waitall([rreq, sreq])
+        out(f"persistent.{it}", digest(b) + f" active={bool(rreq)}")
+    rreq.Free()
+    sreq.Free()
+    out("persistent.freed", (bool(rreq), bool(sreq)))
+comm.Barrier()
+
+# 11. Status object itself
 st = MPI.Status()
 out("status.new", f"{st.Get_source()} {st.Get_tag()} {st.Get_error()} {st.Get_count()}")
 st.Set_source(3)
