@@ -228,7 +228,47 @@ if n >= 2 and r < 2:
     out("persistent.freed", (bool(rreq), bool(sreq)))
 comm.Barrier()
 
-# 11. Status object itself
+# 11. odd counts, object status, request queries
+if n >= 2 and r < 2:
+    peer = 1 - r
+    st = MPI.Status()
+    comm.Sendrecv(np.arange(7, dtype="u1"), peer, 800, np.zeros(16, "u1"), peer, 800, st)
+    out("oddcount", f"{st.Get_count(MPI.INT)} {st.Get_elements(MPI.INT)} "
+                    f"{st.Get_count(MPI.BYTE)} {st.Get_count(MPI.SHORT)}")
+    st = MPI.Status()
+    got = comm.sendrecv({"k": [1, 2.5, "x"]}, peer, 801, None, peer, 801, st)
+    out("objstatus", f"{canon(got)} src={st.Get_source()} tag={st.Get_tag()}")
+    got = comm.sendrecv(b"abc" * 10, peer, 802, None, peer, 802, st)
+    out("objstatus.count", st.Get_count())
+    rq = comm.irecv(source=peer, tag=803)
+    out("irecv.test.before", canon(rq.test()))
+    comm.sendrecv(None, peer, 898, None, peer, 898)
+    sq = comm.isend([r], peer, 803)
+    sq.wait()
+    out("irecv.wait", canon(rq.wait()))
+    out("irecv.after", (bool(rq), canon(rq.test())))
+    b = np.zeros(3, "i4")
+    rq = comm.Irecv(b, peer, 804)
+    comm.Send(np.array([r, r, r], "i4"), peer, 804)
+    st = MPI.Status()
+    while not rq.Get_status(st):
+        pass
+    out("get_status", f"{bool(rq)} {st.Get_source()} {st.Get_tag()}")
+    out("test.after", canon(rq.Test()))
+    out("test.null", canon(rq.Test()))
+    flag, obj = MPI.REQUEST_NULL.test()
+    out("test.null.obj", canon((flag, obj)))
+    rqs = [comm.Irecv(np.zeros(2), peer, 805 + k) for k in range(2)]
+    out("testany.none", canon(MPI.Request.Testany(rqs)[1]))
+    out("testsome.none", canon(MPI.Request.Testsome(rqs)))
+    out("testall.none", canon(MPI.Request.Testall(rqs)))
+    comm.sendrecv(None, peer, 899, None, peer, 899)   # both tested before either sends
+    for k in range(2):
+        comm.Send(np.ones(2), peer, 805 + k)
+    MPI.Request.Waitall(rqs)
+comm.Barrier()
+
+# 12. Status object itself
 st = MPI.Status()
 out("status.new", f"{st.Get_source()} {st.Get_tag()} {st.Get_error()} {st.Get_count()}")
 st.Set_source(3)
