@@ -24,6 +24,7 @@ from .comm import (APPNUM, COMM_NULL, COMM_SELF, COMM_TYPE_HW_GUIDED,  # noqa: F
                    Intercomm, Intracomm, Topocomm)
 from .datatype import PREDEFINED as _PREDEFINED_TYPES
 from .datatype import Datatype  # noqa: F401
+from .datatype import COMBINER_CONTIGUOUS, COMBINER_DUP, COMBINER_NAMED  # noqa: F401
 from .exceptions import ERROR_NAMES as _ERROR_NAMES
 from .exceptions import Exception, Get_error_class, Get_error_string  # noqa: F401,A004
 from .group import (CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR,  # noqa: F401

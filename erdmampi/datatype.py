@@ -36,9 +36,10 @@ __all__ = [
     "lookup",
 ]
 
-COMBINER_NAMED = 0
-COMBINER_DUP = 1
-COMBINER_CONTIGUOUS = 2
+# MPICH values (as mpi4py exposes them)
+COMBINER_NAMED = 1
+COMBINER_DUP = 2
+COMBINER_CONTIGUOUS = 3
 
 _handles = itertools.count(0x4C000000)
 _lock = threading.Lock()
@@ -193,7 +194,7 @@ class Datatype:
         """Return (num_integers, num_addresses, num_counts, num_datatypes, combiner)."""
         self._check()
         if self._combiner == COMBINER_CONTIGUOUS:
-            return (1, 0, 0, 1, COMBINER_CONTIGUOUS)
+            return (0, 0, 1, 1, COMBINER_CONTIGUOUS)   # the count is a large count
         if self._combiner == COMBINER_DUP:
             return (0, 0, 0, 1, COMBINER_DUP)
         return (0, 0, 0, 0, COMBINER_NAMED)
@@ -327,6 +328,10 @@ class Datatype:
         return self._typechar or "V"
 
     # -- internal --------------------------------------------------------
+
+    def _element_size(self):
+        """Size of the basic element this type is built from (Status.Get_elements)."""
+        return self._base._size
 
     def _elements(self, count):
         """Number of ``np_dtype`` elements in ``count`` items of this type."""

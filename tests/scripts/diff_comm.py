@@ -148,5 +148,37 @@ out("dims", MPI.Compute_dims(n * 6, 2))
 out("dims3", MPI.Compute_dims(12, [0, 3, 0]))
 out("info", world.Get_info().Get_nkeys() >= 0)
 
+# datatypes: sizes, extents, names, derived types in communication
+for name in ("CHAR", "SIGNED_CHAR", "UNSIGNED_CHAR", "BYTE", "SHORT", "INT", "LONG",
+             "LONG_LONG", "UNSIGNED", "UNSIGNED_LONG", "FLOAT", "DOUBLE", "LONG_DOUBLE",
+             "C_BOOL", "INT8_T", "INT64_T", "UINT16_T", "C_FLOAT_COMPLEX",
+             "C_DOUBLE_COMPLEX", "WCHAR", "AINT", "OFFSET", "COUNT", "FLOAT_INT",
+             "DOUBLE_INT", "TWOINT", "SHORT_INT", "LONG_INT", "LONG_DOUBLE_INT", "PACKED",
+             "BOOL", "COMPLEX", "DOUBLE_COMPLEX"):
+    t = getattr(MPI, name, None)
+    if t is None:
+        out(f"dtype.{name}", "<missing>")
+        continue
+    call(f"dtype.{name}", lambda: (t.Get_size(), t.Get_extent(), t.Get_true_extent(),
+                                   t.Get_name(), t.is_predefined, t.Get_envelope()[-1]))
+# (not compared: Create_vector/indexed/struct/resized and Get_contents, which
+# erdmampi does not implement: only contiguous derived datatypes exist)
+c = MPI.DOUBLE.Create_contiguous(3).Commit()
+out("dtype.contig", (c.Get_size(), c.Get_extent(), c.Get_true_extent(), c.Get_envelope(),
+                     c.is_predefined, c.Get_name()))
+out("dtype.combiners", (MPI.COMBINER_NAMED, MPI.COMBINER_DUP, MPI.COMBINER_CONTIGUOUS))
+dd = MPI.FLOAT.Dup()
+out("dtype.dup", (dd.Get_name(), dd.Get_envelope(), dd == MPI.FLOAT, dd.Get_size()))
+if n >= 2 and r < 2:
+    peer = 1 - r
+    a = np.arange(12, dtype="f8") * (r + 1)
+    b = np.full(12, -1.0)
+    st = MPI.Status()
+    world.Sendrecv([a, 2, c], peer, 5, [b, 3, c], peer, 5, st)
+    out("dtype.contig.sendrecv", b.tolist())
+    out("dtype.contig.count", (st.Get_count(c), st.Get_elements(c), st.Get_count(MPI.DOUBLE)))
+    world.Sendrecv([a, 4, MPI.DOUBLE], peer, 6, [b, 3, c], peer, 6, st)
+    out("dtype.contig.partial", (st.Get_count(c), st.Get_elements(c)))
+
 world.Barrier()
 finish()
