@@ -15,7 +15,7 @@ import threading
 import time
 
 from . import _engine
-from .exceptions import (ERR_ARG, ERR_IN_STATUS, ERR_NO_MEM, ERR_OTHER,
+from .exceptions import (ERR_ARG, ERR_IN_STATUS, ERR_NO_MEM, ERR_OTHER, ERR_PENDING,
                          ERR_PROC_FAILED, ERR_RANK, ERR_REQUEST, ERR_TRUNCATE,
                          Exception as MPIException, raise_error)
 from .status import Status
@@ -323,6 +323,13 @@ class Request:
         sts = _statuses(statuses, len(requests))
         for i, req in enumerate(requests):
             st = sts[i] if sts is not None else None
+            if errors:
+                # MPICH stops at the first failed request: the rest stay active
+                # and their statuses say MPI_ERR_PENDING
+                objs.append(None)
+                if st is not None:
+                    st._error = ERR_PENDING
+                continue
             try:
                 objs.append(req.wait(st))
             except MPIException as e:

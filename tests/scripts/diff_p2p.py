@@ -201,6 +201,21 @@ elif r == 1:
     out("trunc.Irecv.status.err", MPI.Get_error_class(st.Get_error()) if st.Get_error() else 0)
 comm.Barrier()
 
+if r == 0:
+    comm.Send(np.arange(10, dtype="i4"), 1, 610)
+    comm.Send(np.arange(2, dtype="i4"), 1, 611)
+    comm.Send(np.arange(10, dtype="i4"), 1, 612)
+elif r == 1:
+    reqs = [comm.Irecv(np.zeros(5, "i4"), 0, 610), comm.Irecv(np.zeros(5, "i4"), 0, 611)]
+    sts = [MPI.Status() for _ in reqs]
+    call("trunc.Waitall", MPI.Request.Waitall, reqs, sts)
+    out("trunc.Waitall.errors", [MPI.Get_error_class(s.Get_error()) for s in sts])
+    out("trunc.Waitall.reqs", [bool(q) for q in reqs])
+    req = comm.Irecv(np.zeros(5, "i4"), 0, 612)
+    call("trunc.Waitany", MPI.Request.Waitany, [req])
+    out("trunc.Waitany.req", bool(req))
+comm.Barrier()
+
 # 10. buffer specs and persistent requests
 if n >= 2 and r < 2:
     peer = 1 - r
