@@ -283,7 +283,47 @@ if n >= 2 and r < 2:
     MPI.Request.Waitall(rqs)
 comm.Barrier()
 
-# 12. Status object itself
+# 12. buffers of odd shapes and kinds
+if n >= 2 and r < 2:
+    peer = 1 - r
+    a = np.arange(24, dtype="f8").reshape(4, 6)
+    call("noncontig.Send", comm.Send, a[:, ::2], peer, 900)
+    call("fortran.Sendrecv", comm.Sendrecv, np.asfortranarray(a), peer, 901,
+         np.zeros((4, 6), order="F"), peer, 901, show=None)
+    b = np.zeros((2, 12))
+    call("2d.Sendrecv", comm.Sendrecv, a, peer, 902, b, peer, 902, show=None)
+    out("2d.val", digest(b))
+    b = np.zeros(24, "i8")
+    call("typepun.Sendrecv", comm.Sendrecv, a, peer, 903, b, peer, 903, show=None)
+    out("typepun.val", digest(b))
+    bb = np.zeros(5, "?")
+    call("bool.Sendrecv", comm.Sendrecv, np.array([1, 0, 1, 1, 0], "?"), peer, 904, bb, peer,
+         904, show=None)
+    out("bool.val", digest(bb))
+    ba = bytearray(6)
+    call("bytes.Sendrecv", comm.Sendrecv, b"hello!", peer, 905, ba, peer, 905, show=None)
+    out("bytes.val", bytes(ba))
+    big = np.arange(300000, dtype="i4") + r
+    call("big.Sendrecv_replace", comm.Sendrecv_replace, big, peer, 906, peer, 906, show=None)
+    out("big.Sendrecv_replace.val", digest(big))
+    st = MPI.Status()
+    comm.Send(np.arange(5, dtype="i2"), peer, 907)
+    m = comm.Mprobe(peer, 907, st)
+    b = np.zeros(5, "i2")
+    rq = m.Irecv(b)
+    rq.Wait()
+    out("mprobe.Irecv", digest(b) + " " + st_full(st, MPI.SHORT))
+    comm.send({"z": 1}, peer, 908)
+    m = comm.mprobe(peer, 908)
+    out("mprobe.irecv", canon(m.irecv().wait()))
+    comm.Send(np.arange(3, dtype="i4"), peer, 909)
+    while not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, st):
+        pass
+    out("iprobe.any", st_full(st, MPI.INT))
+    comm.Recv(np.zeros(3, "i4"), st.Get_source(), st.Get_tag())
+comm.Barrier()
+
+# 13. Status object itself
 st = MPI.Status()
 out("status.new", f"{st.Get_source()} {st.Get_tag()} {st.Get_error()} {st.Get_count()}")
 st.Set_source(3)
