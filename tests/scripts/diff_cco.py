@@ -167,6 +167,31 @@ for cname, comm in (("world", world), ("dup", world.Dup())):
     comm.Allgather(np.full(1_000_000, r * 1.5), g)
     out(f"{cname}.big.Allgather.val", digest(g))
 
+    # several nonblocking collectives outstanding at once, completed out of order
+    a1 = np.arange(1000, dtype="f8") * (r + 1)
+    o1 = np.zeros(1000)
+    b2 = np.arange(50000, dtype="i8") if r == n - 1 else np.zeros(50000, "i8")
+    g3 = np.zeros(7 * n, "i4")
+    reqs = [comm.Iallreduce(a1, o1, MPI.SUM), comm.Ibcast(b2, n - 1),
+            comm.Iallgather(np.full(7, r, "i4"), g3), comm.Ibarrier()]
+    sts = [MPI.Status() for _ in reqs]
+    for i in (3, 1, 0, 2):
+        reqs[i].Wait(sts[i])
+    out(f"{cname}.multi.vals", [digest(o1), digest(b2), digest(g3)])
+    out(f"{cname}.multi.reqs", [bool(q) for q in reqs])
+    reqs = [comm.Iallreduce(a1, o1, MPI.MAX), comm.Ialltoall(np.arange(3 * n, dtype="i4") + r,
+                                                            np.zeros(3 * n, "i4"))]
+    out(f"{cname}.multi.waitall", canon(MPI.Request.Waitall(reqs)))
+    out(f"{cname}.multi.max", digest(o1))
+    # big objects
+    bigobj = {"a": np.arange(600_000, dtype="f8") * (r + 1), "l": list(range(1000))}
+    got = comm.bcast(bigobj if r == 0 else None, 0)
+    out(f"{cname}.big.bcast", canon(got))
+    got = comm.allgather(bigobj["a"][:200_000])
+    out(f"{cname}.big.allgather", canon(got))
+    got = comm.allreduce(bigobj["a"][:100_000])
+    out(f"{cname}.big.allreduce", canon(got))
+
     # object collectives
     def obj(i):
         return {"rank": i, "arr": np.arange(i + 2, dtype="f4") * i,
