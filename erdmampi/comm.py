@@ -21,7 +21,7 @@ from . import collectives as coll
 from .buffers import IN_PLACE, BOTTOM, is_in_place, message_vector
 from . import buffers as _buffers
 from .exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_COUNT, ERR_KEYVAL, ERR_OP,
-                         ERR_OTHER, ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TYPE,
+                         ERR_OTHER, ERR_RANK, ERR_ROOT, ERR_TAG, ERR_TRUNCATE, ERR_TYPE,
                          Exception as MPIException, ERR_LASTCODE, raise_error)
 from .group import Group, IDENT, CONGRUENT, SIMILAR, UNEQUAL, _set_world_rank
 from .message import Message, MESSAGE_NO_PROC
@@ -1241,6 +1241,10 @@ class Comm:
         rmsg = message_cco(recvbuf, False, size)
         smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
         blk = rmsg.nbytes // size
+        if smsg is not None and smsg.nbytes > blk:
+            # every rank receives blocks larger than its receive blocks (MPICH: truncation)
+            raise_error(ERR_TRUNCATE, f"send count {smsg.count} exceeds the receive "
+                                      f"block ({rmsg.count} // {size})")
         if smsg is not None and smsg.nbytes != blk:
             raise ValueError(f"mismatch in send count {smsg.count} "
                              f"and receive count {rmsg.count}")

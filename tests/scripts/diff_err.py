@@ -35,6 +35,8 @@ call("reduce.badroot", comm.reduce, 1, MPI.SUM, n)
 
 # wrong counts (local checks)
 call("Allreduce.mismatch", comm.Allreduce, np.zeros(3, "i4"), np.zeros(4, "i4"), MPI.SUM)
+# every rank sends a block larger than its receive blocks: truncation everywhere
+call("Allgather.bigsend", comm.Allgather, np.zeros(3, "i4"), np.zeros(2 * n, "i4"))
 call("Allreduce.typemismatch", comm.Allreduce, np.zeros(4, "i4"), np.zeros(4, "f8"), MPI.SUM)
 if r == 0:   # only the root checks the receive count
     call("Reduce.mismatch", comm.Reduce, np.zeros(3, "i4"), np.zeros(4, "i4"), MPI.SUM, 0)
