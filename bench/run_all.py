@@ -145,7 +145,8 @@ def build_jobs(args):
 def summarize(runs, stacks):
     """runs: list of JSON documents -> rows sorted by (op, np, bytes), each
     {op, np, bytes, time_us: {stack: median over rounds}, bw_GBps: {...},
-    correct: {...}, best_peer, ratio}. bw is busbw (ping-pong: size/latency)."""
+    correct: {...}, rounds: {...}, time_us_rounds: {stack: [per round]}, best_peer,
+    ratio}. bw is busbw (ping-pong: size/latency)."""
     acc = {}
     for doc in runs:
         for r in doc["results"]:
@@ -159,7 +160,7 @@ def summarize(runs, stacks):
     for (op, n, nbytes), per in sorted(acc.items(), key=lambda kv: (order[kv[0][0]],) + kv[0][1:]):
         factor = 1.0 if op == "pingpong" else busbw_factor(op, n)
         row = {"op": op, "np": n, "bytes": nbytes, "time_us": {}, "bw_GBps": {}, "correct": {},
-               "rounds": {}}
+               "rounds": {}, "time_us_rounds": {}}
         for s in stacks:
             if s in per:
                 t = statistics.median(per[s]["t"])
@@ -167,6 +168,7 @@ def summarize(runs, stacks):
                 row["bw_GBps"][s] = nbytes / (t * 1e-6) / 1e9 * factor
                 row["correct"][s] = per[s]["ok"]
                 row["rounds"][s] = len(per[s]["t"])
+                row["time_us_rounds"][s] = per[s]["t"]
         peers = [s for s in row["time_us"] if s != "erdmampi"]
         row["best_peer"] = min(peers, key=lambda s: row["time_us"][s]) if peers else None
         if row["best_peer"] and "erdmampi" in row["time_us"]:
