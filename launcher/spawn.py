@@ -400,10 +400,14 @@ class Job:
                         raise e from None
                     self._say(f"{e}; advertising the rendezvous store at {advertise} "
                               f"(choose another with --rendezvous-addr)")
+        elif advertise:
+            # local ranks that reach the store by an address of ours (e.g. ranks
+            # started in other network namespaces by a wrapper): listen on it
+            bind = advertise
         else:
             bind = "127.0.0.1"
-            advertise = advertise or "127.0.0.1"
-        if ":" in advertise:
+            advertise = "127.0.0.1"
+        if ":" in advertise and bind in ("0.0.0.0", "127.0.0.1"):
             bind = "::" if bind == "0.0.0.0" else "::1"
         try:
             server = StoreServer(bind, bind_port).start()

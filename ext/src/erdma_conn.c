@@ -464,6 +464,7 @@ static void fill_settings(erdma_engine *e, ngtcp2_settings *s, ngtcp2_transport_
   s->max_window = cfg->conn_window * 4;
   s->max_stream_window = cfg->stream_window * 4;
   s->handshake_timeout = (ngtcp2_duration)(cfg->handshake_timeout * NGTCP2_SECONDS);
+  s->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
   ngtcp2_transport_params_default(p);
   p->initial_max_stream_data_bidi_local = cfg->stream_window;
   p->initial_max_stream_data_bidi_remote = cfg->stream_window;

@@ -177,6 +177,7 @@ struct erdma_engine {
   socklen_t local_len;
   size_t pkt_size;       /* max UDP payload we write */
   int gso;               /* kernel UDP GSO (UDP_SEGMENT) available */
+  int gro;               /* UDP GRO enabled on the socket */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   pthread_t thread;
