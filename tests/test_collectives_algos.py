@@ -414,6 +414,260 @@ def test_alltoall_large(algo):
         np.testing.assert_array_equal(got, np.repeat(np.arange(n) * 10 + r, c))
 
 
+@pytest.mark.parametrize("algo", algos("allgatherv"))
+@pytest.mark.parametrize("n", SIZES)
+def test_allgatherv_packed(n, algo):
+    """Packed rank-order blocks (displs=None; recursive doubling then works
+    in recvbuf itself), equal and unequal counts, in place or not."""
+    for counts in ([3] * n, [(i * 5) % 4 for i in range(n)], [0] * n):
+        exp = np.concatenate([data(np.int32, i, counts[i]) for i in range(n)])
+        for inplace in (False, True):
+            def fn(t):
+                off = sum(counts[:t.rank])
+                mine = data(np.int32, t.rank, counts[t.rank])
+                recv = np.full(sum(counts), -7, dtype=np.int32)
+                if inplace:
+                    recv[off:off + counts[t.rank]] = mine
+                    mine = None
+                C.allgatherv(t, mine, recv, counts, None, algorithm=algo)
+                return recv
+            for got in run(n, fn):
+                np.testing.assert_array_equal(got, exp)
+
+
+# -- regular gather / scatter / alltoall (equal blocks) -----------------------
+
+@pytest.mark.parametrize("algo", algos("gather"))
+@pytest.mark.parametrize("n", SIZES)
+def test_gather(n, algo):
+    for blk in COUNTS + [2 * n + 1]:
+        for dtype in (np.int32, np.complex128):
+            exp = np.concatenate([data(dtype, i, blk) for i in range(n)])
+            for root in {0, n - 1, n // 2}:
+                for inplace in (False, True):
+                    def fn(t):
+                        mine = data(dtype, t.rank, blk)
+                        if t.rank != root:
+                            C.gather(t, mine, None, root, algorithm=algo)
+                            return None
+                        recv = np.zeros(n * blk, dtype=dtype)
+                        if inplace:
+                            recv[root * blk:(root + 1) * blk] = mine
+                            mine = None
+                        C.gather(t, mine, recv, root, algorithm=algo)
+                        return recv
+                    np.testing.assert_array_equal(run(n, fn)[root], exp)
+
+
+@pytest.mark.parametrize("algo", algos("scatter"))
+@pytest.mark.parametrize("n", SIZES)
+def test_scatter(n, algo):
+    for blk in COUNTS + [2 * n + 1]:
+        for dtype in (np.int32, np.complex128):
+            src = data(dtype, 99, n * blk)
+            for root in {0, n - 1, n // 2}:
+                for inplace in (False, True):
+                    def fn(t):
+                        recv = np.zeros(blk, dtype=dtype)
+                        if t.rank == root:
+                            C.scatter(t, src, None if inplace else recv, root, algorithm=algo)
+                        else:
+                            C.scatter(t, None, recv, root, algorithm=algo)
+                        return recv
+                    for i, got in enumerate(run(n, fn)):
+                        if inplace and i == root:
+                            assert not got.any()
+                        else:
+                            np.testing.assert_array_equal(got, src[i * blk:(i + 1) * blk])
+
+
+@pytest.mark.parametrize("algo", algos("gather"))
+def test_gather_scatter_large(algo):
+    n, blk = 7, LARGE // 8 + 1
+    src = data(np.float64, 5, n * blk)
+
+    def fn(t):
+        mine = np.empty(blk)
+        C.scatter(t, src if t.rank == 2 else None, mine, 2, algorithm=algo)
+        back = np.empty(n * blk) if t.rank == 5 else None
+        C.gather(t, mine, back, 5, algorithm=algo)
+        return mine, back
+
+    res = run(n, fn)
+    for i, (mine, _) in enumerate(res):
+        np.testing.assert_array_equal(mine, src[i * blk:(i + 1) * blk])
+    np.testing.assert_array_equal(res[5][1], src)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("algo", algos("alltoall"))
+@pytest.mark.parametrize("n", SIZES)
+def test_alltoall(n, algo, eager):
+    for blk in COUNTS + [n + 2]:
+        for dtype in (np.uint8, np.float64):
+            for inplace in (False, True):
+                def fn(t):
+                    r = t.rank
+                    send = np.concatenate([a2a_block(dtype, r, j, blk) for j in range(n)])
+                    recv = np.zeros(n * blk, dtype=dtype)
+                    if inplace:
+                        recv[...] = send
+                        send = None
+                    C.alltoall(t, send, recv, algorithm=algo)
+                    return recv
+                for r, got in enumerate(spawn(n, fn, eager=eager, timeout=20)):
+                    exp = np.concatenate([a2a_block(dtype, j, r, blk) for j in range(n)])
+                    np.testing.assert_array_equal(got, exp)
+
+
+@pytest.mark.parametrize("algo", algos("alltoall"))
+def test_alltoall_uniform_large(algo):
+    n, c = 5, LARGE // 16 + 3
+
+    def fn(t):
+        send = np.repeat(np.arange(n, dtype=np.int64) + 10 * t.rank, c)
+        recv = np.empty_like(send)
+        C.alltoall(t, send, recv, algorithm=algo)
+        return recv
+
+    for r, got in enumerate(run(n, fn)):
+        np.testing.assert_array_equal(got, np.repeat(np.arange(n) * 10 + r, c))
+
+
+# -- hierarchical (ranks on several hosts; fake host labels) -----------------
+
+HOST_LAYOUTS = {
+    "alternating": lambda n: ["h%d" % (i % 2) for i in range(n)],
+    "blocks_of_3": lambda n: ["h%d" % (i // 3) for i in range(n)],
+    "uneven": lambda n: ["big" if i not in (1, n - 1) else "small" for i in range(n)],
+    "one_host": lambda n: ["h"] * n,
+    "every_rank": lambda n: ["h%d" % i for i in range(n)],
+    "none": lambda n: None,
+}
+
+
+class CountingTransport:
+    """A ThreadTransport with host labels that records every send as
+    (source, dest)."""
+
+    def __init__(self, t, hosts, log):
+        self._t, self.hosts, self._log = t, hosts, log
+        self.rank, self.size = t.rank, t.size
+
+    def isend(self, buf, dest, tag):
+        self._log.append((self.rank, dest))
+        return self._t.isend(buf, dest, tag)
+
+    def irecv(self, buf, source, tag):
+        return self._t.irecv(buf, source, tag)
+
+    def send_obj(self, obj, dest, tag):
+        self._log.append((self.rank, dest))
+        self._t.send_obj(obj, dest, tag)
+
+    def recv_obj(self, source, tag):
+        return self._t.recv_obj(source, tag)
+
+    def waitall(self, reqs):
+        self._t.waitall(reqs)
+
+
+def _leaders(hosts, root=None):
+    from erdmampi.collectives.hier import host_groups
+    return {root if root is not None and root in g else g[0] for g in host_groups(hosts)}
+
+
+@pytest.mark.parametrize("layout", sorted(HOST_LAYOUTS))
+@pytest.mark.parametrize("n", SIZES)
+def test_allreduce_hierarchical(n, layout):
+    hosts = HOST_LAYOUTS[layout](n)
+    for count in COUNTS + [LARGE // 8 + 1]:
+        for inplace in (False, True):
+            log = []
+
+            def fn(t):
+                t = CountingTransport(t, hosts, log)
+                x = data(np.int64, t.rank, count)
+                recv = np.full(count, 5, dtype=np.int64)
+                if inplace:
+                    recv[...] = x
+                    x = None
+                C.allreduce(t, x, recv, op_sum, True)      # default selection
+                return recv
+            exp = np.array([data(np.int64, i, count) for i in range(n)]).sum(axis=0)
+            for got in run(n, fn):
+                np.testing.assert_array_equal(got, exp)
+            if hosts is not None and 1 < len(set(hosts)) < n and count:
+                # only one rank per host talks to other hosts
+                lead = _leaders(hosts)
+                cross = [(s, d) for s, d in log if hosts[s] != hosts[d]]
+                assert cross and all(s in lead and d in lead for s, d in cross)
+
+
+@pytest.mark.parametrize("layout", sorted(HOST_LAYOUTS))
+@pytest.mark.parametrize("n", SIZES)
+def test_bcast_hierarchical(n, layout):
+    hosts = HOST_LAYOUTS[layout](n)
+    for count in COUNTS + [LARGE + 5]:
+        for root in {0, n - 1, n // 2, 1 % n}:
+            log = []
+
+            def fn(t):
+                t = CountingTransport(t, hosts, log)
+                buf = (data(np.uint8, root, count) if t.rank == root
+                       else np.zeros(count, np.uint8))
+                C.bcast(t, buf, root)                       # default selection
+                return buf
+            for got in run(n, fn):
+                np.testing.assert_array_equal(got, data(np.uint8, root, count))
+            if hosts is not None and 1 < len(set(hosts)) < n and count:
+                lead = _leaders(hosts, root)
+                cross = [(s, d) for s, d in log if hosts[s] != hosts[d]]
+                assert cross and all(s in lead and d in lead for s, d in cross)
+                if count < 1000:       # binomial among the leaders
+                    assert len(cross) == len(set(hosts)) - 1
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_hierarchical_noncommutative_keeps_rank_order(n):
+    hosts = HOST_LAYOUTS["alternating"](n)
+    for count in (1, 13):
+        def fn(t):
+            t.hosts = hosts
+            recv = np.empty(count, dtype=IV)
+            C.allreduce(t, iv_data(t.rank, count), recv, op_interval, False,
+                        algorithm="hierarchical")
+            return recv
+        for got in run(n, fn):
+            np.testing.assert_array_equal(got, iv_expect(0, n - 1, count))
+
+
+def test_hierarchical_selection():
+    from erdmampi.collectives.hier import is_multi_host
+
+    class T:
+        size = 4
+        rank = 0
+        hosts = None
+    t = T()
+    assert not is_multi_host(t)
+    t.hosts = ["a", "a", "a", "a"]
+    assert not is_multi_host(t)
+    t.hosts = ["a", "b", "c", "d"]
+    assert not is_multi_host(t)
+    t.hosts = ["a", "b", "a", "b"]
+    assert is_multi_host(t)
+    t.hosts = ["a", "b"]
+    with pytest.raises(ValueError, match="host labels"):
+        is_multi_host(t)
+    assert C.select("allreduce", 100, 4, 10, hier=True).__name__ == "allreduce_hierarchical"
+    assert C.select("allreduce", 100, 4, 10, commutative=False,
+                    hier=True).__name__ == "allreduce_recursive_doubling"
+    assert C.select("bcast", 8 << 20, 4, hier=True).__name__ == "bcast_hierarchical"
+    assert C.select("bcast", 8 << 20, 4).__name__ == "bcast_sched_chain"
+    assert C.select("reduce", 100, 4, 10, hier=True).__name__ == "reduce_binomial"
+
+
 # -- reduce_scatter / scan / exscan ------------------------------------------
 
 @pytest.mark.parametrize("algo", algos("reduce_scatter"))
@@ -615,6 +869,22 @@ def test_select_defaults():
                     commutative=False).__name__ == "allreduce_reduce_bcast"
     assert C.select("reduce_scatter", 8 << 20, 6, commutative=False).__name__ \
         == "reduce_scatter_reduce_scatterv"
+    # allgather of small vectors: log-round algorithms beyond 3 ranks
+    assert C.select("allgatherv", 1000, 2).__name__ == "allgatherv_direct"
+    assert C.select("allgatherv", 1000, 3).__name__ == "allgatherv_direct"
+    assert C.select("allgatherv", 1000, 4).__name__ == "allgatherv_recursive_doubling"
+    assert C.select("allgatherv", 1000, 6).__name__ == "allgatherv_bruck"
+    assert C.select("allgatherv", 100 * KiB, 6).__name__ == "allgatherv_ring"
+    # gather / scatter of equal blocks
+    assert C.select("gather", 1000, 8).__name__ == "gather_binomial"
+    assert C.select("scatter", 1000, 3).__name__ == "scatter_linear"
+    assert C.select("gather", 1 << 20, 8).__name__ == "gather_linear"
+    # alltoall of equal blocks: Bruck for small blocks on 5+ ranks
+    assert C.select("alltoall", 2 * 8 * 64, 8, 8 * 64).__name__ == "alltoall_bruck"
+    assert C.select("alltoall", 2 * 4 * 64, 4, 4 * 64).__name__ == "alltoall_direct"
+    assert C.select("alltoall", 2 * 8 * 4096, 8, 8 * 4096).__name__ == "alltoall_direct"
+    assert C.select("alltoall", 16 << 20, 8, 8 << 20).__name__ == "alltoall_sched"
+    assert C._default("alltoall", 16 << 20, 8, 8 << 20, True, sched=False) == "pairwise"
 
 
 def test_env_override(monkeypatch):

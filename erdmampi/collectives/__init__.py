@@ -13,25 +13,37 @@ the same algorithm, so rules use only values all ranks know):
 collective      default choice
 =============== ========================================================
 barrier         dissemination
-bcast           sched_chain if N >= S; else binomial if N <= 512 KiB or
+bcast           hierarchical if the ranks span several hosts (H); else
+                sched_chain if N >= S; else binomial if N <= 512 KiB or
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
-allreduce       recursive_doubling if N <= 64 KiB or count < n; else
+allreduce       hierarchical if H and the op commutes; else
+                recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
                 else sched_ring if N >= S; else rabenseifner if n is a
                 power of two, ring otherwise
 reduce_scatter  sched_ring if N >= S (commutative); else ring
                 (commutative), reduce_scatterv (non-commutative)
+gather,         binomial if n >= 4 and the whole vector is <= 256 KiB,
+scatter         else linear (equal blocks, the size known on every rank)
 gatherv         linear
 scatterv        linear
-allgatherv      direct if the gathered vector is <= 32 KiB or n <= 2 and
-                N < S; else sched_ring if N >= S; else ring
+allgatherv      N >= S: sched_ring; n <= 2, or n == 3 and N <= 32 KiB:
+                direct; N <= 32 KiB: recursive_doubling if n is a power
+                of two, else bruck; else ring
+alltoall        bruck if n >= 5 and a block is <= 1 KiB; else as
+                alltoallv (equal blocks; every rank must choose alike)
 alltoallv       sched (pairwise, in C) if N >= S; else direct if this
                 rank's send+receive bytes <= 256 KiB or n <= 2, else
                 pairwise (the three interoperate, so ranks may differ)
 scan, exscan    recursive_doubling
 =============== ========================================================
+
+Topology: a transport may carry ``hosts``, one host label per rank (see
+:mod:`erdmampi.collectives.hier`); ``H`` above holds when the labels name
+more than one host and fewer hosts than ranks.  Without ``hosts`` (None)
+every algorithm is flat.
 
 ``sched_*`` algorithms (:mod:`erdmampi.collectives.sched`) run as schedules
 in the C engine, chunk-pipelined, with C reductions; ``S`` is
@@ -55,13 +67,20 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from erdmampi.collectives.alltoall import alltoallv_direct, alltoallv_pairwise
+from erdmampi.collectives.alltoall import (alltoall_bruck, alltoallv_direct,
+                                           alltoallv_pairwise)
 from erdmampi.collectives.barrier import barrier_dissemination
 from erdmampi.collectives.base import MAX_TAG, ReduceFn, Transport
 from erdmampi.collectives.bcast import (bcast_binomial, bcast_pipeline,
                                         bcast_scatter_allgather)
-from erdmampi.collectives.gather import (allgatherv_direct, allgatherv_ring,
-                                         gatherv_linear, scatterv_linear)
+from erdmampi.collectives.gather import (allgatherv_bruck, allgatherv_direct,
+                                         allgatherv_recursive_doubling,
+                                         allgatherv_ring, gather_binomial,
+                                         gather_linear, gatherv_linear,
+                                         scatter_binomial, scatter_linear,
+                                         scatterv_linear)
+from erdmampi.collectives.hier import (allreduce_hierarchical, bcast_hierarchical,
+                                       is_multi_host)
 from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           alltoall_obj, bcast_obj, exscan_obj,
                                           gather_obj, reduce_obj, scan_obj,
@@ -80,13 +99,26 @@ from erdmampi.collectives.reduce import (allreduce_rabenseifner,
 
 __all__ = [
     "Transport", "MAX_TAG", "ALGORITHMS", "select", "ENV_PREFIX",
-    "barrier", "bcast", "reduce", "allreduce", "gatherv", "scatterv",
-    "allgatherv", "alltoallv", "reduce_scatter", "scan", "exscan",
+    "barrier", "bcast", "reduce", "allreduce", "gather", "scatter", "gatherv",
+    "scatterv", "allgatherv", "alltoall", "alltoallv", "reduce_scatter", "scan", "exscan",
     "bcast_obj", "gather_obj", "scatter_obj", "allgather_obj", "alltoall_obj",
     "reduce_obj", "allreduce_obj", "scan_obj", "exscan_obj",
 ]
 
 ENV_PREFIX = "ERDMA_COLL_"
+
+
+def _uniform_a2a(fn: Callable) -> Callable:
+    """An alltoallv algorithm as an ``alltoall(t, sendbuf, recvbuf)`` one."""
+    def run(t, sendbuf, recvbuf):
+        n = t.size
+        blk = recvbuf.size // n
+        counts, displs = [blk] * n, [blk * i for i in range(n)]
+        return fn(t, sendbuf, None if sendbuf is None else counts,
+                  None if sendbuf is None else displs, recvbuf, counts, displs)
+    run.__name__ = fn.__name__.replace("alltoallv", "alltoall")
+    run.__doc__ = f":func:`{fn.__name__}` with equal packed blocks."
+    return run
 
 #: collective name -> {algorithm name -> function}
 ALGORITHMS: dict[str, dict[str, Callable]] = {
@@ -94,20 +126,30 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "bcast": {"binomial": bcast_binomial,
               "scatter_allgather": bcast_scatter_allgather,
               "pipeline": bcast_pipeline,
-              "sched_chain": bcast_sched_chain},
+              "sched_chain": bcast_sched_chain,
+              "hierarchical": bcast_hierarchical},
     "reduce": {"binomial": reduce_binomial},
     "allreduce": {"recursive_doubling": allreduce_recursive_doubling,
                   "ring": allreduce_ring,
                   "rabenseifner": allreduce_rabenseifner,
                   "reduce_bcast": allreduce_reduce_bcast,
-                  "sched_ring": allreduce_sched_ring},
+                  "sched_ring": allreduce_sched_ring,
+                  "hierarchical": allreduce_hierarchical},
     "reduce_scatter": {"ring": reduce_scatter_ring,
                        "reduce_scatterv": reduce_scatter_reduce_scatterv,
                        "sched_ring": reduce_scatter_sched_ring},
+    "gather": {"binomial": gather_binomial, "linear": gather_linear},
+    "scatter": {"binomial": scatter_binomial, "linear": scatter_linear},
     "gatherv": {"linear": gatherv_linear},
     "scatterv": {"linear": scatterv_linear},
     "allgatherv": {"ring": allgatherv_ring, "direct": allgatherv_direct,
+                   "bruck": allgatherv_bruck,
+                   "recursive_doubling": allgatherv_recursive_doubling,
                    "sched_ring": allgatherv_sched_ring},
+    "alltoall": {"bruck": alltoall_bruck,
+                 "pairwise": _uniform_a2a(alltoallv_pairwise),
+                 "direct": _uniform_a2a(alltoallv_direct),
+                 "sched": _uniform_a2a(alltoallv_sched)},
     "alltoallv": {"pairwise": alltoallv_pairwise, "direct": alltoallv_direct,
                   "sched": alltoallv_sched},
     "scan": {"recursive_doubling": scan_recursive_doubling},
@@ -129,8 +171,16 @@ SCHED_MIN = _sched_min()
 
 
 def _default(name: str, nbytes: int, size: int, count: int,
-             commutative: bool, sched: bool = True) -> str:
+             commutative: bool, sched: bool = True, hier: bool = False) -> str:
     big = sched and size > 1 and nbytes >= SCHED_MIN
+    if hier and (name == "bcast" or (name == "allreduce" and commutative)):
+        return "hierarchical"
+    if name in ("gather", "scatter"):
+        return "binomial" if size >= 4 and nbytes <= 256 * KiB else "linear"
+    if name == "alltoall":
+        if size >= 5 and count <= KiB * size and not big:
+            return "bruck"                       # here count = block bytes * n
+        name = "alltoallv"
     if name == "bcast":
         if big:
             return "sched_chain"
@@ -152,14 +202,19 @@ def _default(name: str, nbytes: int, size: int, count: int,
     if big and name == "alltoallv":
         return "sched"
     if name == "allgatherv":
-        return "direct" if nbytes <= 32 * KiB or size <= 2 else "ring"
+        if size <= 2 or (size == 3 and nbytes <= 32 * KiB):
+            return "direct"
+        if nbytes <= 32 * KiB:
+            return "recursive_doubling" if size & (size - 1) == 0 else "bruck"
+        return "ring"
     if name == "alltoallv":
         return "direct" if nbytes <= 256 * KiB or size <= 2 else "pairwise"
     return next(iter(ALGORITHMS[name]))
 
 
 def select(name: str, nbytes: int = 0, size: int = 1, count: int = 0,
-           commutative: bool = True, algorithm: Optional[str] = None) -> Callable:
+           commutative: bool = True, algorithm: Optional[str] = None,
+           hier: bool = False) -> Callable:
     """The algorithm function for collective ``name``.
 
     :param nbytes: message size in bytes as defined in the module table
@@ -168,11 +223,12 @@ def select(name: str, nbytes: int = 0, size: int = 1, count: int = 0,
     :param commutative: whether the reduction op commutes
     :param algorithm: force this algorithm (else ``$ERDMA_COLL_<NAME>``, else
         the default rule)
+    :param hier: the ranks span several hosts (hierarchical algorithms)
     """
     table = ALGORITHMS[name]
     choice = algorithm or os.environ.get(ENV_PREFIX + name.upper()) or None
     if choice is None:
-        choice = _default(name, nbytes, size, count, commutative)
+        choice = _default(name, nbytes, size, count, commutative, hier=hier)
     try:
         return table[choice]
     except KeyError:
@@ -185,12 +241,12 @@ def _nbytes(arr: Optional[np.ndarray], count: int) -> int:
 
 
 def _run(name: str, args: tuple, nbytes: int, size: int, count: int,
-         commutative: bool, algorithm: Optional[str]) -> None:
+         commutative: bool, algorithm: Optional[str], hier: bool = False) -> None:
     """Run the selected algorithm; a ``sched_*`` one that cannot run here
     returns ``False`` and the choice without schedules runs instead."""
-    if select(name, nbytes, size, count, commutative, algorithm)(*args) is False:
+    if select(name, nbytes, size, count, commutative, algorithm, hier)(*args) is False:
         ALGORITHMS[name][_default(name, nbytes, size, count, commutative,
-                                  sched=False)](*args)
+                                  sched=False, hier=hier)](*args)
 
 
 # -- dispatchers -------------------------------------------------------------
@@ -203,7 +259,8 @@ def barrier(t: Transport, algorithm: Optional[str] = None) -> None:
 def bcast(t: Transport, buf: np.ndarray, root: int,
           algorithm: Optional[str] = None) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
-    _run("bcast", (t, buf, root), buf.nbytes, t.size, buf.size, True, algorithm)
+    _run("bcast", (t, buf, root), buf.nbytes, t.size, buf.size, True, algorithm,
+         is_multi_host(t))
 
 
 def reduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
@@ -220,7 +277,44 @@ def allreduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
               algorithm: Optional[str] = None) -> None:
     """Reduce into ``recvbuf`` on every rank; ``sendbuf=None``: in place."""
     _run("allreduce", (t, sendbuf, recvbuf, reduce_fn, commutative), recvbuf.nbytes,
-         t.size, recvbuf.size, commutative, algorithm)
+         t.size, recvbuf.size, commutative, algorithm, is_multi_host(t))
+
+
+def gather(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
+           root: int, algorithm: Optional[str] = None) -> None:
+    """Gather equal blocks at ``root`` into ``recvbuf`` (n blocks, packed).
+    Every rank must know the block size: ``sendbuf.size`` off the root,
+    ``recvbuf.size // n`` at the root (``sendbuf=None`` there: in place)."""
+    n = t.size
+    if t.rank == int(root) and recvbuf is not None:
+        nbytes = recvbuf.nbytes // n * n
+    else:
+        nbytes = 0 if sendbuf is None else sendbuf.nbytes * n
+    select("gather", nbytes, n, algorithm=algorithm)(t, sendbuf, recvbuf, root)
+
+
+def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
+            root: int, algorithm: Optional[str] = None) -> None:
+    """Scatter equal blocks of ``sendbuf`` at ``root``; block size as in
+    :func:`gather` (``recvbuf=None`` at the root: in place)."""
+    n = t.size
+    if t.rank == int(root) and sendbuf is not None:
+        nbytes = sendbuf.nbytes // n * n
+    else:
+        nbytes = 0 if recvbuf is None else recvbuf.nbytes * n
+    select("scatter", nbytes, n, algorithm=algorithm)(t, sendbuf, recvbuf, root)
+
+
+def alltoall(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
+             algorithm: Optional[str] = None) -> None:
+    """All-to-all of equal blocks (``recvbuf.size // n`` elements each, the
+    same on every rank, so every rank selects alike; Bruck is possible
+    here, unlike in :func:`alltoallv`).  ``sendbuf=None``: in place."""
+    n = t.size
+    nbytes = recvbuf.nbytes // n * n
+    # _default reads the per-rank traffic (send+receive) from nbytes and the
+    # vector size from count, as alltoallv does
+    _run("alltoall", (t, sendbuf, recvbuf), 2 * nbytes, n, nbytes, True, algorithm)
 
 
 def gatherv(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: Optional[np.ndarray],
