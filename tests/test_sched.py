@@ -158,3 +158,92 @@ def test_nonblocking_allreduce_overlaps_python():
 
 def _run(mode, nprocs, env):
     return run_mpi(nprocs, str(SCRIPTS / "sched.py"), args=[mode], timeout=150, env=env)
+
+
+#: rank script: the algorithms added for issue 3 on the real engine.  The
+#: hierarchical ones get fake host labels through a wrapping transport, and
+#: their phases run on sub-transports whose schedules (sched_ring,
+#: sched_chain) are renumbered to the parent's ranks.
+_ALGOS_SCRIPT = r"""
+import sys
+import numpy as np
+from erdmampi import MPI
+from erdmampi import collectives as C
+
+world = MPI.COMM_WORLD
+n, r = world.Get_size(), world.Get_rank()
+fails = []
+
+
+class Hosts:
+    def __init__(self, t, hosts):
+        self._t, self.hosts, self.rank, self.size = t, hosts, t.rank, t.size
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+def check(cond, what):
+    if not cond:
+        fails.append(what)
+        print("FAIL", r, what, flush=True)
+
+
+def fsum(a, b):
+    np.add(a, b, out=b)
+fsum.sched = ("SUM", np.dtype(np.float64))
+
+hosts = ["h%d" % (i % 2) for i in range(n)]
+for count in (0, 1, 1001, 1 << 20):
+    x = np.arange(count, dtype=np.float64) * (r + 1)
+    out = np.empty_like(x)
+    t = Hosts(world._transport(), hosts)
+    C.allreduce(t, x, out, fsum, True)
+    check(np.array_equal(out, np.arange(count) * (n * (n + 1) // 2)), ("allreduce", count))
+    for root in range(n):
+        buf = np.arange(count, dtype=np.float64) + root if r == root else np.zeros(count)
+        C.bcast(Hosts(world._transport(), hosts), buf, root)
+        check(np.array_equal(buf, np.arange(count) + root), ("bcast", count, root))
+
+for algo in ("bruck", "recursive_doubling"):
+    for cnt in (0, 3, 70000):
+        counts = [cnt + i for i in range(n)]
+        recv = np.zeros(sum(counts), np.int32)
+        C.allgatherv(world._transport(), np.full(counts[r], r, np.int32), recv, counts,
+                     None, algorithm=algo)
+        check(np.array_equal(recv, np.repeat(np.arange(n, dtype=np.int32), counts)),
+              ("allgatherv", algo, cnt))
+
+for algo in sorted(C.ALGORITHMS["alltoall"]):
+    for blk in (0, 1, 5, 50000):
+        send = np.repeat(np.arange(n, dtype=np.int64) + 10 * r, blk)
+        recv = np.empty_like(send)
+        C.alltoall(world._transport(), send, recv, algorithm=algo)
+        check(np.array_equal(recv, np.repeat(np.arange(n) * 10 + r, blk)),
+              ("alltoall", algo, blk))
+
+for algo in ("binomial", "linear"):
+    for blk in (0, 2, 30000):
+        src = np.arange(n * blk, dtype=np.int16)
+        mine = np.empty(blk, np.int16)
+        root = n - 1
+        C.scatter(world._transport(), src if r == root else None, mine, root, algorithm=algo)
+        check(np.array_equal(mine, src[r * blk:(r + 1) * blk]), ("scatter", algo, blk))
+        back = np.zeros(n * blk, np.int16) if r == 1 else None
+        C.gather(world._transport(), mine, back, 1, algorithm=algo)
+        if r == 1:
+            check(np.array_equal(back, src), ("gather", algo, blk))
+
+bad = world.allreduce(len(fails))
+if r == 0:
+    print("algos: " + ("OK" if bad == 0 else "%d FAILURES" % bad), "size=%d" % n, flush=True)
+sys.exit(1 if fails else 0)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [3, 4])
+def test_new_algorithms_on_engine(nprocs):
+    """Bruck / recursive doubling allgather, Bruck alltoall, binomial
+    gather/scatter and the hierarchical allreduce/bcast (fake hosts, with
+    C schedules inside their phases) on real ranks."""
+    assert_ok(run_mpi(nprocs, _ALGOS_SCRIPT, timeout=120), "algos.py", nprocs)
