@@ -185,8 +185,40 @@ def _reap_deferred() -> None:
         r.free()  # re-parks itself if still pending
 
 
-def _ptr(addr: int):
+def _ptr(addr):
     return ffi.cast("void *", addr)
+
+
+def buffer_pointer(obj):
+    """A pointer to the first byte of ``obj``, a C-contiguous buffer-protocol
+    object; it holds a buffer export of ``obj`` (keeping it alive and its size
+    fixed).  Every ``addr`` argument below takes one as well as an integer."""
+    return ffi.from_buffer(obj)
+
+
+def _wait_free(req, keep):
+    """Wait for ``req`` and free it: its ``erdma_status`` (cffi struct).  If the
+    wait is interrupted the request is parked with ``keep`` (see free)."""
+    st = _new("erdma_status *")
+    try:
+        rc = _req_wait(req, _SLICE, st)
+        while rc:
+            if rc != ERR_TIMEOUT:
+                raise EngineError(rc, "wait")
+            rc = _req_wait(req, _SLICE, st)
+    except BaseException:
+        EngineRequest(None, req, keep).free()
+        raise
+    _req_free(req)
+    return st
+
+
+# bound once for the lean blocking calls
+_new = ffi.new
+_cast = ffi.cast
+_req_wait = lib.erdma_req_wait
+_req_free = lib.erdma_req_free
+_SEND_SYNC = lib.ERDMA_SEND_SYNC
 
 
 class Engine:
@@ -280,6 +312,30 @@ class Engine:
         out = ffi.new("erdma_req **")
         _check(lib.erdma_irecv(self._h, _ptr(addr), nbytes, source, tag, ctx, 0, out), "recv")
         return EngineRequest(self, out[0], keep)
+
+    def send(self, addr, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
+             keep=None):
+        """Blocking :meth:`isend` + wait without a request object: the
+        ``erdma_status`` struct it completed with (fields as RawStatus).  An
+        interrupted wait leaves the request to the engine with ``keep``."""
+        if _deferred:
+            _reap_deferred()
+        out = _new("erdma_req **")
+        rc = lib.erdma_isend(self._h, _cast("void *", addr), nbytes, dest, tag, ctx,
+                             _SEND_SYNC if sync else 0, out)
+        if rc:
+            raise EngineError(rc, "send")
+        return _wait_free(out[0], addr if keep is None else keep)
+
+    def recv(self, addr, nbytes: int, source: int, tag: int, ctx: int, keep=None):
+        """Blocking :meth:`irecv` + wait without a request object: the
+        ``erdma_status`` struct it completed with (fields as RawStatus).  An
+        interrupted wait leaves the request to the engine with ``keep``."""
+        out = _new("erdma_req **")
+        rc = lib.erdma_irecv(self._h, _cast("void *", addr), nbytes, source, tag, ctx, 0, out)
+        if rc:
+            raise EngineError(rc, "recv")
+        return _wait_free(out[0], addr if keep is None else keep)
 
     def irecv_alloc(self, source: int, tag: int, ctx: int) -> EngineRequest:
         out = ffi.new("erdma_req **")

@@ -601,6 +601,22 @@ class BufMsg:
             # sends and receives alike start from the device contents
             raw.stage_in(offset, offset + nbytes)
 
+    @classmethod
+    def _plain(cls, arr, datatype):
+        """The whole of a plain host array (see :func:`plain_datatype`)."""
+        msg = cls.__new__(cls)
+        msg.obj = arr
+        msg.blocks = 1
+        msg._raw = None
+        msg._offset = 0
+        msg.nbytes = arr.nbytes
+        msg.count = arr.size
+        msg.datatype = datatype
+        msg.array = arr.reshape(-1)
+        msg.device = False
+        msg.addr = arr.ctypes.data
+        return msg
+
     def finish(self):
         """After a receive completes: copy the message's bytes from the host
         staging area back to the device (synchronously; no-op for host
@@ -753,8 +769,55 @@ def _message_simple(msg, readonly, blocks):
     return BufMsg(o_buf, raw, offset, nbytes, count, datatype, array, nblocks)
 
 
+# -- fast path: a plain NumPy array -------------------------------------------
+#
+# ``buf`` alone, an exact ``numpy.ndarray`` (no subclass), C-contiguous,
+# non-empty, writable unless sent: the parser above would export all of its
+# bytes and pick ``from_format(format)`` for its dtype.  The datatype of such
+# a dtype is learnt from the parser's first answer and cached (by dtype object
+# identity: ``np.dtype('q') == np.dtype('l')`` although their formats differ),
+# only where it is a committed datatype of exactly one element of the dtype.
+
+_ndarray = np.ndarray
+_ND_TYPES = {}        # id(dtype) -> (dtype, Datatype)
+_ND_TYPES_MAX = 64
+
+
+def plain_datatype(arr, readonly):
+    """The datatype ``message_p2p(arr, readonly)`` resolves to when ``arr`` is
+    a plain array that message covers whole (see above), else ``None``
+    (``arr`` must be an exact ``numpy.ndarray``).  Never raises."""
+    flags = arr.flags
+    if not flags.c_contiguous or not (readonly or flags.writeable) or not arr.size:
+        return None
+    dt = arr.dtype
+    ent = _ND_TYPES.get(id(dt))
+    if ent is not None and ent[0] is dt:
+        return ent[1]
+    return None
+
+
+def _learn_plain(arr, msg):
+    """Cache ``msg.datatype`` for ``arr.dtype`` if it fits the fast path."""
+    dt = arr.dtype
+    datatype = msg.datatype
+    if (len(_ND_TYPES) < _ND_TYPES_MAX and dt.isbuiltin == 1 and dt.isnative
+            and datatype.np_dtype == dt and datatype._elements(1) == 1
+            and datatype.Get_extent() == (0, dt.itemsize) and datatype._is_committed()
+            and msg.nbytes == arr.nbytes):
+        _ND_TYPES[id(dt)] = (dt, datatype)
+
+
 def message_p2p(spec, readonly):
     """Resolve a point-to-point message spec (``readonly``: a send buffer)."""
+    if type(spec) is _ndarray:
+        datatype = plain_datatype(spec, readonly)
+        if datatype is not None:
+            return BufMsg._plain(spec, datatype)
+        msg = _message_simple(spec, readonly, 1)
+        if msg.nbytes and spec.flags.c_contiguous:
+            _learn_plain(spec, msg)
+        return msg
     return _message_simple(spec, readonly, 1)
 
 

@@ -29,7 +29,7 @@ from .msgpickle import pickle as _default_pickle
 from .op import Op
 from .op import SUM as _SUM
 from .request import Request, Prequest, _DoneOp, _EngineOp, _ThreadOp, engine_exception, \
-    error_class
+    error_class, raise_status_code
 from .status import Status
 
 ANY_SOURCE = -2
@@ -215,6 +215,26 @@ def _committed(msg):
 
 def message_p2p(*args, **kw):
     return _committed(_buffers.message_p2p(*args, **kw))
+
+
+_ndarray = np.ndarray
+_plain_datatype = _buffers.plain_datatype
+_buffer_pointer = _engine.buffer_pointer
+
+
+def _p2p_buffer(buf, readonly):
+    """``(addr, nbytes, keep, msg)`` of a point-to-point buffer spec: a plain
+    NumPy array skips the parser (``msg`` is then None), see
+    :func:`erdmampi.buffers.plain_datatype`."""
+    if type(buf) is _ndarray and _plain_datatype(buf, readonly) is not None:
+        ptr = _buffer_pointer(buf)
+        return ptr, buf.nbytes, ptr, None
+    msg = message_p2p(buf, readonly)
+    return msg.addr, msg.nbytes, msg, msg
+
+
+def _send_fields(raw):
+    return (ANY_SOURCE, ANY_TAG, error_class(raw.error), 0, raw.cancelled, None)
 
 
 def message_cco(*args, **kw):
@@ -438,31 +458,66 @@ class Comm:
     # Point-to-point: engine operations (return request operations)
 
     def _isend_op(self, buf, dest, tag, sync=False):
-        msg = message_p2p(buf, True)
+        addr, nbytes, keep, _ = _p2p_buffer(buf, True)
         wdest = self._dest(dest)
         tag = self._send_tag(tag)
         if wdest is None:
             return _DoneOp()
         eng = _engine_or_raise()
         try:
-            ereq = eng.isend(msg.addr, msg.nbytes, wdest, tag, self._ctx, sync=sync, keep=msg)
+            ereq = eng.isend(addr, nbytes, wdest, tag, self._ctx, sync=sync, keep=keep)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
-        return _EngineOp(ereq, lambda raw: (ANY_SOURCE, ANY_TAG, error_class(raw.error), 0,
-                                            raw.cancelled, None))
+        return _EngineOp(ereq, _send_fields)
 
     def _irecv_op(self, buf, source, tag):
-        msg = message_p2p(buf, False)
+        addr, nbytes, keep, msg = _p2p_buffer(buf, False)
         wsrc = self._source(source)
         tag = self._recv_tag(tag)
         if wsrc is None:
             return _DoneOp()
         eng = _engine_or_raise()
         try:
-            ereq = eng.irecv(msg.addr, msg.nbytes, wsrc, tag, self._ctx, keep=msg)
+            ereq = eng.irecv(addr, nbytes, wsrc, tag, self._ctx, keep=keep)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,))
+
+    def _send(self, buf, dest, tag, sync):
+        """Blocking send without a request (the engine's lean path)."""
+        addr, nbytes, keep, _ = _p2p_buffer(buf, True)
+        wdest = self._dest(dest)
+        tag = self._send_tag(tag)
+        if wdest is None:
+            return
+        eng = _engine_or_raise()
+        try:
+            st = eng.send(addr, nbytes, wdest, tag, self._ctx, sync, keep)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if st.error:
+            raise_status_code(st.error)
+
+    def _recv(self, buf, source, tag, status):
+        """Blocking receive without a request (the engine's lean path)."""
+        addr, nbytes, keep, msg = _p2p_buffer(buf, False)
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            Request._new(_DoneOp()).Wait(status)
+            return
+        eng = _engine_or_raise()
+        try:
+            st = eng.recv(addr, nbytes, wsrc, tag, self._ctx, keep)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if status is not None or st.error or msg is not None:
+            # as Request.Wait: finish, fill the status (MPI_ERROR untouched), raise
+            fields = self._finish_fields(st, msg)
+            if status is not None:
+                status._fill(*fields[:2], status._error, fields[3], bool(fields[4]))
+            if fields[2]:
+                raise_status_code(st.error)
 
     def _isend_obj_op(self, obj, dest, tag, sync=False):
         wdest = self._dest(dest)
@@ -841,7 +896,7 @@ class Comm:
 
     def Send(self, buf, dest, tag=0):
         """Blocking send."""
-        Request._new(self._isend_op(buf, dest, tag)).Wait()
+        self._send(buf, dest, tag, False)
 
     def Bsend(self, buf, dest, tag=0):
         """Buffered send (the engine buffers: same as Send)."""
@@ -853,11 +908,11 @@ class Comm:
 
     def Ssend(self, buf, dest, tag=0):
         """Synchronous send: returns once the receive has matched."""
-        Request._new(self._isend_op(buf, dest, tag, sync=True)).Wait()
+        self._send(buf, dest, tag, True)
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Blocking receive."""
-        Request._new(self._irecv_op(buf, source, tag)).Wait(status)
+        self._recv(buf, source, tag, status)
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):

@@ -185,6 +185,12 @@ def _raise_status_error(fields):
 _ENGINE_ERROR_TEXT = {cls: what for cls, what in _ENGINE_ERRORS.values()}
 
 
+def raise_status_code(code):
+    """Raise what a request completed with ERDMA_ERR_* ``code`` raises in
+    Wait (the blocking calls that make no request use it)."""
+    _raise_status_error((None, None, error_class(code)))
+
+
 class Request:
     """Communication request, as ``MPI.Request``."""
 
