@@ -90,6 +90,14 @@ class EngineRequest:
         if self._status is not None:
             return self._status
         st = ffi.new("erdma_status *")
+        if timeout is None:
+            rc = _req_wait(self._req, _SLICE, st)
+            while rc:
+                if rc != ERR_TIMEOUT:
+                    raise EngineError(rc, "wait")
+                rc = _req_wait(self._req, _SLICE, st)
+            self._status = RawStatus(st)
+            return self._status
         left = timeout
         while True:
             step = _SLICE if left is None else min(_SLICE, max(left, 0.0))
@@ -189,11 +197,11 @@ def _ptr(addr):
     return ffi.cast("void *", addr)
 
 
-def buffer_pointer(obj):
-    """A pointer to the first byte of ``obj``, a C-contiguous buffer-protocol
-    object; it holds a buffer export of ``obj`` (keeping it alive and its size
-    fixed).  Every ``addr`` argument below takes one as well as an integer."""
-    return ffi.from_buffer(obj)
+#: ``buffer_pointer(obj)``: a pointer to the first byte of ``obj``, a
+#: C-contiguous buffer-protocol object; it holds a buffer export of ``obj``
+#: (keeping it alive and its size fixed).  Every ``addr`` argument below takes
+#: one as well as an integer.
+buffer_pointer = ffi.from_buffer
 
 
 def _wait_free(req, keep):
@@ -301,16 +309,21 @@ class Engine:
     # -- point to point
     def isend(self, addr: int, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
               keep=None) -> EngineRequest:
-        _reap_deferred()
-        out = ffi.new("erdma_req **")
-        _check(lib.erdma_isend(self._h, _ptr(addr), nbytes, dest, tag, ctx,
-                               lib.ERDMA_SEND_SYNC if sync else 0, out), "send")
+        if _deferred:
+            _reap_deferred()
+        out = _new("erdma_req **")
+        rc = lib.erdma_isend(self._h, _cast("void *", addr), nbytes, dest, tag, ctx,
+                             _SEND_SYNC if sync else 0, out)
+        if rc:
+            raise EngineError(rc, "send")
         return EngineRequest(self, out[0], keep)
 
     def irecv(self, addr: int, nbytes: int, source: int, tag: int, ctx: int,
               keep=None) -> EngineRequest:
-        out = ffi.new("erdma_req **")
-        _check(lib.erdma_irecv(self._h, _ptr(addr), nbytes, source, tag, ctx, 0, out), "recv")
+        out = _new("erdma_req **")
+        rc = lib.erdma_irecv(self._h, _cast("void *", addr), nbytes, source, tag, ctx, 0, out)
+        if rc:
+            raise EngineError(rc, "recv")
         return EngineRequest(self, out[0], keep)
 
     def send(self, addr, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,

@@ -468,7 +468,7 @@ class Comm:
             ereq = eng.isend(addr, nbytes, wdest, tag, self._ctx, sync=sync, keep=keep)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
-        return _EngineOp(ereq, _send_fields)
+        return _EngineOp(ereq, _send_fields, pure=True)
 
     def _irecv_op(self, buf, source, tag):
         addr, nbytes, keep, msg = _p2p_buffer(buf, False)
@@ -481,7 +481,8 @@ class Comm:
             ereq = eng.irecv(addr, nbytes, wsrc, tag, self._ctx, keep=keep)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
-        return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,))
+        return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,),
+                         pure=msg is None or not msg.device)
 
     def _send(self, buf, dest, tag, sync):
         """Blocking send without a request (the engine's lean path)."""

@@ -74,19 +74,26 @@ class _EngineOp:
     """One engine request and its completion.
 
     ``finish(raw) -> (source, tag, error_class, nbytes, cancelled, obj)`` runs
-    once, when the engine request has completed.
+    once, when the engine request has completed; ``pure=True`` says it has
+    no side effects (a send, a receive into host memory), so threads that
+    complete the request at once may each run it, with no lock.
     """
 
     __slots__ = ("ereq", "finish", "fields", "obj", "_lock")
 
-    def __init__(self, ereq, finish):
+    def __init__(self, ereq, finish, pure=False):
         self.ereq = ereq
         self.finish = finish
         self.fields = None
         self.obj = None
-        self._lock = threading.Lock()
+        self._lock = None if pure else threading.Lock()
 
     def _complete(self, raw):
+        if self._lock is None:
+            src, tag, err, nbytes, cancelled, obj = self.finish(raw)
+            self.obj = obj
+            self.fields = (src, tag, err, nbytes, cancelled)
+            return
         with self._lock:
             if self.fields is None:
                 src, tag, err, nbytes, cancelled, obj = self.finish(raw)
@@ -254,7 +261,12 @@ class Request:
 
     def Wait(self, status=None):
         """Wait for completion; the request becomes null."""
-        self.wait(status)
+        op = self._op
+        if op is None:
+            self._empty(status)
+        else:
+            op.wait()
+            self._done(status)
         return True
 
     def Test(self, status=None):
