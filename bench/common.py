@@ -236,11 +236,15 @@ def open_stack(name=None):
 
 def time_calls(stack, fn, max_calls, warmup, repeats, target=0.25):
     """Seconds per call: the median over ``repeats`` repetitions, each timed as
-    the slowest rank's mean over ``calls`` calls, after ``warmup`` untimed
-    calls (at least one). ``calls`` is ``max_calls``, lowered so that one
+    the slowest rank's mean over ``calls`` calls, after 2 x ``warmup`` calls
+    (at least one each; the second pass estimates the time per call). ``calls`` is ``max_calls``, lowered so that one
     repetition takes about ``target`` seconds going by the warm-up, but not
     below min(3, max_calls); all ranks agree on it. Returns (median, [per-repetition values], calls)."""
     warmup = max(1, warmup)
+    for _ in range(warmup):
+        fn()
+    # estimate from a second, timed pass: the first may include one-off costs
+    # (connection set-up, page faults) that would shrink ``calls`` too far
     stack.barrier()
     t0 = stack.wtime()
     for _ in range(warmup):
