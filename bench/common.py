@@ -112,7 +112,7 @@ class MPIStack(Stack):
             lib = self.MPI.Get_library_version().strip().splitlines()[0]
         except Exception:  # a library without Get_library_version
             lib = self.name
-        return "%s (%s)" % (self.name, lib)
+        return "%s (%s)" % (self.name, " ".join(lib.split()))
 
     def alloc(self, count, dtype):
         import numpy as np
