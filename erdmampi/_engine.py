@@ -307,8 +307,7 @@ class Engine:
         return lib.erdma_engine_peer_error(self._h, rank)
 
     # -- point to point
-    def isend(self, addr: int, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
-              keep=None) -> EngineRequest:
+    def _post_send(self, addr, nbytes, dest, tag, ctx, sync):
         if _deferred:
             _reap_deferred()
         out = _new("erdma_req **")
@@ -316,39 +315,35 @@ class Engine:
                              _SEND_SYNC if sync else 0, out)
         if rc:
             raise EngineError(rc, "send")
-        return EngineRequest(self, out[0], keep)
+        return out[0]
 
-    def irecv(self, addr: int, nbytes: int, source: int, tag: int, ctx: int,
-              keep=None) -> EngineRequest:
+    def _post_recv(self, addr, nbytes, source, tag, ctx):
         out = _new("erdma_req **")
         rc = lib.erdma_irecv(self._h, _cast("void *", addr), nbytes, source, tag, ctx, 0, out)
         if rc:
             raise EngineError(rc, "recv")
-        return EngineRequest(self, out[0], keep)
+        return out[0]
+
+    def isend(self, addr: int, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
+              keep=None) -> EngineRequest:
+        return EngineRequest(self, self._post_send(addr, nbytes, dest, tag, ctx, sync), keep)
+
+    def irecv(self, addr: int, nbytes: int, source: int, tag: int, ctx: int,
+              keep=None) -> EngineRequest:
+        return EngineRequest(self, self._post_recv(addr, nbytes, source, tag, ctx), keep)
 
     def send(self, addr, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
              keep=None):
         """Blocking :meth:`isend` + wait without a request object: the
         ``erdma_status`` struct it completed with (fields as RawStatus).  An
         interrupted wait leaves the request to the engine with ``keep``."""
-        if _deferred:
-            _reap_deferred()
-        out = _new("erdma_req **")
-        rc = lib.erdma_isend(self._h, _cast("void *", addr), nbytes, dest, tag, ctx,
-                             _SEND_SYNC if sync else 0, out)
-        if rc:
-            raise EngineError(rc, "send")
-        return _wait_free(out[0], addr if keep is None else keep)
+        return _wait_free(self._post_send(addr, nbytes, dest, tag, ctx, sync),
+                          addr if keep is None else keep)
 
     def recv(self, addr, nbytes: int, source: int, tag: int, ctx: int, keep=None):
-        """Blocking :meth:`irecv` + wait without a request object: the
-        ``erdma_status`` struct it completed with (fields as RawStatus).  An
-        interrupted wait leaves the request to the engine with ``keep``."""
-        out = _new("erdma_req **")
-        rc = lib.erdma_irecv(self._h, _cast("void *", addr), nbytes, source, tag, ctx, 0, out)
-        if rc:
-            raise EngineError(rc, "recv")
-        return _wait_free(out[0], addr if keep is None else keep)
+        """Blocking :meth:`irecv` + wait, as :meth:`send`."""
+        return _wait_free(self._post_recv(addr, nbytes, source, tag, ctx),
+                          addr if keep is None else keep)
 
     def irecv_alloc(self, source: int, tag: int, ctx: int) -> EngineRequest:
         out = ffi.new("erdma_req **")

@@ -651,6 +651,20 @@ def _extent(datatype, what):
     return extent
 
 
+def _entries(length, datatype, extent):
+    """The count inferred from a buffer of ``length`` bytes: whole entries."""
+    if length % extent:
+        lb = datatype.Get_extent()[0]
+        raise ValueError(
+            f"message: cannot infer count, buffer length {length} "
+            f"is not a multiple of datatype extent {extent} "
+            f"(lb:{lb}, ub:{lb + extent})")
+    return length // extent
+
+
+_BOTTOM_COUNT = "message: BOTTOM with a nonzero count (absolute addresses) is not supported"
+
+
 def _unpack(msg, vector=False):
     """Split a spec into (buf, count(s), displ(s), type) like mpi4py."""
     o_count = o_displ = o_type = None
@@ -731,27 +745,20 @@ def _message_simple(msg, readonly, blocks):
         if count > 0 and o_buf is None:
             raise ValueError(f"message: buffer is None but count is {count}")
         if count > 0 and raw is None:
-            raise ValueError(
-                "message: BOTTOM with a nonzero count (absolute addresses) "
-                "is not supported")
+            raise ValueError(_BOTTOM_COUNT)
     elif length > 0:
         if extent == 0:
             extent = _extent(datatype, "infer count")
-        if length % extent:
-            lb = datatype.Get_extent()[0]
-            raise ValueError(
-                f"message: cannot infer count, buffer length {length} "
-                f"is not a multiple of datatype extent {extent} "
-                f"(lb:{lb}, ub:{lb + extent})")
+        entries = _entries(length, datatype, extent)
         if blocks < 2:
-            count = length // extent
+            count = entries
         else:
-            if (length // extent) % blocks:
+            if entries % blocks:
                 raise ValueError(
                     f"message: cannot infer count, number of entries "
-                    f"{length // extent} is not a multiple of required "
+                    f"{entries} is not a multiple of required "
                     f"number of blocks {blocks}")
-            count = (length // extent) // blocks
+            count = entries // blocks
     nblocks = blocks if blocks >= 2 else 1
     total = count * nblocks
     nbytes = 0
@@ -858,13 +865,7 @@ def message_vector(spec, readonly, size):
         csize = 0
         if bsize > 0:
             extent = _extent(datatype, "infer count")
-            if bsize % extent:
-                lb = datatype.Get_extent()[0]
-                raise ValueError(
-                    f"message: cannot infer count, buffer length {bsize} "
-                    f"is not a multiple of datatype extent {extent} "
-                    f"(lb:{lb}, ub:{lb + extent})")
-            csize = bsize // extent
+            csize = _entries(bsize, datatype, extent)
         counts = [csize // size + (csize % size > i) for i in range(size)]
     elif _is_integral(o_counts):
         counts = [operator.index(o_counts)] * size
@@ -896,9 +897,7 @@ def message_vector(spec, readonly, size):
         if raw is None:
             if o_buf is None:
                 raise ValueError(f"message: buffer is None but count is {max(counts)}")
-            raise ValueError(
-                "message: BOTTOM with a nonzero count (absolute addresses) "
-                "is not supported")
+            raise ValueError(_BOTTOM_COUNT)
         if extent is None:
             extent = _extent(datatype, "compute message size")
             nitems = bsize // extent

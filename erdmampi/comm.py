@@ -256,6 +256,51 @@ def _mult(msg):
     return msg.datatype._elements(1)
 
 
+def _u8_of(msg):
+    """uint8 view of a message's bytes, None for no message."""
+    return None if msg is None else _u8(msg.array)
+
+
+def _mismatch(smsg, rmsg):
+    return ValueError(f"mismatch in send count {smsg.count} "
+                      f"and receive count {rmsg.count}")
+
+
+def _blocks(blk, size):
+    """Byte counts and displacements of ``size`` consecutive ``blk``-byte blocks."""
+    return [blk] * size, [blk * i for i in range(size)]
+
+
+def _message_vector_bytes(spec, readonly, size):
+    """``(msg, counts, byte counts, byte displacements)`` of a vector message."""
+    msg, c, d = message_vector(spec, readonly, size)
+    ext = _extent(msg) if msg.nbytes else 0
+    return msg, c, [x * ext for x in c], [x * ext for x in d]
+
+
+def _run_gatherv(t, smsg, rmsg, counts, displs, root):
+    def run():
+        coll.gatherv(t, _u8_of(smsg), _u8_of(rmsg), counts, displs, root)
+        if rmsg is not None:
+            rmsg.finish()
+    return run
+
+
+def _run_scatterv(t, smsg, rmsg, counts, displs, root):
+    def run():
+        coll.scatterv(t, _u8_of(smsg), counts, displs, _u8_of(rmsg), root)
+        if rmsg is not None:
+            rmsg.finish()
+    return run
+
+
+def _run_allgatherv(t, smsg, rmsg, counts, displs):
+    def run():
+        coll.allgatherv(t, _u8_of(smsg), _u8(rmsg.array), counts, displs)
+        rmsg.finish()
+    return run
+
+
 def _check_op(op):
     if not isinstance(op, Op):
         raise TypeError(f"expected MPI.Op, got {type(op).__name__}")
@@ -590,29 +635,20 @@ class Comm:
             raise engine_exception(e) from None
         return _EngineOp(ereq, self._obj_finish(ereq))
 
-    def _probe_raw(self, source, tag, blocking):
+    def _probe_raw(self, source, tag, blocking, matched=False):
+        """The engine's (m)probe answer: RawStatus, ``(EngineMessage, RawStatus)``
+        when ``matched``, None (nothing yet) or ``"noproc"`` (PROC_NULL)."""
         wsrc = self._source(source)
         tag = self._recv_tag(tag)
         if wsrc is None:
             return "noproc"
         eng = _engine_or_raise()
+        if matched:
+            fn = eng.mprobe if blocking else eng.improbe
+        else:
+            fn = eng.probe if blocking else eng.iprobe
         try:
-            if blocking:
-                return eng.probe(wsrc, tag, self._ctx)
-            return eng.iprobe(wsrc, tag, self._ctx)
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
-
-    def _mprobe_raw(self, source, tag, blocking):
-        wsrc = self._source(source)
-        tag = self._recv_tag(tag)
-        if wsrc is None:
-            return "noproc"
-        eng = _engine_or_raise()
-        try:
-            if blocking:
-                return eng.mprobe(wsrc, tag, self._ctx)
-            return eng.improbe(wsrc, tag, self._ctx)
+            return fn(wsrc, tag, self._ctx)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
 
@@ -991,19 +1027,16 @@ class Comm:
 
     def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Matched probe: returns a Message removed from the queue."""
-        got = self._mprobe_raw(source, tag, True)
-        if got == "noproc":
-            self._fill_probe(status, got)
-            return MESSAGE_NO_PROC
-        emsg, raw = got
-        self._fill_probe(status, raw)
-        return Message._new(self, emsg)
+        return self._probed_message(self._probe_raw(source, tag, True, True), status)
 
     def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Nonblocking matched probe: a Message or None."""
-        got = self._mprobe_raw(source, tag, False)
+        got = self._probe_raw(source, tag, False, True)
         if got is None:
             return None
+        return self._probed_message(got, status)
+
+    def _probed_message(self, got, status):
         if got == "noproc":
             self._fill_probe(status, got)
             return MESSAGE_NO_PROC
@@ -1089,8 +1122,7 @@ class Comm:
         smsg = None if (isroot and is_in_place(sendbuf)) else message_cco(sendbuf, True, 1)
         rmsg = message_cco(recvbuf, False, 1) if isroot else None
         if smsg is not None and rmsg is not None and smsg.nbytes != rmsg.nbytes:
-            raise ValueError(f"mismatch in send count {smsg.count} "
-                             f"and receive count {rmsg.count}")
+            raise _mismatch(smsg, rmsg)
         dt = (smsg or rmsg).datatype
         op._check(dt)
         t = self._transport()
@@ -1103,16 +1135,20 @@ class Comm:
                 rmsg.finish()
         return run
 
-    def _c_allreduce(self, sendbuf, recvbuf, op):
+    def _reduce_msgs(self, sendbuf, recvbuf, op):
+        """``(smsg or None for IN_PLACE, rmsg, datatype)`` of an all-rank reduction."""
         self._check()
         _check_op(op)
         rmsg = message_cco(recvbuf, False, 1)
         smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
         if smsg is not None and smsg.nbytes != rmsg.nbytes:
-            raise ValueError(f"mismatch in send count {smsg.count} "
-                             f"and receive count {rmsg.count}")
+            raise _mismatch(smsg, rmsg)
         dt = rmsg.datatype
         op._check(dt)
+        return smsg, rmsg, dt
+
+    def _c_allreduce(self, sendbuf, recvbuf, op):
+        smsg, rmsg, dt = self._reduce_msgs(sendbuf, recvbuf, op)
         t = self._transport()
 
         def run():
@@ -1122,15 +1158,7 @@ class Comm:
         return run
 
     def _c_scan(self, sendbuf, recvbuf, op, exclusive):
-        self._check()
-        _check_op(op)
-        rmsg = message_cco(recvbuf, False, 1)
-        smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
-        if smsg is not None and smsg.nbytes != rmsg.nbytes:
-            raise ValueError(f"mismatch in send count {smsg.count} "
-                             f"and receive count {rmsg.count}")
-        dt = rmsg.datatype
-        op._check(dt)
+        smsg, rmsg, dt = self._reduce_msgs(sendbuf, recvbuf, op)
         t = self._transport()
         fn = coll.exscan if exclusive else coll.scan
 
@@ -1202,21 +1230,11 @@ class Comm:
         if rmsg is not None:
             blk = rmsg.nbytes // size
             if smsg is not None and smsg.nbytes != blk:
-                raise ValueError(f"mismatch in send count {smsg.count} "
-                                 f"and receive count {rmsg.count}")
-            counts = [blk] * size
-            displs = [blk * i for i in range(size)]
+                raise _mismatch(smsg, rmsg)
+            counts, displs = _blocks(blk, size)
         else:
             counts = displs = None
-        t = self._transport()
-
-        def run():
-            coll.gatherv(t, _u8(smsg.array) if smsg is not None else None,
-                         _u8(rmsg.array) if rmsg is not None else None,
-                         counts, displs, root)
-            if rmsg is not None:
-                rmsg.finish()
-        return run
+        return _run_gatherv(self._transport(), smsg, rmsg, counts, displs, root)
 
     def _c_gatherv(self, sendbuf, recvbuf, root):
         self._check()
@@ -1226,23 +1244,12 @@ class Comm:
         counts = displs = None
         rmsg = None
         if isroot:
-            rmsg, c, d = message_vector(recvbuf, False, size)
-            ext = _extent(rmsg) if rmsg.nbytes else 0
-            counts = [x * ext for x in c]
-            displs = [x * ext for x in d]
+            rmsg, _, counts, displs = _message_vector_bytes(recvbuf, False, size)
         smsg = None if (isroot and is_in_place(sendbuf)) else message_cco(sendbuf, True, 1)
         if isroot and smsg is not None and smsg.nbytes != counts[self._rank]:
             raise ValueError(f"mismatch in send count {smsg.count} and receive "
                              f"count {counts[self._rank] // max(_extent(rmsg), 1)}")
-        t = self._transport()
-
-        def run():
-            coll.gatherv(t, _u8(smsg.array) if smsg is not None else None,
-                         _u8(rmsg.array) if rmsg is not None else None,
-                         counts, displs, root)
-            if rmsg is not None:
-                rmsg.finish()
-        return run
+        return _run_gatherv(self._transport(), smsg, rmsg, counts, displs, root)
 
     def _c_scatter(self, sendbuf, recvbuf, root):
         self._check()
@@ -1255,18 +1262,9 @@ class Comm:
         if smsg is not None:
             blk = smsg.nbytes // size
             if rmsg is not None and rmsg.nbytes != blk:
-                raise ValueError(f"mismatch in send count {smsg.count} "
-                                 f"and receive count {rmsg.count}")
-            counts = [blk] * size
-            displs = [blk * i for i in range(size)]
-        t = self._transport()
-
-        def run():
-            coll.scatterv(t, _u8(smsg.array) if smsg is not None else None, counts, displs,
-                          _u8(rmsg.array) if rmsg is not None else None, root)
-            if rmsg is not None:
-                rmsg.finish()
-        return run
+                raise _mismatch(smsg, rmsg)
+            counts, displs = _blocks(blk, size)
+        return _run_scatterv(self._transport(), smsg, rmsg, counts, displs, root)
 
     def _c_scatterv(self, sendbuf, recvbuf, root):
         self._check()
@@ -1275,21 +1273,11 @@ class Comm:
         isroot = self._rank == root
         smsg = counts = displs = None
         if isroot:
-            smsg, c, d = message_vector(sendbuf, True, size)
-            ext = _extent(smsg) if smsg.nbytes else 0
-            counts = [x * ext for x in c]
-            displs = [x * ext for x in d]
+            smsg, _, counts, displs = _message_vector_bytes(sendbuf, True, size)
         rmsg = None if (isroot and is_in_place(recvbuf)) else message_cco(recvbuf, False, 1)
         if isroot and rmsg is not None and rmsg.nbytes != counts[self._rank]:
             raise ValueError(f"mismatch in send count and receive count {rmsg.count}")
-        t = self._transport()
-
-        def run():
-            coll.scatterv(t, _u8(smsg.array) if smsg is not None else None, counts, displs,
-                          _u8(rmsg.array) if rmsg is not None else None, root)
-            if rmsg is not None:
-                rmsg.finish()
-        return run
+        return _run_scatterv(self._transport(), smsg, rmsg, counts, displs, root)
 
     def _c_allgather(self, sendbuf, recvbuf):
         self._check()
@@ -1302,36 +1290,19 @@ class Comm:
             raise_error(ERR_TRUNCATE, f"send count {smsg.count} exceeds the receive "
                                       f"block ({rmsg.count} // {size})")
         if smsg is not None and smsg.nbytes != blk:
-            raise ValueError(f"mismatch in send count {smsg.count} "
-                             f"and receive count {rmsg.count}")
-        counts = [blk] * size
-        displs = [blk * i for i in range(size)]
-        t = self._transport()
-
-        def run():
-            coll.allgatherv(t, _u8(smsg.array) if smsg is not None else None,
-                            _u8(rmsg.array), counts, displs)
-            rmsg.finish()
-        return run
+            raise _mismatch(smsg, rmsg)
+        counts, displs = _blocks(blk, size)
+        return _run_allgatherv(self._transport(), smsg, rmsg, counts, displs)
 
     def _c_allgatherv(self, sendbuf, recvbuf):
         self._check()
         size = len(self._ranks)
-        rmsg, c, d = message_vector(recvbuf, False, size)
-        ext = _extent(rmsg) if rmsg.nbytes else 0
-        counts = [x * ext for x in c]
-        displs = [x * ext for x in d]
+        rmsg, c, counts, displs = _message_vector_bytes(recvbuf, False, size)
         smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
         if smsg is not None and smsg.nbytes != counts[self._rank]:
             raise ValueError(f"mismatch in send count {smsg.count} and receive "
                              f"count {c[self._rank]}")
-        t = self._transport()
-
-        def run():
-            coll.allgatherv(t, _u8(smsg.array) if smsg is not None else None,
-                            _u8(rmsg.array), counts, displs)
-            rmsg.finish()
-        return run
+        return _run_allgatherv(self._transport(), smsg, rmsg, counts, displs)
 
     def _c_alltoall(self, sendbuf, recvbuf):
         self._check()
@@ -1340,39 +1311,30 @@ class Comm:
         smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, size)
         blk = rmsg.nbytes // size
         if smsg is not None and smsg.nbytes != rmsg.nbytes:
-            raise ValueError(f"mismatch in send count {smsg.count} "
-                             f"and receive count {rmsg.count}")
-        counts = [blk] * size
-        displs = [blk * i for i in range(size)]
+            raise _mismatch(smsg, rmsg)
+        counts, displs = _blocks(blk, size)
         t = self._transport()
 
         def run():
-            coll.alltoallv(t, _u8(smsg.array) if smsg is not None else None,
+            coll.alltoallv(t, _u8_of(smsg),
                            counts if smsg is not None else None,
                            displs if smsg is not None else None,
-                           _u8(rmsg.array), counts, displs)
+                           _u8_of(rmsg), counts, displs)
             rmsg.finish()
         return run
 
     def _c_alltoallv(self, sendbuf, recvbuf):
         self._check()
         size = len(self._ranks)
-        rmsg, rc, rd = message_vector(recvbuf, False, size)
-        rext = _extent(rmsg) if rmsg.nbytes else 0
-        rcounts = [x * rext for x in rc]
-        rdispls = [x * rext for x in rd]
+        rmsg, _, rcounts, rdispls = _message_vector_bytes(recvbuf, False, size)
         scounts = sdispls = None
         smsg = None
         if not is_in_place(sendbuf):
-            smsg, sc, sd = message_vector(sendbuf, True, size)
-            sext = _extent(smsg) if smsg.nbytes else 0
-            scounts = [x * sext for x in sc]
-            sdispls = [x * sext for x in sd]
+            smsg, _, scounts, sdispls = _message_vector_bytes(sendbuf, True, size)
         t = self._transport()
 
         def run():
-            coll.alltoallv(t, _u8(smsg.array) if smsg is not None else None, scounts, sdispls,
-                           _u8(rmsg.array), rcounts, rdispls)
+            coll.alltoallv(t, _u8_of(smsg), scounts, sdispls, _u8_of(rmsg), rcounts, rdispls)
             rmsg.finish()
         return run
 
