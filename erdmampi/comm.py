@@ -147,7 +147,7 @@ class _CollTransport:
     the communicator, so concurrent (nonblocking) collectives never mix.
     """
 
-    __slots__ = ("rank", "size", "_eng", "_ranks", "_ctx", "_base", "_pkl")
+    __slots__ = ("rank", "size", "hosts", "_eng", "_ranks", "_ctx", "_base", "_pkl")
 
     def __init__(self, comm, ctx, base, ranks=None, rank=None):
         self._eng = _engine_or_raise()
@@ -157,6 +157,9 @@ class _CollTransport:
         self._ctx = ctx
         self._base = base
         self._pkl = _default_pickle
+        # host of each rank: hierarchical algorithms when ranks span hosts
+        world_hosts = (getattr(_rt, "info", None) or {}).get("hosts")
+        self.hosts = [world_hosts[w] for w in self._ranks] if world_hosts else None
 
     def schedule(self, chunked=True):
         """A builder for :mod:`erdmampi.collectives.sched` algorithms."""
@@ -289,6 +292,16 @@ def _run_gatherv(t, smsg, rmsg, counts, displs, root):
 def _run_scatterv(t, smsg, rmsg, counts, displs, root):
     def run():
         coll.scatterv(t, _u8_of(smsg), counts, displs, _u8_of(rmsg), root)
+        if rmsg is not None:
+            rmsg.finish()
+    return run
+
+
+def _run_blocks(fn, t, smsg, rmsg, *args):
+    """Runner of an equal-block collective (``coll.gather``/``scatter``/``alltoall``),
+    which may pick tree algorithms since every rank knows the block size."""
+    def run():
+        fn(t, _u8_of(smsg), _u8_of(rmsg), *args)
         if rmsg is not None:
             rmsg.finish()
     return run
@@ -1231,10 +1244,7 @@ class Comm:
             blk = rmsg.nbytes // size
             if smsg is not None and smsg.nbytes != blk:
                 raise _mismatch(smsg, rmsg)
-            counts, displs = _blocks(blk, size)
-        else:
-            counts = displs = None
-        return _run_gatherv(self._transport(), smsg, rmsg, counts, displs, root)
+        return _run_blocks(coll.gather, self._transport(), smsg, rmsg, root)
 
     def _c_gatherv(self, sendbuf, recvbuf, root):
         self._check()
@@ -1258,13 +1268,11 @@ class Comm:
         isroot = self._rank == root
         smsg = message_cco(sendbuf, True, size) if isroot else None
         rmsg = None if (isroot and is_in_place(recvbuf)) else message_cco(recvbuf, False, 1)
-        counts = displs = None
         if smsg is not None:
             blk = smsg.nbytes // size
             if rmsg is not None and rmsg.nbytes != blk:
                 raise _mismatch(smsg, rmsg)
-            counts, displs = _blocks(blk, size)
-        return _run_scatterv(self._transport(), smsg, rmsg, counts, displs, root)
+        return _run_blocks(coll.scatter, self._transport(), smsg, rmsg, root)
 
     def _c_scatterv(self, sendbuf, recvbuf, root):
         self._check()
@@ -1309,19 +1317,9 @@ class Comm:
         size = len(self._ranks)
         rmsg = message_cco(recvbuf, False, size)
         smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, size)
-        blk = rmsg.nbytes // size
         if smsg is not None and smsg.nbytes != rmsg.nbytes:
             raise _mismatch(smsg, rmsg)
-        counts, displs = _blocks(blk, size)
-        t = self._transport()
-
-        def run():
-            coll.alltoallv(t, _u8_of(smsg),
-                           counts if smsg is not None else None,
-                           displs if smsg is not None else None,
-                           _u8_of(rmsg), counts, displs)
-            rmsg.finish()
-        return run
+        return _run_blocks(coll.alltoall, self._transport(), smsg, rmsg)
 
     def _c_alltoallv(self, sendbuf, recvbuf):
         self._check()
