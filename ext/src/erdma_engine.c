@@ -658,6 +658,7 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
 static void spin_progress(erdma_engine *e, const erdma_req *r) {
   if (e->cfg.spin_us <= 0 || !e->running) return;
   uint64_t until = erdma_now() + (uint64_t)e->cfg.spin_us * 1000u;
+  shm_spin_begin(e);
   while (!r->done && erdma_now() < until) {
     recv_batch(e);
     shm_poll(e);
@@ -667,7 +668,8 @@ static void spin_progress(erdma_engine *e, const erdma_req *r) {
     sched_yield();
     pthread_mutex_lock(&e->mu);
   }
-  if (!r->done) conn_flush_all(e);
+  shm_spin_end(e);
+  conn_flush_all(e);
 }
 
 int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {

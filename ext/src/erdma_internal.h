@@ -228,6 +228,8 @@ int shm_flush(erdma_conn *c);
 int shm_poll(erdma_engine *e);          /* returns bytes consumed */
 int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 void shm_sleep_done(erdma_engine *e);
+void shm_spin_begin(erdma_engine *e);
+void shm_spin_end(erdma_engine *e);
 void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
 int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n);

@@ -42,6 +42,7 @@ struct shm_seg {
   _Atomic uint32_t sleeping; /* owner's progress thread is (about to be) asleep */
   _Atomic uint32_t attached; /* local peers that mapped it */
   _Atomic uint32_t closed;   /* owner shut down cleanly */
+  _Atomic uint32_t spinners; /* owner's threads polling the rings right now */
   uint64_t ring_bytes;
 };
 
@@ -225,7 +226,10 @@ int shm_flush(erdma_conn *c) {
     e->stats.bytes_sent += wrote;
     conn_acked(c, c->acked + wrote); /* in the ring = delivered */
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&c->peer_seg->sleeping, memory_order_relaxed)) doorbell(e, c);
+    /* no doorbell while one of its threads spins on the rings: it will see it */
+    if (atomic_load_explicit(&c->peer_seg->sleeping, memory_order_relaxed) &&
+        !atomic_load_explicit(&c->peer_seg->spinners, memory_order_relaxed))
+      doorbell(e, c);
   }
   return 0;
 }
@@ -305,6 +309,19 @@ int shm_sleep_prepare(erdma_engine *e) {
     }
   }
   return 0;
+}
+
+/* A thread polls the rings itself for a while (erdma_req_wait's spin). */
+void shm_spin_begin(erdma_engine *e) {
+  if (e->shm.seg) atomic_fetch_add_explicit(&e->shm.seg->spinners, 1, memory_order_seq_cst);
+}
+
+/* After the spin: anything a producer wrote while it counted on the spinner
+ * is picked up here (the producer checks the count after publishing). */
+void shm_spin_end(erdma_engine *e) {
+  if (!e->shm.seg) return;
+  atomic_fetch_sub_explicit(&e->shm.seg->spinners, 1, memory_order_seq_cst);
+  shm_poll(e);
 }
 
 void shm_sleep_done(erdma_engine *e) {
