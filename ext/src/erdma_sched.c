@@ -114,28 +114,26 @@ static int add_step(erdma_sched *s, int kind, const void *src, void *dst,
   return s->n++;
 }
 
-int erdma_sched_send(erdma_sched *s, const void *buf, uint64_t nbytes, int dest,
-                     int tag, uint32_t ctx) {
-  if (nbytes && !buf) return ERDMA_ERR_INVAL;
-  int i = add_step(s, ST_SEND, buf, NULL, nbytes, 1);
+static int add_p2p(erdma_sched *s, int kind, const void *sbuf, void *rbuf, uint64_t nbytes,
+                   int peer, int tag, uint32_t ctx) {
+  if (nbytes && !sbuf && !rbuf) return ERDMA_ERR_INVAL;
+  int i = add_step(s, kind, sbuf, rbuf, nbytes, 1);
   if (i >= 0) {
-    s->steps[i].peer = dest;
+    s->steps[i].peer = peer;
     s->steps[i].tag = tag;
     s->steps[i].ctx = ctx;
   }
   return i;
 }
 
+int erdma_sched_send(erdma_sched *s, const void *buf, uint64_t nbytes, int dest,
+                     int tag, uint32_t ctx) {
+  return add_p2p(s, ST_SEND, buf, NULL, nbytes, dest, tag, ctx);
+}
+
 int erdma_sched_recv(erdma_sched *s, void *buf, uint64_t nbytes, int source,
                      int tag, uint32_t ctx) {
-  if (nbytes && !buf) return ERDMA_ERR_INVAL;
-  int i = add_step(s, ST_RECV, NULL, buf, nbytes, 1);
-  if (i >= 0) {
-    s->steps[i].peer = source;
-    s->steps[i].tag = tag;
-    s->steps[i].ctx = ctx;
-  }
-  return i;
+  return add_p2p(s, ST_RECV, NULL, buf, nbytes, source, tag, ctx);
 }
 
 int erdma_sched_reduce(erdma_sched *s, const void *in, void *inout,
