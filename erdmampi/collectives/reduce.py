@@ -165,6 +165,24 @@ def allreduce_recursive_doubling(t: Transport, sendbuf: Optional[np.ndarray],
     _fold_out(t, recvbuf, rem)
 
 
+def _ring_reduce_scatter(t, acc, tmp, cnts, disps, reduce_fn, shift):
+    """n-1 ring steps: send block (r - step - shift) to the right, reduce the
+    block arriving from the left into ``acc``.  Afterwards rank r holds the
+    fully reduced block (r + 1 - shift) % n."""
+    r, n = t.rank, t.size
+    right, left = (r + 1) % n, (r - 1) % n
+    for step in range(n - 1):
+        s, q = (r - step - shift) % n, (r - step - shift - 1) % n
+        reqs = []
+        if cnts[q]:
+            reqs.append(t.irecv(tmp[:cnts[q]], left, step))
+        if cnts[s]:
+            reqs.append(t.isend(block(acc, disps[s], cnts[s]), right, step))
+        t.waitall(reqs)
+        if cnts[q]:
+            reduce_fn(tmp[:cnts[q]], block(acc, disps[q], cnts[q]))
+
+
 def allreduce_ring(t: Transport, sendbuf: Optional[np.ndarray],
                    recvbuf: np.ndarray, reduce_fn: ReduceFn,
                    commutative: bool = True) -> None:
@@ -180,17 +198,8 @@ def allreduce_ring(t: Transport, sendbuf: Optional[np.ndarray],
         return
     cnts, disps = even_blocks(acc.size, n)
     tmp = np.empty(cnts[0], dtype=acc.dtype)
+    _ring_reduce_scatter(t, acc, tmp, cnts, disps, reduce_fn, 0)
     right, left = (r + 1) % n, (r - 1) % n
-    for step in range(n - 1):
-        s, q = (r - step) % n, (r - step - 1) % n
-        reqs = []
-        if cnts[q]:
-            reqs.append(t.irecv(tmp[:cnts[q]], left, step))
-        if cnts[s]:
-            reqs.append(t.isend(block(acc, disps[s], cnts[s]), right, step))
-        t.waitall(reqs)
-        if cnts[q]:
-            reduce_fn(tmp[:cnts[q]], block(acc, disps[q], cnts[q]))
     # rank r now owns the reduced block r+1
     for step in range(n - 1):
         s, q = (r + 1 - step) % n, (r - step) % n
@@ -308,17 +317,7 @@ def reduce_scatter_ring(t: Transport, sendbuf: Optional[np.ndarray],
         return
     acc = data[:sum(cnts)].copy()
     tmp = np.empty(max(cnts), dtype=acc.dtype)
-    right, left = (r + 1) % n, (r - 1) % n
-    for step in range(n - 1):
-        s, q = (r - step - 1) % n, (r - step - 2) % n
-        reqs = []
-        if cnts[q]:
-            reqs.append(t.irecv(tmp[:cnts[q]], left, step))
-        if cnts[s]:
-            reqs.append(t.isend(block(acc, disps[s], cnts[s]), right, step))
-        t.waitall(reqs)
-        if cnts[q]:
-            reduce_fn(tmp[:cnts[q]], block(acc, disps[q], cnts[q]))
+    _ring_reduce_scatter(t, acc, tmp, cnts, disps, reduce_fn, 1)
     if cnts[r]:
         recvbuf[:cnts[r]] = block(acc, disps[r], cnts[r])
 
