@@ -334,15 +334,8 @@ static int execute(erdma_sched *s) {
   return 0;
 }
 
-int erdma_sched_run(erdma_sched *s) {
-  if (!s) return ERDMA_ERR_INVAL;
-  pthread_mutex_lock(&s->mu);
-  if (s->state != S_BUILT) {
-    pthread_mutex_unlock(&s->mu);
-    return ERDMA_ERR_STATE;
-  }
-  s->state = S_RUNNING;
-  pthread_mutex_unlock(&s->mu);
+/* Run the steps, then publish the result to waiters. */
+static int execute_and_finish(erdma_sched *s) {
   int rc = execute(s);
   pthread_mutex_lock(&s->mu);
   s->result = rc;
@@ -352,14 +345,20 @@ int erdma_sched_run(erdma_sched *s) {
   return rc;
 }
 
-static void *worker(void *arg) {
-  erdma_sched *s = arg;
-  int rc = execute(s);
+int erdma_sched_run(erdma_sched *s) {
+  if (!s) return ERDMA_ERR_INVAL;
   pthread_mutex_lock(&s->mu);
-  s->result = rc;
-  s->state = S_DONE;
-  pthread_cond_broadcast(&s->cv);
+  if (s->state != S_BUILT) {
+    pthread_mutex_unlock(&s->mu);
+    return ERDMA_ERR_STATE;
+  }
+  s->state = S_RUNNING;
   pthread_mutex_unlock(&s->mu);
+  return execute_and_finish(s);
+}
+
+static void *worker(void *arg) {
+  execute_and_finish(arg);
   return NULL;
 }
 
