@@ -139,6 +139,10 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st);
  * *index gets the first completed one. */
 int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index);
 int erdma_req_cancel(erdma_req *r);
+/* Withdraw a pending request whatever its state, so the engine never touches
+ * its buffer again (a send's unsent bytes are copied first); it completes as
+ * cancelled.  For error paths: unlike MPI cancel it may drop a matched message. */
+int erdma_req_abort(erdma_req *r);
 void *erdma_req_data(erdma_req *r);      /* alloc buffer (owned by the req) */
 void erdma_req_free(erdma_req *r);       /* free now, or when it completes */
 

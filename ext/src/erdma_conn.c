@@ -160,9 +160,11 @@ static void payload_done(erdma_conn *c) {
   rx_reset(c);
 }
 
-static erdma_req *list_take_id(erdma_req **head, erdma_req **tail, uint64_t id) {
+/* The request with this id that belongs to `peer` (ids are guessable: a peer
+ * must not claim another's). */
+static erdma_req *list_take_id(erdma_req **head, erdma_req **tail, uint64_t id, int peer) {
   for (erdma_req *r = *head; r; r = r->next)
-    if (r->id == id) {
+    if (r->id == id && (r->kind == REQ_SEND ? r->dest : r->st.source) == peer) {
       DL_REMOVE(*head, *tail, r);
       return r;
     }
@@ -227,6 +229,7 @@ static int on_header(erdma_conn *c) {
     if (r) {
       if (recv_prepare(r, src, h->tag, h->len) != 0) {
         req_complete(r, ERDMA_ERR_NOMEM);
+        c->rx.remaining = h->len; /* the payload is skipped, not parsed as frames */
         break;
       }
       c->rx.req = r;
@@ -234,7 +237,10 @@ static int on_header(erdma_conn *c) {
       c->rx.room = h->len < r->cap ? h->len : r->cap;
     } else {
       m = msg_new(src, h->tag, h->ctx, h->len);
-      if (!m || !(m->data = malloc(h->len ? h->len : 1))) return ERDMA_ERR_NOMEM;
+      if (!m || !(m->data = malloc(h->len ? h->len : 1))) {
+        free(m);
+        return ERDMA_ERR_NOMEM;
+      }
       m->queued = 1;
       DL_APPEND(e->unexp_head, e->unexp_tail, m);
       e->stats.unexpected++;
@@ -268,7 +274,7 @@ static int on_header(erdma_conn *c) {
     }
     break;
   case FR_CTS:
-    r = list_take_id(&e->rndv_send_head, &e->rndv_send_tail, h->id);
+    r = list_take_id(&e->rndv_send_head, &e->rndv_send_tail, h->id, src);
     if (r && (h->flags & FR_FLAG_CMA)) {
       req_complete(r, 0); /* the receiver copied it out of our memory */
     } else if (r) {
@@ -280,7 +286,7 @@ static int on_header(erdma_conn *c) {
     }
     break;
   case FR_DATA:
-    r = list_take_id(&e->rndv_recv_head, &e->rndv_recv_tail, h->id);
+    r = list_take_id(&e->rndv_recv_head, &e->rndv_recv_tail, h->id, src);
     if (r) {
       c->rx.req = r;
       c->rx.dst = r->buf;
@@ -588,7 +594,11 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
   erdma_conn *c = find_conn(e, vc.dcid, vc.dcidlen);
   if (!c) {
     ngtcp2_pkt_hd hd;
-    if (e->stopping || ngtcp2_accept(&hd, data, len) != 0) return 0;
+    int npending = 0;
+    for (erdma_conn *p = e->pending; p; p = p->next_pending) npending++;
+    /* strangers cannot make us hold unbounded handshake state */
+    if (e->stopping || npending >= 2 * e->cfg.size + 16 || ngtcp2_accept(&hd, data, len) != 0)
+      return 0;
     if (!(c = server_conn_new(e, &hd, from, fromlen))) return 0;
   }
   if (c->closed) return 0;

@@ -96,7 +96,7 @@ void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, i
     char buf[CMSG_SPACE(sizeof(uint16_t))];
     struct cmsghdr align;
   } ctl[ERDMA_BATCH];
-  int sent = 0, m = 0;
+  int sent = 0, m = 0, waits = 0;
   size_t max_run = e->gso ? 65000 / e->pkt_size : 1;
   for (int i = 0; i < n; m++) {
     int j = i + 1;
@@ -132,7 +132,7 @@ void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, i
         /* socket buffer full: wait briefly rather than drop (QUIC would
          * recover, but a loss costs the congestion window) */
         struct pollfd p = {e->fd, POLLOUT, 0};
-        if (poll(&p, 1, 10) > 0) continue;
+        if (++waits <= 100 && poll(&p, 1, 10) > 0) continue;
       }
       break; /* dropped; QUIC retransmits */
     }
@@ -395,7 +395,9 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
   engine_wake(e);
   pthread_mutex_unlock(&e->mu);
   pthread_join(e->thread, NULL);
+  pthread_mutex_lock(&e->mu); /* a waiter may still be spinning on the rings */
   shm_teardown(e);
+  pthread_mutex_unlock(&e->mu);
   return rv;
 }
 

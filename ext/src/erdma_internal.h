@@ -70,6 +70,7 @@ struct erdma_msg {
   int complete;
   int queued;            /* in the unexpected queue */
   int taken;             /* held by a matched probe (erdma_msg handle) */
+  int error;             /* its sender failed before the payload was complete */
   erdma_req *bound;      /* receive waiting for the rest of the payload */
   erdma_req *sreq;       /* local synchronous send completed on match */
   struct erdma_msg *prev, *next;

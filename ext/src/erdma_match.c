@@ -117,6 +117,12 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
     msg_free(m);
     return;
   }
+  if (m->error) {
+    recv_prepare(r, m->source, m->tag, m->len);
+    req_complete(r, m->error);
+    msg_free(m);
+    return;
+  }
   if (!m->complete) {
     int rv = recv_prepare(r, m->source, m->tag, m->len);
     if (rv) {
@@ -184,9 +190,14 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
       req_complete(c->rx.req, error);
       c->rx.req = NULL;
     }
-    if (c->rx.msg && c->rx.msg->bound) {
-      req_complete(c->rx.msg->bound, error);
-      msg_free(c->rx.msg);
+    erdma_msg *m = c->rx.msg;
+    if (m && m->bound) {
+      req_complete(m->bound, error);
+      msg_free(m);
+    } else if (m && m->taken) {
+      m->error = error; /* held by a matched probe: its receive fails on bind */
+    } else if (m && !m->queued) {
+      msg_free(m);
     }
     c->rx.msg = NULL;
     for (tx_item *t = c->tx_head; t; t = t->next)
@@ -196,4 +207,52 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
       }
   }
   pthread_cond_broadcast(&e->cv);
+}
+
+static int list_remove(erdma_req **head, erdma_req **tail, erdma_req *r) {
+  for (erdma_req *q = *head; q; q = q->next)
+    if (q == r) {
+      DL_REMOVE(*head, *tail, r);
+      return 1;
+    }
+  return 0;
+}
+
+int erdma_req_abort(erdma_req *r) {
+  erdma_engine *e = r->e;
+  pthread_mutex_lock(&e->mu);
+  if (!r->done) {
+    if (r->kind == REQ_RECV) {
+      if (!list_remove(&e->posted_head, &e->posted_tail, r))
+        list_remove(&e->rndv_recv_head, &e->rndv_recv_tail, r);
+    } else {
+      list_remove(&e->rndv_send_head, &e->rndv_send_tail, r);
+    }
+    for (int i = 0; i < e->cfg.size; i++) {
+      erdma_conn *c = e->peers[i].conn;
+      if (!c) continue;
+      if (c->rx.req == r) { /* the rest of its payload is discarded */
+        c->rx.req = NULL;
+        c->rx.dst = NULL;
+        c->rx.room = 0;
+      }
+      if (c->rx.msg && c->rx.msg->bound == r) c->rx.msg->bound = NULL; /* now an orphan */
+      for (tx_item *t = c->tx_head; t; t = t->next) {
+        if (t->req != r) continue;
+        if (!t->owned && t->plen) { /* QUIC may still retransmit it: keep a copy */
+          uint8_t *copy = malloc(t->plen);
+          if (copy) {
+            memcpy(copy, t->payload, t->plen);
+            t->owned = copy;
+            t->payload = copy;
+          }
+        }
+        t->req = NULL;
+      }
+    }
+    r->st.cancelled = 1;
+    req_complete(r, 0);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return 0;
 }

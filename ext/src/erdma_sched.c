@@ -290,7 +290,7 @@ static int harvest(erdma_sched *s) {
 
 static void abandon(erdma_sched *s) {
   for (int k = 0; k < s->nreqs; k++) {
-    erdma_req_cancel(s->reqs[k]);
+    erdma_req_abort(s->reqs[k]); /* its buffers may be freed once we return */
     erdma_req_free(s->reqs[k]);
   }
   s->nreqs = 0;

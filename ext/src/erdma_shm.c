@@ -234,13 +234,42 @@ int shm_flush(erdma_conn *c) {
   return 0;
 }
 
+/* Hand everything in c's inbound ring to the frame parser; -1 on a bad frame
+ * or a corrupt ring. */
+static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
+  uint64_t cap = e->shm.ring_bytes;
+  struct shm_ring *r = c->rx_ring;
+  uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+  uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+  int rv = 0;
+  if (head - tail > cap) return -1; /* a producer that broke the protocol */
+  while (tail != head && rv == 0) {
+    uint64_t off = tail & (cap - 1), n = head - tail;
+    if (n > cap - off) n = cap - off;
+    rv = conn_rx_feed(c, r->data + off, (size_t)n);
+    tail += n;
+    *total += (int)n;
+    e->stats.bytes_recv += n;
+  }
+  atomic_store_explicit(&r->tail, tail, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&r->prod_waiting, memory_order_relaxed)) {
+    atomic_store_explicit(&r->prod_waiting, 0, memory_order_relaxed);
+    doorbell(e, c);
+  }
+  return rv ? -1 : 0;
+}
+
 static void check_alive(erdma_engine *e, erdma_conn *c) {
   struct shm_seg *ps = c->peer_seg;
+  int total = 0;
   if (c->closed) return;
   if (atomic_load(&ps->closed)) {
+    drain_ring(e, c, &total); /* its last messages, published before `closed` */
     c->closed = 1; /* a goodbye: later use of the peer fails quietly */
     if (!e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
   } else if (kill(ps->pid, 0) != 0 && errno == ESRCH) {
+    drain_ring(e, c, &total);
     c->closed = 1;
     if (!e->stopping) {
       fprintf(stderr, "erdma[%d]: rank %d (pid %d, same host) has exited\n", e->cfg.rank,
@@ -252,7 +281,6 @@ static void check_alive(erdma_engine *e, erdma_conn *c) {
 
 int shm_poll(erdma_engine *e) {
   shm_state *s = &e->shm;
-  uint64_t cap = s->ring_bytes;
   int total = 0;
   if (!s->seg) return 0;
   int check = erdma_now() >= s->next_liveness;
@@ -265,29 +293,12 @@ int shm_poll(erdma_engine *e) {
     int p = s->local[i];
     erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
     if (!c || !c->shm || c->closed) continue;
-    struct shm_ring *r = c->rx_ring;
-    uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    while (tail != head) {
-      uint64_t off = tail & (cap - 1), n = head - tail;
-      if (n > cap - off) n = cap - off;
-      int rv = conn_rx_feed(c, r->data + off, (size_t)n);
-      tail += n;
-      total += (int)n;
-      e->stats.bytes_recv += n;
-      if (rv) {
-        fprintf(stderr, "erdma[%d]: bad frame from rank %d over shared memory\n", e->cfg.rank,
-                p);
-        c->closed = 1;
-        engine_fail_peer(e, p, ERDMA_ERR_PEER);
-        break;
-      }
-    }
-    atomic_store_explicit(&r->tail, tail, memory_order_release);
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&r->prod_waiting, memory_order_relaxed)) {
-      atomic_store_explicit(&r->prod_waiting, 0, memory_order_relaxed);
-      doorbell(e, c);
+    if (drain_ring(e, c, &total) != 0) {
+      fprintf(stderr, "erdma[%d]: bad frame from rank %d over shared memory\n", e->cfg.rank,
+              p);
+      c->closed = 1;
+      engine_fail_peer(e, p, ERDMA_ERR_PEER);
+      continue;
     }
     if (check) check_alive(e, c);
   }
