@@ -116,6 +116,12 @@ class EngineRequest:
         if self._req is not None:
             lib.erdma_req_cancel(self._req)
 
+    def abort(self) -> None:
+        """Withdraw the request whatever its state (error paths): the engine
+        never touches its buffer again."""
+        if self._req is not None:
+            lib.erdma_req_abort(self._req)
+
     def take(self) -> bytearray:
         """Copy out the engine-allocated payload of an alloc receive."""
         st = self.wait()
