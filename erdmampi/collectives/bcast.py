@@ -27,17 +27,17 @@ def _binomial_parent(vr: int) -> tuple[int, int]:
     return vr - mask, mask
 
 
-def bcast_binomial(t: Transport, buf: np.ndarray, root: int) -> None:
-    """Binomial tree: ceil(log2 n) rounds, each rank sends the whole buffer to
-    at most log2 n children.  Best for small messages."""
-    n, r = t.size, t.rank
-    root = check_root("bcast", root, n)
-    if n <= 1 or buf.nbytes == 0:
-        return
-    vr = (r - root) % n
+def _binomial_down(t: Transport, vr: int, root: int, part) -> None:
+    """One pass down a binomial tree in virtual-rank space: receive this
+    vrank's part from its parent, then send each child the part of its
+    subtree.  ``part(lo, hi)`` is the array for vranks [lo, hi); empty parts
+    are not sent."""
+    n = t.size
     parent, mask = _binomial_parent(vr)
     if parent >= 0:
-        t.waitall([t.irecv(buf, (parent + root) % n, 0)])
+        mine = part(vr, min(vr + mask, n))
+        if mine.size:
+            t.waitall([t.irecv(mine, (parent + root) % n, 0)])
     else:
         mask = 1
         while mask < n:
@@ -45,10 +45,23 @@ def bcast_binomial(t: Transport, buf: np.ndarray, root: int) -> None:
     reqs = []
     mask >>= 1
     while mask > 0:
-        if vr + mask < n:
-            reqs.append(t.isend(buf, (vr + mask + root) % n, 0))
+        child = vr + mask
+        if child < n:
+            sub = part(child, min(child + mask, n))
+            if sub.size:
+                reqs.append(t.isend(sub, (child + root) % n, 0))
         mask >>= 1
     t.waitall(reqs)
+
+
+def bcast_binomial(t: Transport, buf: np.ndarray, root: int) -> None:
+    """Binomial tree: ceil(log2 n) rounds, each rank sends the whole buffer to
+    at most log2 n children.  Best for small messages."""
+    n, r = t.size, t.rank
+    root = check_root("bcast", root, n)
+    if n <= 1 or buf.nbytes == 0:
+        return
+    _binomial_down(t, (r - root) % n, root, lambda lo, hi: buf)
 
 
 def bcast_scatter_allgather(t: Transport, buf: np.ndarray, root: int) -> None:
@@ -69,25 +82,7 @@ def bcast_scatter_allgather(t: Transport, buf: np.ndarray, root: int) -> None:
 
     vr = (r - root) % n
     # -- scatter: vrank v ends up with chunks [v, v + subtree size)
-    parent, mask = _binomial_parent(vr)
-    if parent >= 0:
-        part = span(vr, min(vr + mask, n))
-        if part.size:
-            t.waitall([t.irecv(part, (parent + root) % n, 0)])
-    else:
-        mask = 1
-        while mask < n:
-            mask <<= 1
-    reqs = []
-    mask >>= 1
-    while mask > 0:
-        child = vr + mask
-        if child < n:
-            part = span(child, min(child + mask, n))
-            if part.size:
-                reqs.append(t.isend(part, (child + root) % n, 0))
-        mask >>= 1
-    t.waitall(reqs)
+    _binomial_down(t, vr, root, span)
     # -- ring allgather of the n chunks, in virtual-rank space
     right = (vr + 1) % n
     left = (vr - 1) % n
