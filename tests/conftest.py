@@ -1,6 +1,12 @@
 """Shared pytest configuration: markers and the repository on sys.path for tests.harness."""
+import os
 import sys
 from pathlib import Path
+
+# CUDA kernels run under Numba's simulator unless a real GPU run asks
+# otherwise (NUMBA_ENABLE_CUDASIM=0, as on the lent GPU machine).  Set before
+# any test module imports numba.cuda.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
