@@ -57,6 +57,7 @@ typedef struct {
 
 typedef struct {
     uint64_t rx, tx, tx_bytes, drop_full, drop_tx, oversize, late_max_ns;
+    uint64_t late_hist[24]; /* frames sent [2^(k-1), 2^k) us after their deadline */
 } stats_t;
 
 static volatile sig_atomic_t stop;
@@ -239,6 +240,10 @@ static void pump_out(dir_t *d, uint64_t now)
             uint64_t late = now - *(uint64_t *)e;
             if (late > d->st.late_max_ns)
                 d->st.late_max_ns = late;
+            unsigned b = 0;
+            for (uint64_t us = late / 1000; us && b < 23; us >>= 1)
+                b++;
+            d->st.late_hist[b]++;
             iov[n].iov_base = e + HDR;
             iov[n].iov_len = *(uint32_t *)(e + 8);
             memset(&m[n].msg_hdr, 0, sizeof m[n].msg_hdr);
@@ -280,12 +285,30 @@ static void pump_out(dir_t *d, uint64_t now)
     }
 }
 
+/* upper bound (us) of the bucket holding quantile q of the send lateness */
+static double late_quantile(const stats_t *s, double q)
+{
+    uint64_t total = 0, acc = 0;
+    for (int b = 0; b < 24; b++)
+        total += s->late_hist[b];
+    if (!total)
+        return 0;
+    for (int b = 0; b < 24; b++) {
+        acc += s->late_hist[b];
+        if (acc >= q * total)
+            return b == 0 ? 1 : (double)(1u << b);
+    }
+    return s->late_max_ns / 1e3;
+}
+
 static void print_stats(FILE *f, const char *name, const stats_t *s)
 {
     fprintf(f, "%s rx=%llu tx=%llu tx_bytes=%llu drop_full=%llu drop_tx=%llu oversize=%llu "
-            "late_max_us=%.1f\n", name, (unsigned long long)s->rx, (unsigned long long)s->tx,
+            "late_p50_us=%.0f late_p99_us=%.0f late_p999_us=%.0f late_max_us=%.1f\n", name,
+            (unsigned long long)s->rx, (unsigned long long)s->tx,
             (unsigned long long)s->tx_bytes, (unsigned long long)s->drop_full,
             (unsigned long long)s->drop_tx, (unsigned long long)s->oversize,
+            late_quantile(s, 0.5), late_quantile(s, 0.99), late_quantile(s, 0.999),
             s->late_max_ns / 1e3);
 }
 

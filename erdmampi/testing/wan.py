@@ -260,11 +260,12 @@ class WanBed:
         bandwidth-delay product (rate x RTT), at least 128 KiB.
     :param cc: TCP congestion control set in every site namespace (``"cubic"``,
         ``"bbr"``, ``"reno"``); None keeps the kernel's default.
-    :param rt: run the delay lines SCHED_FIFO (better timing on a loaded machine).
+    :param rt: run the delay lines SCHED_FIFO (default; without it a busy machine
+        delays frames by milliseconds now and then).
     """
 
     def __init__(self, sites=2, rate="100mbit", delay_ms=0.0, loss=0.0, queue_bytes=None,
-                 cc=None, rt=False):
+                 cc=None, rt=True):
         if not 1 <= int(sites) <= 200:
             raise ValueError(f"sites must be 1..200, got {sites!r}")
         if delay_ms < 0:
@@ -310,10 +311,20 @@ class WanBed:
             raise IndexError(f"site {site!r} out of range (bed has {self.sites} sites)")
         return int(site)
 
+    def hostname(self, site) -> str:
+        """Host name that processes of ``site`` see (each site looks like its own host)."""
+        return f"{self.tag}-site{self._site(site)}"
+
     def ns_cmd(self, site, argv) -> "list[str]":
-        """``argv`` prefixed to run in site ``site`` (``"router"`` for the router)."""
-        ns = self.router_ns if site == "router" else self.site_ns[self._site(site)]
-        return ["ip", "netns", "exec", ns, *map(str, argv)]
+        """``argv`` prefixed to run in site ``site`` (``"router"`` for the router).
+        Site processes also get a UTS namespace whose host name is :meth:`hostname`,
+        so MPICH/UCX, gloo and erdmampi take each site for a separate machine."""
+        if site == "router":
+            return ["ip", "netns", "exec", self.router_ns, *map(str, argv)]
+        i = self._site(site)
+        return ["ip", "netns", "exec", self.site_ns[i], "unshare", "--uts", "sh", "-c",
+                'echo "$0" > /proc/sys/kernel/hostname && exec "$@"', self.hostname(i),
+                *map(str, argv)]
 
     # -- lifecycle
     def __enter__(self):
@@ -447,6 +458,14 @@ class WanBed:
                   f"net.ipv4.tcp_congestion_control={algo}"])
         self.cc = algo
 
+    def link_bytes(self) -> "list[dict]":
+        """Per site: bytes the router sent to it (``down``) and received from it
+        (``up``) so far, read from the router's interface counters."""
+        out = json.loads(_run(["ip", "-n", self.router_ns, "-j", "-s", "link", "show"]).stdout)
+        by = {d["ifname"]: d["stats64"] for d in out}
+        return [{"down": by[f"s{i}"]["tx"]["bytes"], "up": by[f"s{i}"]["rx"]["bytes"]}
+                for i in range(self.sites)]
+
     def get_cc(self, site=0) -> str:
         return _run(self.ns_cmd(site, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])
                     ).stdout.strip()
@@ -579,7 +598,7 @@ class WanBed:
             e.update(ERDMA_RANK=str(r), ERDMA_SIZE=str(len(sites)), ERDMA_RENDEZVOUS=rdv,
                      ERDMA_JOBID=jobid, ERDMA_LOCAL_RANK=str(r % ranks_per_site),
                      ERDMA_LOCAL_SIZE=str(ranks_per_site), ERDMA_BIND=self.addr(s),
-                     ERDMA_HOST=f"{self.tag}-site{s}", ERDMA_APPNUM="0",
+                     ERDMA_HOST=self.hostname(s), ERDMA_APPNUM="0",
                      ERDMA_UNIVERSE_SIZE=str(len(sites)))
             runs.append((s, argv, e))
         procs, logs = self._start_ranks(runs, "erdmampi")
@@ -606,7 +625,7 @@ class WanBed:
         MPICH's UCX device is restricted to TCP on the sites' eth0 (shared memory inside
         a site)."""
         script = self.tmpdir / "nsexec.sh"
-        cases = "\n".join(f"    {self.addr(i)}) ns={self.site_ns[i]} ;;"
+        cases = "\n".join(f"    {self.addr(i)}) ns={self.site_ns[i]} hn={self.hostname(i)} ;;"
                           for i in range(self.sites))
         script.write_text(
             "#!/bin/sh\n"
@@ -617,11 +636,12 @@ class WanBed:
             f"{cases}\n"
             "    *) echo \"nsexec.sh: unknown host $host\" >&2; exit 255 ;;\n"
             "esac\n"
-            "exec ip netns exec \"$ns\" sh -c \"$*\"\n")
+            "exec ip netns exec \"$ns\" unshare --uts sh -c "
+            "'echo \"$0\" > /proc/sys/kernel/hostname && eval \"$1\"' \"$hn\" \"$*\"\n")
         script.chmod(0o755)
         hosts = ",".join(f"{self.addr(i)}:{ranks_per_site}" for i in range(self.sites))
         e = self._base_env(env)
-        e.setdefault("UCX_TLS", "tcp,self,sm")
+        e.setdefault("UCX_TLS", "tcp,self")   # shm across sites would bypass the bed
         e.setdefault("UCX_NET_DEVICES", IFACE)
         e.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         e.setdefault("MPIR_CVAR_CH4_NETMOD", "ucx")
