@@ -19,6 +19,10 @@ class Rc:
     :param recv_mprobe: receive objects with matched probes (True).
     :param irecv_bufsz: default buffer size for ``irecv()`` without a buffer.
     :param errors: "exception", "default", "abort" or "fatal".
+    :param compress: compression of collective traffic: "off", "auto",
+        "lossless", "bf16", "int8" or "int4"; None (default) means "auto".
+        The environment variable ``ERDMA_COMPRESS`` wins over it.  See
+        ``docs/compression.md``.
     """
 
     initialize = True
@@ -29,6 +33,7 @@ class Rc:
     recv_mprobe = True
     irecv_bufsz = 32768
     errors = "exception"
+    compress = None
 
     def __init__(self, **kwargs):
         self(**kwargs)

@@ -10,7 +10,9 @@ with honest message passing between the threads:
   buffer too early, or relies on buffering to avoid a deadlock, fails;
   ``eager=True`` instead snapshots the bytes at ``isend``;
 * a receive buffer must have exactly the size of the matched message
-  (stricter than MPI, to catch count bugs);
+  (stricter than MPI, to catch count bugs), except for ``irecv_upto``,
+  which takes a message of at most the buffer's size (variable-length
+  encodings of the compressed collectives);
 * ``send_obj`` pickles and (rendezvous mode) blocks until matched;
 * a wait that makes no progress for ``timeout`` seconds, or an error on any
   rank, aborts every rank with an exception instead of hanging.
@@ -33,10 +35,12 @@ class Deadlock(RuntimeError):
 
 
 class _Req:
-    __slots__ = ("done", "buf", "kind", "obj", "src", "tag", "dest")
+    __slots__ = ("done", "buf", "kind", "obj", "src", "tag", "dest", "upto", "nbytes")
 
-    def __init__(self, kind, buf=None, obj=None):
+    def __init__(self, kind, buf=None, obj=None, upto=False):
         self.done = False
+        self.upto = upto        # receive: a shorter message is allowed
+        self.nbytes = 0         # receive: bytes delivered
         self.kind = kind        # "buf" or "obj"
         self.buf = buf          # send: array or snapshot bytes; recv: array
         self.obj = obj          # received object / pickled payload
@@ -70,11 +74,12 @@ class Fabric:
         if send.kind == "buf":
             src = _bytes_view(send.buf)
             dst = _bytes_view(recv.buf)
-            if src.size != dst.size:
+            if src.size != dst.size and not (recv.upto and src.size <= dst.size):
                 raise RuntimeError(f"size mismatch: {src.size} bytes sent from "
                                    f"{send.src} to {send.dest} tag {send.tag}, "
                                    f"receive buffer has {dst.size}")
-            np.copyto(dst, src)
+            np.copyto(dst[:src.size], src)
+            recv.nbytes = src.size
             self.bytes += src.size
         else:
             recv.obj = send.obj
@@ -156,6 +161,14 @@ class ThreadTransport:
         if not buf.flags.writeable:
             raise TypeError("irecv needs a writable buffer")
         req = _Req("buf", buf)
+        self.fabric.post_recv(req, self.rank, source, tag)
+        return req
+
+    def irecv_upto(self, buf: np.ndarray, source: int, tag: int) -> _Req:
+        """Like :meth:`irecv`, but the message may be shorter than ``buf``."""
+        if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous:
+            raise TypeError("irecv_upto needs a C-contiguous numpy array")
+        req = _Req("buf", buf, upto=True)
         self.fabric.post_recv(req, self.rank, source, tag)
         return req
 
