@@ -103,6 +103,18 @@ def _copy_raw(payload, offs, lens, ids, nsel, bb, dst):
         j += cuda.gridDim.x
 
 
+@cuda.jit
+def _fill_i32(a, v):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = v
+
+
+def fill_i32(a, v, stream=0):
+    if a.size:
+        _fill_i32[(a.size + TPB - 1) // TPB, TPB, stream](a, v)
+
+
 def _grid(n):
     return max(1, min(n, 65535 if not config.ENABLE_CUDASIM else 4))
 
