@@ -33,7 +33,7 @@ setup(
     description="MPI for GPUs across the Internet: mpi4py-compatible API over QUIC",
     python_requires=">=3.9",
     packages=["erdmampi", "erdmampi.util", "erdmampi.collectives",
-              "erdmampi.kernels", "erdmampi.launcher"],
+              "erdmampi.kernels", "erdmampi.launcher", "erdmampi.testing"],
     package_dir={"erdmampi.kernels": "kernels", "erdmampi.launcher": "launcher"},
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy"],

@@ -396,7 +396,7 @@ class WanBed:
         if self.loss > 0:
             k = round(self.loss * 1_000_000)
             rules = ("table inet erdwan {\n"
-                     "  chain fwd {\n"
+                     "  chain loss {\n"
                      "    type filter hook forward priority 0; policy accept;\n"
                      f"    numgen random mod 1000000 < {k} counter drop\n"
                      "  }\n"
@@ -437,13 +437,13 @@ class WanBed:
         router's), adding ``algo`` to the global allowed list when it is missing (it is
         removed again on close)."""
         algo = str(algo)
-        avail = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
-        if algo not in avail:
+        avail_file = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        if algo not in avail_file.read_text().split() and shutil.which("modprobe"):
             _run(["modprobe", f"tcp_{algo}"], check=False)
-            avail = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
-            if algo not in avail:
-                raise WanBedError(f"TCP congestion control {algo!r} not available "
-                                  f"(kernel offers {' '.join(avail)})")
+        avail = avail_file.read_text().split()
+        if algo not in avail:
+            raise WanBedError(f"TCP congestion control {algo!r} not available "
+                              f"(kernel offers {' '.join(avail)})")
         with _cc_lock:
             allowed = Path(_CC_SYSCTL).read_text().split()
             if algo not in allowed:
