@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the benchmark suite (bench/) needs beyond the test setup:
 # torch==2.13.0 (a local CPU build, for the torch.distributed gloo stack)
-# and matplotlib (the PNG plot), into the project virtualenv (.venv).
+# matplotlib (the PNG plot), and blosc2 + zstandard (the references of the
+# codec benchmark, python -m bench.codecs) into the project virtualenv (.venv).
 # Run scripts/setup.sh first. The tests do not need any of this.
 #
 #   bash scripts/setup_bench.sh
@@ -28,6 +29,12 @@ if "$VPY" -c 'import torch, matplotlib; assert torch.__version__.startswith("2.1
 else
     say "installing torch==2.13.0 (CPU) and matplotlib (about a minute)"
     "$VPY" -m pip install -q "torch==2.13.0" matplotlib
+fi
+if "$VPY" -c 'import blosc2, zstandard' 2>/dev/null; then
+    say "blosc2 $("$VPY" -c 'import blosc2; print(blosc2.__version__)') and zstandard present"
+else
+    say "installing blosc2 and zstandard (codec benchmark references)"
+    "$VPY" -m pip install -q "blosc2==4.14.1" "zstandard==0.25.0"
 fi
 "$VPY" -c 'import torch.distributed as d; assert d.is_available() and d.is_gloo_available()' \
     || die "torch is installed but torch.distributed/gloo is not available"
