@@ -54,12 +54,17 @@ def bf16_encode(src, res, use_res, out16, tmp):
     bad = 0
     for c0 in range(0, n, chunk):
         m = min(chunk, n - c0)
+        # sub-array views: indices from 0 let LLVM drop the wraparound
+        # checks and vectorize
+        xs = src[c0:c0 + m]
+        os = out16[c0:c0 + m]
+        rs = res[c0:c0 + m]
         if use_res:
             for j in range(m):
-                vals[j] = np.float32(src[c0 + j]) + res[c0 + j]
+                vals[j] = np.float32(xs[j]) + rs[j]
         else:
             for j in range(m):
-                vals[j] = np.float32(src[c0 + j])
+                vals[j] = np.float32(xs[j])
         for j in range(m):
             u = vbits[j]
             bad += (u & np.uint32(0x7FFFFFFF)) >= np.uint32(0x7F800000)
@@ -67,14 +72,14 @@ def bf16_encode(src, res, use_res, out16, tmp):
                 h = ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
             else:
                 h = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-            out16[c0 + j] = np.uint16(h)
+            os[j] = np.uint16(h)
             dbits[j] = h << np.uint32(16)
         if use_res:
             for j in range(m):
                 r = vals[j] - dec[j]
                 if not (abs(r) <= np.float32(3.4028235e38)):
                     r = np.float32(0.0)
-                res[c0 + j] = r
+                rs[j] = r
     return bad
 
 
@@ -87,14 +92,16 @@ def bf16_decode(in16, out, accumulate, tmp):
     tb = tmp.view(np.uint32)
     for c0 in range(0, n, chunk):
         m = min(chunk, n - c0)
+        hs = in16[c0:c0 + m]
+        os = out[c0:c0 + m]
         for j in range(m):
-            tb[j] = np.uint32(in16[c0 + j]) << np.uint32(16)
+            tb[j] = np.uint32(hs[j]) << np.uint32(16)
         if accumulate:
             for j in range(m):
-                out[c0 + j] += tmp[j]
+                os[j] += tmp[j]
         else:
             for j in range(m):
-                out[c0 + j] = tmp[j]
+                os[j] = tmp[j]
 
 
 # -- blockwise int8 / int4 ----------------------------------------------
@@ -119,19 +126,41 @@ def _get_f32(src, pos, cell):
 
 
 @njit(cache=True, nogil=True)
+def _group_scale(vals, ne, qmax):
+    """(scale, pre, inv, ok) for one group's float32 ``vals[:ne]``: codes
+    are ``rint((v * pre) * inv)``; ok is False when the group holds NaN or
+    Inf (scale NaN, codes 0)."""
+    vbits = vals.view(np.uint32)
+    mx = np.uint32(0)
+    for j in range(ne):
+        a = vbits[j] & np.uint32(0x7FFFFFFF)
+        mx = a if a > mx else mx
+    one = np.float32(1.0)
+    zero = np.float32(0.0)
+    if mx >= np.uint32(0x7F800000):
+        return np.float32(np.nan), one, zero, False
+    if mx == 0:
+        return zero, one, zero, True
+    cell = np.empty(1, np.uint32)
+    cell[0] = mx
+    amax = cell.view(np.float32)[0]
+    if amax < TINY:
+        return amax / qmax, BIG, qmax / (amax * BIG), True
+    return amax / qmax, one, qmax / amax, True
+
+
+@njit(cache=True, nogil=True)
 def quant_encode(src, res, use_res, block, group, bits, payload):
     """Blockwise absmax quantization of ``float32(src) + res`` into
     ``payload``; with ``use_res`` set ``res = v - decoded`` (0 in non-finite
     groups).  Returns the number of non-finite groups."""
     count = src.size
     qmax = np.float32(127.0) if bits == 8 else np.float32(7.0)
+    nq = -qmax
     gpb = block // group
     full_pay = gpb * 4 + (block if bits == 8 else block // 2)
     vals = np.empty(group, np.float32)
-    vbits = vals.view(np.uint32)
-    codes = np.empty(group, np.int32)
     cell = np.empty(1, np.float32)
-    cellu = cell.view(np.uint32)
     nonfinite = 0
     nblocks = (count + block - 1) // block
     for b in range(nblocks):
@@ -143,64 +172,60 @@ def quant_encode(src, res, use_res, block, group, bits, payload):
         for g in range(ng):
             e0 = b0 + g * group
             ne = min(group, count - e0)
+            xs = src[e0:e0 + ne]
+            rs = res[e0:e0 + ne]
             if use_res:
                 for j in range(ne):
-                    vals[j] = np.float32(src[e0 + j]) + res[e0 + j]
+                    vals[j] = np.float32(xs[j]) + rs[j]
             else:
                 for j in range(ne):
-                    vals[j] = np.float32(src[e0 + j])
-            mx = np.uint32(0)
-            for j in range(ne):
-                a = vbits[j] & np.uint32(0x7FFFFFFF)
-                mx = max(mx, a)
-            if mx >= np.uint32(0x7F800000):
-                # NaN or Inf in the group: NaN scale, zero codes, drop residual
-                nonfinite += 1
-                _put_f32(payload, pbase + 4 * g, np.float32(np.nan), cell)
-                if bits == 8:
-                    for j in range(ne):
-                        payload[dbase + g * group + j] = 0
-                else:
-                    for j in range((ne + 1) // 2):
-                        payload[dbase + (g * group) // 2 + j] = 0
-                if use_res:
-                    for j in range(ne):
-                        res[e0 + j] = np.float32(0.0)
-                continue
-            cellu[0] = mx
-            amax = cell[0]
-            scale = amax / qmax
+                    vals[j] = np.float32(xs[j])
+            scale, pre, inv, ok = _group_scale(vals, ne, qmax)
             _put_f32(payload, pbase + 4 * g, scale, cell)
-            if mx == 0:
-                for j in range(ne):
-                    codes[j] = 0
-            elif amax < TINY:
-                inv = qmax / (amax * BIG)
-                for j in range(ne):
-                    q = _rne((vals[j] * BIG) * inv)
-                    q = min(max(q, -qmax), qmax)
-                    codes[j] = np.int32(q)
-            else:
-                inv = qmax / amax
-                for j in range(ne):
-                    q = _rne(vals[j] * inv)
-                    q = min(max(q, -qmax), qmax)
-                    codes[j] = np.int32(q)
+            if not ok:
+                # NaN or Inf in the group: NaN scale, zero codes, residual 0
+                nonfinite += 1
+                nbytes = ne if bits == 8 else (ne + 1) // 2
+                d0 = dbase + (g * group if bits == 8 else (g * group) // 2)
+                payload[d0:d0 + nbytes] = 0
+                if use_res:
+                    rs[:] = 0
+                continue
             if bits == 8:
                 d0 = dbase + g * group
+                pd = payload[d0:d0 + ne]
                 for j in range(ne):
-                    payload[d0 + j] = np.uint8(codes[j] & 0xFF)
+                    v = vals[j]
+                    q = _rne((v * pre) * inv)
+                    q = q if q < qmax else qmax
+                    q = q if q > nq else nq
+                    pd[j] = np.uint8(np.int32(q) & 0xFF)
+                    if use_res:
+                        rs[j] = v - q * scale
             else:
                 d0 = dbase + (g * group) // 2
-                npair = ne // 2
-                for k in range(npair):
-                    payload[d0 + k] = np.uint8((codes[2 * k] & 0xF)
-                                               | ((codes[2 * k + 1] & 0xF) << 4))
+                pd = payload[d0:d0 + (ne + 1) // 2]
+                for k in range(ne // 2):
+                    v0 = vals[2 * k]
+                    v1 = vals[2 * k + 1]
+                    q0 = _rne((v0 * pre) * inv)
+                    q1 = _rne((v1 * pre) * inv)
+                    q0 = q0 if q0 < qmax else qmax
+                    q0 = q0 if q0 > nq else nq
+                    q1 = q1 if q1 < qmax else qmax
+                    q1 = q1 if q1 > nq else nq
+                    pd[k] = np.uint8((np.int32(q0) & 0xF) | ((np.int32(q1) & 0xF) << 4))
+                    if use_res:
+                        rs[2 * k] = v0 - q0 * scale
+                        rs[2 * k + 1] = v1 - q1 * scale
                 if ne & 1:
-                    payload[d0 + npair] = np.uint8(codes[ne - 1] & 0xF)
-            if use_res:
-                for j in range(ne):
-                    res[e0 + j] = vals[j] - np.float32(codes[j]) * scale
+                    v0 = vals[ne - 1]
+                    q0 = _rne((v0 * pre) * inv)
+                    q0 = q0 if q0 < qmax else qmax
+                    q0 = q0 if q0 > nq else nq
+                    pd[ne // 2] = np.uint8(np.int32(q0) & 0xF)
+                    if use_res:
+                        rs[ne - 1] = v0 - q0 * scale
     return nonfinite
 
 
@@ -225,23 +250,41 @@ def quant_decode(payload, count, block, group, bits, out, accumulate):
             scale = _get_f32(payload, pbase + 4 * g, cell)
             if bits == 8:
                 d0 = dbase + g * group
-                for j in range(ne):
-                    c = np.int32(payload[d0 + j])
-                    c -= (c & 0x80) << 1
-                    vals[j] = np.float32(c) * scale
+                pd = payload[d0:d0 + ne]
+                os = out[e0:e0 + ne]
+                if accumulate:
+                    for j in range(ne):
+                        c = np.int32(pd[j])
+                        c -= (c & 0x80) << 1
+                        os[j] += np.float32(c) * scale
+                else:
+                    for j in range(ne):
+                        c = np.int32(pd[j])
+                        c -= (c & 0x80) << 1
+                        os[j] = np.float32(c) * scale
+                continue
             else:
                 d0 = dbase + (g * group) // 2
-                for j in range(ne):
-                    c = np.int32(payload[d0 + (j >> 1)]) >> ((j & 1) * 4)
-                    c &= 0xF
+                pd = payload[d0:d0 + (ne + 1) // 2]
+                for k in range(ne // 2):
+                    c = np.int32(pd[k])
+                    lo = c & 0xF
+                    hi = c >> 4
+                    lo -= (lo & 0x8) << 1
+                    hi -= (hi & 0x8) << 1
+                    vals[2 * k] = np.float32(lo) * scale
+                    vals[2 * k + 1] = np.float32(hi) * scale
+                if ne & 1:
+                    c = np.int32(pd[ne // 2]) & 0xF
                     c -= (c & 0x8) << 1
-                    vals[j] = np.float32(c) * scale
+                    vals[ne - 1] = np.float32(c) * scale
+            os = out[e0:e0 + ne]
             if accumulate:
                 for j in range(ne):
-                    out[e0 + j] += vals[j]
+                    os[j] += vals[j]
             else:
                 for j in range(ne):
-                    out[e0 + j] = vals[j]
+                    os[j] = vals[j]
 
 
 # -- checksum -------------------------------------------------------------

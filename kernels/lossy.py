@@ -37,7 +37,7 @@ from erdmampi.kernels.format import (HEADER_SIZE, SIZE_MASK, CodecError,
 __all__ = ["BF16", "Int8", "Int4"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_CHUNK = 8192          # bf16 scratch chunk (elements)
+_CHUNK = 2048          # bf16 scratch chunk (elements; two chunks stay in L1)
 _MAX_BLOCK = 1 << 20   # largest block/group a decoder accepts
 _cpu_mod = None
 _cuda_mod = None
