@@ -18,6 +18,8 @@ import numpy as np
 
 from . import _collsched, _engine, bootstrap
 from . import collectives as coll
+from . import compression as _cz
+from .collectives import compressed as _czcoll
 from .buffers import IN_PLACE, BOTTOM, is_in_place, message_vector
 from . import buffers as _buffers
 from .exceptions import (ERR_ARG, ERR_BUFFER, ERR_COMM, ERR_COUNT, ERR_KEYVAL, ERR_OP,
@@ -105,6 +107,8 @@ def init(thread_level=3):
         raise_error(ERR_OTHER, "MPI is already initialized")
     if _rt.finalized:
         raise_error(ERR_OTHER, "MPI cannot be initialized again after Finalize")
+    from . import rc as _rc
+    _cz.configure(_rc)      # ERDMA_COMPRESS / rc.compress (bad values raise here)
     eng = bootstrap.init_world()
     _rt.engine = eng
     _rt.info = bootstrap.world_info()
@@ -182,6 +186,11 @@ class _CollTransport:
                                    self._base + tag, self._ctx, keep=buf)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
+
+    def irecv_upto(self, buf, source, tag):
+        """A receive that accepts a message of at most ``buf.nbytes`` bytes
+        (the engine reports the length; encodings carry it themselves)."""
+        return self.irecv(buf, source, tag)
 
     def send_obj(self, obj, dest, tag):
         data = np.frombuffer(self._pkl._encode(obj), dtype=np.uint8)
@@ -314,6 +323,16 @@ def _run_allgatherv(t, smsg, rmsg, counts, displs):
     return run
 
 
+def _run_compressed(fn, t, smsg, rmsg, cd, *args):
+    """Runner of a compressed block collective over host messages."""
+    def run():
+        fn(t, None if smsg is None else smsg.array, None if rmsg is None else rmsg.array,
+           *args, cd)
+        if rmsg is not None:
+            rmsg.finish()
+    return run
+
+
 def _check_op(op):
     if not isinstance(op, Op):
         raise TypeError(f"expected MPI.Op, got {type(op).__name__}")
@@ -339,6 +358,51 @@ def _py_op(op):
     if callable(op):
         return op
     raise TypeError(f"expected MPI.Op or callable, got {type(op).__name__}")
+
+
+# -----------------------------------------------------------------------------
+# Compression hooks (erdmampi.compression, erdmampi.collectives.compressed)
+
+
+def _hints_of(info):
+    """The hints erdmampi reads from an Info object: ``{key: value or None}``
+    (None: the key is present with an empty value, i.e. reset)."""
+    if info is None:
+        return {}
+    get = getattr(info, "Get", None)
+    if get is None:
+        raise TypeError(f"expected MPI.Info, got {type(info).__name__}")
+    if not info:          # INFO_NULL
+        return {}
+    val = get(_cz.INFO_KEY)
+    if val is None:
+        return {}
+    return {_cz.INFO_KEY: _cz.parse_mode(val, f"Info {_cz.INFO_KEY} value")}
+
+
+_SKIP = object()   # compress= value meaning "already planned: normal algorithm"
+
+
+def _dev(obj):
+    """``obj`` if it is a bare device array a compressed call could take
+    without staging, else None."""
+    return obj if _cz.is_device(obj) else None
+
+
+def _dev_dtype_datatype(dtype):
+    return message_cco(np.empty(1, dtype), True, 1).datatype
+
+
+def _dev_msg(obj):
+    """(1-D device view, dtype) of a bare device array."""
+    return _cz.device_view(obj), _cz.device_dtype(obj)
+
+
+def _dev_addr(obj):
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    return id(obj)
 
 
 # -----------------------------------------------------------------------------
@@ -409,6 +473,7 @@ class Comm:
         self._lock = threading.Lock()
         self._errhandler = ERRORS_RETURN
         self._pkl = _default_pickle
+        self._chints = {}           # Info hints erdmampi reads (erdma_compress)
         if comm is not None:
             if not isinstance(comm, Comm):
                 raise TypeError(f"expected Comm, got {type(comm).__name__}")
@@ -416,7 +481,7 @@ class Comm:
 
     def _share(self, comm):
         for k in ("_ranks", "_group", "_rank", "_ctx", "_name", "_attrs", "_handle",
-                  "_errhandler", "_predef"):
+                  "_errhandler", "_predef", "_chints"):
             setattr(self, k, getattr(comm, k))
         self._lock = comm._lock
         self._seq_owner = comm
@@ -755,6 +820,9 @@ class Comm:
         c = type(self)()
         c._setup(Group._from_ranks(self._ranks), ctx)
         c._attrs = dict(self._attrs)
+        c._chints = dict(self._chints)
+        if info is not None:
+            c.Set_info(info)
         return c
 
     def Clone(self):
@@ -765,7 +833,7 @@ class Comm:
 
     def Idup(self, info=None):
         """Nonblocking Dup: returns ``(newcomm, request)``."""
-        return self.Dup(), Request._new(_DoneOp())
+        return self.Dup(info), Request._new(_DoneOp())
 
     def Free(self):
         """Free the communicator; it becomes COMM_NULL."""
@@ -864,13 +932,21 @@ class Comm:
         raise MPIException(errorcode)
 
     def Get_info(self):
-        """A new (empty: erdmampi takes no hints) Info object, as MPI_Comm_get_info."""
+        """A new Info object with the hints in use (``erdma_compress``), as
+        MPI_Comm_get_info."""
         self._check()
         from .MPI import Info
-        return Info.Create()
+        return Info.Create(self._chints)
 
     def Set_info(self, info):
+        """Take the hints erdmampi knows from ``info`` (``erdma_compress``:
+        see :mod:`erdmampi.compression`); other keys are ignored, as MPI allows."""
         self._check()
+        for k, v in _hints_of(info).items():
+            if v is None:
+                self._chints.pop(k, None)
+            else:
+                self._chints[k] = v
 
     info = property(Get_info, Set_info)
 
@@ -1111,16 +1187,89 @@ class Comm:
     # and returns a closure that runs the algorithm (run now, or in a thread
     # for the nonblocking variant).
 
+    def _cplan(self, name, compress, dtype, nbytes, op=None, device=False, addr=0):
+        """The compression coder of this call, or None (normal algorithm)."""
+        if compress is _SKIP or (compress is None and not self._chints
+                                  and _cz._config.mode == "off"):
+            return None
+        world_hosts = (_rt.info or {}).get("hosts")
+        hosts = ([world_hosts[w] for w in self._ranks] if world_hosts
+                 else [None] * len(self._ranks))
+        return _cz.plan(self, name, compress, dtype, nbytes, op=op, hosts=hosts,
+                        rank=self._rank, device=device, addr=addr)
+
+    def _cplan_msgs(self, name, compress, whole, part, size):
+        """Plan a block collective from its messages: ``whole`` holds all
+        ``size`` blocks where present on this rank, else ``part`` one block
+        (so every rank computes the same vector size)."""
+        if compress is _SKIP:
+            return None
+        msg = whole if whole is not None else part
+        if msg is None or msg.datatype.np_dtype is None:
+            return None if msg is None else self._cplan(name, compress, np.uint8,
+                                                        msg.nbytes * (1 if whole else size),
+                                                        addr=msg.addr)
+        nbytes = msg.nbytes if whole is not None else msg.nbytes * size
+        return self._cplan(name, compress, msg.array.dtype, nbytes, addr=msg.addr)
+
+    def _dev_blocks(self, name, compress, sendbuf, recvbuf, size, recv_blocks, root,
+                    algo, send_blocks=False):
+        """Device path of a block collective: None (not device buffers), a
+        runner (compressed on the GPU), or False (plan said no: stage)."""
+        bufs = [b for b in (sendbuf, recvbuf) if b is not None]
+        if not bufs or any(_dev(b) is None for b in bufs):
+            return None
+        sarr = rarr = None
+        if sendbuf is not None:
+            sarr, dtype = _dev_msg(sendbuf)
+        if recvbuf is not None:
+            rarr, dtype = _dev_msg(recvbuf)
+        if sarr is not None and rarr is not None:
+            sblk = sarr.size // size if send_blocks else sarr.size
+            rblk = rarr.size // size if (recv_blocks and name != "scatter") else rarr.size
+            if sblk != rblk:
+                raise ValueError(f"mismatch in send count {sarr.size} and receive "
+                                 f"count {rarr.size}")
+        if name in ("gather",):
+            whole = rarr
+            nbytes = (rarr.size if rarr is not None else sarr.size * size) * dtype.itemsize
+        elif name == "scatter":
+            nbytes = (sarr.size if sarr is not None else rarr.size * size) * dtype.itemsize
+        else:
+            nbytes = rarr.size * dtype.itemsize
+        cd = self._cplan(name, compress, dtype, nbytes, device=True,
+                         addr=_dev_addr(recvbuf if recvbuf is not None else sendbuf))
+        if cd is None:
+            return False
+        t = self._transport()
+        if root is None:
+            return lambda: algo(t, sarr, rarr, cd)
+        return lambda: algo(t, sarr, rarr, root, cd)
+
     def _c_barrier(self):
         self._check()
         t = self._transport()
         return lambda: coll.barrier(t)
 
-    def _c_bcast(self, buf, root):
+    def _c_bcast(self, buf, root, compress=None):
         self._check()
         root = self._root(root)
+        if _dev(buf) is not None:
+            arr, dtype = _dev_msg(buf)
+            cd = self._cplan("bcast", compress, dtype, arr.size * dtype.itemsize,
+                             device=True, addr=_dev_addr(buf))
+            if cd is not None:
+                t = self._transport()
+                return lambda: _czcoll.bcast(t, arr, root, cd)
+            compress = _SKIP
         msg = message_cco(buf, self._rank == root, 1)
         t = self._transport()
+        cd = self._cplan("bcast", compress, msg.array.dtype, msg.nbytes, addr=msg.addr)
+        if cd is not None:
+            def crun():
+                _czcoll.bcast(t, msg.array, root, cd)
+                msg.finish()
+            return crun
 
         def run():
             coll.bcast(t, _u8(msg.array), root)
@@ -1160,9 +1309,37 @@ class Comm:
         op._check(dt)
         return smsg, rmsg, dt
 
-    def _c_allreduce(self, sendbuf, recvbuf, op):
+    def _c_allreduce(self, sendbuf, recvbuf, op, compress=None):
+        inplace = is_in_place(sendbuf)
+        if _dev(recvbuf) is not None and (inplace or _dev(sendbuf) is not None):
+            self._check()
+            _check_op(op)
+            rarr, dtype = _dev_msg(recvbuf)
+            sarr = None
+            if not inplace:
+                sarr, sdt = _dev_msg(sendbuf)
+                if sarr.size != rarr.size or sdt != dtype:
+                    raise ValueError(f"mismatch in send ({sarr.size} x {sdt}) and "
+                                     f"receive ({rarr.size} x {dtype}) buffers")
+            dt = _dev_dtype_datatype(dtype)
+            op._check(dt)
+            cd = self._cplan("allreduce", compress, dtype, rarr.size * dtype.itemsize,
+                             op=op, device=True, addr=_dev_addr(recvbuf))
+            if cd is not None:
+                t = self._transport()
+                return lambda: _czcoll.allreduce(t, sarr, rarr, _reduce_fn(op, dt), cd)
+            compress = _SKIP
         smsg, rmsg, dt = self._reduce_msgs(sendbuf, recvbuf, op)
         t = self._transport()
+        if rmsg.datatype.np_dtype is not None:
+            cd = self._cplan("allreduce", compress, rmsg.array.dtype, rmsg.nbytes, op=op,
+                             addr=rmsg.addr)
+            if cd is not None:
+                def crun():
+                    _czcoll.allreduce(t, None if smsg is None else smsg.array, rmsg.array,
+                                      _reduce_fn(op, dt), cd)
+                    rmsg.finish()
+                return crun
 
         def run():
             coll.allreduce(t, None if smsg is None else smsg.array, rmsg.array,
@@ -1233,18 +1410,30 @@ class Comm:
             rmsg.finish()
         return run
 
-    def _c_gather(self, sendbuf, recvbuf, root):
+    def _c_gather(self, sendbuf, recvbuf, root, compress=None):
         self._check()
         root = self._root(root)
         size = len(self._ranks)
         isroot = self._rank == root
+        inplace = isroot and is_in_place(sendbuf)
+        dev = self._dev_blocks("gather", compress, None if inplace else sendbuf,
+                               recvbuf if isroot else None, size, isroot, root,
+                               _czcoll.gather)
+        if dev is not None:
+            if callable(dev):
+                return dev
+            compress = _SKIP
         rmsg = message_cco(recvbuf, False, size) if isroot else None
-        smsg = None if (isroot and is_in_place(sendbuf)) else message_cco(sendbuf, True, 1)
+        smsg = None if inplace else message_cco(sendbuf, True, 1)
         if rmsg is not None:
             blk = rmsg.nbytes // size
             if smsg is not None and smsg.nbytes != blk:
                 raise _mismatch(smsg, rmsg)
-        return _run_blocks(coll.gather, self._transport(), smsg, rmsg, root)
+        t = self._transport()
+        cd = self._cplan_msgs("gather", compress, rmsg, smsg, size)
+        if cd is not None:
+            return _run_compressed(_czcoll.gather, t, smsg, rmsg, cd, root)
+        return _run_blocks(coll.gather, t, smsg, rmsg, root)
 
     def _c_gatherv(self, sendbuf, recvbuf, root):
         self._check()
@@ -1261,18 +1450,30 @@ class Comm:
                              f"count {counts[self._rank] // max(_extent(rmsg), 1)}")
         return _run_gatherv(self._transport(), smsg, rmsg, counts, displs, root)
 
-    def _c_scatter(self, sendbuf, recvbuf, root):
+    def _c_scatter(self, sendbuf, recvbuf, root, compress=None):
         self._check()
         root = self._root(root)
         size = len(self._ranks)
         isroot = self._rank == root
+        inplace = isroot and is_in_place(recvbuf)
+        dev = self._dev_blocks("scatter", compress, sendbuf if isroot else None,
+                               None if inplace else recvbuf, size, isroot, root,
+                               _czcoll.scatter, send_blocks=True)
+        if dev is not None:
+            if callable(dev):
+                return dev
+            compress = _SKIP
         smsg = message_cco(sendbuf, True, size) if isroot else None
-        rmsg = None if (isroot and is_in_place(recvbuf)) else message_cco(recvbuf, False, 1)
+        rmsg = None if inplace else message_cco(recvbuf, False, 1)
         if smsg is not None:
             blk = smsg.nbytes // size
             if rmsg is not None and rmsg.nbytes != blk:
                 raise _mismatch(smsg, rmsg)
-        return _run_blocks(coll.scatter, self._transport(), smsg, rmsg, root)
+        t = self._transport()
+        cd = self._cplan_msgs("scatter", compress, smsg, rmsg, size)
+        if cd is not None:
+            return _run_compressed(_czcoll.scatter, t, smsg, rmsg, cd, root)
+        return _run_blocks(coll.scatter, t, smsg, rmsg, root)
 
     def _c_scatterv(self, sendbuf, recvbuf, root):
         self._check()
@@ -1287,9 +1488,16 @@ class Comm:
             raise ValueError(f"mismatch in send count and receive count {rmsg.count}")
         return _run_scatterv(self._transport(), smsg, rmsg, counts, displs, root)
 
-    def _c_allgather(self, sendbuf, recvbuf):
+    def _c_allgather(self, sendbuf, recvbuf, compress=None):
         self._check()
         size = len(self._ranks)
+        inplace = is_in_place(sendbuf)
+        dev = self._dev_blocks("allgather", compress, None if inplace else sendbuf,
+                               recvbuf, size, True, None, _czcoll.allgather)
+        if dev is not None:
+            if callable(dev):
+                return dev
+            compress = _SKIP
         rmsg = message_cco(recvbuf, False, size)
         smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
         blk = rmsg.nbytes // size
@@ -1300,7 +1508,11 @@ class Comm:
         if smsg is not None and smsg.nbytes != blk:
             raise _mismatch(smsg, rmsg)
         counts, displs = _blocks(blk, size)
-        return _run_allgatherv(self._transport(), smsg, rmsg, counts, displs)
+        t = self._transport()
+        cd = self._cplan_msgs("allgather", compress, rmsg, None, size)
+        if cd is not None:
+            return _run_compressed(_czcoll.allgather, t, smsg, rmsg, cd)
+        return _run_allgatherv(t, smsg, rmsg, counts, displs)
 
     def _c_allgatherv(self, sendbuf, recvbuf):
         self._check()
@@ -1312,14 +1524,26 @@ class Comm:
                              f"count {c[self._rank]}")
         return _run_allgatherv(self._transport(), smsg, rmsg, counts, displs)
 
-    def _c_alltoall(self, sendbuf, recvbuf):
+    def _c_alltoall(self, sendbuf, recvbuf, compress=None):
         self._check()
         size = len(self._ranks)
+        inplace = is_in_place(sendbuf)
+        dev = self._dev_blocks("alltoall", compress, None if inplace else sendbuf,
+                               recvbuf, size, True, None, _czcoll.alltoall,
+                               send_blocks=True)
+        if dev is not None:
+            if callable(dev):
+                return dev
+            compress = _SKIP
         rmsg = message_cco(recvbuf, False, size)
-        smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, size)
+        smsg = None if inplace else message_cco(sendbuf, True, size)
         if smsg is not None and smsg.nbytes != rmsg.nbytes:
             raise _mismatch(smsg, rmsg)
-        return _run_blocks(coll.alltoall, self._transport(), smsg, rmsg)
+        t = self._transport()
+        cd = self._cplan_msgs("alltoall", compress, rmsg, None, size)
+        if cd is not None:
+            return _run_compressed(_czcoll.alltoall, t, smsg, rmsg, cd)
+        return _run_blocks(coll.alltoall, t, smsg, rmsg)
 
     def _c_alltoallv(self, sendbuf, recvbuf):
         self._check()
@@ -1340,14 +1564,14 @@ class Comm:
         """Block until every process has entered."""
         self._c_barrier()()
 
-    def Bcast(self, buf, root=0):
-        self._c_bcast(buf, root)()
+    def Bcast(self, buf, root=0, *, compress=None):
+        self._c_bcast(buf, root, compress)()
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
-    def Allreduce(self, sendbuf, recvbuf, op=_SUM):
-        self._c_allreduce(sendbuf, recvbuf, _op_arg(op))()
+    def Allreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
+        self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
         self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op), True)()
@@ -1355,26 +1579,26 @@ class Comm:
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=_SUM):
         self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op), False)()
 
-    def Gather(self, sendbuf, recvbuf, root=0):
-        self._c_gather(sendbuf, recvbuf, root)()
+    def Gather(self, sendbuf, recvbuf, root=0, *, compress=None):
+        self._c_gather(sendbuf, recvbuf, root, compress)()
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         self._c_gatherv(sendbuf, recvbuf, root)()
 
-    def Scatter(self, sendbuf, recvbuf, root=0):
-        self._c_scatter(sendbuf, recvbuf, root)()
+    def Scatter(self, sendbuf, recvbuf, root=0, *, compress=None):
+        self._c_scatter(sendbuf, recvbuf, root, compress)()
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
         self._c_scatterv(sendbuf, recvbuf, root)()
 
-    def Allgather(self, sendbuf, recvbuf):
-        self._c_allgather(sendbuf, recvbuf)()
+    def Allgather(self, sendbuf, recvbuf, *, compress=None):
+        self._c_allgather(sendbuf, recvbuf, compress)()
 
     def Allgatherv(self, sendbuf, recvbuf):
         self._c_allgatherv(sendbuf, recvbuf)()
 
-    def Alltoall(self, sendbuf, recvbuf):
-        self._c_alltoall(sendbuf, recvbuf)()
+    def Alltoall(self, sendbuf, recvbuf, *, compress=None):
+        self._c_alltoall(sendbuf, recvbuf, compress)()
 
     def Alltoallv(self, sendbuf, recvbuf):
         self._c_alltoallv(sendbuf, recvbuf)()
@@ -1384,14 +1608,14 @@ class Comm:
     def Ibarrier(self):
         return _icoll(self._c_barrier())
 
-    def Ibcast(self, buf, root=0):
-        return _icoll(self._c_bcast(buf, root))
+    def Ibcast(self, buf, root=0, *, compress=None):
+        return _icoll(self._c_bcast(buf, root, compress))
 
     def Ireduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         return _icoll(self._c_reduce(sendbuf, recvbuf, _op_arg(op), root))
 
-    def Iallreduce(self, sendbuf, recvbuf, op=_SUM):
-        return _icoll(self._c_allreduce(sendbuf, recvbuf, _op_arg(op)))
+    def Iallreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
+        return _icoll(self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress))
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
         return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op), True))
@@ -1399,26 +1623,26 @@ class Comm:
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=_SUM):
         return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op), False))
 
-    def Igather(self, sendbuf, recvbuf, root=0):
-        return _icoll(self._c_gather(sendbuf, recvbuf, root))
+    def Igather(self, sendbuf, recvbuf, root=0, *, compress=None):
+        return _icoll(self._c_gather(sendbuf, recvbuf, root, compress))
 
     def Igatherv(self, sendbuf, recvbuf, root=0):
         return _icoll(self._c_gatherv(sendbuf, recvbuf, root))
 
-    def Iscatter(self, sendbuf, recvbuf, root=0):
-        return _icoll(self._c_scatter(sendbuf, recvbuf, root))
+    def Iscatter(self, sendbuf, recvbuf, root=0, *, compress=None):
+        return _icoll(self._c_scatter(sendbuf, recvbuf, root, compress))
 
     def Iscatterv(self, sendbuf, recvbuf, root=0):
         return _icoll(self._c_scatterv(sendbuf, recvbuf, root))
 
-    def Iallgather(self, sendbuf, recvbuf):
-        return _icoll(self._c_allgather(sendbuf, recvbuf))
+    def Iallgather(self, sendbuf, recvbuf, *, compress=None):
+        return _icoll(self._c_allgather(sendbuf, recvbuf, compress))
 
     def Iallgatherv(self, sendbuf, recvbuf):
         return _icoll(self._c_allgatherv(sendbuf, recvbuf))
 
-    def Ialltoall(self, sendbuf, recvbuf):
-        return _icoll(self._c_alltoall(sendbuf, recvbuf))
+    def Ialltoall(self, sendbuf, recvbuf, *, compress=None):
+        return _icoll(self._c_alltoall(sendbuf, recvbuf, compress))
 
     def Ialltoallv(self, sendbuf, recvbuf):
         return _icoll(self._c_alltoallv(sendbuf, recvbuf))
