@@ -42,6 +42,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -303,8 +304,12 @@ static double late_quantile(const stats_t *s, double q)
 
 static void print_stats(FILE *f, const char *name, const stats_t *s)
 {
-    fprintf(f, "%s rx=%llu tx=%llu tx_bytes=%llu drop_full=%llu drop_tx=%llu oversize=%llu "
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(f, "%s cpu_s=%.3f sys_s=%.3f rx=%llu tx=%llu tx_bytes=%llu drop_full=%llu drop_tx=%llu oversize=%llu "
             "late_p50_us=%.0f late_p99_us=%.0f late_p999_us=%.0f late_max_us=%.1f\n", name,
+            ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6,
+            ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
             (unsigned long long)s->rx, (unsigned long long)s->tx,
             (unsigned long long)s->tx_bytes, (unsigned long long)s->drop_full,
             (unsigned long long)s->drop_tx, (unsigned long long)s->oversize,

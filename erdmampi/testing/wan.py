@@ -340,6 +340,7 @@ class WanBed:
         if why:
             raise WanBedError(why)
         binary = delayline_binary()
+        cleanup_stale()                 # namespaces of beds whose process was killed
         self._closed = False
         _live.add(self)
         try:
