@@ -144,8 +144,9 @@ def _kernels():
             cuda.atomic.add(acc, 1, sh2[0])
 
     @cuda.jit
-    def _sum_kernel_u32(w, nw, acc):
-        # aligned fast path: one u32 load per word
+    def _sum_kernel_u32(w, nw, b, n, acc):
+        # aligned fast path: one u32 load per word; the zero-padded tail
+        # word (n % 4 bytes) is added by thread 0 of block 0
         sh1 = cuda.shared.array(TPB, uint64)
         sh2 = cuda.shared.array(TPB, uint64)
         tid = cuda.threadIdx.x
@@ -158,6 +159,12 @@ def _kernels():
             a1 += x
             a2 += uint64(i + 1) * x
             i += stride
+        if cuda.grid(1) == 0 and n > 4 * nw:
+            x = uint64(0)
+            for k in range(n - 4 * nw):
+                x |= uint64(b[4 * nw + k]) << uint64(8 * k)
+            a1 += x
+            a2 += uint64(nw + 1) * x
         sh1[tid] = a1
         sh2[tid] = a2
         cuda.syncthreads()
@@ -199,8 +206,8 @@ def checksum32_cuda_start(d, stream=0):
     sim = bool(config.ENABLE_CUDASIM)
     blocks = 1 if sim else min(1024, max(1, -(-nw // (tpb * 8))))
     n4 = n // 4
-    if not sim and n % 4 == 0 and _aligned4(d):
-        k32[blocks, tpb, stream](d.view(np.uint32), n4, acc)
+    if n4 and _aligned4(d):
+        k32[blocks, tpb, stream](d[:n4 * 4].view(np.uint32), n4, d, n, acc)
     else:
         k8[blocks, tpb, stream](d, n, acc)
     return acc

@@ -196,6 +196,16 @@ def test_bench_kinds_small(kind):
         assert enc.size < x.nbytes
 
 
+def test_bytes_like_encodings():
+    c = kernels.get("lossless")
+    x = np.arange(5000, dtype=np.int64)
+    enc = c.encode(x)
+    for e in (bytes(enc), bytearray(enc), memoryview(bytes(enc))):
+        assert np.array_equal(kernels.decode(e), x)
+    # bytes past the end of the encoding are ignored
+    assert np.array_equal(c.decode(np.concatenate([enc, np.ones(7, np.uint8)])), x)
+
+
 def test_odd_dtypes_and_2d():
     c = kernels.get("lossless")
     x = np.arange(3000, dtype=">i4")
