@@ -37,7 +37,11 @@ def _scan(a, n):
     t = cuda.threadIdx.x
     chunk = (n + SCAN_T - 1) // SCAN_T
     lo = t * chunk
-    hi = min(lo + chunk, n)
+    hi = lo + chunk
+    if hi > n:
+        hi = n
+    if lo > n:
+        lo = n
     s = int64(0)
     for i in range(lo, hi):
         s += a[i]
