@@ -126,6 +126,18 @@ def _get_f32(src, pos, cell):
 
 
 @njit(cache=True, nogil=True)
+def _dq(q, scale):
+    """Decoded value ``q * scale``, clamped to the float32 range (with
+    absmax near the float32 maximum, ``qmax * (absmax / qmax)`` can round
+    past it); NaN scales stay NaN."""
+    v = q * scale
+    lim = np.float32(3.4028235e38)
+    v = lim if v > lim else v
+    v = -lim if v < -lim else v
+    return v
+
+
+@njit(cache=True, nogil=True)
 def _group_scale(vals, ne, qmax):
     """(scale, pre, inv, ok) for one group's float32 ``vals[:ne]``: codes
     are ``rint((v * pre) * inv)``; ok is False when the group holds NaN or
@@ -201,7 +213,7 @@ def quant_encode(src, res, use_res, block, group, bits, payload):
                     q = q if q > nq else nq
                     pd[j] = np.uint8(np.int32(q) & 0xFF)
                     if use_res:
-                        rs[j] = v - q * scale
+                        rs[j] = v - _dq(q, scale)
             else:
                 d0 = dbase + (g * group) // 2
                 pd = payload[d0:d0 + (ne + 1) // 2]
@@ -216,8 +228,8 @@ def quant_encode(src, res, use_res, block, group, bits, payload):
                     q1 = q1 if q1 > nq else nq
                     pd[k] = np.uint8((np.int32(q0) & 0xF) | ((np.int32(q1) & 0xF) << 4))
                     if use_res:
-                        rs[2 * k] = v0 - q0 * scale
-                        rs[2 * k + 1] = v1 - q1 * scale
+                        rs[2 * k] = v0 - _dq(q0, scale)
+                        rs[2 * k + 1] = v1 - _dq(q1, scale)
                 if ne & 1:
                     v0 = vals[ne - 1]
                     q0 = _rne((v0 * pre) * inv)
@@ -225,7 +237,7 @@ def quant_encode(src, res, use_res, block, group, bits, payload):
                     q0 = q0 if q0 > nq else nq
                     pd[ne // 2] = np.uint8(np.int32(q0) & 0xF)
                     if use_res:
-                        rs[ne - 1] = v0 - q0 * scale
+                        rs[ne - 1] = v0 - _dq(q0, scale)
     return nonfinite
 
 
@@ -256,12 +268,12 @@ def quant_decode(payload, count, block, group, bits, out, accumulate):
                     for j in range(ne):
                         c = np.int32(pd[j])
                         c -= (c & 0x80) << 1
-                        os[j] += np.float32(c) * scale
+                        os[j] += _dq(np.float32(c), scale)
                 else:
                     for j in range(ne):
                         c = np.int32(pd[j])
                         c -= (c & 0x80) << 1
-                        os[j] = np.float32(c) * scale
+                        os[j] = _dq(np.float32(c), scale)
                 continue
             else:
                 d0 = dbase + (g * group) // 2
@@ -272,12 +284,12 @@ def quant_decode(payload, count, block, group, bits, out, accumulate):
                     hi = c >> 4
                     lo -= (lo & 0x8) << 1
                     hi -= (hi & 0x8) << 1
-                    vals[2 * k] = np.float32(lo) * scale
-                    vals[2 * k + 1] = np.float32(hi) * scale
+                    vals[2 * k] = _dq(np.float32(lo), scale)
+                    vals[2 * k + 1] = _dq(np.float32(hi), scale)
                 if ne & 1:
                     c = np.int32(pd[ne // 2]) & 0xF
                     c -= (c & 0x8) << 1
-                    vals[ne - 1] = np.float32(c) * scale
+                    vals[ne - 1] = _dq(np.float32(c), scale)
             os = out[e0:e0 + ne]
             if accumulate:
                 for j in range(ne):

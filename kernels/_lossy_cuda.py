@@ -126,6 +126,17 @@ def _clamp(c, lim):
     return c
 
 
+@cuda.jit(device=True)
+def _dq(c, scale):
+    """``c * scale`` clamped to the float32 range (NaN stays NaN)."""
+    v = np.float32(np.float32(c) * scale)
+    if v > _F32_MAX:
+        return _F32_MAX
+    if v < -_F32_MAX:
+        return -_F32_MAX
+    return v
+
+
 # -- kernels -----------------------------------------------------------------
 
 @cuda.jit
@@ -225,8 +236,8 @@ def _quant_encode(src, res, use_res, count, block, group, bits, full_pay,
             c1 = round(np.float32(v1 * inv))
         c0 = _clamp(c0, iq)
         c1 = _clamp(c1, iq)
-        r0 = np.float32(v0 - np.float32(c0) * scale)
-        r1 = np.float32(v1 - np.float32(c1) * scale)
+        r0 = np.float32(v0 - _dq(c0, scale))
+        r1 = np.float32(v1 - _dq(c1, scale))
     if t == 0:
         u = _f32_bits(scale)
         p = pbase + 4 * (jb // group)
@@ -269,7 +280,7 @@ def _quant_decode(enc, pay_off, count, block, group, bits, full_pay, out,
             c = (np.int64(enc[pbase + 4 * ng + jb // 2]) >> ((jb & 1) * 4)) & 0xF
             if c >= 8:
                 c -= 16
-        v = np.float32(np.float32(c) * scale)
+        v = _dq(c, scale)
         if accumulate:
             out[i] += v
         else:
