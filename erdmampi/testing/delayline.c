@@ -13,6 +13,9 @@
  *   delayline --offload-off IF...
  *       turn off tx checksum, scatter-gather, TSO, GSO and GRO on IF so that
  *       frames stay MTU-sized with complete checksums
+ *   delayline --gro-on IF...
+ *       turn GRO on (a veth then receives through NAPI and merges frames for
+ *       the local stack, as a real NIC does)
  *
  * Design: one thread, AF_PACKET raw sockets bound to each interface
  * (outgoing frames ignored), recvmmsg/sendmmsg in batches, one FIFO byte ring
@@ -319,6 +322,24 @@ static void print_stats(FILE *f, const char *name, const stats_t *s)
 
 /* ---- offloads ---------------------------------------------------------- */
 
+static int set_gro(const char *name, uint32_t on)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), rc = 0;
+    if (fd < 0)
+        die("socket");
+    struct ethtool_value v = {.cmd = ETHTOOL_SGRO, .data = on};
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", name);
+    ifr.ifr_data = (void *)&v;
+    if (ioctl(fd, SIOCETHTOOL, &ifr) < 0) {
+        fprintf(stderr, "delayline: %s: gro %s: %s\n", name, on ? "on" : "off", strerror(errno));
+        rc = 1;
+    }
+    close(fd);
+    return rc;
+}
+
 static int offload_off(const char *name)
 {
     static const uint32_t cmds[] = {ETHTOOL_STXCSUM, ETHTOOL_SSG, ETHTOOL_STSO,
@@ -350,6 +371,12 @@ int main(int argc, char **argv)
         int rc = 0;
         for (int i = 2; i < argc; i++)
             rc |= offload_off(argv[i]);
+        return rc;
+    }
+    if (argc >= 2 && strcmp(argv[1], "--gro-on") == 0) {
+        int rc = 0;
+        for (int i = 2; i < argc; i++)
+            rc |= set_gro(argv[i], 1);
         return rc;
     }
     const char *ifa = NULL, *ifb = NULL, *statsfile = NULL;
