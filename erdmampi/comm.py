@@ -1189,12 +1189,18 @@ class Comm:
 
     def _cplan(self, name, compress, dtype, nbytes, op=None, device=False, addr=0):
         """The compression coder of this call, or None (normal algorithm)."""
-        if compress is _SKIP or (compress is None and not self._chints
-                                  and _cz._config.mode == "off"):
+        if compress is _SKIP:
             return None
-        world_hosts = (_rt.info or {}).get("hosts")
-        hosts = ([world_hosts[w] for w in self._ranks] if world_hosts
-                 else [None] * len(self._ranks))
+        if compress is None and not self._chints:
+            mode = _cz._config.mode
+            if mode == "off" or (mode == "auto" and nbytes < _cz.AUTO_MIN_BYTES):
+                return None          # the common case: no per-call work
+        hosts = self.__dict__.get("_chosts")
+        if hosts is None or len(hosts) != len(self._ranks):
+            world_hosts = (_rt.info or {}).get("hosts")
+            hosts = ([world_hosts[w] for w in self._ranks] if world_hosts
+                     else [None] * len(self._ranks))
+            self._chosts = hosts
         return _cz.plan(self, name, compress, dtype, nbytes, op=op, hosts=hosts,
                         rank=self._rank, device=device, addr=addr)
 

@@ -140,6 +140,7 @@ def _zero_stats():
             "compressed_messages": 0,  # of which carried a (non-raw) codec
             "bytes_in": 0,         # uncompressed bytes those messages carry
             "bytes_out": 0,        # bytes actually sent
+            "device_calls": 0,     # calls that encoded/decoded on the GPU
             "by_collective": {}}
 
 
@@ -353,6 +354,24 @@ def device_dtype(obj) -> np.dtype:
 
 # -- the coder an algorithm uses ------------------------------------------------
 
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_SIM_LOCK = threading.Lock()
+
+
+def _kernel_lock():
+    """Numba's CUDA simulator runs one kernel at a time per process (ranks
+    as threads in tests); a real GPU takes launches from any thread."""
+    from numba import config
+    return _SIM_LOCK if getattr(config, "ENABLE_CUDASIM", 0) else _NoLock()
+
+
 class Coder:
     """Encodes and decodes the chunks of one compressed collective call
     (the object :mod:`erdmampi.collectives.compressed` algorithms use).
@@ -440,6 +459,10 @@ class Coder:
         return enc
 
     def _encode_device(self, codec, src, fb):
+        with _kernel_lock():
+            return self._encode_device_locked(codec, src, fb)
+
+    def _encode_device_locked(self, codec, src, fb):
         from numba import cuda
         s = self._cuda_stream()
         dout = cuda.device_array(codec.max_encoded_size(src.size, src.dtype),
@@ -460,12 +483,12 @@ class Coder:
         if self.device and not isinstance(out, np.ndarray):
             h = self.kernels.header(enc)
             codec = self.kernels.by_id(h.codec_id)
-            s = self._cuda_stream()
-            if h.dtype == out.dtype:
-                codec.decode_cuda(enc, out, stream=s)
-            else:
+            if h.dtype != out.dtype:
                 raise TypeError(f"cannot decode {h.dtype} into a {out.dtype} device array")
-            s.synchronize()
+            with _kernel_lock():
+                s = self._cuda_stream()
+                codec.decode_cuda(enc, out, stream=s)
+                s.synchronize()
             return
         h = self.kernels.header(enc)
         if h.dtype == out.dtype:
@@ -503,20 +526,24 @@ class Coder:
         if isinstance(dst, np.ndarray):
             dst[...] = src
         else:
-            dst.copy_to_device(src)
+            with _kernel_lock():
+                dst.copy_to_device(src)
 
     def scratch_like(self, src):
         """A copy of ``src`` (host or device)."""
         if isinstance(src, np.ndarray):
             return src.copy()
         from numba import cuda
-        d = cuda.device_array(src.size, dtype=src.dtype)
-        d.copy_to_device(src)
+        with _kernel_lock():
+            d = cuda.device_array(src.size, dtype=src.dtype)
+            d.copy_to_device(src)
         return d
 
     # -- end of call
     def finish(self) -> None:
         _count("calls", 1, self.coll)
+        if self.device:
+            _count("device_calls")
         _count("messages", self.messages)
         _count("compressed_messages", self.compressed_messages)
         _count("bytes_in", self.bytes_in, self.coll)

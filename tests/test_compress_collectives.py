@@ -251,3 +251,72 @@ def test_feedback_reset():
     assert list(st.feedback) == [("b", 1)]
     cz.reset_feedback(comm)
     assert not st.feedback
+
+
+# -- multi-process jobs (QUIC between ranks on this host) ----------------------
+
+def _run(nprocs, script, env, timeout=240):
+    base = {"ERDMA_SHM": "0", "PYTHONWARNINGS": "ignore"}
+    base.update(env)
+    p = run_mpi(nprocs, SCRIPTS / script, timeout=timeout, env=base)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_collectives_lossless_over_quic(nprocs):
+    out = _run(nprocs, "compress_cco.py", {"ERDMA_COMPRESS": "lossless",
+                                           "ERDMA_COMPRESS_CHUNK": "4096"})
+    assert f"compress_cco: OK size={nprocs}" in out
+
+
+@pytest.mark.slow
+def test_auto_one_host_does_not_compress():
+    out = _run(2, "compress_auto.py", {"ERDMA_COMPRESS": ""})
+    assert "compress_auto: OK" in out
+
+
+@pytest.mark.slow
+def test_auto_compresses_across_hosts():
+    out = _run(3, "compress_auto.py", {"ERDMA_COMPRESS": "", "ERDMA_FAKE_HOSTS": "1"})
+    assert "compress_auto: OK" in out
+
+
+@pytest.mark.slow
+def test_training_int8_error_feedback_converges():
+    out = _run(4, "compress_train.py", {"ERDMA_COMPRESS": ""})
+    assert "compress_train: OK size=4" in out
+
+
+@pytest.mark.slow
+def test_device_arrays_cudasim():
+    out = _run(2, "compress_gpu.py", {"NUMBA_ENABLE_CUDASIM": "1"}, timeout=400)
+    assert "compress_gpu: OK" in out
+
+
+_RC = """
+import os, sys
+import erdmampi
+erdmampi.rc.compress = {rc!r}
+try:
+    from erdmampi import MPI
+except ValueError as e:
+    print("ValueError", e); sys.exit(0)
+from erdmampi import compression as cz
+print("mode", cz.default_mode(), cz._config.source)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rc,env,want", [
+    ("int8", None, "mode int8 rc"),
+    ("int8", "lossless", "mode lossless env"),      # the environment wins
+    (None, None, "mode auto default"),
+    ("bogus", None, "ValueError unknown rc.compress value 'bogus'"),
+    (None, "bogus", "ValueError unknown ERDMA_COMPRESS value 'bogus'"),
+])
+def test_rc_and_env(rc, env, want):
+    e = {"ERDMA_COMPRESS": env or ""}
+    p = run_mpi(1, _RC.format(rc=rc), timeout=60, env=e)
+    assert want in p.stdout, p.stdout + p.stderr
