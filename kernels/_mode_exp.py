@@ -57,12 +57,18 @@ SUB = 256
 #: longest code length the format allows (decoder table of 2**12 entries)
 LMAX = 12
 #: longest code length the encoder emits
-ENC_LMAX = 11
+ENC_LMAX = 9
 #: variants (first payload byte)
 V_HUFF = 0
 V_CONST = 1
 
-_U64 = np.uint64
+_U1 = np.uint64(1)
+_U2 = np.uint64(2)
+_U3 = np.uint64(3)
+_U4 = np.uint64(4)
+_U5 = np.uint64(5)
+_U6 = np.uint64(6)
+_U7 = np.uint64(7)
 
 
 def max_block_bytes(block_bytes: int, itemsize: int) -> int:
@@ -177,7 +183,7 @@ def _huff_lengths(hist, lo, w, esc, lens, keys, wts, par, blc, limit):
 
 
 def _canon(lens, nsym, codes, blc, nxc):
-    """Canonical codes (bit-reversed for LSB-first streams) for lens[0:nsym];
+    """Canonical codes (MSB-first) for lens[0:nsym];
     returns the Kraft sum in units of 2**-LMAX, or -1 for a length > LMAX."""
     for l in range(LMAX + 1):
         blc[l] = 0
@@ -197,13 +203,8 @@ def _canon(lens, nsym, codes, blc, nxc):
         l = lens[s]
         codes[s] = 0
         if l > 0:
-            c = nxc[l]
-            nxc[l] = c + 1
-            rv = 0
-            for _ in range(l):
-                rv = (rv << 1) | (c & 1)
-                c >>= 1
-            codes[s] = rv
+            codes[s] = nxc[l]
+            nxc[l] += 1
     return kraft
 
 
@@ -238,20 +239,18 @@ def _choose_window(hist, nall, eb):
 
 
 def _build_lut(lens, codes, w, lo, lut, tbits):
-    """Decoder table of 2**tbits entries: length | escape<<5 | exponent<<8."""
-    size = 1 << tbits
+    """Decoder table of 2**tbits entries, indexed by the next tbits bits:
+    length | escape<<4 | exponent<<5.  A code owns a contiguous range."""
     for s in range(w + 1):
         l = lens[s]
         if l > 0:
             if s == w:
-                ent = l | 32
+                ent = l | 16
             else:
-                ent = l | ((lo + s) << 8)
-            j = codes[s]
-            step = 1 << l
-            while j < size:
-                lut[j] = ent
-                j += step
+                ent = l | ((lo + s) << 5)
+            j = codes[s] << (tbits - l)
+            for k in range(j, j + (1 << (tbits - l))):
+                lut[k] = ent
 
 
 def _enc_stream(exps, a, b, tcode, tlen, dst, p):
@@ -261,35 +260,37 @@ def _enc_stream(exps, a, b, tcode, tlen, dst, p):
     nb = 0
     for i in range(a, b):
         x = exps[i]
-        acc |= tcode[x] << nb
+        acc = (acc << tlen[x]) | tcode[x]
         nb += tlen[x]
         while nb >= 8:
-            dst[p] = acc & 0xFF
-            p += 1
-            acc >>= 8
             nb -= 8
+            dst[p] = (acc >> nb) & 0xFF
+            p += 1
+        acc &= (1 << nb) - 1
     if nb > 0:
-        dst[p] = acc & 0xFF
+        dst[p] = (acc << (8 - nb)) & 0xFF
         p += 1
     return p
 
 
-def _dec_stream(enc, nenc, pos, a, b, lut, mask, eb, exps):
+def _dec_stream(enc, nenc, pos, a, b, lut, tbits, eb, exps):
     """Decode exps[a:b] from the bit position pos of enc; returns the end bit
     position.  Bytes past nenc read as zero (the caller checks the end)."""
     emask = (1 << eb) - 1
+    tb = 32 - tbits
     for i in range(a, b):
         q = pos >> 3
-        bits = 0
+        v = 0
         for k in range(4):
+            v <<= 8
             if q + k < nenc:
-                bits |= np.int64(enc[q + k]) << (8 * k)
-        bits >>= pos & 7
-        ent = lut[bits & mask]
-        ln = ent & 31
-        x = ent >> 8
-        if ent & 32:
-            x = (bits >> ln) & emask
+                v |= np.int64(enc[q + k])
+        v = (v << (pos & 7)) & 0xFFFFFFFF
+        ent = lut[v >> tb]
+        ln = ent & 15
+        x = ent >> 5
+        if ent & 16:
+            x = (v >> (32 - ln - eb)) & emask
             ln += eb
         pos += ln
         exps[i] = x
@@ -360,6 +361,263 @@ _dec_stream_c = _cpu["_dec_stream"]
 _parse_header_c = _cpu["_parse_header"]
 
 
+# --- CPU fast paths (same format as the core stream routines) --------------
+
+@njit(cache=True, nogil=True, inline="always")
+def _ld32(enc, nenc, q):
+    """Big-endian u32 at enc[q:q+4], bytes past nenc read as zero."""
+    if q + 4 <= nenc:
+        return ((np.int64(enc[q]) << 24) | (np.int64(enc[q + 1]) << 16)
+                | (np.int64(enc[q + 2]) << 8) | np.int64(enc[q + 3]))
+    v = 0
+    for k in range(4):
+        v <<= 8
+        if q + k < nenc:
+            v |= np.int64(enc[q + k])
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap):
+    """As _enc_stream, two codes per branch-free 8-byte store while at least
+    8 bytes of dst are left (bytes past the stream's end get overwritten by
+    what follows or lie past the encoding)."""
+    acc = 0
+    nb = 0
+    i = a
+    while i + 2 <= b and p + 8 <= cap:
+        x = np.uint64(exps[i])
+        acc = (acc << tlen[x]) | tcode[x]
+        nb += tlen[x]
+        x = np.uint64(exps[i + 1])
+        acc = (acc << tlen[x]) | tcode[x]
+        nb += tlen[x]
+        # nb <= 7 + 2 * 23: the pending bits, MSB-aligned, as one big-endian
+        # 8-byte store (unsigned indices: no wraparound code, so LLVM merges
+        # the byte stores)
+        t = np.uint64(acc) << np.uint64(64 - nb)
+        u = np.uint64(p)
+        dst[u] = t >> 56
+        dst[u + _U1] = t >> 48
+        dst[u + _U2] = t >> 40
+        dst[u + _U3] = t >> 32
+        dst[u + _U4] = t >> 24
+        dst[u + _U5] = t >> 16
+        dst[u + _U6] = t >> 8
+        dst[u + _U7] = t
+        p += nb >> 3
+        nb &= 7
+        acc &= (1 << nb) - 1
+        i += 2
+    for j in range(i, b):
+        x = exps[j]
+        acc = (acc << tlen[x]) | tcode[x]
+        nb += tlen[x]
+        while nb >= 8:
+            nb -= 8
+            dst[p] = (acc >> nb) & 0xFF
+            p += 1
+        acc &= (1 << nb) - 1
+    if nb > 0:
+        dst[p] = (acc << (8 - nb)) & 0xFF
+        p += 1
+    return p
+
+
+@njit(cache=True, nogil=True)
+def _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
+    """Decode 8 full sub-blocks from sb on, interleaved (independent chains
+    for the out-of-order core).  The caller has checked that every stream
+    start plus the longest possible stream plus 4 bytes lies within enc, so
+    loads need no bounds checks.  Returns False when a stream does not end
+    in its last byte."""
+    emask = (1 << eb) - 1
+    tb = 32 - tbits
+    a = sb * SUB
+    p0 = starts[sb + 0] * 8
+    p1 = starts[sb + 1] * 8
+    p2 = starts[sb + 2] * 8
+    p3 = starts[sb + 3] * 8
+    p4 = starts[sb + 4] * 8
+    p5 = starts[sb + 5] * 8
+    p6 = starts[sb + 6] * 8
+    p7 = starts[sb + 7] * 8
+    for i in range(a, a + SUB):
+        q = np.uint64(p0 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p0 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p0 += ln
+        exps[i] = x
+        q = np.uint64(p1 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p1 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p1 += ln
+        exps[i + 1 * SUB] = x
+        q = np.uint64(p2 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p2 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p2 += ln
+        exps[i + 2 * SUB] = x
+        q = np.uint64(p3 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p3 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p3 += ln
+        exps[i + 3 * SUB] = x
+        q = np.uint64(p4 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p4 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p4 += ln
+        exps[i + 4 * SUB] = x
+        q = np.uint64(p5 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p5 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p5 += ln
+        exps[i + 5 * SUB] = x
+        q = np.uint64(p6 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p6 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p6 += ln
+        exps[i + 6 * SUB] = x
+        q = np.uint64(p7 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p7 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p7 += ln
+        exps[i + 7 * SUB] = x
+    return ((p0 + 7) >> 3 == starts[sb + 1]
+            and (p1 + 7) >> 3 == starts[sb + 2]
+            and (p2 + 7) >> 3 == starts[sb + 3]
+            and (p3 + 7) >> 3 == starts[sb + 4]
+            and (p4 + 7) >> 3 == starts[sb + 5]
+            and (p5 + 7) >> 3 == starts[sb + 6]
+            and (p6 + 7) >> 3 == starts[sb + 7]
+            and (p7 + 7) >> 3 == starts[sb + 8])
+
+
+@njit(cache=True, nogil=True)
+def _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
+    """Decode 4 full sub-blocks from sb on, interleaved (independent chains
+    for the out-of-order core).  The caller has checked that every stream
+    start plus the longest possible stream plus 4 bytes lies within enc, so
+    loads need no bounds checks.  Returns False when a stream does not end
+    in its last byte."""
+    emask = (1 << eb) - 1
+    tb = 32 - tbits
+    a = sb * SUB
+    p0 = starts[sb + 0] * 8
+    p1 = starts[sb + 1] * 8
+    p2 = starts[sb + 2] * 8
+    p3 = starts[sb + 3] * 8
+    for i in range(a, a + SUB):
+        q = np.uint64(p0 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p0 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p0 += ln
+        exps[i] = x
+        q = np.uint64(p1 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p1 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p1 += ln
+        exps[i + 1 * SUB] = x
+        q = np.uint64(p2 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p2 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p2 += ln
+        exps[i + 2 * SUB] = x
+        q = np.uint64(p3 >> 3)
+        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
+              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
+             << (p3 & 7)) & 0xFFFFFFFF
+        e = lut[v >> tb]
+        ln = e & 15
+        x = e >> 5
+        if e & 16:
+            x = (v >> (32 - ln - eb)) & emask
+            ln += eb
+        p3 += ln
+        exps[i + 3 * SUB] = x
+    return ((p0 + 7) >> 3 == starts[sb + 1]
+            and (p1 + 7) >> 3 == starts[sb + 2]
+            and (p2 + 7) >> 3 == starts[sb + 3]
+            and (p3 + 7) >> 3 == starts[sb + 4])
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _params(itemsize):
     if itemsize == 2:
@@ -370,9 +628,8 @@ def _params(itemsize):
 
 
 @njit(cache=True, nogil=True)
-def _split(src, itemsize, n, exps, hist, dst, mo):
-    """Exponents into exps and hist; sign+mantissa into the mantissa section
-    at dst[mo:]."""
+def _split(src, itemsize, n, exps, hist):
+    """Exponents into exps, their histogram into hist."""
     if itemsize == 4:
         v = src.view(np.uint32)
         # four sub-histograms: runs of equal exponents do not serialize
@@ -393,16 +650,7 @@ def _split(src, itemsize, n, exps, hist, dst, mo):
             hist[x] = h4[0, x] + h4[1, x] + h4[2, x] + h4[3, x]
         for i in range(n):
             exps[i] = (v[i] >> 23) & 0xFF
-        p0 = dst[mo:mo + n]
-        p1 = dst[mo + n:mo + 2 * n]
-        p2 = dst[mo + 2 * n:mo + 3 * n]
-        for i in range(n):
-            x = v[i]
-            p0[i] = x & 0xFF
-            p1[i] = (x >> 8) & 0xFF
-            p2[i] = ((x >> 16) & 0x7F) | ((x >> 24) & 0x80)
         return
-    eb, mb, k, r = _params(itemsize)
     if itemsize == 2:
         v2 = src.view(np.uint16)
         for i in range(n):
@@ -415,6 +663,25 @@ def _split(src, itemsize, n, exps, hist, dst, mo):
             e = (v8[i] >> np.uint64(52)) & np.uint64(0x7FF)
             exps[i] = e
             hist[e] += 1
+
+
+@njit(cache=True, nogil=True)
+def _planes(src, itemsize, n, dst, mo):
+    """Sign+mantissa of every element into the mantissa section at dst[mo:]."""
+    if itemsize == 4:
+        v = src.view(np.uint32)
+        p0 = dst[mo:mo + n]
+        p1 = dst[mo + n:mo + 2 * n]
+        p2 = dst[mo + 2 * n:mo + 3 * n]
+        for i in range(n):
+            x = v[i]
+            p0[i] = x & 0xFF
+            p1[i] = (x >> 8) & 0xFF
+            p2[i] = ((x >> 16) & 0x7F) | ((x >> 24) & 0x80)
+        return
+    eb, mb, k, r = _params(itemsize)
+    v2 = src.view(np.uint16)
+    v8 = src[:n * 8 if itemsize == 8 else 0].view(np.uint64)
     tsh = mb - 8 * k
     tmask = (1 << tsh) - 1
     acc = 0
@@ -500,21 +767,29 @@ def encode_block(src, itemsize, isfloat, dst):
     nall = 1 << eb
     mant = _mant_bytes(itemsize, n)
     cap = dst.size
-    if 1 + mant + 3 > cap:
+    if 3 + mant > cap:
         return -1
     exps = np.empty(n, np.int32)
     hist = np.zeros(nall, np.int64)
-    _split(src, itemsize, n, exps, hist, dst, 1)
+    _split(src, itemsize, n, exps, hist)
     lo, w = _choose_window_c(hist, nall, eb)
     esc = n
+    m = 0
     for s in range(w):
         esc -= hist[lo + s]
-    p = 1 + mant
-    if esc == 0 and w == 1:
+        if hist[lo + s] > 0:
+            m += 1
+    if esc == 0 and m == 1:
         dst[0] = V_CONST
-        dst[p] = lo & 0xFF
-        dst[p + 1] = lo >> 8
-        return p + 2
+        dst[1] = lo & 0xFF
+        dst[2] = lo >> 8
+        _planes(src, itemsize, n, dst, 3)
+        return 3 + mant
+    if esc > 0:
+        m += 1
+    lim = ENC_LMAX
+    while (1 << lim) < m:
+        lim += 1
     lens = np.empty(w + 1, np.int64)
     keys = np.empty(w + 1, np.int64)
     wts = np.empty(2 * w + 2, np.int64)
@@ -522,7 +797,7 @@ def encode_block(src, itemsize, isfloat, dst):
     blc = np.empty(LMAX + 1, np.int64)
     nxc = np.empty(LMAX + 1, np.int64)
     codes = np.empty(w + 1, np.int64)
-    _huff_lengths_c(hist, lo, w, esc, lens, keys, wts, par, blc, ENC_LMAX)
+    _huff_lengths_c(hist, lo, w, esc, lens, keys, wts, par, blc, lim)
     _canon_c(lens, w + 1, codes, blc, nxc)
     # per-exponent code (escape + raw exponent for values outside the window)
     tcode = np.empty(nall, np.int64)
@@ -536,19 +811,19 @@ def encode_block(src, itemsize, isfloat, dst):
             tcode[x] = codes[s]
             tlen[x] = lens[s]
         else:
-            tcode[x] = ec | (x << el)
+            tcode[x] = (ec << eb) | x
             tlen[x] = el + eb
         bits += hist[x] * tlen[x]
     nsub = (n + SUB - 1) // SUB
-    hdr = 4 + (w + 2) // 2 + 2 * (nsub - 1)
-    if p + hdr + (bits + 7) // 8 + nsub > cap:
+    hdr = 5 + (w + 2) // 2 + 2 * (nsub - 1)
+    if hdr + (bits + 7) // 8 + nsub + mant > cap:
         return -1
     dst[0] = V_HUFF
-    dst[p] = lo & 0xFF
-    dst[p + 1] = lo >> 8
-    dst[p + 2] = w & 0xFF
-    dst[p + 3] = w >> 8
-    p += 4
+    dst[1] = lo & 0xFF
+    dst[2] = lo >> 8
+    dst[3] = w & 0xFF
+    dst[4] = w >> 8
+    p = 5
     for s in range(0, w + 1, 2):
         lo_n = lens[s]
         hi_n = lens[s + 1] if s + 1 <= w else 0
@@ -559,15 +834,14 @@ def encode_block(src, itemsize, isfloat, dst):
     for sb in range(nsub):
         a = sb * SUB
         b = min(n, a + SUB)
-        q = _enc_stream_c(exps, a, b, tcode, tlen, dst, p)
+        q = _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap)
         if sb < nsub - 1:
             ln = q - p
             dst[pl + 2 * sb] = ln & 0xFF
             dst[pl + 2 * sb + 1] = ln >> 8
         p = q
-    if p >= nbytes:
-        return -1
-    return p
+    _planes(src, itemsize, n, dst, p)
+    return p + mant
 
 
 @njit(cache=True, nogil=True)
@@ -581,50 +855,60 @@ def decode_block(enc, itemsize, isfloat, dst):
     n = nbytes // itemsize
     eb, mb, k, r = _params(itemsize)
     mant = _mant_bytes(itemsize, n)
-    p = 1 + mant
-    if p > nenc:
-        return -3
     exps = np.empty(n, np.int32)
     var = enc[0]
     if var == V_CONST:
-        if p + 2 != nenc:
-            return -4
-        e = np.int32(enc[p] | (np.int32(enc[p + 1]) << 8))
+        if 3 + mant != nenc:
+            return -3
+        e = np.int32(enc[1]) | (np.int32(enc[2]) << 8)
         if e >= (1 << eb):
-            return -5
+            return -4
         exps[:] = e
-        _join(enc, 1, itemsize, n, exps, dst)
+        _join(enc, 3, itemsize, n, exps, dst)
         return 0
     if var != V_HUFF:
-        return -6
+        return -5
     lens = np.empty((1 << eb) + 1, np.int64)
     codes = np.empty((1 << eb) + 1, np.int64)
     blc = np.empty(LMAX + 1, np.int64)
     nxc = np.empty(LMAX + 1, np.int64)
-    lo, w, tbits, p = _parse_header_c(enc, nenc, p, eb, lens, codes, blc, nxc)
+    lo, w, tbits, p = _parse_header_c(enc, nenc, 1, eb, lens, codes, blc, nxc)
     if w < 0:
-        return -7
-    lut = np.empty(1 << tbits, np.int32)
-    _build_lut_c(lens, codes, w, lo, lut, tbits)
+        return -6
     nsub = (n + SUB - 1) // SUB
     pl = p
     p += 2 * (nsub - 1)
-    if p > nenc:
+    send = nenc - mant      # end of the streams
+    if p > send:
+        return -7
+    starts = np.empty(nsub + 1, np.int64)
+    starts[0] = p
+    for sb in range(nsub - 1):
+        ln = np.int64(enc[pl + 2 * sb]) | (np.int64(enc[pl + 2 * sb + 1]) << 8)
+        starts[sb + 1] = starts[sb] + ln
+    starts[nsub] = send
+    if starts[nsub - 1] > send:
         return -8
-    mask = (1 << tbits) - 1
-    for sb in range(nsub):
-        if sb < nsub - 1:
-            ln = np.int64(enc[pl + 2 * sb]) | (np.int64(enc[pl + 2 * sb + 1]) << 8)
-        else:
-            ln = nenc - p
-        if ln > nenc - p:
+    lut = np.empty(1 << tbits, np.uint16)
+    _build_lut_c(lens, codes, w, lo, lut, tbits)
+    # unchecked loads while the longest possible stream stays inside enc
+    safe = nenc - ((SUB * (LMAX + eb) + 7) // 8 + 4)
+    nfull = n // SUB
+    sb = 0
+    while sb + 8 <= nfull and starts[sb + 7] <= safe:
+        if not _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
             return -9
+        sb += 8
+    while sb + 4 <= nfull and starts[sb + 3] <= safe:
+        if not _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
+            return -9
+        sb += 4
+    while sb < nsub:
         a = sb * SUB
         b = min(n, a + SUB)
-        end = _dec_stream_c(enc, nenc, 8 * p, a, b, lut, mask, eb, exps)
-        used = end - 8 * p
-        if used > 8 * ln or used <= 8 * ln - 8:
-            return -10
-        p += ln
-    _join(enc, 1, itemsize, n, exps, dst)
+        end = _dec_stream_c(enc, nenc, 8 * starts[sb], a, b, lut, tbits, eb, exps)
+        if (end + 7) >> 3 != starts[sb + 1]:
+            return -9
+        sb += 1
+    _join(enc, send, itemsize, n, exps, dst)
     return 0
