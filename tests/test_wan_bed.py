@@ -114,6 +114,44 @@ def test_teardown_after_exception_in_with_block():
     assert not bed.tmpdir.exists()
 
 
+_CHILD = """
+import sys, time
+from erdmampi.testing.wan import WanBed
+with WanBed(sites=2, rate="10mbit", delay_ms=1) as bed:
+    p = bed.run(0, ["sleep", "600"])
+    print(bed.tag, p.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@needs_bed
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_teardown_when_interrupted(sig):
+    """Ctrl-C and SIGTERM unwind the with-block; after SIGKILL the next bed
+    removes what was left."""
+    import signal
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        tag, pid = child.stdout.readline().split()
+        pid = int(pid)
+        assert _alive(pid)
+        child.send_signal(getattr(signal, sig))
+        child.wait(30)
+    finally:
+        child.kill()
+        child.wait()
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    left = [line.split()[0] for line in out.splitlines() if line.startswith(tag + "-")]
+    if sig == "SIGKILL":
+        assert len(left) == 5                       # nobody ran the teardown
+        assert wan.cleanup_stale() and not _alive(pid)
+    else:
+        assert left == [] and not _alive(pid), child.stderr.read()
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert tag not in out
+
+
 @needs_bed
 def test_congestion_control_per_namespace():
     before = CC_ALLOWED.read_text()

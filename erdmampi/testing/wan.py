@@ -198,6 +198,27 @@ def _atexit_close():
 
 atexit.register(_atexit_close)
 
+_prev_sigterm = None
+
+
+def _on_sigterm(signum, frame):
+    """SIGTERM while a bed is up: unwind like Ctrl-C so ``with`` blocks tear down."""
+    raise SystemExit(128 + signum)
+
+
+def _hook_sigterm(on):
+    """While beds are live, turn a default-action SIGTERM into SystemExit (main
+    thread only; a handler someone else installed is left alone)."""
+    global _prev_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if on and _prev_sigterm is None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        _prev_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    elif not on and _prev_sigterm is not None and not _live:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, _prev_sigterm)
+        _prev_sigterm = None
+
 
 # ---- jobs -----------------------------------------------------------------------
 
@@ -347,6 +368,7 @@ class WanBed:
         cleanup_stale()                 # namespaces of beds whose process was killed
         self._closed = False
         _live.add(self)
+        _hook_sigterm(True)
         try:
             self.tmpdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
             self._build(binary)
@@ -518,6 +540,7 @@ class WanBed:
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
         _live.discard(self)
+        _hook_sigterm(False)
         if errors:
             raise WanBedError("teardown: " + "; ".join(errors))
 
