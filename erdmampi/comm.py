@@ -1337,7 +1337,7 @@ class Comm:
             compress = _SKIP
         smsg, rmsg, dt = self._reduce_msgs(sendbuf, recvbuf, op)
         t = self._transport()
-        if rmsg.datatype.np_dtype is not None:
+        if rmsg.datatype.np_dtype is not None and (_mult(rmsg) == 1 or op._predefined):
             cd = self._cplan("allreduce", compress, rmsg.array.dtype, rmsg.nbytes, op=op,
                              addr=rmsg.addr)
             if cd is not None:
