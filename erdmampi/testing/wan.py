@@ -91,9 +91,9 @@ def bed_available() -> "str | None":
     """None when a bed can be built here, else the reason it cannot."""
     if os.geteuid() != 0:
         return "the WAN bed needs root (network namespaces)"
-    for tool in ("ip", "tc", "nft"):
+    for tool in ("ip", "tc", "nft", "unshare"):
         if shutil.which(tool) is None:
-            return f"{tool} not found (apt-get install -y iproute2 nftables)"
+            return f"{tool} not found (apt-get install -y iproute2 nftables util-linux)"
     if shutil.which(os.environ.get("CC", "cc")) is None:
         return "no C compiler (cc) to build the delay line"
     try:
@@ -232,6 +232,7 @@ class Job:
     def __init__(self, bed, procs, logs, extra=()):
         self.bed, self.procs, self.logs, self.extra = bed, procs, logs, list(extra)
         self.timed_out = False
+        self._outs = None
 
     def wait(self, timeout=120.0) -> "list[int]":
         deadline = time.monotonic() + timeout
@@ -246,6 +247,7 @@ class Job:
                 rcs = [q.wait() for q in self.procs]
                 break
         self.kill()      # helpers (store server) and anything left
+        self._outs = self._read()   # kept: the bed's temp dir goes away on close
         return rcs
 
     def kill(self):
@@ -253,7 +255,12 @@ class Job:
             self.bed._kill_proc(p)
 
     def outputs(self) -> "list[str]":
-        return [Path(f).read_text(errors="replace") for f in self.logs]
+        """stdout+stderr of each process (so far, before ``wait`` returned)."""
+        return list(self._outs) if self._outs is not None else self._read()
+
+    def _read(self):
+        return [Path(f).read_text(errors="replace") if Path(f).exists() else ""
+                for f in self.logs]
 
     def check(self, timeout=120.0) -> "list[str]":
         """Wait; raise WanBedError with all outputs unless every process exited 0."""
@@ -381,8 +388,8 @@ class WanBed:
         n = self.sites
         for ns in self.namespaces:
             _run(["ip", "netns", "add", ns])
-        quiet = ("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
-                 "net.ipv6.conf.default.disable_ipv6=1 >/dev/null 2>&1; ip link set lo up")
+        quiet = ("for f in all default; do echo 1 > /proc/sys/net/ipv6/conf/$f/disable_ipv6; "
+                 "done 2>/dev/null; ip link set lo up")
         batch = {ns: [] for ns in self.namespaces}
         router_batch = []
         for i in range(n):
@@ -403,8 +410,9 @@ class WanBed:
         for ns in self.namespaces:
             extra = ""
             if ns == self.router_ns:
-                extra = ("; sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 "
-                         "net.ipv4.conf.default.rp_filter=0")
+                extra = ("; echo 1 > /proc/sys/net/ipv4/ip_forward && "
+                         "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter && "
+                         "echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter")
             _run(["ip", "netns", "exec", ns, "sh", "-c", quiet + extra])
         _run(["ip", "-batch", "-"], input="\n".join(router_batch) + "\n")
         for ns, cmds in batch.items():
@@ -483,8 +491,8 @@ class WanBed:
                 _cc_added[algo] += 1
                 self._cc_added.append(algo)
         for ns in (namespaces or [*self.site_ns, self.router_ns]):
-            _run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                  f"net.ipv4.tcp_congestion_control={algo}"])
+            _run(["ip", "netns", "exec", ns, "sh", "-c",
+                  f"echo {algo} > /proc/sys/net/ipv4/tcp_congestion_control"])
         self.cc = algo
 
     def link_bytes(self) -> "list[dict]":
@@ -496,7 +504,7 @@ class WanBed:
                 for i in range(self.sites)]
 
     def get_cc(self, site=0) -> str:
-        return _run(self.ns_cmd(site, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])
+        return _run(self.ns_cmd(site, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"])
                     ).stdout.strip()
 
     def close(self):
