@@ -165,6 +165,14 @@ NMODES = {nmodes}
 CK_CHUNK = 1 << 16
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _copy(d, s):
+    # an element loop over two views vectorises (slice assignment checks
+    # for overlap and runs ~10x slower)
+    for j in range(s.size):
+        d[j] = s[j]
+
+
 @njit(cache=True, nogil=True)
 def encode_blocks(src, itemsize, isfloat, block_bytes, out, tab_off, pay_off):
     """Encode all blocks of src (uint8) into out: table at tab_off, payload
@@ -202,7 +210,7 @@ def encode_blocks(src, itemsize, isfloat, block_bytes, out, tab_off, pay_off):
                 break
             mode = 0
         if size < 0:
-            out[pos:pos + blen] = blk
+            _copy(out[pos:pos + blen], blk)
             size = blen
             mode = 0
         w = np.uint32(size) | (np.uint32(mode) << np.uint32(28))
@@ -245,7 +253,7 @@ def decode_blocks(payload, table, itemsize, isfloat, block_bytes, dst):
         if mode == 0:
             if size != blen:
                 return -(b + 1)
-            out[:] = enc
+            _copy(out, enc)
         else:
             if size >= blen:
                 return -(b + 1)
