@@ -9,7 +9,8 @@
  *       -q BYTES   queue capacity per direction (default 16 MiB); a frame
  *                  that does not fit is dropped and counted
  *       -r PRIO    run SCHED_FIFO at PRIO (root)
- *       -s FILE    write the counters to FILE on exit
+ *       -s FILE    write the counters to FILE on exit and on SIGUSR1
+ *                  (SIGUSR2 resets them)
  *   delayline --offload-off IF...
  *       turn off tx checksum, scatter-gather, TSO, GSO and GRO on IF so that
  *       frames stay MTU-sized with complete checksums
@@ -64,8 +65,16 @@ typedef struct {
     uint64_t late_hist[24]; /* frames sent [2^(k-1), 2^k) us after their deadline */
 } stats_t;
 
-static volatile sig_atomic_t stop;
-static void on_signal(int s) { (void)s; stop = 1; }
+static volatile sig_atomic_t stop, dump, reset;
+static void on_signal(int s)
+{
+    if (s == SIGUSR1)
+        dump = 1;
+    else if (s == SIGUSR2)
+        reset = 1;
+    else
+        stop = 1;
+}
 
 static uint64_t clock_ns(clockid_t c)
 {
@@ -320,6 +329,22 @@ static void print_stats(FILE *f, const char *name, const stats_t *s)
             s->late_max_ns / 1e3);
 }
 
+/* The counters of both directions to `path` (atomically: temp file + rename). */
+static void write_stats(const char *path, const dir_t *dir)
+{
+    if (!path)
+        return;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    print_stats(f, "ab", &dir[0].st);
+    print_stats(f, "ba", &dir[1].st);
+    if (fclose(f) == 0)
+        rename(tmp, path);
+}
+
 /* ---- offloads ---------------------------------------------------------- */
 
 static int set_gro(const char *name, uint32_t on)
@@ -412,6 +437,8 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
@@ -438,11 +465,22 @@ int main(int argc, char **argv)
     sigaddset(&blocked, SIGTERM);
     sigaddset(&blocked, SIGINT);
     sigaddset(&blocked, SIGHUP);
+    sigaddset(&blocked, SIGUSR1);
+    sigaddset(&blocked, SIGUSR2);
     sigprocmask(SIG_BLOCK, &blocked, &orig);
     printf("ready\n");
     fflush(stdout);
 
     while (!stop) {
+        if (dump) {
+            dump = 0;
+            write_stats(statsfile, dir);
+        }
+        if (reset) {
+            reset = 0;
+            memset(&dir[0].st, 0, sizeof dir[0].st);
+            memset(&dir[1].st, 0, sizeof dir[1].st);
+        }
         uint64_t now = clock_ns(CLOCK_MONOTONIC);
         pump_out(&dir[0], now);
         pump_out(&dir[1], now);
@@ -487,13 +525,6 @@ int main(int argc, char **argv)
     snprintf(lb, sizeof lb, "%s>%s", ifb, ifa);
     print_stats(stderr, la, &dir[0].st);
     print_stats(stderr, lb, &dir[1].st);
-    if (statsfile) {
-        FILE *f = fopen(statsfile, "w");
-        if (f) {
-            print_stats(f, "ab", &dir[0].st);
-            print_stats(f, "ba", &dir[1].st);
-            fclose(f);
-        }
-    }
+    write_stats(statsfile, dir);
     return 0;
 }

@@ -503,6 +503,34 @@ class WanBed:
         return [{"down": by[f"s{i}"]["tx"]["bytes"], "up": by[f"s{i}"]["rx"]["bytes"]}
                 for i in range(self.sites)]
 
+    def link_stats(self, reset=False) -> dict:
+        """The delay lines' counters now: ``{site: {"ab": {...}, "ba": {...}}}`` ("ab":
+        site to router).  Keys: ``rx``, ``tx``, ``tx_bytes``, ``drop_full`` (delay queue
+        full), ``drop_tx`` (uplink tbf queue full), ``oversize``, ``cpu_s``, ``sys_s``
+        (the process's CPU time) and how late frames left: ``late_p50_us``,
+        ``late_p99_us``, ``late_p999_us`` (power-of-two buckets), ``late_max_us``.
+        ``reset=True`` zeroes the counters afterwards (per-run figures)."""
+        res = {}
+        for i, p, stats in self._delaylines:
+            if p.poll() is not None:
+                raise WanBedError(f"delay line of site {i} exited ({p.returncode})")
+            before = stats.stat().st_mtime_ns if stats.exists() else None
+            before_ino = stats.stat().st_ino if stats.exists() else None
+            p.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                if stats.exists():
+                    st = stats.stat()
+                    if (st.st_mtime_ns, st.st_ino) != (before, before_ino):
+                        break
+                time.sleep(0.005)
+            else:
+                raise WanBedError(f"delay line of site {i} did not report its counters")
+            res[i] = _parse_stats(stats.read_text())
+            if reset:
+                p.send_signal(signal.SIGUSR2)
+        return res
+
     def get_cc(self, site=0) -> str:
         return _run(self.ns_cmd(site, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"])
                     ).stdout.strip()
