@@ -21,13 +21,42 @@ decodes to NaN.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core.extending import intrinsic
 
 #: groups whose absmax is below this are quantized after scaling by 2**100
 #: (``qmax / absmax`` would overflow float32 otherwise); exact power-of-two
 #: scaling, so the codes are the same as with unbounded float32 range.
 TINY = np.float32(2.0 ** -100)
 BIG = np.float32(2.0 ** 100)
+
+
+@intrinsic
+def _f2u(typingctx, x):
+    """The IEEE bits of a float32 as a uint32 (a register bitcast)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _u2f(typingctx, u):
+    """The float32 whose IEEE bits are the low 32 bits of the integer ``u``."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        i32 = context.get_value_type(types.uint32)
+        if u.bitwidth > 32:
+            v = builder.trunc(v, i32)
+        elif u.bitwidth < 32:
+            v = builder.zext(v, i32)
+        return builder.bitcast(v, context.get_value_type(types.float32))
+    return types.float32(u), codegen
 
 
 @njit(cache=True, nogil=True)
@@ -39,77 +68,55 @@ def _rne(y):
 # -- bf16 ----------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def bf16_encode(src, res, use_res, out16, tmp):
+def _bf16(u):
+    """bfloat16 bits of float32 bits ``u``: round to nearest even, NaN quiet."""
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
+    return (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+
+
+@njit(cache=True, nogil=True)
+def bf16_encode(src, res, use_res, out16):
     """bfloat16 (round to nearest even) of ``float32(src) + res`` into
     ``out16`` (uint16, len(src)); with ``use_res`` update ``res`` to
     ``v - decoded`` (0 where that is not finite).  Returns the number of
-    non-finite ``v``.  ``tmp``: float32 scratch
-    of at least 2*chunk elements."""
-    n = src.size
-    chunk = tmp.size // 2
-    vals = tmp[:chunk]
-    dec = tmp[chunk:2 * chunk]
-    vbits = vals.view(np.uint32)
-    dbits = dec.view(np.uint32)
+    non-finite ``v``."""
     bad = 0
-    for c0 in range(0, n, chunk):
-        m = min(chunk, n - c0)
-        # sub-array views: indices from 0 let LLVM drop the wraparound
-        # checks and vectorize
-        xs = src[c0:c0 + m]
-        os = out16[c0:c0 + m]
-        rs = res[c0:c0 + m]
-        if use_res:
-            for j in range(m):
-                vals[j] = np.float32(xs[j]) + rs[j]
-        else:
-            for j in range(m):
-                vals[j] = np.float32(xs[j])
-        for j in range(m):
-            u = vbits[j]
+    lim = np.float32(3.4028235e38)
+    if use_res:
+        for j in range(src.size):
+            v = np.float32(src[j]) + res[j]
+            u = _f2u(v)
             bad += (u & np.uint32(0x7FFFFFFF)) >= np.uint32(0x7F800000)
-            if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-                h = ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
-            else:
-                h = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-            os[j] = np.uint16(h)
-            dbits[j] = h << np.uint32(16)
-        if use_res:
-            for j in range(m):
-                r = vals[j] - dec[j]
-                if not (abs(r) <= np.float32(3.4028235e38)):
-                    r = np.float32(0.0)
-                rs[j] = r
+            h = _bf16(u)
+            out16[j] = np.uint16(h)
+            r = v - _u2f(h << np.uint32(16))
+            res[j] = r if abs(r) <= lim else np.float32(0.0)
+    else:
+        for j in range(src.size):
+            u = _f2u(np.float32(src[j]))
+            bad += (u & np.uint32(0x7FFFFFFF)) >= np.uint32(0x7F800000)
+            out16[j] = np.uint16(_bf16(u))
     return bad
 
 
 @njit(cache=True, nogil=True)
-def bf16_decode(in16, out, accumulate, tmp):
+def bf16_decode(in16, out, accumulate):
     """Widen bfloat16 ``in16`` into ``out`` (float32/float64), or add it to
-    ``out`` when ``accumulate``.  ``tmp``: float32 scratch (chunk)."""
-    n = in16.size
-    chunk = tmp.size
-    tb = tmp.view(np.uint32)
-    for c0 in range(0, n, chunk):
-        m = min(chunk, n - c0)
-        hs = in16[c0:c0 + m]
-        os = out[c0:c0 + m]
-        for j in range(m):
-            tb[j] = np.uint32(hs[j]) << np.uint32(16)
-        if accumulate:
-            for j in range(m):
-                os[j] += tmp[j]
-        else:
-            for j in range(m):
-                os[j] = tmp[j]
+    ``out`` when ``accumulate``."""
+    if accumulate:
+        for j in range(in16.size):
+            out[j] += _u2f(np.uint32(in16[j]) << np.uint32(16))
+    else:
+        for j in range(in16.size):
+            out[j] = _u2f(np.uint32(in16[j]) << np.uint32(16))
 
 
 # -- blockwise int8 / int4 ----------------------------------------------
 
 @njit(cache=True, nogil=True)
-def _put_f32(dst, pos, x, cell):
-    cell[0] = x
-    u = cell.view(np.uint32)[0]
+def _put_f32(dst, pos, x):
+    u = _f2u(x)
     dst[pos] = np.uint8(u & np.uint32(0xFF))
     dst[pos + 1] = np.uint8((u >> np.uint32(8)) & np.uint32(0xFF))
     dst[pos + 2] = np.uint8((u >> np.uint32(16)) & np.uint32(0xFF))
@@ -117,12 +124,10 @@ def _put_f32(dst, pos, x, cell):
 
 
 @njit(cache=True, nogil=True)
-def _get_f32(src, pos, cell):
-    cu = cell.view(np.uint32)
-    cu[0] = (np.uint32(src[pos]) | (np.uint32(src[pos + 1]) << np.uint32(8))
-             | (np.uint32(src[pos + 2]) << np.uint32(16))
-             | (np.uint32(src[pos + 3]) << np.uint32(24)))
-    return cell[0]
+def _get_f32(src, pos):
+    return _u2f(np.uint32(src[pos]) | (np.uint32(src[pos + 1]) << np.uint32(8))
+                | (np.uint32(src[pos + 2]) << np.uint32(16))
+                | (np.uint32(src[pos + 3]) << np.uint32(24)))
 
 
 @njit(cache=True, nogil=True)
@@ -138,24 +143,17 @@ def _dq(q, scale):
 
 
 @njit(cache=True, nogil=True)
-def _group_scale(vals, ne, qmax):
-    """(scale, pre, inv, ok) for one group's float32 ``vals[:ne]``: codes
-    are ``rint((v * pre) * inv)``; ok is False when the group holds NaN or
-    Inf (scale NaN, codes 0)."""
-    vbits = vals.view(np.uint32)
-    mx = np.uint32(0)
-    for j in range(ne):
-        a = vbits[j] & np.uint32(0x7FFFFFFF)
-        mx = a if a > mx else mx
+def _group_scale(mx, qmax):
+    """(scale, pre, inv, ok) for a group whose largest ``|v|`` has the
+    float32 bits ``mx``: codes are ``rint((v * pre) * inv)``; ok is False
+    when the group holds NaN or Inf (scale NaN, codes 0)."""
     one = np.float32(1.0)
     zero = np.float32(0.0)
     if mx >= np.uint32(0x7F800000):
         return np.float32(np.nan), one, zero, False
     if mx == 0:
         return zero, one, zero, True
-    cell = np.empty(1, np.uint32)
-    cell[0] = mx
-    amax = cell.view(np.float32)[0]
+    amax = _u2f(mx)
     if amax < TINY:
         return amax / qmax, BIG, qmax / (amax * BIG), True
     return amax / qmax, one, qmax / amax, True
@@ -172,7 +170,7 @@ def quant_encode(src, res, use_res, block, group, bits, payload):
     gpb = block // group
     full_pay = gpb * 4 + (block if bits == 8 else block // 2)
     vals = np.empty(group, np.float32)
-    cell = np.empty(1, np.float32)
+    codes = np.empty(group, np.int32)
     nonfinite = 0
     nblocks = (count + block - 1) // block
     for b in range(nblocks):
@@ -186,14 +184,21 @@ def quant_encode(src, res, use_res, block, group, bits, payload):
             ne = min(group, count - e0)
             xs = src[e0:e0 + ne]
             rs = res[e0:e0 + ne]
+            mx = np.uint32(0)
             if use_res:
                 for j in range(ne):
-                    vals[j] = np.float32(xs[j]) + rs[j]
+                    v = np.float32(xs[j]) + rs[j]
+                    vals[j] = v
+                    a = _f2u(v) & np.uint32(0x7FFFFFFF)
+                    mx = a if a > mx else mx
             else:
                 for j in range(ne):
-                    vals[j] = np.float32(xs[j])
-            scale, pre, inv, ok = _group_scale(vals, ne, qmax)
-            _put_f32(payload, pbase + 4 * g, scale, cell)
+                    v = np.float32(xs[j])
+                    vals[j] = v
+                    a = _f2u(v) & np.uint32(0x7FFFFFFF)
+                    mx = a if a > mx else mx
+            scale, pre, inv, ok = _group_scale(mx, qmax)
+            _put_f32(payload, pbase + 4 * g, scale)
             if not ok:
                 # NaN or Inf in the group: NaN scale, zero codes, residual 0
                 nonfinite += 1
@@ -206,38 +211,35 @@ def quant_encode(src, res, use_res, block, group, bits, payload):
             if bits == 8:
                 d0 = dbase + g * group
                 pd = payload[d0:d0 + ne]
+                if use_res:
+                    for j in range(ne):
+                        v = vals[j]
+                        q = _rne((v * pre) * inv)
+                        q = q if q < qmax else qmax
+                        q = q if q > nq else nq
+                        pd[j] = np.uint8(np.int32(q) & 0xFF)
+                        rs[j] = v - _dq(q, scale)
+                else:
+                    for j in range(ne):
+                        q = _rne((vals[j] * pre) * inv)
+                        q = q if q < qmax else qmax
+                        q = q if q > nq else nq
+                        pd[j] = np.uint8(np.int32(q) & 0xFF)
+            else:
                 for j in range(ne):
-                    v = vals[j]
-                    q = _rne((v * pre) * inv)
+                    q = _rne((vals[j] * pre) * inv)
                     q = q if q < qmax else qmax
                     q = q if q > nq else nq
-                    pd[j] = np.uint8(np.int32(q) & 0xFF)
-                    if use_res:
-                        rs[j] = v - _dq(q, scale)
-            else:
+                    codes[j] = np.int32(q)
                 d0 = dbase + (g * group) // 2
                 pd = payload[d0:d0 + (ne + 1) // 2]
                 for k in range(ne // 2):
-                    v0 = vals[2 * k]
-                    v1 = vals[2 * k + 1]
-                    q0 = _rne((v0 * pre) * inv)
-                    q1 = _rne((v1 * pre) * inv)
-                    q0 = q0 if q0 < qmax else qmax
-                    q0 = q0 if q0 > nq else nq
-                    q1 = q1 if q1 < qmax else qmax
-                    q1 = q1 if q1 > nq else nq
-                    pd[k] = np.uint8((np.int32(q0) & 0xF) | ((np.int32(q1) & 0xF) << 4))
-                    if use_res:
-                        rs[2 * k] = v0 - _dq(q0, scale)
-                        rs[2 * k + 1] = v1 - _dq(q1, scale)
+                    pd[k] = np.uint8((codes[2 * k] & 0xF) | ((codes[2 * k + 1] & 0xF) << 4))
                 if ne & 1:
-                    v0 = vals[ne - 1]
-                    q0 = _rne((v0 * pre) * inv)
-                    q0 = q0 if q0 < qmax else qmax
-                    q0 = q0 if q0 > nq else nq
-                    pd[ne // 2] = np.uint8(np.int32(q0) & 0xF)
-                    if use_res:
-                        rs[ne - 1] = v0 - _dq(q0, scale)
+                    pd[ne // 2] = np.uint8(codes[ne - 1] & 0xF)
+                if use_res:
+                    for j in range(ne):
+                        rs[j] = vals[j] - _dq(np.float32(codes[j]), scale)
     return nonfinite
 
 
@@ -247,7 +249,6 @@ def quant_decode(payload, count, block, group, bits, out, accumulate):
     (float32/float64), or add them to ``out`` when ``accumulate``."""
     gpb = block // group
     full_pay = gpb * 4 + (block if bits == 8 else block // 2)
-    cell = np.empty(1, np.float32)
     vals = np.empty(group, np.float32)
     nblocks = (count + block - 1) // block
     for b in range(nblocks):
@@ -259,7 +260,7 @@ def quant_decode(payload, count, block, group, bits, out, accumulate):
         for g in range(ng):
             e0 = b0 + g * group
             ne = min(group, count - e0)
-            scale = _get_f32(payload, pbase + 4 * g, cell)
+            scale = _get_f32(payload, pbase + 4 * g)
             if bits == 8:
                 d0 = dbase + g * group
                 pd = payload[d0:d0 + ne]

@@ -37,7 +37,6 @@ from erdmampi.kernels.format import (HEADER_SIZE, SIZE_MASK, CodecError,
 __all__ = ["BF16", "Int8", "Int4"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_CHUNK = 2048          # bf16 scratch chunk (elements; two chunks stay in L1)
 _MAX_BLOCK = 1 << 20   # largest block/group a decoder accepts
 _cpu_mod = None
 _cuda_mod = None
@@ -243,12 +242,10 @@ class BF16(_Lossy):
     bits = 16
 
     def _encode_cpu(self, a, res, use_res, payload):
-        tmp = np.empty(2 * _CHUNK, np.float32)
-        return _cpu().bf16_encode(a, res, use_res, payload.view(np.uint16), tmp)
+        return _cpu().bf16_encode(a, res, use_res, payload.view(np.uint16))
 
     def _decode_cpu(self, hdr, payload, out, accumulate):
-        _cpu().bf16_decode(payload.view(np.uint16), out, accumulate,
-                           np.empty(_CHUNK, np.float32))
+        _cpu().bf16_decode(payload.view(np.uint16), out, accumulate)
 
 
 class _Quant(_Lossy):
