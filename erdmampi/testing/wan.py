@@ -391,12 +391,13 @@ class WanBed:
         quiet = ("for f in all default; do echo 1 > /proc/sys/net/ipv6/conf/$f/disable_ipv6; "
                  "done 2>/dev/null; ip link set lo up")
         batch = {ns: [] for ns in self.namespaces}
-        router_batch = []
+        create = []
         for i in range(n):
             s, l, r = self.site_ns[i], self.link_ns[i], self.router_ns
             mac_site, mac_rtr = f"02:ea:00:{i:02x}:00:02", f"02:ea:00:{i:02x}:00:01"
-            router_batch += [
-                f"link add name {IFACE} netns {s} address {mac_site} type veth peer name dla netns {l}",
+            create += [
+                f"link add name {IFACE} netns {s} address {mac_site} "
+                f"type veth peer name dla netns {l}",
                 f"link add name dlb netns {l} type veth peer name s{i} netns {r} address {mac_rtr}",
             ]
             batch[s] += [f"addr add {self.addr(i)}/24 dev {IFACE}", f"link set {IFACE} up",
@@ -414,7 +415,7 @@ class WanBed:
                          "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter && "
                          "echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter")
             _run(["ip", "netns", "exec", ns, "sh", "-c", quiet + extra])
-        _run(["ip", "-batch", "-"], input="\n".join(router_batch) + "\n")
+        _run(["ip", "-batch", "-"], input="\n".join(create) + "\n")
         for ns, cmds in batch.items():
             if cmds:
                 _run(["ip", "-n", ns, "-batch", "-"], input="\n".join(cmds) + "\n")
@@ -423,7 +424,8 @@ class WanBed:
             _run(["ip", "netns", "exec", self.site_ns[i], str(binary), "--offload-off", IFACE])
             if self.gro:    # merging for the site's own stack, after all shaping
                 _run(["ip", "netns", "exec", self.site_ns[i], str(binary), "--gro-on", IFACE])
-            _run(["ip", "netns", "exec", self.link_ns[i], str(binary), "--offload-off", "dla", "dlb"])
+            _run(["ip", "netns", "exec", self.link_ns[i], str(binary), "--offload-off",
+                  "dla", "dlb"])
         _run(["ip", "netns", "exec", self.router_ns, str(binary), "--offload-off",
               *[f"s{i}" for i in range(n)]])
         if self.rate:
