@@ -817,7 +817,15 @@ def encode_block(src, itemsize, isfloat, dst):
     nsub = (n + SUB - 1) // SUB
     hdr = 5 + (w + 2) // 2 + 2 * (nsub - 1)
     if hdr + (bits + 7) // 8 + nsub + mant > cap:
-        return -1
+        # the quick bound (a byte of padding per stream) says no: exact size
+        tot = hdr + mant
+        for sb in range(nsub):
+            sbits = 0
+            for i in range(sb * SUB, min(n, sb * SUB + SUB)):
+                sbits += tlen[exps[i]]
+            tot += (sbits + 7) // 8
+        if tot > cap:
+            return -1
     dst[0] = V_HUFF
     dst[1] = lo & 0xFF
     dst[2] = lo >> 8
@@ -912,3 +920,54 @@ def decode_block(enc, itemsize, isfloat, dst):
         sb += 1
     _join(enc, send, itemsize, n, exps, dst)
     return 0
+
+
+@njit(cache=True, nogil=True)
+def estimate_block(src, itemsize, isfloat):
+    """Estimated encode_block size from the exponents of every 8th element
+    (their empirical entropy, plus the tables); -1 where the mode does not
+    apply."""
+    if not isfloat or (itemsize != 2 and itemsize != 4 and itemsize != 8):
+        return -1
+    nbytes = src.size
+    if nbytes == 0 or nbytes % itemsize != 0:
+        return -1
+    n = nbytes // itemsize
+    eb, mb, k, r = _params(itemsize)
+    mant = _mant_bytes(itemsize, n)
+    hist = np.zeros(1 << eb, np.int32)
+    step = 8 if n >= 64 else 1
+    ns = 0
+    if itemsize == 4:
+        v = src.view(np.uint32)
+        for i in range(0, n, step):
+            hist[(v[i] >> 23) & 0xFF] += 1
+            ns += 1
+    elif itemsize == 2:
+        v2 = src.view(np.uint16)
+        for i in range(0, n, step):
+            hist[(np.int64(v2[i]) >> 10) & 0x1F] += 1
+            ns += 1
+    else:
+        v8 = src.view(np.uint64)
+        for i in range(0, n, step):
+            hist[np.int64(v8[i] >> np.uint64(52)) & 0x7FF] += 1
+            ns += 1
+    lo = -1
+    hi = 0
+    h = 0.0
+    for x in range(1 << eb):
+        c = hist[x]
+        if c > 0:
+            if lo < 0:
+                lo = x
+            hi = x
+            h += c * np.log2(ns / c)
+    if hi == lo:
+        return 3 + mant
+    nsub = (n + SUB - 1) // SUB
+    w = hi - lo + 1
+    if w > 64:
+        w = 64                   # outliers are escaped rather than tabled
+    bits = n * (h / ns + 0.03) + 4 * (w + 1) + 4 * nsub
+    return 5 + 2 * (nsub - 1) + int(bits / 8) + mant
