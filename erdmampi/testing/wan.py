@@ -455,7 +455,8 @@ class WanBed:
     def _start_delayline(self, binary, i):
         one_way_us = self.delay_ms * 1000 / 2
         bps = (self.rate or 10**10) / 8
-        qcap = int(min(512 << 20, max(16 << 20, 4 * bps * (one_way_us / 1e6)
+        # room for what one direction holds in flight (x2), plus the queue's worth
+        qcap = int(min(256 << 20, max(16 << 20, 2 * bps * (one_way_us / 1e6)
                                       + 2 * self.queue_bytes)))
         stats = self.tmpdir / f"delayline{i}.stats"
         argv = ["ip", "netns", "exec", self.link_ns[i], str(binary), "-a", "dla", "-b", "dlb",
