@@ -514,11 +514,22 @@ int main(int argc, char **argv)
         if (p[1].revents & POLLOUT) dir[0].blocked = 0;
         if (p[0].revents & POLLIN) pump_in(&dir[0]);
         if (p[1].revents & POLLIN) pump_in(&dir[1]);
-        if (p[0].revents & (POLLERR | POLLNVAL) || p[1].revents & (POLLERR | POLLNVAL)) {
-            /* interface went away (namespace deleted): nothing left to do */
-            if ((p[0].revents | p[1].revents) & POLLNVAL)
-                break;
+        if ((p[0].revents | p[1].revents) & POLLNVAL)
+            break;
+        int gone = 0;
+        for (int i = 0; i < 2; i++) {
+            if (!(p[i].revents & POLLERR))
+                continue;
+            int err = 0;
+            socklen_t len = sizeof err;
+            getsockopt(p[i].fd, SOL_SOCKET, SO_ERROR, &err, &len); /* clears it */
+            if (err == ENETDOWN || err == ENODEV || err == ENXIO) {
+                fprintf(stderr, "delayline: %s: %s\n", i ? ifb : ifa, strerror(err));
+                gone = 1;
+            }
         }
+        if (gone) /* interface went away (namespace deleted): nothing left to do */
+            break;
     }
     char la[64], lb[64];
     snprintf(la, sizeof la, "%s>%s", ifa, ifb);
