@@ -50,7 +50,7 @@ bytes).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import cuda, int32, int64, njit, uint32, uint64
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 __all__ = ["MODE_ID", "max_block_bytes", "encode_block", "decode_block",
@@ -517,10 +517,11 @@ def _get_values(enc, L, p, out, cnt, vmode, par, W, mask):
             v = out[i]
             q = v >> uk
             if q == _U64(QMAX):
-                q += _get(enc, L, p, escw)
+                ev = _get(enc, L, p, escw)
                 p += escw
-                if q > lim:
+                if lim < _U64(QMAX) or ev > lim - _U64(QMAX):
                     return -1
+                q += ev
                 out[i] = (q << uk) | (v & ((_U64(1) << uk) - _U64(1)))
     return p
 
@@ -685,4 +686,719 @@ def estimate_block(src, itemsize, isfloat):
 
 
 # ---------------------------------------------------------------------------
-# CUDA (added below)
+# CUDA: the same format; one CUDA block of TPB threads per codec block
+
+TPB = 128            # threads per CUDA block (one CUDA block per codec block)
+_LOGTPB = 7
+_CLAMP = np.uint64(SUM_CLAMP)
+_U = np.uint64
+_I = np.int64
+_kern = {}
+
+
+def _cuda_kernels():
+    """Compile (once) and return the CUDA encode/decode kernels."""
+    if _kern:
+        return _kern["enc"], _kern["dec"]
+    # -- device helpers ----------------------------------------------------
+    @cuda.jit(device=True, inline=True)
+    def c_word_size(itemsize, nbytes):
+        if itemsize % 8 == 0 and nbytes % 8 == 0:
+            return 8
+        if itemsize % 4 == 0 and nbytes % 4 == 0:
+            return 4
+        if itemsize % 2 == 0 and nbytes % 2 == 0:
+            return 2
+        return 1
+
+    @cuda.jit(device=True, inline=True)
+    def c_mask(W):
+        if W >= 8:
+            return _U(0xFFFFFFFFFFFFFFFF)
+        return (_U(1) << _U(8 * W)) - _U(1)
+
+    @cuda.jit(device=True, inline=True)
+    def c_bitlen(x):
+        hi = uint32(x >> _U(32))
+        if hi != 0:
+            return _I(64 - cuda.clz(hi))
+        lo = uint32(x & _U(0xFFFFFFFF))
+        if lo != 0:
+            return _I(32 - cuda.clz(lo))
+        return _I(0)
+
+    @cuda.jit(device=True, inline=True)
+    def c_load(src, off, W):
+        x = _U(0)
+        for j in range(W):
+            x |= _U(src[off + j]) << _U(8 * j)
+        return x
+
+    @cuda.jit(device=True, inline=True)
+    def c_zz(x, W, mask):
+        top = (x >> _U(8 * W - 1)) & _U(1)
+        return ((x << _U(1)) & mask) ^ (mask * top)
+
+    @cuda.jit(device=True, inline=True)
+    def c_unzz(z, W, mask):
+        return (z >> _U(1)) ^ (mask * (z & _U(1)))
+
+    @cuda.jit(device=True, inline=True)
+    def c_k0(total, cnt, kmax):
+        if cnt <= 0:
+            return _I(0)
+        k = c_bitlen(_U(total // cnt)) - 1
+        if k < 0:
+            k = _I(0)
+        if k > kmax:
+            k = _I(kmax)
+        return k
+
+    @cuda.jit(device=True)
+    def c_scan(sh, t, v):
+        """Block-wide exclusive prefix sum of v (int64): (excl, total)."""
+        sh[t] = v
+        cuda.syncthreads()
+        d = 1
+        while d < TPB:
+            x = _I(0)
+            if t >= d:
+                x = sh[t - d]
+            cuda.syncthreads()
+            sh[t] += x
+            cuda.syncthreads()
+            d *= 2
+        incl = sh[t]
+        tot = sh[TPB - 1]
+        cuda.syncthreads()
+        return incl - v, tot
+
+    @cuda.jit(device=True)
+    def c_scan_max(sh, t, v):
+        """Block-wide exclusive max-scan of v (int64, identity -1): (excl, all)."""
+        sh[t] = v
+        cuda.syncthreads()
+        d = 1
+        while d < TPB:
+            x = _I(-1)
+            if t >= d:
+                x = sh[t - d]
+            cuda.syncthreads()
+            if x > sh[t]:
+                sh[t] = x
+            cuda.syncthreads()
+            d *= 2
+        ex = _I(-1)
+        if t > 0:
+            ex = sh[t - 1]
+        tot = sh[TPB - 1]
+        cuda.syncthreads()
+        return ex, tot
+
+    @cuda.jit(device=True, inline=True)
+    def c_rice_pick(s0, s1, s2, e0, e1, e2, cnt, k0, kmax, escw_base, esc):
+        """The CPU's choice among k0-1, k0, k0+1 from the per-candidate sums."""
+        best = s1 + cnt * (k0 + 1)
+        if esc:
+            best += e1 * (escw_base - k0)
+        bk = k0
+        if k0 - 1 >= 0:
+            c = s0 + cnt * k0
+            if esc:
+                c += e0 * (escw_base - k0 + 1)
+            if c < best:
+                best = c
+                bk = k0 - 1
+        if k0 + 1 <= kmax:
+            c = s2 + cnt * (k0 + 2)
+            if esc:
+                c += e2 * (escw_base - k0 - 1)
+            if c < best:
+                best = c
+                bk = k0 + 1
+        return best, bk
+
+    @cuda.jit(device=True, inline=True)
+    def c_put(stage, p, v, nb):
+        """OR nb <= 32 bits of v at bit p of the shared staging words."""
+        if nb <= 0:
+            return
+        w = p >> 5
+        sh = p & 31
+        x = v << _U(sh)
+        cuda.atomic.or_(stage, w, uint32(x & _U(0xFFFFFFFF)))
+        if sh + nb > 32:
+            cuda.atomic.or_(stage, w + 1, uint32(x >> _U(32)))
+
+    @cuda.jit(device=True, inline=True)
+    def c_put_wide(stage, p, v, nb):
+        if nb > 32:
+            c_put(stage, p, v & _U(0xFFFFFFFF), 32)
+            c_put(stage, p + 32, v >> _U(32), nb - 32)
+        else:
+            c_put(stage, p, v, nb)
+
+    # -- encoder -------------------------------------------------------------
+    @cuda.jit
+    def enc_kernel(src, nblocks, block_bytes, last_bytes, itemsize, scratch,
+                   slot_bytes, sizes, stage_words):
+        stage = cuda.shared.array(0, uint32)
+        shs = cuda.shared.array(TPB, int64)
+        red = cuda.shared.array(32, int64)
+        ors = cuda.shared.array(4, uint64)
+        bi = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        if bi >= nblocks:
+            return
+        L = _I(block_bytes)
+        if bi == nblocks - 1:
+            L = _I(last_bytes)
+        base = _I(bi) * _I(block_bytes)
+        W = c_word_size(itemsize, L)
+        n = L // W
+        mask = c_mask(W)
+        C = (n + TPB - 1) // TPB
+        i0 = min(n, t * C)
+        i1 = min(n, i0 + C)
+        if t < 32:
+            red[t] = 0
+        if t < 4:
+            ors[t] = 0
+        cuda.syncthreads()
+        # phase 1: counts, ORs, last nonzero
+        mt = _I(0)
+        last = _I(-1)
+        orv = _U(0)
+        orz = _U(0)
+        for i in range(i0, i1):
+            x = c_load(src, base + i * W, W)
+            orv |= x
+            orz |= c_zz(x, W, mask)
+            if x != _U(0):
+                mt += 1
+                last = i
+        cuda.atomic.or_(ors, 0, orv)
+        cuda.atomic.or_(ors, 1, orz)
+        mex, m = c_scan(shs, t, mt)
+        prev0, lastall = c_scan_max(shs, t, last)
+        orvA = ors[0]
+        orzA = ors[1]
+        zz = c_bitlen(orzA) < c_bitlen(orvA)
+        dense = 2 * m >= n
+        # phase 2: value sums and ORs for the mean-based Rice parameters
+        so = _U(0)
+        st = _I(0)
+        dt = _I(0)
+        for i in range(i0, i1):
+            x = c_load(src, base + i * W, W)
+            if zz:
+                x = c_zz(x, W, mask)
+            if dense:
+                dt += _I(min(x, _CLAMP))
+            if x != _U(0):
+                v = x - _U(1)
+                so |= v
+                st += _I(min(v, _CLAMP))
+        cuda.atomic.or_(ors, 2, so)
+        cuda.atomic.add(red, 0, st)
+        cuda.atomic.add(red, 1, dt)
+        cuda.syncthreads()
+        kmaxv = _I(8 * W - 1)
+        k0s = c_k0(red[0], m, kmaxv)
+        k0g = c_k0(lastall + 1 - m, m, _I(KP_MAX))
+        k0d = c_k0(red[1], n, kmaxv)
+        # phase 3: exact costs of the candidates
+        s = cuda.local.array(9, int64)
+        e = cuda.local.array(6, int64)
+        for j in range(9):
+            s[j] = 0
+        for j in range(6):
+            e[j] = 0
+        prev = prev0
+        for i in range(i0, i1):
+            x = c_load(src, base + i * W, W)
+            if zz:
+                x = c_zz(x, W, mask)
+            if dense:
+                for c in range(3):
+                    k = min(max(k0d - 1 + c, _I(0)), kmaxv)
+                    q = min(x >> _U(k), _U(QMAX))
+                    s[6 + c] += _I(q)
+                    e[3 + c] += _I(q == _U(QMAX))
+            if x != _U(0):
+                v = x - _U(1)
+                g = _U(i - prev - 1)
+                prev = i
+                for c in range(3):
+                    k = min(max(k0s - 1 + c, _I(0)), kmaxv)
+                    q = min(v >> _U(k), _U(QMAX))
+                    s[c] += _I(q)
+                    e[c] += _I(q == _U(QMAX))
+                    kg = min(max(k0g - 1 + c, _I(0)), _I(KP_MAX))
+                    s[3 + c] += _I(g >> _U(kg))
+        for j in range(9):
+            cuda.atomic.add(red, 2 + j, s[j])
+        for j in range(6):
+            cuda.atomic.add(red, 11 + j, e[j])
+        cuda.syncthreads()
+        # decision: the CPU encoder's rules, same order and ties
+        escb = _I(8 * W)
+        sb = c_bitlen(ors[2])
+        sv_bits = m * sb
+        sv_mode = V_FIXED
+        sv_par = sb
+        if m > 0 and sb > 0:
+            rc, rk = c_rice_pick(red[2], red[3], red[4], red[11], red[12], red[13],
+                                 m, k0s, kmaxv, escb, True)
+            if rc < sv_bits:
+                sv_bits = rc
+                sv_mode = V_RICE
+                sv_par = rk
+        best = 16 + n + sv_bits
+        pmode = P_BITMAP
+        vmode = sv_mode
+        vpar = sv_par
+        kp = _I(0)
+        vb = _I(1)
+        if 2 * m <= n:
+            gc, gk = c_rice_pick(red[5], red[6], red[7], 0, 0, 0, m, k0g,
+                                 _I(KP_MAX), 0, False)
+            mm = m >> 7
+            while mm > 0:
+                vb += 1
+                mm >>= 7
+            c = 8 * (3 + vb) + gc + sv_bits
+            if c < best:
+                best = c
+                pmode = P_GAPS
+                kp = gk
+        if dense:
+            db = c_bitlen(orzA if zz else orvA)
+            dv_bits = n * db
+            dv_mode = V_FIXED
+            dv_par = db
+            if db > 0:
+                rc, rk = c_rice_pick(red[8], red[9], red[10], red[14], red[15],
+                                     red[16], n, k0d, kmaxv, escb, True)
+                if rc < dv_bits:
+                    dv_bits = rc
+                    dv_mode = V_RICE
+                    dv_par = rk
+            if 16 + dv_bits < best:
+                best = 16 + dv_bits
+                pmode = P_DENSE
+                vmode = dv_mode
+                vpar = dv_par
+                kp = _I(0)
+        size = (best + 7) // 8
+        if size > L or size > 4 * stage_words:
+            if t == 0:
+                sizes[bi] = -1
+            return
+        nw = (size + 3) // 4
+        for j in range(t, nw, TPB):
+            stage[j] = 0
+        cuda.syncthreads()
+        hdr = _I(2)
+        if pmode == P_GAPS:
+            hdr = 3 + vb
+        if t == 0:
+            c_put(stage, _I(0), _U(pmode | (vmode << 2) | (_I(zz) << 3)), 8)
+            c_put(stage, _I(8), _U(vpar), 8)
+            if pmode == P_GAPS:
+                c_put(stage, _I(16), _U(kp), 8)
+                mm = m
+                pb = _I(24)
+                while mm >= 128:
+                    c_put(stage, pb, _U((mm & 127) | 128), 8)
+                    mm >>= 7
+                    pb += 8
+                c_put(stage, pb, _U(mm), 8)
+        # phase 4: bit offsets of this thread's codes, then write them
+        cnt = m
+        rank0 = mex
+        if pmode == P_DENSE:
+            cnt = n
+            rank0 = i0
+        ug = _I(0)
+        uv = _I(0)
+        ne = _I(0)
+        kv = _U(vpar)
+        for i in range(i0, i1):
+            x = c_load(src, base + i * W, W)
+            if zz:
+                x = c_zz(x, W, mask)
+            if pmode == P_DENSE or x != _U(0):
+                v = x
+                if pmode != P_DENSE:
+                    v = x - _U(1)
+                if vmode == V_RICE:
+                    q = min(v >> kv, _U(QMAX))
+                    uv += _I(q) + 1
+                    ne += _I(q == _U(QMAX))
+        if pmode == P_GAPS:
+            prev = prev0
+            for i in range(i0, i1):
+                if c_load(src, base + i * W, W) != _U(0):
+                    ug += _I(_U(i - prev - 1) >> _U(kp)) + 1
+                    prev = i
+        ugx, ugt = c_scan(shs, t, ug)
+        uvx, uvt = c_scan(shs, t, uv)
+        nex, net = c_scan(shs, t, ne)
+        P0 = 8 * hdr
+        V0 = P0
+        if pmode == P_BITMAP:
+            V0 = P0 + n
+        elif pmode == P_GAPS:
+            V0 = P0 + ugt + m * kp
+        R0 = V0 + uvt
+        E0 = R0 + cnt * _I(vpar)
+        escw = _I(8 * W) - _I(vpar)
+        r = rank0
+        pu = P0 + ugx
+        vu = V0 + uvx
+        pe = E0 + nex * escw
+        prev = prev0
+        for i in range(i0, i1):
+            x = c_load(src, base + i * W, W)
+            nz = x != _U(0)
+            if zz:
+                x = c_zz(x, W, mask)
+            if pmode == P_DENSE or nz:
+                v = x
+                if pmode != P_DENSE:
+                    v = x - _U(1)
+                    if pmode == P_BITMAP:
+                        c_put(stage, P0 + i, _U(1), 1)
+                    else:
+                        g = _U(i - prev - 1)
+                        prev = i
+                        q = _I(g >> _U(kp))
+                        c_put(stage, pu + q, _U(1), 1)
+                        pu += q + 1
+                        c_put(stage, P0 + ugt + r * kp,
+                              g & ((_U(1) << _U(kp)) - _U(1)), kp)
+                if vmode == V_FIXED:
+                    c_put_wide(stage, V0 + r * _I(vpar), v, vpar)
+                else:
+                    q = v >> kv
+                    qc = min(q, _U(QMAX))
+                    c_put(stage, vu + _I(qc), _U(1), 1)
+                    vu += _I(qc) + 1
+                    c_put_wide(stage, R0 + r * _I(vpar), v & ((_U(1) << kv) - _U(1)), vpar)
+                    if qc == _U(QMAX):
+                        c_put_wide(stage, pe, q - _U(QMAX), escw)
+                        pe += escw
+                r += 1
+        cuda.syncthreads()
+        ob = _I(bi) * _I(slot_bytes)
+        for j in range(t, size, TPB):
+            scratch[ob + j] = (stage[j >> 2] >> uint32(8 * (j & 3))) & uint32(0xFF)
+        if t == 0:
+            sizes[bi] = size
+
+    # -- decoder -------------------------------------------------------------
+    @cuda.jit(device=True, inline=True)
+    def c_get(pay, off, plen, p, nb):
+        """nb <= 32 bits at bit p of pay[off:off+plen] (zeros past its end)."""
+        if nb <= 0:
+            return _U(0)
+        b = p >> 3
+        w = _U(0)
+        for j in range(5):
+            if b + j < plen:
+                w |= _U(pay[off + b + j]) << _U(8 * j)
+        return (w >> _U(p & 7)) & ((_U(1) << _U(nb)) - _U(1))
+
+    @cuda.jit(device=True, inline=True)
+    def c_get_wide(pay, off, plen, p, nb):
+        if nb > 32:
+            lo = c_get(pay, off, plen, p, 32)
+            return lo | (c_get(pay, off, plen, p + 32, nb - 32) << _U(32))
+        return c_get(pay, off, plen, p, nb)
+
+    @cuda.jit(device=True)
+    def c_select(pay, off, plen, cur, K, lim, ones, shs, t):
+        """Bit positions of the next K (<= TPB) one bits at or after bit cur
+        and before bit lim into ones[0:K]; returns False if there are fewer.
+        Every thread scans a 32-bit window; a prefix sum of their popcounts
+        ranks the ones (ballot/popc on a real GPU)."""
+        found = _I(0)
+        c = cur
+        while found < K:
+            if c >= lim:
+                return False
+            p = c + 32 * t
+            w = uint32(0)
+            if p < lim:
+                nb = min(_I(32), lim - p)
+                w = uint32(c_get(pay, off, plen, p, nb))
+            pc = _I(cuda.popc(w))
+            ex, tot = c_scan(shs, t, pc)
+            r = found + ex
+            while w != 0 and r < K:
+                tz = cuda.ffs(w) - 1
+                ones[r] = p + tz
+                r += 1
+                w &= w - uint32(1)
+            found += tot
+            c += 32 * TPB
+            cuda.syncthreads()
+        return True
+
+    @cuda.jit(device=True)
+    def c_kth(pay, off, plen, cur, K, lim, res, shs, t):
+        """Bit position of the K-th one bit (K >= 1) at or after cur, -1 if none."""
+        found = _I(0)
+        c = cur
+        if t == 0:
+            res[0] = -1
+        cuda.syncthreads()
+        while found < K and c < lim:
+            p = c + 32 * t
+            w = uint32(0)
+            if p < lim:
+                nb = min(_I(32), lim - p)
+                w = uint32(c_get(pay, off, plen, p, nb))
+            pc = _I(cuda.popc(w))
+            ex, tot = c_scan(shs, t, pc)
+            r = found + ex
+            if r < K and K <= r + pc:
+                j = K - 1 - r
+                while j > 0:
+                    w &= w - uint32(1)
+                    j -= 1
+                res[0] = p + cuda.ffs(w) - 1
+            found += tot
+            c += 32 * TPB
+        cuda.syncthreads()
+        out = res[0]
+        cuda.syncthreads()
+        return out
+
+    @cuda.jit
+    def dec_kernel(pay, offsets, lengths, block_ids, nsel, block_bytes, last_bytes,
+                   nblocks, itemsize, dst, err):
+        shs = cuda.shared.array(TPB, int64)
+        ones = cuda.shared.array(TPB, int64)
+        vones = cuda.shared.array(TPB, int64)
+        res = cuda.shared.array(4, int64)
+        bad = cuda.shared.array(1, int32)
+        j = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        if j >= nsel:
+            return
+        blk = _I(block_ids[j])
+        off = _I(offsets[j])
+        plen = _I(lengths[j])
+        if blk < 0 or blk >= nblocks or off < 0 or plen < 2 or off + plen > pay.size:
+            err[0] = 1
+            return
+        D = _I(block_bytes)
+        if blk == nblocks - 1:
+            D = _I(last_bytes)
+        dbase = blk * _I(block_bytes)
+        W = c_word_size(itemsize, D)
+        n = D // W
+        mask = c_mask(W)
+        if n == 0 or dbase + D > dst.size:
+            err[0] = 1
+            return
+        b0 = _I(pay[off])
+        pmode = b0 & 3
+        vmode = (b0 >> 2) & 1
+        zz = (b0 >> 3) & 1
+        par = _I(pay[off + 1])
+        if (b0 >> 4) != 0 or pmode == 3 or (vmode == V_FIXED and par > 8 * W) \
+                or (vmode == V_RICE and par >= 8 * W):
+            err[0] = 1
+            return
+        hdr = _I(2)
+        m = n
+        kp = _I(0)
+        if pmode == P_GAPS:
+            kp = _I(pay[off + 2]) if plen > 2 else _I(99)
+            m = _I(0)
+            sh = _I(0)
+            hdr = _I(3)
+            ok = False
+            while hdr < plen and sh <= 28:
+                cb = _I(pay[off + hdr])
+                hdr += 1
+                m |= (cb & 127) << sh
+                sh += 7
+                if cb < 128:
+                    ok = not (cb == 0 and sh > 7)
+                    break
+            if kp > KP_MAX or not ok or m > n:
+                err[0] = 1
+                return
+        if t == 0:
+            bad[0] = 0
+        pend = 8 * plen
+        P0 = 8 * hdr
+        # section boundaries
+        V0 = P0
+        if pmode == P_BITMAP:
+            if P0 + n > pend:
+                err[0] = 1
+                return
+            cnt_t = _I(0)
+            for c in range(P0 + 32 * t, P0 + n, 32 * TPB):
+                cnt_t += _I(cuda.popc(uint32(c_get(pay, off, plen, c, min(_I(32), P0 + n - c)))))
+            ex, m = c_scan(shs, t, cnt_t)
+            V0 = P0 + n
+        elif pmode == P_GAPS:
+            ug = _I(0)
+            if m > 0:
+                e1 = c_kth(pay, off, plen, P0, m, pend, res, shs, t)
+                if e1 < 0:
+                    err[0] = 1
+                    return
+                ug = e1 + 1 - P0
+            V0 = P0 + ug + m * kp
+        cnt = m
+        if pmode == P_DENSE:
+            cnt = n
+        R0 = V0
+        if vmode == V_RICE and cnt > 0:
+            e2 = c_kth(pay, off, plen, V0, cnt, pend, res, shs, t)
+            if e2 < 0:
+                err[0] = 1
+                return
+            R0 = e2 + 1
+        E0 = R0 + cnt * par
+        escw = 8 * W - par
+        if pmode != P_DENSE:
+            for i in range(t, D, TPB):
+                dst[dbase + i] = 0
+        cuda.syncthreads()
+        # rounds of TPB codes
+        pcur = P0
+        vcur = V0
+        pos_carry = _I(-1)
+        esc_carry = _I(0)
+        lim = mask
+        if vmode == V_RICE:
+            lim = mask >> _U(par)
+        r0 = _I(0)
+        while r0 < cnt:
+            K = min(_I(TPB), cnt - r0)
+            r = r0 + t
+            pos = r
+            if pmode == P_BITMAP:
+                if not c_select(pay, off, plen, pcur, K, P0 + n, ones, shs, t):
+                    err[0] = 1
+                    return
+                if t < K:
+                    pos = ones[t] - P0
+                pcur = ones[K - 1] + 1
+            elif pmode == P_GAPS:
+                if not c_select(pay, off, plen, pcur, K, pend, ones, shs, t):
+                    err[0] = 1
+                    return
+                g = _I(0)
+                if t < K:
+                    before = pcur - 1
+                    if t > 0:
+                        before = ones[t - 1]
+                    q = ones[t] - before - 1
+                    if q >= n:
+                        bad[0] = 1
+                        q = _I(0)
+                    g = ((q << kp) | _I(c_get(pay, off, plen, V0 - m * kp + r * kp, kp))) + 1
+                gx, gt = c_scan(shs, t, g)
+                pos = pos_carry + gx + g
+                pos_carry += gt
+                pcur = ones[K - 1] + 1
+            v = _U(0)
+            isesc = _I(0)
+            q = _U(0)
+            if vmode == V_FIXED:
+                if t < K:
+                    v = c_get_wide(pay, off, plen, V0 + r * par, par)
+            else:
+                if not c_select(pay, off, plen, vcur, K, pend, vones, shs, t):
+                    err[0] = 1
+                    return
+                if t < K:
+                    before = vcur - 1
+                    if t > 0:
+                        before = vones[t - 1]
+                    qi = vones[t] - before - 1
+                    if qi > QMAX:
+                        bad[0] = 1
+                        qi = _I(0)
+                    q = _U(qi)
+                    isesc = _I(qi == QMAX)
+                    v = c_get_wide(pay, off, plen, R0 + r * par, par)
+                vcur = vones[K - 1] + 1
+            ex, et = c_scan(shs, t, isesc)
+            if t < K:
+                if isesc:
+                    ev = c_get_wide(pay, off, plen, E0 + (esc_carry + ex) * escw, escw)
+                    if lim < _U(QMAX) or ev > lim - _U(QMAX):
+                        bad[0] = 1
+                        ev = _U(0)
+                    q += ev
+                if vmode == V_RICE:
+                    if q > lim:
+                        bad[0] = 1
+                    v |= q << _U(par)
+                if pmode != P_DENSE:
+                    if v >= mask:
+                        bad[0] = 1
+                    v += _U(1)
+                if zz:
+                    v = c_unzz(v, W, mask)
+                if pos >= 0 and pos < n:
+                    for jj in range(W):
+                        dst[dbase + pos * W + jj] = (v >> _U(8 * jj)) & _U(0xFF)
+                else:
+                    bad[0] = 1
+            esc_carry += et
+            r0 += TPB
+            cuda.syncthreads()
+            if bad[0] != 0:
+                break
+        if bad[0] != 0:
+            err[0] = 1
+            return
+        # the stream ends exactly at the last byte, padding zero
+        end = E0 + esc_carry * escw
+        if vmode == V_FIXED:
+            end = V0 + cnt * par
+        if t == 0:
+            if (end + 7) >> 3 != plen:
+                err[0] = 1
+            elif (end & 7) != 0 and (_I(pay[off + plen - 1]) >> (end & 7)) != 0:
+                err[0] = 1
+
+    _kern["enc"] = enc_kernel
+    _kern["dec"] = dec_kernel
+    return enc_kernel, dec_kernel
+
+
+def encode_blocks_cuda(src, nblocks, block_bytes, last_bytes, itemsize, isfloat,
+                       scratch, slot_bytes, sizes, stream=0):
+    """Encode every block on the GPU: one CUDA block of TPB threads per codec
+    block, same bytes as :func:`encode_block`."""
+    if nblocks <= 0:
+        return
+    enc_kernel, _ = _cuda_kernels()
+    stage_words = (int(block_bytes) + 3) // 4 + 2
+    stage_words = min(stage_words, 12 * 1024)          # <= 48 KiB shared
+    enc_kernel[int(nblocks), TPB, stream, 4 * stage_words](
+        src, int(nblocks), int(block_bytes), int(last_bytes), int(itemsize),
+        scratch, int(slot_bytes), sizes, stage_words)
+
+
+def decode_blocks_cuda(payload, offsets, lengths, block_ids, nsel, block_bytes,
+                       last_bytes, nblocks, itemsize, isfloat, dst, err, stream=0):
+    """Decode the listed blocks on the GPU (one CUDA block each)."""
+    if nsel <= 0:
+        return
+    _, dec_kernel = _cuda_kernels()
+    dec_kernel[int(nsel), TPB, stream](
+        payload, offsets, lengths, block_ids, int(nsel), int(block_bytes),
+        int(last_bytes), int(nblocks), int(itemsize), dst, err)
