@@ -342,6 +342,14 @@ def _flat(a):
     return a
 
 
+def _to_host(darr, stream):
+    """Copy a (small) device array to the host and wait for it."""
+    h = darr.copy_to_host(stream=stream)
+    if stream:
+        stream.synchronize()
+    return h
+
+
 def _grid(n):
     return max(1, (n + TPB - 1) // TPB)
 
@@ -351,7 +359,7 @@ def _device_checksum(buf, off, n, stream):
     if n:
         nblk = min(_grid((n + 3) // 4), 1024)
         _checksum[nblk, TPB, stream](buf, off, n, acc)
-    s1, s2 = (int(x) for x in acc.copy_to_host(stream=stream))
+    s1, s2 = (int(x) for x in _to_host(acc, stream))
     h = (s1 ^ (s2 << 1)) & 0xFFFFFFFFFFFFFFFF
     return (h ^ (h >> 32)) & 0xFFFFFFFF
 
@@ -396,7 +404,7 @@ def encode(codec, src, out, stream, feedback):
                                                 codec.group, codec.bits, full,
                                                 out, poff, nbad)
     psum = _device_checksum(out, poff, pay, stream)
-    bad = int(nbad.copy_to_host(stream=stream)[0])
+    bad = int(_to_host(nbad, stream)[0])
     if bad and codec.nonfinite == "raise":
         raise ValueError(f"{codec.name}: NaN or Inf in the input")
     hdr = pack_header(codec.codec_id, dt, n, codec.block, table, psum, codec.param)
@@ -413,14 +421,14 @@ def _host_view_of_head(enc, stream):
     import struct
     if enc.size < HEADER_SIZE:
         raise CodecError(f"encoded buffer truncated: {enc.size} bytes")
-    h0 = enc[:HEADER_SIZE].copy_to_host(stream=stream)
+    h0 = _to_host(enc[:HEADER_SIZE], stream)
     nblocks, = struct.unpack_from("<I", h0.tobytes(), 20)
     payload_len, = struct.unpack_from("<Q", h0.tobytes(), 24)
     tend = HEADER_SIZE + 4 * nblocks
     if tend > enc.size:
         raise CodecError("encoded buffer truncated in the block table")
     host = np.empty(min(enc.size, tend + payload_len), np.uint8)  # untouched pages
-    host[:tend] = enc[:tend].copy_to_host(stream=stream)
+    host[:tend] = _to_host(enc[:tend], stream)
     return host
 
 
