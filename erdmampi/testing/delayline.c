@@ -4,8 +4,10 @@
  * bridges two veth ends with this program: every frame received on A is sent
  * out of B (and B out of A) DELAY microseconds after it arrived.
  *
- *   delayline -a IFA -b IFB -d US [-D US] [-q BYTES] [-r PRIO] [-s FILE]
+ *   delayline -a IFA -b IFB -d US [-D US] [-m FRAMES] [-q BYTES] [-r PRIO] [-s FILE]
  *       -d US      delay A->B in microseconds (-D: B->A, default the same)
+ *       -m FRAMES  receive through a TPACKET_V2 ring of FRAMES frames per
+ *                  interface (PACKET_RX_RING) instead of recvmmsg
  *       -q BYTES   queue capacity per direction (default 16 MiB); a frame
  *                  that does not fit is dropped and counted
  *       -r PRIO    run SCHED_FIFO at PRIO (root)
@@ -147,7 +149,39 @@ static void ring_pop(ring_t *r)
 
 /* ---- sockets ----------------------------------------------------------- */
 
-static int open_iface(const char *name)
+typedef struct {
+    int in, out;
+    uint64_t delay_ns;
+    ring_t q;
+    stats_t st;
+    int blocked;      /* out socket said EAGAIN: wait for POLLOUT */
+    uint8_t *rx_map;  /* PACKET_RX_RING (TPACKET_V2) of `in`, or NULL: recvmmsg */
+    unsigned rx_nr, rx_idx;
+} dir_t;
+
+#define RX_FRAME 2048
+#define RX_BLOCK (1u << 16)
+
+/* Map a TPACKET_V2 receive ring of `frames` frames on fd (before bind). */
+static uint8_t *rx_ring(int fd, unsigned frames)
+{
+    int v = TPACKET_V2;
+    if (setsockopt(fd, SOL_PACKET, PACKET_VERSION, &v, sizeof v) < 0)
+        die("PACKET_VERSION");
+    unsigned per_block = RX_BLOCK / RX_FRAME;
+    struct tpacket_req req = {.tp_block_size = RX_BLOCK, .tp_frame_size = RX_FRAME,
+                              .tp_block_nr = (frames + per_block - 1) / per_block};
+    req.tp_frame_nr = req.tp_block_nr * per_block;
+    if (setsockopt(fd, SOL_PACKET, PACKET_RX_RING, &req, sizeof req) < 0)
+        die("PACKET_RX_RING");
+    void *m = mmap(NULL, (size_t)req.tp_block_size * req.tp_block_nr, PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        die("mmap(PACKET_RX_RING)");
+    return m;
+}
+
+static int open_iface(const char *name, uint8_t **map, unsigned ring_frames)
 {
     int fd = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(ETH_P_ALL));
     if (fd < 0)
@@ -164,6 +198,7 @@ static int open_iface(const char *name)
     if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big) < 0)
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
     setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+    *map = ring_frames ? rx_ring(fd, ring_frames) : NULL;
     struct sockaddr_ll sll = {0};
     sll.sll_family = AF_PACKET;
     sll.sll_protocol = htons(ETH_P_ALL);
@@ -172,25 +207,60 @@ static int open_iface(const char *name)
         die("bind(AF_PACKET)");
     /* drop what was queued before the bind took effect on this interface */
     char junk[FRAME_MAX];
-    while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) >= 0)
+    while (!*map && recv(fd, junk, sizeof junk, MSG_DONTWAIT) >= 0)
         ;
     return fd;
 }
 
-typedef struct {
-    int in, out;
-    uint64_t delay_ns;
-    ring_t q;
-    stats_t st;
-    int blocked; /* out socket said EAGAIN: wait for POLLOUT */
-} dir_t;
-
 static uint8_t rxbuf[BATCH][FRAME_MAX];
 static uint8_t rxctl[BATCH][CMSG_SPACE(sizeof(struct timespec))];
+
+/* Monotonic arrival time from a CLOCK_REALTIME kernel timestamp `t`. */
+static uint64_t arrival_of(uint64_t t, uint64_t mono, uint64_t real)
+{
+    /* ignore timestamps from the future or > 1 s old (clock step) */
+    if (t && t <= real && real - t < 1000000000ull)
+        return mono - (real - t);
+    return mono;
+}
+
+static void enqueue(dir_t *d, const uint8_t *data, uint32_t len, uint64_t arrival)
+{
+    uint8_t *e = ring_reserve(&d->q, len);
+    if (!e) {
+        d->st.drop_full++;
+        return;
+    }
+    memcpy(e + HDR, data, len);
+    ring_commit(&d->q, arrival + d->delay_ns, len);
+}
+
+/* Take what the kernel put in d's receive ring. */
+static void pump_ring(dir_t *d)
+{
+    uint64_t mono = clock_ns(CLOCK_MONOTONIC), real = clock_ns(CLOCK_REALTIME);
+    for (unsigned k = 0; k < d->rx_nr; k++) {
+        struct tpacket2_hdr *h = (void *)(d->rx_map + (size_t)d->rx_idx * RX_FRAME);
+        if (!(__atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER))
+            return;
+        d->st.rx++;
+        if (h->tp_len > h->tp_snaplen)
+            d->st.oversize++;
+        else
+            enqueue(d, (uint8_t *)h + h->tp_mac, h->tp_snaplen,
+                    arrival_of((uint64_t)h->tp_sec * 1000000000ull + h->tp_nsec, mono, real));
+        __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
+        d->rx_idx = (d->rx_idx + 1) % d->rx_nr;
+    }
+}
 
 /* Read what is waiting on d->in (up to a few batches) into d's queue. */
 static void pump_in(dir_t *d)
 {
+    if (d->rx_map) {
+        pump_ring(d);
+        return;
+    }
     struct mmsghdr m[BATCH];
     struct iovec iov[BATCH];
     for (int round = 0; round < 8; round++) {
@@ -214,25 +284,16 @@ static void pump_in(dir_t *d)
                 d->st.oversize++;
                 continue;
             }
-            uint64_t arrival = mono;
+            uint64_t t = 0;
             for (struct cmsghdr *c = CMSG_FIRSTHDR(&m[i].msg_hdr); c;
                  c = CMSG_NXTHDR(&m[i].msg_hdr, c)) {
                 if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
                     struct timespec ts;
                     memcpy(&ts, CMSG_DATA(c), sizeof ts);
-                    uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-                    /* ignore timestamps from the future or > 1 s old (clock step) */
-                    if (t <= real && real - t < 1000000000ull)
-                        arrival = mono - (real - t);
+                    t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
                 }
             }
-            uint8_t *e = ring_reserve(&d->q, len);
-            if (!e) {
-                d->st.drop_full++;
-                continue;
-            }
-            memcpy(e + HDR, rxbuf[i], len);
-            ring_commit(&d->q, arrival + d->delay_ns, len);
+            enqueue(d, rxbuf[i], len, arrival_of(t, mono, real));
         }
         if (n < BATCH)
             return;
@@ -408,18 +469,21 @@ int main(int argc, char **argv)
     double d_ab = -1, d_ba = -1;
     size_t qcap = 16u << 20;
     int prio = 0, c;
-    while ((c = getopt(argc, argv, "a:b:d:D:q:r:s:")) != -1) {
+    unsigned ring_frames = 0;
+    while ((c = getopt(argc, argv, "a:b:d:D:m:q:r:s:")) != -1) {
         switch (c) {
         case 'a': ifa = optarg; break;
         case 'b': ifb = optarg; break;
         case 'd': d_ab = atof(optarg); break;
         case 'D': d_ba = atof(optarg); break;
+        case 'm': ring_frames = (unsigned)strtoul(optarg, NULL, 10); break;
         case 'q': qcap = strtoull(optarg, NULL, 10); break;
         case 'r': prio = atoi(optarg); break;
         case 's': statsfile = optarg; break;
         default:
-            fprintf(stderr, "usage: delayline -a IFA -b IFB -d US [-D US] [-q BYTES] "
-                            "[-r PRIO] [-s FILE] | --offload-off IF...\n");
+            fprintf(stderr, "usage: delayline -a IFA -b IFB -d US [-D US] [-m FRAMES] "
+                            "[-q BYTES] [-r PRIO] [-s FILE] | --offload-off IF... "
+                            "| --gro-on IF...\n");
             return 2;
         }
     }
@@ -450,9 +514,13 @@ int main(int argc, char **argv)
 
     dir_t dir[2];
     memset(dir, 0, sizeof dir);
-    int fa = open_iface(ifa), fb = open_iface(ifb);
+    uint8_t *ma, *mb;
+    int fa = open_iface(ifa, &ma, ring_frames), fb = open_iface(ifb, &mb, ring_frames);
     dir[0].in = fa; dir[0].out = fb; dir[0].delay_ns = (uint64_t)(d_ab * 1000.0);
     dir[1].in = fb; dir[1].out = fa; dir[1].delay_ns = (uint64_t)(d_ba * 1000.0);
+    dir[0].rx_map = ma; dir[1].rx_map = mb;
+    dir[0].rx_nr = dir[1].rx_nr = ring_frames ? (ring_frames + RX_BLOCK / RX_FRAME - 1)
+                                                / (RX_BLOCK / RX_FRAME) * (RX_BLOCK / RX_FRAME) : 0;
     for (int i = 0; i < 2; i++) {
         dir[i].q.cap = qcap;
         dir[i].q.buf = mmap(NULL, qcap, PROT_READ | PROT_WRITE,

@@ -293,10 +293,12 @@ class WanBed:
     :param gro: GRO on the sites' eth0 (default): received frames are merged for
         the site's stack as a real NIC does, after shaping, loss and delay; this
         cuts the receivers' CPU and ACK count.
+    :param delayline_args: extra options for the delay line programs (see the
+        usage in delayline.c).
     """
 
     def __init__(self, sites=2, rate="100mbit", delay_ms=0.0, loss=0.0, queue_bytes=None,
-                 cc=None, rt=True, gro=True):
+                 cc=None, rt=True, gro=True, delayline_args=()):
         if not 1 <= int(sites) <= 200:
             raise ValueError(f"sites must be 1..200, got {sites!r}")
         if delay_ms < 0:
@@ -314,6 +316,7 @@ class WanBed:
         self.cc = cc
         self.rt = rt
         self.gro = gro
+        self.delayline_args = [str(a) for a in delayline_args]
         self.tag = f"{_PREFIX}-{os.getpid()}-{next(_counter)}"
         self.router_ns = f"{self.tag}-router"
         self.site_ns = [f"{self.tag}-site{i}" for i in range(self.sites)]
@@ -463,6 +466,7 @@ class WanBed:
                 "-d", f"{one_way_us:.3f}", "-q", str(qcap), "-s", str(stats)]
         if self.rt:
             argv += ["-r", "10"]
+        argv += self.delayline_args
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
         self._delaylines.append((i, p, stats))
