@@ -253,3 +253,16 @@ def test_allreduce_across_two_sites(stack):
     for b, a in zip(before, after):
         assert a["up"] - b["up"] > 256 << 10 and a["down"] - b["down"] > 256 << 10, (before,
                                                                                     after)
+
+
+@needs_bed
+@pytest.mark.slow
+def test_receive_ring_mode():
+    """The delay line's PACKET_RX_RING receive path delays and forwards like recvmmsg."""
+    with WanBed(sites=2, rate="100mbit", delay_ms=5, delayline_args=["-m", "4096"]) as bed:
+        rtts = bed.ping(0, 1, count=30, interval=0.005)
+        assert bed.udp_loss(0, 1, count=500) == 0.0
+        stats = bed.link_stats()
+    assert len(rtts) == 30 and min(rtts) >= 10.0 - 0.05
+    assert _median(rtts) < 10.0 + 1.5
+    assert stats[0]["ab"]["rx"] >= 530 and stats[0]["ab"]["oversize"] == 0
