@@ -117,7 +117,7 @@ def test_teardown_after_exception_in_with_block():
 _CHILD = """
 import sys, time
 from erdmampi.testing.wan import WanBed
-with WanBed(sites=2, rate="10mbit", delay_ms=1) as bed:
+with WanBed(sites=2, rate="10mbit", delay_ms=1, cc="cubic") as bed:
     p = bed.run(0, ["sleep", "600"])
     print(bed.tag, p.pid, flush=True)
     time.sleep(600)
@@ -130,6 +130,7 @@ def test_teardown_when_interrupted(sig):
     """Ctrl-C and SIGTERM unwind the with-block; after SIGKILL the next bed
     removes what was left."""
     import signal
+    before = CC_ALLOWED.read_text()
     child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
@@ -145,9 +146,11 @@ def test_teardown_when_interrupted(sig):
     left = [line.split()[0] for line in out.splitlines() if line.startswith(tag + "-")]
     if sig == "SIGKILL":
         assert len(left) == 5                       # nobody ran the teardown
+        assert "cubic" in CC_ALLOWED.read_text().split()
         assert wan.cleanup_stale() and not _alive(pid)
     else:
         assert left == [] and not _alive(pid), child.stderr.read()
+    assert CC_ALLOWED.read_text() == before
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert tag not in out
 
@@ -163,6 +166,22 @@ def test_congestion_control_per_namespace():
     assert CC_ALLOWED.read_text() == before
     with WanBed(sites=1, rate=None) as bed, pytest.raises(WanBedError):
         bed.set_cc("nosuchcc")
+
+
+@needs_bed
+def test_congestion_control_shared_between_beds():
+    """An algorithm the beds added stays allowed until the last bed using it closes."""
+    before = CC_ALLOWED.read_text()
+    a = WanBed(sites=1, rate=None, cc="cubic").start()
+    try:
+        with WanBed(sites=1, rate=None, cc="cubic") as b:
+            assert b.get_cc(0) == "cubic"
+        assert "cubic" in CC_ALLOWED.read_text().split()
+        a.set_cc("cubic")                               # still allowed for a
+        assert a.get_cc(0) == "cubic"
+    finally:
+        a.close()
+    assert CC_ALLOWED.read_text() == before
 
 
 @needs_bed

@@ -51,7 +51,9 @@ _counter = itertools.count()
 _live: "set[WanBed]" = set()
 _CC_SYSCTL = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 _cc_lock = threading.Lock()
-_cc_added: dict = {}    # algorithm -> number of live beds that needed it added
+# Which beds (by tag, across processes) rely on an algorithm the beds added to the
+# global allowed list: the last one to close removes it again.
+_CC_STATE = Path(os.environ.get("ERDMA_WAN_STATE", "/run/erdmampi-wan-cc.json"))
 
 
 class WanBedError(RuntimeError):
@@ -185,6 +187,14 @@ def cleanup_stale() -> "list[str]":
         _kill_ns(ns)
         _run(["ip", "netns", "del", ns], check=False)
         removed.append(ns)
+    if _CC_STATE.exists():
+        with _cc_state() as state:      # algorithms added by beds that are all gone
+            for algo, tags in list(state.items()):
+                if not tags:
+                    state.pop(algo)
+                    allowed = Path(_CC_SYSCTL).read_text().split()
+                    if algo in allowed:
+                        Path(_CC_SYSCTL).write_text(" ".join(a for a in allowed if a != algo))
     return removed
 
 
@@ -197,6 +207,46 @@ def _atexit_close():
 
 
 atexit.register(_atexit_close)
+
+class _cc_state:
+    """Context manager: the shared congestion-control record, locked across
+    processes (flock) and threads; entries of beds whose process is gone are
+    dropped on read, so a killed bed does not pin an algorithm forever."""
+
+    def __enter__(self):
+        import fcntl
+        _cc_lock.acquire()
+        try:
+            self._f = open(_CC_STATE.with_suffix(".lock"), "a+")
+            fcntl.flock(self._f, fcntl.LOCK_EX)
+            try:
+                self.state = json.loads(_CC_STATE.read_text())
+            except (OSError, ValueError):
+                self.state = {}
+        except BaseException:
+            _cc_lock.release()
+            raise
+        for algo, tags in list(self.state.items()):
+            alive = [t for t in tags if _tag_alive(t)]
+            self.state[algo] = alive
+        return self.state
+
+    def __exit__(self, *exc):
+        try:
+            tmp = _CC_STATE.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.state))
+            os.replace(tmp, _CC_STATE)
+        finally:
+            self._f.close()
+            _cc_lock.release()
+        return False
+
+
+def _tag_alive(tag) -> bool:
+    m = re.match(rf"{_PREFIX}-(\d+)-", tag)
+    return bool(m) and (int(m.group(1)) == os.getpid() and any(b.tag == tag for b in _live)
+                        or int(m.group(1)) != os.getpid() and Path(f"/proc/{m.group(1)}").exists())
+
 
 _prev_sigterm = None
 
@@ -488,14 +538,14 @@ class WanBed:
         if algo not in avail:
             raise WanBedError(f"TCP congestion control {algo!r} not available "
                               f"(kernel offers {' '.join(avail)})")
-        with _cc_lock:
+        with _cc_state() as state:
             allowed = Path(_CC_SYSCTL).read_text().split()
             if algo not in allowed:
                 Path(_CC_SYSCTL).write_text(" ".join([*allowed, algo]))
-                _cc_added[algo] = _cc_added.get(algo, 0) + 1
-                self._cc_added.append(algo)
-            elif algo in _cc_added and algo not in self._cc_added:
-                _cc_added[algo] += 1
+                state[algo] = []
+            # an entry means a bed added it (an algorithm allowed from the start has none)
+            if algo in state and self.tag not in state[algo]:
+                state[algo].append(self.tag)
                 self._cc_added.append(algo)
         for ns in (namespaces or [*self.site_ns, self.router_ns]):
             _run(["ip", "netns", "exec", ns, "sh", "-c",
@@ -571,11 +621,14 @@ class WanBed:
                 p = _run(["ip", "netns", "del", ns], check=False)
                 if p.returncode != 0:
                     errors.append(p.stderr.strip())
-        with _cc_lock:
-            for algo in self._cc_added:
-                _cc_added[algo] -= 1
-                if _cc_added[algo] == 0:
-                    del _cc_added[algo]
+        if self._cc_added:
+            with _cc_state() as state:
+                for algo in self._cc_added:
+                    users = [t for t in state.get(algo, []) if t != self.tag]
+                    if users:
+                        state[algo] = users
+                        continue
+                    state.pop(algo, None)
                     allowed = Path(_CC_SYSCTL).read_text().split()
                     if algo in allowed:
                         Path(_CC_SYSCTL).write_text(" ".join(a for a in allowed if a != algo))
