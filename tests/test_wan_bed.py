@@ -54,6 +54,17 @@ def test_parse_rate():
             parse_rate(bad)
 
 
+def test_config_and_defaults():
+    bed = WanBed(sites=3, rate="100mbit", delay_ms=25, loss=0.01)
+    assert bed.config == {"sites": 3, "rate_bps": 100_000_000, "delay_ms": 25.0,
+                          "rtt_ms": 50.0, "loss": 0.01, "queue_bytes": 625_000,
+                          "tcp_cc": None}
+    assert WanBed(rate="1gbit", delay_ms=0).queue_bytes == 128 << 10
+    assert len(set(WanBed().namespaces) & set(bed.namespaces)) == 0
+    with pytest.raises(IndexError):
+        bed.addr(3)
+
+
 @pytest.mark.parametrize("kw", [dict(sites=0), dict(sites=201), dict(delay_ms=-1),
                                 dict(loss=1.0), dict(loss=-0.1), dict(rate="x")])
 def test_bad_arguments(kw):

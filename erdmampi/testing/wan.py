@@ -388,6 +388,13 @@ class WanBed:
         return f"10.250.{self._site(site)}.1"
 
     @property
+    def config(self) -> dict:
+        """The link parameters, for result tables."""
+        return {"sites": self.sites, "rate_bps": self.rate, "delay_ms": self.delay_ms,
+                "rtt_ms": 2 * self.delay_ms, "loss": self.loss,
+                "queue_bytes": self.queue_bytes, "tcp_cc": self.cc}
+
+    @property
     def namespaces(self) -> "list[str]":
         return [*self.site_ns, *self.link_ns, self.router_ns]
 
