@@ -755,8 +755,8 @@ class WanBed:
     def mpich_job(self, argv, ranks_per_site=1, env=None, mpiexec="mpiexec") -> Job:
         """Start an MPICH job: hydra's ``mpiexec`` runs in the router namespace and
         starts one proxy per site through a launcher script that does ``ip netns exec``;
-        MPICH's UCX device is restricted to TCP on the sites' eth0 (shared memory inside
-        a site)."""
+        MPICH's UCX device is restricted to TCP on the sites' eth0 (``UCX_TLS=tcp,self``:
+        UCX's shared memory would join sites; ranks of one site use TCP over loopback)."""
         script = self.tmpdir / "nsexec.sh"
         cases = "\n".join(f"    {self.addr(i)}) ns={self.site_ns[i]} hn={self.hostname(i)} ;;"
                           for i in range(self.sites))
