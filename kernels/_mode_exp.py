@@ -58,6 +58,14 @@ SUB = 256
 LMAX = 12
 #: longest code length the encoder emits
 ENC_LMAX = 9
+#: widest exponent window (table of WMAX + 1 code lengths; wider blocks are
+#: not coded by this mode)
+WMAX = 256
+#: most sub-blocks per block the CUDA kernels handle (blocks up to
+#: 64 Ki elements; bigger ones are left to other modes on the GPU)
+MAXSUB = 256
+#: threads per CUDA block (one CUDA block per codec block)
+TPB = 128
 #: variants (first payload byte)
 V_HUFF = 0
 V_CONST = 1
@@ -306,7 +314,7 @@ def _parse_header(enc, nenc, p, eb, lens, codes, blc, nxc):
     lo = np.int64(enc[p]) | (np.int64(enc[p + 1]) << 8)
     w = np.int64(enc[p + 2]) | (np.int64(enc[p + 3]) << 8)
     p += 4
-    if w < 1 or lo + w > (1 << eb):
+    if w < 1 or w > WMAX or lo + w > (1 << eb):
         return 0, -1, 0, p
     nl = (w + 2) // 2
     if p + nl > nenc:
@@ -785,6 +793,8 @@ def encode_block(src, itemsize, isfloat, dst):
         dst[2] = lo >> 8
         _planes(src, itemsize, n, dst, 3)
         return 3 + mant
+    if w > WMAX:
+        return -1
     if esc > 0:
         m += 1
     lim = ENC_LMAX
@@ -876,8 +886,8 @@ def decode_block(enc, itemsize, isfloat, dst):
         return 0
     if var != V_HUFF:
         return -5
-    lens = np.empty((1 << eb) + 1, np.int64)
-    codes = np.empty((1 << eb) + 1, np.int64)
+    lens = np.empty(WMAX + 1, np.int64)
+    codes = np.empty(WMAX + 1, np.int64)
     blc = np.empty(LMAX + 1, np.int64)
     nxc = np.empty(LMAX + 1, np.int64)
     lo, w, tbits, p = _parse_header_c(enc, nenc, 1, eb, lens, codes, blc, nxc)
@@ -971,3 +981,406 @@ def estimate_block(src, itemsize, isfloat):
         w = 64                   # outliers are escaped rather than tabled
     bits = n * (h / ns + 0.03) + 4 * (w + 1) + 4 * nsub
     return 5 + 2 * (nsub - 1) + int(bits / 8) + mant
+
+
+# ---------------------------------------------------------------------------
+# CUDA: one thread block per codec block.  Exponent histogram in shared
+# memory (atomics), code construction by one thread with the core routines,
+# one thread per sub-block stream (bit counts first, then the streams at
+# their offsets), all threads on the mantissa planes (coalesced).  Elements
+# are handled byte-wise, so no 64-bit shifts of float64 words are needed.
+# ---------------------------------------------------------------------------
+
+_KERNELS = {}
+cuda = None   # numba.cuda, imported on first use
+
+
+def _cuda_kernels():
+    k = _KERNELS.get("k")
+    if k is not None:
+        return k
+    global cuda
+    from numba import cuda, int32, int64, uint16  # noqa: F811  (module global:
+    # the simulator swaps the kernels' global ``cuda`` for its fake module)
+
+    dev = _bind(cuda.jit(device=True))
+    choose = dev["_choose_window"]
+    huff = dev["_huff_lengths"]
+    canon = dev["_canon"]
+    parse = dev["_parse_header"]
+
+    @cuda.jit(device=True)
+    def exponent(src, a, itemsize):
+        if itemsize == 4:
+            return ((np.int64(src[a + 3]) & 0x7F) << 1) | (np.int64(src[a + 2]) >> 7)
+        if itemsize == 2:
+            return (np.int64(src[a + 1]) >> 2) & 0x1F
+        return ((np.int64(src[a + 7]) & 0x7F) << 4) | (np.int64(src[a + 6]) >> 4)
+
+    @cuda.jit(device=True)
+    def top_field(src, a, itemsize):
+        """The r packed top bits (mantissa top, then sign) of an element."""
+        if itemsize == 4:
+            return (np.int64(src[a + 2]) & 0x7F) | (np.int64(src[a + 3]) & 0x80)
+        if itemsize == 2:
+            b1 = np.int64(src[a + 1])
+            return (b1 & 3) | ((b1 >> 7) << 2)
+        return (np.int64(src[a + 6]) & 0xF) | ((np.int64(src[a + 7]) >> 7) << 4)
+
+    @cuda.jit(device=True)
+    def code_of(x, lo, w, el, eb, lens, codes):
+        s = x - lo
+        if s >= 0 and s < w and lens[s] > 0:
+            return codes[s], lens[s]
+        return (codes[w] << eb) | x, el + eb
+
+    @cuda.jit
+    def enc_kernel(src, nblocks, block_bytes, last_bytes, itemsize, scratch,
+                   slot_bytes, sizes):
+        bid = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        hist = cuda.shared.array(2048, int32)
+        lens = cuda.shared.array(WMAX + 1, int64)
+        codes = cuda.shared.array(WMAX + 1, int64)
+        keys = cuda.shared.array(WMAX + 1, int64)
+        wts = cuda.shared.array(2 * WMAX + 2, int64)
+        par = cuda.shared.array(2 * WMAX + 2, int64)
+        blc = cuda.shared.array(LMAX + 1, int64)
+        nxc = cuda.shared.array(LMAX + 1, int64)
+        sst = cuda.shared.array(MAXSUB + 1, int64)
+        sm = cuda.shared.array(8, int64)   # ok, variant, lo, w, el, hdr, total
+        nbytes = block_bytes if bid < nblocks - 1 else last_bytes
+        n = nbytes // itemsize
+        if itemsize == 2:
+            eb = 5
+            k = 1
+            r = 3
+        elif itemsize == 4:
+            eb = 8
+            k = 2
+            r = 8
+        else:
+            eb = 11
+            k = 6
+            r = 5
+        mant = k * n + (n * r + 7) // 8
+        nsub = (n + SUB - 1) // SUB
+        base = bid * block_bytes
+        out = bid * slot_bytes
+        nall = 1 << eb
+        for x in range(tid, nall, nt):
+            hist[x] = 0
+        cuda.syncthreads()
+        for i in range(tid, n, nt):
+            cuda.atomic.add(hist, exponent(src, base + i * itemsize, itemsize), 1)
+        cuda.syncthreads()
+        if tid == 0:
+            sm[0] = 1
+            lo, w = choose(hist, nall, eb)
+            esc = n
+            m = 0
+            for s in range(w):
+                esc -= hist[lo + s]
+                if hist[lo + s] > 0:
+                    m += 1
+            sm[2] = lo
+            sm[3] = w
+            if n == 0 or nsub > MAXSUB or 3 + mant > nbytes:
+                sm[0] = 0
+            elif esc == 0 and m == 1:
+                sm[1] = V_CONST
+                sm[6] = 3 + mant
+                scratch[out] = V_CONST
+                scratch[out + 1] = lo & 0xFF
+                scratch[out + 2] = lo >> 8
+            elif w > WMAX:
+                sm[0] = 0
+            else:
+                sm[1] = V_HUFF
+                if esc > 0:
+                    m += 1
+                lim = ENC_LMAX
+                while (1 << lim) < m:
+                    lim += 1
+                huff(hist, lo, w, esc, lens, keys, wts, par, blc, lim)
+                canon(lens, w + 1, codes, blc, nxc)
+                sm[4] = lens[w]
+                sm[5] = 5 + (w + 2) // 2 + 2 * (nsub - 1)
+        cuda.syncthreads()
+        if sm[0] == 0:
+            if tid == 0:
+                sizes[bid] = -1
+            return
+        lo = sm[2]
+        w = sm[3]
+        el = sm[4]
+        if sm[1] == V_HUFF:
+            for sb in range(tid, nsub, nt):
+                bits = 0
+                for i in range(sb * SUB, min(n, sb * SUB + SUB)):
+                    c, ln = code_of(exponent(src, base + i * itemsize, itemsize),
+                                    lo, w, el, eb, lens, codes)
+                    bits += ln
+                sst[sb + 1] = (bits + 7) // 8
+            cuda.syncthreads()
+            if tid == 0:
+                hdr = sm[5]
+                sst[0] = hdr
+                for sb in range(nsub):
+                    if sb < nsub - 1:
+                        q = out + 5 + (w + 2) // 2 + 2 * sb
+                        scratch[q] = sst[sb + 1] & 0xFF
+                        scratch[q + 1] = sst[sb + 1] >> 8
+                    sst[sb + 1] += sst[sb]
+                total = sst[nsub] + mant
+                sm[6] = total
+                if total > nbytes:
+                    sm[0] = 0
+                else:
+                    scratch[out] = V_HUFF
+                    scratch[out + 1] = lo & 0xFF
+                    scratch[out + 2] = lo >> 8
+                    scratch[out + 3] = w & 0xFF
+                    scratch[out + 4] = w >> 8
+                    for s in range(0, w + 1, 2):
+                        hi_n = lens[s + 1] if s + 1 <= w else 0
+                        scratch[out + 5 + s // 2] = lens[s] | (hi_n << 4)
+            cuda.syncthreads()
+            if sm[0] == 0:
+                if tid == 0:
+                    sizes[bid] = -1
+                return
+            for sb in range(tid, nsub, nt):
+                p = out + sst[sb]
+                acc = 0
+                nb = 0
+                for i in range(sb * SUB, min(n, sb * SUB + SUB)):
+                    c, ln = code_of(exponent(src, base + i * itemsize, itemsize),
+                                    lo, w, el, eb, lens, codes)
+                    acc = (acc << ln) | c
+                    nb += ln
+                    while nb >= 8:
+                        nb -= 8
+                        scratch[p] = (acc >> nb) & 0xFF
+                        p += 1
+                    acc &= (1 << nb) - 1
+                if nb > 0:
+                    scratch[p] = (acc << (8 - nb)) & 0xFF
+            mo = out + sst[nsub]
+        else:
+            mo = out + 3
+        for i in range(tid, n, nt):
+            a = base + i * itemsize
+            for j in range(k):
+                scratch[mo + j * n + i] = src[a + j]
+            if r == 8:
+                scratch[mo + k * n + i] = top_field(src, a, itemsize)
+        if r != 8:
+            tb = mo + k * n
+            nt8 = (n * r + 7) // 8
+            for g in range(tid, (n + 7) // 8, nt):
+                acc = 0
+                for e in range(8):
+                    i = 8 * g + e
+                    if i < n:
+                        acc |= top_field(src, base + i * itemsize, itemsize) << (r * e)
+                for j in range(r):
+                    if g * r + j < nt8:
+                        scratch[tb + g * r + j] = (acc >> (8 * j)) & 0xFF
+        if tid == 0:
+            sizes[bid] = sm[6]
+
+    @cuda.jit
+    def dec_kernel(payload, offsets, lengths, block_ids, nsel, block_bytes,
+                   last_bytes, nblocks, itemsize, dst, err):
+        j = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        lens = cuda.shared.array(WMAX + 1, int64)
+        codes = cuda.shared.array(WMAX + 1, int64)
+        blc = cuda.shared.array(LMAX + 1, int64)
+        nxc = cuda.shared.array(LMAX + 1, int64)
+        lut = cuda.shared.array(1 << LMAX, uint16)
+        sst = cuda.shared.array(MAXSUB + 1, int64)
+        sm = cuda.shared.array(8, int64)   # ok, variant, lo, w, tbits, send, exp
+        if j >= nsel:
+            return
+        if tid == 0:
+            sm[0] = 0
+            blk = block_ids[j]
+            off = offsets[j]
+            nenc = lengths[j]
+            if (blk >= 0 and blk < nblocks and off >= 0 and nenc >= 1
+                    and off + nenc <= payload.size):
+                nbytes = block_bytes if blk < nblocks - 1 else last_bytes
+                if (nbytes > 0 and nbytes % itemsize == 0
+                        and blk * block_bytes + nbytes <= dst.size):
+                    sm[0] = 1
+        cuda.syncthreads()
+        if sm[0] == 0:
+            if tid == 0:
+                err[0] = 1
+            return
+        blk = block_ids[j]
+        enc = payload[offsets[j]:offsets[j] + lengths[j]]
+        nenc = enc.size
+        nbytes = block_bytes if blk < nblocks - 1 else last_bytes
+        n = nbytes // itemsize
+        if itemsize == 2:
+            eb = 5
+            k = 1
+            r = 3
+        elif itemsize == 4:
+            eb = 8
+            k = 2
+            r = 8
+        else:
+            eb = 11
+            k = 6
+            r = 5
+        mant = k * n + (n * r + 7) // 8
+        nsub = (n + SUB - 1) // SUB
+        d0 = blk * block_bytes
+        if tid == 0:
+            var = enc[0]
+            if var == V_CONST:
+                e = np.int64(enc[1]) | (np.int64(enc[2]) << 8)
+                if 3 + mant != nenc or e >= (1 << eb):
+                    sm[0] = 0
+                sm[1] = V_CONST
+                sm[5] = 3
+                sm[6] = e
+            elif var == V_HUFF and nsub <= MAXSUB:
+                sm[1] = V_HUFF
+                lo, w, tbits, p = parse(enc, nenc, 1, eb, lens, codes, blc, nxc)
+                sm[2] = lo
+                sm[3] = w
+                sm[4] = tbits
+                send = nenc - mant
+                pl = p
+                p += 2 * (nsub - 1)
+                if w < 0 or p > send:
+                    sm[0] = 0
+                else:
+                    sst[0] = p
+                    for sb in range(nsub - 1):
+                        sst[sb + 1] = sst[sb] + (np.int64(enc[pl + 2 * sb])
+                                                 | (np.int64(enc[pl + 2 * sb + 1]) << 8))
+                    sst[nsub] = send
+                    sm[5] = send
+                    if sst[nsub - 1] > send:
+                        sm[0] = 0
+            else:
+                sm[0] = 0
+        cuda.syncthreads()
+        if sm[0] == 0:
+            if tid == 0:
+                err[0] = 1
+            return
+        lo = sm[2]
+        w = sm[3]
+        tbits = sm[4]
+        mo = sm[5]
+        if sm[1] == V_HUFF:
+            for s in range(tid, w + 1, nt):
+                ln = lens[s]
+                if ln > 0:
+                    ent = (ln | 16) if s == w else (ln | ((lo + s) << 5))
+                    a = codes[s] << (tbits - ln)
+                    for q in range(a, a + (1 << (tbits - ln))):
+                        lut[q] = ent
+            cuda.syncthreads()
+        emask = (1 << eb) - 1
+        rmask = (1 << r) - 1
+        tb = mo + k * n
+        nsb = nsub if sm[1] == V_HUFF else n    # constant: a thread per element
+        for sb in range(tid, nsb, nt):
+            if sm[1] == V_HUFF:
+                a = sb * SUB
+                b = min(n, a + SUB)
+                pos = 8 * sst[sb]
+            else:
+                a = sb
+                b = sb + 1
+            for i in range(a, b):
+                if sm[1] == V_HUFF:
+                    q = pos >> 3
+                    v = 0
+                    for kk in range(4):
+                        v <<= 8
+                        if q + kk < nenc:
+                            v |= np.int64(enc[q + kk])
+                    v = (v << (pos & 7)) & 0xFFFFFFFF
+                    ent = np.int64(lut[v >> (32 - tbits)])
+                    ln = ent & 15
+                    x = ent >> 5
+                    if ent & 16:
+                        x = (v >> (32 - ln - eb)) & emask
+                        ln += eb
+                    pos += ln
+                else:
+                    x = sm[6]
+                # the element's bytes
+                if r == 8:
+                    t = np.int64(enc[tb + i])
+                else:
+                    o = i * r
+                    t = np.int64(enc[tb + (o >> 3)])
+                    if (o & 7) + r > 8:
+                        t |= np.int64(enc[tb + (o >> 3) + 1]) << 8
+                    t = (t >> (o & 7)) & rmask
+                da = d0 + i * itemsize
+                for jj in range(k):
+                    dst[da + jj] = enc[mo + jj * n + i]
+                if itemsize == 4:
+                    dst[da + 2] = (t & 0x7F) | ((x & 1) << 7)
+                    dst[da + 3] = (t & 0x80) | (x >> 1)
+                elif itemsize == 2:
+                    dst[da + 1] = (t & 3) | ((x & 0x1F) << 2) | ((t >> 2) << 7)
+                else:
+                    dst[da + 6] = (t & 0xF) | ((x & 0xF) << 4)
+                    dst[da + 7] = ((t >> 4) << 7) | (x >> 4)
+            if sm[1] == V_HUFF and (pos + 7) >> 3 != sst[sb + 1]:
+                err[0] = 1
+
+    @cuda.jit
+    def fill_kernel(sizes, nblocks, value):
+        i = cuda.grid(1)
+        if i < nblocks:
+            sizes[i] = value
+
+    from numba import config
+    # the simulator runs every thread in Python: fewer of them go faster
+    tpb = 32 if config.ENABLE_CUDASIM else TPB
+    k = {"enc": enc_kernel, "dec": dec_kernel, "fill": fill_kernel, "tpb": tpb}
+    _KERNELS["k"] = k
+    return k
+
+
+def encode_blocks_cuda(src, nblocks, block_bytes, last_bytes, itemsize, isfloat,
+                       scratch, slot_bytes, sizes, stream=0):
+    """Encode every block of ``src`` (device uint8) on the GPU into
+    ``scratch[i*slot_bytes:]``; ``sizes[i]`` gets its size or -1."""
+    if nblocks <= 0:
+        return
+    k = _cuda_kernels()
+    if not isfloat or itemsize not in (2, 4, 8):
+        k["fill"][(nblocks + 127) // 128, 128, stream](sizes, nblocks, -1)
+        return
+    k["enc"][nblocks, k["tpb"], stream](src, nblocks, block_bytes, last_bytes,
+                                   itemsize, scratch, slot_bytes, sizes)
+
+
+def decode_blocks_cuda(payload, offsets, lengths, block_ids, nsel, block_bytes,
+                       last_bytes, nblocks, itemsize, isfloat, dst, err, stream=0):
+    """Decode the ``nsel`` blocks listed in ``block_ids`` into ``dst``;
+    ``err[0] = 1`` on any inconsistency."""
+    if nsel <= 0:
+        return
+    k = _cuda_kernels()
+    if not isfloat or itemsize not in (2, 4, 8):
+        k["fill"][1, 1, stream](err, 1, 1)
+        return
+    k["dec"][nsel, k["tpb"], stream](payload, offsets, lengths, block_ids, nsel,
+                                block_bytes, last_bytes, nblocks, itemsize, dst, err)

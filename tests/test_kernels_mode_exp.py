@@ -286,3 +286,91 @@ def test_decode_random_bytes():
             junk[0] = RNG.integers(0, 2)
         itemsize = int(RNG.choice([2, 4, 8]))
         dec(junk, itemsize * int(RNG.integers(1, 1100)), itemsize)
+
+
+# -- CUDA (simulator by default: keep it to a few small blocks) ------------------
+
+def _cuda():
+    cuda = pytest.importorskip("numba.cuda")
+    if not cuda.is_available():
+        pytest.skip("no CUDA device or simulator")
+    return cuda
+
+
+def _gpu_encode(raw, bb, itemsize, isfloat=True):
+    cuda = _cuda()
+    nblocks = -(-raw.size // bb)
+    last = raw.size - (nblocks - 1) * bb
+    scratch = cuda.to_device(np.zeros(nblocks * bb, np.uint8))
+    sizes = cuda.to_device(np.zeros(nblocks, np.int32))
+    mx.encode_blocks_cuda(cuda.to_device(raw), nblocks, bb, last, itemsize,
+                          isfloat, scratch, bb, sizes, 0)
+    return sizes.copy_to_host(), scratch.copy_to_host(), last
+
+
+def _gpu_decode(encs, bb, last, nblocks, itemsize, ids=None):
+    cuda = _cuda()
+    ids = list(range(nblocks)) if ids is None else ids
+    payload = np.concatenate([encs[i] for i in ids]).astype(np.uint8)
+    lengths = np.array([encs[i].size for i in ids], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    nbytes = (nblocks - 1) * bb + last
+    guard = 64
+    out = cuda.to_device(np.full(nbytes + guard, 0xA5, np.uint8))
+    err = cuda.to_device(np.zeros(1, np.int32))
+    mx.decode_blocks_cuda(cuda.to_device(payload), cuda.to_device(offsets),
+                          cuda.to_device(lengths), cuda.to_device(np.array(ids, np.int32)),
+                          len(ids), bb, last, nblocks, itemsize, True,
+                          out[:nbytes], err, 0)
+    o = out.copy_to_host()
+    assert (o[nbytes:] == 0xA5).all()
+    return int(err.copy_to_host()[0]), o[:nbytes]
+
+
+@pytest.mark.parametrize("itemsize", [4, 2, 8])
+def test_cuda_encoding_matches_cpu_and_decodes_both_ways(itemsize):
+    bb = 1024
+    n = (3 * bb - 2 * itemsize * 4) // itemsize   # short last block
+    x = (RNG.standard_normal(n) * 0.01).astype(FT[itemsize])
+    x[:8] = _specials(itemsize, 8)
+    if itemsize == 4:
+        x[bb // 4:2 * bb // 4] = 1.5               # a constant-exponent block
+    raw = x.view(np.uint8)
+    sizes, scratch, last = _gpu_encode(raw, bb, itemsize)
+    encs = []
+    for i in range(sizes.size):
+        nb = bb if i < sizes.size - 1 else last
+        cpu = enc(x[i * bb // itemsize:i * bb // itemsize + nb // itemsize])
+        assert cpu is not None and sizes[i] == cpu.size
+        np.testing.assert_array_equal(scratch[i * bb:i * bb + sizes[i]], cpu)
+        encs.append(cpu)
+        r, out = dec(scratch[i * bb:i * bb + sizes[i]], nb, itemsize)
+        assert r == 0 and (out == raw[i * bb:i * bb + nb]).all()
+    if itemsize == 4:
+        assert encs[1][0] == mx.V_CONST
+    err, out = _gpu_decode(encs, bb, last, len(encs), itemsize)
+    assert err == 0
+    np.testing.assert_array_equal(out, raw)
+
+
+def test_cuda_not_applicable_and_corrupt_input():
+    bb = 2048
+    x = (RNG.standard_normal(2 * bb // 4) * 0.01).astype(np.float32)
+    raw = x.view(np.uint8)
+    sizes, _, _ = _gpu_encode(raw, bb, 4, isfloat=False)
+    assert (sizes == -1).all()
+    rb = RNG.integers(0, 256, bb, dtype=np.uint8)      # random bits: no gain
+    sizes, _, _ = _gpu_encode(rb, bb, 4)
+    assert (sizes == -1).all()
+    encs = [enc(x[:bb // 4]), enc(x[bb // 4:])]
+    bad = encs[0].copy()
+    bad[5] ^= 0x01                                      # broken code lengths
+    err, _ = _gpu_decode([bad, encs[1]], bb, bb, 2, 4)
+    assert err == 1
+    w_ = int(encs[1][3]) | (int(encs[1][4]) << 8)
+    bad = encs[1].copy()
+    bad[5 + (w_ + 2) // 2] ^= 1                         # a stream one byte off
+    err, _ = _gpu_decode([encs[0], bad], bb, bb, 2, 4)
+    assert err == 1
+    err, _ = _gpu_decode([encs[0], encs[1][:-1]], bb, bb, 2, 4)  # truncated
+    assert err == 1
