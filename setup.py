@@ -35,6 +35,8 @@ setup(
     packages=["erdmampi", "erdmampi.util", "erdmampi.collectives",
               "erdmampi.kernels", "erdmampi.launcher", "erdmampi.testing"],
     package_dir={"erdmampi.kernels": "kernels", "erdmampi.launcher": "launcher"},
+    # the WAN test bed compiles its delay line from source on first use
+    package_data={"erdmampi.testing": ["*.c"]},
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy"],
     cffi_modules=["ext/build_engine.py:ffibuilder"],
