@@ -174,9 +174,31 @@ def _copy(d, s):
 
 
 @njit(cache=True, nogil=True)
-def encode_blocks(src, itemsize, isfloat, block_bytes, out, tab_off, pay_off):
+def _estimate(blk, itemsize, isfloat, est):
+{estimates}
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _encode(k, blk, itemsize, isfloat, dst):
+    """Encode with the k-th available mode: (bytes or -1, mode id)."""
+    r = -1
+    mode = 0
+{tries}
+    return r, mode
+
+
+@njit(cache=True, nogil=True)
+def encode_blocks(src, itemsize, isfloat, block_bytes, out, tab_off, pay_off,
+                  reeval):
     """Encode all blocks of src (uint8) into out: table at tab_off, payload
-    at pay_off.  Returns (payload bytes, payload checksum)."""
+    at pay_off.  Returns (payload bytes, payload checksum).
+
+    Every mode is estimated on a block, and the best estimates tried in
+    turn, except that after a block won by mode m the next ``reeval - 1``
+    blocks go straight to m's encoder as long as its size stays within
+    1/8 of the previous block's (data in a buffer is mostly homogeneous;
+    any change of character triggers a full estimate again)."""
     n = src.size
     nb = (n + block_bytes - 1) // block_bytes
     pos = pay_off
@@ -184,33 +206,47 @@ def encode_blocks(src, itemsize, isfloat, block_bytes, out, tab_off, pay_off):
     s1 = np.uint64(0)
     s2 = np.uint64(0)
     est = np.empty(max(NMODES, 1), np.int64)
+    cur = -1
+    since = 0
+    last = 0
     for b in range(nb):
         lo = b * block_bytes
         hi = min(lo + block_bytes, n)
         blen = hi - lo
         blk = src[lo:hi]
+        dst = out[pos:pos + blen]
         size = -1
         mode = 0
-{estimates}
-        for _t in range(NMODES):
-            k = -1
-            kb = blen
-            for j in range(NMODES):
-                if est[j] >= 0 and est[j] < kb:
-                    k = j
-                    kb = est[j]
-            if k < 0:
-                break
-            est[k] = -1
-            dst = out[pos:pos + blen]
-            r = -1
-{tries}
-            if r >= 0 and r < blen:
+        if cur >= 0 and since + 1 < reeval:
+            r, m = _encode(cur, blk, itemsize, isfloat, dst)
+            if r >= 0 and r < blen and r <= last + (last >> 3) + 8:
                 size = r
-                break
-            mode = 0
+                mode = m
+                since += 1
+                last = r
         if size < 0:
-            _copy(out[pos:pos + blen], blk)
+            _estimate(blk, itemsize, isfloat, est)
+            cur = -1
+            for _t in range(NMODES):
+                k = -1
+                kb = blen
+                for j in range(NMODES):
+                    if est[j] >= 0 and est[j] < kb:
+                        k = j
+                        kb = est[j]
+                if k < 0:
+                    break
+                est[k] = -1
+                r, m = _encode(k, blk, itemsize, isfloat, dst)
+                if r >= 0 and r < blen:
+                    size = r
+                    mode = m
+                    cur = k
+                    break
+            since = 0
+            last = size
+        if size < 0:
+            _copy(dst, blk)
             size = blen
             mode = 0
         w = np.uint32(size) | (np.uint32(mode) << np.uint32(28))
@@ -276,17 +312,17 @@ def _driver_source(modes: dict) -> str:
         name = modes[mid].__name__
         imports.append(f"from {name} import (estimate_block as est_{mid}, "
                        f"encode_block as enc_{mid}, decode_block as dec_{mid})")
-        est.append(f"        est[{k}] = est_{mid}(blk, itemsize, isfloat)")
+        est.append(f"    est[{k}] = est_{mid}(blk, itemsize, isfloat)")
         kw = "if" if k == 0 else "elif"
-        tries.append(f"            {kw} k == {k}:\n"
-                     f"                r = enc_{mid}(blk, itemsize, isfloat, dst)\n"
-                     f"                mode = {mid}")
-        decs.append(f"            {'if' if k == 0 else 'elif'} mode == {mid}:\n"
+        tries.append(f"    {kw} k == {k}:\n"
+                     f"        r = enc_{mid}(blk, itemsize, isfloat, dst)\n"
+                     f"        mode = {mid}")
+        decs.append(f"            {kw} mode == {mid}:\n"
                     f"                r = dec_{mid}(enc, itemsize, isfloat, out)")
     return _DRIVER.format(
         ids=ids, nmodes=len(ids), imports="\n".join(imports),
-        estimates="\n".join(est) or "        pass",
-        tries="\n".join(tries) or "            pass",
+        estimates="\n".join(est) or "    pass",
+        tries="\n".join(tries) or "    pass",
         decodes="\n".join(decs) or "            pass")
 
 
@@ -352,6 +388,11 @@ class Lossless(Codec):
         lcm(itemsize, 8)); at most :data:`MAX_BLOCK_BYTES`.
     :param modes: restrict encoding to these mode ids (default: every
         available mode).  Decoding always accepts every available mode.
+    :param reeval: on the CPU, estimate every mode at least every
+        ``reeval`` blocks; in between, a block goes straight to the
+        previous block's mode while its size stays within 1/8 of the
+        previous one (1: estimate every block).  The GPU path always
+        tries every mode.
     """
 
     name = "lossless"
@@ -360,11 +401,14 @@ class Lossless(Codec):
     dtypes = None
 
     def __init__(self, block_bytes: int = DEFAULT_BLOCK_BYTES, modes=None,
-                 _modules: Optional[dict] = None):
+                 reeval: int = 16, _modules: Optional[dict] = None):
         if not 8 <= block_bytes <= MAX_BLOCK_BYTES:
             raise ValueError(f"block_bytes must be in [8, {MAX_BLOCK_BYTES}], "
                              f"got {block_bytes}")
         self.block_bytes = int(block_bytes)
+        if reeval < 1:
+            raise ValueError(f"reeval must be >= 1, got {reeval}")
+        self.reeval = int(reeval)
         self._want = None if modes is None else frozenset(int(m) for m in modes)
         self._modules = MODE_MODULES if _modules is None else dict(_modules)
         self._tls = threading.local()
@@ -399,7 +443,8 @@ class Lossless(Codec):
         hs = HEADER_SIZE + 4 * nb
         o = as_out(out, hs + b.size)
         drv = _driver(self.modes())
-        plen, psum = drv.encode_blocks(b, it, isf, bb, o, HEADER_SIZE, hs)
+        plen, psum = drv.encode_blocks(b, it, isf, bb, o, HEADER_SIZE, hs,
+                                       self.reeval)
         plen = int(plen)
         table = o[HEADER_SIZE:hs].view("<u4")
         head = fmt.pack_header(self.codec_id, hdt, a.size, be, table, int(psum))

@@ -263,8 +263,9 @@ def _mixed(n_blocks=6, block=256):
     return np.concatenate(parts)
 
 
-def test_driver_uses_mode_and_raw_fallback():
-    c = _test_codec()
+@pytest.mark.parametrize("reeval", [1, 2, 16])
+def test_driver_uses_mode_and_raw_fallback(reeval):
+    c = Lossless(block_bytes=256, reeval=reeval, _modules=TEST_MODULES)
     assert list(c.modes()) == [15]
     x = _mixed()
     enc = _roundtrip(c, x)
@@ -274,6 +275,20 @@ def test_driver_uses_mode_and_raw_fallback():
     assert modes == [15, 0, 15, 0, 15, 0, 15]
     assert sizes == [1, 256, 1, 256, 1, 256, 1]
     assert payload[0] == 1 and payload[1 + 256] == 3
+    # runs of one kind, then a change: the sticky path must notice
+    x = np.concatenate([np.full(256 * 5, 4, np.uint8), _mixed(), np.zeros(300, np.uint8)])
+    table = fmt.parse(_roundtrip(c, x))[1]
+    assert (table >> 28).tolist() == [15] * 5 + [15, 0, 15, 0, 15, 0] + [0, 15]
+
+
+def test_reeval_keeps_ratio_close():
+    for kind in sorted(codec_data.KINDS):
+        x = codec_data.make(kind, 128 << 10)
+        a = _roundtrip(Lossless(reeval=1), x).size
+        b = _roundtrip(Lossless(reeval=16), x).size
+        assert b <= a * 1.05 + 64, kind
+    with pytest.raises(ValueError):
+        Lossless(reeval=0)
 
 
 def test_driver_rejects_bad_mode_blocks():
