@@ -254,7 +254,9 @@ def markdown(rows, meta, verd) -> str:
              f"{meta['size_mib']:.0f} MiB per kind, one core, best of "
              f"{meta['repeat']} after a warm-up ({meta['cpu']}; numpy "
              f"{meta['numpy']}, numba {meta['numba']}, blosc2 {meta['blosc2']}, "
-             f"zstandard {meta['zstandard']}).  GB/s are input bytes per second.",
+             f"zstandard {meta['zstandard']}; load average {meta['loadavg']:.1f} "
+             f"on {meta['cores']} cores at the end of the run).  GB/s are input "
+             f"bytes per second.",
              ""]
     for kind in sorted({r["kind"] for r in rows}):
         rs = [r for r in rows if r["kind"] == kind]
@@ -318,6 +320,7 @@ def meta_info(nbytes, repeat):
     except OSError:
         pass
     return {"date": time.strftime("%Y-%m-%d"), "size_mib": nbytes / 2 ** 20,
+            "cores": os.cpu_count(), "loadavg": os.getloadavg()[0],
             "repeat": repeat, "cpu": cpu, "numpy": np.__version__,
             "numba": numba.__version__, "blosc2": bv, "zstandard": zv,
             "python": platform.python_version()}
