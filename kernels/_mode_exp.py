@@ -14,19 +14,19 @@ sub-blocks of :data:`SUB` elements, ``eb``/``mb`` exponent/mantissa bits:
   variant 1:
     u16  the exponent
   variant 0:
-    u16  lo, u16 w        window of exponents lo .. lo+w-1 (symbols 0..w-1);
-                          symbol w is the escape: its code is followed by
-                          the exponent as eb raw bits
+    u16  lo, u16 w        window of exponents lo .. lo+w-1 (symbols 0..w-1,
+                          1 <= w <= WMAX = 256); symbol w is the escape: its
+                          code is followed by the exponent as eb raw bits
     (w+1) code lengths    4 bits each (0 = absent, 1..12), low nibble first,
-                          padded to a byte
+                          a zero nibble pads to a byte
     (nsub-1) x u16        byte length of every sub-block stream but the last
-                          (the last one takes the bytes left before the
-                          mantissa section)
-    nsub streams          each byte-aligned; codes packed LSB-first, the
-                          canonical code's bits reversed so a 2**L table
-                          lookup on the low bits decodes a symbol
-  mantissa section (both variants):
-    k byte planes         plane j holds byte j of every element's mantissa
+                          (the last one ends where the mantissa section
+                          starts)
+    nsub streams          each byte-aligned, canonical codes MSB-first, so a
+                          2**L-entry table on the next L bits decodes a
+                          symbol and every code owns a contiguous range
+  mantissa section (both variants, the last bytes of the block):
+    k byte planes         plane j holds byte j of every element
                           (k = mb // 8: 1, 2, 6)
     top fields            r = mb - 8k + 1 bits per element (the mantissa's
                           top bits, then the sign; r = 3, 8, 5), packed
@@ -35,8 +35,10 @@ sub-blocks of :data:`SUB` elements, ``eb``/``mb`` exponent/mantissa bits:
 The code lengths must form a complete prefix code (Kraft sum exactly 1,
 at least two symbols) and every stream must decode exactly its sub-block's
 elements within its byte length (padding < 8 bits), else decoding fails.
-Independent sub-block streams give a CPU decoder four interleaved bit
-streams and a GPU decoder one thread per sub-block.
+Independent sub-block streams give a CPU decoder eight interleaved bit
+streams and a GPU decoder one thread per sub-block; the mantissa section
+after the streams lets the CPU decoder read 4-byte windows without bounds
+checks.
 
 The CUDA kernels (:func:`encode_blocks_cuda`, :func:`decode_blocks_cuda`)
 run the same plain-Python core routines compiled as device functions, so a
@@ -77,6 +79,13 @@ _U4 = np.uint64(4)
 _U5 = np.uint64(5)
 _U6 = np.uint64(6)
 _U7 = np.uint64(7)
+_U8 = np.uint64(8)
+_S16 = np.uint64(16)
+_S24 = np.uint64(24)
+_S32 = np.uint64(32)
+_S40 = np.uint64(40)
+_S48 = np.uint64(48)
+_S56 = np.uint64(56)
 
 
 def max_block_bytes(block_bytes: int, itemsize: int) -> int:
@@ -432,15 +441,25 @@ def _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap):
     return p
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _be64(enc, q):
+    """Big-endian u64 at enc[q:q+8] (q unsigned, in bounds)."""
+    return ((np.uint64(enc[q]) << _S56) | (np.uint64(enc[q + _U1]) << _S48)
+            | (np.uint64(enc[q + _U2]) << _S40) | (np.uint64(enc[q + _U3]) << _S32)
+            | (np.uint64(enc[q + _U4]) << _S24) | (np.uint64(enc[q + _U5]) << _S16)
+            | (np.uint64(enc[q + _U6]) << _U8) | np.uint64(enc[q + _U7]))
+
+
 @njit(cache=True, nogil=True)
 def _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
     """Decode 8 full sub-blocks from sb on, interleaved (independent chains
     for the out-of-order core).  The caller has checked that every stream
-    start plus the longest possible stream plus 4 bytes lies within enc, so
-    loads need no bounds checks.  Returns False when a stream does not end
-    in its last byte."""
-    emask = (1 << eb) - 1
-    tb = 32 - tbits
+    start plus the longest possible stream plus 8 bytes lies within enc, so
+    the 8-byte big-endian windows need no bounds checks (unsigned indices
+    also spare the wraparound code, so LLVM merges the byte loads).
+    Returns False when a stream does not end in its last byte."""
+    tb = np.uint64(64 - tbits)
+    ebs = np.uint64(64 - eb)
     a = sb * SUB
     p0 = starts[sb + 0] * 8
     p1 = starts[sb + 1] * 8
@@ -452,98 +471,82 @@ def _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
     p7 = starts[sb + 7] * 8
     for i in range(a, a + SUB):
         q = np.uint64(p0 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p0 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p0 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p0 += ln
         exps[i] = x
         q = np.uint64(p1 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p1 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p1 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p1 += ln
         exps[i + 1 * SUB] = x
         q = np.uint64(p2 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p2 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p2 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p2 += ln
         exps[i + 2 * SUB] = x
         q = np.uint64(p3 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p3 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p3 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p3 += ln
         exps[i + 3 * SUB] = x
         q = np.uint64(p4 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p4 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p4 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p4 += ln
         exps[i + 4 * SUB] = x
         q = np.uint64(p5 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p5 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p5 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p5 += ln
         exps[i + 5 * SUB] = x
         q = np.uint64(p6 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p6 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p6 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p6 += ln
         exps[i + 6 * SUB] = x
         q = np.uint64(p7 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p7 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p7 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p7 += ln
         exps[i + 7 * SUB] = x
@@ -561,11 +564,12 @@ def _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
 def _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
     """Decode 4 full sub-blocks from sb on, interleaved (independent chains
     for the out-of-order core).  The caller has checked that every stream
-    start plus the longest possible stream plus 4 bytes lies within enc, so
-    loads need no bounds checks.  Returns False when a stream does not end
-    in its last byte."""
-    emask = (1 << eb) - 1
-    tb = 32 - tbits
+    start plus the longest possible stream plus 8 bytes lies within enc, so
+    the 8-byte big-endian windows need no bounds checks (unsigned indices
+    also spare the wraparound code, so LLVM merges the byte loads).
+    Returns False when a stream does not end in its last byte."""
+    tb = np.uint64(64 - tbits)
+    ebs = np.uint64(64 - eb)
     a = sb * SUB
     p0 = starts[sb + 0] * 8
     p1 = starts[sb + 1] * 8
@@ -573,50 +577,42 @@ def _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
     p3 = starts[sb + 3] * 8
     for i in range(a, a + SUB):
         q = np.uint64(p0 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p0 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p0 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p0 += ln
         exps[i] = x
         q = np.uint64(p1 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p1 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p1 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p1 += ln
         exps[i + 1 * SUB] = x
         q = np.uint64(p2 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p2 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p2 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p2 += ln
         exps[i + 2 * SUB] = x
         q = np.uint64(p3 >> 3)
-        v = (((np.int64(enc[q]) << 24) | (np.int64(enc[q + _U1]) << 16)
-              | (np.int64(enc[q + _U2]) << 8) | np.int64(enc[q + _U3]))
-             << (p3 & 7)) & 0xFFFFFFFF
+        v = _be64(enc, q) << np.uint64(p3 & 7)
         e = lut[v >> tb]
         ln = e & 15
         x = e >> 5
         if e & 16:
-            x = (v >> (32 - ln - eb)) & emask
+            x = np.int64((v << np.uint64(ln)) >> ebs)
             ln += eb
         p3 += ln
         exps[i + 3 * SUB] = x
@@ -910,15 +906,28 @@ def decode_block(enc, itemsize, isfloat, dst):
     lut = np.empty(1 << tbits, np.uint16)
     _build_lut_c(lens, codes, w, lo, lut, tbits)
     # unchecked loads while the longest possible stream stays inside enc
-    safe = nenc - ((SUB * (LMAX + eb) + 7) // 8 + 4)
+    safe = nenc - ((SUB * (LMAX + eb) + 7) // 8 + 8)
     nfull = n // SUB
     sb = 0
+    # (a constant eb per call site lets LLVM specialize the inlined loops)
     while sb + 8 <= nfull and starts[sb + 7] <= safe:
-        if not _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
+        if eb == 8:
+            ok = _dec_streams8(enc, starts, sb, lut, tbits, 8, exps)
+        elif eb == 5:
+            ok = _dec_streams8(enc, starts, sb, lut, tbits, 5, exps)
+        else:
+            ok = _dec_streams8(enc, starts, sb, lut, tbits, 11, exps)
+        if not ok:
             return -9
         sb += 8
     while sb + 4 <= nfull and starts[sb + 3] <= safe:
-        if not _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
+        if eb == 8:
+            ok = _dec_streams4(enc, starts, sb, lut, tbits, 8, exps)
+        elif eb == 5:
+            ok = _dec_streams4(enc, starts, sb, lut, tbits, 5, exps)
+        else:
+            ok = _dec_streams4(enc, starts, sb, lut, tbits, 11, exps)
+        if not ok:
             return -9
         sb += 4
     while sb < nsub:
