@@ -399,7 +399,7 @@ def _group_resid_py(x, m, base, cnt, pred, mask, sh, r):
 def _carry_py(pred, r, cnt, s, mask, sh):
     """Summary of one decoded group for the block-level scan: for the
     predictor's state (x, d, e) the group adds s[0] to x / s[1] to d / s[2]
-    to e given zero incoming state (see _apply)."""
+    to e given zero incoming state (see _dec_kernel_py)."""
     e = np.uint64(0)
     d = np.uint64(0)
     x = np.uint64(0)
@@ -823,12 +823,346 @@ def _reconstruct(r, ws, flt, n, pred, seed, dst):
 # CUDA
 # --------------------------------------------------------------------------
 
+# One thread block per codec block, one thread per group of 32 elements
+# (the block's groups must fit in CUDA_MAX_GROUPS threads).  Encode: the
+# sampled groups' costs are summed with shared atomics, thread 0 picks the
+# predictor exactly as _pick does, every thread builds its group's
+# residuals and transposes them in registers (_tr), a prefix sum of plane
+# counts gives each group its output offset.  Decode mirrors it; the
+# predictor's running state (x, d, e) is carried across groups by a scan
+# over per-group summaries (_carry), then every thread rebuilds its group.
+# The bodies are plain Python, compiled with cuda.jit against device
+# versions of the CPU helpers (_cuda_kernels), so both write the same bytes.
+# (Numba's simulator has no warp intrinsics, so the transpose is the
+# register delta-swap network rather than ballots.)
+
+
+def _bitlen_dev_py(x):
+    n = 0
+    while x:
+        n += 1
+        x >>= np.uint64(1)
+    return n
+
+
+def _enc_kernel_py(src, nblocks, block_bytes, last_bytes, ws, flt, scratch,
+                   slot_bytes, sizes):
+    blk = cuda.blockIdx.x
+    g = cuda.threadIdx.x
+    wt = cuda.shared.array(5, np.int64)
+    mt = cuda.shared.array(5, np.int64)
+    tot = cuda.shared.array(4, np.int64)
+    off = cuda.shared.array(CUDA_MAX_GROUPS, np.int32)
+    nb = last_bytes if blk == nblocks - 1 else block_bytes
+    n = nb // ws
+    ng = (n + 31) // 32
+    if nb <= 0 or nb % ws != 0 or ng > cuda.blockDim.x:
+        if g == 0:
+            sizes[blk] = -1
+        return
+    nbits = 8 * ws
+    mask = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - nbits)
+    sign = np.uint64(1) << np.uint64(nbits - 1)
+    sh = np.uint64(nbits - 1)
+    sb = src[blk * block_bytes:blk * block_bytes + nb]
+    q = cuda.local.array(35, np.uint64)
+    qm = cuda.local.array(35, np.uint64)
+    r = cuda.local.array(32, np.uint64)
+    ors = cuda.local.array(5, np.uint64)
+    if g < 5:
+        wt[g] = 0
+        mt[g] = 0
+    if g < 4:
+        tot[g] = 0
+    cuda.syncthreads()
+    active = g < ng
+    if active and g % SAMPLE_STRIDE == 0:
+        cnt = _load_group(sb, ws, flt, n, g, q, qm, sign, mask)
+        _group_ors(q, qm, 3, cnt, mask, sh, ors)
+        for p in range(5):
+            cuda.atomic.add(wt, p, _bitlen(ors[p]))
+            cuda.atomic.add(mt, p, _popc(ors[p]))
+    cuda.syncthreads()
+    if g == 0:
+        tot[2] = _choose(wt, mt, ws, (ng + SAMPLE_STRIDE - 1) // SAMPLE_STRIDE)[0]
+    cuda.syncthreads()
+    pred = tot[2]
+    acc = np.uint64(0)
+    if active:
+        cnt = _load_group(sb, ws, flt, n, g, q, qm, sign, mask)
+        acc = _group_resid(q, qm, 3, cnt, pred, mask, sh, r)
+        cuda.atomic.add(tot, 0, _bitlen(acc))
+        cuda.atomic.add(tot, 1, _popc(acc))
+    cuda.syncthreads()
+    size_w = 1 + ws + ng + 4 * tot[0]
+    size_m = 1 + ws + ng * ws + 4 * tot[1]
+    usemask = size_m < size_w
+    size = size_m if usemask else size_w
+    if size > nb or size > slot_bytes:
+        if g == 0:
+            sizes[blk] = -1
+        return
+    if usemask:
+        gm = acc
+    else:
+        w = _bitlen(acc)
+        gm = np.uint64(0)
+        if w > 0:
+            gm = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - w)
+    if active:
+        off[g] = _popc(gm)
+    cuda.syncthreads()
+    if g == 0:
+        run = 0
+        for k in range(ng):
+            c = off[k]
+            off[k] = run
+            run += c
+        sizes[blk] = size
+    cuda.syncthreads()
+    out = scratch[blk * slot_bytes:blk * slot_bytes + size]
+    hdr = 1 + ws + ng * (ws if usemask else 1)
+    if g == 0:
+        out[0] = np.uint8(pred + (8 if usemask else 0))
+        seed = np.uint64(0)
+        if pred != 0:
+            seed = _get(sb, 0, ws)
+            if pred != 4 and flt:
+                seed = _map(seed, sign, mask)
+        _put(out, 1, ws, seed)
+    if active:
+        if usemask:
+            _put(out, 1 + ws + g * ws, ws, acc)
+        else:
+            out[1 + ws + g] = np.uint8(_bitlen(acc))
+        A = cuda.local.array(32, np.uint64)
+        for j in range(32):
+            A[j] = r[j]
+        _tr(A)
+        p = hdr + 4 * off[g]
+        for b in range(nbits):
+            if (gm >> np.uint64(b)) & np.uint64(1):
+                _put(out, p, 4, (A[b & 31] >> np.uint64(b & 32)) & np.uint64(0xFFFFFFFF))
+                p += 4
+
+
+def _dec_kernel_py(payload, offsets, lengths, block_ids, nsel, block_bytes,
+                   last_bytes, nblocks, ws, flt, dst, err):
+    j = cuda.blockIdx.x
+    g = cuda.threadIdx.x
+    if j >= nsel:
+        return
+    blk = block_ids[j]
+    st = cuda.shared.array(3 * CUDA_MAX_GROUPS, np.uint64)
+    off = cuda.shared.array(CUDA_MAX_GROUPS, np.int32)
+    info = cuda.shared.array(4, np.int64)
+    if blk < 0 or blk >= nblocks:
+        if g == 0:
+            err[0] = 1
+        return
+    nb = last_bytes if blk == nblocks - 1 else block_bytes
+    n = nb // ws
+    ng = (n + 31) // 32
+    e0 = offsets[j]
+    L = lengths[j]
+    o0 = blk * block_bytes
+    if (nb <= 0 or nb % ws != 0 or ng > cuda.blockDim.x or e0 < 0 or L < 0
+            or e0 + L > payload.size or o0 + nb > dst.size):
+        if g == 0:
+            err[0] = 1
+        return
+    enc = payload[e0:e0 + L]
+    out = dst[o0:o0 + nb]
+    nbits = 8 * ws
+    mask = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - nbits)
+    sign = np.uint64(1) << np.uint64(nbits - 1)
+    sh = np.uint64(nbits - 1)
+    if g == 0:
+        info[0] = 0       # bad
+        info[1] = 0       # pred
+        info[2] = 0       # usemask
+        info[3] = 0       # header end
+        if L < 1 + ws:
+            info[0] = 1
+        else:
+            var = int(enc[0])
+            hb = ws if var & 8 else 1
+            if var & 0xF0 or (var & 7) >= 5 or L < 1 + ws + ng * hb:
+                info[0] = 1
+            elif (var & 7) == 0 and _get(enc, 1, ws) != np.uint64(0):
+                info[0] = 1
+            info[1] = var & 7
+            info[2] = 1 if var & 8 else 0
+            info[3] = 1 + ws + ng * hb
+    cuda.syncthreads()
+    if info[0] != 0:
+        if g == 0:
+            err[0] = 1
+        return
+    pred = info[1]
+    usemask = info[2] != 0
+    hdr = info[3]
+    active = g < ng
+    gm = np.uint64(0)
+    if active:
+        if usemask:
+            gm = _get(enc, 1 + ws + g * ws, ws)
+        else:
+            w = int(enc[1 + ws + g])
+            if w > nbits:
+                info[0] = 1
+            elif w > 0:
+                gm = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - w)
+        off[g] = _popc(gm)
+    cuda.syncthreads()
+    if g == 0 and info[0] == 0:
+        run = 0
+        for k in range(ng):
+            c = off[k]
+            off[k] = run
+            run += c
+        if hdr + 4 * run != L:
+            info[0] = 1
+    cuda.syncthreads()
+    if info[0] != 0:
+        if g == 0:
+            err[0] = 1
+        return
+    A = cuda.local.array(32, np.uint64)
+    s = cuda.local.array(3, np.uint64)
+    cnt = min(32, n - g * 32)
+    if active:
+        p = hdr + 4 * off[g]
+        for b in range(32):
+            A[b] = np.uint64(0)
+        for b in range(nbits):
+            if (gm >> np.uint64(b)) & np.uint64(1):
+                A[b & 31] |= _get(enc, p, 4) << np.uint64(b & 32)
+                p += 4
+        _tr(A)
+        for k in range(cnt, 32):
+            if A[k] != np.uint64(0):
+                info[0] = 1
+        _carry(pred, A, cnt, s, mask, sh)
+        st[3 * g] = s[0]
+        st[3 * g + 1] = s[1]
+        st[3 * g + 2] = s[2]
+    cuda.syncthreads()
+    if info[0] != 0:
+        if g == 0:
+            err[0] = 1
+        return
+    if g == 0:
+        x = _get(enc, 1, ws)
+        d = np.uint64(0)
+        e = np.uint64(0)
+        for k in range(ng):
+            sx = st[3 * k]
+            sd = st[3 * k + 1]
+            se = st[3 * k + 2]
+            st[3 * k] = x
+            st[3 * k + 1] = d
+            st[3 * k + 2] = e
+            if pred == 4:
+                x ^= sx
+            elif pred == 1:
+                x += sx
+            elif pred == 2:
+                x += np.uint64(32) * d + sx
+                d += sd
+            elif pred == 3:
+                x += np.uint64(32) * d + np.uint64(528) * e + sx
+                d += np.uint64(32) * e + sd
+                e += se
+    cuda.syncthreads()
+    if active:
+        x = st[3 * g]
+        d = st[3 * g + 1]
+        e = st[3 * g + 2]
+        domap = flt and pred >= 1 and pred <= 3
+        for k in range(cnt):
+            z = A[k]
+            if pred == 0:
+                x = z
+            elif pred == 4:
+                x ^= z
+            elif pred == 1:
+                x += _unsm(z, mask, sh)
+            elif pred == 2:
+                d += _unsm(z, mask, sh)
+                x += d
+            else:
+                e += _unsm(z, mask, sh)
+                d += e
+                x += d
+            v = x & mask
+            if domap:
+                v = _unmap(v, sign, mask)
+            _put(out, (g * 32 + k) * ws, ws, v)
+
+
+_cuda_cache = {}
+
+
+def _cuda_kernels():
+    """(encode kernel, decode kernel), compiled on first use."""
+    if "k" in _cuda_cache:
+        return _cuda_cache["k"]
+    import types as _pytypes
+    from numba import cuda
+
+    G = {"np": np, "cuda": cuda, "CUDA_MAX_GROUPS": CUDA_MAX_GROUPS,
+         "SAMPLE_STRIDE": SAMPLE_STRIDE}
+
+    def dev(name, f):
+        G[name] = cuda.jit(device=True)(
+            _pytypes.FunctionType(f.__code__, G, f.__name__))
+
+    for name, f in (("_get", _get_py), ("_put", _put_py), ("_map", _map_py),
+                    ("_unmap", _unmap_py), ("_sm", _sm_py),
+                    ("_unsm", _unsm_py), ("_bitlen", _bitlen_dev_py),
+                    ("_popc", _popc_py), ("_tr", _tr_py),
+                    ("_resid", _resid_py), ("_load_group", _load_group_py),
+                    ("_group_ors", _group_ors_py), ("_choose", _choose_py),
+                    ("_group_resid", _group_resid_py),
+                    ("_carry", _carry_py)):
+        dev(name, f)
+    enc = cuda.jit(_pytypes.FunctionType(_enc_kernel_py.__code__, G, "_enc_kernel"))
+    dec = cuda.jit(_pytypes.FunctionType(_dec_kernel_py.__code__, G, "_dec_kernel"))
+    _cuda_cache["k"] = (enc, dec)
+    return enc, dec
+
+
+def _threads(block_bytes, ws):
+    ng = -(-(block_bytes // ws) // GROUP)
+    return max(32, min(CUDA_MAX_GROUPS, -(-ng // 32) * 32))
+
+
 def encode_blocks_cuda(src, nblocks, block_bytes, last_bytes, itemsize,
                        isfloat, scratch, slot_bytes, sizes, stream=0):
-    raise NotImplementedError
+    """Encode nblocks blocks of the device array src on the GPU: block i's
+    encoding at scratch[i*slot_bytes:], its size (or -1) in sizes[i]."""
+    if nblocks <= 0:
+        return
+    ws = word_size(itemsize)
+    enc, _ = _cuda_kernels()
+    flt = bool(isfloat) and ws == itemsize and ws >= 2
+    enc[nblocks, _threads(block_bytes, ws), stream](
+        src, nblocks, block_bytes, last_bytes, ws, flt, scratch, slot_bytes,
+        sizes)
 
 
 def decode_blocks_cuda(payload, offsets, lengths, block_ids, nsel, block_bytes,
                        last_bytes, nblocks, itemsize, isfloat, dst, err,
                        stream=0):
-    raise NotImplementedError
+    """Decode the nsel blocks block_ids[:nsel] (encodings at
+    payload[offsets[j]:offsets[j]+lengths[j]]) into dst; err[0] = 1 on any
+    inconsistency."""
+    if nsel <= 0:
+        return
+    ws = word_size(itemsize)
+    _, dec = _cuda_kernels()
+    flt = bool(isfloat) and ws == itemsize and ws >= 2
+    dec[nsel, _threads(block_bytes, ws), stream](
+        payload, offsets, lengths, block_ids, nsel, block_bytes, last_bytes,
+        nblocks, ws, flt, dst, err)

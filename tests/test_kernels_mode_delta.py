@@ -281,3 +281,118 @@ def test_fuzz_with_bounds_checking(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "FUZZ-OK" in p.stdout
+
+
+# -- CUDA (simulator unless NUMBA_ENABLE_CUDASIM=0 on a GPU machine) ---------
+
+cuda_mark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # sim: u64 wraps
+
+
+def _cuda():
+    from numba import cuda
+    if not cuda.is_available():
+        pytest.skip("no CUDA (and no simulator)")
+    return cuda
+
+
+def _blocks(a, bb):
+    src = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    nblocks = -(-src.size // bb)
+    return src, nblocks, src.size - (nblocks - 1) * bb
+
+
+def _cpu_encodings(src, nblocks, bb, last, it, fl, preds=None):
+    encs = []
+    for i in range(nblocks):
+        blk = src[i * bb:i * bb + (bb if i < nblocks - 1 else last)]
+        d = np.zeros(M.max_block_bytes(bb, it), np.uint8)
+        p = -1 if preds is None else preds[i % len(preds)]
+        k = M._encode(blk, it, fl, d, p, -1)
+        assert k > 0
+        encs.append(d[:k].copy())
+    return encs
+
+
+def _gpu_decode(cuda, encs, ids, nblocks, bb, last, it, fl, nbytes):
+    offs = np.cumsum([0] + [e.size for e in encs])[:-1].astype(np.int64)
+    lens = np.array([e.size for e in encs], np.int64)
+    out = cuda.to_device(np.full(nbytes, 0xEE, np.uint8))
+    err = cuda.to_device(np.zeros(1, np.int32))
+    M.decode_blocks_cuda(cuda.to_device(np.concatenate(encs)), cuda.to_device(offs),
+                         cuda.to_device(lens), cuda.to_device(np.asarray(ids, np.int32)),
+                         len(ids), bb, last, nblocks, it, fl, out, err)
+    return out.copy_to_host(), int(err.copy_to_host()[0])
+
+
+@cuda_mark
+@pytest.mark.parametrize("a", [smooth(700), int_extremes(np.int16)[:450],
+                               smooth(200, np.float64)], ids=["f32", "i16", "f64"])
+def test_cuda_encode_matches_cpu_and_round_trips(a):
+    cuda = _cuda()
+    bb = 1024
+    src, nblocks, last = _blocks(a, bb)
+    slot = M.max_block_bytes(bb, a.itemsize)
+    scratch = cuda.device_array(nblocks * slot, np.uint8)
+    sizes = cuda.device_array(nblocks, np.int32)
+    fl = a.dtype.kind == "f"
+    M.encode_blocks_cuda(cuda.to_device(src), nblocks, bb, last, a.itemsize, fl,
+                         scratch, slot, sizes)
+    sz = sizes.copy_to_host()
+    sc = scratch.copy_to_host()
+    cpu = []
+    for i in range(nblocks):
+        blk = src[i * bb:i * bb + (bb if i < nblocks - 1 else last)]
+        d = np.zeros(blk.size, np.uint8)
+        k = M.encode_block(blk, a.itemsize, fl, d)
+        assert k == sz[i]
+        if k < 0:
+            continue
+        assert sc[i * slot:i * slot + k].tobytes() == d[:k].tobytes()  # same bytes
+        cpu.append(d[:k])
+        out = np.empty(blk.size, np.uint8)             # GPU -> CPU
+        assert M.decode_block(sc[i * slot:i * slot + k], a.itemsize, fl, out) == 0
+        assert out.tobytes() == blk.tobytes()
+    if len(cpu) == nblocks:                            # CPU -> GPU
+        out, err = _gpu_decode(cuda, cpu, range(nblocks), nblocks, bb, last,
+                               a.itemsize, fl, src.size)
+        assert err == 0 and out.tobytes() == src.tobytes()
+
+
+@cuda_mark
+def test_cuda_decodes_every_predictor_and_a_selection():
+    cuda = _cuda()
+    a = np.concatenate([specials(np.float32)] * 2)[:300]
+    bb = 256
+    src, nblocks, last = _blocks(a, bb)                 # 5 blocks, last partial
+    encs = _cpu_encodings(src, nblocks, bb, last, 4, True, preds=[0, 1, 2, 3, 4])
+    assert sorted(e[0] & 7 for e in encs) == [0, 1, 2, 3, 4]
+    out, err = _gpu_decode(cuda, encs, range(nblocks), nblocks, bb, last, 4, True, src.size)
+    assert err == 0 and out.tobytes() == src.tobytes()
+    sel = [4, 1]                                        # only these blocks
+    out, err = _gpu_decode(cuda, [encs[4], encs[1]], sel, nblocks, bb, last, 4, True, src.size)
+    assert err == 0
+    for i in range(nblocks):
+        lo, hi = i * bb, min(src.size, (i + 1) * bb)
+        if i in sel:
+            assert out[lo:hi].tobytes() == src[lo:hi].tobytes()
+        else:
+            assert (out[lo:hi] == 0xEE).all()
+
+
+@cuda_mark
+def test_cuda_decode_flags_corruption():
+    cuda = _cuda()
+    a = smooth(128)
+    bb = 512
+    src, nblocks, last = _blocks(a, bb)
+    (e,) = _cpu_encodings(src, nblocks, bb, last, 4, True)
+    for bad, ids in ((e[:-1], [0]),                           # truncated
+                     (np.concatenate([e, [0]]).astype(np.uint8), [0]),  # too long
+                     (np.concatenate([[7], e[1:]]).astype(np.uint8), [0]),  # variant
+                     (e, [3])):                                # no such block
+        out, err = _gpu_decode(cuda, [bad], ids, nblocks, bb, last, 4, True, src.size)
+        assert err == 1
+    bad = e.copy()
+    bad[5] = 40                                               # width > 32
+    out, err = _gpu_decode(cuda, [bad], [0], nblocks, bb, last, 4, True, src.size)
+    assert err == 1
