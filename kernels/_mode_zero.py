@@ -51,6 +51,9 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda, int32, int64, njit, uint32, uint64
+from llvmlite import ir
+from numba import types
+from numba.core.extending import intrinsic
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 __all__ = ["MODE_ID", "max_block_bytes", "encode_block", "decode_block",
@@ -103,34 +106,66 @@ def _bitlen(x):
     return 64 - np.int64(leading_zeros(_U64(x)))
 
 
+def _unaligned_load(bits):
+    @intrinsic
+    def load(typingctx, arr, off):
+        # arr[off:off+bits/8] as one little-endian word (arr: contiguous uint8)
+        sig = types.uint64(arr, types.intp)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            ptr = builder.gep(ary.data, [args[1]])
+            pw = builder.bitcast(ptr, ir.IntType(bits).as_pointer())
+            v = builder.load(pw, align=1)
+            return v if bits == 64 else builder.zext(v, ir.IntType(64))
+        return sig, codegen
+    return load
+
+
+def _unaligned_store(bits):
+    @intrinsic
+    def store(typingctx, arr, off, val):
+        sig = types.void(arr, types.intp, types.uint64)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            ptr = builder.gep(ary.data, [args[1]])
+            pw = builder.bitcast(ptr, ir.IntType(bits).as_pointer())
+            v = args[2] if bits == 64 else builder.trunc(args[2], ir.IntType(bits))
+            builder.store(v, pw, align=1)
+            return context.get_dummy_value()
+        return sig, codegen
+    return store
+
+
+# little-endian hosts only (x86-64, aarch64): the words are the wire's bytes
+_ld16, _ld32, _ld64 = (_unaligned_load(b) for b in (16, 32, 64))
+_st16, _st32, _st64 = (_unaligned_store(b) for b in (16, 32, 64))
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _load(src, off, W):
+    # the W-byte little-endian word at src[off] (no bounds check: callers
+    # guarantee off + W <= src.size)
     if W == 8:
-        return (_U64(src[off]) | (_U64(src[off + 1]) << _U64(8))
-                | (_U64(src[off + 2]) << _U64(16)) | (_U64(src[off + 3]) << _U64(24))
-                | (_U64(src[off + 4]) << _U64(32)) | (_U64(src[off + 5]) << _U64(40))
-                | (_U64(src[off + 6]) << _U64(48)) | (_U64(src[off + 7]) << _U64(56)))
+        return _ld64(src, off)
     if W == 4:
-        return (_U64(src[off]) | (_U64(src[off + 1]) << _U64(8))
-                | (_U64(src[off + 2]) << _U64(16)) | (_U64(src[off + 3]) << _U64(24)))
+        return _ld32(src, off)
     if W == 2:
-        return _U64(src[off]) | (_U64(src[off + 1]) << _U64(8))
+        return _ld16(src, off)
     return _U64(src[off])
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _store(dst, off, v, W):
-    dst[off] = np.uint8(v & _U64(0xFF))
-    if W >= 2:
-        dst[off + 1] = np.uint8((v >> _U64(8)) & _U64(0xFF))
-    if W >= 4:
-        dst[off + 2] = np.uint8((v >> _U64(16)) & _U64(0xFF))
-        dst[off + 3] = np.uint8((v >> _U64(24)) & _U64(0xFF))
-    if W >= 8:
-        dst[off + 4] = np.uint8((v >> _U64(32)) & _U64(0xFF))
-        dst[off + 5] = np.uint8((v >> _U64(40)) & _U64(0xFF))
-        dst[off + 6] = np.uint8((v >> _U64(48)) & _U64(0xFF))
-        dst[off + 7] = np.uint8((v >> _U64(56)) & _U64(0xFF))
+    if W == 8:
+        _st64(dst, off, v)
+    elif W == 4:
+        _st32(dst, off, v)
+    elif W == 2:
+        _st16(dst, off, v)
+    else:
+        dst[off] = np.uint8(v & _U64(0xFF))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -229,18 +264,17 @@ def _value_choice(vals, cnt, orv, total, W):
 
 @njit(cache=True, nogil=True, inline="always")
 def _put(dst, acc, nacc, pos, v, nb):
-    # v < 2**nb, nb <= 32; nacc < 32 on entry and exit
+    # v < 2**nb, nb <= 32; nacc < 32 on entry and exit.  Branch-free: the
+    # low 4 bytes of acc are stored every time (bytes past the final size
+    # may be scribbled on, inside dst only) and pos advances by 0 or 4.
     acc |= v << _U64(nacc)
     nacc += nb
-    if nacc >= 32:
-        if pos + 4 <= dst.size:
-            dst[pos] = np.uint8(acc & _U64(0xFF))
-            dst[pos + 1] = np.uint8((acc >> _U64(8)) & _U64(0xFF))
-            dst[pos + 2] = np.uint8((acc >> _U64(16)) & _U64(0xFF))
-            dst[pos + 3] = np.uint8((acc >> _U64(24)) & _U64(0xFF))
-        pos += 4
-        acc >>= _U64(32)
-        nacc -= 32
+    if pos + 4 <= dst.size:
+        _st32(dst, pos, acc)
+    adv = nacc >> 5
+    pos += adv << 2
+    acc >>= _U64(adv << 5)
+    nacc &= 31
     return acc, nacc, pos
 
 
@@ -285,7 +319,10 @@ def _put_rice(dst, acc, nacc, pos, vals, cnt, k, esc, escw):
 @njit(cache=True, nogil=True)
 def _put_values(dst, acc, nacc, pos, vals, cnt, vmode, param, W):
     if vmode == V_FIXED:
-        if param > 0:
+        if 0 < param <= 32:
+            for i in range(cnt):
+                acc, nacc, pos = _put(dst, acc, nacc, pos, vals[i], param)
+        elif param > 32:
             for i in range(cnt):
                 acc, nacc, pos = _put_wide(dst, acc, nacc, pos, vals[i], param)
         return acc, nacc, pos
@@ -296,8 +333,9 @@ def _put_values(dst, acc, nacc, pos, vals, cnt, vmode, param, W):
 # encoder
 
 @njit(cache=True, nogil=True, inline="always")
-def _scan(src, n, W, mask, vals, idx):
-    # called with a literal W so that each word size gets its own loop
+def _scan(src, n, W, mask, nzw):
+    # called with a literal W so that each word size gets its own loop;
+    # nzw[i] = 1 where word i is nonzero
     m = 0
     orv = _U64(0)
     orz = _U64(0)
@@ -305,10 +343,24 @@ def _scan(src, n, W, mask, vals, idx):
         x = _load(src, i * W, W)
         orv |= x
         orz |= _zz(x, W, mask)
-        vals[m] = x
-        idx[m] = _U64(i)
-        m += np.int64(x != _U64(0))
+        nz = x != _U64(0)
+        m += np.int64(nz)
+        nzw[i] = np.uint8(nz)
     return m, orv, orz
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gather(src, n, W, nzw, vals, idx):
+    # the nonzero words and their indices, 8 flags at a time
+    j = 0
+    for g in range(0, n, 8):
+        bits = _load(nzw, g, 8)
+        while bits != _U64(0):
+            i = g + (np.int64(trailing_zeros(bits)) >> 3)
+            vals[j] = _load(src, i * W, W)
+            idx[j] = _U64(i)
+            j += 1
+            bits &= bits - _U64(1)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -332,16 +384,25 @@ def encode_block(src, itemsize, isfloat, dst):
     mask = _mask(W)
     # one pass: OR of the words and of their zigzag images, and a
     # branchless list of the nonzero words and their indices
-    vals = np.empty(n + 1, np.uint64)
-    gaps = np.empty(n + 1, np.uint64)
+    nzw = np.zeros(n + 8, np.uint8)
     if W == 8:
-        m, orv, orz = _scan(src, n, 8, mask, vals, gaps)
+        m, orv, orz = _scan(src, n, 8, mask, nzw)
     elif W == 4:
-        m, orv, orz = _scan(src, n, 4, mask, vals, gaps)
+        m, orv, orz = _scan(src, n, 4, mask, nzw)
     elif W == 2:
-        m, orv, orz = _scan(src, n, 2, mask, vals, gaps)
+        m, orv, orz = _scan(src, n, 2, mask, nzw)
     else:
-        m, orv, orz = _scan(src, n, 1, mask, vals, gaps)
+        m, orv, orz = _scan(src, n, 1, mask, nzw)
+    vals = np.empty(m, np.uint64)
+    gaps = np.empty(m, np.uint64)
+    if W == 8:
+        _gather(src, n, 8, nzw, vals, gaps)
+    elif W == 4:
+        _gather(src, n, 4, nzw, vals, gaps)
+    elif W == 2:
+        _gather(src, n, 2, nzw, vals, gaps)
+    else:
+        _gather(src, n, 1, nzw, vals, gaps)
     zz = _bitlen(orz) < _bitlen(orv)
     # values zz(word) - 1, gaps = zero runs before each nonzero word
     prev = -1
@@ -423,13 +484,11 @@ def encode_block(src, itemsize, isfloat, dst):
         acc, nacc, pos = _put_values(dst, acc, nacc, pos, dvals, n, vmode, vpar, W)
     else:
         if pmode == P_BITMAP:
-            bm = np.zeros((n + 31) // 32, np.uint64)
-            last = -1
-            for j in range(m):
-                last += np.int64(gaps[j]) + 1
-                bm[last >> 5] |= _U64(1) << _U64(last & 31)
             for i0 in range(0, n, 32):
-                acc, nacc, pos = _put(dst, acc, nacc, pos, bm[i0 >> 5], min(32, n - i0))
+                bits = _U64(0)
+                for t in range(min(32, n - i0)):
+                    bits |= _U64(nzw[i0 + t]) << _U64(t)
+                acc, nacc, pos = _put(dst, acc, nacc, pos, bits, min(32, n - i0))
         else:
             acc, nacc, pos = _put_rice(dst, acc, nacc, pos, gaps, m, kp, False, 0)
         acc, nacc, pos = _put_values(dst, acc, nacc, pos, vals, m, vmode, vpar, W)
@@ -485,6 +544,19 @@ def _get_values(enc, L, p, out, cnt, vmode, par, W, mask):
             return p
         if p + cnt * par > pend:
             return -1
+        if par <= 56:
+            mk = (_U64(1) << _U64(par)) - _U64(1)
+            # values whose 8-byte window lies inside enc: no bounds tests
+            nfast = 0
+            if 8 * L - 64 >= p:
+                nfast = min(cnt, (8 * L - 64 - p) // par + 1)
+            for i in range(nfast):
+                out[i] = (_load(enc, p >> 3, 8) >> _U64(p & 7)) & mk
+                p += par
+            for i in range(nfast, cnt):
+                out[i] = _peek(enc, L, p) & mk
+                p += par
+            return p
         for i in range(cnt):
             out[i] = _get(enc, L, p, par)
             p += par
@@ -524,6 +596,31 @@ def _get_values(enc, L, p, out, cnt, vmode, par, W, mask):
                 q += ev
                 out[i] = (q << uk) | (v & ((_U64(1) << uk) - _U64(1)))
     return p
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _store_dense(dst, vals, n, W, zz, mask):
+    # called with a literal W
+    for i in range(n):
+        v = vals[i]
+        if zz:
+            v = _unzz(v, W, mask)
+        _store(dst, i * W, v, W)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scatter(dst, vals, posn, m, W, zz, mask):
+    # called with a literal W; stored values are word - 1 (words nonzero)
+    lim = mask - _U64(1)
+    for i in range(m):
+        v = vals[i]
+        if v > lim:
+            return False
+        v += _U64(1)
+        if zz:
+            v = _unzz(v, W, mask)
+        _store(dst, posn[i] * W, v, W)
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -578,11 +675,14 @@ def decode_block(enc, itemsize, isfloat, dst):
         p = _get_values(enc, L, p, vals, n, vmode, par, W, mask)
         if p < 0:
             return -8
-        for i in range(n):
-            v = vals[i]
-            if zz:
-                v = _unzz(v, W, mask)
-            _store(dst, i * W, v, W)
+        if W == 8:
+            _store_dense(dst, vals, n, 8, zz, mask)
+        elif W == 4:
+            _store_dense(dst, vals, n, 4, zz, mask)
+        elif W == 2:
+            _store_dense(dst, vals, n, 2, zz, mask)
+        else:
+            _store_dense(dst, vals, n, 1, zz, mask)
     else:
         posn = np.empty(m if pmode == P_GAPS else n, np.int64)
         if pmode == P_BITMAP:
@@ -632,15 +732,16 @@ def decode_block(enc, itemsize, isfloat, dst):
             return -12
         for i in range(D):
             dst[i] = 0
-        lim = mask - _U64(1)
-        for i in range(m):
-            v = vals[i]
-            if v > lim:
-                return -13
-            v += _U64(1)
-            if zz:
-                v = _unzz(v, W, mask)
-            _store(dst, posn[i] * W, v, W)
+        if W == 8:
+            ok = _scatter(dst, vals, posn, m, 8, zz, mask)
+        elif W == 4:
+            ok = _scatter(dst, vals, posn, m, 4, zz, mask)
+        elif W == 2:
+            ok = _scatter(dst, vals, posn, m, 2, zz, mask)
+        else:
+            ok = _scatter(dst, vals, posn, m, 1, zz, mask)
+        if not ok:
+            return -13
     # the stream must end exactly at the last byte, padding zero
     if (p + 7) >> 3 != L:
         return -14
