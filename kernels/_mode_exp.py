@@ -15,10 +15,13 @@ sub-blocks of :data:`SUB` elements, ``eb``/``mb`` exponent/mantissa bits:
     u16  the exponent
   variant 0:
     u16  lo, u16 w        window of exponents lo .. lo+w-1 (symbols 0..w-1,
-                          1 <= w <= WMAX = 256); symbol w is the escape: its
-                          code is followed by the exponent as eb raw bits
-    (w+1) code lengths    4 bits each (0 = absent, 1..12), low nibble first,
-                          a zero nibble pads to a byte
+                          lo >= 1, 1 <= w <= WMAX = 256); symbol w is the
+                          escape: its code is followed by the exponent as eb
+                          raw bits; symbol w+1 is exponent 0 (zeros and
+                          denormals, often far from the rest)
+    (w+2) code lengths    4 bits each (0 = absent, 1..12), low nibble first,
+                          a zero nibble pads to a byte; canonical codes:
+                          shorter first, then by symbol
     (nsub-1) x u16        byte length of every sub-block stream but the last
                           (the last one ends where the mantissa section
                           starts)
@@ -97,8 +100,7 @@ def max_block_bytes(block_bytes: int, itemsize: int) -> int:
     eb, mb, k, r = _params_py(itemsize)
     n = block_bytes // itemsize
     nsub = (n + SUB - 1) // SUB
-    w = 1 << eb
-    hdr = 5 + (w + 2) // 2 + 2 * (nsub - 1)
+    hdr = 5 + (WMAX + 3) // 2 + 2 * (nsub - 1)
     return hdr + (n * (LMAX + eb) + 7) // 8 + nsub + k * n + (n * r + 7) // 8
 
 
@@ -117,11 +119,17 @@ def _params_py(itemsize):
 
 def _huff_lengths(hist, lo, w, esc, lens, keys, wts, par, blc, limit):
     """Length-limited Huffman code lengths for window symbols 0..w-1
-    (counts hist[lo+s]) and the escape symbol w (count esc) into lens[0..w].
-    Returns the number of coded symbols (>= 2 for a real code)."""
+    (counts hist[lo+s]), the escape symbol w (count esc) and the zero
+    exponent w+1 (count hist[0]) into lens[0..w+1].  Returns the number of
+    coded symbols (>= 2 for a real code)."""
     m = 0
-    for s in range(w + 1):
-        c = esc if s == w else hist[lo + s]
+    for s in range(w + 2):
+        if s < w:
+            c = hist[lo + s]
+        elif s == w:
+            c = esc
+        else:
+            c = hist[0]
         lens[s] = 0
         if c > 0:
             keys[m] = (c << 12) | s
@@ -226,11 +234,16 @@ def _canon(lens, nsym, codes, blc, nxc):
 
 
 def _choose_window(hist, nall, eb):
-    """Window (lo, w) over the present exponents, trimming rare outliers at
-    either end when escaping them costs fewer bits than their table slots."""
-    lo = 0
+    """Window (lo, w) over the present nonzero exponents (exponent 0, zeros
+    and denormals, has a symbol of its own), trimming rare outliers at
+    either end when escaping them costs fewer bits than their table slots,
+    and at most WMAX wide (the densest such range).  w = 0 when every
+    exponent is 0."""
+    lo = 1
     while lo < nall and hist[lo] == 0:
         lo += 1
+    if lo == nall:
+        return 0, 0
     hi = nall - 1
     while hi > lo and hist[hi] == 0:
         hi -= 1
@@ -252,17 +265,35 @@ def _choose_window(hist, nall, eb):
         if hist[hi] * esc_cost < 4 * (hi - nh):
             hi = nh
             changed = True
+    if hi - lo + 1 > WMAX:
+        best = -1
+        run = 0
+        for x in range(lo, hi + 1):
+            run += hist[x]
+            if x - WMAX >= lo:
+                run -= hist[x - WMAX]
+            if x - WMAX + 1 >= lo and run > best:
+                best = run
+                bl = x - WMAX + 1
+        lo = bl
+        hi = bl + WMAX - 1
+        while hist[lo] == 0:
+            lo += 1
+        while hist[hi] == 0:
+            hi -= 1
     return lo, hi - lo + 1
 
 
 def _build_lut(lens, codes, w, lo, lut, tbits):
     """Decoder table of 2**tbits entries, indexed by the next tbits bits:
     length | escape<<4 | exponent<<5.  A code owns a contiguous range."""
-    for s in range(w + 1):
+    for s in range(w + 2):
         l = lens[s]
         if l > 0:
             if s == w:
                 ent = l | 16
+            elif s == w + 1:
+                ent = l
             else:
                 ent = l | ((lo + s) << 5)
             j = codes[s] << (tbits - l)
@@ -323,14 +354,14 @@ def _parse_header(enc, nenc, p, eb, lens, codes, blc, nxc):
     lo = np.int64(enc[p]) | (np.int64(enc[p + 1]) << 8)
     w = np.int64(enc[p + 2]) | (np.int64(enc[p + 3]) << 8)
     p += 4
-    if w < 1 or w > WMAX or lo + w > (1 << eb):
+    if w < 1 or w > WMAX or lo < 1 or lo + w > (1 << eb):
         return 0, -1, 0, p
-    nl = (w + 2) // 2
+    nl = (w + 3) // 2
     if p + nl > nenc:
         return 0, -1, 0, p
     nz = 0
     tbits = 0
-    for s in range(w + 1):
+    for s in range(w + 2):
         byte = np.int64(enc[p + (s >> 1)])
         l = (byte >> (4 * (s & 1))) & 15
         lens[s] = l
@@ -338,12 +369,12 @@ def _parse_header(enc, nenc, p, eb, lens, codes, blc, nxc):
             nz += 1
         if l > tbits:
             tbits = l
-    if (w & 1) == 0 and (np.int64(enc[p + nl - 1]) >> 4) != 0:
+    if (w & 1) == 1 and (np.int64(enc[p + nl - 1]) >> 4) != 0:
         return 0, -1, 0, p  # padding nibble must be zero
     p += nl
     if nz < 2:
         return 0, -1, 0, p
-    kraft = _canon(lens, w + 1, codes, blc, nxc)
+    kraft = _canon(lens, w + 2, codes, blc, nxc)
     if kraft != (1 << LMAX):
         return 0, -1, 0, p
     return lo, w, tbits, p
@@ -777,34 +808,33 @@ def encode_block(src, itemsize, isfloat, dst):
     hist = np.zeros(nall, np.int64)
     _split(src, itemsize, n, exps, hist)
     lo, w = _choose_window_c(hist, nall, eb)
-    esc = n
-    m = 0
+    esc = n - hist[0]
+    m = 1 if hist[0] > 0 else 0
     for s in range(w):
         esc -= hist[lo + s]
         if hist[lo + s] > 0:
             m += 1
     if esc == 0 and m == 1:
+        e = lo if hist[0] == 0 else 0
         dst[0] = V_CONST
-        dst[1] = lo & 0xFF
-        dst[2] = lo >> 8
+        dst[1] = e & 0xFF
+        dst[2] = e >> 8
         _planes(src, itemsize, n, dst, 3)
         return 3 + mant
-    if w > WMAX:
-        return -1
     if esc > 0:
         m += 1
     lim = ENC_LMAX
     while (1 << lim) < m:
         lim += 1
-    lens = np.empty(w + 1, np.int64)
-    keys = np.empty(w + 1, np.int64)
-    wts = np.empty(2 * w + 2, np.int64)
-    par = np.empty(2 * w + 2, np.int64)
+    lens = np.empty(w + 2, np.int64)
+    keys = np.empty(w + 2, np.int64)
+    wts = np.empty(2 * w + 4, np.int64)
+    par = np.empty(2 * w + 4, np.int64)
     blc = np.empty(LMAX + 1, np.int64)
     nxc = np.empty(LMAX + 1, np.int64)
-    codes = np.empty(w + 1, np.int64)
+    codes = np.empty(w + 2, np.int64)
     _huff_lengths_c(hist, lo, w, esc, lens, keys, wts, par, blc, lim)
-    _canon_c(lens, w + 1, codes, blc, nxc)
+    _canon_c(lens, w + 2, codes, blc, nxc)
     # per-exponent code (escape + raw exponent for values outside the window)
     tcode = np.empty(nall, np.int64)
     tlen = np.empty(nall, np.int64)
@@ -816,12 +846,15 @@ def encode_block(src, itemsize, isfloat, dst):
         if s >= 0 and s < w and lens[s] > 0:
             tcode[x] = codes[s]
             tlen[x] = lens[s]
+        elif x == 0:
+            tcode[x] = codes[w + 1]
+            tlen[x] = lens[w + 1]
         else:
             tcode[x] = (ec << eb) | x
             tlen[x] = el + eb
         bits += hist[x] * tlen[x]
     nsub = (n + SUB - 1) // SUB
-    hdr = 5 + (w + 2) // 2 + 2 * (nsub - 1)
+    hdr = 5 + (w + 3) // 2 + 2 * (nsub - 1)
     if hdr + (bits + 7) // 8 + nsub + mant > cap:
         # the quick bound (a byte of padding per stream) says no: exact size
         tot = hdr + mant
@@ -838,10 +871,9 @@ def encode_block(src, itemsize, isfloat, dst):
     dst[3] = w & 0xFF
     dst[4] = w >> 8
     p = 5
-    for s in range(0, w + 1, 2):
-        lo_n = lens[s]
-        hi_n = lens[s + 1] if s + 1 <= w else 0
-        dst[p] = lo_n | (hi_n << 4)
+    for s in range(0, w + 2, 2):
+        hi_n = lens[s + 1] if s + 1 <= w + 1 else 0
+        dst[p] = lens[s] | (hi_n << 4)
         p += 1
     pl = p
     p += 2 * (nsub - 1)
@@ -882,8 +914,8 @@ def decode_block(enc, itemsize, isfloat, dst):
         return 0
     if var != V_HUFF:
         return -5
-    lens = np.empty(WMAX + 1, np.int64)
-    codes = np.empty(WMAX + 1, np.int64)
+    lens = np.empty(WMAX + 2, np.int64)
+    codes = np.empty(WMAX + 2, np.int64)
     blc = np.empty(LMAX + 1, np.int64)
     nxc = np.empty(LMAX + 1, np.int64)
     lo, w, tbits, p = _parse_header_c(enc, nenc, 1, eb, lens, codes, blc, nxc)
@@ -1041,6 +1073,8 @@ def _cuda_kernels():
         s = x - lo
         if s >= 0 and s < w and lens[s] > 0:
             return codes[s], lens[s]
+        if x == 0:
+            return codes[w + 1], lens[w + 1]
         return (codes[w] << eb) | x, el + eb
 
     @cuda.jit
@@ -1050,11 +1084,11 @@ def _cuda_kernels():
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
         hist = cuda.shared.array(2048, int32)
-        lens = cuda.shared.array(WMAX + 1, int64)
-        codes = cuda.shared.array(WMAX + 1, int64)
-        keys = cuda.shared.array(WMAX + 1, int64)
-        wts = cuda.shared.array(2 * WMAX + 2, int64)
-        par = cuda.shared.array(2 * WMAX + 2, int64)
+        lens = cuda.shared.array(WMAX + 2, int64)
+        codes = cuda.shared.array(WMAX + 2, int64)
+        keys = cuda.shared.array(WMAX + 2, int64)
+        wts = cuda.shared.array(2 * WMAX + 4, int64)
+        par = cuda.shared.array(2 * WMAX + 4, int64)
         blc = cuda.shared.array(LMAX + 1, int64)
         nxc = cuda.shared.array(LMAX + 1, int64)
         sst = cuda.shared.array(MAXSUB + 1, int64)
@@ -1087,8 +1121,8 @@ def _cuda_kernels():
         if tid == 0:
             sm[0] = 1
             lo, w = choose(hist, nall, eb)
-            esc = n
-            m = 0
+            esc = n - hist[0]
+            m = 1 if hist[0] > 0 else 0
             for s in range(w):
                 esc -= hist[lo + s]
                 if hist[lo + s] > 0:
@@ -1098,13 +1132,12 @@ def _cuda_kernels():
             if n == 0 or nsub > MAXSUB or 3 + mant > nbytes:
                 sm[0] = 0
             elif esc == 0 and m == 1:
+                e = lo if hist[0] == 0 else 0
                 sm[1] = V_CONST
                 sm[6] = 3 + mant
                 scratch[out] = V_CONST
-                scratch[out + 1] = lo & 0xFF
-                scratch[out + 2] = lo >> 8
-            elif w > WMAX:
-                sm[0] = 0
+                scratch[out + 1] = e & 0xFF
+                scratch[out + 2] = e >> 8
             else:
                 sm[1] = V_HUFF
                 if esc > 0:
@@ -1113,9 +1146,9 @@ def _cuda_kernels():
                 while (1 << lim) < m:
                     lim += 1
                 huff(hist, lo, w, esc, lens, keys, wts, par, blc, lim)
-                canon(lens, w + 1, codes, blc, nxc)
+                canon(lens, w + 2, codes, blc, nxc)
                 sm[4] = lens[w]
-                sm[5] = 5 + (w + 2) // 2 + 2 * (nsub - 1)
+                sm[5] = 5 + (w + 3) // 2 + 2 * (nsub - 1)
         cuda.syncthreads()
         if sm[0] == 0:
             if tid == 0:
@@ -1138,7 +1171,7 @@ def _cuda_kernels():
                 sst[0] = hdr
                 for sb in range(nsub):
                     if sb < nsub - 1:
-                        q = out + 5 + (w + 2) // 2 + 2 * sb
+                        q = out + 5 + (w + 3) // 2 + 2 * sb
                         scratch[q] = sst[sb + 1] & 0xFF
                         scratch[q + 1] = sst[sb + 1] >> 8
                     sst[sb + 1] += sst[sb]
@@ -1152,8 +1185,8 @@ def _cuda_kernels():
                     scratch[out + 2] = lo >> 8
                     scratch[out + 3] = w & 0xFF
                     scratch[out + 4] = w >> 8
-                    for s in range(0, w + 1, 2):
-                        hi_n = lens[s + 1] if s + 1 <= w else 0
+                    for s in range(0, w + 2, 2):
+                        hi_n = lens[s + 1] if s + 1 <= w + 1 else 0
                         scratch[out + 5 + s // 2] = lens[s] | (hi_n << 4)
             cuda.syncthreads()
             if sm[0] == 0:
@@ -1206,8 +1239,8 @@ def _cuda_kernels():
         j = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
-        lens = cuda.shared.array(WMAX + 1, int64)
-        codes = cuda.shared.array(WMAX + 1, int64)
+        lens = cuda.shared.array(WMAX + 2, int64)
+        codes = cuda.shared.array(WMAX + 2, int64)
         blc = cuda.shared.array(LMAX + 1, int64)
         nxc = cuda.shared.array(LMAX + 1, int64)
         lut = cuda.shared.array(1 << LMAX, uint16)
@@ -1292,10 +1325,15 @@ def _cuda_kernels():
         tbits = sm[4]
         mo = sm[5]
         if sm[1] == V_HUFF:
-            for s in range(tid, w + 1, nt):
+            for s in range(tid, w + 2, nt):
                 ln = lens[s]
                 if ln > 0:
-                    ent = (ln | 16) if s == w else (ln | ((lo + s) << 5))
+                    if s == w:
+                        ent = ln | 16
+                    elif s == w + 1:
+                        ent = ln
+                    else:
+                        ent = ln | ((lo + s) << 5)
                     a = codes[s] << (tbits - ln)
                     for q in range(a, a + (1 << (tbits - ln))):
                         lut[q] = ent

@@ -162,8 +162,8 @@ def test_escape_and_long_codes():
     assert e is not None
     lo, w_ = int(e[1]) | (int(e[2]) << 8), int(e[3]) | (int(e[4]) << 8)
     assert lo >= 100 and lo + w_ <= 115        # outliers left out of the table
-    nib = e[5:5 + (w_ + 2) // 2]
-    lens = np.stack([nib & 15, nib >> 4], 1).ravel()[:w_ + 1]
+    nib = e[5:5 + (w_ + 3) // 2]
+    lens = np.stack([nib & 15, nib >> 4], 1).ravel()[:w_ + 2]
     assert lens[w_] > 0 and lens.max() <= mx.LMAX
 
 
@@ -249,7 +249,7 @@ def test_decode_rejects_bad_tables():
     bad[5] = bad[5] ^ 0x01                       # Kraft sum no longer 1
     assert dec(bad, x.nbytes, 4)[0] < 0
     w_ = int(e[3]) | (int(e[4]) << 8)
-    pl = 5 + (w_ + 2) // 2
+    pl = 5 + (w_ + 3) // 2
     bad = e.copy()
     bad[pl] ^= 1                                 # a stream one byte off
     assert dec(bad, x.nbytes, 4)[0] < 0
@@ -369,8 +369,31 @@ def test_cuda_not_applicable_and_corrupt_input():
     assert err == 1
     w_ = int(encs[1][3]) | (int(encs[1][4]) << 8)
     bad = encs[1].copy()
-    bad[5 + (w_ + 2) // 2] ^= 1                         # a stream one byte off
+    bad[5 + (w_ + 3) // 2] ^= 1                         # a stream one byte off
     err, _ = _gpu_decode([encs[0], bad], bb, bb, 2, 4)
     assert err == 1
     err, _ = _gpu_decode([encs[0], encs[1][:-1]], bb, bb, 2, 4)  # truncated
     assert err == 1
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+def test_zeros_and_wide_exponent_spread(itemsize):
+    n = 8192 // itemsize
+    x = (RNG.standard_normal(n) * 1e-3).astype(FT[itemsize])
+    x[RNG.random(n) < 0.3] = 0            # ReLU-style exact zeros
+    e = roundtrip(x)
+    assert e is not None and e.size < 0.95 * x.nbytes
+    lo = int(e[1]) | (int(e[2]) << 8)
+    assert lo > 1                          # zeros have their own symbol
+    # exponents spread over far more than WMAX values: the densest window
+    # is tabled, the rest escaped
+    eb = {4: 8, 8: 11}[itemsize]
+    ex = np.concatenate([RNG.integers(1, (1 << eb) - 1, n // 8),
+                         RNG.integers(500 if itemsize == 8 else 100,
+                                      510 if itemsize == 8 else 110, n - n // 8)])
+    mb = 8 * itemsize - 1 - eb
+    w = (ex.astype(np.uint64) << np.uint64(mb)).astype(UT[itemsize])
+    y = w.view(FT[itemsize])
+    e = roundtrip(y)
+    assert e is not None and e[0] == mx.V_HUFF
+    assert int(e[3]) | (int(e[4]) << 8) <= mx.WMAX
