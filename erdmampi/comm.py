@@ -1204,6 +1204,26 @@ class Comm:
         return _cz.plan(self, name, compress, dtype, nbytes, op=op, hosts=hosts,
                         rank=self._rank, device=device, addr=addr)
 
+    def _cdev(self, compress):
+        """Whether a call with device buffers may be compressed, so that the
+        device path (no staging) is worth trying: a mode other than off, and
+        for ``auto`` a communicator spanning hosts."""
+        try:
+            mode = _cz.mode_of(self, compress)[0]
+        except ValueError:
+            return True            # plan() reports it
+        if mode in (None, "off"):
+            return False
+        if mode == "auto":
+            world_hosts = (_rt.info or {}).get("hosts")
+            if not world_hosts or len({world_hosts[w] for w in self._ranks}) < 2:
+                return False
+        try:
+            from numba import cuda  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
     def _cplan_msgs(self, name, compress, whole, part, size):
         """Plan a block collective from its messages: ``whole`` holds all
         ``size`` blocks where present on this rank, else ``part`` one block
@@ -1223,7 +1243,7 @@ class Comm:
         """Device path of a block collective: None (not device buffers), a
         runner (compressed on the GPU), or False (plan said no: stage)."""
         bufs = [b for b in (sendbuf, recvbuf) if b is not None]
-        if not bufs or any(_dev(b) is None for b in bufs):
+        if not bufs or any(_dev(b) is None for b in bufs) or not self._cdev(compress):
             return None
         sarr = rarr = None
         if sendbuf is not None:
@@ -1260,7 +1280,7 @@ class Comm:
     def _c_bcast(self, buf, root, compress=None):
         self._check()
         root = self._root(root)
-        if _dev(buf) is not None:
+        if _dev(buf) is not None and self._cdev(compress):
             arr, dtype = _dev_msg(buf)
             cd = self._cplan("bcast", compress, dtype, arr.size * dtype.itemsize,
                              device=True, addr=_dev_addr(buf))
@@ -1317,7 +1337,8 @@ class Comm:
 
     def _c_allreduce(self, sendbuf, recvbuf, op, compress=None):
         inplace = is_in_place(sendbuf)
-        if _dev(recvbuf) is not None and (inplace or _dev(sendbuf) is not None):
+        if (_dev(recvbuf) is not None and (inplace or _dev(sendbuf) is not None)
+                and self._cdev(compress)):
             self._check()
             _check_op(op)
             rarr, dtype = _dev_msg(recvbuf)

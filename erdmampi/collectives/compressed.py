@@ -16,10 +16,11 @@ chunk of the vector into a self-describing encoding (host bytes) and back:
 Pipelining: a stream of chunks is encoded one chunk at a time and each is
 sent (``isend`` returns at once; the engine sends from its own thread while
 the Numba encoders run with the GIL released), so encoding chunk k+1
-overlaps sending chunk k.  Receivers post every chunk's receive up front,
-with room for the worst case, through ``Transport.irecv_upto`` (a message
-may be shorter than the buffer: encodings vary in size) and decode chunk k
-while chunk k+1 is still arriving.  An encoding carries its own length in
+overlaps sending chunk k.  Receivers post the receives of the next
+:data:`WINDOW` chunks ahead, each with room for the worst case, through
+``Transport.irecv_upto`` (a message may be shorter than the buffer:
+encodings vary in size), and decode chunk k while later chunks are still
+arriving.  An encoding carries its own length in
 its header, so no length is sent separately.
 
 Allreduce is a reduce-scatter done as an all-to-all followed by an
@@ -45,6 +46,8 @@ __all__ = ["bcast", "scatter", "gather", "allgather", "alltoall", "allreduce"]
 
 _T_DATA = 1
 _T_RESULT = 2
+#: receives posted ahead per chunk stream
+WINDOW = 8
 
 
 def _chunks(count: int, ce: int):
@@ -59,18 +62,30 @@ def _irecv(t: Transport, buf: np.ndarray, source: int, tag: int):
 
 
 class _Stream:
-    """The posted receives of one chunk stream from ``source``."""
+    """The receives of one chunk stream from ``source``: the first
+    :data:`WINDOW` are posted at once, then one more per chunk consumed, so
+    memory stays bounded for long vectors."""
 
     def __init__(self, t, cd, count, source, tag):
-        self.t = t
-        self.items = []
-        for a, b in _chunks(count, cd.chunk_elems):
-            buf = np.empty(cd.max_size(b - a), np.uint8)
-            self.items.append((a, b, buf, _irecv(t, buf, source, tag)))
+        self.t, self.cd, self.source, self.tag = t, cd, source, tag
+        self.todo = _chunks(count, cd.chunk_elems)
+        self.next = 0
+        self.posted = []
+        for _ in range(min(WINDOW, len(self.todo))):
+            self._post()
+
+    def _post(self):
+        a, b = self.todo[self.next]
+        self.next += 1
+        buf = np.empty(self.cd.max_size(b - a), np.uint8)
+        self.posted.append((a, b, buf, _irecv(self.t, buf, self.source, self.tag)))
 
     def __iter__(self):
-        for a, b, buf, req in self.items:
+        while self.posted:
+            a, b, buf, req = self.posted.pop(0)
             self.t.waitall([req])
+            if self.next < len(self.todo):
+                self._post()
             yield a, b, buf
 
 
