@@ -520,60 +520,57 @@ def _residuals(x, m, n, pred, mask, sh, r):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _round(T, j, m):
-    """One delta-swap round of _tr on every column of T (32 x lanes)."""
-    lanes = T.shape[1]
+def _round(T, lanes, j, m):
+    """One delta-swap round of _tr on every column of T (flat, row-major
+    32 x lanes).  Rows h .. h+j-1 swap with rows h+j .. h+2j-1, and each
+    run of j rows is contiguous: one long, vectorisable loop per run."""
     sj = np.uint64(j)
+    span = j * lanes
     for h in range(0, 32, 2 * j):
-        for k in range(h, h + j):
-            ra = T[k]
-            rb = T[k + j]
-            for l in range(lanes):
-                a = ra[l]
-                b = rb[l]
-                t = ((a >> sj) ^ b) & m
-                ra[l] = a ^ (t << sj)
-                rb[l] = b ^ t
+        ra = T[h * lanes:(h + j) * lanes]
+        rb = T[(h + j) * lanes:(h + 2 * j) * lanes]
+        for i in range(span):
+            a = ra[i]
+            b = rb[i]
+            t = ((a >> sj) ^ b) & m
+            ra[i] = a ^ (t << sj)
+            rb[i] = b ^ t
 
 
 @njit(nogil=True, cache=True)
-def _trT(T):
-    """_tr on each column of T (shape (32, lanes)): vectorises over lanes."""
-    _round(T, 16, _M16)
-    _round(T, 8, _M8)
-    _round(T, 4, _M4)
-    _round(T, 2, _M2)
-    _round(T, 1, _M1)
+def _trT(T, lanes):
+    """_tr on each column of T (flat 32 x lanes): vectorises over lanes."""
+    _round(T, lanes, 16, _M16)
+    _round(T, lanes, 8, _M8)
+    _round(T, lanes, 4, _M4)
+    _round(T, lanes, 2, _M2)
+    _round(T, lanes, 1, _M1)
 
 
 @njit(nogil=True, cache=True)
-def _fill(r, T, ws):
-    """Residuals (natural order) into T: column l holds group l (ws 8) or
-    groups 2l and 2l+1 in its low and high halves (ws <= 4)."""
-    lanes = T.shape[1]
-    if ws == 8:
-        for j in range(32):
-            row = T[j]
-            for l in range(lanes):
-                row[l] = r[l * 32 + j]
-    else:
-        for j in range(32):
-            row = T[j]
-            for l in range(lanes):
-                row[l] = r[l * 64 + j] | (r[l * 64 + 32 + j] << _U32)
-
-
-@njit(nogil=True, cache=True)
-def _unfill(T, ws, r):
-    lanes = T.shape[1]
+def _fill(r, T, lanes, ws):
+    """Residuals (natural order) into T (flat 32 x lanes): column l holds
+    group l (ws 8) or groups 2l and 2l+1 in its low and high halves."""
     if ws == 8:
         for l in range(lanes):
             for j in range(32):
-                r[l * 32 + j] = T[j, l]
+                T[j * lanes + l] = r[l * 32 + j]
     else:
         for l in range(lanes):
             for j in range(32):
-                a = T[j, l]
+                T[j * lanes + l] = r[l * 64 + j] | (r[l * 64 + 32 + j] << _U32)
+
+
+@njit(nogil=True, cache=True)
+def _unfill(T, lanes, ws, r):
+    if ws == 8:
+        for l in range(lanes):
+            for j in range(32):
+                r[l * 32 + j] = T[j * lanes + l]
+    else:
+        for l in range(lanes):
+            for j in range(32):
+                a = T[j * lanes + l]
                 r[l * 64 + j] = a & _LO32
                 r[l * 64 + 32 + j] = a >> _U32
 
@@ -613,7 +610,7 @@ def _encode(src, itemsize, isfloat, dst, force_pred, force_mask):
     o = 2 * n + 6
     r = work[o:o + nr]
     o += nr
-    T = work[o:o + 32 * lanes].reshape((32, lanes))
+    T = work[o:o + 32 * lanes]
     o += 32 * lanes
     gor = work[o:o + ng]
     o += ng
@@ -655,26 +652,26 @@ def _encode(src, itemsize, isfloat, dst, force_pred, force_mask):
             dst[np.uint64(p)] = np.uint8(w)
             p += 1
             gor[g] = _ALL >> np.uint64(64 - w) if w > 0 else _U0
-    _fill(r, T, ws)
-    _trT(T)
+    _fill(r, T, lanes, ws)
+    _trT(T, lanes)
     for g in range(ng):
         gm = gor[g]
         if ws == 8:
             for b in range(64):
                 if (gm >> np.uint64(b)) & _U1:
-                    _put(dst, p, 4, (T[b & 31, g] >> np.uint64(b & 32)) & _LO32)
+                    _put(dst, p, 4, (T[(b & 31) * lanes + g] >> np.uint64(b & 32)) & _LO32)
                     p += 4
         else:
             l = g >> 1
             s = np.uint64(32 * (g & 1))
             if gm & (gm + _U1) == _U0:      # planes 0 .. w-1
                 for b in range(_bitlen(gm)):
-                    _put(dst, p, 4, (T[b, l] >> s) & _LO32)
+                    _put(dst, p, 4, (T[np.uint64(b * lanes + l)] >> s) & _LO32)
                     p += 4
             else:
                 for b in range(nbits):
                     if (gm >> np.uint64(b)) & _U1:
-                        _put(dst, p, 4, (T[b, l] >> s) & _LO32)
+                        _put(dst, p, 4, (T[b * lanes + l] >> s) & _LO32)
                         p += 4
     return p
 
@@ -734,39 +731,38 @@ def decode_block(enc, itemsize, isfloat, dst):
     if st != 0:
         return st
     lanes = ng if ws == 8 else (ng + 1) // 2
-    T = np.zeros((32, lanes), np.uint64)
+    T = np.zeros(32 * lanes, np.uint64)
     for g in range(ng):
         m = gm[g]
         if ws == 8:
             for b in range(64):
                 if (m >> np.uint64(b)) & _U1:
-                    T[b & 31, g] |= _get(enc, p, 4) << np.uint64(b & 32)
+                    T[(b & 31) * lanes + g] |= _get(enc, p, 4) << np.uint64(b & 32)
                     p += 4
         else:
             l = g >> 1
             s = np.uint64(32 * (g & 1))
             if m & (m + _U1) == _U0:      # planes 0 .. w-1
-                ul = np.uint64(l)
                 for b in range(_bitlen(m)):
-                    T[np.uint64(b), ul] |= _get(enc, p, 4) << s
+                    T[np.uint64(b * lanes + l)] |= _get(enc, p, 4) << s
                     p += 4
             else:
                 for b in range(nbits):
                     if (m >> np.uint64(b)) & _U1:
-                        T[b, l] |= _get(enc, p, 4) << s
+                        T[b * lanes + l] |= _get(enc, p, 4) << s
                         p += 4
-    _trT(T)
+    _trT(T, lanes)
     # residuals of the padding of the last group must be zero
     g = ng - 1
     for j in range(n - g * 32, 32):
         if ws == 8:
-            z = T[j, g]
+            z = T[j * lanes + g]
         else:
-            z = (T[j, g >> 1] >> np.uint64(32 * (g & 1))) & _LO32
+            z = (T[j * lanes + (g >> 1)] >> np.uint64(32 * (g & 1))) & _LO32
         if z != _U0:
             return E_PAD
     r = np.empty(lanes * (32 if ws == 8 else 64), np.uint64)
-    _unfill(T, ws, r)
+    _unfill(T, lanes, ws, r)
     _reconstruct(r, ws, isfloat and ws == itemsize and ws >= 2, n, pred,
                  seed, dst)
     return 0
