@@ -403,6 +403,7 @@ class Coder:
         self._stream = None
         self.bytes_in = self.bytes_out = 0
         self.messages = self.compressed_messages = 0
+        self.codec_in = self.codec_out = 0       # encodings with the codec (ratio)
         self.t0 = time.perf_counter()
 
     # -- sizes
@@ -456,6 +457,8 @@ class Coder:
             self.bytes_out += enc.size * k
             if codec is not self.raw:
                 self.compressed_messages += k
+                self.codec_in += n * src.dtype.itemsize
+                self.codec_out += enc.size
         return enc
 
     def _encode_device(self, codec, src, fb):
@@ -548,8 +551,8 @@ class Coder:
         _count("compressed_messages", self.compressed_messages)
         _count("bytes_in", self.bytes_in, self.coll)
         _count("bytes_out", self.bytes_out, self.coll)
-        if self.auto and self.compressed_messages:
-            Policy.record(self.state, self.coll, self.dtype, self.bytes_in, self.bytes_out)
+        if self.auto and self.codec_out:
+            Policy.record(self.state, self.coll, self.dtype, self.codec_in, self.codec_out)
         _observe_link(self.bytes_out, time.perf_counter() - self.t0)
 
 
