@@ -49,10 +49,11 @@ bytes).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from numba import cuda, int32, int64, njit, uint32, uint64
 from llvmlite import ir
-from numba import types
+from numba import cuda, int32, int64, njit, types, uint32, uint64
 from numba.core.extending import intrinsic
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
@@ -138,9 +139,33 @@ def _unaligned_store(bits):
     return store
 
 
-# little-endian hosts only (x86-64, aarch64): the words are the wire's bytes
-_ld16, _ld32, _ld64 = (_unaligned_load(b) for b in (16, 32, 64))
-_st16, _st32, _st64 = (_unaligned_store(b) for b in (16, 32, 64))
+def _checked_load(nbytes):
+    @njit(cache=True, nogil=True, inline="always")
+    def load(arr, off):
+        v = _U64(0)
+        for j in range(nbytes):
+            v |= _U64(arr[off + j]) << _U64(8 * j)
+        return v
+    return load
+
+
+def _checked_store(nbytes):
+    @njit(cache=True, nogil=True, inline="always")
+    def store(arr, off, v):
+        for j in range(nbytes):
+            arr[off + j] = np.uint8((v >> _U64(8 * j)) & _U64(0xFF))
+    return store
+
+
+if os.environ.get("NUMBA_BOUNDSCHECK", "") == "1":
+    # indexed byte accesses, so that a bounds-checked build checks them too
+    # (run such a build with its own NUMBA_CACHE_DIR)
+    _ld16, _ld32, _ld64 = (_checked_load(b) for b in (2, 4, 8))
+    _st16, _st32, _st64 = (_checked_store(b) for b in (2, 4, 8))
+else:
+    # little-endian hosts (x86-64, aarch64): a word's bytes are the wire's
+    _ld16, _ld32, _ld64 = (_unaligned_load(b) for b in (16, 32, 64))
+    _st16, _st32, _st64 = (_unaligned_store(b) for b in (16, 32, 64))
 
 
 @njit(cache=True, nogil=True, inline="always")
