@@ -464,9 +464,11 @@ def test_cuda_real_modes_cross(kind):
     """CPU encode -> CUDA decode and CUDA encode -> CPU decode with every
     available mode, a few blocks of each bench kind."""
     c = Lossless(block_bytes=1024)
-    x = codec_data.make(kind, 3 * 1024 + 512)
+    x = codec_data.make(kind, 1024 + 512)   # one full block, one short
     enc = c.encode(x)
     assert c.decode_cuda(enc).copy_to_host().tobytes() == x.tobytes()
     genc = c.encode_cuda(cuda.to_device(x))
     assert c.decode(genc).tobytes() == x.tobytes()
-    assert c.decode_cuda(genc).copy_to_host().tobytes() == x.tobytes()
+    # the modes chosen on the GPU are real ones where the CPU found some
+    if np.any(fmt.parse(enc)[1] >> 28):
+        assert np.any(fmt.parse(genc)[1] >> 28)
