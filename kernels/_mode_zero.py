@@ -290,12 +290,11 @@ def _value_choice(vals, cnt, orv, total, W):
 @njit(cache=True, nogil=True, inline="always")
 def _put(dst, acc, nacc, pos, v, nb):
     # v < 2**nb, nb <= 32; nacc < 32 on entry and exit.  Branch-free: the
-    # low 4 bytes of acc are stored every time (bytes past the final size
-    # may be scribbled on, inside dst only) and pos advances by 0 or 4.
+    # low 4 bytes of acc are stored every time and pos advances by 0 or 4;
+    # dst must have 4 bytes of room past the encoding's end (unchecked).
     acc |= v << _U64(nacc)
     nacc += nb
-    if pos + 4 <= dst.size:
-        _st32(dst, pos, acc)
+    _st32(dst, pos, acc)
     adv = nacc >> 5
     pos += adv << 2
     acc >>= _U64(adv << 5)
@@ -489,42 +488,45 @@ def encode_block(src, itemsize, isfloat, dst):
     if size > dst.size:
         return -1
 
-    # write
-    dst[0] = np.uint8(pmode | (vmode << 2) | (np.int64(zz) << 3))
-    dst[1] = np.uint8(vpar)
+    # write into a buffer with 8 bytes of slack (the bit writer stores 4
+    # bytes at a time without bounds tests), then copy
+    out = np.empty(size + 8, np.uint8)
+    out[0] = np.uint8(pmode | (vmode << 2) | (np.int64(zz) << 3))
+    out[1] = np.uint8(vpar)
     pos = 2
     if pmode == P_GAPS:
-        dst[2] = np.uint8(kp)
+        out[2] = np.uint8(kp)
         pos = 3
         mm = m
         while mm >= 128:
-            dst[pos] = np.uint8((mm & 127) | 128)
+            out[pos] = np.uint8((mm & 127) | 128)
             mm >>= 7
             pos += 1
-        dst[pos] = np.uint8(mm)
+        out[pos] = np.uint8(mm)
         pos += 1
     acc = _U64(0)
     nacc = 0
     if pmode == P_DENSE:
-        acc, nacc, pos = _put_values(dst, acc, nacc, pos, dvals, n, vmode, vpar, W)
+        acc, nacc, pos = _put_values(out, acc, nacc, pos, dvals, n, vmode, vpar, W)
     else:
         if pmode == P_BITMAP:
             for i0 in range(0, n, 32):
                 bits = _U64(0)
                 for t in range(min(32, n - i0)):
                     bits |= _U64(nzw[i0 + t]) << _U64(t)
-                acc, nacc, pos = _put(dst, acc, nacc, pos, bits, min(32, n - i0))
+                acc, nacc, pos = _put(out, acc, nacc, pos, bits, min(32, n - i0))
         else:
-            acc, nacc, pos = _put_rice(dst, acc, nacc, pos, gaps, m, kp, False, 0)
-        acc, nacc, pos = _put_values(dst, acc, nacc, pos, vals, m, vmode, vpar, W)
+            acc, nacc, pos = _put_rice(out, acc, nacc, pos, gaps, m, kp, False, 0)
+        acc, nacc, pos = _put_values(out, acc, nacc, pos, vals, m, vmode, vpar, W)
     while nacc > 0:
-        if pos < dst.size:
-            dst[pos] = np.uint8(acc & _U64(0xFF))
+        if pos < out.size:
+            out[pos] = np.uint8(acc & _U64(0xFF))
         pos += 1
         acc >>= _U64(8)
         nacc -= 8
     if pos != size:      # cannot happen: the cost model is exact
         return -1
+    dst[:size] = out[:size]
     return size
 
 
