@@ -805,7 +805,10 @@ def encode_block(src, itemsize, isfloat, dst):
     if 3 + mant > cap:
         return -1
     exps = np.empty(n, np.int32)
-    hist = np.zeros(nall, np.int64)
+    # one allocation for the small tables (hist first: zeroed)
+    work = np.empty(3 * nall + 7 * WMAX + 40, np.int64)
+    hist = work[:nall]
+    hist[:] = 0
     _split(src, itemsize, n, exps, hist)
     lo, w = _choose_window_c(hist, nall, eb)
     esc = n - hist[0]
@@ -826,18 +829,26 @@ def encode_block(src, itemsize, isfloat, dst):
     lim = ENC_LMAX
     while (1 << lim) < m:
         lim += 1
-    lens = np.empty(w + 2, np.int64)
-    keys = np.empty(w + 2, np.int64)
-    wts = np.empty(2 * w + 4, np.int64)
-    par = np.empty(2 * w + 4, np.int64)
-    blc = np.empty(LMAX + 1, np.int64)
-    nxc = np.empty(LMAX + 1, np.int64)
-    codes = np.empty(w + 2, np.int64)
+    q = nall
+    lens = work[q:q + w + 2]
+    q += w + 2
+    keys = work[q:q + w + 2]
+    q += w + 2
+    wts = work[q:q + 2 * w + 4]
+    q += 2 * w + 4
+    par = work[q:q + 2 * w + 4]
+    q += 2 * w + 4
+    blc = work[q:q + LMAX + 1]
+    q += LMAX + 1
+    nxc = work[q:q + LMAX + 1]
+    q += LMAX + 1
+    codes = work[q:q + w + 2]
+    q += w + 2
     _huff_lengths_c(hist, lo, w, esc, lens, keys, wts, par, blc, lim)
     _canon_c(lens, w + 2, codes, blc, nxc)
     # per-exponent code (escape + raw exponent for values outside the window)
-    tcode = np.empty(nall, np.int64)
-    tlen = np.empty(nall, np.int64)
+    tcode = work[q:q + nall]
+    tlen = work[q + nall:q + 2 * nall]
     el = lens[w]
     ec = codes[w]
     bits = 0
@@ -914,20 +925,21 @@ def decode_block(enc, itemsize, isfloat, dst):
         return 0
     if var != V_HUFF:
         return -5
-    lens = np.empty(WMAX + 2, np.int64)
-    codes = np.empty(WMAX + 2, np.int64)
-    blc = np.empty(LMAX + 1, np.int64)
-    nxc = np.empty(LMAX + 1, np.int64)
+    nsub = (n + SUB - 1) // SUB
+    work = np.empty(2 * WMAX + 2 * LMAX + 8 + nsub, np.int64)
+    lens = work[:WMAX + 2]
+    codes = work[WMAX + 2:2 * WMAX + 4]
+    blc = work[2 * WMAX + 4:2 * WMAX + LMAX + 5]
+    nxc = work[2 * WMAX + LMAX + 5:2 * WMAX + 2 * LMAX + 6]
+    starts = work[2 * WMAX + 2 * LMAX + 6:]
     lo, w, tbits, p = _parse_header_c(enc, nenc, 1, eb, lens, codes, blc, nxc)
     if w < 0:
         return -6
-    nsub = (n + SUB - 1) // SUB
     pl = p
     p += 2 * (nsub - 1)
     send = nenc - mant      # end of the streams
     if p > send:
         return -7
-    starts = np.empty(nsub + 1, np.int64)
     starts[0] = p
     for sb in range(nsub - 1):
         ln = np.int64(enc[pl + 2 * sb]) | (np.int64(enc[pl + 2 * sb + 1]) << 8)
