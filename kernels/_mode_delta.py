@@ -761,20 +761,39 @@ def decode_block(enc, itemsize, isfloat, dst):
             z = (T[j * lanes + (g >> 1)] >> np.uint64(32 * (g & 1))) & _LO32
         if z != _U0:
             return E_PAD
-    r = np.empty(lanes * (32 if ws == 8 else 64), np.uint64)
-    _unfill(T, lanes, ws, r)
-    _reconstruct(r, ws, isfloat and ws == itemsize and ws >= 2, n, pred,
-                 seed, dst)
+    r = np.empty(n, np.uint64)
+    _reconstruct(T, lanes, ws, isfloat and ws == itemsize and ws >= 2, n,
+                 pred, seed, dst, r)
     return 0
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _colz(T, lanes, g, ws, j):
+    """Residual of element j of group g from the transposed planes T."""
+    if ws == 8:
+        return T[np.uint64(j * lanes + g)]
+    return (T[np.uint64(j * lanes + (g >> 1))] >> np.uint64((g & 1) << 5)) & _LO32
+
+
 @njit(nogil=True, cache=True)
-def _reconstruct(r, ws, flt, n, pred, seed, dst):
-    """Undo the prediction on the residuals r[0:n] in place and store."""
+def _reconstruct(T, lanes, ws, flt, n, pred, seed, dst, r):
+    """Undo the prediction from the transposed residuals T into r[0:n]
+    (group by group, the running state carried), then unmap and store."""
     nbits = 8 * ws
     mask = _ALL >> np.uint64(64 - nbits)
     sign = _U1 << np.uint64(nbits - 1)
     sh = np.uint64(nbits - 1)
+    ng = (n + 31) // 32
+    # residuals back to natural order; signed ones decoded (independent
+    # per element, so this loop vectorises), then the serial prefix sums
+    if pred == PRED_NONE or pred == PRED_XOR:
+        for g in range(ng):
+            for j in range(min(32, n - g * 32)):
+                r[g * 32 + j] = _colz(T, lanes, g, ws, j)
+    else:
+        for g in range(ng):
+            for j in range(min(32, n - g * 32)):
+                r[g * 32 + j] = _unsm(_colz(T, lanes, g, ws, j), mask, sh)
     x = seed
     d = _U0
     e = _U0
@@ -784,23 +803,24 @@ def _reconstruct(r, ws, flt, n, pred, seed, dst):
             r[i] = x
     elif pred == PRED_D1:
         for i in range(n):
-            x += _unsm(r[i], mask, sh)
+            x += r[i]
             r[i] = x
     elif pred == PRED_D2:
         for i in range(n):
-            d += _unsm(r[i], mask, sh)
+            d += r[i]
             x += d
             r[i] = x
     elif pred == PRED_D3:
         for i in range(n):
-            e += _unsm(r[i], mask, sh)
+            e += r[i]
             d += e
             x += d
             r[i] = x
     if flt and pred >= 1 and pred <= 3:
+        # branch-free _unmap: xor with the sign bit (was positive) or all bits
         for i in range(n):
             v = r[i] & mask
-            r[i] = (v ^ sign) if v & sign else (~v) & mask
+            r[i] = v ^ (sign | (((v >> sh) - _U1) & mask))
     if ws == 4:
         for i in range(n):
             _put(dst, 4 * i, 4, r[i])
