@@ -60,7 +60,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 #: input bytes per chunk: compressing chunk k+1 overlaps sending chunk k
-CHUNK_BYTES = max(64, _env_int("ERDMA_COMPRESS_CHUNK", 256 * KiB))
+CHUNK_BYTES = max(64, _env_int("ERDMA_COMPRESS_CHUNK", 1024 * KiB))
 #: under ``auto``, vectors smaller than this are never compressed
 AUTO_MIN_BYTES = _env_int("ERDMA_COMPRESS_MIN", 64 * KiB)
 
@@ -584,13 +584,16 @@ def plan(comm, coll: str, compress, dtype, nbytes: int, *, op=None,
 
     Raises MPI errors for an *explicit* lossy mode on a dtype other than
     float32/float64 (``ERR_TYPE``) or an op other than SUM (``ERR_OP``); a
-    lossy process default falls back to ``auto`` there."""
+    lossy process default applies to Allreduce only and falls back to
+    ``auto`` wherever it does not apply."""
     mode, explicit, key = mode_of(comm, compress)
     if mode == "off" or mode is None:
         _count("plain_calls", 1, coll)
         return None
     size = len(hosts) if hosts is not None else 0
     dt = np.dtype(dtype) if dtype is not None else np.dtype(np.uint8)
+    if mode in LOSSY and not explicit and coll != "allreduce":
+        mode = "auto"           # a lossy process default is for gradient Allreduce only
     if mode in LOSSY:
         bad = None
         if dt not in _LOSSY_DTYPES:

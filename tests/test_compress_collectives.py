@@ -226,6 +226,9 @@ def test_plan_rules(monkeypatch):
     assert cz.plan(comm, "allreduce", None, np.int32, big, op=SUM, hosts=one_host) is None
     cd = cz.plan(comm, "allreduce", None, np.int32, big, op=SUM, hosts=two_hosts)
     assert cd is not None and not cd.lossy
+    cd = cz.plan(comm, "allreduce", None, np.float32, big, op=SUM, hosts=one_host)
+    assert cd is not None and cd.lossy and cd.name == "int8"
+    assert cz.plan(comm, "bcast", None, np.float32, big, hosts=one_host) is None
     # the Info hint is explicit
     comm._chints = {cz.INFO_KEY: "bf16"}
     cd = cz.plan(comm, "bcast", None, np.float64, big, hosts=one_host)
