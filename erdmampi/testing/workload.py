@@ -2,10 +2,22 @@
 
     python -m erdmampi.testing.workload --stack erdmampi|mpi4py|gloo \\
         [--op allreduce|bcast] [--count N] [--iters K] [--warmup W]
+        [--warmup-count N] [--max-seconds S] [--progress]
 
 Every rank checks its result (exact: small integers in float32) and exits 1 on
 a mismatch; rank 0 prints one JSON line ``{"stack", "op", "size", "bytes",
-"times": [seconds per iteration], "ok": true}``.  Rank and size come from each
+"times": [seconds per iteration], "ok": true}``.
+
+For benchmarks that may be killed part-way (bench/wan.py):
+``--warmup-count N`` runs the warm-up iterations with N elements instead of
+``--count`` (connections up without paying for a full-size transfer);
+``--max-seconds S`` stops after the first timed iteration that ends more than S
+seconds after the timed iterations began (all ranks agree, one small Allreduce
+per iteration); ``--progress`` makes rank 0 print ``{"event": "begin", "iter",
+"warmup", "wall"}`` (``time.time()`` after the barrier) before each iteration
+and every rank print ``{"event": "iter", "rank", "iter", "warmup", "time",
+"ok"}`` after it, so a killed run still tells what it finished and how long
+the unfinished iteration had been running.  Rank and size come from each
 stack's own launcher contract (erdmampi: ERDMA_*; mpi4py: mpiexec; gloo:
 ``init_method="env://"`` with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT).
 """
@@ -91,27 +103,53 @@ def main(argv=None):
     ap.add_argument("--count", type=int, default=1 << 18, help="float32 elements")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup-count", type=int, default=None,
+                    help="float32 elements of the warm-up iterations (default --count)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop after the timed iteration that ends this long after the "
+                         "first timed one began (at least one timed iteration runs)")
+    ap.add_argument("--progress", action="store_true",
+                    help="JSON progress lines: 'begin' (rank 0) and 'iter' (every rank)")
     a = ap.parse_args(argv)
     st = _GlooStack() if a.stack == "gloo" else _MPIStack(a.stack)
-    base, x = _inputs(a.count, st.rank)
-    want = _expected(a.op, base, st.size)
-    out = np.empty_like(x)
+    wcount = a.count if a.warmup_count is None else a.warmup_count
+    bufs = {}
+    for n in {a.count, wcount}:
+        base, x = _inputs(n, st.rank)
+        bufs[n] = (x, _expected(a.op, base, st.size), np.empty_like(x))
     times, ok = [], True
+    t_first = None
     for i in range(a.warmup + a.iters):
+        warm = i < a.warmup
+        n = wcount if warm else a.count
+        x, want, out = bufs[n]
         out.fill(-1)
         st.barrier()
+        if a.progress and st.rank == 0:
+            print(json.dumps({"event": "begin", "iter": i, "warmup": warm,
+                              "wall": time.time()}), flush=True)
         t0 = time.perf_counter()
+        if not warm and t_first is None:
+            t_first = t0
         st.run(a.op, x, out)
         dt = time.perf_counter() - t0
-        if not np.array_equal(out, want):
+        it_ok = bool(np.array_equal(out, want))
+        if not it_ok:
             bad = int(np.count_nonzero(out != want))
-            print(f"rank {st.rank}: iteration {i}: {bad} of {a.count} elements wrong",
+            print(f"rank {st.rank}: iteration {i}: {bad} of {n} elements wrong",
                   file=sys.stderr, flush=True)
             ok = False
-        if i >= a.warmup:
+        if a.progress:
+            print(json.dumps({"event": "iter", "rank": st.rank, "iter": i, "warmup": warm,
+                              "time": dt, "ok": it_ok}), flush=True)
+        if not warm:
             times.append(dt)
+            if (a.max_seconds is not None and i + 1 < a.warmup + a.iters
+                    and not st.gather_ok(time.perf_counter() - t_first <= a.max_seconds)):
+                break
     all_ok = st.gather_ok(ok)
     if st.rank == 0:
+        x = bufs[a.count][0]
         print(json.dumps({"stack": a.stack, "op": a.op, "size": st.size,
                           "bytes": int(x.nbytes), "times": times, "ok": all_ok}), flush=True)
     st.close()

@@ -1,0 +1,597 @@
+"""erdmampi against gloo and MPICH over emulated wide-area links (issue 5).
+
+    python -m bench.wan --quick                      # smoke run, a few minutes
+    python -m bench.wan --sites 2 --rates 100mbit --rtts 20,100 --losses 0,0.01 \\
+        --sizes 16MiB --colls allreduce --time-cap 90
+    python -m bench.wan --from-json bench/results/wan.json --md docs/wan_results.md
+
+Runs ``erdmampi.testing.workload`` (exact float32 inputs, every rank checks its
+result) on ``erdmampi.testing.wan.WanBed`` for the matrix sites x rate x RTT x
+loss x collective x size x stack.  One bed is built per (sites, rate, RTT,
+loss) cell and every run of that cell happens inside it; within a cell the
+stacks take turns, the order rotating from one (size, collective, repetition)
+to the next, because this machine's speed drifts: compare stacks within a
+cell, not across runs.
+
+Stacks: ``erdmampi`` (the engine's default congestion control; ``erdmampi-bbr``
+or ``erdmampi-cubic`` set ERDMA_CC; ``erdmampi+MODE`` sets ERDMA_COMPRESS=MODE,
+otherwise ERDMA_COMPRESS=off: the workload's data are small integers, which
+compress far better than real data), ``gloo-cubic``, ``gloo-bbr``,
+``mpich-cubic``, ``mpich-bbr`` (the TCP congestion control of the sites).
+
+A run that exceeds ``--time-cap`` seconds (start-up included) is killed and
+reported as capped: with the iterations that finished (checked on every rank)
+if any, else with a lower bound on the time (how long the unfinished
+iteration had been running).  A wrong result is an error, never a number.
+
+Throughput follows nccl-tests: algbw = payload bytes / time, busbw = algbw x
+2(n-1)/n for Allreduce (x 1 for Bcast); utilisation = busbw / bottleneck rate
+(what each site's uplink must carry at least, per second, over its rate).
+Ratios are erdmampi's busbw over the best TCP baseline's with the same
+congestion control (> 1: erdmampi faster).
+"""
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if __package__ in (None, ""):  # run as a file: python bench/wan.py
+    sys.path.insert(0, ROOT)
+from bench.common import MIB, format_size, parse_size  # noqa: E402
+
+BASE_STACKS = ("erdmampi", "gloo-cubic", "gloo-bbr", "mpich-cubic", "mpich-bbr")
+TCP_CCS = ("cubic", "bbr")
+COLLS = ("allreduce", "bcast")
+MD_BEGIN, MD_END = "<!-- bench.wan table begin -->", "<!-- bench.wan table end -->"
+WARMUP_BYTES = 256 << 10          # warm-up iteration: connections up, rendezvous path used
+_port = itertools.count(29500)
+
+
+# -- stacks ---------------------------------------------------------------------------
+
+def parse_stack(name):
+    """'erdmampi[-CC][+COMPRESS]', 'gloo-CC', 'mpich-CC' -> dict(kind, cc, env)."""
+    base, _, compress = name.partition("+")
+    kind, _, cc = base.partition("-")
+    if kind == "erdmampi":
+        if cc and cc not in ("cubic", "bbr", "bbr2", "reno"):
+            raise ValueError("erdmampi congestion control must be cubic, bbr, bbr2 or reno: %r"
+                             % name)
+        env = {"ERDMA_COMPRESS": compress or "off"}
+        if cc:
+            env["ERDMA_CC"] = cc
+        return {"name": name, "kind": kind, "workload": "erdmampi", "tcp_cc": None, "env": env}
+    if kind in ("gloo", "mpich"):
+        if cc not in TCP_CCS or compress:
+            raise ValueError("%s needs a TCP congestion control, %s-cubic or %s-bbr: %r"
+                             % (kind, kind, kind, name))
+        return {"name": name, "kind": kind, "workload": "gloo" if kind == "gloo" else "mpi4py",
+                "tcp_cc": cc, "env": {}}
+    raise ValueError("unknown stack %r (erdmampi[-CC][+MODE], gloo-cubic, gloo-bbr, "
+                     "mpich-cubic, mpich-bbr)" % name)
+
+
+def busbw_factor(coll, n):
+    return 2.0 * (n - 1) / n if coll == "allreduce" else 1.0
+
+
+# -- one run --------------------------------------------------------------------------
+
+def parse_progress(text):
+    """Progress lines of the workload -> (begins {iter: (warmup, wall)},
+    iters {iter: {rank: (warmup, time, ok)}}, final record or None)."""
+    begins, iters, final = {}, {}, None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        ev = d.get("event")
+        if ev == "begin":
+            begins[d["iter"]] = (d["warmup"], d["wall"])
+        elif ev == "iter":
+            iters.setdefault(d["iter"], {})[d["rank"]] = (d["warmup"], d["time"], d["ok"])
+        elif "times" in d and "ok" in d:
+            final = d
+    return begins, iters, final
+
+
+def evaluate(outputs, nranks, timed_out, rcs, t_kill):
+    """Turn a job's outputs into a run record: status ok / capped / error, the times
+    of the timed iterations every rank finished (max over ranks), and for a capped
+    run without any, a lower bound on the time of the unfinished one."""
+    text = "\n".join(outputs)
+    begins, iters, final = parse_progress(text)
+    rec = {"status": None, "times": [], "time_lb": None, "error": None}
+    wrong = [i for i, rs in iters.items() if any(not ok for _, _, ok in rs.values())]
+    if wrong or (final is not None and not final["ok"]):
+        rec["status"] = "error"
+        rec["error"] = "wrong result (iterations %s)" % (sorted(wrong) or "?")
+        return rec
+    done = sorted(i for i, rs in iters.items()
+                  if len(rs) == nranks and not next(iter(rs.values()))[0])
+    rec["times"] = [max(t for _, t, _ in iters[i].values()) for i in done]
+    if not timed_out and (any(rcs) or final is None):
+        rec["status"] = "error"
+        tail = [ln for ln in text.splitlines() if ln.strip()][-6:]
+        rec["error"] = "exit codes %s: %s" % (rcs, " | ".join(tail)[-600:])
+        return rec
+    if not timed_out:
+        rec["status"] = "ok"
+        return rec
+    rec["status"] = "capped"
+    unfinished = [i for i, (warm, _) in begins.items() if not warm and i not in done]
+    if unfinished:
+        rec["time_lb"] = max(0.0, t_kill - begins[min(unfinished)][1])
+    return rec
+
+
+def run_one(bed, stack, coll, nbytes, cap, iters, log):
+    """One job of ``stack`` on ``bed``: -> run record (see :func:`evaluate`)."""
+    st = parse_stack(stack)
+    count = nbytes // 4
+    argv = [sys.executable, "-m", "erdmampi.testing.workload", "--stack", st["workload"],
+            "--op", coll, "--count", str(count), "--iters", str(iters), "--warmup", "1",
+            "--warmup-count", str(min(count, WARMUP_BYTES // 4)),
+            "--max-seconds", "%.1f" % (cap / 4), "--progress"]
+    if st["tcp_cc"]:
+        bed.set_cc(st["tcp_cc"])
+    env = dict(st["env"])
+    env["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+                                if os.environ.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        bed.link_stats(reset=True)
+    except Exception:   # counters are a diagnostic: never fail a run on them
+        pass
+    before = bed.link_bytes()
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
+    if st["kind"] == "erdmampi":
+        job = bed.erdmampi_job(argv, env=env)
+    elif st["kind"] == "gloo":
+        job = bed.torch_job(argv, env=env, port=next(_port))
+    else:
+        job = bed.mpich_job(argv, env=env)
+    rcs = job.wait(timeout=cap)
+    t_kill = time.time()
+    rec = evaluate(job.outputs(), bed.sites, job.timed_out, rcs, t_kill)
+    after = bed.link_bytes()
+    rec.update(stack=stack, coll=coll, bytes=nbytes, wall_s=round(t_kill - t0, 2),
+               load=round((load0 + os.getloadavg()[0]) / 2, 2),
+               env={k: v for k, v in st["env"].items()},
+               link_up_bytes=sum(a["up"] - b["up"] for a, b in zip(after, before)))
+    try:
+        ls = bed.link_stats(reset=True)
+        dirs = [d for s in ls.values() for d in s.values()]
+        rec["delayline"] = {"late_p99_us_max": max(d.get("late_p99_us", 0) for d in dirs),
+                            "late_max_us": max(d.get("late_max_us", 0) for d in dirs),
+                            "drop_full": sum(d.get("drop_full", 0) for d in dirs),
+                            "drop_tx": sum(d.get("drop_tx", 0) for d in dirs)}
+    except Exception as e:
+        rec["delayline"] = {"error": str(e)}
+    t = rec["times"]
+    log("  %-16s %-9s %8s  %-6s %s" % (
+        stack, coll, format_size(nbytes), rec["status"],
+        ("%.3f s (%s)" % (statistics.median(t), ", ".join("%.2f" % x for x in t))) if t else
+        (("> %.1f s" % rec["time_lb"]) if rec["time_lb"] is not None else
+         (rec["error"] or "no timed iteration finished"))))
+    return rec
+
+
+# -- summary --------------------------------------------------------------------------
+
+def summarize(runs, cells):
+    """Rows per (cell, coll, size): per stack the time (median over repetitions of
+    each run's median), whether it is a lower bound, busbw, utilisation; ratios."""
+    rows = []
+    for cell in cells:
+        key = cell["key"]
+        rs = [r for r in runs if r["cell"] == key]
+        for coll, nbytes in sorted({(r["coll"], r["bytes"]) for r in rs},
+                                   key=lambda x: (COLLS.index(x[0]) if x[0] in COLLS else 9,
+                                                  x[1])):
+            row = {"cell": key, "sites": cell["sites"], "rate_bps": cell["rate_bps"],
+                   "rtt_ms": cell["rtt_ms"], "loss": cell["loss"], "coll": coll,
+                   "bytes": nbytes, "stacks": {}}
+            n = cell["sites"]
+            for stack in cell["stacks"]:
+                mine = [r for r in rs if r["coll"] == coll and r["bytes"] == nbytes
+                        and r["stack"] == stack]
+                if not mine:
+                    continue
+                if any(r["status"] == "error" for r in mine):
+                    row["stacks"][stack] = {"status": "error",
+                                            "error": next(r["error"] for r in mine
+                                                          if r["status"] == "error")}
+                    continue
+                vals, bound = [], False
+                for r in mine:
+                    if r["times"]:
+                        vals.append(statistics.median(r["times"]))
+                        # a capped run's unfinished iteration only ever makes it slower
+                        bound = bound or (r["status"] == "capped" and r["time_lb"] is not None
+                                          and r["time_lb"] > vals[-1])
+                    elif r["time_lb"] is not None:
+                        vals.append(r["time_lb"])
+                        bound = True
+                    else:
+                        vals.append(None)
+                if any(v is None for v in vals):
+                    row["stacks"][stack] = {"status": "capped", "time_s": None,
+                                            "lower_bound": True}
+                    continue
+                t = statistics.median(vals)
+                alg = nbytes * 8 / t / 1e6 if t > 0 else None
+                bus = alg * busbw_factor(coll, n) if alg is not None else None
+                row["stacks"][stack] = {
+                    "status": "capped" if bound else "ok", "time_s": t, "lower_bound": bound,
+                    "algbw_mbps": alg, "busbw_mbps": bus,
+                    "util": bus * 1e6 / cell["rate_bps"] if bus and cell["rate_bps"] else None,
+                    "reps": len(mine)}
+            row["ratios"] = {}
+            for cc in TCP_CCS:
+                row["ratios"][cc] = _ratio(row["stacks"], cc)
+            rows.append(row)
+    return rows
+
+
+def _ratio(stacks, cc):
+    """erdmampi (the first erdmampi* stack) over the best TCP stack with ``cc``:
+    {"value", "kind": "=" | ">=" | "<=", "vs"} or None."""
+    erd = next((v for k, v in stacks.items() if k.startswith("erdmampi")), None)
+    peers = {k: v for k, v in stacks.items() if k.endswith("-" + cc)
+             and not k.startswith("erdmampi")}
+    if erd is None or erd.get("time_s") is None or not peers:
+        return None
+    if any(v["status"] == "error" or v.get("time_s") is None for v in peers.values()):
+        return None
+    best = min(peers, key=lambda k: peers[k]["time_s"])
+    value = peers[best]["time_s"] / erd["time_s"]
+    peer_lb, erd_lb = any(v["lower_bound"] for v in peers.values()), erd["lower_bound"]
+    if peer_lb and erd_lb:
+        return None
+    kind = ">=" if peer_lb else "<=" if erd_lb else "="
+    return {"value": value, "kind": kind, "vs": best}
+
+
+def _fmt_rate(bps):
+    if bps is None:
+        return "unshaped"
+    for unit, s in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= s:
+            return ("%g " % (bps / s)) + unit
+    return "%d bit/s" % bps
+
+
+def _fmt_cell(v):
+    if v is None:
+        return "–"
+    if v["status"] == "error":
+        return "**error**"
+    if v.get("time_s") is None:
+        return "> cap"
+    mbps = "%.3g" % v["busbw_mbps"]
+    util = " (%.0f%%)" % (100 * v["util"]) if v.get("util") is not None else ""
+    return ("< " + mbps + util + " †") if v["lower_bound"] else mbps + util
+
+
+def _fmt_ratio(r):
+    if r is None:
+        return "–"
+    sign = {"=": "", ">=": "≥ ", "<=": "≤ "}[r["kind"]]
+    return "%s%.2g×" % (sign, r["value"]) if r["value"] < 10 else "%s%.0f×" % (sign, r["value"])
+
+
+def markdown(rows, meta):
+    stacks = meta["stacks"]
+    out = ["Generated by `%s` (%s, %.0f s; load average %s; git %s)." % (
+        meta["command"], meta["time"], meta["elapsed_s"],
+        " → ".join("%.1f" % x for x in meta["loadavg"]), meta.get("git", "?")), "",
+        "Each stack's cell: bus bandwidth in Mbit/s (payload, nccl-tests busbw) and in "
+        "brackets the link utilisation (busbw / bottleneck rate). † = the run hit the "
+        "time cap of %g s: an upper bound from how long the unfinished iteration had "
+        "run. \"> cap\": no timed iteration started before the cap. ×cubic / ×bbr: "
+        "erdmampi over the best TCP stack with that congestion control (> 1: erdmampi "
+        "faster; ≥ / ≤ where a side is a bound)." % meta["time_cap"], ""]
+    groups = []
+    for r in rows:
+        g = (r["sites"], r["rate_bps"], r["coll"], r["bytes"])
+        if g not in groups:
+            groups.append(g)
+    for sites, rate, coll, nbytes in groups:
+        out.append("**%s %s, %d sites, %s links**" % (coll.capitalize(), format_size(nbytes),
+                                                      sites, _fmt_rate(rate)))
+        out.append("")
+        head = ["RTT", "loss"] + stacks + ["×cubic", "×bbr"]
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|---:|---:|" + "---:|" * (len(head) - 2))
+        for r in rows:
+            if (r["sites"], r["rate_bps"], r["coll"], r["bytes"]) != (sites, rate, coll, nbytes):
+                continue
+            cells = ["%g ms" % r["rtt_ms"], "%g%%" % (100 * r["loss"])]
+            cells += [_fmt_cell(r["stacks"].get(s)) for s in stacks]
+            cells += [_fmt_ratio(r["ratios"].get(cc)) for cc in TCP_CCS]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    errs = [(r, s, v) for r in rows for s, v in r["stacks"].items() if v["status"] == "error"]
+    if errs:
+        out.append("Errors:")
+        out.append("")
+        for r, s, v in errs:
+            out.append("- %s, %s %s, RTT %g ms, loss %g%%: %s" % (
+                s, r["coll"], format_size(r["bytes"]), r["rtt_ms"], 100 * r["loss"], v["error"]))
+        out.append("")
+    if meta.get("bed_errors"):
+        out.append("Cells whose bed failed: " + "; ".join(meta["bed_errors"]))
+        out.append("")
+    late = meta.get("late_runs", 0)
+    if late:
+        out.append("%d run(s) saw the delay line send frames more than 1 ms late (p99) or "
+                   "drop on a full delay queue: the emulation fell behind there (see "
+                   "`delayline` in the JSON)." % late)
+        out.append("")
+    return "\n".join(out)
+
+
+def write_markdown(path, text):
+    """Write ``text``; if ``path`` exists and holds the begin/end markers, replace only
+    what is between them (a hand-written page around a generated table)."""
+    if os.path.exists(path):
+        old = open(path).read()
+        if MD_BEGIN in old and MD_END in old:
+            head, rest = old.split(MD_BEGIN, 1)
+            tail = rest.split(MD_END, 1)[1]
+            text = head + MD_BEGIN + "\n" + text + "\n" + MD_END + tail
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text if text.endswith("\n") else text + "\n")
+
+
+COLOR = {"erdmampi": "tab:red", "gloo-cubic": "tab:green", "gloo-bbr": "yellowgreen",
+         "mpich-cubic": "tab:blue", "mpich-bbr": "lightskyblue"}
+
+
+def plot(rows, meta, path):
+    """Grouped bars of busbw per (RTT, loss), one panel per (sites, rate, coll, size);
+    hatched bars are upper bounds (capped runs). None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    stacks = meta["stacks"]
+    groups = []
+    for r in rows:
+        g = (r["sites"], r["rate_bps"], r["coll"], r["bytes"])
+        if g not in groups:
+            groups.append(g)
+    if not groups:
+        return None
+    ncol = min(2, len(groups))
+    nrow = (len(groups) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(6.2 * ncol, 3.2 * nrow), squeeze=False)
+    width = 0.8 / max(1, len(stacks))
+    for ax, g in zip(axes.flat, groups):
+        rs = [r for r in rows if (r["sites"], r["rate_bps"], r["coll"], r["bytes"]) == g]
+        for j, s in enumerate(stacks):
+            for i, r in enumerate(rs):
+                v = r["stacks"].get(s)
+                if not v or v.get("busbw_mbps") is None:
+                    if v:
+                        ax.text(i + (j - len(stacks) / 2 + 0.5) * width, 0, "x" if
+                                v["status"] == "error" else "?", ha="center", va="bottom",
+                                fontsize=7, color=COLOR.get(s, "grey"))
+                    continue
+                ax.bar(i + (j - len(stacks) / 2 + 0.5) * width, v["busbw_mbps"], width,
+                       color=COLOR.get(s, "grey"), hatch="//" if v["lower_bound"] else None,
+                       edgecolor="white" if v["lower_bound"] else None,
+                       label=s if i == 0 else None)
+        if g[1]:
+            ax.axhline(g[1] / 1e6, color="k", lw=0.8, ls="--")
+        ax.set_xticks(range(len(rs)))
+        ax.set_xticklabels(["%g ms\n%g%%" % (r["rtt_ms"], 100 * r["loss"]) for r in rs],
+                           fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("busbw Mbit/s", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_title("%s %s, %d sites, %s (dashed: link rate)" % (
+            g[2], format_size(g[3]), g[0], _fmt_rate(g[1])), fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+# -- main -----------------------------------------------------------------------------
+
+def _floats(text):
+    return [float(x) for x in str(text).split(",") if x.strip()]
+
+
+def parse_args(argv=None):
+    doc = __doc__.split("\n\n")
+    p = argparse.ArgumentParser(prog="python -m bench.wan", description=doc[0],
+                                epilog="\n\n".join(doc[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sites", default=None, help="site counts (default 2,4)")
+    p.add_argument("--rates", default=None, help="bottleneck rates (default 100mbit,1gbit)")
+    p.add_argument("--rtts", default=None, help="round-trip times in ms (default 1,20,100)")
+    p.add_argument("--losses", default=None,
+                   help="loss per router crossing (default 0,0.001,0.01,0.03)")
+    p.add_argument("--sizes", default=None, help="payload sizes (default 1MiB,16MiB,256MiB)")
+    p.add_argument("--colls", default=None, help="collectives (default allreduce,bcast)")
+    p.add_argument("--stacks", default=None,
+                   help="default %s; also erdmampi-bbr, erdmampi-cubic, erdmampi+MODE "
+                        "(ERDMA_COMPRESS=MODE)" % ",".join(BASE_STACKS))
+    p.add_argument("--time-cap", type=float, default=None,
+                   help="seconds per run, start-up included, before it is killed "
+                        "(default 60; --quick 30)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="runs per stack, size and collective in each cell (default 1)")
+    p.add_argument("--iters", type=int, default=3,
+                   help="timed iterations per run at most (default 3; a run stops "
+                        "early once they took a quarter of the cap)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke preset: 2 sites, 100mbit, RTT 2,20 ms, loss 0,0.01, 1MiB "
+                        "allreduce, erdmampi,gloo-bbr,mpich-bbr, cap 30 s")
+    p.add_argument("--json", default=None, help="default bench/results/wan-<date>.json")
+    p.add_argument("--md", default=None, help="default: the JSON path with .md")
+    p.add_argument("--png", default=None, help="default: the JSON path with .png")
+    p.add_argument("--from-json", metavar="JSON",
+                   help="run nothing: rewrite --md / --png from an earlier JSON")
+    a = p.parse_args(argv)
+    q = a.quick
+    defaults = {"sites": "2" if q else "2,4", "rates": "100mbit" if q else "100mbit,1gbit",
+                "rtts": "2,20" if q else "1,20,100", "losses": "0,0.01" if q else
+                "0,0.001,0.01,0.03", "sizes": "1MiB" if q else "1MiB,16MiB,256MiB",
+                "colls": "allreduce" if q else "allreduce,bcast",
+                "stacks": "erdmampi,gloo-bbr,mpich-bbr" if q else ",".join(BASE_STACKS),
+                "time_cap": 30.0 if q else 60.0, "reps": 1}
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    try:
+        a.sites = [int(x) for x in a.sites.split(",") if x]
+        a.rates = [x for x in a.rates.split(",") if x]
+        a.rtts = _floats(a.rtts)
+        a.losses = _floats(a.losses)
+        a.sizes = [parse_size(x) for x in a.sizes.split(",") if x]
+        a.colls = [x for x in a.colls.split(",") if x]
+        a.stacks = [x for x in a.stacks.split(",") if x]
+        for s in a.stacks:
+            parse_stack(s)
+    except ValueError as e:
+        p.error(str(e))
+    from erdmampi.testing.wan import parse_rate
+    try:
+        a.rate_bps = [parse_rate(r) for r in a.rates]
+    except ValueError as e:
+        p.error(str(e))
+    for c in a.colls:
+        if c not in COLLS:
+            p.error("unknown collective %r (allreduce, bcast)" % c)
+    if any(s < 2 for s in a.sites) or any(x < 0 for x in a.rtts) or \
+            any(not 0 <= x < 1 for x in a.losses):
+        p.error("sites >= 2, RTT >= 0 and 0 <= loss < 1")
+    if a.time_cap <= 0 or a.reps < 1 or a.iters < 1:
+        p.error("--time-cap, --reps and --iters must be positive")
+    if len(set(a.stacks)) != len(a.stacks):
+        p.error("a stack is listed twice")
+    if a.json is None:
+        a.json = os.path.join(HERE, "results", "wan-%s.json" % time.strftime("%Y%m%d-%H%M%S"))
+    stem = a.json[:-5] if a.json.endswith(".json") else a.json
+    a.md = a.md or stem + ".md"
+    a.png = a.png or stem + ".png"
+    return a
+
+
+def _git():
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip() or "?"
+    except Exception:
+        return "?"
+
+
+def write_outputs(a, meta, runs, log):
+    rows = summarize(runs, meta["cells"])
+    meta["late_runs"] = sum(1 for r in runs if r.get("delayline", {}).get("late_p99_us_max", 0)
+                            > 1000 or r.get("delayline", {}).get("drop_full", 0))
+    doc = {"meta": meta, "summary": rows, "runs": runs}
+    if a.json and not a.from_json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        tmp = a.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, a.json)
+    md = markdown(rows, meta)
+    write_markdown(a.md, md)
+    png = plot(rows, meta, a.png)
+    return md, png
+
+
+def main(argv=None):
+    a = parse_args(argv)
+
+    def log(text):
+        print(text, flush=True)
+
+    if a.from_json:
+        with open(a.from_json) as f:
+            doc = json.load(f)
+        md, png = write_outputs(a, doc["meta"], doc["runs"], log)
+        log(md)
+        log("wrote %s%s" % (a.md, ", " + png if png else ""))
+        return 0
+
+    from erdmampi.testing.wan import WanBed, bed_available
+    why = bed_available()
+    if why:
+        log("bench.wan: the WAN bed is not available: %s" % why)
+        return 2
+    meta = {"command": "python -m bench.wan " + " ".join(
+                argv if argv is not None else sys.argv[1:]),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": _git(),
+            "host_cpus": os.cpu_count(), "loadavg": [os.getloadavg()[0]],
+            "time_cap": a.time_cap, "reps": a.reps, "iters": a.iters, "stacks": a.stacks,
+            "warmup_bytes": WARMUP_BYTES, "cells": [], "bed_errors": [], "elapsed_s": 0.0}
+    runs = []
+    t_start = time.time()
+    rot = itertools.count()
+    for sites, (rate, rate_bps), rtt, loss in itertools.product(
+            a.sites, zip(a.rates, a.rate_bps), a.rtts, a.losses):
+        key = "%d-%s-%g-%g" % (sites, rate, rtt, loss)
+        cell = {"key": key, "sites": sites, "rate": rate, "rate_bps": rate_bps, "rtt_ms": rtt,
+                "loss": loss, "stacks": a.stacks, "load_start": os.getloadavg()[0]}
+        meta["cells"].append(cell)
+        log("cell: %d sites, %s, RTT %g ms, loss %g%% (load %.1f)" % (
+            sites, rate, rtt, 100 * loss, cell["load_start"]))
+        try:
+            with WanBed(sites=sites, rate=rate, delay_ms=rtt / 2, loss=loss,
+                        cc="cubic") as bed:
+                cell["bed"] = bed.config
+                for rep, coll, nbytes in itertools.product(range(a.reps), a.colls, a.sizes):
+                    k = next(rot) % len(a.stacks)
+                    for stack in a.stacks[k:] + a.stacks[:k]:
+                        rec = run_one(bed, stack, coll, nbytes, a.time_cap, a.iters, log)
+                        rec.update(cell=key, rep=rep)
+                        runs.append(rec)
+                        meta["elapsed_s"] = round(time.time() - t_start, 1)
+                        write_outputs(a, meta, runs, log)   # keep what we have
+        except Exception as e:   # a bed that cannot be built: note it, go on
+            log("  bed failed: %s" % e)
+            meta["bed_errors"].append("%s: %s" % (key, str(e)[:300]))
+        cell["load_end"] = os.getloadavg()[0]
+    meta["loadavg"].append(os.getloadavg()[0])
+    meta["elapsed_s"] = round(time.time() - t_start, 1)
+    md, png = write_outputs(a, meta, runs, log)
+    log("\n" + md)
+    log("wrote %s, %s%s" % (a.json, a.md, ", " + png if png else ""))
+    bad = [r for r in runs if r["status"] == "error"]
+    return 1 if bad or meta["bed_errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
