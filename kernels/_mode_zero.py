@@ -417,9 +417,14 @@ def encode_block(src, itemsize, isfloat, dst):
         m, orv, orz = _scan(src, n, 2, mask, nzw)
     else:
         m, orv, orz = _scan(src, n, 1, mask, nzw)
-    vals = np.empty(m, np.uint64)
-    gaps = np.empty(m, np.uint64)
-    if W == 8:
+    # no zero word: positions cannot pay (a bitmap costs a bit a word and
+    # saves at most a bit a value), so only DENSE is considered
+    ms = 0 if m == n else m
+    vals = np.empty(ms, np.uint64)
+    gaps = np.empty(ms, np.uint64)
+    if ms == 0:
+        pass
+    elif W == 8:
         _gather(src, n, 8, nzw, vals, gaps)
     elif W == 4:
         _gather(src, n, 4, nzw, vals, gaps)
@@ -432,7 +437,7 @@ def encode_block(src, itemsize, isfloat, dst):
     prev = -1
     ors = _U64(0)
     tot = np.int64(0)
-    for j in range(m):
+    for j in range(ms):
         x = vals[j]
         if zz:
             x = _zz(x, W, mask)
@@ -445,8 +450,10 @@ def encode_block(src, itemsize, isfloat, dst):
         prev = i
 
     # candidates
-    sv_bits, sv_mode, sv_par = _value_choice(vals, m, ors, tot, W)
+    sv_bits, sv_mode, sv_par = _value_choice(vals, ms, ors, tot, W)
     best = 16 + n + sv_bits                  # BITMAP (all costs in bits, header included)
+    if m == n:
+        best = _HUGE
     pmode = P_BITMAP
     vmode = sv_mode
     vpar = sv_par
@@ -1083,6 +1090,8 @@ def _cuda_kernels():
                 sv_mode = V_RICE
                 sv_par = rk
         best = 16 + n + sv_bits
+        if m == n:
+            best = _HUGE
         pmode = P_BITMAP
         vmode = sv_mode
         vpar = sv_par
