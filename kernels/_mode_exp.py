@@ -71,6 +71,9 @@ WMAX = 256
 MAXSUB = 256
 #: threads per CUDA block (one CUDA block per codec block)
 TPB = 128
+#: blocks of up to this many elements keep their exponents in shared memory
+#: on the GPU (all of the default 8 KiB blocks)
+STAGE = 4096
 #: variants (first payload byte)
 V_HUFF = 0
 V_CONST = 1
@@ -1089,6 +1092,30 @@ def _cuda_kernels():
             return codes[w + 1], lens[w + 1]
         return (codes[w] << eb) | x, el + eb
 
+    @cuda.jit(device=True)
+    def assemble(enc, mo, k, r, rmask, n, i, x, itemsize, dst, d0):
+        """Element i from exponent x and the mantissa section at enc[mo:]."""
+        tb = mo + k * n
+        if r == 8:
+            t = np.int64(enc[tb + i])
+        else:
+            o = i * r
+            t = np.int64(enc[tb + (o >> 3)])
+            if (o & 7) + r > 8:
+                t |= np.int64(enc[tb + (o >> 3) + 1]) << 8
+            t = (t >> (o & 7)) & rmask
+        da = d0 + i * itemsize
+        for jj in range(k):
+            dst[da + jj] = enc[mo + jj * n + i]
+        if itemsize == 4:
+            dst[da + 2] = (t & 0x7F) | ((x & 1) << 7)
+            dst[da + 3] = (t & 0x80) | (x >> 1)
+        elif itemsize == 2:
+            dst[da + 1] = (t & 3) | ((x & 0x1F) << 2) | ((t >> 2) << 7)
+        else:
+            dst[da + 6] = (t & 0xF) | ((x & 0xF) << 4)
+            dst[da + 7] = ((t >> 4) << 7) | (x >> 4)
+
     @cuda.jit
     def enc_kernel(src, nblocks, block_bytes, last_bytes, itemsize, scratch,
                    slot_bytes, sizes):
@@ -1104,6 +1131,7 @@ def _cuda_kernels():
         blc = cuda.shared.array(LMAX + 1, int64)
         nxc = cuda.shared.array(LMAX + 1, int64)
         sst = cuda.shared.array(MAXSUB + 1, int64)
+        sx = cuda.shared.array(STAGE, uint16)
         sm = cuda.shared.array(8, int64)   # ok, variant, lo, w, el, hdr, total
         nbytes = block_bytes if bid < nblocks - 1 else last_bytes
         n = nbytes // itemsize
@@ -1127,8 +1155,12 @@ def _cuda_kernels():
         for x in range(tid, nall, nt):
             hist[x] = 0
         cuda.syncthreads()
+        staged = n <= STAGE
         for i in range(tid, n, nt):
-            cuda.atomic.add(hist, exponent(src, base + i * itemsize, itemsize), 1)
+            x = exponent(src, base + i * itemsize, itemsize)
+            if staged:
+                sx[i] = x
+            cuda.atomic.add(hist, x, 1)
         cuda.syncthreads()
         if tid == 0:
             sm[0] = 1
@@ -1173,8 +1205,8 @@ def _cuda_kernels():
             for sb in range(tid, nsub, nt):
                 bits = 0
                 for i in range(sb * SUB, min(n, sb * SUB + SUB)):
-                    c, ln = code_of(exponent(src, base + i * itemsize, itemsize),
-                                    lo, w, el, eb, lens, codes)
+                    x = sx[i] if staged else exponent(src, base + i * itemsize, itemsize)
+                    c, ln = code_of(x, lo, w, el, eb, lens, codes)
                     bits += ln
                 sst[sb + 1] = (bits + 7) // 8
             cuda.syncthreads()
@@ -1210,8 +1242,8 @@ def _cuda_kernels():
                 acc = 0
                 nb = 0
                 for i in range(sb * SUB, min(n, sb * SUB + SUB)):
-                    c, ln = code_of(exponent(src, base + i * itemsize, itemsize),
-                                    lo, w, el, eb, lens, codes)
+                    x = sx[i] if staged else exponent(src, base + i * itemsize, itemsize)
+                    c, ln = code_of(x, lo, w, el, eb, lens, codes)
                     acc = (acc << ln) | c
                     nb += ln
                     while nb >= 8:
@@ -1257,6 +1289,7 @@ def _cuda_kernels():
         nxc = cuda.shared.array(LMAX + 1, int64)
         lut = cuda.shared.array(1 << LMAX, uint16)
         sst = cuda.shared.array(MAXSUB + 1, int64)
+        sx = cuda.shared.array(STAGE, uint16)
         sm = cuda.shared.array(8, int64)   # ok, variant, lo, w, tbits, send, exp
         if j >= nsel:
             return
@@ -1352,7 +1385,7 @@ def _cuda_kernels():
             cuda.syncthreads()
         emask = (1 << eb) - 1
         rmask = (1 << r) - 1
-        tb = mo + k * n
+        staged = n <= STAGE
         nsb = nsub if sm[1] == V_HUFF else n    # constant: a thread per element
         for sb in range(tid, nsb, nt):
             if sm[1] == V_HUFF:
@@ -1380,28 +1413,17 @@ def _cuda_kernels():
                     pos += ln
                 else:
                     x = sm[6]
-                # the element's bytes
-                if r == 8:
-                    t = np.int64(enc[tb + i])
+                if staged:
+                    sx[i] = x
                 else:
-                    o = i * r
-                    t = np.int64(enc[tb + (o >> 3)])
-                    if (o & 7) + r > 8:
-                        t |= np.int64(enc[tb + (o >> 3) + 1]) << 8
-                    t = (t >> (o & 7)) & rmask
-                da = d0 + i * itemsize
-                for jj in range(k):
-                    dst[da + jj] = enc[mo + jj * n + i]
-                if itemsize == 4:
-                    dst[da + 2] = (t & 0x7F) | ((x & 1) << 7)
-                    dst[da + 3] = (t & 0x80) | (x >> 1)
-                elif itemsize == 2:
-                    dst[da + 1] = (t & 3) | ((x & 0x1F) << 2) | ((t >> 2) << 7)
-                else:
-                    dst[da + 6] = (t & 0xF) | ((x & 0xF) << 4)
-                    dst[da + 7] = ((t >> 4) << 7) | (x >> 4)
+                    assemble(enc, mo, k, r, rmask, n, i, x, itemsize, dst, d0)
             if sm[1] == V_HUFF and (pos + 7) >> 3 != sst[sb + 1]:
                 err[0] = 1
+        if staged:
+            # all threads write whole elements, neighbours side by side
+            cuda.syncthreads()
+            for i in range(tid, n, nt):
+                assemble(enc, mo, k, r, rmask, n, i, sx[i], itemsize, dst, d0)
 
     @cuda.jit
     def fill_kernel(sizes, nblocks, value):
