@@ -364,3 +364,20 @@ def test_error_feedback_averages_out():
     err_ef = np.abs(mean_ef - exact).mean()
     err_one = np.abs(one - exact).mean()
     assert err_ef < 0.35 * err_one, (err_ef, err_one)
+
+
+def test_reset_feedback_by_user_key():
+    comm = _Comm()
+    st = cz._state(comm)
+
+    def fn(t):
+        cd = cz.Coder("int8", np.dtype(np.float32), "allreduce", lossy=True, auto=False,
+                      state=st if t.rank == 0 else cz._CommState(), key="layer1")
+        C.allreduce(t, np.linspace(-1, 1, 3000, dtype=np.float32), np.zeros(3000, np.float32),
+                    None, cd)
+    spawn(2, fn)
+    assert st.feedback and all(k[0] == "layer1" for k in st.feedback)
+    cz.reset_feedback(comm, "other")
+    assert st.feedback
+    cz.reset_feedback(comm, "layer1")
+    assert not st.feedback

@@ -93,7 +93,7 @@ def _send_encoded(t, cd, src, dests, tag, sends, fb_key=None):
     """Encode ``src`` chunk by chunk, each chunk once, and send it to every
     rank in ``dests``."""
     for i, (a, b) in enumerate(_chunks(src.size, cd.chunk_elems)):
-        enc = cd.encode(src[a:b], dests, None if fb_key is None else (fb_key, i))
+        enc = cd.encode(src[a:b], dests, None if fb_key is None else fb_key + (i,))
         for d in dests:
             sends.append(t.isend(enc, d, tag))
 
