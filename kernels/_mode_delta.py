@@ -45,10 +45,20 @@ Block payload::
     ngroups x (1 | ws)   group headers (width byte, or little-endian bitmap)
     planes  u32 little-endian, group by group, planes in increasing order
 
-The predictor is chosen from a fixed sample of groups (the same on CPU and
-GPU), the coding exactly (whichever is smaller; WIDTH on a tie), so CPU and
-CUDA encoders write identical bytes.  The decoder checks every field, the
-exact length, and that padding residuals are zero.
+The encoder picks the predictor whose encoding (best coding) is smallest on
+groups 0, 4, 8, ... (SAMPLE_STRIDE), then the coding exactly on the whole
+block (WIDTH on a tie); CPU and CUDA encoders make the same choices and
+write identical bytes.  The decoder checks every field, the exact length,
+and that the padding residuals of the last group are zero; it never reads
+or writes out of bounds (fuzzed with Numba's bounds checking on).
+
+CPU layout: the residuals of two groups share a u64 (low and high halves;
+one group per u64 for 8-byte words), 32 such rows x groups/2 columns, and
+the five delta-swap rounds of the 32 x 32 bit transpose run as long loops
+over whole runs of rows, which LLVM vectorises.  On a GPU each thread owns
+a group and runs the same network in registers (see the CUDA section).
+Blocks of any length that is a multiple of the itemsize; arrays may be any
+1-D uint8 arrays (bytes are assembled explicitly, no views).
 """
 
 from __future__ import annotations
@@ -726,12 +736,14 @@ def decode_block(enc, itemsize, isfloat, dst):
     n = nb // ws
     ng = (n + 31) // 32
     nbits = 8 * ws
-    gm = np.empty(ng, np.uint64)
+    lanes = ng if ws == 8 else (ng + 1) // 2
+    work = np.empty(ng + 32 * lanes + n, np.uint64)   # one allocation
+    gm = work[0:ng]
     st, pred, seed, p = _parse_headers(enc, ws, ng, gm)
     if st != 0:
         return st
-    lanes = ng if ws == 8 else (ng + 1) // 2
-    T = np.zeros(32 * lanes, np.uint64)
+    T = work[ng:ng + 32 * lanes]
+    T[:] = _U0
     for g in range(ng):
         m = gm[g]
         if ws == 8:
@@ -761,7 +773,7 @@ def decode_block(enc, itemsize, isfloat, dst):
             z = (T[j * lanes + (g >> 1)] >> np.uint64(32 * (g & 1))) & _LO32
         if z != _U0:
             return E_PAD
-    r = np.empty(n, np.uint64)
+    r = work[ng + 32 * lanes:]
     _reconstruct(T, lanes, ws, isfloat and ws == itemsize and ws >= 2, n,
                  pred, seed, dst, r)
     return 0
