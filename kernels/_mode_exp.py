@@ -429,13 +429,41 @@ def _ld32(enc, nenc, q):
 
 
 @njit(cache=True, nogil=True)
-def _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap):
-    """As _enc_stream, two codes per branch-free 8-byte store while at least
-    8 bytes of dst are left (bytes past the stream's end get overwritten by
-    what follows or lie past the encoding)."""
+def _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap, maxlen):
+    """As _enc_stream, four codes (two if a code may be longer than 14 bits)
+    per branch-free 8-byte store while at least 8 bytes of dst are left
+    (bytes past the stream's end get overwritten by what follows or lie past
+    the encoding)."""
     acc = 0
     nb = 0
     i = a
+    while maxlen <= 14 and i + 4 <= b and p + 8 <= cap:
+        x = np.uint64(exps[i])
+        acc = (acc << tlen[x]) | tcode[x]
+        nb += tlen[x]
+        x = np.uint64(exps[i + 1])
+        acc = (acc << tlen[x]) | tcode[x]
+        nb += tlen[x]
+        x = np.uint64(exps[i + 2])
+        acc = (acc << tlen[x]) | tcode[x]
+        nb += tlen[x]
+        x = np.uint64(exps[i + 3])
+        acc = (acc << tlen[x]) | tcode[x]
+        nb += tlen[x]
+        t = np.uint64(acc) << np.uint64(64 - nb)    # nb <= 7 + 4 * 14
+        u = np.uint64(p)
+        dst[u] = t >> 56
+        dst[u + _U1] = t >> 48
+        dst[u + _U2] = t >> 40
+        dst[u + _U3] = t >> 32
+        dst[u + _U4] = t >> 24
+        dst[u + _U5] = t >> 16
+        dst[u + _U6] = t >> 8
+        dst[u + _U7] = t
+        p += nb >> 3
+        nb &= 7
+        acc &= (1 << nb) - 1
+        i += 4
     while i + 2 <= b and p + 8 <= cap:
         x = np.uint64(exps[i])
         acc = (acc << tlen[x]) | tcode[x]
@@ -855,6 +883,7 @@ def encode_block(src, itemsize, isfloat, dst):
     el = lens[w]
     ec = codes[w]
     bits = 0
+    maxlen = 0
     for x in range(nall):
         s = x - lo
         if s >= 0 and s < w and lens[s] > 0:
@@ -867,6 +896,8 @@ def encode_block(src, itemsize, isfloat, dst):
             tcode[x] = (ec << eb) | x
             tlen[x] = el + eb
         bits += hist[x] * tlen[x]
+        if hist[x] > 0 and tlen[x] > maxlen:
+            maxlen = tlen[x]
     nsub = (n + SUB - 1) // SUB
     hdr = 5 + (w + 3) // 2 + 2 * (nsub - 1)
     if hdr + (bits + 7) // 8 + nsub + mant > cap:
@@ -894,7 +925,7 @@ def encode_block(src, itemsize, isfloat, dst):
     for sb in range(nsub):
         a = sb * SUB
         b = min(n, a + SUB)
-        q = _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap)
+        q = _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap, maxlen)
         if sb < nsub - 1:
             ln = q - p
             dst[pl + 2 * sb] = ln & 0xFF
