@@ -855,10 +855,11 @@ def _reconstruct(T, lanes, ws, flt, n, pred, seed, dst, r):
 # (the block's groups must fit in CUDA_MAX_GROUPS threads).  Encode: the
 # sampled groups' costs are summed with shared atomics, thread 0 picks the
 # predictor exactly as _pick does, every thread builds its group's
-# residuals and transposes them in registers (_tr), a prefix sum of plane
-# counts gives each group its output offset.  Decode mirrors it; the
-# predictor's running state (x, d, e) is carried across groups by a scan
-# over per-group summaries (_carry), then every thread rebuilds its group.
+# residuals and transposes them in registers (_tr), a block-wide
+# (Hillis-Steele) prefix sum of plane counts gives each group its output
+# offset.  Decode mirrors it; the predictor's running state (x, d, e) is
+# carried across groups by a block-wide scan over per-group affine
+# summaries (_carry, _scan_carry), then every thread rebuilds its group.
 # The bodies are plain Python, compiled with cuda.jit against device
 # versions of the CPU helpers (_cuda_kernels), so both write the same bytes.
 # (Numba's simulator has no warp intrinsics, so the transpose is the
@@ -871,6 +872,50 @@ def _bitlen_dev_py(x):
         n += 1
         x >>= np.uint64(1)
     return n
+
+
+def _scan_add_py(a, g, nt):
+    """Inclusive prefix sum of a[0:nt] by the nt threads of the block
+    (Hillis-Steele; every thread must call it)."""
+    o = 1
+    while o < nt:
+        v = 0
+        if g >= o:
+            v = a[g - o]
+        cuda.syncthreads()
+        if g >= o:
+            a[g] += v
+        cuda.syncthreads()
+        o *= 2
+
+
+def _scan_carry_py(st, g, nt, pred):
+    """Inclusive scan of the group summaries st[3g:3g+3] (see _carry): the
+    composition of spans a (earlier) and b (L_b elements) is
+    x = x_a + L_b d_a + L_b (L_b + 1) / 2 e_a + x_b, d = d_a + L_b e_a + d_b,
+    e = e_a + e_b; XOR just xors.  Only spans of full groups are ever
+    composed into a value that is used."""
+    o = 1
+    while o < nt:
+        ax = np.uint64(0)
+        ad = np.uint64(0)
+        ae = np.uint64(0)
+        if g >= o:
+            ax = st[3 * (g - o)]
+            ad = st[3 * (g - o) + 1]
+            ae = st[3 * (g - o) + 2]
+        cuda.syncthreads()
+        if g >= o:
+            if pred == 4:
+                st[3 * g] ^= ax
+            else:
+                lb = np.uint64(32 * o)
+                tb = (lb * (lb + np.uint64(1))) >> np.uint64(1)
+                st[3 * g] += ax + lb * ad + tb * ae
+                st[3 * g + 1] += ad + lb * ae
+                st[3 * g + 2] += ae
+        cuda.syncthreads()
+        o *= 2
 
 
 def _enc_kernel_py(src, nblocks, block_bytes, last_bytes, ws, flt, scratch,
@@ -937,17 +982,12 @@ def _enc_kernel_py(src, nblocks, block_bytes, last_bytes, ws, flt, scratch,
         gm = np.uint64(0)
         if w > 0:
             gm = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - w)
-    if active:
-        off[g] = _popc(gm)
+    mine = _popc(gm) if active else 0
+    off[g] = mine
     cuda.syncthreads()
+    _scan_add(off, g, cuda.blockDim.x)
     if g == 0:
-        run = 0
-        for k in range(ng):
-            c = off[k]
-            off[k] = run
-            run += c
         sizes[blk] = size
-    cuda.syncthreads()
     out = scratch[blk * slot_bytes:blk * slot_bytes + size]
     hdr = 1 + ws + ng * (ws if usemask else 1)
     if g == 0:
@@ -967,7 +1007,7 @@ def _enc_kernel_py(src, nblocks, block_bytes, last_bytes, ws, flt, scratch,
         for j in range(32):
             A[j] = r[j]
         _tr(A)
-        p = hdr + 4 * off[g]
+        p = hdr + 4 * (off[g] - mine)
         for b in range(nbits):
             if (gm >> np.uint64(b)) & np.uint64(1):
                 _put(out, p, 4, (A[b & 31] >> np.uint64(b & 32)) & np.uint64(0xFFFFFFFF))
@@ -1041,16 +1081,12 @@ def _dec_kernel_py(payload, offsets, lengths, block_ids, nsel, block_bytes,
                 info[0] = 1
             elif w > 0:
                 gm = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - w)
-        off[g] = _popc(gm)
+    mine = _popc(gm)
+    off[g] = mine
     cuda.syncthreads()
-    if g == 0 and info[0] == 0:
-        run = 0
-        for k in range(ng):
-            c = off[k]
-            off[k] = run
-            run += c
-        if hdr + 4 * run != L:
-            info[0] = 1
+    _scan_add(off, g, cuda.blockDim.x)
+    if g == 0 and hdr + 4 * off[ng - 1] != L:
+        info[0] = 1
     cuda.syncthreads()
     if info[0] != 0:
         if g == 0:
@@ -1059,8 +1095,11 @@ def _dec_kernel_py(payload, offsets, lengths, block_ids, nsel, block_bytes,
     A = cuda.local.array(32, np.uint64)
     s = cuda.local.array(3, np.uint64)
     cnt = min(32, n - g * 32)
+    st[3 * g] = np.uint64(0)
+    st[3 * g + 1] = np.uint64(0)
+    st[3 * g + 2] = np.uint64(0)
     if active:
-        p = hdr + 4 * off[g]
+        p = hdr + 4 * (off[g] - mine)
         for b in range(32):
             A[b] = np.uint64(0)
         for b in range(nbits):
@@ -1080,33 +1119,18 @@ def _dec_kernel_py(payload, offsets, lengths, block_ids, nsel, block_bytes,
         if g == 0:
             err[0] = 1
         return
-    if g == 0:
-        x = _get(enc, 1, ws)
-        d = np.uint64(0)
-        e = np.uint64(0)
-        for k in range(ng):
-            sx = st[3 * k]
-            sd = st[3 * k + 1]
-            se = st[3 * k + 2]
-            st[3 * k] = x
-            st[3 * k + 1] = d
-            st[3 * k + 2] = e
-            if pred == 4:
-                x ^= sx
-            elif pred == 1:
-                x += sx
-            elif pred == 2:
-                x += np.uint64(32) * d + sx
-                d += sd
-            elif pred == 3:
-                x += np.uint64(32) * d + np.uint64(528) * e + sx
-                d += np.uint64(32) * e + sd
-                e += se
-    cuda.syncthreads()
+    _scan_carry(st, g, cuda.blockDim.x, pred)
+    x = _get(enc, 1, ws)
+    d = np.uint64(0)
+    e = np.uint64(0)
+    if g > 0:
+        if pred == 4:
+            x ^= st[3 * g - 3]
+        else:
+            x += st[3 * g - 3]
+        d = st[3 * g - 2]
+        e = st[3 * g - 1]
     if active:
-        x = st[3 * g]
-        d = st[3 * g + 1]
-        e = st[3 * g + 2]
         domap = flt and pred >= 1 and pred <= 3
         for k in range(cnt):
             z = A[k]
@@ -1153,7 +1177,8 @@ def _cuda_kernels():
                     ("_resid", _resid_py), ("_load_group", _load_group_py),
                     ("_group_ors", _group_ors_py), ("_choose", _choose_py),
                     ("_group_resid", _group_resid_py),
-                    ("_carry", _carry_py)):
+                    ("_carry", _carry_py), ("_scan_add", _scan_add_py),
+                    ("_scan_carry", _scan_carry_py)):
         dev(name, f)
     enc = cuda.jit(_pytypes.FunctionType(_enc_kernel_py.__code__, G, "_enc_kernel"))
     dec = cuda.jit(_pytypes.FunctionType(_dec_kernel_py.__code__, G, "_dec_kernel"))
