@@ -323,13 +323,17 @@ def _put_unary(dst, acc, nacc, pos, q):
 def _put_rice(dst, acc, nacc, pos, vals, cnt, k, esc, escw):
     uk = _U64(k)
     lowm = (_U64(1) << uk) - _U64(1)
-    for i in range(cnt):
-        qu = vals[i] >> uk
-        if esc and qu > _U64(QMAX):
-            qu = _U64(QMAX)
-        q = np.int64(qu)
-        acc, nacc, pos = _put_unary(dst, acc, nacc, pos, q)
-    if k > 0:
+    if esc:
+        for i in range(cnt):
+            q = min(vals[i] >> uk, _U64(QMAX))        # q + 1 <= 25 bits
+            acc, nacc, pos = _put(dst, acc, nacc, pos, _U64(1) << q, np.int64(q) + 1)
+    else:
+        for i in range(cnt):
+            acc, nacc, pos = _put_unary(dst, acc, nacc, pos, np.int64(vals[i] >> uk))
+    if 0 < k <= 32:
+        for i in range(cnt):
+            acc, nacc, pos = _put(dst, acc, nacc, pos, vals[i] & lowm, k)
+    elif k > 32:
         for i in range(cnt):
             acc, nacc, pos = _put_wide(dst, acc, nacc, pos, vals[i] & lowm, k)
     if esc:
@@ -599,22 +603,50 @@ def _get_values(enc, L, p, out, cnt, vmode, par, W, mask):
     uk = _U64(k)
     lim = mask >> uk
     nesc = 0
-    for i in range(cnt):
-        w = _peek(enc, L, p) & _U64((1 << (QMAX + 1)) - 1)
-        if w == _U64(0):
-            return -1
-        q = np.int64(trailing_zeros(w))
-        p += q + 1
-        out[i] = _U64(q)
-        nesc += q == QMAX
+    umask = _U64((1 << (QMAX + 1)) - 1)
+    plim = 8 * L - 64          # p <= plim: the 8-byte window at p >> 3 is inside
+    i = 0
+    while i < cnt:
+        # every code ending inside one 57+-bit window, without reloading
+        if p <= plim:
+            w = _ld64(enc, p >> 3) >> _U64(p & 7)
+        else:
+            w = _peek(enc, L, p)
+        if (w & umask) == _U64(0):
+            return -1           # more than QMAX zeros, or the stream ended
+        used = 0
+        while w != _U64(0) and i < cnt:
+            q = np.int64(trailing_zeros(w))
+            if q > QMAX:
+                return -1
+            out[i] = _U64(q)
+            nesc += q == QMAX
+            i += 1
+            w = (w >> _U64(q)) >> _U64(1)
+            used += q + 1
+        p += used
     if p > pend or p + cnt * k > pend:
         return -1
-    for i in range(cnt):
-        q = out[i]
-        if q < _U64(QMAX) and q > lim:
-            return -1
-        out[i] = (q << uk) | _get(enc, L, p, k)
-        p += k
+    bad = False
+    if k <= 56:
+        mk = (_U64(1) << uk) - _U64(1)
+        for i in range(cnt):
+            q = out[i]
+            bad |= (q < _U64(QMAX)) & (q > lim)
+            if p <= plim:
+                r = (_ld64(enc, p >> 3) >> _U64(p & 7)) & mk
+            else:
+                r = _peek(enc, L, p) & mk
+            out[i] = (q << uk) | r
+            p += k
+    else:
+        for i in range(cnt):
+            q = out[i]
+            bad |= (q < _U64(QMAX)) & (q > lim)
+            out[i] = (q << uk) | _get(enc, L, p, k)
+            p += k
+    if bad:
+        return -1
     if nesc > 0:
         escw = 8 * W - k
         if p + nesc * escw > pend:
