@@ -866,14 +866,6 @@ def _reconstruct(T, lanes, ws, flt, n, pred, seed, dst, r):
 # register delta-swap network rather than ballots.)
 
 
-def _bitlen_dev_py(x):
-    n = 0
-    while x:
-        n += 1
-        x >>= np.uint64(1)
-    return n
-
-
 def _scan_add_py(a, g, nt):
     """Inclusive prefix sum of a[0:nt] by the nt threads of the block
     (Hillis-Steele; every thread must call it)."""
@@ -1172,7 +1164,7 @@ def _cuda_kernels():
 
     for name, f in (("_get", _get_py), ("_put", _put_py), ("_map", _map_py),
                     ("_unmap", _unmap_py), ("_sm", _sm_py),
-                    ("_unsm", _unsm_py), ("_bitlen", _bitlen_dev_py),
+                    ("_unsm", _unsm_py), ("_bitlen", _bitlen_py),
                     ("_popc", _popc_py), ("_tr", _tr_py),
                     ("_resid", _resid_py), ("_load_group", _load_group_py),
                     ("_group_ors", _group_ors_py), ("_choose", _choose_py),

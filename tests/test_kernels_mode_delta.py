@@ -268,6 +268,18 @@ for t in range(6000):
         o2 = np.empty(bad.size // it * it, np.uint8)
         assert M.decode_block(d2[:k], it, fl, o2) == 0
         assert o2.tobytes() == bad[:bad.size // it * it].tobytes()
+for it in (1, 2, 3, 4, 5, 8, 12, 16):
+    fl = it in (2, 4, 8)
+    for n in (1, 31, 33, 70):
+        a = rng.integers(0, 256, n * it, dtype=np.uint8)
+        for pred in range(5):
+            for mask in (0, 1):
+                d = np.zeros(M.max_block_bytes(a.size, it), np.uint8)
+                k = M._encode(a, it, fl, d, pred, mask)
+                o = np.empty(a.size, np.uint8)
+                assert k > 0 and M.decode_block(d[:k], it, fl, o) == 0
+                assert o.tobytes() == a.tobytes()
+        assert M.encode_block(a, it, fl, np.zeros(a.size // 2, np.uint8)) == -1
 print("FUZZ-OK", ok)
 """
 
