@@ -822,33 +822,42 @@ def decode_block(enc, itemsize, isfloat, dst):
 
 @njit(cache=True, nogil=True)
 def estimate_block(src, itemsize, isfloat):
+    """Size estimate from 64 evenly spaced words: density, and the width of
+    the values (raw or zigzag, whichever is narrower)."""
     L = src.size
     W = _word_size(itemsize, L)
     n = L // W
     if n == 0:
         return L + 1
+    mask = _mask(W)
     step = max(1, n // 64)
     ns = 0
     ms = 0
     orv = _U64(0)
-    tot = np.int64(0)
+    orz = _U64(0)
+    tv = np.int64(0)
+    tz = np.int64(0)
     for i in range(0, n, step):
         x = _load(src, i * W, W)
         ns += 1
         if x != _U64(0):
+            z = _zz(x, W, mask)
             ms += 1
             orv |= x
-            tot += np.int64(min(x, _U64(SUM_CLAMP)))
-    m = (ms * n + ns - 1) // ns
+            orz |= z
+            tv += np.int64(min(x, _U64(SUM_CLAMP)))
+            tz += np.int64(min(z, _U64(SUM_CLAMP)))
     if ms == 0:
         return 4 + n // 512
-    mean = tot // ms
-    vb = min(_bitlen(orv), _bitlen(_U64(mean)) + 2)
-    if 2 * m >= n:
-        bits = n * vb + (n if m < n else 0)
-    else:
-        g = n // m
-        bits = min(n, m * (_bitlen(_U64(g)) + 1)) + m * vb
+    m = (ms * n + ns - 1) // ns
+    vb = min(_bitlen(orv), _bitlen(_U64(tv // ms)) + 2)
+    vz = min(_bitlen(orz), _bitlen(_U64(tz // ms)) + 2)
+    vb = min(vb, vz)
+    bits = n * vb                                    # dense
+    if m < n:
+        bits = min(bits, n + m * vb)                 # bitmap
+        if 2 * m <= n:
+            bits = min(bits, m * (_bitlen(_U64(n // m)) + 1 + vb))   # gaps
     return 4 + (bits + 7) // 8
 
 
