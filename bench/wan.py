@@ -238,17 +238,20 @@ def summarize(runs, cells):
                     "algbw_mbps": alg, "busbw_mbps": bus,
                     "util": bus * 1e6 / cell["rate_bps"] if bus and cell["rate_bps"] else None,
                     "reps": len(mine)}
-            row["ratios"] = {}
-            for cc in TCP_CCS:
-                row["ratios"][cc] = _ratio(row["stacks"], cc)
+            # per erdmampi variant; "ratios" is the first one listed (the headline)
+            row["ratios_by_stack"] = {
+                s: {cc: _ratio(row["stacks"], cc, s) for cc in TCP_CCS}
+                for s in cell["stacks"] if s.startswith("erdmampi") and s in row["stacks"]}
+            first = next(iter(row["ratios_by_stack"].values()), {cc: None for cc in TCP_CCS})
+            row["ratios"] = first
             rows.append(row)
     return rows
 
 
-def _ratio(stacks, cc):
-    """erdmampi (the first erdmampi* stack) over the best TCP stack with ``cc``:
+def _ratio(stacks, cc, erd_name):
+    """erdmampi stack ``erd_name`` over the best TCP stack with ``cc``:
     {"value", "kind": "=" | ">=" | "<=", "vs"} or None."""
-    erd = next((v for k, v in stacks.items() if k.startswith("erdmampi")), None)
+    erd = stacks.get(erd_name)
     peers = {k: v for k, v in stacks.items() if k.endswith("-" + cc)
              and not k.startswith("erdmampi")}
     if erd is None or erd.get("time_s") is None or not peers:
@@ -301,7 +304,8 @@ def markdown(rows, meta):
         "brackets the link utilisation (busbw / bottleneck rate). † = the run hit the "
         "time cap of %g s: an upper bound from how long the unfinished iteration had "
         "run. \"> cap\": no timed iteration started before the cap. ×cubic / ×bbr: "
-        "erdmampi over the best TCP stack with that congestion control (> 1: erdmampi "
+        "erdmampi (each erdmampi stack where several ran) over the best TCP stack with "
+        "that congestion control (> 1: erdmampi "
         "faster; ≥ / ≤ where a side is a bound)." % meta["time_cap"], ""]
     groups = []
     for r in rows:
@@ -312,7 +316,10 @@ def markdown(rows, meta):
         out.append("**%s %s, %d sites, %s links**" % (coll.capitalize(), format_size(nbytes),
                                                       sites, _fmt_rate(rate)))
         out.append("")
-        head = ["RTT", "loss"] + stacks + ["×cubic", "×bbr"]
+        erds = [s for s in stacks if s.startswith("erdmampi")]
+        rcols = [(e, cc) for e in erds for cc in TCP_CCS]
+        head = ["RTT", "loss"] + stacks + [
+            ("×" + cc) if len(erds) == 1 else "%s ×%s" % (e, cc) for e, cc in rcols]
         out.append("| " + " | ".join(head) + " |")
         out.append("|---:|---:|" + "---:|" * (len(head) - 2))
         for r in rows:
@@ -320,7 +327,8 @@ def markdown(rows, meta):
                 continue
             cells = ["%g ms" % r["rtt_ms"], "%g%%" % (100 * r["loss"])]
             cells += [_fmt_cell(r["stacks"].get(s)) for s in stacks]
-            cells += [_fmt_ratio(r["ratios"].get(cc)) for cc in TCP_CCS]
+            cells += [_fmt_ratio(r.get("ratios_by_stack", {}).get(e, {}).get(cc))
+                      for e, cc in rcols]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     errs = [(r, s, v) for r in rows for s, v in r["stacks"].items() if v["status"] == "error"]
@@ -343,15 +351,21 @@ def markdown(rows, meta):
     return "\n".join(out)
 
 
-def write_markdown(path, text):
-    """Write ``text``; if ``path`` exists and holds the begin/end markers, replace only
-    what is between them (a hand-written page around a generated table)."""
+def write_markdown(path, text, section=None):
+    """Write ``text``; if ``path`` exists and holds the begin/end markers (with
+    ``: SECTION`` before the ``-->`` when ``section`` is given), replace only what is
+    between them (a hand-written page around generated tables)."""
+    begin, end = MD_BEGIN, MD_END
+    if section:
+        begin, end = (m.replace(" -->", ": %s -->" % section) for m in (begin, end))
     if os.path.exists(path):
         old = open(path).read()
-        if MD_BEGIN in old and MD_END in old:
-            head, rest = old.split(MD_BEGIN, 1)
-            tail = rest.split(MD_END, 1)[1]
-            text = head + MD_BEGIN + "\n" + text + "\n" + MD_END + tail
+        if begin in old and end in old:
+            head, rest = old.split(begin, 1)
+            tail = rest.split(end, 1)[1]
+            text = head + begin + "\n" + text + "\n" + end + tail
+        elif section:
+            raise ValueError("%s has no markers %s ... %s" % (path, begin, end))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write(text if text.endswith("\n") else text + "\n")
@@ -383,6 +397,7 @@ def plot(rows, meta, path):
     fig, axes = plt.subplots(nrow, ncol, figsize=(6.2 * ncol, 3.2 * nrow), squeeze=False)
     width = 0.8 / max(1, len(stacks))
     for ax, g in zip(axes.flat, groups):
+        ax.set_yscale("log")
         rs = [r for r in rows if (r["sites"], r["rate_bps"], r["coll"], r["bytes"]) == g]
         for j, s in enumerate(stacks):
             for i, r in enumerate(rs):
@@ -397,12 +412,16 @@ def plot(rows, meta, path):
                        color=COLOR.get(s, "grey"), hatch="//" if v["lower_bound"] else None,
                        edgecolor="white" if v["lower_bound"] else None,
                        label=s if i == 0 else None)
+        vals = [v["busbw_mbps"] for r in rs for v in r["stacks"].values()
+                if v.get("busbw_mbps")]
         if g[1]:
             ax.axhline(g[1] / 1e6, color="k", lw=0.8, ls="--")
+            vals.append(g[1] / 1e6)
+        if vals:
+            ax.set_ylim(min(vals) / 2, max(vals) * 1.5)
         ax.set_xticks(range(len(rs)))
         ax.set_xticklabels(["%g ms\n%g%%" % (r["rtt_ms"], 100 * r["loss"]) for r in rs],
                            fontsize=7)
-        ax.set_yscale("log")
         ax.set_ylabel("busbw Mbit/s", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.set_title("%s %s, %d sites, %s (dashed: link rate)" % (
@@ -459,6 +478,10 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="default bench/results/wan-<date>.json")
     p.add_argument("--md", default=None, help="default: the JSON path with .md")
     p.add_argument("--png", default=None, help="default: the JSON path with .png")
+    p.add_argument("--md-section", default=None, metavar="NAME",
+                   help="replace only the block between '%s' and '%s' in --md, with "
+                        "': NAME' before the '-->' (several generated tables in one page)"
+                   % (MD_BEGIN, MD_END))
     p.add_argument("--from-json", metavar="JSON",
                    help="run nothing: rewrite --md / --png from an earlier JSON")
     a = p.parse_args(argv)
@@ -527,7 +550,7 @@ def write_outputs(a, meta, runs, log):
             json.dump(doc, f, indent=1)
         os.replace(tmp, a.json)
     md = markdown(rows, meta)
-    write_markdown(a.md, md)
+    write_markdown(a.md, md, a.md_section)
     png = plot(rows, meta, a.png)
     return md, png
 

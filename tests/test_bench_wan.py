@@ -1,0 +1,131 @@
+"""bench.wan: one small matrix cell gives sane JSON rows and the markdown table, and
+the time cap kills a run, reports it as capped and leaves nothing behind.
+Needs root and the WAN bed's tools; skipped otherwise."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from erdmampi.testing import wan
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench import wan as bw  # noqa: E402
+
+_why = wan.bed_available() if os.geteuid() == 0 else "needs root"
+needs_bed = pytest.mark.skipif(_why is not None, reason=_why or "")
+
+
+def _bed_namespaces():
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {ln.split()[0] for ln in out.splitlines()
+            if ln.startswith("erdwan-%d-" % os.getpid())}
+
+
+def _workload_pids():
+    """pids of workload processes whose ancestor is this test process."""
+    me, found = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+            if b"erdmampi.testing.workload" not in cmd and b"store_server" not in cmd:
+                continue
+            pid = int(d.name)
+            while pid > 1:         # walk up to see whether we started it
+                st = Path("/proc/%d/stat" % pid).read_text()
+                pid = int(st.rsplit(")", 1)[1].split()[1])
+                if pid == me:
+                    found.append(int(d.name))
+                    break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_parse_stack_and_args():
+    assert bw.parse_stack("erdmampi")["env"] == {"ERDMA_COMPRESS": "off"}
+    assert bw.parse_stack("erdmampi-bbr+lossless")["env"] == {"ERDMA_COMPRESS": "lossless",
+                                                              "ERDMA_CC": "bbr"}
+    assert bw.parse_stack("mpich-cubic")["tcp_cc"] == "cubic"
+    assert bw.parse_stack("gloo-bbr")["workload"] == "gloo"
+    for bad in ("gloo", "mpich-fast", "erdmampi-xyz", "tcp-cubic", "gloo-bbr+lossless"):
+        with pytest.raises(ValueError):
+            bw.parse_stack(bad)
+    a = bw.parse_args(["--quick", "--json", "/tmp/x.json"])
+    assert a.sites == [2] and a.sizes == [1 << 20] and a.md == "/tmp/x.md"
+    with pytest.raises(SystemExit):
+        bw.parse_args(["--losses", "1.5"])
+
+
+def test_evaluate_progress():
+    lines = [json.dumps(d) for d in (
+        {"event": "begin", "iter": 0, "warmup": True, "wall": 100.0},
+        {"event": "iter", "rank": 0, "iter": 0, "warmup": True, "time": 0.1, "ok": True},
+        {"event": "iter", "rank": 1, "iter": 0, "warmup": True, "time": 0.1, "ok": True},
+        {"event": "begin", "iter": 1, "warmup": False, "wall": 101.0},
+        {"event": "iter", "rank": 0, "iter": 1, "warmup": False, "time": 2.0, "ok": True},
+        {"event": "iter", "rank": 1, "iter": 1, "warmup": False, "time": 2.5, "ok": True},
+        {"event": "begin", "iter": 2, "warmup": False, "wall": 104.0})]
+    r = bw.evaluate(["\n".join(lines)], 2, True, [-15, -15], 110.0)
+    assert r["status"] == "capped" and r["times"] == [2.5] and r["time_lb"] == 6.0
+    bad = lines[:4] + [json.dumps({"event": "iter", "rank": 1, "iter": 1, "warmup": False,
+                                   "time": 2.0, "ok": False})]
+    r = bw.evaluate(["\n".join(bad)], 2, False, [1, 1], 110.0)
+    assert r["status"] == "error" and "wrong result" in r["error"]
+
+
+@needs_bed
+@pytest.mark.slow
+def test_small_cell(tmp_path):
+    out = tmp_path / "w.json"
+    rc = bw.main(["--sites", "2", "--rates", "100mbit", "--rtts", "2", "--losses", "0,0.01",
+                  "--sizes", "1MiB", "--colls", "allreduce", "--stacks", "erdmampi,gloo-bbr",
+                  "--time-cap", "40", "--iters", "1", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0, doc["runs"]
+    assert len(doc["runs"]) == 4 and len(doc["summary"]) == 2
+    assert doc["meta"]["loadavg"] and doc["meta"]["cells"][0]["bed"]["rtt_ms"] == 2.0
+    for row in doc["summary"]:
+        assert row["bytes"] == 1 << 20 and row["rate_bps"] == 100_000_000
+        for s in ("erdmampi", "gloo-bbr"):
+            v = row["stacks"][s]
+            assert v["status"] == "ok", v
+            # at least some progress, never faster than the link allows (+5% slack)
+            assert 0.1 < v["busbw_mbps"] < 105 and 0 < v["util"] < 1.05
+        assert row["ratios"]["bbr"]["vs"] == "gloo-bbr" and row["ratios"]["cubic"] is None
+    for run in doc["runs"]:
+        # the payload really crossed the router: each direction >= 1 MiB
+        assert run["link_up_bytes"] >= 2 << 20
+    md = Path(str(out)[:-5] + ".md").read_text()
+    assert "| RTT | loss | erdmampi | gloo-bbr |" in md and "| 2 ms | 1% |" in md
+    assert not _bed_namespaces()
+
+
+@needs_bed
+@pytest.mark.slow
+def test_time_cap_kills_and_cleans_up(tmp_path):
+    from erdmampi.testing.wan import WanBed
+    logs = []
+    with WanBed(sites=2, rate="10mbit", delay_ms=10, cc="cubic") as bed:
+        # 64 MiB at 10 Mbit/s takes ~55 s: the 1 s cap must end it
+        rec = bw.run_one(bed, "erdmampi", "allreduce", 64 << 20, 1.0, 1, logs.append)
+        assert rec["status"] == "capped" and rec["times"] == []
+        assert rec["wall_s"] < 15
+        assert not _workload_pids()
+        tags = bed.tag
+    assert rec["time_lb"] is None or rec["time_lb"] < 2
+    assert "capped" in logs[0]
+    cell = {"key": "k", "sites": 2, "rate_bps": 10_000_000, "rtt_ms": 20.0, "loss": 0.0,
+            "stacks": ["erdmampi"]}
+    rows = bw.summarize([dict(rec, cell="k")], [cell])
+    assert rows[0]["stacks"]["erdmampi"]["status"] == "capped"
+    assert bw._fmt_cell(rows[0]["stacks"]["erdmampi"]) in ("> cap",) or \
+        "†" in bw._fmt_cell(rows[0]["stacks"]["erdmampi"])
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert tags not in left
+    assert not _workload_pids()
