@@ -835,7 +835,7 @@ def encode_block(src, itemsize, isfloat, dst):
     cap = dst.size
     if 3 + mant > cap:
         return -1
-    exps = np.empty(n, np.int32)
+    exps = np.empty(n, np.uint16)
     # one allocation for the small tables (hist first: zeroed)
     work = np.empty(3 * nall + 7 * WMAX + 40, np.int64)
     hist = work[:nall]
@@ -946,7 +946,7 @@ def decode_block(enc, itemsize, isfloat, dst):
     n = nbytes // itemsize
     eb, mb, k, r = _params(itemsize)
     mant = _mant_bytes(itemsize, n)
-    exps = np.empty(n, np.int32)
+    exps = np.empty(n, np.uint16)
     var = enc[0]
     if var == V_CONST:
         if 3 + mant != nenc:
