@@ -1244,17 +1244,19 @@ def _cuda_kernels():
             if tid == 0:
                 hdr = sm[5]
                 sst[0] = hdr
+                total = hdr + mant
                 for sb in range(nsub):
-                    if sb < nsub - 1:
-                        q = out + 5 + (w + 3) // 2 + 2 * sb
-                        scratch[q] = sst[sb + 1] & 0xFF
-                        scratch[q + 1] = sst[sb + 1] >> 8
-                    sst[sb + 1] += sst[sb]
-                total = sst[nsub] + mant
+                    total += sst[sb + 1]
                 sm[6] = total
                 if total > nbytes:
                     sm[0] = 0
                 else:
+                    for sb in range(nsub):
+                        if sb < nsub - 1:
+                            q = out + 5 + (w + 3) // 2 + 2 * sb
+                            scratch[q] = sst[sb + 1] & 0xFF
+                            scratch[q + 1] = sst[sb + 1] >> 8
+                        sst[sb + 1] += sst[sb]
                     scratch[out] = V_HUFF
                     scratch[out + 1] = lo & 0xFF
                     scratch[out + 2] = lo >> 8
@@ -1363,9 +1365,13 @@ def _cuda_kernels():
         if tid == 0:
             var = enc[0]
             if var == V_CONST:
-                e = np.int64(enc[1]) | (np.int64(enc[2]) << 8)
-                if 3 + mant != nenc or e >= (1 << eb):
+                e = 0
+                if 3 + mant != nenc:
                     sm[0] = 0
+                else:
+                    e = np.int64(enc[1]) | (np.int64(enc[2]) << 8)
+                    if e >= (1 << eb):
+                        sm[0] = 0
                 sm[1] = V_CONST
                 sm[5] = 3
                 sm[6] = e

@@ -383,6 +383,10 @@ def test_cuda_not_applicable_and_corrupt_input():
     assert err == 1
     err, _ = _gpu_decode([encs[0], encs[1][:-1]], bb, bb, 2, 4)  # truncated
     assert err == 1
+    c = enc(np.full(bb // 4, 1.5, np.float32))
+    assert c[0] == mx.V_CONST
+    err, _ = _gpu_decode([encs[0], c[:2]], bb, bb, 2, 4)        # cut header
+    assert err == 1
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
