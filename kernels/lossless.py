@@ -67,7 +67,7 @@ import numpy as np
 from erdmampi.kernels import format as fmt
 from erdmampi.kernels.codec import Codec, as_out, as_src
 from erdmampi.kernels.format import HEADER_SIZE, CodecError
-from erdmampi.kernels.raw import (_device_out, _host_out, _parse_any,
+from erdmampi.kernels.raw import (_device_out, _host_out, _parse_any, _rw,
                                   byte_dtype, device_bytes, host_bytes,
                                   is_device)
 
@@ -442,6 +442,7 @@ class Lossless(Codec):
         it, isf = mode_params(dt)
         hs = HEADER_SIZE + 4 * nb
         o = as_out(out, hs + b.size)
+        b = _rw(b)  # read-only input: same compiled driver (it only reads src)
         drv = _driver(self.modes())
         plen, psum = drv.encode_blocks(b, it, isf, bb, o, HEADER_SIZE, hs,
                                        self.reeval)
@@ -463,6 +464,7 @@ class Lossless(Codec):
                                         verify_payload=False)
         bb = self._check_header(hdr)
         from erdmampi.kernels._checksum import checksum32
+        payload = _rw(payload)
         if int(checksum32(payload)) != hdr.payload_sum:
             raise CodecError("payload checksum mismatch (corrupt data)")
         o = _host_out(hdr, out)
@@ -471,7 +473,7 @@ class Lossless(Codec):
         it, isf = mode_params(hdr.dtype)
         modes = self.modes(encoding=False)
         drv = _driver(modes)
-        r = int(drv.decode_blocks(payload, np.ascontiguousarray(table), it, isf,
+        r = int(drv.decode_blocks(payload, np.array(table), it, isf,
                                   bb, o.view(np.uint8)))
         if r < 0:
             b = -r - 1

@@ -155,7 +155,7 @@ class Raw(Codec):
                                         verify_payload=False)
         self._check(hdr, table)
         from erdmampi.kernels._checksum import checksum32
-        if int(checksum32(payload)) != hdr.payload_sum:
+        if int(checksum32(_rw(payload))) != hdr.payload_sum:
             raise CodecError("payload checksum mismatch (corrupt data)")
         o = _host_out(hdr, out)
         o.view(np.uint8)[:] = payload
@@ -212,6 +212,27 @@ class Raw(Codec):
 
 
 # -- helpers shared with the other codecs ---------------------------------
+
+class _Keep:
+    """Owner of a writable-typed view of a read-only buffer (see _rw)."""
+
+    def __init__(self, a: np.ndarray):
+        self.keep = a
+        self.__array_interface__ = {
+            "data": (a.__array_interface__["data"][0], False),
+            "shape": a.shape, "typestr": a.dtype.str, "version": 3}
+
+
+def _rw(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when writable, else a writable-typed view of the same
+    memory (no copy).  The decoder only reads it; this spares Numba a
+    second compilation of every mode decoder for read-only arrays (an
+    encoding received as ``bytes``)."""
+    if a.flags.writeable or a.size == 0:
+        return a
+    return np.asarray(_Keep(a))
+
+
 
 def _host_out(hdr, out) -> np.ndarray:
     """The host output array for a parsed header (checked or allocated)."""

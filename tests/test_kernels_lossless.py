@@ -202,6 +202,10 @@ def test_bytes_like_encodings():
     enc = c.encode(x)
     for e in (bytes(enc), bytearray(enc), memoryview(bytes(enc))):
         assert np.array_equal(kernels.decode(e), x)
+    # a read-only source encodes the same
+    ro = np.frombuffer(x.tobytes(), np.int64)
+    assert not ro.flags.writeable
+    assert c.encode(ro).tobytes() == enc.tobytes()
     # bytes past the end of the encoding are ignored
     assert np.array_equal(c.decode(np.concatenate([enc, np.ones(7, np.uint8)])), x)
 
