@@ -568,7 +568,7 @@ class Lossless(Codec):
             table = front.view("<u4")
             psum = checksum32_cuda(o[hs:hs + plen], stream) if plen else 0
         head = np.frombuffer(fmt.pack_header(self.codec_id, hdt, d.size, be,
-                                             table, psum), np.uint8)
+                                             table, psum), np.uint8).copy()
         total = hs + plen
         if dev_out:
             o[:HEADER_SIZE].copy_to_device(head, stream=stream)
