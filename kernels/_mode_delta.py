@@ -737,7 +737,7 @@ def decode_block(enc, itemsize, isfloat, dst):
     ng = (n + 31) // 32
     nbits = 8 * ws
     lanes = ng if ws == 8 else (ng + 1) // 2
-    work = np.empty(ng + 32 * lanes + n, np.uint64)   # one allocation
+    work = np.empty(ng + 32 * lanes, np.uint64)
     gm = work[0:ng]
     st, pred, seed, p = _parse_headers(enc, ws, ng, gm)
     if st != 0:
@@ -773,9 +773,13 @@ def decode_block(enc, itemsize, isfloat, dst):
             z = (T[j * lanes + (g >> 1)] >> np.uint64(32 * (g & 1))) & _LO32
         if z != _U0:
             return E_PAD
-    r = work[ng + 32 * lanes:]
-    _reconstruct(T, lanes, ws, isfloat and ws == itemsize and ws >= 2, n,
-                 pred, seed, dst, r)
+    flt = isfloat and ws == itemsize and ws >= 2
+    if ws == 8:
+        _reconstruct(T, lanes, ws, flt, n, pred, seed, dst,
+                     np.empty(n, np.uint64))
+    else:   # 32-bit scratch: half the cache footprint
+        _reconstruct(T, lanes, ws, flt, n, pred, seed, dst,
+                     np.empty(n, np.uint32))
     return 0
 
 
