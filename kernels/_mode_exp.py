@@ -63,8 +63,8 @@ SUB = 256
 LMAX = 12
 #: longest code length the encoder emits
 ENC_LMAX = 9
-#: widest exponent window (table of WMAX + 1 code lengths; wider blocks are
-#: not coded by this mode)
+#: widest exponent window (wider spreads keep the densest WMAX exponents in
+#: the table and escape the rest)
 WMAX = 256
 #: most sub-blocks per block the CUDA kernels handle (blocks up to
 #: 64 Ki elements; bigger ones are left to other modes on the GPU)
@@ -304,26 +304,6 @@ def _build_lut(lens, codes, w, lo, lut, tbits):
                 lut[k] = ent
 
 
-def _enc_stream(exps, a, b, tcode, tlen, dst, p):
-    """Codes of exps[a:b] as one byte-aligned stream at dst[p:]; returns the
-    end position.  The caller has checked that the stream fits."""
-    acc = 0
-    nb = 0
-    for i in range(a, b):
-        x = exps[i]
-        acc = (acc << tlen[x]) | tcode[x]
-        nb += tlen[x]
-        while nb >= 8:
-            nb -= 8
-            dst[p] = (acc >> nb) & 0xFF
-            p += 1
-        acc &= (1 << nb) - 1
-    if nb > 0:
-        dst[p] = (acc << (8 - nb)) & 0xFF
-        p += 1
-    return p
-
-
 def _dec_stream(enc, nenc, pos, a, b, lut, tbits, eb, exps):
     """Decode exps[a:b] from the bit position pos of enc; returns the end bit
     position.  Bytes past nenc read as zero (the caller checks the end)."""
@@ -350,7 +330,7 @@ def _dec_stream(enc, nenc, pos, a, b, lut, tbits, eb, exps):
 
 def _parse_header(enc, nenc, p, eb, lens, codes, blc, nxc):
     """Parse variant 0's window and code lengths at enc[p:]; fills lens and
-    codes (bit-reversed canonical) and returns (lo, w, tbits, end position),
+    codes (canonical, MSB-first) and returns (lo, w, tbits, end position),
     or w = -1 when inconsistent."""
     if p + 4 > nenc:
         return 0, -1, 0, p
@@ -384,7 +364,7 @@ def _parse_header(enc, nenc, p, eb, lens, codes, blc, nxc):
 
 
 _CORE = ("_huff_lengths", "_canon", "_choose_window", "_build_lut",
-         "_enc_stream", "_dec_stream", "_parse_header")
+         "_dec_stream", "_parse_header")
 
 
 def _bind(deco):
@@ -407,33 +387,19 @@ _huff_lengths_c = _cpu["_huff_lengths"]
 _canon_c = _cpu["_canon"]
 _choose_window_c = _cpu["_choose_window"]
 _build_lut_c = _cpu["_build_lut"]
-_enc_stream_c = _cpu["_enc_stream"]
 _dec_stream_c = _cpu["_dec_stream"]
 _parse_header_c = _cpu["_parse_header"]
 
 
 # --- CPU fast paths (same format as the core stream routines) --------------
 
-@njit(cache=True, nogil=True, inline="always")
-def _ld32(enc, nenc, q):
-    """Big-endian u32 at enc[q:q+4], bytes past nenc read as zero."""
-    if q + 4 <= nenc:
-        return ((np.int64(enc[q]) << 24) | (np.int64(enc[q + 1]) << 16)
-                | (np.int64(enc[q + 2]) << 8) | np.int64(enc[q + 3]))
-    v = 0
-    for k in range(4):
-        v <<= 8
-        if q + k < nenc:
-            v |= np.int64(enc[q + k])
-    return v
-
-
 @njit(cache=True, nogil=True)
 def _enc_stream_fast(exps, a, b, tcode, tlen, dst, p, cap, maxlen):
-    """As _enc_stream, four codes (two if a code may be longer than 14 bits)
-    per branch-free 8-byte store while at least 8 bytes of dst are left
-    (bytes past the stream's end get overwritten by what follows or lie past
-    the encoding)."""
+    """Codes tcode/tlen[exps[a:b]] as one byte-aligned MSB-first stream at
+    dst[p:]; returns the end position (the caller has checked that it fits).
+    Four codes (two if one may be longer than 14 bits) per branch-free
+    8-byte store while at least 8 bytes of dst are left: bytes past the
+    stream's end get overwritten by what follows or lie past the encoding."""
     acc = 0
     nb = 0
     i = a
@@ -1095,6 +1061,7 @@ def _cuda_kernels():
     huff = dev["_huff_lengths"]
     canon = dev["_canon"]
     parse = dev["_parse_header"]
+    dstream = dev["_dec_stream"]
 
     @cuda.jit(device=True)
     def exponent(src, a, itemsize):
@@ -1423,6 +1390,20 @@ def _cuda_kernels():
         emask = (1 << eb) - 1
         rmask = (1 << r) - 1
         staged = n <= STAGE
+        if staged and sm[1] == V_HUFF:
+            # a thread per sub-block decodes its stream into shared memory
+            for sb in range(tid, nsub, nt):
+                end = dstream(enc, nenc, 8 * sst[sb], sb * SUB, min(n, sb * SUB + SUB),
+                              lut, tbits, eb, sx)
+                if (end + 7) >> 3 != sst[sb + 1]:
+                    err[0] = 1
+            cuda.syncthreads()
+            # then all threads write whole elements, neighbours side by side
+            for i in range(tid, n, nt):
+                assemble(enc, mo, k, r, rmask, n, i, sx[i], itemsize, dst, d0)
+            return
+        # constant exponent, or a block too big for the stage: each thread
+        # writes the elements it decodes
         nsb = nsub if sm[1] == V_HUFF else n    # constant: a thread per element
         for sb in range(tid, nsb, nt):
             if sm[1] == V_HUFF:
@@ -1450,17 +1431,9 @@ def _cuda_kernels():
                     pos += ln
                 else:
                     x = sm[6]
-                if staged:
-                    sx[i] = x
-                else:
-                    assemble(enc, mo, k, r, rmask, n, i, x, itemsize, dst, d0)
+                assemble(enc, mo, k, r, rmask, n, i, x, itemsize, dst, d0)
             if sm[1] == V_HUFF and (pos + 7) >> 3 != sst[sb + 1]:
                 err[0] = 1
-        if staged:
-            # all threads write whole elements, neighbours side by side
-            cuda.syncthreads()
-            for i in range(tid, n, nt):
-                assemble(enc, mo, k, r, rmask, n, i, sx[i], itemsize, dst, d0)
 
     @cuda.jit
     def fill_kernel(sizes, nblocks, value):
