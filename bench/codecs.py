@@ -128,6 +128,52 @@ def run_ours(name, x, repeat):
     return row
 
 
+def mode_breakdown(x, repeat, block_bytes=8192):
+    """Per lossless mode, on every block of x: estimate, encode and decode
+    throughput (GB/s of block bytes, CPU time) and the ratio the mode alone
+    reaches (blocks it cannot compress counted raw): which mode limits the
+    codec's speed."""
+    from erdmampi.kernels.lossless import available_modes, mode_params
+    b = x.view(np.uint8)
+    it, isf = mode_params(x.dtype)
+    nb = b.size // block_bytes
+    blocks = [b[i * block_bytes:(i + 1) * block_bytes] for i in range(nb)]
+    dst = np.empty(block_bytes, np.uint8)
+    out = np.empty(block_bytes, np.uint8)
+    res = []
+    for mid, m in sorted(available_modes().items()):
+        encs = []
+        total = 0
+        for blk in blocks:
+            r = m.encode_block(blk, it, isf, dst)
+            if 0 <= r < block_bytes:
+                encs.append(dst[:r].copy())
+                total += r
+            else:
+                total += block_bytes
+
+        def est():
+            for blk in blocks:
+                m.estimate_block(blk, it, isf)
+
+        def enc():
+            for blk in blocks:
+                m.encode_block(blk, it, isf, dst)
+
+        def dec():
+            for e in encs:
+                m.decode_block(e, it, isf, out)
+        n = nb * block_bytes
+        row = {"mode": int(mid), "name": m.__name__.rsplit("_", 1)[-1],
+               "ratio": n / max(total, 1), "blocks_compressed": len(encs),
+               "estimate_GBps": n / best_time(est, repeat) / 1e9,
+               "encode_GBps": n / best_time(enc, repeat) / 1e9}
+        if encs:
+            row["decode_GBps"] = len(encs) * block_bytes / best_time(dec, repeat) / 1e9
+        res.append(row)
+    return res
+
+
 def run_blosc2(x, codec, filt, clevel, repeat):
     import blosc2
     blosc2.set_nthreads(1)
@@ -241,6 +287,14 @@ def bench_kind(kind, nbytes, repeat, gpu=False, verbose=True):
                   f"{extra}", flush=True)
 
     add(run_ours("lossless", x, repeat))
+    if rows and rows[-1]["codec"] == "lossless":
+        rows[-1]["mode_breakdown"] = mode_breakdown(x, max(2, repeat // 2))
+        if verbose:
+            for m in rows[-1]["mode_breakdown"]:
+                print(f"{kind:10s}   mode {m['mode']} {m['name']:6s} alone: ratio "
+                      f"{m['ratio']:7.3f}  estimate {m['estimate_GBps']:6.2f}  encode "
+                      f"{m['encode_GBps']:6.2f}  decode {m.get('decode_GBps', 0):6.2f} GB/s "
+                      f"({m['blocks_compressed']} blocks compressed)", flush=True)
     for name in LOSSY:
         add(run_ours(name, x, repeat))
     for codec in ("zstd", "lz4"):
@@ -304,6 +358,18 @@ def markdown(rows, meta, verd) -> str:
             lines.append(f"| {name} | {r['ratio']:.3f} | {r['comp_GBps']:.2f} | "
                          f"{r['decomp_GBps']:.2f} | {err} |")
         lines.append("")
+        mb = [r for r in rs if "mode_breakdown" in r]
+        if mb:
+            lines.append("Lossless modes alone on these blocks (GB/s of block bytes, "
+                         "one core; decode over the blocks the mode compresses):")
+            lines.append("")
+            lines.append("| mode | ratio alone | estimate GB/s | encode GB/s | decode GB/s |")
+            lines.append("|---|---:|---:|---:|---:|")
+            for m in mb[0]["mode_breakdown"]:
+                dec = f"{m['decode_GBps']:.2f}" if "decode_GBps" in m else "-"
+                lines.append(f"| {m['mode']} {m['name']} | {m['ratio']:.3f} | "
+                             f"{m['estimate_GBps']:.2f} | {m['encode_GBps']:.2f} | {dec} |")
+            lines.append("")
     if verd:
         lines.append("Targets (lossless ratio >= 0.97 x blosc2 zstd-1 shuffle; "
                      ">= 1 GB/s compress and decompress per core):")
