@@ -80,7 +80,7 @@ CODING_MASK = 8
 #: encode: the predictor is chosen on groups 0, SAMPLE_STRIDE, 2*SAMPLE_STRIDE...
 SAMPLE_STRIDE = 4
 #: estimate_block: groups sampled (evenly spaced)
-SAMPLE_GROUPS = 8
+SAMPLE_GROUPS = 4
 #: CUDA: most groups per block (shared-memory tables), threads per block
 CUDA_MAX_GROUPS = 1024
 CUDA_THREADS = 128
@@ -431,7 +431,7 @@ def _carry_py(pred, r, cnt, s, mask, sh):
     s[2] = e
 
 
-_load_group = njit(nogil=True, cache=True)(_load_group_py)
+_load_group = _jit_inline(_load_group_py)
 _group_ors = _jit_inline(_group_ors_py)
 _choose = _jit_inline(_choose_py)
 
