@@ -424,6 +424,9 @@ class Lossless(Codec):
 
     def _geometry(self, count: int, dt: np.dtype):
         bb = _block_bytes_for(self.block_bytes, dt.itemsize)
+        if bb > MAX_BLOCK_BYTES:
+            raise TypeError(f"lossless: itemsize {dt.itemsize} too large for "
+                            f"{MAX_BLOCK_BYTES}-byte blocks (use codec 'raw')")
         be = bb // dt.itemsize
         nb = 0 if count == 0 else -(-count // be)
         return bb, be, nb

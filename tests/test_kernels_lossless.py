@@ -236,6 +236,8 @@ def test_block_bytes_option_and_geometry():
     c = Lossless(block_bytes=24)
     enc = _roundtrip(c, _data("V3", 0) if False else np.arange(100, dtype="u1"))
     assert fmt.parse(enc)[0].block_elems == 24
+    with pytest.raises(TypeError, match="too large"):
+        Lossless().encode(np.zeros(2, dtype=f"V{(1 << 20) + 8}"))
     with pytest.raises(ValueError):
         Lossless(block_bytes=4)
     with pytest.raises(ValueError):
