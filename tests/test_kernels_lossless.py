@@ -325,6 +325,19 @@ def test_driver_rejects_bad_mode_blocks():
         kernels.get("lossless").decode(enc)
 
 
+def test_mode_discovery():
+    # a missing module is skipped silently, an incomplete one with a warning
+    c = Lossless(_modules={13: "erdmampi.kernels._no_such_mode"})
+    assert c.modes() == {}
+    with pytest.warns(RuntimeWarning, match="lacks"):
+        assert lossless.available_modes({12: "numpy"}) == {}
+    # a wrong MODE_ID is an error, not a silent skip
+    with pytest.raises(RuntimeError, match="MODE_ID"):
+        lossless.available_modes({14: __name__})
+    x = np.arange(3000, dtype=np.int32)
+    assert np.array_equal(c.decode(c.encode(x)), x)
+
+
 def test_restrict_modes():
     c = Lossless(modes=[])
     x = codec_data.make("sparse", 32 << 10)
@@ -439,6 +452,11 @@ def test_cuda_test_mode_cross():
     assert c.decode(genc).tobytes() == x.tobytes()
     assert c.decode_cuda(enc).copy_to_host().tobytes() == x.tobytes()
     # device output for encode, device input for decode
+    hout = np.zeros(c.max_encoded_size(x.size, x.dtype) + 3, np.uint8)
+    hv = c.encode_cuda(cuda.to_device(x), hout)
+    assert np.shares_memory(hv, hout) and hv.tobytes() == enc.tobytes()
+    with pytest.raises(ValueError, match="too small"):
+        c.encode_cuda(cuda.to_device(x), np.zeros(10, np.uint8))
     dout = cuda.device_array(c.max_encoded_size(x.size, x.dtype), np.uint8)
     v = c.encode_cuda(cuda.to_device(x), dout)
     assert v.copy_to_host().tobytes() == enc.tobytes()
