@@ -228,7 +228,9 @@ def summarize(runs, cells):
                         vals.append(None)
                 if any(v is None for v in vals):
                     row["stacks"][stack] = {"status": "capped", "time_s": None,
-                                            "lower_bound": True}
+                                            "lower_bound": True, "link_mbps_run": statistics.median(
+                                                r["link_up_bytes"] * 8 / n / r["wall_s"] / 1e6
+                                                for r in mine)}
                     continue
                 t = statistics.median(vals)
                 alg = nbytes * 8 / t / 1e6 if t > 0 else None
@@ -237,7 +239,12 @@ def summarize(runs, cells):
                     "status": "capped" if bound else "ok", "time_s": t, "lower_bound": bound,
                     "algbw_mbps": alg, "busbw_mbps": bus,
                     "util": bus * 1e6 / cell["rate_bps"] if bus and cell["rate_bps"] else None,
-                    "reps": len(mine)}
+                    "reps": len(mine),
+                    # what each site sent into the router per second of the whole run
+                    # (start-up included; headers and retransmissions too): for capped
+                    # runs, a rough measure of how far they got
+                    "link_mbps_run": statistics.median(
+                        r["link_up_bytes"] * 8 / n / r["wall_s"] / 1e6 for r in mine)}
             # per erdmampi variant; "ratios" is the first one listed (the headline)
             row["ratios_by_stack"] = {
                 s: {cc: _ratio(row["stacks"], cc, s) for cc in TCP_CCS}
@@ -331,6 +338,17 @@ def markdown(rows, meta):
                       for e, cc in rcols]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        capped = ["%s %.2g (%g ms, %g%%)" % (s, v["link_mbps_run"], r["rtt_ms"], 100 * r["loss"])
+                  for r in rows
+                  if (r["sites"], r["rate_bps"], r["coll"], r["bytes"]) == (sites, rate, coll,
+                                                                            nbytes)
+                  for s, v in r["stacks"].items()
+                  if v["status"] == "capped" and v.get("link_mbps_run") is not None]
+        if capped:
+            out.append("Capped runs, Mbit/s that each site sent into the router over the "
+                       "whole run (start-up, headers and retransmissions included): "
+                       + "; ".join(capped) + ".")
+            out.append("")
     errs = [(r, s, v) for r in rows for s, v in r["stacks"].items() if v["status"] == "error"]
     if errs:
         out.append("Errors:")
