@@ -11,6 +11,11 @@ header, so a receiver needs no out-of-band description.
 
 from __future__ import annotations
 
+if __name__ != "erdmampi.kernels":  # pragma: no cover - guard
+    # Numba's on-disk caches live next to the sources and record the module
+    # name; compiling under another name poisons them for every process.
+    raise ImportError(f"import this package as erdmampi.kernels, not {__name__}")
+
 import importlib
 from typing import Dict, Tuple
 
