@@ -878,6 +878,14 @@ def _cuda_kernels():
         return _kern["enc"], _kern["dec"]
     # -- device helpers ----------------------------------------------------
     @cuda.jit(device=True, inline=True)
+    def c_min(a, b):
+        return a if a < b else b
+
+    @cuda.jit(device=True, inline=True)
+    def c_max(a, b):
+        return a if a > b else b
+
+    @cuda.jit(device=True, inline=True)
     def c_word_size(itemsize, nbytes):
         if itemsize % 8 == 0 and nbytes % 8 == 0:
             return 8
@@ -1034,8 +1042,8 @@ def _cuda_kernels():
         n = L // W
         mask = c_mask(W)
         C = (n + TPB - 1) // TPB
-        i0 = min(n, t * C)
-        i1 = min(n, i0 + C)
+        i0 = c_min(n, t * C)
+        i1 = c_min(n, i0 + C)
         if t < 32:
             red[t] = 0
         if t < 4:
@@ -1070,11 +1078,11 @@ def _cuda_kernels():
             if zz:
                 x = c_zz(x, W, mask)
             if dense:
-                dt += _I(min(x, _CLAMP))
+                dt += _I(c_min(x, _CLAMP))
             if x != _U(0):
                 v = x - _U(1)
                 so |= v
-                st += _I(min(v, _CLAMP))
+                st += _I(c_min(v, _CLAMP))
         cuda.atomic.or_(ors, 2, so)
         cuda.atomic.add(red, 0, st)
         cuda.atomic.add(red, 1, dt)
@@ -1097,8 +1105,8 @@ def _cuda_kernels():
                 x = c_zz(x, W, mask)
             if dense:
                 for c in range(3):
-                    k = min(max(k0d - 1 + c, _I(0)), kmaxv)
-                    q = min(x >> _U(k), _U(QMAX))
+                    k = c_min(c_max(k0d - 1 + c, _I(0)), kmaxv)
+                    q = c_min(x >> _U(k), _U(QMAX))
                     s[6 + c] += _I(q)
                     e[3 + c] += _I(q == _U(QMAX))
             if x != _U(0):
@@ -1106,11 +1114,11 @@ def _cuda_kernels():
                 g = _U(i - prev - 1)
                 prev = i
                 for c in range(3):
-                    k = min(max(k0s - 1 + c, _I(0)), kmaxv)
-                    q = min(v >> _U(k), _U(QMAX))
+                    k = c_min(c_max(k0s - 1 + c, _I(0)), kmaxv)
+                    q = c_min(v >> _U(k), _U(QMAX))
                     s[c] += _I(q)
                     e[c] += _I(q == _U(QMAX))
-                    kg = min(max(k0g - 1 + c, _I(0)), _I(KP_MAX))
+                    kg = c_min(c_max(k0g - 1 + c, _I(0)), _I(KP_MAX))
                     s[3 + c] += _I(g >> _U(kg))
         for j in range(9):
             cuda.atomic.add(red, 2 + j, s[j])
@@ -1211,7 +1219,7 @@ def _cuda_kernels():
                 if pmode != P_DENSE:
                     v = x - _U(1)
                 if vmode == V_RICE:
-                    q = min(v >> kv, _U(QMAX))
+                    q = c_min(v >> kv, _U(QMAX))
                     uv += _I(q) + 1
                     ne += _I(q == _U(QMAX))
         if pmode == P_GAPS:
@@ -1260,7 +1268,7 @@ def _cuda_kernels():
                     c_put_wide(stage, V0 + r * _I(vpar), v, vpar)
                 else:
                     q = v >> kv
-                    qc = min(q, _U(QMAX))
+                    qc = c_min(q, _U(QMAX))
                     c_put(stage, vu + _I(qc), _U(1), 1)
                     vu += _I(qc) + 1
                     c_put_wide(stage, R0 + r * _I(vpar), v & ((_U(1) << kv) - _U(1)), vpar)
@@ -1309,7 +1317,7 @@ def _cuda_kernels():
             p = c + 32 * t
             w = uint32(0)
             if p < lim:
-                nb = min(_I(32), lim - p)
+                nb = c_min(_I(32), lim - p)
                 w = uint32(c_get(pay, off, plen, p, nb))
             pc = _I(cuda.popc(w))
             ex, tot = c_scan(shs, t, pc)
@@ -1336,7 +1344,7 @@ def _cuda_kernels():
             p = c + 32 * t
             w = uint32(0)
             if p < lim:
-                nb = min(_I(32), lim - p)
+                nb = c_min(_I(32), lim - p)
                 w = uint32(c_get(pay, off, plen, p, nb))
             pc = _I(cuda.popc(w))
             ex, tot = c_scan(shs, t, pc)
@@ -1423,7 +1431,7 @@ def _cuda_kernels():
                 return
             cnt_t = _I(0)
             for c in range(P0 + 32 * t, P0 + n, 32 * TPB):
-                cnt_t += _I(cuda.popc(uint32(c_get(pay, off, plen, c, min(_I(32), P0 + n - c)))))
+                cnt_t += _I(cuda.popc(uint32(c_get(pay, off, plen, c, c_min(_I(32), P0 + n - c)))))
             ex, m = c_scan(shs, t, cnt_t)
             V0 = P0 + n
         elif pmode == P_GAPS:
@@ -1461,7 +1469,7 @@ def _cuda_kernels():
             lim = mask >> _U(par)
         r0 = _I(0)
         while r0 < cnt:
-            K = min(_I(TPB), cnt - r0)
+            K = c_min(_I(TPB), cnt - r0)
             r = r0 + t
             pos = r
             if pmode == P_BITMAP:
