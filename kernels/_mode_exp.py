@@ -711,33 +711,28 @@ def _planes(src, itemsize, n, dst, mo):
             p1[i] = (x >> 8) & 0xFF
             p2[i] = ((x >> 16) & 0x7F) | ((x >> 24) & 0x80)
         return
+    # float16 / float64: k whole byte planes, then r-bit top fields packed
+    # LSB-first, eight elements (r bytes) at a time
     eb, mb, k, r = _params(itemsize)
-    v2 = src.view(np.uint16)
-    v8 = src[:n * 8 if itemsize == 8 else 0].view(np.uint64)
-    tsh = mb - 8 * k
-    tmask = (1 << tsh) - 1
-    acc = 0
-    nb = 0
-    q = mo + k * n
-    for i in range(n):
-        if itemsize == 2:
-            x = np.int64(v2[i])
-            sgn = x >> 15
-        else:
-            xu = v8[i]
-            x = np.int64(xu & np.uint64(0x000FFFFFFFFFFFFF))
-            sgn = np.int64(xu >> np.uint64(63))
-        for j in range(k):
-            dst[mo + j * n + i] = (x >> (8 * j)) & 0xFF
-        acc |= (((x >> (8 * k)) & tmask) | (sgn << tsh)) << nb
-        nb += r
-        if nb >= 8:
-            dst[q] = acc & 0xFF
-            q += 1
-            acc >>= 8
-            nb -= 8
-    if nb > 0:
-        dst[q] = acc & 0xFF
+    for j in range(k):
+        pj = dst[mo + j * n:mo + (j + 1) * n]
+        for i in range(n):
+            pj[i] = src[i * itemsize + j]
+    tb = mo + k * n
+    nt = (n * r + 7) // 8
+    for g in range((n + 7) // 8):
+        acc = 0
+        for e in range(8):
+            i = 8 * g + e
+            if i < n:
+                if itemsize == 2:
+                    b1 = np.int64(src[2 * i + 1])
+                    t = (b1 & 3) | ((b1 >> 7) << 2)
+                else:
+                    t = (np.int64(src[8 * i + 6]) & 15) | ((np.int64(src[8 * i + 7]) >> 7) << 4)
+                acc |= t << (r * e)
+        for j in range(min(r, nt - g * r)):
+            dst[tb + g * r + j] = (acc >> (8 * j)) & 0xFF
 
 
 @njit(cache=True, nogil=True)
@@ -755,30 +750,26 @@ def _join(enc, mo, itemsize, n, exps, dst):
                     | ((t & 0x80) << 24))
         return
     eb, mb, k, r = _params(itemsize)
-    tsh = mb - 8 * k
-    tmask = (1 << tsh) - 1
+    for j in range(k):
+        pj = enc[mo + j * n:mo + (j + 1) * n]
+        for i in range(n):
+            dst[i * itemsize + j] = pj[i]
+    tb = mo + k * n
+    nt = (n * r + 7) // 8
     rmask = (1 << r) - 1
-    acc = 0
-    nb = 0
-    q = mo + k * n
-    for i in range(n):
-        if nb < r:
-            acc |= np.int64(enc[q]) << nb
-            q += 1
-            nb += 8
-        t = acc & rmask
-        acc >>= r
-        nb -= r
-        m = (t & tmask) << (8 * k)
-        for j in range(k):
-            m |= np.int64(enc[mo + j * n + i]) << (8 * j)
-        if itemsize == 2:
-            dst.view(np.uint16)[i] = (m | (np.int64(exps[i]) << 10)
-                                      | ((t >> tsh) << 15))
-        else:
-            dst.view(np.uint64)[i] = (np.uint64(m)
-                                      | (np.uint64(exps[i]) << np.uint64(52))
-                                      | (np.uint64(t >> tsh) << np.uint64(63)))
+    for g in range((n + 7) // 8):
+        acc = 0
+        for j in range(min(r, nt - g * r)):
+            acc |= np.int64(enc[tb + g * r + j]) << (8 * j)
+        for e in range(min(8, n - 8 * g)):
+            i = 8 * g + e
+            t = (acc >> (r * e)) & rmask
+            x = np.int64(exps[i])
+            if itemsize == 2:
+                dst[2 * i + 1] = (t & 3) | ((x & 0x1F) << 2) | ((t >> 2) << 7)
+            else:
+                dst[8 * i + 6] = (t & 15) | ((x & 15) << 4)
+                dst[8 * i + 7] = ((t >> 4) << 7) | (x >> 4)
 
 
 @njit(cache=True, nogil=True)
