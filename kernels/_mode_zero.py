@@ -919,6 +919,21 @@ def _cuda_kernels():
         return x
 
     @cuda.jit(device=True, inline=True)
+    def c_word(src, base, insh, in_words, i, W):
+        """Word i of the block: from the shared copy when there is one."""
+        if in_words == 0:
+            return c_load(src, base + i * W, W)
+        o = i * W
+        w = insh[o >> 2]
+        if W == 8:
+            return _U(w) | (_U(insh[(o >> 2) + 1]) << _U(32))
+        if W == 4:
+            return _U(w)
+        if W == 2:
+            return _U((w >> uint32(8 * (o & 3))) & uint32(0xFFFF))
+        return _U((w >> uint32(8 * (o & 3))) & uint32(0xFF))
+
+    @cuda.jit(device=True, inline=True)
     def c_zz(x, W, mask):
         top = (x >> _U(8 * W - 1)) & _U(1)
         return ((x << _U(1)) & mask) ^ (mask * top)
@@ -1025,8 +1040,12 @@ def _cuda_kernels():
     # -- encoder -------------------------------------------------------------
     @cuda.jit
     def enc_kernel(src, nblocks, block_bytes, last_bytes, itemsize, scratch,
-                   slot_bytes, sizes, stage_words):
-        stage = cuda.shared.array(0, uint32)
+                   slot_bytes, sizes, in_words, stage_words):
+        # dynamic shared memory: the input block (in_words u32, 0 = read
+        # global memory instead), then the output staging words
+        dyn = cuda.shared.array(0, uint32)
+        insh = dyn[:in_words]
+        stage = dyn[in_words:]
         shs = cuda.shared.array(TPB, int64)
         red = cuda.shared.array(32, int64)
         ors = cuda.shared.array(4, uint64)
@@ -1048,6 +1067,14 @@ def _cuda_kernels():
             red[t] = 0
         if t < 4:
             ors[t] = 0
+        if in_words > 0:
+            # one coalesced pass over the block; later passes read shared memory
+            for j in range(t, (L + 3) // 4, TPB):
+                w = uint32(0)
+                for b in range(4):
+                    if 4 * j + b < L:
+                        w |= uint32(src[base + 4 * j + b]) << uint32(8 * b)
+                insh[j] = w
         cuda.syncthreads()
         # phase 1: counts, ORs, last nonzero
         mt = _I(0)
@@ -1055,7 +1082,7 @@ def _cuda_kernels():
         orv = _U(0)
         orz = _U(0)
         for i in range(i0, i1):
-            x = c_load(src, base + i * W, W)
+            x = c_word(src, base, insh, in_words, i, W)
             orv |= x
             orz |= c_zz(x, W, mask)
             if x != _U(0):
@@ -1074,7 +1101,7 @@ def _cuda_kernels():
         st = _I(0)
         dt = _I(0)
         for i in range(i0, i1):
-            x = c_load(src, base + i * W, W)
+            x = c_word(src, base, insh, in_words, i, W)
             if zz:
                 x = c_zz(x, W, mask)
             if dense:
@@ -1100,7 +1127,7 @@ def _cuda_kernels():
             e[j] = 0
         prev = prev0
         for i in range(i0, i1):
-            x = c_load(src, base + i * W, W)
+            x = c_word(src, base, insh, in_words, i, W)
             if zz:
                 x = c_zz(x, W, mask)
             if dense:
@@ -1211,7 +1238,7 @@ def _cuda_kernels():
         ne = _I(0)
         kv = _U(vpar)
         for i in range(i0, i1):
-            x = c_load(src, base + i * W, W)
+            x = c_word(src, base, insh, in_words, i, W)
             if zz:
                 x = c_zz(x, W, mask)
             if pmode == P_DENSE or x != _U(0):
@@ -1225,7 +1252,7 @@ def _cuda_kernels():
         if pmode == P_GAPS:
             prev = prev0
             for i in range(i0, i1):
-                if c_load(src, base + i * W, W) != _U(0):
+                if c_word(src, base, insh, in_words, i, W) != _U(0):
                     ug += _I(_U(i - prev - 1) >> _U(kp)) + 1
                     prev = i
         ugx, ugt = c_scan(shs, t, ug)
@@ -1246,7 +1273,7 @@ def _cuda_kernels():
         pe = E0 + nex * escw
         prev = prev0
         for i in range(i0, i1):
-            x = c_load(src, base + i * W, W)
+            x = c_word(src, base, insh, in_words, i, W)
             nz = x != _U(0)
             if zz:
                 x = c_zz(x, W, mask)
@@ -1572,11 +1599,13 @@ def encode_blocks_cuda(src, nblocks, block_bytes, last_bytes, itemsize, isfloat,
     if nblocks <= 0:
         return
     enc_kernel, _ = _cuda_kernels()
-    stage_words = (int(block_bytes) + 3) // 4 + 2
-    stage_words = min(stage_words, 12 * 1024)          # <= 48 KiB shared
-    enc_kernel[int(nblocks), TPB, stream, 4 * stage_words](
+    words = (int(block_bytes) + 3) // 4
+    stage_words = min(words + 2, 6 * 1024)
+    # the block's input in shared memory too when both fit in 48 KiB
+    in_words = words if words + stage_words <= 12 * 1024 - 64 else 0
+    enc_kernel[int(nblocks), TPB, stream, 4 * (in_words + stage_words)](
         src, int(nblocks), int(block_bytes), int(last_bytes), int(itemsize),
-        scratch, int(slot_bytes), sizes, stage_words)
+        scratch, int(slot_bytes), sizes, in_words, stage_words)
 
 
 def decode_blocks_cuda(payload, offsets, lengths, block_ids, nsel, block_bytes,

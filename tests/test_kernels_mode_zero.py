@@ -347,7 +347,7 @@ from erdmampi.kernels import _mode_zero as z
 enc, dec = z._cuda_kernels()
 A8 = T.Array(T.uint8, 1, "C"); A32 = T.Array(T.int32, 1, "C")
 A64 = T.Array(T.int64, 1, "C"); i = T.int64
-for f, sig in [(enc, (A8, i, i, i, i, A8, i, A32, i)),
+for f, sig in [(enc, (A8, i, i, i, i, A8, i, A32, i, i)),
                (dec, (A8, A64, A64, A32, i, i, i, i, i, A8, A32))]:
     ptx, _ = cuda.compile_ptx(f.py_func, sig, cc=(9, 0))
     assert ".f64" not in ptx, "accidental float math"
@@ -365,3 +365,21 @@ def test_cuda_kernels_compile_to_ptx():
     if "NO-NVVM" in r.stdout:
         pytest.skip("NVVM not available")
     assert r.returncode == 0 and "PTX-OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_cuda_encoder_unstaged_path_matches():
+    """Blocks too big for shared memory read global memory: same bytes."""
+    from numba import cuda
+    r = np.random.default_rng(13)
+    a = np.where(r.random(48) < 0.2, r.integers(-500, 500, 48), 0).astype(np.int32)
+    b = a.view(np.uint8)
+    (c,) = _cpu_encode(b, 192, 4)
+    enc_kernel, _ = zero._cuda_kernels()
+    scratch = cuda.to_device(np.zeros(192, np.uint8))
+    sizes = cuda.to_device(np.zeros(1, np.int32))
+    stage_words = 192 // 4 + 2
+    enc_kernel[1, zero.TPB, 0, 4 * stage_words](
+        cuda.to_device(b), 1, 192, 192, 4, scratch, 192, sizes, 0, stage_words)
+    k = int(sizes.copy_to_host()[0])
+    assert c is not None and k == c.size
+    assert scratch.copy_to_host()[:k].tobytes() == c.tobytes()
