@@ -34,17 +34,36 @@ A Rice-coded sequence of ``c`` values is three streams, back to back::
     remainders: per value, v & (2**k - 1) in k bits
     escapes:    per value with q >= QMAX, q - QMAX in ``escw`` bits
 
-(gaps: no escape, the unary part is q zeros then a one).  Separate streams
-let a GPU find every code with ballot/popc and prefix sums instead of
-parsing serially.  The decoder rejects anything not produced this way:
+with ``QMAX = 24`` and ``escw = 8W - k`` (gaps: no escape, the unary part is
+q zeros then a one).  Separate streams let a GPU find every code with
+popcounts and prefix sums instead of parsing serially.  The decoder rejects anything not produced this way:
 reserved bits, parameters out of range, a value that overflows the word, a
 position past the block, a stream that ends early or late, non-zero
 padding.
 
-The encoder picks, per block, the cheapest (exact bit count) combination of
-pmode x vmode x parameter among the candidates (deterministic integer
-arithmetic, so the CUDA encoder makes the same choice and writes the same
-bytes).
+The encoder picks, per block, the cheapest (exact bit count, header
+included) combination among: BITMAP (unless no word is zero), GAPS (when
+``2m <= n``), DENSE (when ``2m >= n``); FIXED with the values' bit width or
+RICE with k in ``k0 - 1 .. k0 + 1``, ``k0`` = bit length of the mean (values
+clamped to 2**32) minus one; zigzag when it narrows the OR of the words.
+Ties keep the earlier candidate.  It is all integer arithmetic, so the CUDA
+encoder makes the same choices and writes the same bytes (tested).
+
+CUDA: one CUDA block of ``TPB`` threads per codec block.  Encoder: the block
+is copied once (coalesced) into shared memory; each thread owns a contiguous
+run of words; block-wide prefix sums give each nonzero word its rank and
+the previous nonzero word (for its gap), and each code's bit offsets in the
+unary, remainder and escape streams; codes are OR-ed into a shared staging
+buffer with atomics, then copied out.  Decoder: every thread takes a 32-bit
+window of a unary stream (or of the bitmap), a prefix sum of the windows'
+popcounts ranks the one bits, so each round locates TPB codes at once; the
+remainders sit at fixed offsets, escapes are ranked by another prefix sum.
+On a GPU the shared-memory scans could become warp shuffles / ballots; the
+simulator used in CI implements neither.
+
+Speed (one core, noisy shared machine, best of several runs): sparse int64
+(bench ``make("sparse")``) ratio 84 with the block table; about 3.8 GB/s
+encode and 5.9 GB/s decode over 16 MiB, 7.6 / 8.4 GB/s for a block in cache.
 """
 
 from __future__ import annotations
