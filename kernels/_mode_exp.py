@@ -686,15 +686,23 @@ def _split(src, itemsize, n, exps, hist):
     if itemsize == 2:
         v2 = src.view(np.uint16)
         for i in range(n):
-            e = (np.int64(v2[i]) >> 10) & 0x1F
-            exps[i] = e
-            hist[e] += 1
+            exps[i] = (v2[i] >> 10) & 0x1F
     else:
         v8 = src.view(np.uint64)
         for i in range(n):
-            e = (v8[i] >> np.uint64(52)) & np.uint64(0x7FF)
-            exps[i] = e
-            hist[e] += 1
+            exps[i] = (v8[i] >> np.uint64(52)) & np.uint64(0x7FF)
+    nall = hist.size
+    h4 = np.zeros(4 * nall, np.int32)
+    n4 = n & ~3
+    for i in range(0, n4, 4):
+        h4[np.int64(exps[i])] += 1
+        h4[nall + np.int64(exps[i + 1])] += 1
+        h4[2 * nall + np.int64(exps[i + 2])] += 1
+        h4[3 * nall + np.int64(exps[i + 3])] += 1
+    for i in range(n4, n):
+        h4[np.int64(exps[i])] += 1
+    for x in range(nall):
+        hist[x] = h4[x] + h4[nall + x] + h4[2 * nall + x] + h4[3 * nall + x]
 
 
 @njit(cache=True, nogil=True)
@@ -720,7 +728,20 @@ def _planes(src, itemsize, n, dst, mo):
             pj[i] = src[i * itemsize + j]
     tb = mo + k * n
     nt = (n * r + 7) // 8
-    for g in range((n + 7) // 8):
+    ng = n // 8
+    for g in range(ng):
+        acc = 0
+        for e in range(8):
+            i = 8 * g + e
+            if itemsize == 2:
+                b1 = np.int64(src[2 * i + 1])
+                t = (b1 & 3) | ((b1 >> 7) << 2)
+            else:
+                t = (np.int64(src[8 * i + 6]) & 15) | ((np.int64(src[8 * i + 7]) >> 7) << 4)
+            acc |= t << (r * e)
+        for j in range(r):
+            dst[tb + g * r + j] = (acc >> (8 * j)) & 0xFF
+    for g in range(ng, (n + 7) // 8):
         acc = 0
         for e in range(8):
             i = 8 * g + e
@@ -750,14 +771,42 @@ def _join(enc, mo, itemsize, n, exps, dst):
                     | ((t & 0x80) << 24))
         return
     eb, mb, k, r = _params(itemsize)
-    for j in range(k):
-        pj = enc[mo + j * n:mo + (j + 1) * n]
-        for i in range(n):
-            dst[i * itemsize + j] = pj[i]
     tb = mo + k * n
     nt = (n * r + 7) // 8
     rmask = (1 << r) - 1
-    for g in range((n + 7) // 8):
+    ng = n // 8
+    # whole groups of eight elements: r bytes of top fields, whole words out
+    if itemsize == 2:
+        v2 = dst.view(np.uint16)
+        p0 = enc[mo:mo + n]
+        for g in range(ng):
+            acc = (np.int64(enc[tb + 3 * g]) | (np.int64(enc[tb + 3 * g + 1]) << 8)
+                   | (np.int64(enc[tb + 3 * g + 2]) << 16))
+            for e in range(8):
+                i = 8 * g + e
+                t = (acc >> (3 * e)) & 7
+                v2[i] = (np.int64(p0[i]) | ((t & 3) << 8) | (np.int64(exps[i]) << 10)
+                         | ((t >> 2) << 15))
+    else:
+        v8 = dst.view(np.uint64)
+        for g in range(ng):
+            acc = np.uint64(0)
+            for j in range(5):
+                acc |= np.uint64(enc[tb + 5 * g + j]) << np.uint64(8 * j)
+            for e in range(8):
+                i = 8 * g + e
+                t = (acc >> np.uint64(5 * e)) & np.uint64(31)
+                w = ((t & np.uint64(15)) << _S48) | ((t >> _U4) << np.uint64(63))
+                w |= np.uint64(exps[i]) << np.uint64(52)
+                for j in range(6):
+                    w |= np.uint64(enc[mo + j * n + i]) << np.uint64(8 * j)
+                v8[i] = w
+    # the last partial group byte by byte
+    for j in range(k):
+        pj = enc[mo + j * n:mo + (j + 1) * n]
+        for i in range(8 * ng, n):
+            dst[i * itemsize + j] = pj[i]
+    for g in range(ng, (n + 7) // 8):
         acc = 0
         for j in range(min(r, nt - g * r)):
             acc |= np.int64(enc[tb + g * r + j]) << (8 * j)
