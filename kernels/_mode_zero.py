@@ -1223,7 +1223,7 @@ def _cuda_kernels():
                 vpar = dv_par
                 kp = _I(0)
         size = (best + 7) // 8
-        if size > L or size > 4 * stage_words:
+        if size > L or size + 4 > 4 * stage_words:      # a spare word for c_put
             if t == 0:
                 sizes[bi] = -1
             return
