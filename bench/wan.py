@@ -324,7 +324,9 @@ def markdown(rows, meta):
                                                       sites, _fmt_rate(rate)))
         out.append("")
         erds = [s for s in stacks if s.startswith("erdmampi")]
-        rcols = [(e, cc) for e in erds for cc in TCP_CCS]
+        ccs = [cc for cc in TCP_CCS if any(s.endswith("-" + cc) and not
+                                            s.startswith("erdmampi") for s in stacks)]
+        rcols = [(e, cc) for e in erds for cc in ccs]
         head = ["RTT", "loss"] + stacks + [
             ("×" + cc) if len(erds) == 1 else "%s ×%s" % (e, cc) for e, cc in rcols]
         out.append("| " + " | ".join(head) + " |")
