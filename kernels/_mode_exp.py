@@ -1078,10 +1078,14 @@ def estimate_block(src, itemsize, isfloat):
 
 # ---------------------------------------------------------------------------
 # CUDA: one thread block per codec block.  Exponent histogram in shared
-# memory (atomics), code construction by one thread with the core routines,
-# one thread per sub-block stream (bit counts first, then the streams at
-# their offsets), all threads on the mantissa planes (coalesced).  Elements
-# are handled byte-wise, so no 64-bit shifts of float64 words are needed.
+# memory (atomics), exponents staged in shared memory (blocks up to STAGE
+# elements), code construction by one thread with the core routines, one
+# thread per sub-block stream (bit counts first, then the streams at their
+# offsets), all threads on the mantissa planes and on element assembly
+# (coalesced).  Elements are handled byte-wise, so no 64-bit shifts of
+# float64 words are needed.  Not measured on a GPU (none was lent): the
+# serial parts (code construction, one thread per 256-element stream) bound
+# a codec block's latency, so throughput relies on many blocks in flight.
 # ---------------------------------------------------------------------------
 
 _KERNELS = {}
