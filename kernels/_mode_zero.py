@@ -423,6 +423,8 @@ def _dense(src, n, W, mask, zz, dvals):
 
 @njit(cache=True, nogil=True)
 def encode_block(src, itemsize, isfloat, dst):
+    if src.strides[0] != 1 or dst.strides[0] != 1:
+        return -1                  # word accesses need contiguous bytes
     L = src.size
     W = _word_size(itemsize, L)
     n = L // W
@@ -710,6 +712,8 @@ def _scatter(dst, vals, posn, m, W, zz, mask):
 
 @njit(cache=True, nogil=True)
 def decode_block(enc, itemsize, isfloat, dst):
+    if enc.strides[0] != 1 or dst.strides[0] != 1:
+        return -16                 # word accesses need contiguous bytes
     L = enc.size
     D = dst.size
     W = _word_size(itemsize, D)
@@ -846,7 +850,7 @@ def estimate_block(src, itemsize, isfloat):
     L = src.size
     W = _word_size(itemsize, L)
     n = L // W
-    if n == 0:
+    if n == 0 or src.strides[0] != 1:
         return L + 1
     mask = _mask(W)
     step = max(1, n // 64)

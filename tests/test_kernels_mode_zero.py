@@ -383,3 +383,15 @@ def test_cuda_encoder_unstaged_path_matches():
     k = int(sizes.copy_to_host()[0])
     assert c is not None and k == c.size
     assert scratch.copy_to_host()[:k].tobytes() == c.tobytes()
+
+
+def test_strided_arrays_are_refused():
+    sp = np.zeros(2048, np.int64)
+    sp[::40] = 9
+    b = sp.view(np.uint8)
+    dst = np.zeros(b.size, np.uint8)
+    assert zero.encode_block(b[::2], 8, False, dst[:b.size // 2]) == -1
+    e = enc(sp[:1024], 8)
+    big = np.zeros(2 * 8192, np.uint8)
+    assert zero.decode_block(e, 8, False, big[::2]) < 0
+    assert (big == 0).all()
