@@ -156,15 +156,22 @@ def run_one(bed, stack, coll, nbytes, cap, iters, log):
     before = bed.link_bytes()
     load0 = os.getloadavg()[0]
     t0 = time.time()
-    if st["kind"] == "erdmampi":
-        job = bed.erdmampi_job(argv, env=env)
-    elif st["kind"] == "gloo":
-        job = bed.torch_job(argv, env=env, port=next(_port))
-    else:
-        job = bed.mpich_job(argv, env=env)
-    rcs = job.wait(timeout=cap)
+    try:
+        if st["kind"] == "erdmampi":
+            job = bed.erdmampi_job(argv, env=env)
+        elif st["kind"] == "gloo":
+            job = bed.torch_job(argv, env=env, port=next(_port))
+        else:
+            job = bed.mpich_job(argv, env=env)
+    except Exception as e:   # e.g. the rendezvous store did not start: this run fails
+        job = None
+        rec = {"status": "error", "times": [], "time_lb": None,
+               "error": "could not start: %s" % str(e)[:500]}
+    if job is not None:
+        rcs = job.wait(timeout=cap)
     t_kill = time.time()
-    rec = evaluate(job.outputs(), bed.sites, job.timed_out, rcs, t_kill)
+    if job is not None:
+        rec = evaluate(job.outputs(), bed.sites, job.timed_out, rcs, t_kill)
     after = bed.link_bytes()
     rec.update(stack=stack, coll=coll, bytes=nbytes, wall_s=round(t_kill - t0, 2),
                load=round((load0 + os.getloadavg()[0]) / 2, 2),
@@ -217,10 +224,13 @@ def summarize(runs, cells):
                 vals, bound = [], False
                 for r in mine:
                     if r["times"]:
-                        vals.append(statistics.median(r["times"]))
-                        # a capped run's unfinished iteration only ever makes it slower
-                        bound = bound or (r["status"] == "capped" and r["time_lb"] is not None
-                                          and r["time_lb"] > vals[-1])
+                        ts = list(r["times"])
+                        if r["status"] == "capped" and r["time_lb"] is not None:
+                            # the unfinished iteration took at least time_lb: the median
+                            # with it is a lower bound of the run's true median
+                            ts.append(r["time_lb"])
+                            bound = True
+                        vals.append(statistics.median(ts))
                     elif r["time_lb"] is not None:
                         vals.append(r["time_lb"])
                         bound = True
@@ -267,7 +277,9 @@ def _ratio(stacks, cc, erd_name):
         return None
     best = min(peers, key=lambda k: peers[k]["time_s"])
     value = peers[best]["time_s"] / erd["time_s"]
-    peer_lb, erd_lb = any(v["lower_bound"] for v in peers.values()), erd["lower_bound"]
+    # the best peer's time is exact unless it is itself a bound (a bounded peer
+    # above an exact one cannot be the fastest)
+    peer_lb, erd_lb = peers[best]["lower_bound"], erd["lower_bound"]
     if peer_lb and erd_lb:
         return None
     kind = ">=" if peer_lb else "<=" if erd_lb else "="
