@@ -129,3 +129,28 @@ def test_time_cap_kills_and_cleans_up(tmp_path):
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert tags not in left
     assert not _workload_pids()
+
+
+def test_summary_bounds_and_ratios():
+    cell = {"key": "c", "sites": 2, "rate_bps": 100_000_000, "rtt_ms": 100.0, "loss": 0.01,
+            "stacks": ["erdmampi", "gloo-cubic", "mpich-cubic", "gloo-bbr"]}
+    base = {"cell": "c", "coll": "allreduce", "bytes": 16 << 20, "link_up_bytes": 10 ** 7,
+            "wall_s": 10.0}
+    runs = [dict(base, stack="erdmampi", status="ok", times=[2.0, 2.2, 2.1], time_lb=None),
+            dict(base, stack="gloo-cubic", status="capped", times=[], time_lb=80.0),
+            dict(base, stack="mpich-cubic", status="capped", times=[30.0], time_lb=50.0),
+            dict(base, stack="gloo-bbr", status="ok", times=[4.2], time_lb=None)]
+    row = bw.summarize(runs, [cell])[0]
+    st = row["stacks"]
+    assert st["erdmampi"]["time_s"] == 2.1 and not st["erdmampi"]["lower_bound"]
+    assert st["gloo-cubic"]["lower_bound"] and st["gloo-cubic"]["time_s"] == 80.0
+    assert st["mpich-cubic"]["lower_bound"] and st["mpich-cubic"]["time_s"] == 40.0
+    # busbw = bytes * 8 / t * 2(n-1)/n with n = 2; utilisation over 100 Mbit/s
+    assert abs(st["gloo-bbr"]["busbw_mbps"] - (16 << 20) * 8 / 4.2 / 1e6) < 1e-9
+    assert abs(st["gloo-bbr"]["util"] - st["gloo-bbr"]["busbw_mbps"] / 100) < 1e-9
+    cub, bbr = row["ratios"]["cubic"], row["ratios"]["bbr"]
+    assert cub["kind"] == ">=" and cub["vs"] == "mpich-cubic" and abs(cub["value"] - 40 / 2.1) < 1e-9
+    assert bbr["kind"] == "=" and abs(bbr["value"] - 2.0) < 1e-9
+    md = bw.markdown([row], {"stacks": cell["stacks"], "command": "x", "time": "t",
+                             "elapsed_s": 1, "loadavg": [1.0], "time_cap": 90})
+    assert "≥ 19×" in md and "| 100 ms | 1% |" in md and "< " in md
