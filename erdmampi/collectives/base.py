@@ -68,6 +68,12 @@ class Transport(Protocol):
         C-contiguous); the message has exactly ``buf.nbytes`` bytes."""
         ...
 
+    def irecv_upto(self, buf: np.ndarray, source: int, tag: int) -> Req:
+        """Like :meth:`irecv`, but the message may be shorter than ``buf``
+        (compressed chunks: their encoding records its own length).  Only
+        :mod:`erdmampi.collectives.compressed` uses it."""
+        ...
+
     def send_obj(self, obj: Any, dest: int, tag: int) -> None:
         """Send a pickled Python object; may block until it is matched."""
         ...
