@@ -171,7 +171,10 @@ def run_one(bed, stack, coll, nbytes, cap, iters, log):
         rcs = job.wait(timeout=cap)
     t_kill = time.time()
     if job is not None:
-        rec = evaluate(job.outputs(), bed.sites, job.timed_out, rcs, t_kill)
+        outs = job.outputs()
+        rec = evaluate(outs, bed.sites, job.timed_out, rcs, t_kill)
+        if rec["status"] != "ok":     # for diagnosis: the end of each process's output
+            rec["output_tail"] = [o[-1500:] for o in outs]
     after = bed.link_bytes()
     rec.update(stack=stack, coll=coll, bytes=nbytes, wall_s=round(t_kill - t0, 2),
                load=round((load0 + os.getloadavg()[0]) / 2, 2),
