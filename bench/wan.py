@@ -406,7 +406,7 @@ def write_markdown(path, text, section=None):
         f.write(text if text.endswith("\n") else text + "\n")
 
 
-COLOR = {"erdmampi": "tab:red", "gloo-cubic": "tab:green", "gloo-bbr": "yellowgreen",
+COLOR = {"erdmampi": "tab:red", "erdmampi-bbr": "darkorange", "erdmampi-cubic": "firebrick", "gloo-cubic": "tab:green", "gloo-bbr": "yellowgreen",
          "mpich-cubic": "tab:blue", "mpich-bbr": "lightskyblue"}
 
 
@@ -470,9 +470,11 @@ def plot(rows, meta, path):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    per_row = 3 if ncol == 1 else 6
+    fig.legend(handles, labels, loc="upper center", ncol=min(per_row, len(labels)),
+               fontsize=8, frameon=False)
+    rows_of_legend = (len(labels) + per_row - 1) // per_row
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.07 * rows_of_legend) / nrow))
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
