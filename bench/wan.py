@@ -1,6 +1,6 @@
 """erdmampi against gloo and MPICH over emulated wide-area links (issue 5).
 
-    python -m bench.wan --quick                      # smoke run, a few minutes
+    python -m bench.wan --quick                      # smoke run, ~30 s here
     python -m bench.wan --sites 2 --rates 100mbit --rtts 20,100 --losses 0,0.01 \\
         --sizes 16MiB --colls allreduce --time-cap 90
     python -m bench.wan --from-json bench/results/wan.json --md docs/wan_results.md
