@@ -70,8 +70,7 @@ def engine_send_all(eng: Engine, msgs, dest: int):
         r.free()
 
 
-def engine_recv(eng: Engine, source: int, tag: int):
-    req = eng.irecv_alloc(source, tag, CTX)
+def engine_wait_recv(req):
     st = req.wait(WAIT)
     data = bytes(req.take())
     req.free()
@@ -89,9 +88,13 @@ async def exchange(eng: Engine, peer: ErdmaPeer) -> None:
                  (pattern(65536, 1), 12, False, "eager"),
                  (pattern(300_000, 2), 13, False, "rendezvous"),
                  (b"synchronous", 14, True, "rendezvous")]
-    receives = [asyncio.ensure_future(asyncio.to_thread(
-        engine_recv, eng, ANY_SOURCE if tag == 12 else other, ANY_TAG if tag == 13 else tag))
-        for _, tag, _, _ in to_engine]
+    # Post the receives in order before anything is sent: the ANY_TAG one
+    # must not be posted ahead of the others, or it may match their message.
+    posted = [eng.irecv_alloc(ANY_SOURCE if tag == 12 else other,
+                              ANY_TAG if tag == 13 else tag, CTX)
+              for _, tag, _, _ in to_engine]
+    receives = [asyncio.ensure_future(asyncio.to_thread(engine_wait_recv, req))
+                for req in posted]
     for data, tag, sync, how in to_engine:
         assert await peer.send(data, tag=tag, ctx=CTX, sync=sync) == how
     for fut, (data, tag, _, _) in zip(receives, to_engine):
