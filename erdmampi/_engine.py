@@ -328,7 +328,8 @@ class Engine:
         st = ffi.new("erdma_stats *")
         lib.erdma_engine_stats(self._h, st)
         return {k: getattr(st, k) for k in ("pkts_sent", "pkts_recv", "bytes_sent",
-                                            "bytes_recv", "msgs_sent", "msgs_recv", "unexpected")}
+                                            "bytes_recv", "msgs_sent", "msgs_recv", "unexpected",
+                                            "chunks_sent", "chunks_recv")}
 
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)

@@ -86,6 +86,7 @@ typedef struct erdma_status {
 typedef struct erdma_stats {
   uint64_t pkts_sent, pkts_recv, bytes_sent, bytes_recv;
   uint64_t msgs_sent, msgs_recv, unexpected;
+  uint64_t chunks_sent, chunks_recv; /* CHUNK frames (payload on data streams) */
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

@@ -156,6 +156,7 @@ static void payload_done(erdma_conn *c, rx_state *x) {
   erdma_engine *e = c->e;
   erdma_req *r = x->req;
   erdma_msg *m = x->msg;
+  if (x->cur.type == FR_CHUNK) e->stats.chunks_recv++;
   if (r && x->cur.type == FR_CHUNK) {
     r->got += x->cur.len;
     if (r->got >= r->nbytes) { /* the last chunk of the message */
@@ -742,6 +743,7 @@ static int ds_enqueue(erdma_conn *c, tx_stream *d, const frame_hdr *h, const voi
   d->tail = t;
   if (!d->write) d->write = t;
   c->dirty = 1;
+  c->e->stats.chunks_sent++;
   return 0;
 }
 
