@@ -94,6 +94,49 @@ class Link:
         for ns in (self.a, self.b):
             _run("ip", "netns", "del", ns, check=False)
 
+    def cmd(self, site, argv):
+        return ["ip", "netns", "exec", (self.a, self.b)[site], *argv]
+
+    def addr(self, site):
+        return (ADDR_A, ADDR_B)[site]
+
+
+def wan_bed_class(path=""):
+    """erdmampi.testing.wan.WanBed (sites joined through a router by delay
+    lines), from the package or from the file ``path``; None if unavailable."""
+    if path:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("_wan_bed", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_wan_bed"] = mod
+        spec.loader.exec_module(mod)
+        return mod.WanBed
+    try:
+        from erdmampi.testing.wan import WanBed
+    except ImportError:
+        return None
+    return WanBed
+
+
+class DelayLink:
+    """The same interface over a WanBed with two sites and a one-way delay."""
+
+    def __init__(self, bed_class, rate, loss_pct, delay_ms):
+        self.bed = bed_class(sites=2, rate=rate, delay_ms=delay_ms, loss=loss_pct / 100)
+
+    def __enter__(self):
+        self.bed.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bed.close()
+
+    def cmd(self, site, argv):
+        return self.bed.ns_cmd(site, argv)
+
+    def addr(self, site):
+        return self.bed.addr(site)
+
 
 # ------------------------------------------------------------------ quic
 def worker(args):
@@ -103,14 +146,14 @@ def worker(args):
     from erdmampi import _engine as E
 
     rank = args.rank
-    opts = {"rank": rank, "size": 2, "bind": ADDR_A if rank == 0 else ADDR_B,
-            "port": PORT_A if rank == 0 else PORT_B, "connect_timeout": 20.0,
-            "idle_timeout": 30.0}
+    addrs, ports = args.addrs.split(","), (PORT_A, PORT_B)
+    opts = {"rank": rank, "size": 2, "bind": addrs[rank], "port": ports[rank],
+            "connect_timeout": 20.0, "idle_timeout": 30.0}
     if args.cc:
         opts["cc"] = args.cc
     eng = E.Engine.create(**opts)
     other = 1 - rank
-    eng.set_peer(other, ADDR_A if other == 0 else ADDR_B, PORT_A if other == 0 else PORT_B, "")
+    eng.set_peer(other, addrs[other], ports[other], "")
     eng.connect()
     n = args.msg
     depth = 4
@@ -168,14 +211,17 @@ def run_quic(link, args):
         env["PYTHONPATH"] = args.pythonpath
     # by file, so that PYTHONPATH (not the current directory) picks erdmampi
     base = [sys.executable, os.path.abspath(__file__), "--worker", "--msg", str(args.msg),
-            "--time", str(args.time)] + (["--cc", args.cc] if args.cc else [])
-    recv = subprocess.Popen(["ip", "netns", "exec", link.a, *base, "--rank", "0"], cwd=REPO,
+            "--time", str(args.time), "--addrs", f"{link.addr(0)},{link.addr(1)}"]
+    base += ["--cc", args.cc] if args.cc else []
+    recv = subprocess.Popen(link.cmd(0, [*base, "--rank", "0"]), cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    send = subprocess.Popen(["ip", "netns", "exec", link.b, *base, "--rank", "1"], cwd=REPO,
+    send = subprocess.Popen(link.cmd(1, [*base, "--rank", "1"]), cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = recv.communicate(timeout=60 + 4 * args.time)
-        send.communicate(timeout=30)
+        _, err1 = send.communicate(timeout=30)
+        if os.environ.get("QL_STDERR"):
+            sys.stderr.write(err + err1)
     except subprocess.TimeoutExpired:
         for p in (recv, send):
             p.kill()
@@ -189,12 +235,12 @@ def run_quic(link, args):
 
 # ----------------------------------------------------------------- iperf3
 def run_iperf(link, cc, secs):
-    srv = subprocess.Popen(["ip", "netns", "exec", link.a, "iperf3", "-s", "-1", "-B", ADDR_A],
+    srv = subprocess.Popen(link.cmd(0, ["iperf3", "-s", "-1", "-B", link.addr(0)]),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
-        p = _run("ip", "netns", "exec", link.b, "iperf3", "-c", ADDR_A, "-t", str(secs),
-                 "-C", cc, "-J", check=False, timeout=secs + 30)
+        p = _run(*link.cmd(1, ["iperf3", "-c", link.addr(0), "-t", str(secs), "-C", cc, "-J"]),
+                 check=False, timeout=secs + 30)
         rec = json.loads(p.stdout)
         if "error" in rec:
             return {"error": rec["error"]}
@@ -223,7 +269,11 @@ def main(argv=None):
                     help="PYTHONPATH of the ranks (compare another build of erdmampi)")
     ap.add_argument("--label", default="", help="name of this engine configuration")
     ap.add_argument("--json", default="", help="append records to this file")
+    ap.add_argument("--delay-ms", default="0",
+                    help="comma list of one-way delays; > 0 needs erdmampi.testing.wan")
+    ap.add_argument("--wan-module", default="", help="path of wan.py (if not in the package)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--addrs", default=f"{ADDR_A},{ADDR_B}", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -238,31 +288,41 @@ def main(argv=None):
         if "cubic" not in allowed.split():
             with open(ALLOWED, "w") as f:
                 f.write(allowed + " cubic")
-        with Link() as link:
+        delays = [float(d) for d in args.delay_ms.split(",")]
+        bed_class = wan_bed_class(args.wan_module) if max(delays) > 0 else None
+        if max(delays) > 0 and bed_class is None:
+            sys.exit("--delay-ms needs erdmampi.testing.wan (or --wan-module PATH)")
+        for delay in delays:
             for rate in args.rate.split(","):
                 for loss in args.loss.split(","):
-                    link.shape(rate_bits(rate), float(loss))
-                    for stack in stacks:
-                        if stack == "quic":
-                            r = run_quic(link, args)
-                        else:
-                            r = run_iperf(link, stack.split("-")[1], args.time)
-                        rec = {"stack": stack if stack != "quic" else
-                               "quic" + (f"[{args.label}]" if args.label else ""),
-                               "rate": rate, "loss": float(loss), **r}
-                        rec.pop("stats", None)
-                        rows.append(rec)
-                        print(json.dumps(rec), flush=True)
-                        if args.json:
-                            with open(args.json, "a") as f:
-                                f.write(json.dumps(rec) + "\n")
+                    if delay > 0:
+                        link = DelayLink(bed_class, rate, float(loss), delay)
+                    else:
+                        link = Link()
+                    with link:
+                        if delay <= 0:
+                            link.shape(rate_bits(rate), float(loss))
+                        for stack in stacks:
+                            if stack == "quic":
+                                r = run_quic(link, args)
+                            else:
+                                r = run_iperf(link, stack.split("-")[1], args.time)
+                            rec = {"stack": stack if stack != "quic" else
+                                   "quic" + (f"[{args.label}]" if args.label else ""),
+                                   "rate": rate, "loss": float(loss), "rtt_ms": 2 * delay, **r}
+                            rec.pop("stats", None)
+                            rows.append(rec)
+                            print(json.dumps(rec), flush=True)
+                            if args.json:
+                                with open(args.json, "a") as f:
+                                    f.write(json.dumps(rec) + "\n")
     finally:
         with open(ALLOWED, "w") as f:
             f.write(allowed)
-    print("\n%-22s %-8s %-6s %10s" % ("stack", "rate", "loss%", "Mbit/s"))
+    print("\n%-22s %-8s %-7s %-6s %10s" % ("stack", "rate", "rtt_ms", "loss%", "Mbit/s"))
     for r in rows:
-        print("%-22s %-8s %-6g %10s" % (r["stack"], r["rate"], r["loss"],
-                                        "%.1f" % r["mbit"] if "mbit" in r else r.get("error")))
+        print("%-22s %-8s %-7g %-6g %10s" % (r["stack"], r["rate"], r["rtt_ms"], r["loss"],
+                                             "%.1f" % r["mbit"] if "mbit" in r else r.get("error")))
     return 0
 
 

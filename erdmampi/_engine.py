@@ -257,7 +257,7 @@ class Engine:
     def create(cls, rank: int = 0, size: int = 1, bind: str = "127.0.0.1", port: int = 0,
                cc: str = "auto", eager_limit: int = 65536, idle_timeout: float = 60.0,
                connect_timeout: float = 60.0, max_udp_payload: int = 0,
-               spin_us: int = 50, verbose: bool = False, **tuning) -> "Engine":
+               spin_us: int = 50, verbose: int = 0, **tuning) -> "Engine":
         """``cc``: "auto" (BBR to other hosts, CUBIC over loopback) or an algorithm.
         ``tuning`` (None or absent: the engine's default): stream_window,
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
@@ -283,7 +283,7 @@ class Engine:
         cfg.handshake_timeout = connect_timeout
         cfg.max_udp_payload = max_udp_payload
         cfg.spin_us = spin_us
-        cfg.verbose = int(verbose)
+        cfg.verbose = int(verbose)  # 2: path statistics (cwnd, RTT, rates) every second
         out = ffi.new("erdma_engine **")
         _check(lib.erdma_engine_new(cfg, out), f"engine start (bind {bind}:{port})")
         return cls(out[0], rank, size)

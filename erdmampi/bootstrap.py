@@ -81,6 +81,12 @@ def _env_size(name: str, env=os.environ):
         raise ValueError(f"{name}={env[name]!r} is not a size (e.g. 64M, 1G, 4096)") from None
 
 
+def _verbosity(text: str) -> int:
+    """ERDMA_VERBOSE: "" or 0 quiet, 1 diagnostics, 2 also path statistics each second."""
+    text = text.strip()
+    return int(text) if text.isdigit() else (1 if text else 0)
+
+
 def _route_addr(host: str, port: int) -> str:
     """The local address that routes to the rendezvous host."""
     try:
@@ -109,7 +115,7 @@ def init_world() -> Engine:
         connect_timeout=_env_float("ERDMA_CONNECT_TIMEOUT", 60.0),
         max_udp_payload=int(env.get("ERDMA_MAX_UDP_PAYLOAD", 0)),
         spin_us=int(env.get("ERDMA_SPIN_US", 50)),
-        verbose=env.get("ERDMA_VERBOSE", "") not in ("", "0"),
+        verbose=_verbosity(env.get("ERDMA_VERBOSE", "")),
         **{name: _env_size(var) for name, var in _TUNING_ENV.items()},
     )
     hosts = [host_id]

@@ -962,6 +962,20 @@ static void expire_one(erdma_conn *c) {
 }
 void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
 
+void conn_log_paths(erdma_engine *e) {
+  for (int i = 0; i < e->cfg.size; i++) {
+    erdma_conn *c = e->peers[i].conn;
+    ngtcp2_conn_stat cs;
+    if (!c || !c->conn || c->closed) continue;
+    ngtcp2_conn_get_conn_stat(c->conn, &cs);
+    fprintf(stderr, "erdma[%d]: peer %d: cwnd %lu in flight %lu srtt %.1f ms min %.1f ms "
+            "pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank, i,
+            (unsigned long)cs.cwnd, (unsigned long)cs.bytes_in_flight, cs.smoothed_rtt / 1e6,
+            cs.min_rtt == UINT64_MAX ? 0.0 : cs.min_rtt / 1e6, cs.pacing_rate * 8e3,
+            cs.delivery_rate_sec * 8 / 1e6);
+  }
+}
+
 uint64_t conn_next_expiry(erdma_engine *e) {
   uint64_t t = UINT64_MAX;
   for (erdma_conn *c = e->pending; c; c = c->next_pending)

@@ -226,6 +226,10 @@ static void *progress_main(void *arg) {
     conn_handle_expiry_all(e);
     conn_flush_all(e);
     conn_reap_pending(e);
+    if (e->cfg.verbose >= 2 && erdma_now() - e->last_log > 1000000000ull) {
+      e->last_log = erdma_now();
+      conn_log_paths(e);
+    }
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;

@@ -208,6 +208,7 @@ struct erdma_engine {
   pthread_cond_t cv;
   pthread_t thread;
   int running, started, stopping;
+  uint64_t last_log;     /* verbose >= 2: last path report */
   uint64_t wake_at;      /* when the sleeping progress thread wakes (UINT64_MAX: awake) */
   /* TLS identity */
   gnutls_certificate_credentials_t cred;
@@ -276,6 +277,7 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
 int conn_flush(erdma_conn *c);
 void conn_flush_all(erdma_engine *e);
 void conn_handle_expiry_all(erdma_engine *e);
+void conn_log_paths(erdma_engine *e); /* one line per QUIC peer: cwnd, RTT, rates */
 uint64_t conn_next_expiry(erdma_engine *e);
 void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload,
                   uint64_t plen, uint8_t *owned, erdma_req *req);
