@@ -17,8 +17,9 @@ in 10.213.0.0/24 inside the namespaces are used.
     python -m bench.quic_link --rate 100mbit,1gbit --loss 0,1,3 --time 8
     python -m bench.quic_link --cc bbr2 --env ERDMA_DATA_STREAMS=1 ...
 
-``--cc`` and ``--env NAME=VALUE`` are passed to the engine ranks (the engine's
-own defaults otherwise), so configurations can be compared on the same link.
+``--cc`` and ``--env NAME=VALUE`` (the ERDMA_* tuning variables of
+docs/design.md) are passed to the engine ranks (the engine's own defaults
+otherwise), so configurations can be compared on the same link.
 A delay line is not built here (this kernel has no netem): RTT is the veth's.
 """
 import argparse
@@ -151,6 +152,14 @@ def worker(args):
             "connect_timeout": 20.0, "idle_timeout": 30.0}
     if args.cc:
         opts["cc"] = args.cc
+    # the engine's tuning variables (ERDMA_DATA_STREAMS, ERDMA_CHUNK, windows...) as a
+    # launched rank would read them
+    from erdmampi import bootstrap
+    for name, var in bootstrap._TUNING_ENV.items():
+        value = bootstrap._env_size(var)
+        if value is not None:
+            opts[name] = value
+    opts["verbose"] = bootstrap._verbosity(os.environ.get("ERDMA_VERBOSE", ""))
     eng = E.Engine.create(**opts)
     other = 1 - rank
     eng.set_peer(other, addrs[other], ports[other], "")
