@@ -155,11 +155,11 @@ def worker(args):
     # the engine's tuning variables (ERDMA_DATA_STREAMS, ERDMA_CHUNK, windows...) as a
     # launched rank would read them
     from erdmampi import bootstrap
-    for name, var in bootstrap._TUNING_ENV.items():
+    for name, var in getattr(bootstrap, "_TUNING_ENV", {}).items():  # (older trees: none)
         value = bootstrap._env_size(var)
         if value is not None:
             opts[name] = value
-    opts["verbose"] = bootstrap._verbosity(os.environ.get("ERDMA_VERBOSE", ""))
+    opts["verbose"] = int(os.environ.get("ERDMA_VERBOSE", "0") or 0)
     eng = E.Engine.create(**opts)
     other = 1 - rank
     eng.set_peer(other, addrs[other], ports[other], "")
