@@ -22,8 +22,16 @@ ERR_RANK = lib.ERDMA_ERR_RANK
 ERR_STATE = lib.ERDMA_ERR_STATE
 ERR_AUTH = lib.ERDMA_ERR_AUTH
 
-CC_ALGOS = {"reno": lib.ERDMA_CC_RENO, "cubic": lib.ERDMA_CC_CUBIC,
-            "bbr": lib.ERDMA_CC_BBR, "bbr2": lib.ERDMA_CC_BBR2}
+CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
+            "cubic": lib.ERDMA_CC_CUBIC, "bbr": lib.ERDMA_CC_BBR, "bbr2": lib.ERDMA_CC_BBR2}
+
+# Engine.create(**tuning): name -> allowed range
+TUNING = {
+    "stream_window": (1 << 16, 1 << 40), "conn_window": (1 << 16, 1 << 40),
+    "max_stream_window": (1 << 16, 1 << 40), "max_conn_window": (1 << 16, 1 << 40),
+    "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16),
+    "chunk_size": (4096, 1 << 30),
+}
 
 _SLICE = 0.5  # seconds a blocking call waits before checking for signals
 
@@ -247,13 +255,26 @@ class Engine:
 
     @classmethod
     def create(cls, rank: int = 0, size: int = 1, bind: str = "127.0.0.1", port: int = 0,
-               cc: str = "cubic", eager_limit: int = 65536, idle_timeout: float = 60.0,
+               cc: str = "auto", eager_limit: int = 65536, idle_timeout: float = 60.0,
                connect_timeout: float = 60.0, max_udp_payload: int = 0,
-               spin_us: int = 50, verbose: bool = False) -> "Engine":
+               spin_us: int = 50, verbose: int = 0, **tuning) -> "Engine":
+        """``cc``: "auto" (BBR to other hosts, CUBIC over loopback) or an algorithm.
+        ``tuning`` (None or absent: the engine's default): stream_window,
+        conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
+        data_streams (count), chunk_size (bytes); see docs/design.md."""
         if cc not in CC_ALGOS:
             raise ValueError(f"unknown congestion control {cc!r}; choose one of {sorted(CC_ALGOS)}")
         cfg = ffi.new("erdma_config *")
         lib.erdma_config_default(cfg)
+        for name, value in tuning.items():
+            if name not in TUNING:
+                raise TypeError(f"Engine.create() got an unexpected keyword argument {name!r}")
+            if value is None:
+                continue
+            lo, hi = TUNING[name]
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
+            setattr(cfg, name, value)
         bind_c = ffi.new("char[]", bind.encode())
         cfg.rank, cfg.size, cfg.bind_addr, cfg.port = rank, size, bind_c, port
         cfg.cc_algo = CC_ALGOS[cc]
@@ -262,7 +283,7 @@ class Engine:
         cfg.handshake_timeout = connect_timeout
         cfg.max_udp_payload = max_udp_payload
         cfg.spin_us = spin_us
-        cfg.verbose = int(verbose)
+        cfg.verbose = int(verbose)  # 2: path statistics (cwnd, RTT, rates) every second
         out = ffi.new("erdma_engine **")
         _check(lib.erdma_engine_new(cfg, out), f"engine start (bind {bind}:{port})")
         return cls(out[0], rank, size)
@@ -307,7 +328,8 @@ class Engine:
         st = ffi.new("erdma_stats *")
         lib.erdma_engine_stats(self._h, st)
         return {k: getattr(st, k) for k in ("pkts_sent", "pkts_recv", "bytes_sent",
-                                            "bytes_recv", "msgs_sent", "msgs_recv", "unexpected")}
+                                            "bytes_recv", "msgs_sent", "msgs_recv", "unexpected",
+                                            "chunks_sent", "chunks_recv")}
 
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)

@@ -59,6 +59,34 @@ def _host_id() -> str:
         return socket.gethostname()
 
 
+# Engine.create tuning keywords and their variables (docs/design.md)
+_TUNING_ENV = {
+    "stream_window": "ERDMA_STREAM_WINDOW", "conn_window": "ERDMA_CONN_WINDOW",
+    "max_stream_window": "ERDMA_MAX_STREAM_WINDOW", "max_conn_window": "ERDMA_MAX_CONN_WINDOW",
+    "sock_buf": "ERDMA_SOCK_BUF", "data_streams": "ERDMA_DATA_STREAMS",
+    "chunk_size": "ERDMA_CHUNK",
+}
+_SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _env_size(name: str, env=os.environ):
+    """An integer variable that may end in K, M or G (binary); None if unset."""
+    text = env.get(name, "").strip().upper().removesuffix("IB").removesuffix("B")
+    if not text:
+        return None
+    scale = _SCALE.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise ValueError(f"{name}={env[name]!r} is not a size (e.g. 64M, 1G, 4096)") from None
+
+
+def _verbosity(text: str) -> int:
+    """ERDMA_VERBOSE: "" or 0 quiet, 1 diagnostics, 2 also path statistics each second."""
+    text = text.strip()
+    return int(text) if text.isdigit() else (1 if text else 0)
+
+
 def _route_addr(host: str, port: int) -> str:
     """The local address that routes to the rendezvous host."""
     try:
@@ -81,13 +109,14 @@ def init_world() -> Engine:
     rdv = env.get("ERDMA_RENDEZVOUS")
     host_id = env.get("ERDMA_HOST") or _host_id()
     opts = dict(
-        cc=env.get("ERDMA_CC", "cubic").lower(),
+        cc=env.get("ERDMA_CC", "auto").lower(),
         eager_limit=int(env.get("ERDMA_EAGER_LIMIT", 65536)),
         idle_timeout=_env_float("ERDMA_TIMEOUT", 60.0),
         connect_timeout=_env_float("ERDMA_CONNECT_TIMEOUT", 60.0),
         max_udp_payload=int(env.get("ERDMA_MAX_UDP_PAYLOAD", 0)),
         spin_us=int(env.get("ERDMA_SPIN_US", 50)),
-        verbose=env.get("ERDMA_VERBOSE", "") not in ("", "0"),
+        verbose=_verbosity(env.get("ERDMA_VERBOSE", "")),
+        **{name: _env_size(var) for name, var in _TUNING_ENV.items()},
     )
     hosts = [host_id]
     if size == 1:

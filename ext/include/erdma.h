@@ -39,7 +39,9 @@
 #define ERDMA_ERR_AUTH (-12)      /* peer failed authentication */
 #define ERDMA_ERR_FATAL (-100)
 
-/* Congestion control (values of ngtcp2_cc_algo). */
+/* Congestion control (values of ngtcp2_cc_algo); AUTO: BBR towards peers on
+ * other hosts, CUBIC over loopback. */
+#define ERDMA_CC_AUTO (-1)
 #define ERDMA_CC_RENO 0
 #define ERDMA_CC_CUBIC 1
 #define ERDMA_CC_BBR 2
@@ -57,14 +59,18 @@ typedef struct erdma_config {
   int size;
   const char *bind_addr;     /* local IPv4/IPv6 address to bind, "0.0.0.0" ok */
   int port;                  /* 0 = ephemeral */
-  int cc_algo;               /* ERDMA_CC_* */
+  int cc_algo;               /* ERDMA_CC_* (ERDMA_CC_AUTO: by path) */
   uint64_t eager_limit;      /* bytes; larger messages use RTS/CTS */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   size_t max_udp_payload;    /* 0 = automatic (large on loopback, 1452 otherwise) */
-  uint64_t stream_window;    /* QUIC stream flow-control window, bytes */
-  uint64_t conn_window;      /* QUIC connection flow-control window, bytes */
-  int sock_buf;              /* SO_SNDBUF/SO_RCVBUF bytes */
+  uint64_t stream_window;    /* initial QUIC stream flow-control window, bytes */
+  uint64_t conn_window;      /* initial QUIC connection flow-control window, bytes */
+  uint64_t max_stream_window; /* auto-tuning ceiling of the stream window, bytes */
+  uint64_t max_conn_window;  /* auto-tuning ceiling of the connection window, bytes */
+  int sock_buf;              /* SO_SNDBUF/SO_RCVBUF bytes (forced when allowed) */
+  int data_streams;          /* unidirectional streams per peer for payload (0: none) */
+  uint64_t chunk_size;       /* bytes of payload per CHUNK frame on a data stream */
   int spin_us;               /* a waiter polls the socket this long before sleeping */
   int verbose;
 } erdma_config;
@@ -80,6 +86,7 @@ typedef struct erdma_status {
 typedef struct erdma_stats {
   uint64_t pkts_sent, pkts_recv, bytes_sent, bytes_recv;
   uint64_t msgs_sent, msgs_recv, unexpected;
+  uint64_t chunks_sent, chunks_recv; /* CHUNK frames (payload on data streams) */
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

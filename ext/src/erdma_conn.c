@@ -20,8 +20,12 @@ void hdr_encode(uint8_t out[ERDMA_HDR_LEN], const frame_hdr *h) {
   out[0] = h->type;
   out[1] = h->flags;
   put32(out + 4, h->ctx);
-  put32(out + 8, (uint32_t)h->tag);
-  put32(out + 12, h->aux);
+  if (h->type == FR_CHUNK) {
+    put64(out + 8, h->off);
+  } else {
+    put32(out + 8, (uint32_t)h->tag);
+    put32(out + 12, h->aux);
+  }
   put64(out + 16, h->len);
   put64(out + 24, h->id);
 }
@@ -32,6 +36,7 @@ void hdr_decode(frame_hdr *h, const uint8_t in[ERDMA_HDR_LEN]) {
   h->ctx = get32(in + 4);
   h->tag = (int32_t)get32(in + 8);
   h->aux = get32(in + 12);
+  h->off = get64(in + 8);
   h->len = get64(in + 16);
   h->id = get64(in + 24);
 }
@@ -130,20 +135,37 @@ void conn_reap_pending(erdma_engine *e) {
 }
 
 /* ----------------------------------------------------------- rx framing */
-static void rx_reset(erdma_conn *c) {
-  c->rx.hdr_got = 0;
-  c->rx.remaining = 0;
-  c->rx.dst = NULL;
-  c->rx.room = 0;
-  c->rx.req = NULL;
-  c->rx.msg = NULL;
+static void rx_reset(rx_state *x) {
+  x->hdr_got = 0;
+  x->remaining = 0;
+  x->dst = NULL;
+  x->room = 0;
+  x->req = NULL;
+  x->msg = NULL;
 }
 
-static void payload_done(erdma_conn *c) {
+rx_state *conn_rx_at(erdma_conn *c, int i) { return i == 0 ? &c->rx : &c->drx[i - 1]; }
+
+static int list_has(erdma_req *head, erdma_req *r) {
+  for (; head; head = head->next)
+    if (head == r) return 1;
+  return 0;
+}
+
+static void payload_done(erdma_conn *c, rx_state *x) {
   erdma_engine *e = c->e;
-  erdma_req *r = c->rx.req;
-  erdma_msg *m = c->rx.msg;
-  if (r) {
+  erdma_req *r = x->req;
+  erdma_msg *m = x->msg;
+  if (x->cur.type == FR_CHUNK) e->stats.chunks_recv++;
+  if (r && x->cur.type == FR_CHUNK) {
+    r->got += x->cur.len;
+    if (r->got >= r->nbytes) { /* the last chunk of the message */
+      if (list_has(e->rndv_recv_head, r)) DL_REMOVE(e->rndv_recv_head, e->rndv_recv_tail, r);
+      for (int i = 0; i < CONN_RX_COUNT; i++) /* (only a lying peer leaves others) */
+        if (conn_rx_at(c, i)->req == r) conn_rx_at(c, i)->req = NULL;
+      recv_finish(r);
+    }
+  } else if (r) {
     recv_finish(r);
   } else if (m) {
     m->complete = 1;
@@ -157,18 +179,21 @@ static void payload_done(erdma_conn *c) {
     }
     pthread_cond_broadcast(&e->cv);
   }
-  rx_reset(c);
+  rx_reset(x);
 }
 
 /* The request with this id that belongs to `peer` (ids are guessable: a peer
  * must not claim another's). */
-static erdma_req *list_take_id(erdma_req **head, erdma_req **tail, uint64_t id, int peer) {
-  for (erdma_req *r = *head; r; r = r->next)
-    if (r->id == id && (r->kind == REQ_SEND ? r->dest : r->st.source) == peer) {
-      DL_REMOVE(*head, *tail, r);
-      return r;
-    }
+static erdma_req *list_find_id(erdma_req *head, uint64_t id, int peer) {
+  for (erdma_req *r = head; r; r = r->next)
+    if (r->id == id && (r->kind == REQ_SEND ? r->dest : r->st.source) == peer) return r;
   return NULL;
+}
+
+static erdma_req *list_take_id(erdma_req **head, erdma_req **tail, uint64_t id, int peer) {
+  erdma_req *r = list_find_id(*head, id, peer);
+  if (r) DL_REMOVE(*head, *tail, r);
+  return r;
 }
 
 /* A HELLO names the peer; check it against its published certificate. */
@@ -214,13 +239,14 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
   return 0;
 }
 
-static int on_header(erdma_conn *c) {
+static int on_header(erdma_conn *c, rx_state *x) {
   erdma_engine *e = c->e;
-  frame_hdr *h = &c->rx.cur;
+  frame_hdr *h = &x->cur;
   erdma_req *r;
   erdma_msg *m;
-  hdr_decode(h, c->rx.hdr);
-  if (!c->hello_recv) return on_hello(c, h);
+  hdr_decode(h, x->hdr);
+  if (!c->hello_recv) return x->data ? ERDMA_ERR_AUTH : on_hello(c, h);
+  if (x->data && h->type != FR_CHUNK) return ERDMA_ERR_AUTH;
   int src = c->peer;
   switch (h->type) {
   case FR_EAGER:
@@ -229,12 +255,12 @@ static int on_header(erdma_conn *c) {
     if (r) {
       if (recv_prepare(r, src, h->tag, h->len) != 0) {
         req_complete(r, ERDMA_ERR_NOMEM);
-        c->rx.remaining = h->len; /* the payload is skipped, not parsed as frames */
+        x->remaining = h->len; /* the payload is skipped, not parsed as frames */
         break;
       }
-      c->rx.req = r;
-      c->rx.dst = r->buf;
-      c->rx.room = h->len < r->cap ? h->len : r->cap;
+      x->req = r;
+      x->dst = r->buf;
+      x->room = h->len < r->cap ? h->len : r->cap;
     } else {
       m = msg_new(src, h->tag, h->ctx, h->len);
       if (!m || !(m->data = malloc(h->len ? h->len : 1))) {
@@ -244,12 +270,12 @@ static int on_header(erdma_conn *c) {
       m->queued = 1;
       DL_APPEND(e->unexp_head, e->unexp_tail, m);
       e->stats.unexpected++;
-      c->rx.msg = m;
-      c->rx.dst = m->data;
-      c->rx.room = h->len;
+      x->msg = m;
+      x->dst = m->data;
+      x->room = h->len;
       pthread_cond_broadcast(&e->cv);
     }
-    c->rx.remaining = h->len;
+    x->remaining = h->len;
     break;
   case FR_RTS:
     e->stats.msgs_recv++;
@@ -278,21 +304,28 @@ static int on_header(erdma_conn *c) {
     if (r && (h->flags & FR_FLAG_CMA)) {
       req_complete(r, 0); /* the receiver copied it out of our memory */
     } else if (r) {
-      frame_hdr d = {0};
-      d.type = FR_DATA;
-      d.id = h->len;
-      d.len = r->nbytes;
-      conn_enqueue(c, &d, r->sbuf, r->nbytes, NULL, r);
+      conn_send_payload(c, r, h->len, (h->flags & FR_FLAG_CHUNKS) != 0);
     }
     break;
   case FR_DATA:
     r = list_take_id(&e->rndv_recv_head, &e->rndv_recv_tail, h->id, src);
     if (r) {
-      c->rx.req = r;
-      c->rx.dst = r->buf;
-      c->rx.room = h->len < r->cap ? h->len : r->cap;
+      x->req = r;
+      x->dst = r->buf;
+      x->room = h->len < r->cap ? h->len : r->cap;
     }
-    c->rx.remaining = h->len; /* unknown receiver: the bytes are discarded */
+    x->remaining = h->len; /* unknown receiver: the bytes are discarded */
+    break;
+  case FR_CHUNK:
+    /* one piece of a rendezvous payload, on any stream, in any order */
+    r = list_find_id(e->rndv_recv_head, h->id, src);
+    if (r) {
+      if (h->len > r->nbytes || h->off > r->nbytes - h->len) return ERDMA_ERR_AUTH;
+      x->req = r;
+      x->dst = h->off < r->cap ? (uint8_t *)r->buf + h->off : NULL;
+      x->room = h->off < r->cap ? (h->len < r->cap - h->off ? h->len : r->cap - h->off) : 0;
+    }
+    x->remaining = h->len; /* unknown or aborted receive: discarded */
     break;
   default:
     return ERDMA_ERR_AUTH;
@@ -300,35 +333,39 @@ static int on_header(erdma_conn *c) {
   return 0;
 }
 
-int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len) {
+static int rx_feed(erdma_conn *c, rx_state *x, const uint8_t *data, size_t len) {
   while (len > 0) {
-    if (c->rx.hdr_got < ERDMA_HDR_LEN) {
-      size_t n = ERDMA_HDR_LEN - c->rx.hdr_got;
+    if (x->hdr_got < ERDMA_HDR_LEN) {
+      size_t n = ERDMA_HDR_LEN - x->hdr_got;
       if (n > len) n = len;
-      memcpy(c->rx.hdr + c->rx.hdr_got, data, n);
-      c->rx.hdr_got += n;
+      memcpy(x->hdr + x->hdr_got, data, n);
+      x->hdr_got += n;
       data += n;
       len -= n;
-      if (c->rx.hdr_got < ERDMA_HDR_LEN) break;
-      int rv = on_header(c);
+      if (x->hdr_got < ERDMA_HDR_LEN) break;
+      int rv = on_header(c, x);
       if (rv) return rv;
-      if (c->rx.remaining == 0) payload_done(c);
+      if (x->remaining == 0) payload_done(c, x);
       continue;
     }
-    size_t n = len < c->rx.remaining ? len : (size_t)c->rx.remaining;
-    size_t w = n < c->rx.room ? n : (size_t)c->rx.room;
+    size_t n = len < x->remaining ? len : (size_t)x->remaining;
+    size_t w = n < x->room ? n : (size_t)x->room;
     if (w) {
-      memcpy(c->rx.dst, data, w);
-      c->rx.dst += w;
-      c->rx.room -= w;
+      memcpy(x->dst, data, w);
+      x->dst += w;
+      x->room -= w;
     }
-    if (c->rx.msg) c->rx.msg->arrived += n;
-    c->rx.remaining -= n;
+    if (x->msg) x->msg->arrived += n;
+    x->remaining -= n;
     data += n;
     len -= n;
-    if (c->rx.remaining == 0) payload_done(c);
+    if (x->remaining == 0) payload_done(c, x);
   }
   return 0;
+}
+
+int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len) {
+  return rx_feed(c, &c->rx, data, len);
 }
 
 /* ------------------------------------------------------ ngtcp2 callbacks */
@@ -397,9 +434,17 @@ static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream
   (void)flags;
   (void)offset;
   (void)stream_user_data;
+  rx_state *x = NULL;
   if (stream_id == c->stream_id) {
+    x = &c->rx;
+  } else if ((stream_id & 2) && (stream_id & 1) == (c->is_client ? 1 : 0) &&
+             (stream_id >> 2) < ERDMA_MAX_DSTREAMS) {
+    x = &c->drx[stream_id >> 2]; /* one of the peer's data streams */
+    x->data = 1;
+  }
+  if (x) {
     c->e->stats.bytes_recv += datalen;
-    if (conn_rx_feed(c, data, datalen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
+    if (rx_feed(c, x, data, datalen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   }
   /* every byte is consumed at once (copied to its destination) */
   ngtcp2_conn_extend_max_stream_offset(conn, stream_id, datalen);
@@ -407,18 +452,35 @@ static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream
   return 0;
 }
 
-/* Everything before stream offset `upto` has been delivered: release it. */
-void conn_acked(erdma_conn *c, uint64_t upto) {
-  if (upto > c->acked) c->acked = upto;
-  while (c->tx_head && c->tx_head->stream_end <= c->acked && c->tx_head != c->tx_write) {
-    tx_item *t = c->tx_head;
-    c->tx_head = t->next;
-    if (!c->tx_head) c->tx_tail = NULL;
-    if (t->req) req_complete(t->req, 0);
+void item_release_req(tx_item *t, int error) {
+  erdma_req *r = t->req;
+  if (!r) return;
+  t->req = NULL;
+  if (t->chunk && r->chunks_left > 1) {
+    r->chunks_left--;
+    return;
+  }
+  req_complete(r, error);
+}
+
+/* Release the items of a queue that end at or before `acked`. */
+static int release_acked(tx_item **head, tx_item **tail, tx_item *write, uint64_t acked) {
+  while (*head && (*head)->stream_end <= acked && *head != write) {
+    tx_item *t = *head;
+    *head = t->next;
+    if (!*head) *tail = NULL;
+    item_release_req(t, 0);
     free(t->owned);
     free(t);
   }
-  if (!c->tx_head) pthread_cond_broadcast(&c->e->cv);
+  return *head == NULL;
+}
+
+/* Everything before stream offset `upto` has been delivered: release it. */
+void conn_acked(erdma_conn *c, uint64_t upto) {
+  if (upto > c->acked) c->acked = upto;
+  if (release_acked(&c->tx_head, &c->tx_tail, c->tx_write, c->acked))
+    pthread_cond_broadcast(&c->e->cv);
 }
 
 static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint64_t datalen,
@@ -426,7 +488,17 @@ static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint6
   erdma_conn *c = user_data;
   (void)conn;
   (void)stream_user_data;
-  if (stream_id == c->stream_id) conn_acked(c, offset + datalen);
+  if (stream_id == c->stream_id) {
+    conn_acked(c, offset + datalen);
+    return 0;
+  }
+  for (int i = 0; i < c->nds; i++)
+    if (c->ds[i].id == stream_id) {
+      tx_stream *d = &c->ds[i];
+      if (offset + datalen > d->acked) d->acked = offset + datalen;
+      if (release_acked(&d->head, &d->tail, d->write, d->acked))
+        pthread_cond_broadcast(&c->e->cv);
+    }
   return 0;
 }
 
@@ -456,19 +528,28 @@ static void fill_callbacks(ngtcp2_callbacks *cb, int client) {
   cb->acked_stream_data_offset = acked_cb;
 }
 
-static void fill_settings(erdma_engine *e, ngtcp2_settings *s, ngtcp2_transport_params *p) {
+static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_params *p) {
+  erdma_engine *e = c->e;
   const erdma_config *cfg = &e->cfg;
   ngtcp2_settings_default(s);
   s->initial_ts = erdma_now();
-  s->cc_algo = (ngtcp2_cc_algo)cfg->cc_algo;
+  /* BBR fills long lossy paths (random loss is not congestion to it); over
+   * loopback CUBIC measured best */
+  s->cc_algo = (ngtcp2_cc_algo)(cfg->cc_algo >= 0 ? cfg->cc_algo
+                                : addr_is_loopback(&c->remote) ? ERDMA_CC_CUBIC
+                                                               : ERDMA_DEFAULT_WAN_CC);
   s->initial_rtt = 10 * NGTCP2_MILLISECONDS;
   s->max_tx_udp_payload_size = e->pkt_size;
   if (e->pkt_size > 1452) {
     s->no_tx_udp_payload_size_shaping = 1; /* loopback: no PMTUD needed */
     s->no_pmtud = 1;
   }
-  s->max_window = cfg->conn_window * 4;
-  s->max_stream_window = cfg->stream_window * 4;
+  /* ngtcp2 doubles a window that the peer uses up within a few RTTs, up to
+   * these ceilings: a small job never grows them, a long fat path does */
+  s->max_window = cfg->max_conn_window > cfg->conn_window ? cfg->max_conn_window
+                                                           : cfg->conn_window;
+  s->max_stream_window = cfg->max_stream_window > cfg->stream_window ? cfg->max_stream_window
+                                                                      : cfg->stream_window;
   s->handshake_timeout = (ngtcp2_duration)(cfg->handshake_timeout * NGTCP2_SECONDS);
   s->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
   ngtcp2_transport_params_default(p);
@@ -477,7 +558,7 @@ static void fill_settings(erdma_engine *e, ngtcp2_settings *s, ngtcp2_transport_
   p->initial_max_stream_data_uni = cfg->stream_window;
   p->initial_max_data = cfg->conn_window;
   p->initial_max_streams_bidi = 4;
-  p->initial_max_streams_uni = 4;
+  p->initial_max_streams_uni = ERDMA_MAX_DSTREAMS;
   p->max_idle_timeout = (ngtcp2_duration)(cfg->idle_timeout * NGTCP2_SECONDS);
   p->active_connection_id_limit = 4;
 }
@@ -519,7 +600,7 @@ int conn_client_new(erdma_engine *e, int peer) {
   make_cid(&scid, c->cid_tag);
   cid_add(c, &scid);
   fill_callbacks(&cb, 1);
-  fill_settings(e, &s, &p);
+  fill_settings(c, &s, &p);
   path_of(c, &path);
   int rv = ngtcp2_conn_client_new(&c->conn, &dcid, &scid, &path, NGTCP2_PROTO_VER_V1, &cb,
                                   &s, &p, NULL, c);
@@ -552,7 +633,7 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
   cid_add(c, &scid);
   cid_add(c, &hd->dcid);
   fill_callbacks(&cb, 0);
-  fill_settings(e, &s, &p);
+  fill_settings(c, &s, &p);
   p.original_dcid = hd->dcid;
   path_of(c, &path);
   if (ngtcp2_conn_server_new(&c->conn, &hd->scid, &scid, &path, hd->version, &cb, &s, &p,
@@ -637,78 +718,223 @@ void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload, uint64
   c->e->stats.msgs_sent += (h->type == FR_EAGER || h->type == FR_RTS);
 }
 
-static void tx_advance(erdma_conn *c, uint64_t n) {
-  while (n > 0 && c->tx_write) {
-    tx_item *t = c->tx_write;
+/* Open data streams up to cfg.data_streams (as far as the peer allows). */
+static void ds_open(erdma_conn *c) {
+  while (c->nds < c->e->cfg.data_streams && c->nds < ERDMA_MAX_DSTREAMS) {
+    tx_stream *d = &c->ds[c->nds];
+    if (ngtcp2_conn_open_uni_stream(c->conn, &d->id, NULL) != 0) break;
+    c->nds++;
+  }
+}
+
+static int ds_enqueue(erdma_conn *c, tx_stream *d, const frame_hdr *h, const void *payload,
+                      uint64_t plen, erdma_req *req) {
+  tx_item *t = calloc(1, sizeof *t);
+  if (!t) return ERDMA_ERR_NOMEM;
+  hdr_encode(t->hdr, h);
+  t->payload = payload;
+  t->plen = plen;
+  t->req = req;
+  t->chunk = 1;
+  d->offset += ERDMA_HDR_LEN + plen;
+  d->unwritten += ERDMA_HDR_LEN + plen;
+  t->stream_end = d->offset;
+  if (d->tail) d->tail->next = t; else d->head = t;
+  d->tail = t;
+  if (!d->write) d->write = t;
+  c->dirty = 1;
+  c->e->stats.chunks_sent++;
+  return 0;
+}
+
+/* The receiver matched send r (its receive id is recv_id): send the payload.
+ * When the receiver accepts chunks, the payload is cut into CHUNK frames
+ * spread over our data streams, so a lost packet stalls only the stream it
+ * belongs to; otherwise it is one DATA frame on the control stream. */
+void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks_ok) {
+  erdma_engine *e = c->e;
+  frame_hdr h = {0};
+  uint64_t chunk = e->cfg.chunk_size ? e->cfg.chunk_size : (512u << 10);
+  if (chunks_ok && !c->shm && c->conn && e->cfg.data_streams > 0) ds_open(c);
+  if (!chunks_ok || c->shm || c->nds == 0) {
+    h.type = FR_DATA;
+    h.id = recv_id;
+    h.len = r->nbytes;
+    conn_enqueue(c, &h, r->sbuf, r->nbytes, NULL, r);
+    return;
+  }
+  uint64_t n = r->nbytes, count = n ? (n + chunk - 1) / chunk : 1;
+  r->chunks_left = count;
+  for (uint64_t off = 0, k = 0; k < count; k++, off += chunk) {
+    /* the stream with the least unsent data (a stream held back by a loss
+     * or by its flow-control window gets less) */
+    tx_stream *d = &c->ds[c->ds_next];
+    for (int i = 0; i < c->nds; i++)
+      if (c->ds[i].unwritten < d->unwritten) d = &c->ds[i];
+    c->ds_next = (c->ds_next + 1) % c->nds;
+    h.type = FR_CHUNK;
+    h.id = recv_id;
+    h.off = off;
+    h.len = n - off < chunk ? n - off : chunk;
+    if (ds_enqueue(c, d, &h, (const uint8_t *)r->sbuf + off, h.len, r) != 0) {
+      /* out of memory: the chunks already queued still go (the receiver
+       * waits for them all), but the send fails now and owns nothing */
+      for (int i = 0; i < c->nds; i++)
+        for (tx_item *t = c->ds[i].head; t; t = t->next)
+          if (t->req == r) {
+            uint8_t *copy = malloc(t->plen ? t->plen : 1);
+            if (copy) memcpy(copy, t->payload, t->plen);
+            t->owned = copy;
+            t->payload = copy;
+            t->req = NULL;
+          }
+      req_complete(r, ERDMA_ERR_NOMEM);
+      return;
+    }
+  }
+}
+
+/* n more bytes of the stream (from *write on) went into packets. */
+static void tx_advance(erdma_conn *c, tx_item **write, uint64_t *unwritten, uint64_t n) {
+  if (unwritten) *unwritten -= n;
+  while (n > 0 && *write) {
+    tx_item *t = *write;
     uint64_t rem = ERDMA_HDR_LEN + t->plen - t->written;
     uint64_t take = n < rem ? n : rem;
     t->written += take;
     n -= take;
     c->e->stats.bytes_sent += take;
-    if (t->written == ERDMA_HDR_LEN + t->plen) c->tx_write = t->next;
+    if (t->written == ERDMA_HDR_LEN + t->plen) *write = t->next;
   }
 }
 
-int conn_tx_idle(erdma_conn *c) { return c->tx_head == NULL; }
+int conn_tx_idle(erdma_conn *c) {
+  if (c->tx_head) return 0;
+  for (int i = 0; i < c->nds; i++)
+    if (c->ds[i].head) return 0;
+  return 1;
+}
 
+/* iovecs for the unwritten bytes from item `t` on */
+static size_t fill_iov(tx_item *t, ngtcp2_vec *iov, size_t max) {
+  size_t niov = 0;
+  for (; t && niov + 1 < max; t = t->next) {
+    uint64_t w = t->written;
+    if (w < ERDMA_HDR_LEN) {
+      iov[niov].base = t->hdr + w;
+      iov[niov++].len = ERDMA_HDR_LEN - w;
+      w = ERDMA_HDR_LEN;
+    }
+    if (t->plen > w - ERDMA_HDR_LEN) {
+      iov[niov].base = (uint8_t *)t->payload + (w - ERDMA_HDR_LEN);
+      iov[niov++].len = t->plen - (w - ERDMA_HDR_LEN);
+    }
+  }
+  return niov;
+}
+
+/* Packets in one burst: ngtcp2's send quantum, but at least what the
+ * pacing rate allows per millisecond (ngtcp2 lets a sender run up to 1 ms
+ * ahead anyway), within [2 packets, 64 KiB] like TCP's TSO autosizing: on a
+ * short path the quantum alone (rate x min RTT) would cost a system call
+ * for every few packets. */
+static int burst_packets(erdma_conn *c) {
+  erdma_engine *e = c->e;
+  if (e->pkt_size > 9000) return ERDMA_TX_BATCH; /* loopback: no pacing needed */
+  ngtcp2_conn_stat cs;
+  ngtcp2_conn_get_conn_stat(c->conn, &cs);
+  double rate = cs.pacing_rate; /* bytes per ns */
+  if (rate <= 0 && cs.smoothed_rtt > 0) rate = (double)cs.cwnd / (double)cs.smoothed_rtt;
+  size_t bytes = (size_t)(rate * NGTCP2_MILLISECONDS);
+  if (bytes < cs.send_quantum) bytes = cs.send_quantum;
+  if (bytes > 65536) bytes = 65536;
+  int n = (int)(bytes / e->pkt_size);
+  if (n < 2) n = 2;
+  return n > ERDMA_TX_BATCH ? ERDMA_TX_BATCH : n;
+}
+
+/* Write packets while congestion control, flow control and pacing allow.
+ * Packets leave in bursts of at most ngtcp2's send quantum; after each burst
+ * ngtcp2 learns the send time (ngtcp2_conn_update_pkt_tx_time) and refuses
+ * more until its pacing timer, which ngtcp2_conn_get_expiry reports, so the
+ * progress thread wakes for it.  The control stream (matching frames) goes
+ * first; the data streams take turns packet by packet. */
 int conn_flush(erdma_conn *c) {
   erdma_engine *e = c->e;
-  size_t lens[ERDMA_BATCH];
-  int n = 0, blocked = 0;
+  size_t lens[ERDMA_TX_BATCH];
+  uint32_t blocked = 0; /* bit 0: control stream, bit i+1: data stream i */
   ngtcp2_path_storage ps;
   ngtcp2_pkt_info pi;
-  ngtcp2_tstamp ts = erdma_now();
   c->dirty = 0;
   if (c->shm) return c->closed ? 0 : shm_flush(c);
   if (c->closed || !c->conn) return 0;
   ngtcp2_path_storage_zero(&ps);
-  for (;;) {
-    ngtcp2_vec iov[16];
-    size_t niov = 0;
-    int64_t sid = -1;
-    if (c->stream_id >= 0 && !blocked) {
-      for (tx_item *t = c->tx_write; t && niov < 15; t = t->next) {
-        uint64_t w = t->written;
-        if (w < ERDMA_HDR_LEN) {
-          iov[niov].base = t->hdr + w;
-          iov[niov++].len = ERDMA_HDR_LEN - w;
-          w = ERDMA_HDR_LEN;
+  int bursts = 0, done = 0;
+  while (!done) {
+    ngtcp2_tstamp ts = erdma_now();
+    int maxp = burst_packets(c);
+    int n = 0;
+    while (n < maxp) {
+      ngtcp2_vec iov[16];
+      size_t niov = 0;
+      int64_t sid = -1;
+      int sel = -2; /* -1: control stream, >= 0: data stream */
+      if (c->stream_id >= 0 && c->tx_write && !(blocked & 1)) {
+        sel = -1;
+      } else {
+        for (int k = 0; k < c->nds; k++) {
+          int i = (c->ds_rr + k) % c->nds;
+          if (c->ds[i].write && !(blocked & (2u << i))) {
+            sel = i;
+            break;
+          }
         }
-        if (t->plen > w - ERDMA_HDR_LEN) {
-          iov[niov].base = (uint8_t *)t->payload + (w - ERDMA_HDR_LEN);
-          iov[niov++].len = t->plen - (w - ERDMA_HDR_LEN);
+      }
+      if (sel == -1) {
+        niov = fill_iov(c->tx_write, iov, 16);
+        sid = c->stream_id;
+      } else if (sel >= 0) {
+        niov = fill_iov(c->ds[sel].write, iov, 16);
+        sid = c->ds[sel].id;
+      }
+      ngtcp2_ssize pdatalen = -1;
+      uint8_t *buf = e->txbuf + (size_t)n * e->pkt_size;
+      ngtcp2_ssize nw = ngtcp2_conn_writev_stream(
+          c->conn, &ps.path, &pi, buf, e->pkt_size, &pdatalen,
+          sid >= 0 ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, niov ? iov : NULL, niov, ts);
+      if (pdatalen > 0) {
+        if (sel == -1)
+          tx_advance(c, &c->tx_write, NULL, (uint64_t)pdatalen);
+        else
+          tx_advance(c, &c->ds[sel].write, &c->ds[sel].unwritten, (uint64_t)pdatalen);
+      }
+      if (nw < 0) {
+        if (nw == NGTCP2_ERR_WRITE_MORE) continue;
+        if (nw == NGTCP2_ERR_STREAM_DATA_BLOCKED || nw == NGTCP2_ERR_STREAM_SHUT_WR) {
+          blocked |= sel == -1 ? 1u : (2u << sel);
+          continue;
         }
+        if (n) engine_sendv(e, c, e->txbuf, lens, n);
+        conn_lost(c, (int)nw);
+        return ERDMA_ERR_QUIC;
       }
-      if (niov) sid = c->stream_id;
+      if (nw == 0) {
+        done = 1; /* nothing more now: window, cwnd, pacing, or no data */
+        break;
+      }
+      lens[n++] = (size_t)nw;
+      if (c->nds) c->ds_rr = (c->ds_rr + 1) % c->nds;
     }
-    ngtcp2_ssize pdatalen = -1;
-    uint8_t *buf = e->txbuf + (size_t)n * e->pkt_size;
-    ngtcp2_ssize nw = ngtcp2_conn_writev_stream(
-        c->conn, &ps.path, &pi, buf, e->pkt_size, &pdatalen,
-        sid >= 0 ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, niov ? iov : NULL, niov, ts);
-    if (nw < 0) {
-      if (nw == NGTCP2_ERR_WRITE_MORE) {
-        tx_advance(c, (uint64_t)pdatalen);
-        continue;
-      }
-      if (nw == NGTCP2_ERR_STREAM_DATA_BLOCKED || nw == NGTCP2_ERR_STREAM_SHUT_WR) {
-        blocked = 1;
-        continue;
-      }
-      if (n) engine_sendv(e, c, e->txbuf, lens, n);
-      conn_lost(c, (int)nw);
-      return ERDMA_ERR_QUIC;
-    }
-    if (pdatalen > 0) tx_advance(c, (uint64_t)pdatalen);
-    if (nw == 0) break;
-    lens[n++] = (size_t)nw;
-    if (n == ERDMA_BATCH) {
-      engine_sendv(e, c, e->txbuf, lens, n);
-      n = 0;
+    if (n) engine_sendv(e, c, e->txbuf, lens, n);
+    ngtcp2_conn_update_pkt_tx_time(c->conn, ts);
+    if (++bursts >= 256 && !done) {
+      c->dirty = 1; /* let others have the lock; the progress thread goes on */
+      break;
     }
   }
-  if (n) engine_sendv(e, c, e->txbuf, lens, n);
-  ngtcp2_conn_update_pkt_tx_time(c->conn, ts);
+  /* a thread other than the progress thread may have moved the next timer
+   * (pacing, loss detection) ahead of the one it sleeps for */
+  if (c->dirty || ngtcp2_conn_get_expiry(c->conn) < e->wake_at) engine_wake(e);
   return 0;
 }
 
@@ -736,6 +962,20 @@ static void expire_one(erdma_conn *c) {
 }
 void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
 
+void conn_log_paths(erdma_engine *e) {
+  for (int i = 0; i < e->cfg.size; i++) {
+    erdma_conn *c = e->peers[i].conn;
+    ngtcp2_conn_stat cs;
+    if (!c || !c->conn || c->closed) continue;
+    ngtcp2_conn_get_conn_stat(c->conn, &cs);
+    fprintf(stderr, "erdma[%d]: peer %d: cwnd %lu in flight %lu srtt %.1f ms min %.1f ms "
+            "pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank, i,
+            (unsigned long)cs.cwnd, (unsigned long)cs.bytes_in_flight, cs.smoothed_rtt / 1e6,
+            cs.min_rtt == UINT64_MAX ? 0.0 : cs.min_rtt / 1e6, cs.pacing_rate * 8e3,
+            cs.delivery_rate_sec * 8 / 1e6);
+  }
+}
+
 uint64_t conn_next_expiry(erdma_engine *e) {
   uint64_t t = UINT64_MAX;
   for (erdma_conn *c = e->pending; c; c = c->next_pending)
@@ -758,12 +998,19 @@ void conn_free(erdma_conn *c) {
   tx_item *t, *n;
   for (t = c->tx_head; t; t = n) {
     n = t->next;
-    if (t->req) req_complete(t->req, ERDMA_ERR_PEER);
+    item_release_req(t, ERDMA_ERR_PEER);
     free(t->owned);
     free(t);
   }
+  for (int i = 0; i < c->nds; i++)
+    for (t = c->ds[i].head; t; t = n) {
+      n = t->next;
+      item_release_req(t, ERDMA_ERR_PEER);
+      free(t->owned);
+      free(t);
+    }
   if (c->rx.msg && !c->rx.msg->queued && !c->rx.msg->taken && !c->rx.msg->bound)
-    msg_free(c->rx.msg);
+    msg_free(c->rx.msg); /* (data streams carry no unexpected messages) */
   if (c->conn) ngtcp2_conn_del(c->conn);
   if (c->tls) gnutls_deinit(c->tls);
   if (c->shm) shm_conn_release(c);

@@ -32,13 +32,21 @@ void erdma_config_default(erdma_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->size = 1;
   cfg->bind_addr = "127.0.0.1";
-  cfg->cc_algo = ERDMA_CC_CUBIC;
+  cfg->cc_algo = ERDMA_CC_AUTO;
   cfg->eager_limit = 65536;
   cfg->idle_timeout = 60.0;
   cfg->handshake_timeout = 60.0;
-  cfg->stream_window = 32u << 20;
-  cfg->conn_window = 64u << 20;
-  cfg->sock_buf = 8 << 20;
+  /* windows start at 16/32 MiB and double while a long fat path uses them
+   * up, to 256 MiB per stream and 1 GiB per connection (10 Gbit/s x 100 ms
+   * is 125 MB in flight); memory is only taken by data that arrives out of
+   * order, so idle or small jobs pay nothing for the ceilings */
+  cfg->stream_window = 16u << 20;
+  cfg->conn_window = 32u << 20;
+  cfg->max_stream_window = 256u << 20;
+  cfg->max_conn_window = 1024u << 20;
+  cfg->sock_buf = 16 << 20;
+  cfg->data_streams = 4;
+  cfg->chunk_size = 512u << 10;
   cfg->spin_us = 50;
 }
 
@@ -78,7 +86,7 @@ static int resolve(const char *host, int port, struct sockaddr_storage *out, soc
   return 0;
 }
 
-static int is_loopback(const struct sockaddr_storage *a) {
+int addr_is_loopback(const struct sockaddr_storage *a) {
   if (a->ss_family == AF_INET)
     return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
   if (a->ss_family == AF_INET6)
@@ -90,14 +98,15 @@ static int is_loopback(const struct sockaddr_storage *a) {
  * is contiguous, so with UDP GSO it leaves in one datagram train (one
  * sendmmsg entry with a UDP_SEGMENT control message). */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
-  struct mmsghdr msgs[ERDMA_BATCH];
-  struct iovec iov[ERDMA_BATCH];
+  struct mmsghdr msgs[ERDMA_TX_BATCH];
+  struct iovec iov[ERDMA_TX_BATCH];
   union {
     char buf[CMSG_SPACE(sizeof(uint16_t))];
     struct cmsghdr align;
-  } ctl[ERDMA_BATCH];
+  } ctl[ERDMA_TX_BATCH];
   int sent = 0, m = 0, waits = 0;
-  size_t max_run = e->gso ? 65000 / e->pkt_size : 1;
+  size_t max_run = e->gso ? 65000 / e->pkt_size : 1; /* <= 64 segments (kernel limit) */
+  if (max_run > 64) max_run = 64;
   for (int i = 0; i < n; m++) {
     int j = i + 1;
     if (lens[i] == e->pkt_size)
@@ -202,9 +211,11 @@ static void *progress_main(void *arg) {
     pfd[1].fd = e->evfd;
     pfd[1].events = POLLIN;
     if (shm_sleep_prepare(e)) ts.tv_sec = ts.tv_nsec = 0;
+    e->wake_at = now + (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     pthread_mutex_unlock(&e->mu);
     int rv = ppoll(pfd, 2, &ts, NULL);
     pthread_mutex_lock(&e->mu);
+    e->wake_at = 0; /* awake: it looks at every timer before sleeping again */
     shm_sleep_done(e);
     shm_poll(e);
     if (rv > 0 && (pfd[1].revents & POLLIN)) {
@@ -215,6 +226,10 @@ static void *progress_main(void *arg) {
     conn_handle_expiry_all(e);
     conn_flush_all(e);
     conn_reap_pending(e);
+    if (e->cfg.verbose >= 2 && erdma_now() - e->last_log > 1000000000ull) {
+      e->last_log = erdma_now();
+      conn_log_paths(e);
+    }
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
@@ -243,17 +258,27 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   if (e->fd < 0) goto fail;
   setsockopt(e->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (cfg->sock_buf > 0) {
-    /* FORCE works as root and ignores rmem_max; fall back to the capped one */
+    /* FORCE works as root (CAP_NET_ADMIN) and ignores rmem_max/wmem_max;
+     * otherwise the kernel caps the request at those limits */
+    int got_r = 0, got_s = 0;
+    socklen_t l = sizeof(int);
     if (setsockopt(e->fd, SOL_SOCKET, SO_RCVBUFFORCE, &cfg->sock_buf, sizeof(int)) != 0)
       setsockopt(e->fd, SOL_SOCKET, SO_RCVBUF, &cfg->sock_buf, sizeof(int));
     if (setsockopt(e->fd, SOL_SOCKET, SO_SNDBUFFORCE, &cfg->sock_buf, sizeof(int)) != 0)
       setsockopt(e->fd, SOL_SOCKET, SO_SNDBUF, &cfg->sock_buf, sizeof(int));
+    getsockopt(e->fd, SOL_SOCKET, SO_RCVBUF, &got_r, &l);
+    l = sizeof(int);
+    getsockopt(e->fd, SOL_SOCKET, SO_SNDBUF, &got_s, &l);
+    if (cfg->verbose && (got_r < cfg->sock_buf || got_s < cfg->sock_buf))
+      fprintf(stderr, "erdma[%d]: UDP buffers %d/%d bytes (asked %d; raise "
+              "net.core.rmem_max/wmem_max or run with CAP_NET_ADMIN)\n",
+              cfg->rank, got_r, got_s, cfg->sock_buf);
   }
   if (bind(e->fd, (struct sockaddr *)&e->local, e->local_len) != 0) goto fail;
   e->local_len = sizeof e->local;
   getsockname(e->fd, (struct sockaddr *)&e->local, &e->local_len);
   e->pkt_size = cfg->max_udp_payload ? cfg->max_udp_payload
-                                     : (is_loopback(&e->local) ? 65000 : 1452);
+                                     : (addr_is_loopback(&e->local) ? 65000 : 1452);
   if (e->pkt_size < 1200) e->pkt_size = 1200;
   if (e->pkt_size > 65000) e->pkt_size = 65000;
   if (e->pkt_size <= 9000) {
@@ -269,7 +294,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   }
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   rv = ERDMA_ERR_NOMEM;
-  e->txbuf = malloc((size_t)ERDMA_BATCH * e->pkt_size);
+  e->txbuf = malloc((size_t)ERDMA_TX_BATCH * e->pkt_size);
   e->rxbuf = malloc((size_t)ERDMA_BATCH * 65536);
   e->peers = calloc((size_t)cfg->size, sizeof *e->peers);
   if (e->evfd < 0 || !e->txbuf || !e->rxbuf || !e->peers) goto fail;

@@ -15,9 +15,10 @@
 
 /* ---- wire protocol (docs/design.md, "Wire protocol") ---- */
 #define ERDMA_HDR_LEN 32
-enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5 };
+enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5, FR_CHUNK = 6 };
 #define FR_FLAG_SYNC 1
 #define FR_FLAG_CMA 2 /* shared memory: RTS id = sender address, aux = request id; CTS: done */
+#define FR_FLAG_CHUNKS 4 /* CTS: the payload may come as CHUNK frames on data streams */
 
 typedef struct frame_hdr {
   uint8_t type, flags;
@@ -26,6 +27,7 @@ typedef struct frame_hdr {
   uint64_t len;   /* payload length (EAGER/DATA/RTS); HELLO: world size */
   uint64_t id;    /* RTS, CTS: sender req id; DATA: receiver req id (CTS: len = receiver req id) */
   uint32_t aux;   /* RTS with FR_FLAG_CMA: sender req id */
+  uint64_t off;   /* CHUNK: offset of the payload in the message (bytes 8..15) */
 } frame_hdr;
 
 void hdr_encode(uint8_t out[ERDMA_HDR_LEN], const frame_hdr *h);
@@ -53,6 +55,8 @@ struct erdma_req {
   uint64_t nbytes;
   int dest;
   int flags;
+  uint64_t got;          /* chunked receive: payload bytes arrived so far */
+  uint64_t chunks_left;  /* chunked send: chunks not yet acknowledged */
   struct erdma_req *prev, *next; /* posted-receive queue / pending-send list */
 };
 
@@ -93,6 +97,7 @@ typedef struct tx_item {
   uint64_t stream_end;   /* stream offset just past this item */
   uint8_t *owned;        /* eager copy, freed on ack */
   erdma_req *req;        /* send completed on ack (DATA) */
+  int chunk;             /* a CHUNK: req completes when its last chunk is acked */
   struct tx_item *next;
 } tx_item;
 
@@ -109,7 +114,20 @@ typedef struct rx_state {
   erdma_req *req;        /* completed when the payload is done */
   erdma_msg *msg;        /* or: unexpected message being filled */
   frame_hdr cur;
+  int data;              /* a data stream: CHUNK frames only */
 } rx_state;
+
+/* A unidirectional stream we opened to carry CHUNK frames. */
+#define ERDMA_MAX_DSTREAMS 16
+/* congestion control towards other hosts when cfg.cc_algo is ERDMA_CC_AUTO */
+#define ERDMA_DEFAULT_WAN_CC ERDMA_CC_BBR
+typedef struct tx_stream {
+  int64_t id;
+  tx_item *head, *tail, *write;
+  uint64_t offset;       /* stream offset assigned so far */
+  uint64_t acked;
+  uint64_t unwritten;    /* bytes queued but not yet handed to ngtcp2 */
+} tx_stream;
 
 typedef struct erdma_conn {
   erdma_engine *e;
@@ -133,6 +151,12 @@ typedef struct erdma_conn {
   uint64_t tx_offset;    /* stream offset assigned so far */
   uint64_t acked;
   rx_state rx;
+  /* data streams (QUIC only): ours carry CHUNKs out, the peer's carry them in */
+  tx_stream ds[ERDMA_MAX_DSTREAMS];
+  int nds;               /* data streams opened */
+  int ds_next;           /* next stream a chunk goes to */
+  int ds_rr;             /* next stream the writer serves */
+  rx_state drx[ERDMA_MAX_DSTREAMS]; /* by the peer's uni stream index */
   struct erdma_conn *next_pending; /* server conns awaiting HELLO */
   /* shared memory (erdma_shm.c): a conn without ngtcp2 */
   int shm;
@@ -167,7 +191,8 @@ typedef struct shm_state {
 } shm_state;
 
 /* ---- the engine ---- */
-#define ERDMA_BATCH 32
+#define ERDMA_BATCH 32     /* datagrams per recvmmsg */
+#define ERDMA_TX_BATCH 64  /* packets per sendmmsg (one pacing burst at most) */
 
 struct erdma_engine {
   erdma_config cfg;
@@ -183,6 +208,8 @@ struct erdma_engine {
   pthread_cond_t cv;
   pthread_t thread;
   int running, started, stopping;
+  uint64_t last_log;     /* verbose >= 2: last path report */
+  uint64_t wake_at;      /* when the sleeping progress thread wakes (UINT64_MAX: awake) */
   /* TLS identity */
   gnutls_certificate_credentials_t cred;
   char fingerprint[65];
@@ -205,6 +232,7 @@ struct erdma_engine {
 
 /* engine.c */
 uint64_t erdma_now(void);
+int addr_is_loopback(const struct sockaddr_storage *a);
 void engine_wake(erdma_engine *e);
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
 
@@ -239,18 +267,24 @@ int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n
 erdma_conn *conn_alloc(erdma_engine *e, int client);
 int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len);
 void conn_acked(erdma_conn *c, uint64_t upto);
+void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks_ok);
+/* every rx state (control stream and data streams) of c */
+#define CONN_RX_COUNT (1 + ERDMA_MAX_DSTREAMS)
+rx_state *conn_rx_at(erdma_conn *c, int i);
 int conn_client_new(erdma_engine *e, int peer);
 int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen);
 int conn_flush(erdma_conn *c);
 void conn_flush_all(erdma_engine *e);
 void conn_handle_expiry_all(erdma_engine *e);
+void conn_log_paths(erdma_engine *e); /* one line per QUIC peer: cwnd, RTT, rates */
 uint64_t conn_next_expiry(erdma_engine *e);
 void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload,
                   uint64_t plen, uint8_t *owned, erdma_req *req);
 void conn_close(erdma_conn *c, int graceful);
 void conn_reap_pending(erdma_engine *e);
 void conn_free(erdma_conn *c);
+void item_release_req(tx_item *t, int error); /* drop t's reference to its send */
 int conn_tx_idle(erdma_conn *c);
 
 /* tls.c */

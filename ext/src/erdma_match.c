@@ -110,6 +110,7 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
       r->id = ++e->next_id;
       DL_APPEND(e->rndv_recv_head, e->rndv_recv_tail, r);
       h.type = FR_CTS;
+      h.flags = p->conn->shm ? 0 : FR_FLAG_CHUNKS; /* we take CHUNKs on any stream */
       h.id = m->sender_id;
       h.len = r->id;
       conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
@@ -155,6 +156,15 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
   peer_info *p = &e->peers[peer];
   if (p->error) return;
   p->error = error;
+  if (p->conn) {
+    /* receives being filled: a chunked one is still in rndv_recv (failed
+     * below), a DATA one only here */
+    for (int i = 0; i < CONN_RX_COUNT; i++) {
+      rx_state *x = conn_rx_at(p->conn, i);
+      if (x->req && x->cur.type != FR_CHUNK) req_complete(x->req, error);
+      x->req = NULL;
+    }
+  }
   for (r = e->posted_head; r; r = nx) {
     nx = r->next;
     if (r->source == peer) {
@@ -186,10 +196,7 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
   }
   if (p->conn) {
     erdma_conn *c = p->conn;
-    if (c->rx.req) {
-      req_complete(c->rx.req, error);
-      c->rx.req = NULL;
-    }
+
     erdma_msg *m = c->rx.msg;
     if (m && m->bound) {
       req_complete(m->bound, error);
@@ -200,11 +207,9 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
       msg_free(m);
     }
     c->rx.msg = NULL;
-    for (tx_item *t = c->tx_head; t; t = t->next)
-      if (t->req) {
-        req_complete(t->req, error);
-        t->req = NULL;
-      }
+    for (tx_item *t = c->tx_head; t; t = t->next) item_release_req(t, error);
+    for (int i = 0; i < c->nds; i++)
+      for (tx_item *t = c->ds[i].head; t; t = t->next) item_release_req(t, error);
   }
   pthread_cond_broadcast(&e->cv);
 }
@@ -231,24 +236,28 @@ int erdma_req_abort(erdma_req *r) {
     for (int i = 0; i < e->cfg.size; i++) {
       erdma_conn *c = e->peers[i].conn;
       if (!c) continue;
-      if (c->rx.req == r) { /* the rest of its payload is discarded */
-        c->rx.req = NULL;
-        c->rx.dst = NULL;
-        c->rx.room = 0;
+      for (int k = 0; k < CONN_RX_COUNT; k++) {
+        rx_state *x = conn_rx_at(c, k);
+        if (x->req == r) { /* the rest of its payload is discarded */
+          x->req = NULL;
+          x->dst = NULL;
+          x->room = 0;
+        }
       }
       if (c->rx.msg && c->rx.msg->bound == r) c->rx.msg->bound = NULL; /* now an orphan */
-      for (tx_item *t = c->tx_head; t; t = t->next) {
-        if (t->req != r) continue;
-        if (!t->owned && t->plen) { /* QUIC may still retransmit it: keep a copy */
-          uint8_t *copy = malloc(t->plen);
-          if (copy) {
-            memcpy(copy, t->payload, t->plen);
-            t->owned = copy;
-            t->payload = copy;
+      for (int k = -1; k < c->nds; k++)
+        for (tx_item *t = k < 0 ? c->tx_head : c->ds[k].head; t; t = t->next) {
+          if (t->req != r) continue;
+          if (!t->owned && t->plen) { /* QUIC may still retransmit it: keep a copy */
+            uint8_t *copy = malloc(t->plen);
+            if (copy) {
+              memcpy(copy, t->payload, t->plen);
+              t->owned = copy;
+              t->payload = copy;
+            }
           }
+          t->req = NULL;
         }
-        t->req = NULL;
-      }
     }
     r->st.cancelled = 1;
     req_complete(r, 0);
