@@ -154,3 +154,64 @@ def test_summary_bounds_and_ratios():
     md = bw.markdown([row], {"stacks": cell["stacks"], "command": "x", "time": "t",
                              "elapsed_s": 1, "loadavg": [1.0], "time_cap": 90})
     assert "≥ 19×" in md and "| 100 ms | 1% |" in md and "< " in md
+
+
+# -- bench.wan_soak ---------------------------------------------------------------------
+
+from bench import wan_soak as ws  # noqa: E402
+
+
+def test_soak_plan_and_expected():
+    import numpy as np
+    seen = set()
+    for it in range(60):
+        op, dtype, count, root = ws.plan(7, it, 3, 1024, 1 << 20)
+        seen.add((op, dtype))
+        assert 0 <= root < 3 and count >= 1
+        nbytes = count * np.dtype(dtype).itemsize
+        assert nbytes <= 1 << 20 and (op != "alltoall" or count % 3 == 0)
+    assert len(seen) == 6          # every collective with both dtypes
+    # the expected result of each collective, built from the same inputs by hand
+    ins = [ws.inputs(7, 5, r, "float32", 12, 3) for r in range(3)]
+    assert np.array_equal(ins[1], ws.inputs(7, 5, 1, "float32", 12, 3))   # deterministic
+    assert not np.array_equal(ins[0], ins[1])
+    assert np.array_equal(ws.expected(7, 5, 2, 3, "allreduce", "float32", 12, 0),
+                          ins[0].astype(np.float64) + ins[1] + ins[2])
+    assert np.array_equal(ws.expected(7, 5, 0, 3, "bcast", "float32", 12, 2), ins[2])
+    assert np.array_equal(ws.expected(7, 5, 1, 3, "alltoall", "float32", 12, 0),
+                          np.concatenate([i[4:8] for i in ins]))
+    big = ws.inputs(7, 5, 0, "int64", 1000, 2)
+    assert big.dtype == np.int64 and np.abs(big).max() > 1 << 30
+
+
+def test_soak_verdict():
+    fin = {"event": "final", "iters": 5, "bytes": 10, "mismatches": 0, "crc_disagree": 0}
+    ok = [json.dumps(fin)] * 2
+    assert ws.verdict([0, 0], False, ok)[0] == "ok"
+    bad = [json.dumps(fin), json.dumps(dict(fin, mismatches=1))]
+    assert ws.verdict([0, 0], False, bad)[0] == "mismatch"
+    assert ws.verdict([0, 1], False, [ok[0], "Timeout (0:02:00)!\nThread ..."])[0] == "hang"
+    assert ws.verdict([0, -9], True, ok)[0] == "hang"
+    assert ws.verdict([0, 0], False, [ok[0], json.dumps(dict(fin, iters=4))])[0] == "error"
+    assert ws.verdict([0, 1], False, [ok[0], "Traceback ..."])[0] == "error"
+
+
+@needs_bed
+@pytest.mark.slow
+def test_soak_short(tmp_path):
+    out = tmp_path / "soak.json"
+    rc = ws.main(["--minutes", "0.2", "--loss", "0.03", "--rate", "100mbit", "--rtt", "10",
+                  "--max-size", "1MiB", "--iter-timeout", "60", "--progress-every", "3",
+                  "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0, doc
+    r = doc["result"]
+    assert r["status"] == "ok" and r["mismatches"] == 0 and r["iters"] >= 6
+    ranks = doc["ranks"]
+    assert len(ranks) == 2 and ranks[0]["iters"] == ranks[1]["iters"]
+    assert all(v > 0 for v in ranks[0]["counts"].values())
+    assert ranks[0]["bytes"] == sum(ranks[0]["bytes_by_op"].values()) == r["bytes"]
+    # the payload crossed the router: with 2 ranks an Allreduce of n bytes sends at
+    # least n in all, a Bcast n, an Alltoall n (half from each site)
+    assert sum(lb["up"] for lb in doc["link_bytes"]) >= r["bytes"]
+    assert not _bed_namespaces()
