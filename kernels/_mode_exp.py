@@ -478,6 +478,20 @@ def _be64(enc, q):
             | (np.uint64(enc[q + _U6]) << _U8) | np.uint64(enc[q + _U7]))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _dec_one(enc, p, lut, tb, eb, ebs):
+    """One exponent code at bit position p: (exponent, next position).
+    Unchecked 8-byte window: see :func:`_dec_streams8`."""
+    v = _be64(enc, np.uint64(p >> 3)) << np.uint64(p & 7)
+    e = lut[v >> tb]
+    ln = e & 15
+    x = e >> 5
+    if e & 16:
+        x = np.int64((v << np.uint64(ln)) >> ebs)
+        ln += eb
+    return x, p + ln
+
+
 @njit(cache=True, nogil=True)
 def _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
     """Decode 8 full sub-blocks from sb on, interleaved (independent chains
@@ -498,86 +512,14 @@ def _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
     p6 = starts[sb + 6] * 8
     p7 = starts[sb + 7] * 8
     for i in range(a, a + SUB):
-        q = np.uint64(p0 >> 3)
-        v = _be64(enc, q) << np.uint64(p0 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p0 += ln
-        exps[i] = x
-        q = np.uint64(p1 >> 3)
-        v = _be64(enc, q) << np.uint64(p1 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p1 += ln
-        exps[i + 1 * SUB] = x
-        q = np.uint64(p2 >> 3)
-        v = _be64(enc, q) << np.uint64(p2 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p2 += ln
-        exps[i + 2 * SUB] = x
-        q = np.uint64(p3 >> 3)
-        v = _be64(enc, q) << np.uint64(p3 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p3 += ln
-        exps[i + 3 * SUB] = x
-        q = np.uint64(p4 >> 3)
-        v = _be64(enc, q) << np.uint64(p4 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p4 += ln
-        exps[i + 4 * SUB] = x
-        q = np.uint64(p5 >> 3)
-        v = _be64(enc, q) << np.uint64(p5 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p5 += ln
-        exps[i + 5 * SUB] = x
-        q = np.uint64(p6 >> 3)
-        v = _be64(enc, q) << np.uint64(p6 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p6 += ln
-        exps[i + 6 * SUB] = x
-        q = np.uint64(p7 >> 3)
-        v = _be64(enc, q) << np.uint64(p7 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p7 += ln
-        exps[i + 7 * SUB] = x
+        exps[i], p0 = _dec_one(enc, p0, lut, tb, eb, ebs)
+        exps[i + 1 * SUB], p1 = _dec_one(enc, p1, lut, tb, eb, ebs)
+        exps[i + 2 * SUB], p2 = _dec_one(enc, p2, lut, tb, eb, ebs)
+        exps[i + 3 * SUB], p3 = _dec_one(enc, p3, lut, tb, eb, ebs)
+        exps[i + 4 * SUB], p4 = _dec_one(enc, p4, lut, tb, eb, ebs)
+        exps[i + 5 * SUB], p5 = _dec_one(enc, p5, lut, tb, eb, ebs)
+        exps[i + 6 * SUB], p6 = _dec_one(enc, p6, lut, tb, eb, ebs)
+        exps[i + 7 * SUB], p7 = _dec_one(enc, p7, lut, tb, eb, ebs)
     return ((p0 + 7) >> 3 == starts[sb + 1]
             and (p1 + 7) >> 3 == starts[sb + 2]
             and (p2 + 7) >> 3 == starts[sb + 3]
@@ -590,12 +532,7 @@ def _dec_streams8(enc, starts, sb, lut, tbits, eb, exps):
 
 @njit(cache=True, nogil=True)
 def _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
-    """Decode 4 full sub-blocks from sb on, interleaved (independent chains
-    for the out-of-order core).  The caller has checked that every stream
-    start plus the longest possible stream plus 8 bytes lies within enc, so
-    the 8-byte big-endian windows need no bounds checks (unsigned indices
-    also spare the wraparound code, so LLVM merges the byte loads).
-    Returns False when a stream does not end in its last byte."""
+    """As :func:`_dec_streams8`, for 4 sub-blocks."""
     tb = np.uint64(64 - tbits)
     ebs = np.uint64(64 - eb)
     a = sb * SUB
@@ -604,46 +541,10 @@ def _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
     p2 = starts[sb + 2] * 8
     p3 = starts[sb + 3] * 8
     for i in range(a, a + SUB):
-        q = np.uint64(p0 >> 3)
-        v = _be64(enc, q) << np.uint64(p0 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p0 += ln
-        exps[i] = x
-        q = np.uint64(p1 >> 3)
-        v = _be64(enc, q) << np.uint64(p1 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p1 += ln
-        exps[i + 1 * SUB] = x
-        q = np.uint64(p2 >> 3)
-        v = _be64(enc, q) << np.uint64(p2 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p2 += ln
-        exps[i + 2 * SUB] = x
-        q = np.uint64(p3 >> 3)
-        v = _be64(enc, q) << np.uint64(p3 & 7)
-        e = lut[v >> tb]
-        ln = e & 15
-        x = e >> 5
-        if e & 16:
-            x = np.int64((v << np.uint64(ln)) >> ebs)
-            ln += eb
-        p3 += ln
-        exps[i + 3 * SUB] = x
+        exps[i], p0 = _dec_one(enc, p0, lut, tb, eb, ebs)
+        exps[i + 1 * SUB], p1 = _dec_one(enc, p1, lut, tb, eb, ebs)
+        exps[i + 2 * SUB], p2 = _dec_one(enc, p2, lut, tb, eb, ebs)
+        exps[i + 3 * SUB], p3 = _dec_one(enc, p3, lut, tb, eb, ebs)
     return ((p0 + 7) >> 3 == starts[sb + 1]
             and (p1 + 7) >> 3 == starts[sb + 2]
             and (p2 + 7) >> 3 == starts[sb + 3]
