@@ -104,6 +104,23 @@ def _kernels():
         return k
     TPB = 256
 
+    @cuda.jit(device=True)
+    def _block_add(sh1, sh2, tid, a1, a2, acc):
+        # tree-reduce the threads' two partial sums; thread 0 adds them to acc
+        sh1[tid] = a1
+        sh2[tid] = a2
+        cuda.syncthreads()
+        s = TPB // 2
+        while s > 0:
+            if tid < s:
+                sh1[tid] += sh1[tid + s]
+                sh2[tid] += sh2[tid + s]
+            cuda.syncthreads()
+            s //= 2
+        if tid == 0:
+            cuda.atomic.add(acc, 0, sh1[0])
+            cuda.atomic.add(acc, 1, sh2[0])
+
     @cuda.jit
     def _sum_kernel(b, n, acc):
         # grid-stride over words; each thread keeps its two partial sums
@@ -129,19 +146,7 @@ def _kernels():
             a1 += x
             a2 += uint64(i + 1) * x
             i += stride
-        sh1[tid] = a1
-        sh2[tid] = a2
-        cuda.syncthreads()
-        s = TPB // 2
-        while s > 0:
-            if tid < s:
-                sh1[tid] += sh1[tid + s]
-                sh2[tid] += sh2[tid + s]
-            cuda.syncthreads()
-            s //= 2
-        if tid == 0:
-            cuda.atomic.add(acc, 0, sh1[0])
-            cuda.atomic.add(acc, 1, sh2[0])
+        _block_add(sh1, sh2, tid, a1, a2, acc)
 
     @cuda.jit
     def _sum_kernel_u32(w, nw, b, n, acc):
@@ -165,19 +170,7 @@ def _kernels():
                 x |= uint64(b[4 * nw + k]) << uint64(8 * k)
             a1 += x
             a2 += uint64(nw + 1) * x
-        sh1[tid] = a1
-        sh2[tid] = a2
-        cuda.syncthreads()
-        s = TPB // 2
-        while s > 0:
-            if tid < s:
-                sh1[tid] += sh1[tid + s]
-                sh2[tid] += sh2[tid + s]
-            cuda.syncthreads()
-            s //= 2
-        if tid == 0:
-            cuda.atomic.add(acc, 0, sh1[0])
-            cuda.atomic.add(acc, 1, sh2[0])
+        _block_add(sh1, sh2, tid, a1, a2, acc)
 
     k = (_sum_kernel, _sum_kernel_u32, TPB)
     _cuda_kernels["sum"] = k

@@ -21,6 +21,7 @@ import math
 import numpy as np
 from numba import config, cuda
 
+from erdmampi.kernels._checksum import checksum32_cuda
 from erdmampi.kernels.format import HEADER_SIZE, CodecError, pack_header
 
 TPB = 256
@@ -287,43 +288,6 @@ def _quant_decode(enc, pay_off, count, block, group, bits, full_pay, out,
             out[i] = v
 
 
-@cuda.jit
-def _checksum(data, off, n, acc):
-    sh1 = cuda.shared.array(TPB, np.uint64)
-    sh2 = cuda.shared.array(TPB, np.uint64)
-    t = cuda.threadIdx.x
-    nw = (n + 3) // 4
-    s1 = np.uint64(0)
-    s2 = np.uint64(0)
-    k = cuda.grid(1)
-    stride = cuda.gridDim.x * cuda.blockDim.x
-    while k < nw:
-        p = off + 4 * k
-        w = np.uint64(data[p])
-        if 4 * k + 1 < n:
-            w |= np.uint64(data[p + 1]) << np.uint64(8)
-        if 4 * k + 2 < n:
-            w |= np.uint64(data[p + 2]) << np.uint64(16)
-        if 4 * k + 3 < n:
-            w |= np.uint64(data[p + 3]) << np.uint64(24)
-        s1 += w
-        s2 += np.uint64(k + 1) * w
-        k += stride
-    sh1[t] = s1
-    sh2[t] = s2
-    cuda.syncthreads()
-    s = cuda.blockDim.x // 2
-    while s > 0:
-        if t < s:
-            sh1[t] += sh1[t + s]
-            sh2[t] += sh2[t + s]
-        cuda.syncthreads()
-        s //= 2
-    if t == 0:
-        cuda.atomic.add(acc, 0, sh1[0])
-        cuda.atomic.add(acc, 1, sh2[0])
-
-
 # -- host drivers ----------------------------------------------------------
 
 def _dev(a, what):
@@ -355,13 +319,8 @@ def _grid(n):
 
 
 def _device_checksum(buf, off, n, stream):
-    acc = cuda.to_device(np.zeros(2, np.uint64), stream=stream)
-    if n:
-        nblk = min(_grid((n + 3) // 4), 1024)
-        _checksum[nblk, TPB, stream](buf, off, n, acc)
-    s1, s2 = (int(x) for x in _to_host(acc, stream))
-    h = (s1 ^ (s2 << 1)) & 0xFFFFFFFFFFFFFFFF
-    return (h ^ (h >> 32)) & 0xFFFFFFFF
+    """format.checksum32 of ``buf[off:off+n]`` on the device."""
+    return checksum32_cuda(buf[off:off + n], stream)
 
 
 def encode(codec, src, out, stream, feedback):
