@@ -551,13 +551,7 @@ def _dec_streams4(enc, starts, sb, lut, tbits, eb, exps):
             and (p3 + 7) >> 3 == starts[sb + 4])
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _params(itemsize):
-    if itemsize == 2:
-        return 5, 10, 1, 3
-    if itemsize == 4:
-        return 8, 23, 2, 8
-    return 11, 52, 6, 5
+_params = njit(cache=True, nogil=True, inline="always")(_params_py)
 
 
 @njit(cache=True, nogil=True)
@@ -1007,6 +1001,14 @@ def _cuda_kernels():
     canon = dev["_canon"]
     parse = dev["_parse_header"]
     dstream = dev["_dec_stream"]
+    params = cuda.jit(device=True)(_params_py)
+    # shared-array shapes must be compile-time constants (closure values)
+    W2, W4, L1, S1, LUT = WMAX + 2, 2 * WMAX + 4, LMAX + 1, MAXSUB + 1, 1 << LMAX
+
+    @cuda.jit(device=True)
+    def imin(a, b):
+        # the builtin min(int, int) does not compile in numba 0.68's CUDA target
+        return a if a < b else b
 
     @cuda.jit(device=True)
     def exponent(src, a, itemsize):
@@ -1066,30 +1068,19 @@ def _cuda_kernels():
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
         hist = cuda.shared.array(2048, int32)
-        lens = cuda.shared.array(WMAX + 2, int64)
-        codes = cuda.shared.array(WMAX + 2, int64)
-        keys = cuda.shared.array(WMAX + 2, int64)
-        wts = cuda.shared.array(2 * WMAX + 4, int64)
-        par = cuda.shared.array(2 * WMAX + 4, int64)
-        blc = cuda.shared.array(LMAX + 1, int64)
-        nxc = cuda.shared.array(LMAX + 1, int64)
-        sst = cuda.shared.array(MAXSUB + 1, int64)
+        lens = cuda.shared.array(W2, int64)
+        codes = cuda.shared.array(W2, int64)
+        keys = cuda.shared.array(W2, int64)
+        wts = cuda.shared.array(W4, int64)
+        par = cuda.shared.array(W4, int64)
+        blc = cuda.shared.array(L1, int64)
+        nxc = cuda.shared.array(L1, int64)
+        sst = cuda.shared.array(S1, int64)
         sx = cuda.shared.array(STAGE, uint16)
         sm = cuda.shared.array(8, int64)   # ok, variant, lo, w, el, hdr, total
         nbytes = block_bytes if bid < nblocks - 1 else last_bytes
         n = nbytes // itemsize
-        if itemsize == 2:
-            eb = 5
-            k = 1
-            r = 3
-        elif itemsize == 4:
-            eb = 8
-            k = 2
-            r = 8
-        else:
-            eb = 11
-            k = 6
-            r = 5
+        eb, _mb, k, r = params(itemsize)
         mant = k * n + (n * r + 7) // 8
         nsub = (n + SUB - 1) // SUB
         base = bid * block_bytes
@@ -1147,7 +1138,7 @@ def _cuda_kernels():
         if sm[1] == V_HUFF:
             for sb in range(tid, nsub, nt):
                 bits = 0
-                for i in range(sb * SUB, min(n, sb * SUB + SUB)):
+                for i in range(sb * SUB, imin(n, sb * SUB + SUB)):
                     x = sx[i] if staged else exponent(src, base + i * itemsize, itemsize)
                     c, ln = code_of(x, lo, w, el, eb, lens, codes)
                     bits += ln
@@ -1186,7 +1177,7 @@ def _cuda_kernels():
                 p = out + sst[sb]
                 acc = 0
                 nb = 0
-                for i in range(sb * SUB, min(n, sb * SUB + SUB)):
+                for i in range(sb * SUB, imin(n, sb * SUB + SUB)):
                     x = sx[i] if staged else exponent(src, base + i * itemsize, itemsize)
                     c, ln = code_of(x, lo, w, el, eb, lens, codes)
                     acc = (acc << ln) | c
@@ -1228,12 +1219,12 @@ def _cuda_kernels():
         j = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
-        lens = cuda.shared.array(WMAX + 2, int64)
-        codes = cuda.shared.array(WMAX + 2, int64)
-        blc = cuda.shared.array(LMAX + 1, int64)
-        nxc = cuda.shared.array(LMAX + 1, int64)
-        lut = cuda.shared.array(1 << LMAX, uint16)
-        sst = cuda.shared.array(MAXSUB + 1, int64)
+        lens = cuda.shared.array(W2, int64)
+        codes = cuda.shared.array(W2, int64)
+        blc = cuda.shared.array(L1, int64)
+        nxc = cuda.shared.array(L1, int64)
+        lut = cuda.shared.array(LUT, uint16)
+        sst = cuda.shared.array(S1, int64)
         sx = cuda.shared.array(STAGE, uint16)
         sm = cuda.shared.array(8, int64)   # ok, variant, lo, w, tbits, send, exp
         if j >= nsel:
@@ -1259,18 +1250,7 @@ def _cuda_kernels():
         nenc = enc.size
         nbytes = block_bytes if blk < nblocks - 1 else last_bytes
         n = nbytes // itemsize
-        if itemsize == 2:
-            eb = 5
-            k = 1
-            r = 3
-        elif itemsize == 4:
-            eb = 8
-            k = 2
-            r = 8
-        else:
-            eb = 11
-            k = 6
-            r = 5
+        eb, _mb, k, r = params(itemsize)
         mant = k * n + (n * r + 7) // 8
         nsub = (n + SUB - 1) // SUB
         d0 = blk * block_bytes
@@ -1338,7 +1318,7 @@ def _cuda_kernels():
         if staged and sm[1] == V_HUFF:
             # a thread per sub-block decodes its stream into shared memory
             for sb in range(tid, nsub, nt):
-                end = dstream(enc, nenc, 8 * sst[sb], sb * SUB, min(n, sb * SUB + SUB),
+                end = dstream(enc, nenc, 8 * sst[sb], sb * SUB, imin(n, sb * SUB + SUB),
                               lut, tbits, eb, sx)
                 if (end + 7) >> 3 != sst[sb + 1]:
                     err[0] = 1
@@ -1353,7 +1333,7 @@ def _cuda_kernels():
         for sb in range(tid, nsb, nt):
             if sm[1] == V_HUFF:
                 a = sb * SUB
-                b = min(n, a + SUB)
+                b = imin(n, a + SUB)
                 pos = 8 * sst[sb]
             else:
                 a = sb

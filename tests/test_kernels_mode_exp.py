@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from erdmampi.kernels import _mode_exp as mx  # noqa: E402
+from ptxcheck import assert_compiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RNG = np.random.default_rng(4242)
@@ -410,3 +411,16 @@ def test_zeros_and_wide_exponent_spread(itemsize):
     e = roundtrip(y)
     assert e is not None and e[0] == mx.V_HUFF
     assert int(e[3]) | (int(e[4]) << 8) <= mx.WMAX
+
+
+@pytest.mark.slow
+def test_cuda_kernels_compile_to_ptx():
+    """The simulator does not type-check: compile the kernels for a real GPU
+    (needs NVVM, not a GPU).  Caught builtin min() and computed shared-array
+    shapes, which numba's CUDA target rejects."""
+    assert_compiles(r"""
+from erdmampi.kernels import _mode_exp as m
+k = m._cuda_kernels()
+ptx(k["enc"], (A8, i, i, i, i, A8, i, A32))
+ptx(k["dec"], (A8, A64, A64, A32, i, i, i, i, i, A8, A32))
+""")
