@@ -1018,7 +1018,7 @@ def _dec_kernel_py(payload, offsets, lengths, block_ids, nsel, block_bytes,
     if j >= nsel:
         return
     blk = block_ids[j]
-    st = cuda.shared.array(3 * CUDA_MAX_GROUPS, np.uint64)
+    st = cuda.shared.array(CUDA_ST_LEN, np.uint64)
     off = cuda.shared.array(CUDA_MAX_GROUPS, np.int32)
     info = cuda.shared.array(4, np.int64)
     if blk < 0 or blk >= nblocks:
@@ -1160,12 +1160,18 @@ def _cuda_kernels():
     import types as _pytypes
     from numba import cuda
 
+    # shared-array shapes must be constants: precomputed, not expressions
     G = {"np": np, "cuda": cuda, "CUDA_MAX_GROUPS": CUDA_MAX_GROUPS,
-         "SAMPLE_STRIDE": SAMPLE_STRIDE}
+         "CUDA_ST_LEN": 3 * CUDA_MAX_GROUPS, "SAMPLE_STRIDE": SAMPLE_STRIDE}
 
     def dev(name, f):
         G[name] = cuda.jit(device=True)(
             _pytypes.FunctionType(f.__code__, G, f.__name__))
+
+    def _imin(a, b):
+        # the builtin min(int, int) does not compile in numba 0.68's CUDA target
+        return a if a < b else b
+    G["min"] = cuda.jit(device=True)(_imin)
 
     for name, f in (("_get", _get_py), ("_put", _put_py), ("_map", _map_py),
                     ("_unmap", _unmap_py), ("_sm", _sm_py),

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from erdmampi.kernels import _mode_delta as M
+from ptxcheck import assert_compiles  # noqa: E402
 
 RNG = np.random.default_rng(1234)
 
@@ -408,3 +409,17 @@ def test_cuda_decode_flags_corruption():
     bad[5] = 40                                               # width > 32
     out, err = _gpu_decode(cuda, [bad], [0], nblocks, bb, last, 4, True, src.size)
     assert err == 1
+
+
+@pytest.mark.slow
+def test_cuda_kernels_compile_to_ptx():
+    """The simulator does not type-check: compile the kernels for a real GPU
+    (needs NVVM, not a GPU).  Caught builtin min() and a computed
+    shared-array shape, which numba's CUDA target rejects."""
+    assert_compiles(r"""
+from erdmampi.kernels import _mode_delta as d
+enc, dec = d._cuda_kernels()
+b = T.boolean
+ptx(enc, (A8, i, i, i, i, b, A8, i, A32))
+ptx(dec, (A8, A64, A64, A32, i, i, i, i, i, b, A8, A32))
+""")
