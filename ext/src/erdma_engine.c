@@ -94,107 +94,18 @@ int addr_is_loopback(const struct sockaddr_storage *a) {
   return 0;
 }
 
-/* Packets sit in bufs at a stride of pkt_size.  A run of full-size packets
- * is contiguous, so with UDP GSO it leaves in one datagram train (one
- * sendmmsg entry with a UDP_SEGMENT control message). */
+/* Packets sit in bufs at a stride of pkt_size; the packet I/O backend
+ * batches them (GSO trains on kernel UDP). */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
-  struct mmsghdr msgs[ERDMA_TX_BATCH];
-  struct iovec iov[ERDMA_TX_BATCH];
-  union {
-    char buf[CMSG_SPACE(sizeof(uint16_t))];
-    struct cmsghdr align;
-  } ctl[ERDMA_TX_BATCH];
-  int sent = 0, m = 0, waits = 0;
-  size_t max_run = e->gso ? 65000 / e->pkt_size : 1; /* <= 64 segments (kernel limit) */
-  if (max_run > 64) max_run = 64;
-  for (int i = 0; i < n; m++) {
-    int j = i + 1;
-    if (lens[i] == e->pkt_size)
-      while (j < n && (size_t)(j - i) < max_run && lens[j - 1] == e->pkt_size) j++;
-    iov[m].iov_base = bufs + (size_t)i * e->pkt_size;
-    iov[m].iov_len = (size_t)(j - i - 1) * e->pkt_size + lens[j - 1];
-    memset(&msgs[m], 0, sizeof msgs[m]);
-    msgs[m].msg_hdr.msg_name = &c->remote;
-    msgs[m].msg_hdr.msg_namelen = c->remote_len;
-    msgs[m].msg_hdr.msg_iov = &iov[m];
-    msgs[m].msg_hdr.msg_iovlen = 1;
-    if (j - i > 1) {
-      struct cmsghdr *cm = (struct cmsghdr *)ctl[m].buf;
-      uint16_t seg = (uint16_t)e->pkt_size;
-      memset(ctl[m].buf, 0, sizeof ctl[m].buf);
-      cm->cmsg_level = SOL_UDP;
-      cm->cmsg_type = UDP_SEGMENT;
-      cm->cmsg_len = CMSG_LEN(sizeof seg);
-      memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-      msgs[m].msg_hdr.msg_control = ctl[m].buf;
-      msgs[m].msg_hdr.msg_controllen = sizeof ctl[m].buf;
-    }
-    e->stats.pkts_sent += (uint64_t)(j - i);
-    i = j;
-  }
-  n = m;
-  while (sent < n) {
-    int rv = sendmmsg(e->fd, msgs + sent, (unsigned)(n - sent), 0);
-    if (rv < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == ENOBUFS) {
-        /* socket buffer full: wait briefly rather than drop (QUIC would
-         * recover, but a loss costs the congestion window) */
-        struct pollfd p = {e->fd, POLLOUT, 0};
-        if (++waits <= 100 && poll(&p, 1, 10) > 0) continue;
-      }
-      break; /* dropped; QUIC retransmits */
-    }
-    sent += rv;
-  }
+  e->stats.pkts_sent += (uint64_t)n;
+  e->io.send(e, &c->remote, c->remote_len, bufs, e->pkt_size, lens, n);
 }
 
-/* With UDP GRO the kernel may hand us several same-sized datagrams from one
- * sender in one buffer; a control message gives the segment size. */
-static void recv_batch(erdma_engine *e) {
-  struct mmsghdr msgs[ERDMA_BATCH];
-  struct iovec iov[ERDMA_BATCH];
-  struct sockaddr_storage from[ERDMA_BATCH];
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } ctl[ERDMA_BATCH];
-  for (int round = 0; round < 8; round++) {
-    for (int i = 0; i < ERDMA_BATCH; i++) {
-      iov[i].iov_base = e->rxbuf + (size_t)i * 65536;
-      iov[i].iov_len = 65536;
-      memset(&msgs[i], 0, sizeof msgs[i]);
-      msgs[i].msg_hdr.msg_name = &from[i];
-      msgs[i].msg_hdr.msg_namelen = sizeof from[i];
-      msgs[i].msg_hdr.msg_iov = &iov[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-      if (e->gro) {
-        msgs[i].msg_hdr.msg_control = ctl[i].buf;
-        msgs[i].msg_hdr.msg_controllen = sizeof ctl[i].buf;
-      }
-    }
-    int n = recvmmsg(e->fd, msgs, ERDMA_BATCH, MSG_DONTWAIT, NULL);
-    if (n <= 0) return;
-    for (int i = 0; i < n; i++) {
-      size_t len = msgs[i].msg_len, seg = len;
-      if (e->gro) {
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr); cm;
-             cm = CMSG_NXTHDR(&msgs[i].msg_hdr, cm))
-          if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) {
-            int v;
-            memcpy(&v, CMSG_DATA(cm), sizeof v);
-            if (v > 0) seg = (size_t)v;
-          }
-      }
-      for (size_t off = 0; off < len; off += seg) {
-        size_t l = len - off < seg ? len - off : seg;
-        e->stats.pkts_recv++;
-        conn_handle_datagram(e, (uint8_t *)iov[i].iov_base + off, l, &from[i],
-                             msgs[i].msg_hdr.msg_namelen);
-      }
-    }
-    if (n < ERDMA_BATCH) return;
-  }
+/* Every datagram the backend receives comes through here. */
+void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
+                        const struct sockaddr_storage *from, socklen_t fromlen) {
+  e->stats.pkts_recv++;
+  conn_handle_datagram(e, data, len, from, fromlen);
 }
 
 static void *progress_main(void *arg) {
@@ -206,7 +117,7 @@ static void *progress_main(void *arg) {
     uint64_t wait_ns = exp <= now ? 0 : exp - now;
     if (wait_ns > 200000000ull) wait_ns = 200000000ull;
     struct timespec ts = {(time_t)(wait_ns / 1000000000ull), (long)(wait_ns % 1000000000ull)};
-    pfd[0].fd = e->fd;
+    pfd[0].fd = e->io.fd; /* < 0: ppoll ignores it */
     pfd[0].events = POLLIN;
     pfd[1].fd = e->evfd;
     pfd[1].events = POLLIN;
@@ -222,7 +133,7 @@ static void *progress_main(void *arg) {
       uint64_t v;
       if (read(e->evfd, &v, sizeof v) < 0) { /* spurious */ }
     }
-    if (rv > 0 && (pfd[0].revents & POLLIN)) recv_batch(e);
+    if (e->io.fd < 0 || (rv > 0 && (pfd[0].revents & POLLIN))) e->io.recv(e);
     conn_handle_expiry_all(e);
     conn_flush_all(e);
     conn_reap_pending(e);
@@ -239,14 +150,13 @@ static void *progress_main(void *arg) {
 int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   erdma_engine *e;
   pthread_condattr_t ca;
-  int one = 1;
   if (!cfg || !out || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
     return ERDMA_ERR_INVAL;
   if (!(e = calloc(1, sizeof *e))) return ERDMA_ERR_NOMEM;
   e->cfg = *cfg;
   snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
   e->cfg.bind_addr = e->bind_addr;
-  e->fd = e->evfd = -1;
+  e->evfd = e->fd = e->io.fd = -1;
   pthread_mutex_init(&e->mu, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -254,44 +164,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   pthread_condattr_destroy(&ca);
   int rv = ERDMA_ERR_SOCKET;
   if (resolve(e->bind_addr, cfg->port, &e->local, &e->local_len) != 0) goto fail;
-  e->fd = socket(e->local.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (e->fd < 0) goto fail;
-  setsockopt(e->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (cfg->sock_buf > 0) {
-    /* FORCE works as root (CAP_NET_ADMIN) and ignores rmem_max/wmem_max;
-     * otherwise the kernel caps the request at those limits */
-    int got_r = 0, got_s = 0;
-    socklen_t l = sizeof(int);
-    if (setsockopt(e->fd, SOL_SOCKET, SO_RCVBUFFORCE, &cfg->sock_buf, sizeof(int)) != 0)
-      setsockopt(e->fd, SOL_SOCKET, SO_RCVBUF, &cfg->sock_buf, sizeof(int));
-    if (setsockopt(e->fd, SOL_SOCKET, SO_SNDBUFFORCE, &cfg->sock_buf, sizeof(int)) != 0)
-      setsockopt(e->fd, SOL_SOCKET, SO_SNDBUF, &cfg->sock_buf, sizeof(int));
-    getsockopt(e->fd, SOL_SOCKET, SO_RCVBUF, &got_r, &l);
-    l = sizeof(int);
-    getsockopt(e->fd, SOL_SOCKET, SO_SNDBUF, &got_s, &l);
-    if (cfg->verbose && (got_r < cfg->sock_buf || got_s < cfg->sock_buf))
-      fprintf(stderr, "erdma[%d]: UDP buffers %d/%d bytes (asked %d; raise "
-              "net.core.rmem_max/wmem_max or run with CAP_NET_ADMIN)\n",
-              cfg->rank, got_r, got_s, cfg->sock_buf);
-  }
-  if (bind(e->fd, (struct sockaddr *)&e->local, e->local_len) != 0) goto fail;
-  e->local_len = sizeof e->local;
-  getsockname(e->fd, (struct sockaddr *)&e->local, &e->local_len);
-  e->pkt_size = cfg->max_udp_payload ? cfg->max_udp_payload
-                                     : (addr_is_loopback(&e->local) ? 65000 : 1452);
-  if (e->pkt_size < 1200) e->pkt_size = 1200;
-  if (e->pkt_size > 65000) e->pkt_size = 65000;
-  if (e->pkt_size <= 9000) {
-    /* probe UDP GSO; without it each packet is its own sendmmsg entry */
-    int seg = (int)e->pkt_size;
-    e->gso = setsockopt(e->fd, SOL_UDP, UDP_SEGMENT, &seg, sizeof seg) == 0;
-    seg = 0;
-    if (e->gso) setsockopt(e->fd, SOL_UDP, UDP_SEGMENT, &seg, sizeof seg);
-  }
-  if (e->pkt_size <= 9000) {
-    /* coalesced receive; loopback's 64 KiB packets gain nothing from it */
-    e->gro = setsockopt(e->fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
-  }
+  if ((rv = pktio_udp_open(e)) != 0) goto fail;
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   rv = ERDMA_ERR_NOMEM;
   e->txbuf = malloc((size_t)ERDMA_TX_BATCH * e->pkt_size);
@@ -450,7 +323,7 @@ void erdma_engine_free(erdma_engine *e) {
   pthread_mutex_unlock(&e->mu);
   shm_teardown(e);
   tls_identity_free(e);
-  if (e->fd >= 0) close(e->fd);
+  if (e->io.close) e->io.close(e);
   if (e->evfd >= 0) close(e->evfd);
   free(e->txbuf);
   free(e->rxbuf);
@@ -687,7 +560,7 @@ static void spin_progress(erdma_engine *e, const erdma_req *r) {
   uint64_t until = erdma_now() + (uint64_t)e->cfg.spin_us * 1000u;
   shm_spin_begin(e);
   while (!r->done && erdma_now() < until) {
-    recv_batch(e);
+    e->io.recv(e);
     shm_poll(e);
     conn_flush_all(e);
     if (r->done) break;

@@ -190,6 +190,21 @@ typedef struct shm_state {
   int cma;               /* single-copy reads (process_vm_readv) allowed */
 } shm_state;
 
+/* ---- packet I/O (erdma_pktio_*.c) ----
+ * A backend moves whole UDP payloads; it hands each received one to
+ * engine_rx_datagram() and sends runs of packets laid out at a stride. */
+typedef struct erdma_pktio {
+  const char *name;
+  void (*send)(erdma_engine *e, const struct sockaddr_storage *to, socklen_t tolen,
+               uint8_t *bufs, size_t stride, const size_t *lens, int n);
+  void (*recv)(erdma_engine *e);   /* drain what has arrived, without blocking */
+  void (*close)(erdma_engine *e);
+  int fd;                          /* readable when input waits; < 0: poll recv() */
+  void *state;                     /* backend-private */
+} erdma_pktio;
+
+int pktio_udp_open(erdma_engine *e);
+
 /* ---- the engine ---- */
 #define ERDMA_BATCH 32     /* datagrams per recvmmsg */
 #define ERDMA_TX_BATCH 64  /* packets per sendmmsg (one pacing burst at most) */
@@ -197,7 +212,8 @@ typedef struct shm_state {
 struct erdma_engine {
   erdma_config cfg;
   char bind_addr[64];
-  int fd;
+  erdma_pktio io;
+  int fd;                /* the kernel UDP socket (udp backend) */
   int evfd;
   struct sockaddr_storage local;
   socklen_t local_len;
@@ -235,6 +251,8 @@ uint64_t erdma_now(void);
 int addr_is_loopback(const struct sockaddr_storage *a);
 void engine_wake(erdma_engine *e);
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
+void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
+                        const struct sockaddr_storage *from, socklen_t fromlen);
 
 /* match.c (all under e->mu) */
 erdma_req *req_new(erdma_engine *e, int kind);
