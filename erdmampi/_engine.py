@@ -21,6 +21,7 @@ ERR_PEER = lib.ERDMA_ERR_PEER
 ERR_RANK = lib.ERDMA_ERR_RANK
 ERR_STATE = lib.ERDMA_ERR_STATE
 ERR_AUTH = lib.ERDMA_ERR_AUTH
+ERR_PKTIO = lib.ERDMA_ERR_PKTIO
 
 CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
             "cubic": lib.ERDMA_CC_CUBIC, "bbr": lib.ERDMA_CC_BBR, "bbr2": lib.ERDMA_CC_BBR2}
@@ -32,6 +33,24 @@ TUNING = {
     "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16),
     "chunk_size": (4096, 1 << 30),
 }
+
+PKTIO_KINDS = {"udp": lib.ERDMA_PKTIO_UDP, "dpdk": lib.ERDMA_PKTIO_DPDK}
+NO_DPDK = "this build has no DPDK support: install libdpdk-dev and rebuild"
+
+
+def dpdk_plugin_path() -> str:
+    """File of the DPDK backend (erdmampi._erdma_dpdk), which the engine
+    dlopens; "" when this build has none (the engine then says so)."""
+    try:
+        from . import _erdma_dpdk
+    except ImportError as exc:
+        if "No module named" in str(exc):
+            return ""
+        raise EngineError(ERR_PKTIO, f"cannot load the DPDK backend: {exc}") from None
+    if not _erdma_dpdk.lib.erdma_dpdk_built():
+        return ""
+    return _erdma_dpdk.__file__
+
 
 _SLICE = 0.5  # seconds a blocking call waits before checking for signals
 
@@ -257,13 +276,28 @@ class Engine:
     def create(cls, rank: int = 0, size: int = 1, bind: str = "127.0.0.1", port: int = 0,
                cc: str = "auto", eager_limit: int = 65536, idle_timeout: float = 60.0,
                connect_timeout: float = 60.0, max_udp_payload: int = 0,
-               spin_us: int = 50, verbose: int = 0, **tuning) -> "Engine":
+               spin_us: int = 50, verbose: int = 0, pktio: str = "udp",
+               dpdk_eal: str = "", dpdk_port: int = 0, dpdk_queue: int = 0,
+               dpdk_prefix: int = 24, dpdk_gateway: str = "", dpdk_neigh: str = "",
+               dpdk_poll_us: int = 200, **tuning) -> "Engine":
         """``cc``: "auto" (BBR to other hosts, CUBIC over loopback) or an algorithm.
         ``tuning`` (None or absent: the engine's default): stream_window,
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
-        data_streams (count), chunk_size (bytes); see docs/design.md."""
+        data_streams (count), chunk_size (bytes); see docs/design.md.
+        ``pktio``: "udp" (kernel socket) or "dpdk"; the ``dpdk_*`` keywords
+        configure the latter (docs/dpdk.md): EAL arguments, port id, queue,
+        prefix length of the subnet ``bind`` is on, gateway, static
+        neighbours "ip=mac,...", longest idle sleep of the poller (µs)."""
         if cc not in CC_ALGOS:
             raise ValueError(f"unknown congestion control {cc!r}; choose one of {sorted(CC_ALGOS)}")
+        if pktio not in PKTIO_KINDS:
+            raise ValueError(f"unknown packet I/O {pktio!r}; choose one of {sorted(PKTIO_KINDS)}")
+        for name, value, lo, hi in (("dpdk_port", dpdk_port, 0, 65535),
+                                    ("dpdk_queue", dpdk_queue, 0, 65535),
+                                    ("dpdk_prefix", dpdk_prefix, 1, 32),
+                                    ("dpdk_poll_us", dpdk_poll_us, 1, 1000000)):
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
         cfg = ffi.new("erdma_config *")
         lib.erdma_config_default(cfg)
         for name, value in tuning.items():
@@ -284,8 +318,26 @@ class Engine:
         cfg.max_udp_payload = max_udp_payload
         cfg.spin_us = spin_us
         cfg.verbose = int(verbose)  # 2: path statistics (cwnd, RTT, rates) every second
+        keep = []  # C strings the engine reads during erdma_engine_new
+
+        def cstr(text):
+            keep.append(ffi.new("char[]", text.encode()))
+            return keep[-1]
+
+        cfg.pktio = PKTIO_KINDS[pktio]
+        if pktio == "dpdk":
+            cfg.dpdk_plugin = cstr(dpdk_plugin_path())
+            cfg.dpdk_eal = cstr(dpdk_eal)
+            cfg.dpdk_port, cfg.dpdk_queue = dpdk_port, dpdk_queue
+            cfg.dpdk_prefix, cfg.dpdk_poll_us = dpdk_prefix, dpdk_poll_us
+            cfg.dpdk_gateway = cstr(dpdk_gateway)
+            cfg.dpdk_neigh = cstr(dpdk_neigh)
         out = ffi.new("erdma_engine **")
-        _check(lib.erdma_engine_new(cfg, out), f"engine start (bind {bind}:{port})")
+        rc = lib.erdma_engine_new(cfg, out)
+        if rc != 0:
+            detail = ffi.string(lib.erdma_last_error()).decode(errors="replace")
+            raise EngineError(rc, f"engine start ({pktio}, bind {bind}:{port})"
+                              + (f": {detail}" if detail else ""))
         return cls(out[0], rank, size)
 
     # -- bootstrap

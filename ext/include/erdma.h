@@ -37,6 +37,7 @@
 #define ERDMA_ERR_QUIC (-10)      /* ngtcp2 failure */
 #define ERDMA_ERR_STATE (-11)     /* call not valid in this engine state */
 #define ERDMA_ERR_AUTH (-12)      /* peer failed authentication */
+#define ERDMA_ERR_PKTIO (-13)     /* packet I/O backend unavailable (erdma_last_error says why) */
 #define ERDMA_ERR_FATAL (-100)
 
 /* Congestion control (values of ngtcp2_cc_algo); AUTO: BBR towards peers on
@@ -46,6 +47,10 @@
 #define ERDMA_CC_CUBIC 1
 #define ERDMA_CC_BBR 2
 #define ERDMA_CC_BBR2 3
+
+/* Packet I/O backends (erdma_config.pktio; docs/dpdk.md). */
+#define ERDMA_PKTIO_UDP 0   /* kernel UDP socket (sendmmsg + GSO, recvmmsg + GRO) */
+#define ERDMA_PKTIO_DPDK 1  /* DPDK port: own Ethernet/IPv4/UDP, ARP, polling */
 
 /* Send flags. */
 #define ERDMA_SEND_SYNC 1 /* complete only once the receiver matched (Ssend) */
@@ -73,6 +78,16 @@ typedef struct erdma_config {
   uint64_t chunk_size;       /* bytes of payload per CHUNK frame on a data stream */
   int spin_us;               /* a waiter polls the socket this long before sleeping */
   int verbose;
+  /* packet I/O (docs/dpdk.md); the strings are read during erdma_engine_new only */
+  int pktio;                 /* ERDMA_PKTIO_UDP or ERDMA_PKTIO_DPDK */
+  const char *dpdk_plugin;   /* path of the DPDK backend shared object (_erdma_dpdk) */
+  const char *dpdk_eal;      /* EAL arguments, separated by blanks */
+  int dpdk_port;             /* DPDK port id */
+  int dpdk_queue;            /* rx/tx queue of that port */
+  int dpdk_prefix;           /* IPv4 prefix length of the local subnet (default 24) */
+  const char *dpdk_gateway;  /* next hop towards peers off the subnet ("" none) */
+  const char *dpdk_neigh;    /* static neighbours "ip=mac,ip=mac" ("" none: ARP) */
+  int dpdk_poll_us;          /* longest sleep of the idle polling thread (microseconds) */
 } erdma_config;
 
 typedef struct erdma_status {
@@ -92,6 +107,8 @@ typedef struct erdma_stats {
 void erdma_config_default(erdma_config *cfg);
 const char *erdma_strerror(int rc);
 int erdma_err_is_fatal(int rc);
+/* Why the last erdma_engine_new of this thread failed, in words ("" if not known). */
+const char *erdma_last_error(void);
 
 /* Create the engine: generates a TLS identity and binds the UDP socket. */
 int erdma_engine_new(const erdma_config *cfg, erdma_engine **out);

@@ -205,6 +205,23 @@ typedef struct erdma_pktio {
 
 int pktio_udp_open(erdma_engine *e);
 
+/* The DPDK backend lives in its own shared object (erdmampi/_erdma_dpdk*.so,
+ * built only where libdpdk is installed) which the engine dlopens when
+ * cfg.pktio is ERDMA_PKTIO_DPDK: `import erdmampi` never loads DPDK.  The
+ * plugin cannot see the engine's symbols (Python loads modules RTLD_LOCAL),
+ * so the engine hands it what it calls. */
+#define ERDMA_PKTIO_ABI 1
+typedef struct erdma_pktio_host {
+  int abi;                         /* ERDMA_PKTIO_ABI */
+  size_t engine_size;              /* sizeof(erdma_engine): both built from one tree */
+  void (*rx_datagram)(erdma_engine *e, const uint8_t *data, size_t len,
+                      const struct sockaddr_storage *from, socklen_t fromlen);
+  char *err;                       /* the plugin explains a failure here */
+  size_t errlen;
+} erdma_pktio_host;
+typedef int (*erdma_pktio_open_fn)(erdma_engine *e, const erdma_pktio_host *host);
+#define ERDMA_PKTIO_DPDK_OPEN "erdma_pktio_dpdk_open"
+
 /* ---- the engine ---- */
 #define ERDMA_BATCH 32     /* datagrams per recvmmsg */
 #define ERDMA_TX_BATCH 64  /* packets per sendmmsg (one pacing burst at most) */
@@ -213,7 +230,7 @@ struct erdma_engine {
   erdma_config cfg;
   char bind_addr[64];
   erdma_pktio io;
-  int fd;                /* the kernel UDP socket (udp backend) */
+  int fd;                /* the kernel UDP socket (udp backend; dpdk: unbound, doorbells only) */
   int evfd;
   struct sockaddr_storage local;
   socklen_t local_len;
@@ -244,6 +261,7 @@ struct erdma_engine {
   uint8_t *rxbuf;
   erdma_stats stats;
   shm_state shm;
+  void *plugin;          /* dlopen handle of the packet I/O plugin (dpdk) */
 };
 
 /* engine.c */
