@@ -164,7 +164,7 @@ class DpdkBed:
         return ["ip", "netns", "exec", ns, *argv]
 
     def eal_args(self, side: str = "b", pmd: str = "af_packet", huge_dir: "str | None" = None,
-                 mem_mb: int = 256) -> str:
+                 mem_mb: int = 64) -> str:
         """EAL arguments for a DPDK endpoint on side a or b's veth."""
         dev = self.dev_b if side == "b" else self.dev_a
         if pmd == "af_packet":

@@ -381,6 +381,7 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
   pthread_mutex_unlock(&e->mu);
   pthread_join(e->thread, NULL);
   pthread_mutex_lock(&e->mu); /* a waiter may still be spinning on the rings */
+  if (e->cfg.verbose && e->io.report) e->io.report(e);
   shm_teardown(e);
   pthread_mutex_unlock(&e->mu);
   return rv;

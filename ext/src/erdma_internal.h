@@ -201,6 +201,7 @@ typedef struct erdma_pktio {
   void (*close)(erdma_engine *e);
   int fd;                          /* readable when input waits; < 0: poll recv() */
   void *state;                     /* backend-private */
+  void (*report)(erdma_engine *e); /* optional: counters to stderr (verbose, at shutdown) */
 } erdma_pktio;
 
 int pktio_udp_open(erdma_engine *e);

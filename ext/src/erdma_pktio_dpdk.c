@@ -46,7 +46,7 @@ int erdma_dpdk_built(void) { return 1; }
 int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host);
 
 #define NB_DESC 1024        /* rx and tx ring sizes asked of the port */
-#define POOL_MBUFS 8191     /* rings + a tx burst + ARP holds, with room to spare */
+#define POOL_MBUFS 4095     /* rx ring + a tx burst + ARP holds + an AF_XDP fill ring */
 #define RX_BURST 32
 #define MAX_NEIGH 64
 #define NEIGH_HOLD 64       /* packets held per neighbour while ARP resolves it */
@@ -78,6 +78,7 @@ typedef struct dpdk_state {
   /* counters, reported at close with verbose */
   uint64_t rx_frames, rx_udp, rx_partial, rx_bad_csum, rx_other, tx_frames, tx_drop, arp_rx,
       arp_tx;
+  uint64_t last_report;     /* verbose >= 3: counters every second */
 } dpdk_state;
 
 /* EAL: once per process.  The port and the pool stay for a later engine with
@@ -321,9 +322,15 @@ static void rx_ipv4(dpdk_state *d, struct rte_mbuf *m) {
   d->rx_datagram(d->e, (const uint8_t *)(uh + 1), ulen - sizeof *uh, &from, sizeof *sin);
 }
 
+static void dpdk_report(erdma_engine *e);
+
 static void dpdk_recv(erdma_engine *e) {
   dpdk_state *d = e->io.state;
   struct rte_mbuf *m[RX_BURST];
+  if (e->cfg.verbose >= 3 && now_ns() - d->last_report > 1000000000ull) {
+    d->last_report = now_ns();
+    dpdk_report(e);
+  }
   for (int round = 0; round < 8; round++) {
     uint16_t n = rte_eth_rx_burst(d->port, d->queue, m, RX_BURST);
     for (uint16_t i = 0; i < n; i++) {
@@ -347,18 +354,26 @@ static void dpdk_recv(erdma_engine *e) {
   }
 }
 
+static void dpdk_report(erdma_engine *e) {
+  dpdk_state *d = e->io.state;
+  struct rte_eth_stats st;
+  memset(&st, 0, sizeof st);
+  rte_eth_stats_get(d->port, &st);
+  fprintf(stderr,
+          "erdma[%d]: dpdk port %u: rx %lu frames, %lu UDP for us (%lu with partial "
+          "checksums), %lu bad checksums, %lu others; tx %lu frames, %lu dropped; arp rx %lu "
+          "tx %lu; port: %lu missed, %lu rx errors, %lu no mbuf, %lu tx errors, pool %u free\n",
+          e->cfg.rank, d->port, (unsigned long)d->rx_frames, (unsigned long)d->rx_udp,
+          (unsigned long)d->rx_partial, (unsigned long)d->rx_bad_csum,
+          (unsigned long)d->rx_other, (unsigned long)d->tx_frames, (unsigned long)d->tx_drop,
+          (unsigned long)d->arp_rx, (unsigned long)d->arp_tx, (unsigned long)st.imissed,
+          (unsigned long)st.ierrors, (unsigned long)st.rx_nombuf, (unsigned long)st.oerrors,
+          rte_mempool_avail_count(pool));
+}
+
 static void dpdk_close(erdma_engine *e) {
   dpdk_state *d = e->io.state;
   if (!d) return;
-  if (e->cfg.verbose)
-    fprintf(stderr,
-            "erdma[%d]: dpdk port %u: rx %lu frames, %lu UDP for us (%lu with partial "
-            "checksums), %lu bad checksums, %lu others; tx %lu frames, %lu dropped; arp rx %lu "
-            "tx %lu\n",
-            e->cfg.rank, d->port, (unsigned long)d->rx_frames, (unsigned long)d->rx_udp,
-            (unsigned long)d->rx_partial, (unsigned long)d->rx_bad_csum,
-            (unsigned long)d->rx_other, (unsigned long)d->tx_frames, (unsigned long)d->tx_drop,
-            (unsigned long)d->arp_rx, (unsigned long)d->arp_tx);
   for (int i = 0; i < MAX_NEIGH; i++)
     if (d->nb[i].nhold) rte_pktmbuf_free_bulk(d->nb[i].hold, (unsigned)d->nb[i].nhold);
   rte_eth_dev_stop(d->port);
@@ -464,6 +479,11 @@ static int eal_start(const erdma_engine *e, const erdma_pktio_host *host) {
   if (!has_arg(argv, user_end, "--log-level") && !e->cfg.verbose)
     argv[argc++] = "--log-level=lib.eal:warning";
   argv[argc] = NULL;
+  for (int i = 1; i < user_end; i++)
+    if (strstr(argv[i], "net_af_xdp") && has_arg(argv, user_end, "--no-huge"))
+      fprintf(stderr, "erdma[%d]: warning: net_af_xdp with --no-huge stopped moving packets "
+              "after a few thousand on the veth pairs we tested; give it hugepages "
+              "(docs/dpdk.md)\n", e->cfg.rank);
   if (eal_precheck(argv, argc, host->err, host->errlen) != 0) {
     free(copy);
     return -1;
@@ -668,6 +688,7 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   e->io.send = dpdk_send;
   e->io.recv = dpdk_recv;
   e->io.close = dpdk_close;
+  e->io.report = dpdk_report;
   e->io.fd = -1;
   e->io.state = d;
   in_use = 1;
