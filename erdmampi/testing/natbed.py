@@ -414,7 +414,8 @@ class NatBed:
                    extra=(), timeout=15.0) -> "tuple[str, int]":
         """Start coturn in the public namespace, listening on both service addresses
         (two STUN servers for mapping tests) and relaying from the first one.
-        Returns ``(host, port)`` of the TURN server; ready when this returns."""
+        Returns ``(host, port)`` of the TURN server; ready when this returns.  The
+        first server started becomes :attr:`turn_server` (and :attr:`stun_servers`)."""
         if shutil.which("turnserver") is None:
             raise NatBedError("turnserver not found (apt-get install -y coturn)")
         pidfile = self.tmpdir / "turnserver.pid"
@@ -431,8 +432,10 @@ class NatBed:
             p = self.popen("pub", argv, stdout=f, stderr=subprocess.STDOUT)
         finally:
             f.close()
-        self.turn_server = (SERVICE_IPS[0], port)
-        self.turn_credentials = (user, password, realm)
+        server = (SERVICE_IPS[0], port)
+        if self.turn_server is None:        # the first one is the bed's default
+            self.turn_server = server
+            self.turn_credentials = (user, password, realm)
         # ready when both addresses answer a STUN Binding request
         from erdmampi.nat import stun
         s = self.socket("pub", bind="0.0.0.0")
@@ -457,7 +460,7 @@ class NatBed:
                         pass
         finally:
             s.close()
-        return self.turn_server
+        return server
 
     def turn_log(self) -> str:
         f = self.tmpdir / "turnserver.log" if self.tmpdir else None
