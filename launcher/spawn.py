@@ -307,8 +307,8 @@ class Job:
     :param rendezvous: ``host:port`` of a store that already runs (no store is
         started here).
     :param jobid: the job id (default: random).
-    :param secret: the job secret as hex (default: a fresh one); local ranks get
-        it in ``ERDMA_JOB_SECRET``, ssh ranks on the remote command's stdin.
+    :param secret: the job secret as hex (default: a fresh one; ``""``: none); local
+        ranks get it in ``ERDMA_JOB_SECRET``, ssh ranks on the remote command's stdin.
     :param join: an object with ``start(report)`` and ``close()``: watches that
         every site joined; ``report(message)`` fails the job (exit 124).
     :param rank_env: extra contract variables for every rank (e.g. ``ERDMA_CONNECT_TIMEOUT``).
@@ -347,7 +347,7 @@ class Job:
             raise JobError(f"ranks {first_rank}-{first_rank + nprocs - 1} are not ranks "
                            f"of a job of {self.world_size}")
         self.external_rendezvous = rendezvous
-        self.secret = secret or generate_secret()
+        self.secret = generate_secret() if secret is None else (secret or None)
         self.join = join
         self.rank_env = dict(rank_env or {})
         self.ranks = []
@@ -503,15 +503,16 @@ class Job:
                 env = dict(os.environ)
                 env.update(self.extra_env)
                 env.update(contract)
-                env.pop(SECRET_FILE_ENV, None)
-                env[SECRET_ENV] = self.secret
+                if self.secret:
+                    env.pop(SECRET_FILE_ENV, None)
+                    env[SECRET_ENV] = self.secret
                 r = Rank(rank, "localhost", True, self.argv, env)
                 cmd, stdin = self.argv, subprocess.DEVNULL
             else:
                 env = self._remote_env(contract)
                 r = Rank(rank, key, False, self.argv, env)
                 cmd = self.launcher_argv + [key, remote_command(self.wdir, env, self.argv,
-                                                                secret_on_stdin=True)]
+                                                                bool(self.secret))]
                 env, stdin = None, subprocess.PIPE
             if self.verbose:
                 self._say(f"rank {rank} on {r.where}: {shlex.join(cmd)}")
@@ -526,7 +527,7 @@ class Job:
                 raise JobError(f"cannot start rank {rank}: {cmd[0]!r}: {e.strerror}",
                                EXIT_CANNOT_EXEC) from None
             self.ranks.append(r)
-            if not r.local:
+            if not r.local and self.secret:
                 try:                 # the remote script reads it first (never on a command line)
                     r.proc.stdin.write(f"{self.secret}\n".encode())
                     r.proc.stdin.flush()
