@@ -51,6 +51,7 @@ MAX_DATAGRAM = 60000
 MAX_VALUE = 8192          # bytes of one value
 MAX_VALUES_PER_KEY = 16
 MAX_KEYS = 100000
+DEAD_FOR = 30.0           # seconds a node that did not answer is skipped in lookups
 
 log = logging.getLogger("erdmampi.discovery")
 
@@ -144,7 +145,9 @@ class DhtNode:
         self._own = {}            # key id -> set(values) this node published
         self._pending = {}        # txid -> _Pending
         self._closed = False
+        self._stop = threading.Event()
         self._checking = set()    # contacts being pinged for eviction
+        self._dead = {}           # node id -> when it last failed to answer
         self._threads = [threading.Thread(target=self._recv_loop, name="erdma-dht-recv",
                                           daemon=True),
                          threading.Thread(target=self._maintain, name="erdma-dht-maint",
@@ -248,10 +251,18 @@ class DhtNode:
                 self._publish(kid, v)
 
     def close(self):
+        if self._closed:
+            return
         self._closed = True
+        self._stop.set()
         with self._lock:
             for p in self._pending.values():
                 p.event.set()
+        host, port = self.address
+        try:                                     # wake the receiver
+            self._sock.sendto(b"", ("127.0.0.1" if host in ("0.0.0.0", "") else host, port))
+        except OSError:
+            pass
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(2.0)
@@ -280,12 +291,14 @@ class DhtNode:
     def _publish(self, kid, value):
         nodes = self._lookup(kid)
         stored = 0
-        if not self.client and (len(nodes) < K or _dist(self.id, kid) < _dist(nodes[-1].id, kid)):
-            self._keep(kid, value)
+        targets = nodes[:K]
+        if not self.client and (len(nodes) < K or _dist(self.id, kid) < _dist(nodes[K - 1].id, kid)):
+            self._keep(kid, value)          # this node is one of the K closest itself
             stored += 1
+            targets = nodes[:K - 1]
         b64 = base64.b64encode(value).decode()
         replies = self._rpc_many([(c.addr, "store", {"key": kid.hex(), "value": b64})
-                                  for c in nodes[:K]])
+                                  for c in targets])
         stored += sum(r is not None for r in replies)
         if not stored:
             self._keep(kid, value)        # alone so far: hold it, republish spreads it
@@ -313,6 +326,7 @@ class DhtNode:
         """Update the routing table with a node we heard from."""
         if nid == self.id:
             return
+        self._dead.pop(nid, None)
         ping_old = None
         with self._lock:
             b = self._bucket(nid)
@@ -347,12 +361,20 @@ class DhtNode:
 
     def _forget(self, contact):
         with self._lock:
+            self._dead[contact.id] = time.monotonic()
+            if len(self._dead) > 4 * K * 20:
+                cut = time.monotonic() - DEAD_FOR
+                self._dead = {k: t for k, t in self._dead.items() if t > cut}
             b = self._bucket(contact.id)
             if b is not None:
                 for c in b:
                     if c.id == contact.id:
                         b.remove(c)
                         break
+
+    def _recently_dead(self, nid):
+        t = self._dead.get(nid)
+        return t is not None and time.monotonic() - t < DEAD_FOR
 
     def _closest(self, target, n=K):
         with self._lock:
@@ -393,7 +415,7 @@ class DhtNode:
                     except (ValueError, TypeError, IndexError):
                         continue
                     if len(nid) == ID_BYTES and nid != self.id and nid not in short \
-                            and nid not in queried:
+                            and nid not in queried and not self._recently_dead(nid):
                         short[nid] = _Contact(nid, addr)
             if want_value and values:
                 break
@@ -495,8 +517,7 @@ class DhtNode:
 
     def _maintain(self):
         next_round = time.monotonic() + self.republish
-        while not self._closed:
-            time.sleep(0.2)
+        while not self._stop.wait(0.2):
             if time.monotonic() >= next_round and not self._closed:
                 try:
                     self.republish_now()
