@@ -251,6 +251,7 @@ class SealedStore:
     def __init__(self, raw, keys: JobKeys):
         self.raw = raw
         self.keys = keys
+        self._refused = set()         # forgeries seen, so each is logged once
 
     def __repr__(self):
         return f"SealedStore({self.raw!r}, job={self.keys.jobid.decode(errors='replace')!r})"
@@ -282,12 +283,24 @@ class SealedStore:
             raise TimeoutError(f"rendezvous record {_show(key)!r} of job "
                                f"{self.keys.jobid.decode(errors='replace')!r} did not appear "
                                f"within {_secs(timeout, self.raw)}") from None
-        err = None
-        for c in candidates:
+        found = err = None
+        for c in candidates:          # newest first; every forgery is refused (logged once)
+            c = bytes(c)
+            digest = hashlib.sha256(name + b"\0" + c).digest()
+            if digest in self._refused:
+                err = RecordAuthError(f"rendezvous record {_show(key)!r} refused (again)")
+                continue
             try:
-                return self.keys.open(key, c, opaque=name)
+                value = self.keys.open(key, c, opaque=name)
             except RecordAuthError as e:
+                if len(self._refused) < 4096:
+                    self._refused.add(digest)
                 err = e
+                continue
+            if found is None:
+                found = value
+        if found is not None:
+            return found
         raise err if err else RecordAuthError(f"rendezvous record {_show(key)!r}: no value")
 
     def add(self, key, n=1):
