@@ -305,3 +305,77 @@ def test_mesh_of_eight_across_nats(bed):
             assert out[a][b].direct == (not relayed), (kinds[a], kinds[b], out[a][b])
     check_paths(ports, out)
     print(f"\nmesh of 8 across NATs formed in {took:.2f} s")
+
+
+def test_hand_written_peer_checks_nomination_and_forged_requests():
+    """Rank 0 (ours, controlling) against a peer written here from the RFCs: forged
+    checks get no answer, valid ones a response keyed with rank 0's pwd, and rank 0
+    nominates with USE-CANDIDATE on the pair that works."""
+    from erdmampi.nat import stun
+    from erdmampi.nat.stun import ATTR, Message
+    p0, p1 = SocketPort("127.0.0.1", 0), SocketPort("127.0.0.1", 0)
+    port1 = p1.local_address()[1]
+    st, out = Store(), {}
+    pwd1 = "peer-one-password-1234"
+    st.publish(1, {"ufrag": "peer1", "pwd": pwd1, "candidates": [
+        {"type": "host", "addr": "127.0.0.1", "port": p1.local_address()[1],
+         "priority": candidate_priority("host")}]})
+
+    def rank0():
+        try:
+            out[0] = establish(p0, 0, 2, lambda rec: st.publish(0, rec), st.fetch,
+                               {"check_timeout": 2.0, "timeout": 6.0, "linger": 0.2})
+        except Exception as e:
+            out[0] = e
+    t = threading.Thread(target=rank0)
+    t.start()
+    try:
+        rec0 = st.fetch(0)
+        a0 = p0.local_address()
+
+        def req(key, user=f"{rec0['ufrag']}:peer1"):
+            m = Message(stun.BINDING).add_text(ATTR.USERNAME, user)
+            m.add_u32(ATTR.PRIORITY, candidate_priority("prflx"))
+            m.add(ATTR.ICE_CONTROLLED, b"\1" * 8)
+            return m
+        forged = [req(b"wrong key"), req(rec0["pwd"].encode(), user="someoneelse:peer1")]
+        for m in forged[:1]:
+            p1.send(m.encode(key=b"wrong key"), a0)
+        p1.send(forged[1].encode(key=rec0["pwd"].encode()), a0)
+        good = req(None)
+        p1.send(good.encode(key=rec0["pwd"].encode()), a0)
+        got_good, nominated = False, False
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and not (got_good and nominated):
+            r = p1.recv(0.5)
+            if r is None:
+                if not got_good:
+                    p1.send(good.encode(key=rec0["pwd"].encode()), a0)
+                continue
+            m = stun.decode(r[0])
+            assert m.tid not in {f.tid for f in forged}, "a forged check was answered"
+            if m.tid == good.tid:
+                assert m.cls == stun.SUCCESS and stun.check_integrity(m, rec0["pwd"].encode())
+                assert m.mapped_address() == p1.local_address()
+                got_good = True
+            elif m.cls == stun.REQUEST:
+                assert m.text(ATTR.USERNAME) == f"peer1:{rec0['ufrag']}"
+                assert stun.check_integrity(m, pwd1.encode())
+                assert m.has(ATTR.ICE_CONTROLLING) and m.u32(ATTR.PRIORITY)
+                resp = m.response().add_address(ATTR.XOR_MAPPED_ADDRESS, r[1])
+                p1.send(resp.encode(key=pwd1.encode()), r[1])
+                nominated |= m.has(ATTR.USE_CANDIDATE)
+        assert got_good and nominated
+    finally:
+        t.join(15)
+        p0.close()
+        p1.close()
+    res = out[0]
+    assert not isinstance(res, Exception), res
+    assert res[1].direct and (res[1].remote_addr, res[1].remote_port) == ("127.0.0.1", port1)
+    assert res.relays() == []
+
+
+def test_single_rank_needs_nothing():
+    res = establish(None, 0, 1, None, None, {})
+    assert dict(res) == {} and res.turn is None

@@ -86,6 +86,13 @@ class NatResult(dict):
     record: dict = {}
     timings: dict = {}
 
+    def relays(self) -> "list[tuple[int, str, int, int, str, int]]":
+        """``(rank, turn_host, turn_port, channel, peer_host, peer_port)`` of every
+        peer reached through our own TURN allocation (the arguments of
+        ``Engine.set_peer_relay``)."""
+        return [(r, *pr.turn_server, pr.channel, pr.remote_addr, pr.remote_port)
+                for r, pr in sorted(self.items()) if pr.via_relay]
+
 
 def establish(port, rank: int, size: int, publish, fetch, cfg=None) -> NatResult:
     """Find a working path from ``rank`` to every other rank; see the module doc.
@@ -103,10 +110,23 @@ def establish(port, rank: int, size: int, publish, fetch, cfg=None) -> NatResult
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} out of range for size {size}")
     t0 = time.monotonic()
+    if size == 1:
+        res = NatResult()
+        res.timings = {"total": 0.0}
+        return res
     turn = None
     if cfg.turn is not None:
         h, p, u, pw = cfg.turn
         turn = TurnClient(port, (h, p), u, pw, timeout=cfg.turn_timeout)
+    try:
+        return _establish(port, rank, size, publish, fetch, cfg, turn, t0)
+    except BaseException:
+        if turn is not None:
+            turn.close(timeout=0.5)
+        raise
+
+
+def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
     local = gather(port, cfg.stun_servers, turn, cfg.gather_timeout, cfg.host_addresses)
     t_gather = time.monotonic()
     record = local.record(rank)
@@ -164,8 +184,6 @@ def establish(port, rank: int, size: int, publish, fetch, cfg=None) -> NatResult
     res.timings = {"gather": t_gather - t0, "fetch": t_fetch - t_gather,
                    "checks": t_checks - t_fetch, "total": time.monotonic() - t0}
     if failures:
-        if res.turn is not None:
-            res.turn.close()
         msgs = [_explain(rank, r, s, local, records[r], cfg) if isinstance(s, IceSession)
                 else f"rank {rank}: no working path to rank {r}: {s}" for r, s in failures]
         raise NatError("; ".join(msgs))
