@@ -324,6 +324,8 @@ class Store:
             raise StoreError(f"{where} closed the connection during authentication")
         if reply[0] != ST_OK:
             msg = reply[1][0].decode(errors="replace") if reply[1] else "refused"
+            if "unknown store operation" in msg:
+                msg += " (a store without job authentication: upgrade it, or join without a secret)"
             raise StoreError(f"{where}: job authentication refused: {msg}")
 
     def _put(self, sock):

@@ -91,7 +91,7 @@ class StoreServer:
 
     def __init__(self, host="127.0.0.1", port=0, require_auth=False, job_ttl=None):
         self._data = {}                 # the open space
-        self._spaces = {}               # namespace -> {"data": {}, "key": pubkey, "used": t, "conns": n}
+        self._spaces = {}               # namespace -> {"data": {}, "key": pubkey, "used": t}
         self._pending = {}              # (namespace or None, key) -> number of waiters
         self.require_auth = require_auth
         self.job_ttl = job_ttl
@@ -227,10 +227,7 @@ class StoreServer:
         now = time.monotonic()
         if sp is None:
             self._expire(now)
-            sp = self._spaces[ns] = {"data": {}, "key": bytes(pub), "used": now, "conns": 0}
-        if conn.space is not None and conn.space in self._spaces:
-            self._spaces[conn.space]["conns"] -= 1
-        sp["conns"] += 1
+            sp = self._spaces[ns] = {"data": {}, "key": bytes(pub), "used": now}
         sp["used"] = now
         conn.space = ns
         return rz.ST_OK, []
