@@ -292,7 +292,8 @@ class DhtNode:
         nodes = self._lookup(kid)
         stored = 0
         targets = nodes[:K]
-        if not self.client and (len(nodes) < K or _dist(self.id, kid) < _dist(nodes[K - 1].id, kid)):
+        mine = len(nodes) < K or _dist(self.id, kid) < _dist(nodes[K - 1].id, kid)
+        if not self.client and mine:
             self._keep(kid, value)          # this node is one of the K closest itself
             stored += 1
             targets = nodes[:K - 1]

@@ -215,7 +215,8 @@ def _serve_dht(a, parser):
         sys.stderr.write(f"erdmarun: error: {e}\n")
         return 1
     stop = threading.Event()
-    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, lambda *_: stop.set())
+           for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         print(f"{node.address[0]}:{node.address[1]}", flush=True)
         if a.dht:

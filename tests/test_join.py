@@ -16,6 +16,7 @@ import pytest
 
 from harness import REPO, erdmarun_cmd, rank_env
 
+from erdmampi import discovery
 from erdmampi.rendezvous import Store, StoreError
 
 PY = sys.executable
@@ -128,7 +129,13 @@ def test_explicit_ranks_and_a_conflict(rdv_server, secret_env):
     common = ["--rendezvous", rdv_server, "--job-id", jid, "-n", 4, "--connect-timeout", 3]
     sleeper = [PY, "-c", "import time; time.sleep(30)"]
     first = _site(common + ["--ranks", "0-1"] + sleeper, secret_env)
-    time.sleep(0.5)            # the first site claims its ranks before the second comes
+    # the second site comes once the first has claimed its ranks
+    with discovery.store_for(jid, bytes.fromhex(secret_env["ERDMA_JOB_SECRET"]),
+                             rendezvous=rdv_server, timeout=10) as st:
+        deadline = time.monotonic() + 20
+        while not st.check(["claim/1"]):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.05)
     [(rc2, _, err2)] = _finish([_site(common + ["--ranks", "1-2"] + sleeper, secret_env)])
     assert rc2 == 2 and "rank 1 of this job is already taken by another site" in err2
     [(rc1, _, err1)] = _finish([first])
