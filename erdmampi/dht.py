@@ -49,6 +49,7 @@ ALPHA = 3                 # parallel queries per lookup round
 ID_BYTES = 20
 MAX_DATAGRAM = 60000
 MAX_VALUE = 8192          # bytes of one value
+MAX_REPLY_VALUES = 40000  # base64 bytes of values in one reply (it must fit a datagram)
 MAX_VALUES_PER_KEY = 16
 MAX_KEYS = 100000
 DEAD_FOR = 30.0           # seconds a node that did not answer is skipped in lookups
@@ -501,9 +502,15 @@ class DhtNode:
                               if c.id != nid]
         elif q == "find_value":
             kid = bytes.fromhex(a["key"])
-            values = self._local_values(kid)
+            values, room = [], MAX_REPLY_VALUES
+            for v in self._local_values(kid):          # newest first, as many as fit
+                enc = base64.b64encode(v).decode()
+                if len(enc) > room:
+                    break
+                values.append(enc)
+                room -= len(enc)
             if values:
-                reply["values"] = [base64.b64encode(v).decode() for v in values]
+                reply["values"] = values
             reply["nodes"] = [c.wire() for c in self._closest(kid) if c.id != nid]
         elif q == "store":
             kid = bytes.fromhex(a["key"])
