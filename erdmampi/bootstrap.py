@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 from ._engine import Engine
 
@@ -119,6 +120,7 @@ def init_world() -> Engine:
     if _world is not None:
         return _world
     env = os.environ
+    t_start = time.monotonic()
     rank, size = rank_and_size(env)
     rdv = env.get("ERDMA_RENDEZVOUS")
     host_id = env.get("ERDMA_HOST") or _host_id()
@@ -191,6 +193,7 @@ def init_world() -> Engine:
         host=host_id, hosts=hosts, local_rank=local.index(rank), local_size=len(local),
         appnum=int(env.get("ERDMA_APPNUM", 0)),
         universe_size=int(env.get("ERDMA_UNIVERSE_SIZE", size)),
+        bootstrap_seconds=time.monotonic() - t_start,
     )
     _world = eng
     return eng
