@@ -311,3 +311,67 @@ def test_two_sites_in_namespaces_join_one_job(three_namespaces, secret_env, prog
             server.wait()
             server.stdout.close()
             server.stderr.close()
+
+
+# -- the ranks' side: discovery.open_store with the environment erdmarun gives --------
+
+EXCHANGE = """\
+import os
+from erdmampi.discovery import open_store
+from erdmampi.jobauth import SealedStore
+rank, size = int(os.environ["ERDMA_RANK"]), int(os.environ["ERDMA_SIZE"])
+store = open_store(os.environ, timeout=20)
+assert isinstance(store, SealedStore)
+store.set(f"ep/{rank}", f"endpoint of {rank}".encode())
+got = [store.get(f"ep/{r}", 20).decode() for r in range(size)]
+assert got == [f"endpoint of {r}" for r in range(size)], got
+store.close()
+print(f"OK rank={rank} size={size} sum=6", flush=True)
+"""
+
+
+def test_ranks_exchange_sealed_records_at_a_strict_server(secret_env, tmp_path):
+    prog = tmp_path / "exchange.py"
+    prog.write_text(EXCHANGE)
+    server, addr = _start_server("127.0.0.1:0", "--require-auth")
+    try:
+        jid = "job-" + secrets.token_hex(4)
+        common = ["--rendezvous", addr, "--job-id", jid, "-n", 4, "--local-n", 2, "-l",
+                  "--connect-timeout", 20, "--timeout", 60, PY, prog]
+        (ra, oa, ea), (rb, ob, eb) = _finish([_site(common, secret_env),
+                                              _site(common, secret_env)])
+        assert ra == 0 and rb == 0, ea + eb
+        assert sorted([_ranks(oa), _ranks(ob)]) == [[0, 1], [2, 3]], (oa, ob)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(10)
+        server.stdout.close()
+        server.stderr.close()
+
+
+def test_ranks_exchange_sealed_records_through_a_dht_bootstrap_node(secret_env, tmp_path):
+    prog = tmp_path / "exchange.py"
+    prog.write_text(EXCHANGE)
+    [port] = _free_udp_ports(1)
+    node = subprocess.Popen(erdmarun_cmd() + ["--serve-dht", f"127.0.0.1:{port}"],
+                            env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert node.stdout.readline().strip() == f"127.0.0.1:{port}"
+        jid = "job-" + secrets.token_hex(4)
+        common = ["--dht", f"127.0.0.1:{port}", "--dht-listen", "127.0.0.1:0", "--job-id", jid,
+                  "-n", 4, "-l", "--connect-timeout", 20, "--timeout", 60]
+        (ra, oa, ea), (rb, ob, eb) = _finish([
+            _site(common + ["--ranks", "0-1", PY, prog], secret_env),
+            _site(common + ["--ranks", "2-3", PY, prog], secret_env)])
+        assert ra == 0 and rb == 0, ea + eb
+        assert _ranks(oa) == [0, 1] and _ranks(ob) == [2, 3], (oa, ob)
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            assert node.wait(10) == 0
+        finally:
+            node.kill()
+            node.wait()
+            node.stdout.close()
+            node.stderr.close()
