@@ -3,6 +3,7 @@ it claims (STUN answers from coturn, unsolicited datagrams from the public
 side), paths can be cut, and teardown leaves nothing behind.  Needs root, nft and
 coturn; skipped otherwise."""
 import os
+import shutil
 import subprocess
 import time
 
@@ -96,6 +97,7 @@ def test_filtering(bed):
     assert not _unsolicited(bed, 3, outbound_first=False)        # symmetric: closed
 
 
+@pytest.mark.skipif(shutil.which("conntrack") is None, reason="conntrack not installed")
 def test_cut_and_restore_path(bed):
     p = bed.port(2)
     assert binding(p, bed.stun_servers[0]) is not None

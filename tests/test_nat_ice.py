@@ -3,6 +3,7 @@ sans-I/O pieces, a loopback mesh (no root), and SocketPorts in NATed sites of th
 NAT bed: which NAT pairs connect directly, which through the TURN relay, that data
 really flows over the chosen path both ways, and the error when UDP is blocked."""
 import json
+import shutil
 import threading
 import time
 
@@ -379,3 +380,36 @@ def test_hand_written_peer_checks_nomination_and_forged_requests():
 def test_single_rank_needs_nothing():
     res = establish(None, 0, 1, None, None, {})
     assert dict(res) == {} and res.turn is None
+
+
+@needs_bed
+@pytest.mark.skipif(shutil.which("conntrack") is None, reason="conntrack not installed")
+def test_recheck_after_the_path_was_cut(bed):
+    from erdmampi.nat.agent import recheck
+    ports, out = pair(bed, [PR1, PR2])
+    ok(out)
+    assert exchange(ports, out, 0, 1, b"\x41before") == b"\x41before"
+    bed.cut_path(PR2)                  # drop its traffic and forget its NAT mappings
+    try:
+        assert exchange(ports, out, 0, 1, b"\x41during") is None
+    finally:
+        bed.restore_path(PR2)
+    # the mapping is gone, so rank 1's filter drops rank 0 until both punch again
+    assert exchange(ports, out, 0, 1, b"\x41stale") is None
+    again = {}
+
+    def one(r):
+        try:
+            again[r] = recheck(ports[r], out[r], [1 - r], {"check_timeout": 2.0})
+        except Exception as e:
+            again[r] = e
+    th = [threading.Thread(target=one, args=(r,)) for r in (0, 1)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(30)
+    ok(again)
+    assert again[0][1].direct and out[0][1] is again[0][1]
+    check_paths(ports, out)
+    with pytest.raises(ValueError):
+        recheck(ports[0], out[0], [7])

@@ -26,7 +26,7 @@ from erdmampi.nat import NatError, stun
 from erdmampi.nat.ice import IceSession, PairResult, gather, validate_record
 from erdmampi.nat.stun import ATTR, StunError
 
-__all__ = ["establish", "NatConfig", "NatResult"]
+__all__ = ["establish", "recheck", "NatConfig", "NatResult"]
 
 
 @dataclass
@@ -85,6 +85,9 @@ class NatResult(dict):
     turn = None
     record: dict = {}
     timings: dict = {}
+    rank: "int | None" = None
+    local = None                #: our LocalAgent (candidates, credentials)
+    records: dict = {}          #: peers' validated records
 
     def relays(self) -> "list[tuple[int, str, int, int, str, int]]":
         """``(rank, turn_host, turn_port, channel, peer_host, peer_port)`` of every
@@ -143,19 +146,78 @@ def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
             local.turn.create_permission(sorted(ips))
         except NatError:
             pass                                # relay pairs will just fail
+    res, failures, loop = _check(port, rank, local, records, cfg)
+    t_checks = time.monotonic()
+    if cfg.linger > 0:
+        end = time.monotonic() + cfg.linger
+        loop.run(lambda: time.monotonic() >= end, until=end)
+    uses_relay = any(pr.via_relay for pr in res.values())
+    if local.turn is not None and not uses_relay:
+        local.turn.close()
+    res.turn = local.turn if uses_relay else None
+    res.record = record
+    res.rank, res.local, res.records = rank, local, records
+    res.timings = {"gather": t_gather - t0, "fetch": t_fetch - t_gather,
+                   "checks": t_checks - t_fetch, "total": time.monotonic() - t0}
+    if failures:
+        msgs = [_explain(rank, r, s, local, records[r], cfg) if isinstance(s, IceSession)
+                else f"rank {rank}: no working path to rank {r}: {s}" for r, s in failures]
+        raise NatError("; ".join(msgs))
+    return res
+
+
+def recheck(port, res: NatResult, peers, cfg=None) -> NatResult:
+    """Run the connectivity checks again with ``peers`` (e.g. after a path died),
+    reusing the candidates and records of ``res`` (from :func:`establish`); the
+    peers must call it for us at the same time.  Relay candidates work only while
+    the allocations behind them are alive (``res.turn``).  Returns
+    ``{peer: PairResult}`` and updates ``res``; raises NatError like
+    :func:`establish`."""
+    cfg = NatConfig.of(cfg)
+    if res.local is None:
+        raise NatError("recheck needs the result of establish()")
+    peers = sorted(set(int(p) for p in peers))
+    unknown = [p for p in peers if p not in res.records]
+    if unknown:
+        raise ValueError(f"recheck: unknown peers {unknown}")
+    local = res.local
+    if local.turn is not None and local.turn.relayed is None:
+        local.turn = None           # released after establish(): no relay base
+    t0 = time.monotonic()
+    new, failures, loop = _check(port, res.rank, local,
+                                 {p: res.records[p] for p in peers}, cfg)
+    if cfg.linger > 0:
+        end = time.monotonic() + cfg.linger
+        loop.run(lambda: time.monotonic() >= end, until=end)
+    if failures:
+        raise NatError("; ".join(
+            _explain(res.rank, r, s, local, res.records[r], cfg) if isinstance(s, IceSession)
+            else f"rank {res.rank}: no working path to rank {r}: {s}" for r, s in failures))
+    res.update(new)
+    if local.turn is not None and any(pr.via_relay for pr in res.values()):
+        res.turn = local.turn
+    out = NatResult(new)
+    out.turn, out.rank, out.local, out.records = res.turn, res.rank, local, res.records
+    out.timings = {"checks": time.monotonic() - t0}
+    return out
+
+
+def _check(port, rank, local, records, cfg):
+    """Checks with every peer in ``records`` at once; channels for relayed pairs.
+    Returns (results, failures, loop)."""
     now = time.monotonic()
     sessions = {r: IceSession(rank, r, local, rec, rank < r, now,
                               check_timeout=cfg.check_timeout, timeout=cfg.timeout,
                               settle=cfg.settle, pace=cfg.pace, relay_wait=cfg.relay_wait)
                 for r, rec in records.items()}
-    by_ufrag = {rec["ufrag"]: s for s, rec in ((sessions[r], records[r]) for r in records)}
+    by_ufrag = {records[r]["ufrag"]: s for r, s in sessions.items()}
     loop = _Loop(port, local, by_ufrag)
     loop.backlog.extend(local.backlog)
+    local.backlog.clear()
     if local.turn is not None:
         loop.backlog.extend(local.turn.backlog)
         local.turn.backlog.clear()
     loop.run(lambda: all(s.done for s in sessions.values()))
-    t_checks = time.monotonic()
     res = NatResult()
     failures = []
     for r, s in sorted(sessions.items()):
@@ -163,7 +225,6 @@ def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
             res[r] = s.result()
         else:
             failures.append((r, s))
-    # channels for relayed pairs (our own allocation), then linger
     if local.turn is not None:
         for r, pr in res.items():
             if pr.via_relay:
@@ -173,21 +234,7 @@ def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
                     failures.append((r, f"TURN ChannelBind failed: {e}"))
         loop.backlog.extend(local.turn.backlog)
         local.turn.backlog.clear()
-    if cfg.linger > 0:
-        end = time.monotonic() + cfg.linger
-        loop.run(lambda: time.monotonic() >= end, until=end)
-    uses_relay = any(pr.via_relay for pr in res.values())
-    if local.turn is not None and not uses_relay:
-        local.turn.close()
-    res.turn = local.turn if uses_relay else None
-    res.record = record
-    res.timings = {"gather": t_gather - t0, "fetch": t_fetch - t_gather,
-                   "checks": t_checks - t_fetch, "total": time.monotonic() - t0}
-    if failures:
-        msgs = [_explain(rank, r, s, local, records[r], cfg) if isinstance(s, IceSession)
-                else f"rank {rank}: no working path to rank {r}: {s}" for r, s in failures]
-        raise NatError("; ".join(msgs))
-    return res
+    return res, failures, loop
 
 
 def _explain(rank, peer, s: IceSession, local, remote, cfg) -> str:

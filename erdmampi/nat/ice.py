@@ -356,7 +356,7 @@ class IceSession:
         host_prio = candidate_priority("host")
         bases = [("sock", "host", host_prio)]
         relay = [c for c in local.candidates if c["type"] == "relay"]
-        if relay and local.turn is not None:
+        if relay and local.turn is not None and local.turn.relayed is not None:
             bases.append(("relay", "relay", relay[0]["priority"]))
         fam = _family(host[0]) if host else 4
         for c in remote["candidates"]:
