@@ -276,7 +276,7 @@ def _join(a, program, env, hosts, parser):
                      "--insecure joins without one (anyone who reaches the rendezvous can "
                      "then read and forge the job's records)")
     timeout = _connect_timeout(a, parser)
-    node = proxy = store = None
+    node = proxy = store = join = None
     say = lambda msg: sys.stderr.write(f"erdmarun: {msg}\n")  # noqa: E731
     try:
         if a.rendezvous:
@@ -311,24 +311,28 @@ def _join(a, program, env, hosts, parser):
                     env["ERDMA_BIND"] = spawn.route_address(peers[0][0])
             store = discovery.store_for(a.job_id, secret, dht_node=node, timeout=timeout)
             rank_rdv = proxy.address
+        job = spawn.Job(program, count, hosts=hosts, env=env, exports=a.export,
+                        tag_output=a.tag_output, timeout=a.timeout, grace=a.kill_grace,
+                        launcher_cmd=a.launcher_cmd, wdir=a.wdir, verbose=a.verbose,
+                        world_size=n, first_rank=0, rendezvous=rank_rdv, jobid=a.job_id,
+                        secret=secret.hex() if secret else "",
+                        rank_env={"ERDMA_CONNECT_TIMEOUT": f"{timeout:g}"})
+        job.check()                       # before taking ranks that could not be started
         try:
             first, count = discovery.claim_ranks(store, n, count=count, first=first)
         except ValueError as e:
             raise spawn.JobError(f"job {a.job_id}: {e}") from None
         if a.verbose:
             say(f"job {a.job_id}: this site runs ranks {first}-{first + count - 1} of {n}")
-        join = discovery.JoinWatch(store, n, first, count, timeout, jobid=a.job_id)
-        job = spawn.Job(program, count, hosts=hosts, env=env, exports=a.export,
-                        tag_output=a.tag_output, timeout=a.timeout, grace=a.kill_grace,
-                        launcher_cmd=a.launcher_cmd, wdir=a.wdir, verbose=a.verbose,
-                        world_size=n, first_rank=first, rendezvous=rank_rdv, jobid=a.job_id,
-                        secret=secret.hex() if secret else "", join=join,
-                        rank_env={"ERDMA_CONNECT_TIMEOUT": f"{timeout:g}"})
+        job.first_rank = first
+        job.join = join = discovery.JoinWatch(store, n, first, count, timeout, jobid=a.job_id)
         store = None                      # the JoinWatch closes it
         return job.run()
     except (ConnectionError, StoreError) as e:
         raise spawn.JobError(f"job {a.job_id}: {e}", spawn.EXIT_JOIN) from None
     finally:
+        if join is not None:
+            join.close()
         if store is not None:
             store.close()
         if proxy is not None:

@@ -357,6 +357,10 @@ class Job:
 
     # -- public --
 
+    def check(self):
+        """Raise :class:`JobError` now if the program cannot be started here."""
+        self._check_program(self._placement())
+
     def run(self):
         """Run the job to completion; returns erdmarun's exit status."""
         placement = self._placement()

@@ -375,3 +375,14 @@ def test_ranks_exchange_sealed_records_through_a_dht_bootstrap_node(secret_env, 
             node.wait()
             node.stdout.close()
             node.stderr.close()
+
+
+def test_a_missing_program_takes_no_ranks(rdv_server, secret_env):
+    jid = "job-" + secrets.token_hex(4)
+    base = erdmarun_cmd() + ["--rendezvous", rdv_server, "--job-id", jid, "-n", "1"]
+    p = subprocess.run(base + ["no-such-program-erdma"], env=rank_env(secret_env),
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 127 and "not found" in p.stderr
+    p = subprocess.run(base + [PY, "-c", "import os; print(os.environ['ERDMA_RANK'])"],
+                       env=rank_env(secret_env), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
