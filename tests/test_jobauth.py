@@ -238,3 +238,34 @@ def test_remote_script_reads_the_secret_from_stdin(monkeypatch):
     monkeypatch.setenv("ERDMA_JOB_SECRET", secret)
     env = spawn.Job(["true"], 1)._remote_env({"ERDMA_RANK": "0"})
     assert "ERDMA_JOB_SECRET" not in env and env["ERDMA_RANK"] == "0"
+
+
+def test_remote_ranks_get_the_secret_off_every_command_line(tmp_path, monkeypatch):
+    """erdmarun -H (a fake ssh that runs the remote script here): the remote rank has the
+    job secret, and no process's command line carries it."""
+    fake = tmp_path / "fakessh"
+    fake.write_text('#!/bin/sh\nhost="$1"; shift\nexec env -i HOME="$HOME" PATH="$PATH" '
+                    'sh -c "$*"\n')
+    fake.chmod(0o755)
+    secret = jobauth.generate_secret()
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os\n"
+        "s = os.environ['ERDMA_JOB_SECRET']\n"
+        "leaks = []\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    try:\n"
+        "        with open(f'/proc/{pid}/cmdline', 'rb') as f:\n"
+        "            if s.encode() in f.read():\n"
+        "                leaks.append(pid)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('SECRET', s, 'LEAKS', leaks, flush=True)\n")
+    monkeypatch.setenv("ERDMA_JOB_SECRET", secret)     # as if the user had set one: not sent
+    p = run_mpi(2, script, extra=["-H", "remotehostA:2", "--launcher-cmd", str(fake)],
+                timeout=30)
+    assert p.returncode == 0, p.stderr
+    lines = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("SECRET")]
+    assert len(lines) == 2
+    assert {ln[1] for ln in lines} == {lines[0][1]} and len(lines[0][1]) == 64
+    assert all(ln[3:] == ["[]"] for ln in lines), lines
