@@ -287,6 +287,9 @@ def _join(a, program, env, hosts, parser):
                 parser.error(str(e))
             rank_rdv = a.rendezvous
         else:
+            if hosts and not all(spawn.is_local_host(h.name) for h in hosts):
+                parser.error("with --dht every rank of a site runs on the machine of its "
+                             "erdmarun (run one erdmarun per machine, or use --rendezvous)")
             from erdmampi.dht import DhtError, DhtNode, parse_peers
             host, port = _hostport(a.dht_listen or "0.0.0.0:0", "--dht-listen", parser)
             try:
