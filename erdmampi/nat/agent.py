@@ -14,8 +14,9 @@ rank's record and runs checks with all of them at once over its one port
 (responses are matched by transaction id, requests by the sender's ufrag).
 The lower rank of each pair is controlling.  Relayed pairs get a TURN channel
 bound before :func:`establish` returns; afterwards the port keeps answering
-checks for ``linger`` seconds so that a peer whose nomination response was lost
-can still finish.
+checks until no peer has sent one for ``linger_quiet`` seconds (at most
+``linger`` seconds), so that a peer whose nomination response was lost can
+still finish.
 """
 from __future__ import annotations
 
@@ -51,8 +52,11 @@ class NatConfig:
     relay_wait: float = 2.0
     #: seconds between new checks per peer
     pace: float = 0.02
-    #: seconds the port keeps answering checks after all peers are done
-    linger: float = 0.5
+    #: at most this many seconds the port keeps answering checks after all peers
+    #: are done ...
+    linger: float = 2.0
+    #: ... stopping once no check came in for this long
+    linger_quiet: float = 0.25
     #: host candidate addresses when the port is bound to a wildcard address
     host_addresses: "list | None" = None
 
@@ -148,9 +152,7 @@ def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
             pass                                # relay pairs will just fail
     res, failures, loop = _check(port, rank, local, records, cfg)
     t_checks = time.monotonic()
-    if cfg.linger > 0:
-        end = time.monotonic() + cfg.linger
-        loop.run(lambda: time.monotonic() >= end, until=end)
+    _linger(loop, cfg)
     uses_relay = any(pr.via_relay for pr in res.values())
     if local.turn is not None and not uses_relay:
         local.turn.close()
@@ -186,9 +188,7 @@ def recheck(port, res: NatResult, peers, cfg=None) -> NatResult:
     t0 = time.monotonic()
     new, failures, loop = _check(port, res.rank, local,
                                  {p: res.records[p] for p in peers}, cfg)
-    if cfg.linger > 0:
-        end = time.monotonic() + cfg.linger
-        loop.run(lambda: time.monotonic() >= end, until=end)
+    _linger(loop, cfg)
     if failures:
         raise NatError("; ".join(
             _explain(res.rank, r, s, local, res.records[r], cfg) if isinstance(s, IceSession)
@@ -237,6 +237,18 @@ def _check(port, rank, local, records, cfg):
     return res, failures, loop
 
 
+def _linger(loop, cfg):
+    """Keep answering checks until they stop coming (see the module doc)."""
+    if cfg.linger <= 0:
+        return
+    start = time.monotonic()
+    end = start + cfg.linger
+
+    def quiet_at():
+        return min(end, max(loop.last_request, start) + cfg.linger_quiet)
+    loop.run(lambda: time.monotonic() >= quiet_at(), until=quiet_at)
+
+
 def _explain(rank, peer, s: IceSession, local, remote, cfg) -> str:
     head = f"rank {rank}: no working path to rank {peer}: "
     tried = ", ".join(sorted({p.describe() for p in s.pairs})) or "no candidate pairs"
@@ -269,6 +281,7 @@ class _Loop:
         self.backlog: list = []
         self.tids: dict = {}        # tid -> (session, pair)
         self.key = local.pwd.encode()
+        self.last_request = 0.0     # when the last authenticated check came in
 
     def run(self, finished, until=None):
         sessions = list(self.by_ufrag.values())
@@ -283,7 +296,8 @@ class _Loop:
             if self.backlog:
                 self._handle(*self.backlog.pop(0))
                 continue
-            nxt = min([s.next_time() for s in sessions] + [until or float("inf")])
+            limit = until() if callable(until) else until
+            nxt = min([s.next_time() for s in sessions] + [limit or float("inf")])
             wait = max(0.0, min(nxt - time.monotonic(), 0.5))
             got = self.port.recv(wait)
             if got is not None:
@@ -319,6 +333,7 @@ class _Loop:
             s = self.by_ufrag.get(theirs)
             if s is None:
                 return
+            self.last_request = now
             resp = s.on_request(msg, base, addr, now)
             if resp is not None:
                 self._send(base, resp, addr)
