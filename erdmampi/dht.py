@@ -299,9 +299,13 @@ class DhtNode:
             stored += 1
             targets = nodes[:K - 1]
         b64 = base64.b64encode(value).decode()
-        replies = self._rpc_many([(c.addr, "store", {"key": kid.hex(), "value": b64})
-                                  for c in targets])
-        stored += sum(r is not None for r in replies)
+        for _ in range(2):        # they answered the lookup just now: a silence is a lost packet
+            replies = self._rpc_many([(c.addr, "store", {"key": kid.hex(), "value": b64})
+                                      for c in targets])
+            stored += sum(r is not None for r in replies)
+            targets = [c for c, r in zip(targets, replies) if r is None]
+            if not targets:
+                break
         if not stored:
             self._keep(kid, value)        # alone so far: hold it, republish spreads it
         return stored
