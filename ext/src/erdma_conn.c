@@ -400,8 +400,7 @@ static int handshake_completed_cb(ngtcp2_conn *conn, void *user_data) {
   erdma_conn *c = user_data;
   erdma_engine *e = c->e;
   c->handshake_done = 1;
-  ngtcp2_conn_set_keep_alive_timeout(
-      conn, (ngtcp2_duration)(e->cfg.idle_timeout / 4 * NGTCP2_SECONDS));
+  ngtcp2_conn_set_keep_alive_timeout(conn, (ngtcp2_duration)nat_keepalive_ns(e));
   if (c->is_client) {
     peer_info *p = &e->peers[c->peer];
     if (p->fingerprint[0]) {
