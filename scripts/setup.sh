@@ -39,7 +39,8 @@ APT_PACKAGES=(
     build-essential pkg-config python3-dev python3-venv
     libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev gnutls-bin
     mpich libmpich-dev ngtcp2-client ngtcp2-server
-    openssh-server openssh-client coturn iproute2 nftables iperf3
+    openssh-server openssh-client coturn iproute2 nftables iperf3 conntrack
+    dpdk dpdk-dev libdpdk-dev
 )
 
 missing=()
@@ -93,7 +94,7 @@ else
 fi
 
 # --- 3. Python dependencies ---------------------------------------------------
-PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic numba)
+PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic numba cryptography)
 if "$VPY" - "${PY_PACKAGES[@]}" >/dev/null 2>&1 <<'EOF'
 import sys
 from importlib.metadata import version
