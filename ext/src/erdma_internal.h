@@ -342,6 +342,7 @@ int conn_flush(erdma_conn *c);
 void conn_flush_all(erdma_engine *e);
 void conn_handle_expiry_all(erdma_engine *e);
 void conn_log_paths(erdma_engine *e); /* one line per QUIC peer: cwnd, RTT, rates */
+uint64_t conn_decrypted_count(void);  /* packets authenticated by this thread so far */
 uint64_t conn_next_expiry(erdma_engine *e);
 void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload,
                   uint64_t plen, uint8_t *owned, erdma_req *req);

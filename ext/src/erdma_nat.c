@@ -214,41 +214,55 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   return 1;
 }
 
-/* A QUIC datagram that came straight from `from`: the direct path to the
- * peer with that QUIC address (if it has a fallback relay) is alive. */
-static void note_direct(erdma_engine *e, const struct sockaddr_storage *from) {
+/* The fallback relay whose peer has QUIC address `a`, if any is still on
+ * the direct path. */
+static int fallback_of_addr(erdma_engine *e, const struct sockaddr_storage *a) {
   nat_state *s = &e->nat;
   for (int i = 0; i < s->nrelay; i++) {
     nat_relay *r = &s->relay[s->relay_ranks[i]];
     socklen_t l;
     if (r->mode == ERDMA_RELAY_FALLBACK && !r->active &&
-        addr_eq(quic_addr(e, s->relay_ranks[i], &l), from))
-      r->quiet_since = 0;
+        addr_eq(quic_addr(e, s->relay_ranks[i], &l), a))
+      return s->relay_ranks[i];
   }
+  return -1;
+}
+
+/* Hand a datagram to QUIC; 1 if ngtcp2 authenticated a packet in it (so it
+ * really came from the peer, not from someone spoofing an address). */
+static int quic_rx(erdma_engine *e, const uint8_t *data, size_t len,
+                   const struct sockaddr_storage *from, socklen_t fromlen) {
+  uint64_t before = conn_decrypted_count();
+  conn_handle_datagram(e, data, len, from, fromlen);
+  return conn_decrypted_count() != before;
+}
+
+static void relay_rx(erdma_engine *e, int rank, const uint8_t *data, size_t len) {
+  nat_relay *r = &e->nat.relay[rank];
+  socklen_t alen;
+  struct sockaddr_storage a = *quic_addr(e, rank, &alen); /* (the conn may go away) */
+  e->stats.relay_recv++;
+  /* a peer that uses the relay lost the direct path: answer it there too */
+  if (quic_rx(e, data, len, &a, alen) && r->mode == ERDMA_RELAY_FALLBACK)
+    relay_activate(e, rank, "the peer switched to the relay");
 }
 
 int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
            const struct sockaddr_storage *from, socklen_t fromlen) {
   nat_state *s = &e->nat;
+  if (len == 0) return 1; /* nothing for anyone (ngtcp2 asserts on empty input) */
   int t = s->nturn ? turn_index(s, from) : -1;
   if (t >= 0) {
     uint16_t ch;
     size_t plen;
-    if (channel_data(data, len, &ch, &plen)) {
+    if (channel_data(data, len, &ch, &plen))
       for (int i = 0; i < s->nrelay; i++) {
-        int rank = s->relay_ranks[i];
-        nat_relay *r = &s->relay[rank];
-        if (r->turn != t || r->channel != ch) continue;
-        socklen_t alen;
-        const struct sockaddr_storage *a = quic_addr(e, rank, &alen);
-        struct sockaddr_storage copy = *a; /* (conn_handle_datagram may free the conn) */
-        e->stats.relay_recv++;
-        /* the peer uses the relay: its direct path is likely gone, answer it there */
-        if (r->mode == ERDMA_RELAY_FALLBACK) relay_activate(e, rank, "the peer switched to the relay");
-        conn_handle_datagram(e, data + 4, plen, &copy, alen);
-        return 1;
+        nat_relay *r = &s->relay[s->relay_ranks[i]];
+        if (r->turn == t && r->channel == ch) {
+          if (plen) relay_rx(e, s->relay_ranks[i], data + 4, plen);
+          return 1;
+        }
       }
-    }
     raw_push(e, data, len, from, fromlen); /* STUN responses, Data indications, unbound channels */
     return 1;
   }
@@ -256,8 +270,11 @@ int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
     raw_push(e, data, len, from, fromlen);
     return 1;
   }
-  if (s->nrelay) note_direct(e, from);
-  return 0;
+  int rank = s->nrelay ? fallback_of_addr(e, from) : -1;
+  if (rank < 0) return 0; /* plain QUIC: the caller hands it on */
+  /* the direct path of a fallback relay: alive while authentic packets come */
+  if (quic_rx(e, data, len, from, fromlen) && s->relay) s->relay[rank].quiet_since = 0;
+  return 1;
 }
 
 uint64_t nat_keepalive_ns(erdma_engine *e) {
