@@ -248,6 +248,11 @@ int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
            const struct sockaddr_storage *from, socklen_t fromlen);
 int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
 uint64_t nat_keepalive_ns(erdma_engine *e); /* the QUIC keep-alive interval, 0: off */
+/* QUIC packets through a relay stay within what TURN servers carry (coturn
+ * relays at most 16 KiB; Internet paths 1500-byte frames): a connection to a
+ * peer with a relay tunnel when it is created writes packets of at most this */
+#define ERDMA_RELAY_PAYLOAD 1452
+size_t nat_max_udp_payload(erdma_engine *e, const erdma_conn *c);
 void nat_free(erdma_engine *e);
 
 /* ---- the engine ---- */

@@ -277,6 +277,12 @@ int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
   return 1;
 }
 
+size_t nat_max_udp_payload(erdma_engine *e, const erdma_conn *c) {
+  if (e->nat.nrelay && e->pkt_size > ERDMA_RELAY_PAYLOAD && relay_of_conn(e, c) >= 0)
+    return ERDMA_RELAY_PAYLOAD;
+  return e->pkt_size;
+}
+
 uint64_t nat_keepalive_ns(erdma_engine *e) {
   double k = e->cfg.keepalive;
   if (k == 0) return 0;
