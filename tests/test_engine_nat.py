@@ -535,3 +535,42 @@ def test_keepalive_option(engines):
     before = c.stats()["pkts_sent"]
     time.sleep(1.5)
     assert c.stats()["pkts_sent"] - before == 0  # off: an idle connection stays silent
+
+
+# ------------------------------------------- behind real NATs (erdmampi.testing.natbed)
+@needs_bed
+@pytest.mark.slow
+def test_relay_between_symmetric_nats():
+    """Both ranks behind symmetric NATs (a new random port per destination): no
+    direct path exists; the TURN tunnel through coturn in the public network
+    carries the job, on the ranks' own engine sockets."""
+    from erdmampi.nat.turn import TurnClient
+    from erdmampi.testing import natbed
+    with natbed.NatBed(["symmetric", "symmetric"]) as nb:
+        server = nb.start_turn()
+        engs = [in_netns(nb.host(i).ns, lambda i=i: Engine.create(
+            i, 2, bind=nb.host(i).addr, connect_timeout=30.0, idle_timeout=30.0))
+            for i in (0, 1)]
+        try:
+            turns = [TurnClient(EnginePort(e), server, natbed.TURN_USER, natbed.TURN_PASSWORD)
+                     for e in engs]
+            relayed = [t.allocate() for t in turns]
+            # the server saw the NAT's address, not the host's
+            assert turns[0].mapped[0] == nb.public_address(0) != nb.host(0).addr
+            for i, (e, t) in enumerate(zip(engs, turns)):
+                t.create_permission([relayed[1 - i]])
+                ch = t.channel_bind(relayed[1 - i])
+                e.set_peer(1 - i, *host_port(engs[1 - i]), engs[1 - i].fingerprint)
+                e.set_peer_relay(1 - i, *server, ch, *relayed[1 - i])
+            connect_all(*engs)
+            exchange(engs[0], engs[1], SIZES, seed=10)
+            exchange(engs[1], engs[0], SIZES, seed=11, tag0=600)
+            for e in engs:
+                st = e.stats()
+                assert st["relay_sent"] == st["pkts_sent"] > 0 and st["relay_recv"] > 0
+                assert e.peer_route(1 - e.rank) == "relay"
+            # the TURN client still works on the port while QUIC runs (refresh)
+            assert turns[0].refresh() > 0
+        finally:
+            for e in engs:
+                e.shutdown(5.0)
