@@ -417,6 +417,39 @@ def test_relay_always_through_coturn(bed, pkt):
             e.shutdown(5.0)
 
 
+def fallback_run(a, b, cut, dropped):
+    """a and b connected over the direct path with FALLBACK tunnels; numbered
+    messages (eager, and a rendezvous one every 50) flow while cut() kills the
+    direct path: every message arrives once, intact, and both ends end up on
+    the relay."""
+    assert a.peer_route(1) == b.peer_route(0) == "direct"
+    exchange(a, b, [10, 1 << 20], seed=7)
+    assert a.stats()["relay_sent"] == 0 and b.stats()["relay_sent"] == 0
+    n = 200
+    sizes = [(1 << 20) + i if i % 50 == 25 else 20000 + i for i in range(n)]
+    recvs = [b.irecv_alloc(0, 1000 + i, CTX) for i in range(n)]
+    sends = []
+    for i in range(n):
+        sends.append(post_send(a, payload(sizes[i], i), 1, 1000 + i))
+        if i == n // 3:
+            cut()
+        time.sleep(0.005)
+    for i, r in enumerate(recvs):
+        st = r.wait(WAIT)
+        assert st.error == 0 and st.nbytes == sizes[i]
+        assert bytes(r.take()) == payload(sizes[i], i), f"message {i} corrupted"
+        r.free()
+    for s in sends:
+        assert s.wait(WAIT).error == 0
+    # nothing lost, nothing extra: no duplicate was delivered
+    assert b.iprobe(ANY_SOURCE, ANY_TAG, CTX) is None
+    assert b.stats()["msgs_recv"] == 2 + n
+    assert dropped() > 0  # the direct path really was used, and cut
+    assert a.peer_route(1) == "relay" and b.peer_route(0) == "relay"
+    assert a.stats()["relay_sent"] > 0 and b.stats()["relay_sent"] > 0
+    exchange(b, a, [3, 1 << 20], seed=8, tag0=500)  # both ways afterwards
+
+
 @needs_bed
 @pytest.mark.slow
 def test_relay_fallback_when_direct_path_is_cut(bed):
@@ -424,34 +457,53 @@ def test_relay_fallback_when_direct_path_is_cut(bed):
                                 max_udp_payload=1452, verbose=1)
     try:
         connect_all(a, b)
-        assert a.peer_route(1) == b.peer_route(0) == "direct"
-        exchange(a, b, [10, 1 << 20], seed=7)
-        assert a.stats()["relay_sent"] == 0 and b.stats()["relay_sent"] == 0
-        # a stream of numbered messages; the direct path dies in the middle
-        n, size = 200, 20000
-        recvs = [b.irecv_alloc(0, 1000 + i, CTX) for i in range(n)]
-        sends = []
-        for i in range(n):
-            sends.append(post_send(a, payload(size, i), 1, 1000 + i))
-            if i == n // 3:
-                bed.cut(host_port(a)[1], host_port(b)[1])
-            time.sleep(0.005)
-        for i, r in enumerate(recvs):
-            st = r.wait(WAIT)
-            assert st.error == 0 and st.nbytes == size
-            assert bytes(r.take()) == payload(size, i), f"message {i} corrupted"
-            r.free()
-        for s in sends:
-            assert s.wait(WAIT).error == 0
-        # nothing extra: no duplicate was delivered
-        assert b.iprobe(ANY_SOURCE, ANY_TAG, CTX) is None
-        assert bed.dropped() > 0
-        assert a.peer_route(1) == "relay" and b.peer_route(0) == "relay"
-        assert a.stats()["relay_sent"] > 0 and b.stats()["relay_sent"] > 0
-        exchange(b, a, [3, 1 << 20], seed=8, tag0=500)  # both ways afterwards
+        fallback_run(a, b, lambda: bed.cut(host_port(a)[1], host_port(b)[1]), bed.dropped)
     finally:
         for e in (a, b):
             e.shutdown(5.0)
+
+
+@needs_bed
+@pytest.mark.slow
+def test_relay_fallback_between_namespaces():
+    """Two hosts in their own namespaces on the NAT bed's public network; an
+    nft rule in each drops traffic to and from the other mid-transfer (the TURN
+    server stays reachable)."""
+    from erdmampi.nat.turn import TurnClient
+    from erdmampi.testing import natbed
+    with natbed.NatBed(["none", "none"]) as nb:
+        server = nb.start_turn()
+        engs = [in_netns(nb.host(i).ns, lambda i=i: Engine.create(
+            i, 2, bind=nb.host(i).addr, connect_timeout=30.0, idle_timeout=30.0,
+            path_timeout=1.0, keepalive=0.5, verbose=1)) for i in (0, 1)]
+        try:
+            turns = [TurnClient(EnginePort(e), server, natbed.TURN_USER, natbed.TURN_PASSWORD)
+                     for e in engs]
+            relayed = [t.allocate() for t in turns]
+            for i, (e, t) in enumerate(zip(engs, turns)):
+                t.create_permission([relayed[1 - i]])
+                ch = t.channel_bind(relayed[1 - i])
+                e.set_peer(1 - i, *host_port(engs[1 - i]), engs[1 - i].fingerprint)
+                e.set_peer_relay(1 - i, *server, ch, *relayed[1 - i], fallback=True)
+            connect_all(*engs)
+
+            def cut():
+                for i in (0, 1):
+                    other = nb.host(1 - i).addr
+                    nb.run(nb.host(i), ["nft", "-f", "-"], input=(
+                        "table ip natccut {\n  chain o {\n    type filter hook output priority 0;"
+                        f" policy accept;\n    ip daddr {other} counter drop;\n  }}\n"
+                        "  chain i {\n    type filter hook input priority 0; policy accept;\n"
+                        f"    ip saddr {other} counter drop;\n  }}\n}}\n"))
+
+            def dropped():
+                out = "".join(nb.run(nb.host(i), ["nft", "list", "table", "ip", "natccut"]).stdout
+                              for i in (0, 1))
+                return sum(int(w.split()[0]) for w in out.split("packets")[1:])
+            fallback_run(*engs, cut, dropped)
+        finally:
+            for e in engs:
+                e.shutdown(5.0)
 
 
 # ----------------------------------------------------- authenticated join

@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -350,7 +349,8 @@ int erdma_engine_raw_recv(erdma_engine *e, uint8_t *buf, size_t cap, size_t *len
         int ms = (int)((until - now + 999999) / 1000000);
         poll(&p, 1, ms);
       } else {
-        sched_yield(); /* a polled backend */
+        struct timespec nap = {0, 200000}; /* a polled backend: look again soon */
+        nanosleep(&nap, NULL);
       }
       pthread_mutex_lock(&e->mu);
     }
