@@ -413,3 +413,13 @@ def test_recheck_after_the_path_was_cut(bed):
     check_paths(ports, out)
     with pytest.raises(ValueError):
         recheck(ports[0], out[0], [7])
+
+
+def test_record_of_the_wrong_rank_is_refused():
+    p = SocketPort("127.0.0.1", 0)
+    try:
+        rec = {"rank": 2, "ufrag": "x", "pwd": "y" * 22, "candidates": []}
+        with pytest.raises(NatError, match="fetched for rank 1 says it is rank 2"):
+            establish(p, 0, 2, lambda rec: None, lambda r: rec, {"linger": 0})
+    finally:
+        p.close()

@@ -141,7 +141,11 @@ def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
     records = {}
     for r in range(size):
         if r != rank:
-            records[r] = validate_record(fetch(r), f"rank {rank}: record of rank {r}")
+            rec = validate_record(fetch(r), f"rank {rank}: record of rank {r}")
+            if rec.get("rank", r) != r:
+                raise NatError(f"rank {rank}: the NAT record fetched for rank {r} "
+                               f"says it is rank {rec['rank']}")
+            records[r] = rec
     t_fetch = time.monotonic()
     if local.turn is not None:
         ips = {(c["addr"], 0) for rec in records.values() for c in rec["candidates"]
