@@ -27,7 +27,7 @@ from erdmampi.nat import NatError, stun
 from erdmampi.nat.ice import IceSession, PairResult, gather, validate_record
 from erdmampi.nat.stun import ATTR, StunError
 
-__all__ = ["establish", "recheck", "NatConfig", "NatResult"]
+__all__ = ["establish", "recheck", "NatConfig", "NatResult", "PairResult"]
 
 
 @dataclass

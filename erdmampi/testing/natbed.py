@@ -50,7 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from erdmampi.testing.wan import WanBedError, _kill_ns, _readline_timeout, _run
+from erdmampi.testing.wan import WanBedError, _kill_ns, _run
 
 __all__ = ["NatBed", "NatBedError", "KINDS", "natbed_available", "cleanup_stale",
            "socket_in_netns"]
@@ -302,16 +302,17 @@ class NatBed:
         if kind == "udp_blocked":
             fwd.insert(0, "meta l4proto udp drop")
 
-        def chain(name, hook, prio, rules):
+        def chain(name, kind_, hook, prio, rules):
             body = "".join(f"    {r};\n" for r in rules)
-            return (f"  chain {name} {{\n    type {'nat' if hook in ('prerouting', 'postrouting') else 'filter'} "
-                    f"hook {hook} priority {prio}; policy accept;\n{body}  }}\n")
+            return (f"  chain {name} {{\n    type {kind_} hook {hook} priority {prio}; "
+                    f"policy accept;\n{body}  }}\n")
         return ("table ip natbed {\n"
-                + chain("nat_pre", "prerouting", "dstnat", pre)
-                + chain("nat_post", "postrouting", "srcnat", post)
-                + chain("filter_fwd", "forward", "filter", fwd)
-                + chain("filter_in", "input", "filter", ['iifname "wan" meta l4proto udp drop'])
-                + "  chain cutoff {\n    type filter hook forward priority -10; policy accept;\n  }\n"
+                + chain("nat_pre", "nat", "prerouting", "dstnat", pre)
+                + chain("nat_post", "nat", "postrouting", "srcnat", post)
+                + chain("filter_fwd", "filter", "forward", "filter", fwd)
+                + chain("filter_in", "filter", "input", "filter",
+                        ['iifname "wan" meta l4proto udp drop'])
+                + chain("cutoff", "filter", "forward", "-10", [])   # cut_path() adds here
                 + "}\n")
 
     def close(self):
