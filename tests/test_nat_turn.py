@@ -153,3 +153,38 @@ def test_stale_nonce_is_renewed(bed):
     assert c.refresh() > 0                                # 438 -> new nonce -> retried
     assert c.nonce != first
     c.close()
+
+
+@needs_bed
+@pytest.mark.skipif(__import__("shutil").which("conntrack") is None,
+                    reason="conntrack not installed")
+@pytest.mark.parametrize("kind", ["port_restricted", "symmetric"])
+def test_maintain_across_a_cut_path(kind):
+    """A cut path makes maintain() fail within its timeout; after the path comes
+    back with its NAT mappings flushed, a port-keeping NAT still reaches the same
+    allocation, a symmetric one does not (437, named)."""
+    with NatBed([kind, "none"]) as bed:
+        bed.start_turn()
+        c = _client(bed, timeout=1.0)
+        relayed = c.allocate()
+        peer = bed.port(1)
+        paddr = (bed.public_address(1), peer.local_address()[1])
+        ch = c.channel_bind(paddr)
+        later = time.monotonic() + 10_000
+        bed.cut_path(0)
+        t = time.monotonic()
+        with pytest.raises(TurnError, match="no answer to Refresh within 1 s"):
+            c.maintain(now=later)
+        assert time.monotonic() - t < 3
+        bed.restore_path(0)
+        if kind == "port_restricted":
+            assert "allocation" in c.maintain(now=later)
+            c.send(b"\x41back", paddr)
+            assert peer.recv(2.0) == (b"\x41back", relayed)
+            peer.send(b"\x41and forth", relayed)
+            assert _recv_relayed(c) == (b"\x41and forth", paddr)
+            assert c.channels[paddr] == ch
+        else:
+            with pytest.raises(TurnError, match="437.*allocation is gone") as e:
+                c.maintain(now=later)
+            assert e.value.code == 437

@@ -335,8 +335,16 @@ class TurnClient:
                 raise TurnError(f"TURN server {self._srv()} refused the credentials of user "
                                 f"{self.username!r} in realm {self.realm!r} "
                                 f"(401 {reason.strip() or 'Unauthorized'})", code)
+            hint = ""
+            if code == 437 and what != "Allocate":
+                hint = (" (the allocation is gone: it expired, or our NAT mapping toward "
+                        "the server changed)")
+            elif code == 403:
+                hint = " (the server forbids this peer address)"
+            elif code == 486:
+                hint = " (the server's allocation quota for this user is used up)"
             raise TurnError(f"TURN server {self._srv()}: {what} failed: {code} "
-                            f"{reason.strip()}", code)
+                            f"{reason.strip()}{hint}", code)
         raise TurnError(f"TURN server {self._srv()}: {what} failed: nonce kept going stale")
 
     def _take_challenge(self, resp, what):
