@@ -71,7 +71,10 @@ def test_values_survive_churn(nodes):
     newcomers = nodes(3)
     for n in newcomers:
         n.bootstrap([alive[-1].address], timeout=5)
-    origin.republish_now()                                # periodic republish, run now
+    # one republish period: every node re-stores what it published or holds (run now,
+    # in parallel); lookups drop the dead contacts and find the newcomers
+    with ThreadPoolExecutor(len(alive)) as pool:
+        list(pool.map(lambda n: n.republish_now(), alive))
     # every survivor still finds it (lookups skip the dead nodes once they time out)
     with ThreadPoolExecutor(len(newcomers + alive)) as pool:
         found = list(pool.map(lambda n: n.get_all(b"k", timeout=5), newcomers + alive))
