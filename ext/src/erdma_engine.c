@@ -50,6 +50,8 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->data_streams = 4;
   cfg->chunk_size = 512u << 10;
   cfg->spin_us = 50;
+  cfg->keepalive = -1;     /* idle_timeout / 4 */
+  cfg->path_timeout = 5.0;
   cfg->pktio = ERDMA_PKTIO_UDP;
   cfg->dpdk_prefix = 24;
   cfg->dpdk_poll_us = 200;
@@ -115,13 +117,17 @@ int addr_is_loopback(const struct sockaddr_storage *a) {
  * batches them (GSO trains on kernel UDP). */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
   e->stats.pkts_sent += (uint64_t)n;
+  if (e->nat.nrelay && nat_sendv(e, c, bufs, lens, n)) return; /* through a TURN relay */
   e->io.send(e, &c->remote, c->remote_len, bufs, e->pkt_size, lens, n);
 }
 
-/* Every datagram the backend receives comes through here. */
+/* Every datagram the backend receives comes through here: STUN and TURN
+ * go to erdma_nat.c (relayed QUIC comes back through conn_handle_datagram),
+ * the rest is QUIC (or the shared-memory doorbell). */
 void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                         const struct sockaddr_storage *from, socklen_t fromlen) {
   e->stats.pkts_recv++;
+  if (nat_rx(e, data, len, from, fromlen)) return;
   conn_handle_datagram(e, data, len, from, fromlen);
 }
 
@@ -410,6 +416,7 @@ void erdma_engine_free(erdma_engine *e) {
   }
   pthread_mutex_unlock(&e->mu);
   shm_teardown(e);
+  nat_free(e);
   tls_identity_free(e);
   if (e->io.close) e->io.close(e);
   if (e->fd >= 0) close(e->fd);
