@@ -181,27 +181,39 @@ class DpdkBed:
         """Drop ``percent`` % of the packets leaving and entering a's veth."""
         rules = (f"table netdev erdmaloss {{\n"
                  f"  chain in {{\n    type filter hook ingress device {self.dev_a} priority 0;\n"
-                 f"    meta l4proto udp numgen random mod 100 < {percent} drop\n  }}\n"
+                 f"    meta l4proto udp numgen random mod 100 < {percent} counter drop\n  }}\n"
                  f"  chain out {{\n    type filter hook egress device {self.dev_a} priority 0;\n"
-                 f"    meta l4proto udp numgen random mod 100 < {percent} drop\n  }}\n}}\n")
+                 f"    meta l4proto udp numgen random mod 100 < {percent} counter drop\n  }}\n}}\n")
         _run(["ip", "netns", "exec", self.ns_a, "nft", "-f", "-"], input=rules)
 
     def add_reorder(self, percent: int):
         """Hold back ``percent`` % of the UDP packets leaving a's veth in a slow
-        band (prio + tbf), so they arrive behind later ones."""
+        HTB class (nft sets their priority to it), so they arrive behind later
+        ones.  (No netem here, and no prio qdisc.)"""
         dev = self.dev_a
-        _run(["ip", "netns", "exec", self.ns_a, "tc", "qdisc", "add", "dev", dev, "root",
-              "handle", "1:", "prio", "bands", "3", "priomap", *(["0"] * 16)])
-        _run(["ip", "netns", "exec", self.ns_a, "tc", "qdisc", "add", "dev", dev, "parent", "1:3",
-              "handle", "30:", "tbf", "rate", "50mbit", "burst", "16kb", "latency", "100ms"])
+
+        def tc(*args):
+            _run(["ip", "netns", "exec", self.ns_a, "tc", *args])
+
+        tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
+        tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit")
+        tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", "20mbit",
+           "ceil", "20mbit")
         rules = (f"table netdev erdmareord {{\n"
                  f"  chain out {{\n    type filter hook egress device {dev} priority 0;\n"
-                 f"    meta l4proto udp numgen random mod 100 < {percent} meta priority set 1:3\n"
+                 f"    meta l4proto udp numgen random mod 100 < {percent} counter meta priority set 1:20\n"
                  f"  }}\n}}\n")
         _run(["ip", "netns", "exec", self.ns_a, "nft", "-f", "-"], input=rules)
 
 
 # -- a two-rank engine worker, run inside a namespace by tests and bench/pktio.py
+def nft_counted(bed: DpdkBed, table: str) -> int:
+    """Packets counted by the rules of netdev table ``table`` in namespace a."""
+    import re
+    out = _run(bed.ns_cmd("a", ["nft", "list", "table", "netdev", table])).stdout
+    return sum(int(n) for n in re.findall(r"counter packets (\d+)", out))
+
+
 def _pattern(n: int, salt: int):
     import numpy as np
     return ((np.arange(n, dtype=np.uint64) * 2654435761 + salt) >> 7).astype(np.uint8)
