@@ -239,7 +239,7 @@ def test_dpdk_with_hugepages(bed, hugepages, pmd):
                    "on this kernel's veth (docs/dpdk.md); with hugepages it works",
                    strict=False)
 def test_af_xdp_without_hugepages(bed):
-    outs = run_pair(bed, dpdk_b=bed.eal_args("b", "af_xdp"), sizes=[4 << 20], timeout=20)
+    outs = run_pair(bed, dpdk_b=bed.eal_args("b", "af_xdp"), sizes=[4 << 20], timeout=12)
     assert "net_af_xdp with --no-huge" in outs[1][1]  # the backend warns about it
     for rc, out in outs:
         assert rc == 0, out
