@@ -34,7 +34,7 @@ def nominal_hz():
     return 2.5e9
 
 
-def run_once(bed, sender, receiver, nbytes, msg, huge_dir=None, pmd="af_packet"):
+def run_once(bed, sender, receiver, nbytes, msg, huge_dir=None, pmd="af_packet", extra=()):
     """One transfer; sender/receiver: "udp" or "dpdk".  Returns both JSON records."""
     sides = [(0, "a", sender), (1, "b", receiver)]
     addr = {}
@@ -48,7 +48,7 @@ def run_once(bed, sender, receiver, nbytes, msg, huge_dir=None, pmd="af_packet")
         argv = ["taskset", "-c", str(rank % (os.cpu_count() or 1))] + WORKER + [
             "--rank", str(rank), "--bind", addr[rank], "--port", str(47300 + rank),
             "--peer", f"{addr[1 - rank]}:{47300 + 1 - rank}", "--bench", str(nbytes),
-            "--msg", str(msg), "--verbose", "0", "--timeout", "60"]
+            "--msg", str(msg), "--verbose", "0", "--timeout", "60", *extra]
         if kind == "dpdk":
             argv += ["--pktio", "dpdk", "--eal", bed.eal_args(side, pmd, huge_dir=huge_dir)]
         procs.append(subprocess.Popen(bed.ns_cmd(side, argv), stdout=subprocess.PIPE,
@@ -75,6 +75,9 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3, help="runs per cell; the best is kept")
     ap.add_argument("--pmd", default="af_packet", choices=["af_packet", "af_xdp"])
     ap.add_argument("--json", help="append one record per cell to this file")
+    ap.add_argument("--latency", action="store_true",
+                    help="instead: 1-byte round trips back to back and 5 ms apart, and the "
+                         "CPU share of an idle rank")
     a = ap.parse_args(argv)
     from erdmampi.testing import dpdkbed
     why = dpdkbed.dpdk_available()
@@ -82,6 +85,8 @@ def main(argv=None):
         sys.exit(f"bench/pktio: {why}")
     nbytes, msg = parse_size(a.bytes), parse_size(a.msg)
     hz = nominal_hz()
+    if a.latency:
+        return latency(a)
     cells = [("udp", "udp"), ("udp", "dpdk"), ("dpdk", "udp"), ("dpdk", "dpdk")]
     results = {c: None for c in cells}
     huge = dpdkbed.Hugepages(96).open() if a.pmd == "af_xdp" else None
@@ -115,6 +120,30 @@ def main(argv=None):
         if a.json:
             with open(a.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
+
+
+def latency(a):
+    """Round-trip times (median, p90) and an idle rank's CPU share per cell."""
+    from erdmampi.testing import dpdkbed
+    cells = [("udp", "udp"), ("udp", "dpdk"), ("dpdk", "dpdk")]
+    print(f"# 1-byte round trips (rank 0 asks, rank 1 answers), PMD {a.pmd}; idle: 3 s")
+    print(f"{'rank0 - rank1':<16} {'RTT med us':>10} {'p90':>8} {'5ms-gap med':>12} {'p90':>8} "
+          f"{'idle CPU r0':>12} {'r1':>6}")
+    with dpdkbed.DpdkBed(prefix="erbl") as bed:
+        for cell in cells:
+            busy = run_once(bed, *cell, 1, 1, pmd=a.pmd, extra=["--pingpong", "2000"])
+            gap = run_once(bed, *cell, 1, 1, pmd=a.pmd,
+                           extra=["--pingpong", "200", "--gap", "0.005", "--idle", "3"])
+            row = dict(cell="-".join(cell), pmd=a.pmd, rtt_us=busy[0]["rtt_median_us"],
+                       rtt_p90_us=busy[0]["rtt_p90_us"], gap_rtt_us=gap[0]["rtt_median_us"],
+                       gap_rtt_p90_us=gap[0]["rtt_p90_us"], idle_cpu0=gap[0]["idle_cpu_share"],
+                       idle_cpu1=gap[1]["idle_cpu_share"])
+            print(f"{cell[0] + ' - ' + cell[1]:<16} {row['rtt_us']:10.1f} {row['rtt_p90_us']:8.1f} "
+                  f"{row['gap_rtt_us']:12.1f} {row['gap_rtt_p90_us']:8.1f} "
+                  f"{row['idle_cpu0'] * 100:11.1f}% {row['idle_cpu1'] * 100:5.1f}%")
+            if a.json:
+                with open(a.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -247,6 +247,9 @@ def _worker(argv=None) -> int:
     ap.add_argument("--msg", type=int, default=1 << 20)
     ap.add_argument("--verbose", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--idle", type=float, default=0.0, help="seconds to sit idle (CPU measured)")
+    ap.add_argument("--pingpong", type=int, default=0, help="1-byte round trips (latency)")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between round trips")
     a = ap.parse_args(argv)
     host, port = a.peer.rsplit(":", 1)
     kw = dict(pktio=a.pktio, dpdk_eal=a.eal) if a.pktio == "dpdk" else {}
@@ -306,6 +309,29 @@ def _worker(argv=None) -> int:
                    cpu=(r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
                    pkts_sent=s1["pkts_sent"] - s0["pkts_sent"],
                    pkts_recv=s1["pkts_recv"] - s0["pkts_recv"])
+    if a.pingpong:
+        one = np.zeros(1, np.uint8)
+        rtts = []
+        for k in range(a.pingpong):
+            if a.rank == 0:
+                if a.gap:
+                    time.sleep(a.gap)
+                t = time.perf_counter()
+                e.send(one.ctypes.data, 1, peer, 5, 9, keep=one)
+                e.recv(one.ctypes.data, 1, peer, 6, 9, keep=one)
+                rtts.append(time.perf_counter() - t)
+            else:
+                e.recv(one.ctypes.data, 1, peer, 5, 9, keep=one)
+                e.send(one.ctypes.data, 1, peer, 6, 9, keep=one)
+        if rtts:
+            rtts.sort()
+            out.update(rtt_median_us=rtts[len(rtts) // 2] * 1e6,
+                       rtt_p90_us=rtts[int(len(rtts) * 0.9)] * 1e6)
+    if a.idle:
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        time.sleep(a.idle)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        out["idle_cpu_share"] = ((r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)) / a.idle
     e.shutdown(10.0)
     print(json.dumps(out), flush=True)
     return 0
