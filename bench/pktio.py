@@ -1,7 +1,8 @@
 """Packet I/O backends compared on one veth pair (docs/dpdk.md, "Numbers").
 
 Two engines in two network namespaces (erdmampi.testing.dpdkbed), each pinned
-to its own core; rank 0 streams BYTES to rank 1 in 1 MiB messages (8 in
+to its own core (UDP segmentation offload on a veth only where its peer is a
+kernel socket: the kernel path's best case); rank 0 streams BYTES to rank 1 in 1 MiB messages (8 in
 flight).  Every combination of kernel UDP (sendmmsg + UDP GSO, recvmmsg + UDP
 GRO) and DPDK (AF_PACKET PMD, or AF_XDP with hugepages) runs RUNS times and
 the best run is kept (the machine is shared and loaded).
@@ -43,6 +44,9 @@ def run_once(bed, sender, receiver, nbytes, msg, huge_dir=None, pmd="af_packet",
             addr[rank] = bed.dpdk_addr_a if side == "a" else bed.dpdk_addr
         else:
             addr[rank] = bed.kernel_a if side == "a" else bed.kernel_b
+    # GSO trains may cross the veth whole only towards a kernel socket
+    bed.set_udp_segmentation("a", receiver == "udp")
+    bed.set_udp_segmentation("b", sender == "udp")
     procs = []
     for rank, side, kind in sides:
         argv = ["taskset", "-c", str(rank % (os.cpu_count() or 1))] + WORKER + [

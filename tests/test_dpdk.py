@@ -231,6 +231,10 @@ def test_dpdk_with_hugepages(bed, hugepages, pmd):
     before = ns_snmp(bed.ns_a)
     outs = run_pair(bed, dpdk_b=bed.eal_args("b", pmd, huge_dir=hugepages.dir))
     _check_pair(bed, outs, len(SIZES), before)
+    # the port was closed at exit: no XDP program left holding the interface
+    link = subprocess.run(["ip", "-n", bed.ns_b, "link", "show", bed.dev_b],
+                          capture_output=True, text=True).stdout
+    assert "xdp" not in link, link
 
 
 @needs_dpdk

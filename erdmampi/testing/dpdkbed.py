@@ -159,6 +159,14 @@ class DpdkBed:
                 _run(["ip", "netns", "del", ns], check=False)
             self._up = False
 
+    def set_udp_segmentation(self, side: str, on: bool):
+        """UDP GSO offload of side a's or b's veth (off after open(); see the
+        module docstring).  On is the kernel path's best case when the peer
+        is a kernel socket: GSO trains cross the veth unsegmented."""
+        ns, dev = (self.ns_a, self.dev_a) if side == "a" else (self.ns_b, self.dev_b)
+        _run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx-udp-segmentation",
+              "on" if on else "off"])
+
     def ns_cmd(self, side: str, argv) -> "list[str]":
         ns = self.ns_a if side == "a" else self.ns_b
         return ["ip", "netns", "exec", ns, *argv]

@@ -79,6 +79,7 @@ typedef struct dpdk_state {
   uint64_t rx_frames, rx_udp, rx_partial, rx_bad_csum, rx_other, tx_frames, tx_drop, arp_rx,
       arp_tx;
   uint64_t last_report;     /* verbose >= 3: counters every second */
+  int dead;                 /* the process is exiting: the port is closed */
 } dpdk_state;
 
 /* EAL: once per process.  The port and the pool stay for a later engine with
@@ -87,6 +88,8 @@ static int eal_state;       /* 0: not tried, 1: up, -1: rte_eal_init failed */
 static char eal_args_used[1024];
 static char eal_fail[256];
 static int in_use;
+static dpdk_state *live;    /* the engine's port, closed at exit */
+static int atexit_set;
 static struct rte_mempool *pool;
 
 static uint64_t now_ns(void) {
@@ -203,7 +206,7 @@ static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, sockle
   dpdk_state *d = e->io.state;
   struct rte_mbuf *m[ERDMA_TX_BATCH];
   (void)tolen;
-  if (to->ss_family != AF_INET || n <= 0) return;
+  if (d->dead || to->ss_family != AF_INET || n <= 0) return;
   if (n > ERDMA_TX_BATCH) n = ERDMA_TX_BATCH;
   const struct sockaddr_in *sin = (const struct sockaddr_in *)to;
   uint32_t dip = sin->sin_addr.s_addr;
@@ -327,6 +330,7 @@ static void dpdk_report(erdma_engine *e);
 static void dpdk_recv(erdma_engine *e) {
   dpdk_state *d = e->io.state;
   struct rte_mbuf *m[RX_BURST];
+  if (d->dead) return;
   if (e->cfg.verbose >= 3 && now_ns() - d->last_report > 1000000000ull) {
     d->last_report = now_ns();
     dpdk_report(e);
@@ -371,12 +375,28 @@ static void dpdk_report(erdma_engine *e) {
           rte_mempool_avail_count(pool));
 }
 
+/* At process exit the port is closed even if the engine never was: AF_XDP
+ * leaves its XDP program on the interface otherwise, and the kernel would
+ * lose the interface to a socket nobody reads.  The engine's lock keeps the
+ * progress thread (if the engine was never shut down) out meanwhile. */
+static void dpdk_atexit(void) {
+  dpdk_state *d = live;
+  if (!d) return;
+  pthread_mutex_lock(&d->e->mu);
+  d->dead = 1;
+  rte_eth_dev_stop(d->port);
+  rte_eth_dev_close(d->port);
+  live = NULL;
+  pthread_mutex_unlock(&d->e->mu);
+}
+
 static void dpdk_close(erdma_engine *e) {
   dpdk_state *d = e->io.state;
   if (!d) return;
+  live = NULL;
   for (int i = 0; i < MAX_NEIGH; i++)
     if (d->nb[i].nhold) rte_pktmbuf_free_bulk(d->nb[i].hold, (unsigned)d->nb[i].nhold);
-  rte_eth_dev_stop(d->port);
+  if (!d->dead) rte_eth_dev_stop(d->port);
   free(d);
   e->io.state = NULL;
   in_use = 0;
@@ -692,6 +712,8 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   e->io.fd = -1;
   e->io.state = d;
   in_use = 1;
+  live = d;
+  if (!atexit_set) atexit_set = atexit(dpdk_atexit) == 0;
   if (e->cfg.verbose) {
     char a[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &d->ip, a, sizeof a);
