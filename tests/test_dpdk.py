@@ -170,6 +170,19 @@ def test_no_port_is_a_clear_error(bed):
 
 
 @needs_dpdk
+def test_without_capabilities_is_a_clear_error(bed):
+    # root without its capabilities, as an unprivileged user would be
+    code = ("from erdmampi._engine import Engine\n"
+            f"Engine.create(pktio='dpdk', bind={bed.dpdk_addr!r}, dpdk_eal={bed.eal_args('b')!r})\n")
+    p = subprocess.run(bed.ns_cmd("b", ["setpriv", "--inh-caps=-all", "--bounding-set=-all",
+                                        sys.executable, "-c", code]),
+                       capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "EngineError" in out and "CAP_NET_RAW" in out, out
+
+
+@needs_dpdk
 def test_hugepage_mode_without_hugepages_is_a_clear_error(bed):
     with open("/proc/meminfo") as f:
         if any(l.startswith("HugePages_Free:") and l.split()[1] != "0" for l in f):

@@ -656,10 +656,15 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   d->rx_datagram = host->rx_datagram;
   d->port = (uint16_t)e->cfg.dpdk_port;
   d->queue = (uint16_t)e->cfg.dpdk_queue;
-  if (e->cfg.dpdk_port < 0 || !rte_eth_dev_is_valid_port(d->port))
+  if (e->cfg.dpdk_port < 0 || !rte_eth_dev_is_valid_port(d->port)) {
+    const char *why = "";
+    if (strstr(e->cfg.dpdk_eal ? e->cfg.dpdk_eal : "", "--vdev"))
+      why = "; the --vdev was not probed (the EAL messages above say why): AF_PACKET needs "
+            "CAP_NET_RAW, AF_XDP also CAP_NET_ADMIN and CAP_BPF (or root)";
     FAIL("DPDK: no port %d (%u ports found; give one with --vdev=net_af_packet0,iface=IF or "
-         "--vdev=net_af_xdp0,iface=IF, or bind a NIC to vfio-pci)", e->cfg.dpdk_port,
-         rte_eth_dev_count_avail());
+         "--vdev=net_af_xdp0,iface=IF, or bind a NIC to vfio-pci)%s", e->cfg.dpdk_port,
+         rte_eth_dev_count_avail(), why);
+  }
   if (e->cfg.dpdk_queue < 0) FAIL("DPDK: queue %d", e->cfg.dpdk_queue);
   uint16_t mtu = 1500;
   rte_eth_dev_get_mtu(d->port, &mtu);
