@@ -80,6 +80,7 @@ typedef struct dpdk_state {
       arp_tx;
   uint64_t last_report;     /* verbose >= 3: counters every second */
   int dead;                 /* the process is exiting: the port is closed */
+  size_t max_payload;       /* largest UDP payload one frame carries (MTU - 28, mbuf) */
 } dpdk_state;
 
 /* EAL: once per process.  The port and the pool stay for a later engine with
@@ -220,12 +221,20 @@ static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, sockle
     d->tx_drop += (uint64_t)n;
     return;
   }
+  int k = 0;
   for (int i = 0; i < n; i++) {
-    uint8_t *p = (uint8_t *)rte_pktmbuf_append(m[i], (uint16_t)(HDRS + lens[i]));
+    if (lens[i] > d->max_payload) { /* a datagram the MTU cannot carry (no fragments) */
+      d->tx_drop++;
+      continue;
+    }
+    uint8_t *p = (uint8_t *)rte_pktmbuf_append(m[k], (uint16_t)(HDRS + lens[i]));
     memcpy(p + HDRS, bufs + (size_t)i * stride, lens[i]);
-    fill_headers(d, m[i], dip, sin->sin_port, lens[i]);
+    fill_headers(d, m[k], dip, sin->sin_port, lens[i]);
     rte_ether_addr_copy(&nb->mac, &((struct rte_ether_hdr *)p)->dst_addr);
+    k++;
   }
+  if (k < n) rte_pktmbuf_free_bulk(m + k, (unsigned)(n - k));
+  if (!(n = k)) return;
   if (nb->state == NB_KNOWN || nb->state == NB_STATIC) {
     tx_frames(d, m, (uint16_t)n);
     return;
@@ -273,16 +282,15 @@ static int udp_csum_ok(dpdk_state *d, struct rte_mbuf *m, const struct rte_ipv4_
                        const struct rte_udp_hdr *uh) {
   if (uh->dgram_cksum == 0) return 1; /* sender sent none (allowed in IPv4) */
   if ((m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK) == RTE_MBUF_F_RX_L4_CKSUM_GOOD) return 1;
-  uint16_t c = rte_raw_cksum(uh, rte_be_to_cpu_16(uh->dgram_len));
-  uint32_t sum = (uint32_t)c + rte_ipv4_phdr_cksum(ip, 0);
-  sum = (sum & 0xffff) + (sum >> 16);
-  sum = (sum & 0xffff) + (sum >> 16);
-  if (sum == 0xffff) return 1;
-  if (uh->dgram_cksum == rte_ipv4_phdr_cksum(ip, 0)) {
+  uint16_t phdr = rte_ipv4_phdr_cksum(ip, 0);
+  if (uh->dgram_cksum == phdr) { /* partial: checked first, it spares a pass over the data */
     d->rx_partial++;
     return 1;
   }
-  return 0;
+  uint32_t sum = (uint32_t)rte_raw_cksum(uh, rte_be_to_cpu_16(uh->dgram_len)) + phdr;
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
+  return sum == 0xffff;
 }
 
 static void rx_ipv4(dpdk_state *d, struct rte_mbuf *m) {
@@ -709,6 +717,10 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   ((struct sockaddr_in *)&e->local)->sin_port = d->udp_port;
   e->pkt_size = pkt;
   e->gso = e->gro = 0;
+  d->max_payload = (size_t)mtu - 28;
+  if (d->max_payload > rte_pktmbuf_data_room_size(pool) - RTE_PKTMBUF_HEADROOM - HDRS)
+    d->max_payload = rte_pktmbuf_data_room_size(pool) - RTE_PKTMBUF_HEADROOM - HDRS;
+  if (e->pkt_size > d->max_payload) e->pkt_size = d->max_payload; /* pool of an earlier engine */
   e->io.name = "dpdk";
   e->io.send = dpdk_send;
   e->io.recv = dpdk_recv;
