@@ -258,6 +258,8 @@ def _worker(argv=None) -> int:
     ap.add_argument("--idle", type=float, default=0.0, help="seconds to sit idle (CPU measured)")
     ap.add_argument("--pingpong", type=int, default=0, help="1-byte round trips (latency)")
     ap.add_argument("--gap", type=float, default=0.0, help="seconds between round trips")
+    ap.add_argument("--ready-file", help="created once connected and done with --sizes")
+    ap.add_argument("--wait-file", help="then wait (up to --timeout) until this file exists")
     a = ap.parse_args(argv)
     host, port = a.peer.rsplit(":", 1)
     kw = dict(pktio=a.pktio, dpdk_eal=a.eal) if a.pktio == "dpdk" else {}
@@ -282,6 +284,12 @@ def _worker(argv=None) -> int:
                 y ^= 0x5A
                 e.send(y.ctypes.data, n, peer, i, 7, keep=y)
         out["sizes_ok"] = len(a.sizes.split(","))
+    if a.ready_file:
+        open(a.ready_file, "w").close()
+    if a.wait_file:
+        t_end = time.monotonic() + a.timeout
+        while not os.path.exists(a.wait_file) and time.monotonic() < t_end:
+            time.sleep(0.05)
     if a.bench:
         buf = np.zeros(a.msg, np.uint8) if a.rank == 0 else np.empty(a.msg, np.uint8)
         one = np.zeros(1, np.uint8)
