@@ -18,6 +18,7 @@ Needs root and a build with the DPDK backend.  Usage:
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -83,6 +84,8 @@ def main(argv=None):
                     help="instead: 1-byte round trips back to back and 5 ms apart, and the "
                          "CPU share of an idle rank")
     a = ap.parse_args(argv)
+    # a terminated run still removes its namespaces and hugepages (finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from erdmampi.testing import dpdkbed
     why = dpdkbed.dpdk_available()
     if why:

@@ -46,10 +46,11 @@ int erdma_dpdk_built(void) { return 1; }
 int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host);
 
 #define NB_DESC 1024        /* rx and tx ring sizes asked of the port */
-#define POOL_MBUFS 4095     /* rx ring + a tx burst + ARP holds + an AF_XDP fill ring */
+#define POOL_MBUFS 8191     /* rings (1024 rx, 1024 tx; AF_XDP: 2048 + 2048), 512 ARP holds, bursts */
 #define RX_BURST 32
 #define MAX_NEIGH 64
 #define NEIGH_HOLD 64       /* packets held per neighbour while ARP resolves it */
+#define HOLD_MAX 512        /* ... and for all neighbours together (the pool's share) */
 #define ARP_RETRY_NS 100000000ull
 #define HDRS (RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
 
@@ -80,6 +81,7 @@ typedef struct dpdk_state {
       arp_tx;
   uint64_t last_report;     /* verbose >= 3: counters every second */
   int dead;                 /* the process is exiting: the port is closed */
+  int held;                 /* packets held for all neighbours */
   size_t max_payload;       /* largest UDP payload one frame carries (MTU - 28, mbuf) */
 } dpdk_state;
 
@@ -164,6 +166,7 @@ static void neigh_resolved(dpdk_state *d, neigh *n, const struct rte_ether_addr 
     rte_ether_addr_copy(mac, &eh->dst_addr);
   }
   if (n->nhold) tx_frames(d, n->hold, (uint16_t)n->nhold);
+  d->held -= n->nhold;
   n->nhold = 0;
 }
 
@@ -240,6 +243,8 @@ static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, sockle
     return;
   }
   int keep = n < NEIGH_HOLD - nb->nhold ? n : NEIGH_HOLD - nb->nhold;
+  if (keep > HOLD_MAX - d->held) keep = HOLD_MAX - d->held;
+  d->held += keep;
   memcpy(nb->hold + nb->nhold, m, (size_t)keep * sizeof m[0]);
   nb->nhold += keep;
   if (keep < n) {
