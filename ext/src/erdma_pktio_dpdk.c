@@ -741,7 +741,7 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
     inet_ntop(AF_INET, &d->ip, a, sizeof a);
     fprintf(stderr, "erdma[%d]: dpdk port %u queue %u, %s:%u/%d, MAC " RTE_ETHER_ADDR_PRT_FMT
             ", %zu-byte packets, checksums in %s\n", e->cfg.rank, d->port, d->queue, a, port,
-            e->cfg.dpdk_prefix, RTE_ETHER_ADDR_BYTES(&d->mac), pkt,
+            e->cfg.dpdk_prefix, RTE_ETHER_ADDR_BYTES(&d->mac), e->pkt_size,
             d->tx_offload ? "the port" : "software");
   }
   return 0;
