@@ -231,9 +231,10 @@ def _check_pair(bed, outs, nsizes, csum_before):
 
 @needs_dpdk
 @pytest.mark.slow
-def test_dpdk_rank_talks_to_kernel_rank(bed):
+@pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
+def test_dpdk_rank_talks_to_kernel_rank(bed, pmd):
     before = ns_snmp(bed.ns_a)
-    outs = run_pair(bed, dpdk_b=bed.eal_args("b", "af_packet"))
+    outs = run_pair(bed, dpdk_b=bed.eal_args("b", pmd))
     _check_pair(bed, outs, len(SIZES), before)
 
 
@@ -248,18 +249,6 @@ def test_dpdk_with_hugepages(bed, hugepages, pmd):
     link = subprocess.run(["ip", "-n", bed.ns_b, "link", "show", bed.dev_b],
                           capture_output=True, text=True).stdout
     assert "xdp" not in link, link
-
-
-@needs_dpdk
-@pytest.mark.slow
-@pytest.mark.xfail(reason="AF_XDP on --no-huge memory stops moving packets after ~2,700 "
-                   "on this kernel's veth (docs/dpdk.md); with hugepages it works",
-                   strict=False)
-def test_af_xdp_without_hugepages(bed):
-    outs = run_pair(bed, dpdk_b=bed.eal_args("b", "af_xdp"), sizes=[4 << 20], timeout=12)
-    assert "net_af_xdp with --no-huge" in outs[1][1]  # the backend warns about it
-    for rc, out in outs:
-        assert rc == 0, out
 
 
 CRAFT = """

@@ -46,7 +46,7 @@ int erdma_dpdk_built(void) { return 1; }
 int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host);
 
 #define NB_DESC 1024        /* rx and tx ring sizes asked of the port */
-#define POOL_MBUFS 8191     /* rings (1024 rx, 1024 tx; AF_XDP: 2048 + 2048), 512 ARP holds, bursts */
+#define POOL_MBUFS 8192     /* rings (1024 rx, 1024 tx; AF_XDP: 2048 + 2048), 512 ARP holds, bursts */
 #define RX_BURST 32
 #define MAX_NEIGH 64
 #define NEIGH_HOLD 64       /* packets held per neighbour while ARP resolves it */
@@ -512,11 +512,6 @@ static int eal_start(const erdma_engine *e, const erdma_pktio_host *host) {
   if (!has_arg(argv, user_end, "--log-level") && !e->cfg.verbose)
     argv[argc++] = "--log-level=lib.eal:warning";
   argv[argc] = NULL;
-  for (int i = 1; i < user_end; i++)
-    if (strstr(argv[i], "net_af_xdp") && has_arg(argv, user_end, "--no-huge"))
-      fprintf(stderr, "erdma[%d]: warning: net_af_xdp with --no-huge stopped moving packets "
-              "after a few thousand on the veth pairs we tested; give it hugepages "
-              "(docs/dpdk.md)\n", e->cfg.rank);
   if (eal_precheck(argv, argc, host->err, host->errlen) != 0) {
     free(copy);
     return -1;
@@ -641,6 +636,36 @@ static int port_start(dpdk_state *d, const erdma_engine *e, const erdma_pktio_ho
   return 0;
 }
 
+/* The mbuf pool: objects of a power-of-two size (4 KiB for 1500-byte
+ * frames, as AF_PACKET wants 2 KiB of data room) without the spreading
+ * padding, so that they tile 4 KiB pages exactly.  AF_XDP registers the pool as its UMEM assuming one object every
+ * rte_mempool_calc_obj_size() bytes; objects padded to a page each (what
+ * rte_pktmbuf_pool_create gives on --no-huge memory) left part of the pool
+ * outside the UMEM and the port stalled.  SP/SC ring: e->mu serialises us. */
+static struct rte_mempool *pool_new(size_t frame) {
+  char name[RTE_MEMPOOL_NAMESIZE];
+  uint32_t obj = 2048, hdr = rte_mempool_calc_obj_size(0, RTE_MEMPOOL_F_NO_SPREAD, NULL);
+  /* AF_PACKET wants room for its whole ring frame (2 KiB by default) */
+  size_t room = frame + 64 > 2048 ? frame + 64 : 2048;
+  while (obj - hdr - sizeof(struct rte_mbuf) < RTE_PKTMBUF_HEADROOM + room) obj *= 2;
+  uint32_t elt = obj - hdr;
+  struct rte_pktmbuf_pool_private priv = {0};
+  priv.mbuf_data_room_size = (uint16_t)(elt - sizeof(struct rte_mbuf));
+  snprintf(name, sizeof name, "erdma%d", (int)getpid());
+  int sock = rte_socket_id() == (unsigned)SOCKET_ID_ANY ? SOCKET_ID_ANY : (int)rte_socket_id();
+  struct rte_mempool *mp = rte_mempool_create_empty(name, POOL_MBUFS, elt, 0, sizeof priv, sock,
+                                                    RTE_MEMPOOL_F_NO_SPREAD);
+  if (!mp) return NULL;
+  if (rte_mempool_set_ops_byname(mp, "ring_sp_sc", NULL) != 0) goto fail;
+  rte_pktmbuf_pool_init(mp, &priv);
+  if (rte_mempool_populate_default(mp) != POOL_MBUFS) goto fail;
+  rte_mempool_obj_iter(mp, rte_pktmbuf_init, NULL);
+  return mp;
+fail:
+  rte_mempool_free(mp);
+  return NULL;
+}
+
 int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   dpdk_state *d = NULL;
   if (host->abi != ERDMA_PKTIO_ABI || host->engine_size != sizeof(erdma_engine)) {
@@ -685,20 +710,9 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   if (pkt > (size_t)mtu - 28) pkt = (size_t)mtu - 28;
   if (pkt < 1200)
     FAIL("DPDK: port %u has MTU %u; QUIC needs 1228 bytes at least", d->port, mtu);
-  if (!pool) {
-    /* room for a whole frame in one mbuf; SP/SC ring: e->mu serialises us */
-    uint32_t room = RTE_PKTMBUF_HEADROOM + (uint32_t)(HDRS + pkt + 64);
-    if (room < RTE_MBUF_DEFAULT_BUF_SIZE) room = RTE_MBUF_DEFAULT_BUF_SIZE;
-    char name[RTE_MEMPOOL_NAMESIZE];
-    snprintf(name, sizeof name, "erdma%d", (int)getpid());
-    pool = rte_pktmbuf_pool_create_by_ops(name, POOL_MBUFS, 0, 0, (uint16_t)room,
-                                          rte_socket_id() == (unsigned)SOCKET_ID_ANY
-                                              ? SOCKET_ID_ANY : (int)rte_socket_id(),
-                                          "ring_sp_sc");
-    if (!pool)
-      FAIL("DPDK: cannot create a pool of %d mbufs: %s (raise -m or add hugepages)", POOL_MBUFS,
-           rte_strerror(rte_errno));
-  }
+  if (!pool && !(pool = pool_new(HDRS + pkt)))
+    FAIL("DPDK: cannot create a pool of %d mbufs: %s (raise -m or add hugepages)", POOL_MBUFS,
+         rte_strerror(rte_errno));
   if (port_start(d, e, host, HDRS + pkt) != 0) goto fail;
   d->ip = local->sin_addr.s_addr;
   d->mask = htonl(e->cfg.dpdk_prefix == 32 ? 0xffffffffu : ~(0xffffffffu >> e->cfg.dpdk_prefix));
