@@ -66,10 +66,12 @@ def _dpdk_counters(out):
     """The backend's counter line (verbose): {'partial': n, 'bad': n, 'dropped': n}."""
     for line in out.splitlines():
         if "dpdk port" in line and "frames" in line:
-            words = line.replace(",", "").replace("(", "").replace(")", "").split()
+            words = line.replace(",", "").replace("(", "").replace(")", "").replace(
+                ";", "").split()
             return {"partial": int(words[words.index("partial") - 2]),
                     "bad": int(words[words.index("bad") - 1]),
-                    "udp": int(words[words.index("UDP") - 1])}
+                    "udp": int(words[words.index("UDP") - 1]),
+                    "arp_requests": int(words[words.index("requests") - 1])}
     return None
 
 
@@ -227,6 +229,7 @@ def _check_pair(bed, outs, nsizes, csum_before):
     assert c and c["bad"] == 0 and c["udp"] > 100, outs[1][1]
     # the kernel peer's veth has TX checksum offload on: partial checksums came
     assert c["partial"] > 0, outs[1][1]
+    return c
 
 
 @needs_dpdk
@@ -235,7 +238,30 @@ def _check_pair(bed, outs, nsizes, csum_before):
 def test_dpdk_rank_talks_to_kernel_rank(bed, pmd):
     before = ns_snmp(bed.ns_a)
     outs = run_pair(bed, dpdk_b=bed.eal_args("b", pmd))
-    _check_pair(bed, outs, len(SIZES), before)
+    c = _check_pair(bed, outs, len(SIZES), before)
+    assert c["arp_requests"] >= 1  # the peer's MAC came by ARP
+
+
+@needs_dpdk
+@pytest.mark.slow
+def test_static_neighbour_table_needs_no_arp(bed):
+    before = ns_snmp(bed.ns_a)
+    # answer, and ask, nothing: the kernel side learns our MAC from a static entry too
+    subprocess.run(["ip", "-n", bed.ns_a, "neigh", "replace", bed.dpdk_addr, "lladdr",
+                    _mac(bed.ns_b, bed.dev_b), "dev", bed.dev_a, "nud", "permanent"], check=True)
+    neigh = f"{bed.kernel_a}={_mac(bed.ns_a, bed.dev_a)}"
+    outs = run_pair(bed, dpdk_b=bed.eal_args("b"), extra=["--neigh", neigh],
+                    sizes=[1, 65536, 1 << 20])
+    _check_pair(bed, outs, 3, before)
+    c = _dpdk_counters(outs[1][1])
+    assert c["arp_requests"] == 0, outs[1][1]
+
+
+@needs_dpdk
+def test_bad_static_neighbour_is_a_clear_error(bed):
+    rc, out = _create_in(bed, "b", bed.eal_args("b"), dpdk_neigh=f"{bed.kernel_a}=zz:11")
+    assert rc == 3, out
+    assert "bad neighbour entry" in out and "zz:11" in out, out
 
 
 @needs_dpdk

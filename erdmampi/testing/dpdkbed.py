@@ -250,6 +250,7 @@ def _worker(argv=None) -> int:
     ap.add_argument("--peer", required=True)
     ap.add_argument("--pktio", default="udp")
     ap.add_argument("--eal", default="")
+    ap.add_argument("--neigh", default="", help="static neighbours ip=mac,...")
     ap.add_argument("--sizes", default="")
     ap.add_argument("--bench", type=int, default=0)
     ap.add_argument("--msg", type=int, default=1 << 20)
@@ -262,7 +263,7 @@ def _worker(argv=None) -> int:
     ap.add_argument("--wait-file", help="then wait (up to --timeout) until this file exists")
     a = ap.parse_args(argv)
     host, port = a.peer.rsplit(":", 1)
-    kw = dict(pktio=a.pktio, dpdk_eal=a.eal) if a.pktio == "dpdk" else {}
+    kw = dict(pktio=a.pktio, dpdk_eal=a.eal, dpdk_neigh=a.neigh) if a.pktio == "dpdk" else {}
     e = Engine.create(rank=a.rank, size=2, bind=a.bind, port=a.port, connect_timeout=a.timeout,
                       verbose=a.verbose, **kw)
     peer = 1 - a.rank

@@ -78,7 +78,7 @@ typedef struct dpdk_state {
   neigh nb[MAX_NEIGH];
   /* counters, reported at close with verbose */
   uint64_t rx_frames, rx_udp, rx_partial, rx_bad_csum, rx_other, tx_frames, tx_drop, arp_rx,
-      arp_tx;
+      arp_tx, arp_req;
   uint64_t last_report;     /* verbose >= 3: counters every second */
   int dead;                 /* the process is exiting: the port is closed */
   int held;                 /* packets held for all neighbours */
@@ -211,7 +211,12 @@ static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, sockle
   struct rte_mbuf *m[ERDMA_TX_BATCH];
   (void)tolen;
   if (d->dead || to->ss_family != AF_INET || n <= 0) return;
-  if (n > ERDMA_TX_BATCH) n = ERDMA_TX_BATCH;
+  if (n > ERDMA_TX_BATCH) { /* in bursts of what m[] holds */
+    dpdk_send(e, to, tolen, bufs, stride, lens, ERDMA_TX_BATCH);
+    dpdk_send(e, to, tolen, bufs + (size_t)ERDMA_TX_BATCH * stride, stride,
+              lens + ERDMA_TX_BATCH, n - ERDMA_TX_BATCH);
+    return;
+  }
   const struct sockaddr_in *sin = (const struct sockaddr_in *)to;
   uint32_t dip = sin->sin_addr.s_addr;
   uint32_t hop = on_link(d, dip) || !d->gw ? dip : d->gw;
@@ -254,6 +259,7 @@ static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, sockle
   uint64_t t = now_ns();
   if (!nb->asked || t - nb->asked > ARP_RETRY_NS) {
     nb->asked = t;
+    d->arp_req++;
     arp_send(d, RTE_ARP_OP_REQUEST, NULL, hop);
   }
 }
@@ -327,6 +333,8 @@ static void rx_ipv4(dpdk_state *d, struct rte_mbuf *m) {
   if (on_link(d, ip->src_addr)) { /* learn the sender's MAC, as ARP would tell */
     neigh *n = neigh_find(d, ip->src_addr, 0);
     if (n && n->state == NB_ASKING) neigh_resolved(d, n, &eh->src_addr);
+    else if (n && n->state == NB_KNOWN && !rte_is_same_ether_addr(&n->mac, &eh->src_addr))
+      rte_ether_addr_copy(&eh->src_addr, &n->mac); /* the peer moved */
   }
   struct sockaddr_storage from;
   struct sockaddr_in *sin = (struct sockaddr_in *)&from;
@@ -379,11 +387,13 @@ static void dpdk_report(erdma_engine *e) {
   fprintf(stderr,
           "erdma[%d]: dpdk port %u: rx %lu frames, %lu UDP for us (%lu with partial "
           "checksums), %lu bad checksums, %lu others; tx %lu frames, %lu dropped; arp rx %lu "
-          "tx %lu; port: %lu missed, %lu rx errors, %lu no mbuf, %lu tx errors, pool %u free\n",
+          "tx %lu (%lu requests); port: %lu missed, %lu rx errors, %lu no mbuf, %lu tx errors, "
+          "pool %u free\n",
           e->cfg.rank, d->port, (unsigned long)d->rx_frames, (unsigned long)d->rx_udp,
           (unsigned long)d->rx_partial, (unsigned long)d->rx_bad_csum,
           (unsigned long)d->rx_other, (unsigned long)d->tx_frames, (unsigned long)d->tx_drop,
-          (unsigned long)d->arp_rx, (unsigned long)d->arp_tx, (unsigned long)st.imissed,
+          (unsigned long)d->arp_rx, (unsigned long)d->arp_tx, (unsigned long)d->arp_req,
+          (unsigned long)st.imissed,
           (unsigned long)st.ierrors, (unsigned long)st.rx_nombuf, (unsigned long)st.oerrors,
           rte_mempool_avail_count(pool));
 }
