@@ -153,8 +153,10 @@ def init_world() -> Engine:
                 bind = env["ERDMA_BIND"]
             elif nat is not None and _first_server(nat):
                 bind = _route_addr(*_first_server(nat))
-            elif rdv:
-                rhost, _, rport = rdv.rpartition(":")
+            elif rdv or env.get("ERDMA_DHT"):
+                # the address that routes to the rendezvous (or the first DHT peer)
+                first = rdv or env["ERDMA_DHT"].split(",")[0]
+                rhost, _, rport = first.strip().rpartition(":")
                 bind = _route_addr(rhost.strip("[]"), int(rport))
             else:
                 bind = "0.0.0.0"

@@ -191,3 +191,66 @@ def test_stranger_without_the_secret_cannot_join():
         out_good, _ = good.communicate(timeout=60)
         assert bad.returncode != 0 and good.returncode != 0
         assert "NATJOB" not in out_good + out_bad
+
+
+def _start_sites(job, layout, n, args, env):
+    """Like Job.run, but returns the running site processes."""
+    jobid = "nat" + secrets.token_hex(4)
+    procs, first = [], 0
+    for site, j, k in layout:
+        argv = [*ERDMARUN, "--rendezvous", job.rdv, "--job-id", jobid, "-n", str(n),
+                "--ranks", f"{first}-{first + k - 1}", "--secret-file", str(job.secret_file),
+                "--tag-output", "--connect-timeout", "40", "--timeout", "120",
+                sys.executable, SCRIPT, *map(str, args)]
+        e = dict(env)
+        e["ERDMA_HOST"] = f"natbed-site{site}-{j}"
+        procs.append(job.bed.popen((site, j), argv, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env=e, cwd=ROOT))
+        first += k
+    return procs
+
+
+def _cut_between(bed, site, other):
+    """Drop traffic between a NATed site and another site's public address only:
+    the direct path dies, the TURN server stays reachable."""
+    pub = bed.public_address(other)
+    for sel in ("saddr", "daddr"):
+        bed.run(("router", site), ["nft", "add", "rule", "ip", "natbed", "cutoff",
+                                   "ip", sel, pub, "drop"])
+
+
+@needs_nat_engine
+@pytest.mark.slow
+def test_direct_path_cut_mid_job_moves_to_the_relay():
+    with NatBed(["full_cone", "port_restricted"]) as bed:
+        job = Job(bed)
+        env = job.env(ERDMA_PATH_TIMEOUT="1.5", ERDMA_TIMEOUT="30")
+        procs = _start_sites(job, [(0, 0, 1), (1, 0, 1)], 2, (14, 0.4), env)
+        time.sleep(4.0)          # bootstrap (about 1 s) and a few iterations
+        _cut_between(bed, 1, 0)
+        outs = [p.communicate(timeout=150)[0] for p in procs]
+        text = "\n".join(outs)
+        assert [p.returncode for p in procs] == [0, 0], text
+        recs = {json.loads(m.group(1))["rank"]: json.loads(m.group(1))
+                for m in re.finditer(r"NATJOB (\{.*\})", text)}
+        assert sorted(recs) == [0, 1], text
+        assert recs[0]["paths"]["1"].startswith("direct"), recs   # chosen at start
+        assert recs[0]["routes"]["1"] == "relay" and recs[1]["routes"]["0"] == "relay", recs
+
+
+@needs_nat_engine
+def test_path_cut_without_a_relay_fails_with_an_mpi_error():
+    with NatBed(["none", "full_cone"]) as bed:
+        job = Job(bed, turn=False)
+        env = job.env(ERDMA_TIMEOUT="4", ERDMA_KEEPALIVE="1")
+        procs = _start_sites(job, [(0, 0, 1), (1, 0, 1)], 2, (40, 0.25), env)
+        time.sleep(3.0)
+        t0 = time.monotonic()
+        _cut_between(bed, 1, 0)
+        outs = [p.communicate(timeout=90)[0] for p in procs]
+        elapsed = time.monotonic() - t0
+        text = "\n".join(outs)
+        assert all(p.returncode != 0 for p in procs), text
+        assert "NATJOB" not in text
+        assert "MPI" in text or "peer" in text.lower(), text
+        assert elapsed < 45, f"took {elapsed:.0f} s to fail"

@@ -59,6 +59,9 @@ class NatConfig:
     linger_quiet: float = 0.25
     #: host candidate addresses when the port is bound to a wildcard address
     host_addresses: "list | None" = None
+    #: keep the TURN allocation even when every peer is reached directly, so that
+    #: direct paths can fall back to the relay later (``NatResult.turn``)
+    keep_turn: bool = False
 
     @classmethod
     def of(cls, cfg) -> "NatConfig":
@@ -157,10 +160,10 @@ def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
     res, failures, loop = _check(port, rank, local, records, cfg)
     t_checks = time.monotonic()
     _linger(loop, cfg)
-    uses_relay = any(pr.via_relay for pr in res.values())
-    if local.turn is not None and not uses_relay:
+    keep = cfg.keep_turn or any(pr.via_relay for pr in res.values())
+    if local.turn is not None and not keep:
         local.turn.close()
-    res.turn = local.turn if uses_relay else None
+    res.turn = local.turn if keep else None
     res.record = record
     res.rank, res.local, res.records = rank, local, records
     res.timings = {"gather": t_gather - t0, "fetch": t_fetch - t_gather,

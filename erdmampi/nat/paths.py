@@ -111,6 +111,8 @@ def install_paths(eng, store, rank: int, size: int, cfg: NatConfig, fingerprints
                            f"{timeout:g} s (it did not start, or cannot reach the "
                            "rendezvous)") from None
 
+    if cfg.turn is not None:
+        cfg.keep_turn = True  # direct paths get the relay as their fallback
     res = establish(EnginePort(eng), rank, size, publish, fetch, cfg)
     for r, pr in sorted(res.items()):
         eng.set_peer(r, pr.remote_addr, pr.remote_port, fingerprints[r])
@@ -118,7 +120,38 @@ def install_paths(eng, store, rank: int, size: int, cfg: NatConfig, fingerprints
             eng.set_peer_relay(r, pr.turn_server[0], pr.turn_server[1], pr.channel,
                                pr.remote_addr, pr.remote_port)
         log.info("rank %d -> rank %d: %s", rank, r, pr.describe())
+    if res.turn is not None:
+        _bind_fallbacks(eng, res, rank)
     return res
+
+
+def _bind_fallbacks(eng, res, rank):
+    """Give every direct peer that has a relay candidate a TURN channel to it, as the
+    engine's fallback route: if the direct path goes silent, both ends move to
+    relay-to-relay (each sends through its own allocation to the other's)."""
+    turn = res.turn
+    todo = {}
+    for r, pr in res.items():
+        if pr.via_relay or pr.remote_type == "relay":
+            continue  # already through a relay
+        relay = [c for c in res.records[r].get("candidates", []) if c.get("type") == "relay"]
+        if relay:
+            todo[r] = (str(relay[0]["addr"]), int(relay[0]["port"]))
+    if not todo:
+        return
+    try:
+        turn.create_permission(sorted({(a, 0) for a, _ in todo.values()}))
+    except NatError as e:
+        log.warning("rank %d: no relay fallback (TURN CreatePermission failed: %s)", rank, e)
+        return
+    for r, addr in sorted(todo.items()):
+        try:
+            ch = turn.channel_bind(addr)
+        except NatError as e:
+            log.warning("rank %d: no relay fallback to rank %d (ChannelBind: %s)", rank, r, e)
+            continue
+        eng.set_peer_relay(r, turn.server[0], turn.server[1], ch, addr[0], addr[1],
+                           fallback=True)
 
 
 class TurnKeeper:
