@@ -343,6 +343,37 @@ def test_bad_checksums_are_dropped(bed, tmp_path):
 
 @needs_dpdk
 @pytest.mark.slow
+def test_stun_datagrams_are_demultiplexed_as_on_the_kernel_path(bed):
+    # a STUN binding request leaves through DPDK (ARP first) to a kernel
+    # socket that echoes it; the echo is set aside for raw_recv like on UDP
+    echo = subprocess.Popen(bed.ns_cmd("a", [sys.executable, "-c",
+        "import socket; s = socket.socket(2, 2); "
+        f"s.bind(({bed.kernel_a!r}, 3478)); s.settimeout(60); "
+        "d, a = s.recvfrom(2048); s.sendto(d, a); print('echoed', a[0], flush=True)"]),
+        stdout=subprocess.PIPE, text=True)
+    code = ("import os\nfrom erdmampi._engine import Engine\n"
+            f"e = Engine.create(pktio='dpdk', bind={bed.dpdk_addr!r}, port={PORT_B}, "
+            f"dpdk_eal={bed.eal_args('b')!r})\n"
+            "msg = bytes([0, 1, 0, 0, 0x21, 0x12, 0xa4, 0x42]) + os.urandom(12)\n"
+            "for _ in range(50):\n"
+            f"    e.raw_send(msg, {bed.kernel_a!r}, 3478)\n"
+            "    r = e.raw_recv(0.2)\n"
+            "    if r: break\n"
+            f"assert r and r[0] == msg and r[1] == {bed.kernel_a!r} and r[2] == 3478, r\n"
+            "print('stun ok', flush=True)\n")
+    try:
+        p = subprocess.run(bed.ns_cmd("b", [sys.executable, "-c", code]), capture_output=True,
+                           text=True, env=_env(), cwd=REPO, timeout=60)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0 and "stun ok" in out, out
+        assert f"echoed {bed.dpdk_addr}" in echo.communicate(timeout=30)[0]
+    finally:
+        echo.kill()
+        echo.wait()
+
+
+@needs_dpdk
+@pytest.mark.slow
 def test_both_ranks_on_dpdk(bed):
     outs = run_pair(bed, dpdk_a=bed.eal_args("a"), dpdk_b=bed.eal_args("b"))
     for rc, out in outs:
