@@ -175,7 +175,8 @@ def test_no_port_is_a_clear_error(bed):
 def test_without_capabilities_is_a_clear_error(bed):
     # root without its capabilities, as an unprivileged user would be
     code = ("from erdmampi._engine import Engine\n"
-            f"Engine.create(pktio='dpdk', bind={bed.dpdk_addr!r}, dpdk_eal={bed.eal_args('b')!r})\n")
+            f"Engine.create(pktio='dpdk', bind={bed.dpdk_addr!r}, "
+            f"dpdk_eal={bed.eal_args('b')!r})\n")
     p = subprocess.run(bed.ns_cmd("b", ["setpriv", "--inh-caps=-all", "--bounding-set=-all",
                                         sys.executable, "-c", code]),
                        capture_output=True, text=True, env=_env(), cwd=REPO, timeout=60)

@@ -209,7 +209,8 @@ class DpdkBed:
            "ceil", "20mbit")
         rules = (f"table netdev erdmareord {{\n"
                  f"  chain out {{\n    type filter hook egress device {dev} priority 0;\n"
-                 f"    meta l4proto udp numgen random mod 100 < {percent} counter meta priority set 1:20\n"
+                 f"    meta l4proto udp numgen random mod 100 < {percent} counter "
+                 f"meta priority set 1:20\n"
                  f"  }}\n}}\n")
         _run(["ip", "netns", "exec", self.ns_a, "nft", "-f", "-"], input=rules)
 

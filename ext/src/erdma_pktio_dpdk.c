@@ -46,7 +46,8 @@ int erdma_dpdk_built(void) { return 1; }
 int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host);
 
 #define NB_DESC 1024        /* rx and tx ring sizes asked of the port */
-#define POOL_MBUFS 8192     /* rings (1024 rx, 1024 tx; AF_XDP: 2048 + 2048), 512 ARP holds, bursts */
+/* rings (1024 rx, 1024 tx; AF_XDP: 2048 + 2048), 512 ARP holds, bursts */
+#define POOL_MBUFS 8192
 #define RX_BURST 32
 #define MAX_NEIGH 64
 #define NEIGH_HOLD 64       /* packets held per neighbour while ARP resolves it */
@@ -491,7 +492,8 @@ static int eal_start(const erdma_engine *e, const erdma_pktio_host *host) {
   int argc = 0, rv = -1;
   if (!copy) return -1;
   argv[argc++] = "erdmampi";
-  for (tok = strtok_r(copy, " \t\n", &save); tok && argc < 120; tok = strtok_r(NULL, " \t\n", &save))
+  for (tok = strtok_r(copy, " \t\n", &save); tok && argc < 120;
+       tok = strtok_r(NULL, " \t\n", &save))
     argv[argc++] = tok;
   int user_end = argc;
   if (!has_arg(argv, user_end, "-l") && !has_arg(argv, user_end, "-c") &&
@@ -594,8 +596,7 @@ static int parse_neigh(dpdk_state *d, const char *spec, char *err, size_t errlen
   return 0;
 }
 
-static int port_start(dpdk_state *d, const erdma_engine *e, const erdma_pktio_host *host,
-                      size_t frame) {
+static int port_start(dpdk_state *d, const erdma_pktio_host *host) {
   struct rte_eth_dev_info info;
   struct rte_eth_conf conf;
   uint16_t nrx = NB_DESC, ntx = NB_DESC;
@@ -641,17 +642,16 @@ static int port_start(dpdk_state *d, const erdma_engine *e, const erdma_pktio_ho
     return -1;
   }
   rte_eth_macaddr_get(d->port, &d->mac);
-  (void)e;
-  (void)frame;
   return 0;
 }
 
 /* The mbuf pool: objects of a power-of-two size (4 KiB for 1500-byte
  * frames, as AF_PACKET wants 2 KiB of data room) without the spreading
- * padding, so that they tile 4 KiB pages exactly.  AF_XDP registers the pool as its UMEM assuming one object every
- * rte_mempool_calc_obj_size() bytes; objects padded to a page each (what
- * rte_pktmbuf_pool_create gives on --no-huge memory) left part of the pool
- * outside the UMEM and the port stalled.  SP/SC ring: e->mu serialises us. */
+ * padding, so that they tile 4 KiB pages exactly.  AF_XDP registers the pool
+ * as its UMEM assuming one object every rte_mempool_calc_obj_size() bytes;
+ * objects padded to a page each (what rte_pktmbuf_pool_create gives on
+ * --no-huge memory) left part of the pool outside the UMEM and the port
+ * stalled.  SP/SC ring: e->mu serialises us. */
 static struct rte_mempool *pool_new(size_t frame) {
   char name[RTE_MEMPOOL_NAMESIZE];
   uint32_t obj = 2048, hdr = rte_mempool_calc_obj_size(0, RTE_MEMPOOL_F_NO_SPREAD, NULL);
@@ -723,7 +723,7 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   if (!pool && !(pool = pool_new(HDRS + pkt)))
     FAIL("DPDK: cannot create a pool of %d mbufs: %s (raise -m or add hugepages)", POOL_MBUFS,
          rte_strerror(rte_errno));
-  if (port_start(d, e, host, HDRS + pkt) != 0) goto fail;
+  if (port_start(d, host) != 0) goto fail;
   d->ip = local->sin_addr.s_addr;
   d->mask = htonl(e->cfg.dpdk_prefix == 32 ? 0xffffffffu : ~(0xffffffffu >> e->cfg.dpdk_prefix));
   if (e->cfg.dpdk_gateway && *e->cfg.dpdk_gateway) {
@@ -741,7 +741,8 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   }
   /* no kernel socket owns the port: an ephemeral one is ours to pick */
   uint16_t port = (uint16_t)e->cfg.port;
-  if (!port) port = (uint16_t)(49152 + ((unsigned)getpid() * 2654435761u ^ (unsigned)now_ns()) % 16384);
+  if (!port)
+    port = (uint16_t)(49152 + ((unsigned)getpid() * 2654435761u ^ (unsigned)now_ns()) % 16384);
   d->udp_port = htons(port);
   ((struct sockaddr_in *)&e->local)->sin_port = d->udp_port;
   e->pkt_size = pkt;
