@@ -96,6 +96,33 @@ def _env_size(name: str, env=os.environ):
         raise ValueError(f"{name}={env[name]!r} is not a size (e.g. 64M, 1G, 4096)") from None
 
 
+def _env_int(name: str, default: int, env=os.environ) -> int:
+    v = env.get(name, "").strip()
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r} is not an integer") from None
+
+
+def _pktio_opts(env) -> dict:
+    """Packet I/O backend keywords (ERDMA_PKTIO=udp|dpdk, ERDMA_DPDK_*; docs/dpdk.md)."""
+    kind = env.get("ERDMA_PKTIO", "").strip().lower()
+    if not kind or kind == "udp":
+        return {}
+    if kind == "dpdk" and not env.get("ERDMA_BIND"):
+        raise ValueError("ERDMA_PKTIO=dpdk needs ERDMA_BIND: the DPDK endpoint's own IPv4 "
+                         "address (one the kernel does not have, on the port's subnet)")
+    return dict(pktio=kind, dpdk_eal=env.get("ERDMA_DPDK_EAL", ""),
+                dpdk_port=_env_int("ERDMA_DPDK_PORT", 0, env),
+                dpdk_queue=_env_int("ERDMA_DPDK_QUEUE", 0, env),
+                dpdk_prefix=_env_int("ERDMA_DPDK_PREFIX", 24, env),
+                dpdk_poll_us=_env_int("ERDMA_DPDK_POLL_US", 200, env),
+                dpdk_gateway=env.get("ERDMA_DPDK_GATEWAY", ""),
+                dpdk_neigh=env.get("ERDMA_DPDK_NEIGH", ""))
+
+
 def _verbosity(text: str) -> int:
     """ERDMA_VERBOSE: "" or 0 quiet, 1 diagnostics, 2 also path statistics each second."""
     text = text.strip()
@@ -133,6 +160,7 @@ def init_world() -> Engine:
         spin_us=int(env.get("ERDMA_SPIN_US", 50)),
         verbose=_verbosity(env.get("ERDMA_VERBOSE", "")),
         **{name: _env_size(var) for name, var in _TUNING_ENV.items()},
+        **_pktio_opts(env),
     )
     hosts = [host_id]
     if size == 1:

@@ -420,26 +420,6 @@ assert c.allreduce(c.rank + 1) == 3
 print('rank', c.rank, 'mpi ok', flush=True)
 """
 
-# Until erdmampi.bootstrap maps ERDMA_PKTIO and ERDMA_DPDK_* onto
-# Engine.create (docs/dpdk.md, "Environment"), the job passes them itself.
-SHIM = """
-import os, runpy, sys
-from erdmampi import _engine, bootstrap
-if 'ERDMA_PKTIO' not in open(bootstrap.__file__).read():
-    create = _engine.Engine.create.__func__
-    def with_pktio(cls, *a, **kw):
-        env = os.environ
-        if env.get('ERDMA_PKTIO', 'udp') == 'dpdk':
-            kw.update(pktio='dpdk', dpdk_eal=env.get('ERDMA_DPDK_EAL', ''),
-                      dpdk_port=int(env.get('ERDMA_DPDK_PORT', 0)),
-                      dpdk_queue=int(env.get('ERDMA_DPDK_QUEUE', 0)))
-        return create(cls, *a, **kw)
-    _engine.Engine.create = classmethod(with_pktio)
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
-"""
-
-
 def _mpi_job(bed, tmp_path, dpdk_ranks):
     lines = ["#!/bin/sh"]
     for rank, side, addr, dev in ((0, "a", bed.dpdk_addr_a, bed.dev_a),
@@ -455,11 +435,10 @@ def _mpi_job(bed, tmp_path, dpdk_ranks):
     wrapper.write_text("\n".join(lines) + "\n")
     wrapper.chmod(0o755)
     (tmp_path / "job.py").write_text(MPI_PROG)
-    (tmp_path / "shim.py").write_text(SHIM)
     cmd = bed.ns_cmd("a", [*erdmarun_cmd(), "-n", "2", "--timeout", "120",
                            "--rendezvous-addr", bed.kernel_a, "--env", "ERDMA_SHM=0",
                            "--env", "ERDMA_VERBOSE=1", str(wrapper), sys.executable,
-                           str(tmp_path / "shim.py"), str(tmp_path / "job.py")])
+                           str(tmp_path / "job.py")])
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180, cwd=REPO)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
