@@ -14,6 +14,7 @@ clock / bytes.  A DPDK rank polls, so its CPU time includes the polling.
 Needs root and a build with the DPDK backend.  Usage:
 
     python -m bench.pktio [--bytes 256M] [--runs 3] [--pmd af_packet] [--json FILE]
+                          [--cells dpdk-udp,dpdk-dpdk]
 """
 import argparse
 import json
@@ -80,6 +81,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3, help="runs per cell; the best is kept")
     ap.add_argument("--pmd", default="af_packet", choices=["af_packet", "af_xdp"])
     ap.add_argument("--json", help="append one record per cell to this file")
+    ap.add_argument("--cells", default="udp-udp,udp-dpdk,dpdk-udp,dpdk-dpdk",
+                    help="sender-receiver pairs to run (default: all four)")
     ap.add_argument("--latency", action="store_true",
                     help="instead: 1-byte round trips back to back and 5 ms apart, and the "
                          "CPU share of an idle rank")
@@ -94,7 +97,9 @@ def main(argv=None):
     hz = nominal_hz()
     if a.latency:
         return latency(a)
-    cells = [("udp", "udp"), ("udp", "dpdk"), ("dpdk", "udp"), ("dpdk", "dpdk")]
+    cells = [tuple(c.split("-")) for c in a.cells.split(",")]
+    if any(len(c) != 2 or not set(c) <= {"udp", "dpdk"} for c in cells):
+        sys.exit(f"bench/pktio: bad --cells {a.cells!r} (want e.g. dpdk-udp,dpdk-dpdk)")
     results = {c: None for c in cells}
     huge = dpdkbed.Hugepages(96).open() if a.pmd == "af_xdp" else None
     try:
