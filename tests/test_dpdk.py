@@ -22,25 +22,26 @@ WORKER = [sys.executable, "-m", "erdmampi.testing.dpdkbed"]
 PORT_A, PORT_B = 47100, 47101
 
 
-def _env():
-    return rank_env({"PYTHONUNBUFFERED": "1"})
+def _env(extra=None):
+    return rank_env({"PYTHONUNBUFFERED": "1", **(extra or {})})
 
 
-def run_pair(bed, dpdk_a=None, dpdk_b="", extra=(), timeout=90, sizes=SIZES):
+def run_pair(bed, dpdk_a=None, dpdk_b="", extra=(), timeout=90, sizes=SIZES, env=(None, None)):
     """Rank 0 in namespace a, rank 1 in b; dpdk_X: EAL arguments (None: kernel
-    UDP).  Returns [(rc, output)] for both ranks; kills both on a timeout."""
+    UDP); env: extra variables for each rank.  Returns [(rc, output)] for both
+    ranks; kills both on a timeout."""
     addr_a = bed.dpdk_addr_a if dpdk_a is not None else bed.kernel_a
     addr_b = bed.dpdk_addr if dpdk_b is not None else bed.kernel_b
     procs = []
-    for rank, side, addr, port, peer, eal in (
-            (0, "a", addr_a, PORT_A, f"{addr_b}:{PORT_B}", dpdk_a),
-            (1, "b", addr_b, PORT_B, f"{addr_a}:{PORT_A}", dpdk_b)):
+    for rank, side, addr, port, peer, eal, env_x in (
+            (0, "a", addr_a, PORT_A, f"{addr_b}:{PORT_B}", dpdk_a, env[0]),
+            (1, "b", addr_b, PORT_B, f"{addr_a}:{PORT_A}", dpdk_b, env[1])):
         argv = WORKER + ["--rank", str(rank), "--bind", addr, "--port", str(port), "--peer",
                          peer, "--sizes", ",".join(map(str, sizes)), "--timeout", "30", *extra]
         if eal is not None:
             argv += ["--pktio", "dpdk", "--eal", eal]
         procs.append(subprocess.Popen(bed.ns_cmd(side, argv), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, env=_env(),
+                                      stderr=subprocess.STDOUT, text=True, env=_env(env_x),
                                       cwd=REPO))
     outs = []
     for p in procs:
@@ -71,7 +72,11 @@ def _dpdk_counters(out):
             return {"partial": int(words[words.index("partial") - 2]),
                     "bad": int(words[words.index("bad") - 1]),
                     "udp": int(words[words.index("UDP") - 1]),
-                    "arp_requests": int(words[words.index("requests") - 1])}
+                    "arp_requests": int(words[words.index("requests") - 1]),
+                    "quic_tx": int(words[words.index("QUIC") + 2]),
+                    "zero_copy": int(words[words.index("zero-copy") - 1]),
+                    "copied": int(words[words.index("copied") - 1]),
+                    "copied_bytes": int(words[words.index("copied") + 1])}
     return None
 
 
@@ -228,6 +233,8 @@ def _check_pair(bed, outs, nsizes, csum_before):
     assert ns_snmp(bed.ns_a) == csum_before
     c = _dpdk_counters(outs[1][1])
     assert c and c["bad"] == 0 and c["udp"] > 100, outs[1][1]
+    # every QUIC packet was written by ngtcp2 straight into an mbuf
+    assert c["zero_copy"] == c["quic_tx"] > 100 and c["copied_bytes"] == 0, outs[1][1]
     # the kernel peer's veth has TX checksum offload on: partial checksums came
     assert c["partial"] > 0, outs[1][1]
     return c
@@ -382,6 +389,26 @@ def test_both_ranks_on_dpdk(bed):
         assert _result(out)["sizes_ok"] == len(SIZES), out
         c = _dpdk_counters(out)
         assert c and c["bad"] == 0, out
+        assert c["zero_copy"] == c["quic_tx"] > 100 and c["copied"] == 0, out
+
+
+@needs_dpdk
+@pytest.mark.slow
+def test_transmit_is_zero_copy_and_the_copy_path_still_works(bed):
+    """Rank 1 writes its QUIC packets straight into mbufs (nothing copied);
+    rank 0, with zero-copy turned off (ERDMA_DPDK_COPY=1), copies every one:
+    the counters tell the two paths apart, and both deliver every size."""
+    outs = run_pair(bed, dpdk_a=bed.eal_args("a"), dpdk_b=bed.eal_args("b"),
+                    env=({"ERDMA_DPDK_COPY": "1"}, None))
+    for rc, out in outs:
+        assert rc == 0, out
+        assert _result(out)["sizes_ok"] == len(SIZES), out
+    copy, zc = _dpdk_counters(outs[0][1]), _dpdk_counters(outs[1][1])
+    assert zc["zero_copy"] == zc["quic_tx"] > 1000, outs[1][1]
+    assert zc["copied"] == zc["copied_bytes"] == 0, outs[1][1]
+    assert copy["zero_copy"] == 0 and copy["copied"] == copy["quic_tx"] > 1000, outs[0][1]
+    # the 4 MiB echo alone is over 4 MiB of QUIC payload
+    assert copy["copied_bytes"] > 4 << 20, outs[0][1]
 
 
 @needs_dpdk

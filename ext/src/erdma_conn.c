@@ -91,12 +91,14 @@ static void send_close(erdma_conn *c, int rv) {
   else
     ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, rv, NULL, 0);
   ngtcp2_path_storage_zero(&ps);
-  ngtcp2_ssize nw = ngtcp2_conn_write_connection_close(c->conn, &ps.path, &pi, e->txbuf,
-                                                       e->pkt_size, &ccerr, erdma_now());
-  if (nw > 0) {
-    size_t len = (size_t)nw;
-    engine_sendv(e, c, e->txbuf, &len, 1);
-  }
+  /* zero-copy where the backend offers it (no buffer: e->txbuf, copied) */
+  uint8_t *zc = e->io.tx_buf ? e->io.tx_buf(e, 0, 1) : NULL;
+  ngtcp2_ssize nw = ngtcp2_conn_write_connection_close(c->conn, &ps.path, &pi,
+                                                       zc ? zc : e->txbuf, e->pkt_size, &ccerr,
+                                                       erdma_now());
+  size_t len = nw > 0 ? (size_t)nw : 0;
+  if (zc) engine_sendv(e, c, NULL, &len, nw > 0);
+  else if (nw > 0) engine_sendv(e, c, e->txbuf, &len, 1);
 }
 
 /* The connection is unusable: tell the peer, fail the rank unless we are
@@ -878,6 +880,7 @@ static int burst_packets(erdma_conn *c) {
 int conn_flush(erdma_conn *c) {
   erdma_engine *e = c->e;
   size_t lens[ERDMA_TX_BATCH];
+  int zc = e->io.tx_buf != NULL; /* packets written straight into the backend's buffers */
   uint32_t blocked = 0; /* bit 0: control stream, bit i+1: data stream i */
   ngtcp2_path_storage ps;
   ngtcp2_pkt_info pi;
@@ -914,7 +917,12 @@ int conn_flush(erdma_conn *c) {
         sid = c->ds[sel].id;
       }
       ngtcp2_ssize pdatalen = -1;
-      uint8_t *buf = e->txbuf + (size_t)n * e->pkt_size;
+      uint8_t *buf = zc ? e->io.tx_buf(e, n, maxp) : e->txbuf + (size_t)n * e->pkt_size;
+      if (!buf) { /* no buffer (pool empty): nothing was written; try again soon */
+        c->dirty = 1;
+        done = 1;
+        break;
+      }
       ngtcp2_ssize nw = ngtcp2_conn_writev_stream(
           c->conn, &ps.path, &pi, buf, e->pkt_size, &pdatalen,
           sid >= 0 ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, niov ? iov : NULL, niov, ts);
@@ -930,7 +938,7 @@ int conn_flush(erdma_conn *c) {
           blocked |= sel == -1 ? 1u : (2u << sel);
           continue;
         }
-        if (n) engine_sendv(e, c, e->txbuf, lens, n);
+        if (n || zc) engine_sendv(e, c, zc ? NULL : e->txbuf, lens, n);
         conn_lost(c, (int)nw);
         return ERDMA_ERR_QUIC;
       }
@@ -941,7 +949,7 @@ int conn_flush(erdma_conn *c) {
       lens[n++] = (size_t)nw;
       if (c->nds) c->ds_rr = (c->ds_rr + 1) % c->nds;
     }
-    if (n) engine_sendv(e, c, e->txbuf, lens, n);
+    if (n || zc) engine_sendv(e, c, zc ? NULL : e->txbuf, lens, n); /* zc, n 0: release */
     ngtcp2_conn_update_pkt_tx_time(c->conn, ts);
     if (++bursts >= 256 && !done) {
       c->dirty = 1; /* let others have the lock; the progress thread goes on */

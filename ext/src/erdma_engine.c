@@ -117,8 +117,11 @@ int addr_is_loopback(const struct sockaddr_storage *a) {
  * batches them (GSO trains on kernel UDP). */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
   e->stats.pkts_sent += (uint64_t)n;
-  if (e->nat.nrelay && nat_sendv(e, c, bufs, lens, n)) return; /* through a TURN relay */
-  e->io.send(e, &c->remote, c->remote_len, bufs, e->pkt_size, lens, n);
+  if (n && e->nat.nrelay && nat_sendv(e, c, bufs, lens, n)) return; /* through a TURN relay */
+  if (!bufs) /* zero-copy: the packets are in the backend's buffers already */
+    e->io.tx_commit(e, &c->remote, c->remote_len, 0, lens, n);
+  else
+    e->io.send(e, &c->remote, c->remote_len, bufs, e->pkt_size, lens, n);
 }
 
 /* Every datagram the backend receives comes through here: STUN and TURN

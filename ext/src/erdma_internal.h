@@ -202,7 +202,21 @@ typedef struct erdma_pktio {
   int fd;                          /* readable when input waits; < 0: poll recv() */
   void *state;                     /* backend-private */
   void (*report)(erdma_engine *e); /* optional: counters to stderr (verbose, at shutdown) */
+  /* Optional zero-copy transmit (DPDK: mbufs).  The writer asks for packet
+   * buffers of the batch it is writing in order, tx_buf(e, i, want) for
+   * i = 0, 1, ... (want: how many the batch may take, a hint for a bulk
+   * allocation); each has ERDMA_TX_PREFIX writable bytes in front of it and
+   * e->pkt_size behind it.  NULL: none left (pool empty); the writer stops
+   * writing for this round.  tx_commit sends the first n buffers to `to`,
+   * packet i being lens[i] bytes that start `pre` (0 or ERDMA_TX_PREFIX)
+   * bytes before buffer i, and releases the batch (buffers n and up
+   * unsent); n may be 0.  Without these the writer uses e->txbuf and send. */
+  uint8_t *(*tx_buf)(erdma_engine *e, int i, int want);
+  void (*tx_commit)(erdma_engine *e, const struct sockaddr_storage *to, socklen_t tolen,
+                    size_t pre, const size_t *lens, int n);
 } erdma_pktio;
+/* room in front of a zero-copy packet buffer: a TURN ChannelData header */
+#define ERDMA_TX_PREFIX 4
 
 int pktio_udp_open(erdma_engine *e);
 
@@ -248,6 +262,7 @@ typedef struct nat_state {
 int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
            const struct sockaddr_storage *from, socklen_t fromlen);
 int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
+/* bufs NULL: the packets are the backend's zero-copy batch (e->io.tx_buf) */
 uint64_t nat_keepalive_ns(erdma_engine *e); /* the QUIC keep-alive interval, 0: off */
 /* QUIC packets through a relay stay within what TURN servers carry (coturn
  * relays at most 16 KiB; Internet paths 1500-byte frames): a connection to a
@@ -260,7 +275,7 @@ void nat_free(erdma_engine *e);
  * cfg.pktio is ERDMA_PKTIO_DPDK: `import erdmampi` never loads DPDK.  The
  * plugin cannot see the engine's symbols (Python loads modules RTLD_LOCAL),
  * so the engine hands it what it calls. */
-#define ERDMA_PKTIO_ABI 1
+#define ERDMA_PKTIO_ABI 2
 typedef struct erdma_pktio_host {
   int abi;                         /* ERDMA_PKTIO_ABI */
   size_t engine_size;              /* sizeof(erdma_engine): both built from one tree */
@@ -319,6 +334,8 @@ struct erdma_engine {
 uint64_t erdma_now(void);
 int addr_is_loopback(const struct sockaddr_storage *a);
 void engine_wake(erdma_engine *e);
+/* bufs: n packets at a stride of e->pkt_size; NULL: the first n buffers of
+ * the backend's zero-copy batch (e->io.tx_buf), which it releases (n >= 0) */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
 void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                         const struct sockaddr_storage *from, socklen_t fromlen);

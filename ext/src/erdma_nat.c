@@ -196,6 +196,19 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   if (!r->active && r->mode == ERDMA_RELAY_FALLBACK) fallback_check(e, c, r, rank);
   if (!r->active) return 0;
   size_t stride = e->pkt_size + 4, rlens[ERDMA_TX_BATCH];
+  if (!bufs) { /* zero-copy batch: each header goes in the room in front of its packet */
+    for (int i = 0; i < n; i++) {
+      uint8_t *out = e->io.tx_buf(e, i, n) - ERDMA_TX_PREFIX;
+      out[0] = (uint8_t)(r->channel >> 8);
+      out[1] = (uint8_t)r->channel;
+      out[2] = (uint8_t)(lens[i] >> 8);
+      out[3] = (uint8_t)lens[i];
+      rlens[i] = lens[i] + ERDMA_TX_PREFIX;
+    }
+    e->io.tx_commit(e, &s->turn[r->turn], s->turn_len[r->turn], ERDMA_TX_PREFIX, rlens, n);
+    e->stats.relay_sent += (uint64_t)n;
+    return 1;
+  }
   if (!s->txbuf && !(s->txbuf = malloc((size_t)ERDMA_TX_BATCH * stride))) return 0;
   /* each packet gets its own header; a run of equal-sized ones may still
    * leave as a GSO train, whose segments are whole ChannelData messages */

@@ -80,6 +80,13 @@ typedef struct dpdk_state {
   /* counters, reported at close with verbose */
   uint64_t rx_frames, rx_udp, rx_partial, rx_bad_csum, rx_other, tx_frames, tx_drop, arp_rx,
       arp_tx, arp_req;
+  uint64_t tx_zc;           /* packets the engine wrote straight into our mbufs */
+  uint64_t tx_copied, tx_copied_bytes; /* packets (and bytes) copied in dpdk_send */
+  uint64_t tx_nobuf;        /* tx_buf found the pool empty */
+  /* zero-copy batch (dpdk_tx_buf): mbufs handed out, in order; those left
+   * unsent by dpdk_tx_commit stay for the next batch */
+  struct rte_mbuf *zc[ERDMA_TX_BATCH];
+  int nzc;
   uint64_t last_report;     /* verbose >= 3: counters every second */
   int dead;                 /* the process is exiting: the port is closed */
   int held;                 /* packets held for all neighbours */
@@ -204,46 +211,19 @@ static void fill_headers(dpdk_state *d, struct rte_mbuf *m, uint32_t dip, uint16
   }
 }
 
-/* The engine's packets are copied once into mbufs behind our headers (the
- * engine reuses its write buffer as soon as this returns; see docs/dpdk.md). */
-static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, socklen_t tolen,
-                      uint8_t *bufs, size_t stride, const size_t *lens, int n) {
-  dpdk_state *d = e->io.state;
-  struct rte_mbuf *m[ERDMA_TX_BATCH];
-  (void)tolen;
-  if (d->dead || to->ss_family != AF_INET || n <= 0) return;
-  if (n > ERDMA_TX_BATCH) { /* in bursts of what m[] holds */
-    dpdk_send(e, to, tolen, bufs, stride, lens, ERDMA_TX_BATCH);
-    dpdk_send(e, to, tolen, bufs + (size_t)ERDMA_TX_BATCH * stride, stride,
-              lens + ERDMA_TX_BATCH, n - ERDMA_TX_BATCH);
-    return;
-  }
-  const struct sockaddr_in *sin = (const struct sockaddr_in *)to;
-  uint32_t dip = sin->sin_addr.s_addr;
+/* Frames with their headers written go to the next hop towards dip: now
+ * when its MAC is known, else held (up to NEIGH_HOLD) while ARP resolves it.
+ * Takes the mbufs. */
+static void tx_route(dpdk_state *d, uint32_t dip, struct rte_mbuf **m, int n) {
   uint32_t hop = on_link(d, dip) || !d->gw ? dip : d->gw;
   neigh *nb = neigh_find(d, hop, 1);
   if (!nb) { /* table full of others: drop, QUIC retransmits */
     d->tx_drop += (uint64_t)n;
+    rte_pktmbuf_free_bulk(m, (unsigned)n);
     return;
   }
-  if (rte_pktmbuf_alloc_bulk(pool, m, (unsigned)n) != 0) {
-    d->tx_drop += (uint64_t)n;
-    return;
-  }
-  int k = 0;
-  for (int i = 0; i < n; i++) {
-    if (lens[i] > d->max_payload) { /* a datagram the MTU cannot carry (no fragments) */
-      d->tx_drop++;
-      continue;
-    }
-    uint8_t *p = (uint8_t *)rte_pktmbuf_append(m[k], (uint16_t)(HDRS + lens[i]));
-    memcpy(p + HDRS, bufs + (size_t)i * stride, lens[i]);
-    fill_headers(d, m[k], dip, sin->sin_port, lens[i]);
-    rte_ether_addr_copy(&nb->mac, &((struct rte_ether_hdr *)p)->dst_addr);
-    k++;
-  }
-  if (k < n) rte_pktmbuf_free_bulk(m + k, (unsigned)(n - k));
-  if (!(n = k)) return;
+  for (int i = 0; i < n; i++)
+    rte_ether_addr_copy(&nb->mac, &rte_pktmbuf_mtod(m[i], struct rte_ether_hdr *)->dst_addr);
   if (nb->state == NB_KNOWN || nb->state == NB_STATIC) {
     tx_frames(d, m, (uint16_t)n);
     return;
@@ -263,6 +243,100 @@ static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, sockle
     d->arp_req++;
     arp_send(d, RTE_ARP_OP_REQUEST, NULL, hop);
   }
+}
+
+/* Packets from a buffer of the engine's (e->txbuf: a connection close, a
+ * STUN/TURN message; everything when zero-copy is off) are copied into mbufs
+ * behind our headers: the engine reuses its buffer as soon as this returns. */
+static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, socklen_t tolen,
+                      uint8_t *bufs, size_t stride, const size_t *lens, int n) {
+  dpdk_state *d = e->io.state;
+  struct rte_mbuf *m[ERDMA_TX_BATCH];
+  (void)tolen;
+  if (d->dead || to->ss_family != AF_INET || n <= 0) return;
+  if (n > ERDMA_TX_BATCH) { /* in bursts of what m[] holds */
+    dpdk_send(e, to, tolen, bufs, stride, lens, ERDMA_TX_BATCH);
+    dpdk_send(e, to, tolen, bufs + (size_t)ERDMA_TX_BATCH * stride, stride,
+              lens + ERDMA_TX_BATCH, n - ERDMA_TX_BATCH);
+    return;
+  }
+  const struct sockaddr_in *sin = (const struct sockaddr_in *)to;
+  if (rte_pktmbuf_alloc_bulk(pool, m, (unsigned)n) != 0) {
+    d->tx_drop += (uint64_t)n;
+    return;
+  }
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (lens[i] > d->max_payload) { /* a datagram the MTU cannot carry (no fragments) */
+      d->tx_drop++;
+      continue;
+    }
+    uint8_t *p = (uint8_t *)rte_pktmbuf_append(m[k], (uint16_t)(HDRS + lens[i]));
+    memcpy(p + HDRS, bufs + (size_t)i * stride, lens[i]);
+    d->tx_copied++;
+    d->tx_copied_bytes += lens[i];
+    fill_headers(d, m[k], sin->sin_addr.s_addr, sin->sin_port, lens[i]);
+    k++;
+  }
+  if (k < n) rte_pktmbuf_free_bulk(m + k, (unsigned)(n - k));
+  if (k) tx_route(d, sin->sin_addr.s_addr, m, k);
+}
+
+/* Zero-copy transmit (erdma_pktio.tx_buf): the engine's writer gets the data
+ * area of an mbuf behind room for our headers and ERDMA_TX_PREFIX bytes, so
+ * ngtcp2 writes the QUIC packet where it leaves from. */
+static uint8_t *zc_payload(struct rte_mbuf *m) {
+  return rte_pktmbuf_mtod_offset(m, uint8_t *, HDRS + ERDMA_TX_PREFIX);
+}
+
+static uint8_t *dpdk_tx_buf(erdma_engine *e, int i, int want) {
+  dpdk_state *d = e->io.state;
+  if (i < d->nzc) return zc_payload(d->zc[i]);
+  if (i != d->nzc || i >= ERDMA_TX_BATCH) return NULL; /* asked out of order */
+  if (want > ERDMA_TX_BATCH) want = ERDMA_TX_BATCH;
+  int k = want > i ? want - i : 1;
+  if (rte_pktmbuf_alloc_bulk(pool, d->zc + i, (unsigned)k) != 0) { /* all or nothing */
+    k = 1;
+    if (!(d->zc[i] = rte_pktmbuf_alloc(pool))) {
+      d->tx_nobuf++;
+      return NULL;
+    }
+  }
+  d->nzc += k;
+  return zc_payload(d->zc[i]);
+}
+
+static void dpdk_tx_commit(erdma_engine *e, const struct sockaddr_storage *to, socklen_t tolen,
+                           size_t pre, const size_t *lens, int n) {
+  dpdk_state *d = e->io.state;
+  struct rte_mbuf *m[ERDMA_TX_BATCH];
+  (void)tolen;
+  if (n > d->nzc) n = d->nzc;
+  if (n <= 0) return; /* the batch's mbufs stay for the next one */
+  memcpy(m, d->zc, (size_t)n * sizeof m[0]);
+  memmove(d->zc, d->zc + n, (size_t)(d->nzc - n) * sizeof m[0]);
+  d->nzc -= n;
+  d->tx_zc += (uint64_t)n;
+  if (d->dead || to->ss_family != AF_INET) {
+    d->tx_drop += (uint64_t)n;
+    rte_pktmbuf_free_bulk(m, (unsigned)n);
+    return;
+  }
+  const struct sockaddr_in *sin = (const struct sockaddr_in *)to;
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (lens[i] > d->max_payload || pre > ERDMA_TX_PREFIX) {
+      d->tx_drop++;
+      rte_pktmbuf_free(m[i]);
+      continue;
+    }
+    /* the frame starts HDRS bytes before the payload (and its prefix) */
+    m[i]->data_off = (uint16_t)(m[i]->data_off + ERDMA_TX_PREFIX - pre);
+    rte_pktmbuf_append(m[i], (uint16_t)(HDRS + lens[i]));
+    fill_headers(d, m[i], sin->sin_addr.s_addr, sin->sin_port, lens[i]);
+    m[k++] = m[i];
+  }
+  if (k) tx_route(d, sin->sin_addr.s_addr, m, k);
 }
 
 /* ------------------------------------------------------------------ rx */
@@ -387,12 +461,16 @@ static void dpdk_report(erdma_engine *e) {
   rte_eth_stats_get(d->port, &st);
   fprintf(stderr,
           "erdma[%d]: dpdk port %u: rx %lu frames, %lu UDP for us (%lu with partial "
-          "checksums), %lu bad checksums, %lu others; tx %lu frames, %lu dropped; arp rx %lu "
+          "checksums), %lu bad checksums, %lu others; tx %lu frames, %lu dropped; QUIC tx %lu "
+          "packets, %lu zero-copy, %lu copied (%lu bytes), %lu times no mbuf; arp rx %lu "
           "tx %lu (%lu requests); port: %lu missed, %lu rx errors, %lu no mbuf, %lu tx errors, "
           "pool %u free\n",
           e->cfg.rank, d->port, (unsigned long)d->rx_frames, (unsigned long)d->rx_udp,
           (unsigned long)d->rx_partial, (unsigned long)d->rx_bad_csum,
           (unsigned long)d->rx_other, (unsigned long)d->tx_frames, (unsigned long)d->tx_drop,
+          (unsigned long)e->stats.pkts_sent, (unsigned long)d->tx_zc,
+          (unsigned long)d->tx_copied, (unsigned long)d->tx_copied_bytes,
+          (unsigned long)d->tx_nobuf,
           (unsigned long)d->arp_rx, (unsigned long)d->arp_tx, (unsigned long)d->arp_req,
           (unsigned long)st.imissed,
           (unsigned long)st.ierrors, (unsigned long)st.rx_nombuf, (unsigned long)st.oerrors,
@@ -420,6 +498,7 @@ static void dpdk_close(erdma_engine *e) {
   live = NULL;
   for (int i = 0; i < MAX_NEIGH; i++)
     if (d->nb[i].nhold) rte_pktmbuf_free_bulk(d->nb[i].hold, (unsigned)d->nb[i].nhold);
+  if (d->nzc) rte_pktmbuf_free_bulk(d->zc, (unsigned)d->nzc);
   if (!d->dead) rte_eth_dev_stop(d->port);
   free(d);
   e->io.state = NULL;
@@ -756,6 +835,14 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   e->io.recv = dpdk_recv;
   e->io.close = dpdk_close;
   e->io.report = dpdk_report;
+  /* zero-copy transmit where an mbuf holds headers, prefix and a whole packet
+   * (ERDMA_DPDK_COPY=1 turns it off: a comparison for bench/pktio.py) */
+  const char *copy = getenv("ERDMA_DPDK_COPY");
+  if (rte_pktmbuf_data_room_size(pool) >= RTE_PKTMBUF_HEADROOM + HDRS + ERDMA_TX_PREFIX +
+                                              e->pkt_size && !(copy && *copy && strcmp(copy, "0"))) {
+    e->io.tx_buf = dpdk_tx_buf;
+    e->io.tx_commit = dpdk_tx_commit;
+  }
   e->io.fd = -1;
   e->io.state = d;
   in_use = 1;
