@@ -87,6 +87,7 @@ typedef struct dpdk_state {
    * unsent by dpdk_tx_commit stay for the next batch */
   struct rte_mbuf *zc[ERDMA_TX_BATCH];
   int nzc;
+  unsigned nobuf_every, nobuf_n; /* tests: every Nth allocation fails as if the pool were empty */
   uint64_t last_report;     /* verbose >= 3: counters every second */
   int dead;                 /* the process is exiting: the port is closed */
   int held;                 /* packets held for all neighbours */
@@ -295,6 +296,10 @@ static uint8_t *dpdk_tx_buf(erdma_engine *e, int i, int want) {
   if (i != d->nzc || i >= ERDMA_TX_BATCH) return NULL; /* asked out of order */
   if (want > ERDMA_TX_BATCH) want = ERDMA_TX_BATCH;
   int k = want > i ? want - i : 1;
+  if (d->nobuf_every && ++d->nobuf_n % d->nobuf_every == 0) {
+    d->tx_nobuf++;
+    return NULL;
+  }
   if (rte_pktmbuf_alloc_bulk(pool, d->zc + i, (unsigned)k) != 0) { /* all or nothing */
     k = 1;
     if (!(d->zc[i] = rte_pktmbuf_alloc(pool))) {
@@ -843,6 +848,8 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
     e->io.tx_buf = dpdk_tx_buf;
     e->io.tx_commit = dpdk_tx_commit;
   }
+  const char *nobuf = getenv("ERDMA_DPDK_TEST_NOBUF_EVERY");
+  if (nobuf) d->nobuf_every = (unsigned)strtoul(nobuf, NULL, 10);
   e->io.fd = -1;
   e->io.state = d;
   in_use = 1;
