@@ -843,8 +843,9 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   /* zero-copy transmit where an mbuf holds headers, prefix and a whole packet
    * (ERDMA_DPDK_COPY=1 turns it off: a comparison for bench/pktio.py) */
   const char *copy = getenv("ERDMA_DPDK_COPY");
-  if (rte_pktmbuf_data_room_size(pool) >= RTE_PKTMBUF_HEADROOM + HDRS + ERDMA_TX_PREFIX +
-                                              e->pkt_size && !(copy && *copy && strcmp(copy, "0"))) {
+  int copy_on = copy && *copy && strcmp(copy, "0") != 0;
+  if (!copy_on && rte_pktmbuf_data_room_size(pool) >=
+                      RTE_PKTMBUF_HEADROOM + HDRS + ERDMA_TX_PREFIX + e->pkt_size) {
     e->io.tx_buf = dpdk_tx_buf;
     e->io.tx_commit = dpdk_tx_commit;
   }
