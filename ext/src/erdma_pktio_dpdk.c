@@ -284,10 +284,12 @@ static void dpdk_send(erdma_engine *e, const struct sockaddr_storage *to, sockle
 }
 
 /* Zero-copy transmit (erdma_pktio.tx_buf): the engine's writer gets the data
- * area of an mbuf behind room for our headers and ERDMA_TX_PREFIX bytes, so
- * ngtcp2 writes the QUIC packet where it leaves from. */
+ * area of an mbuf behind room for our headers, so ngtcp2 writes the QUIC
+ * packet where it leaves from.  The frame starts where a fresh mbuf's data
+ * does; a prefix (ChannelData) moves it ERDMA_TX_PREFIX bytes into the
+ * headroom. */
 static uint8_t *zc_payload(struct rte_mbuf *m) {
-  return rte_pktmbuf_mtod_offset(m, uint8_t *, HDRS + ERDMA_TX_PREFIX);
+  return rte_pktmbuf_mtod_offset(m, uint8_t *, HDRS);
 }
 
 static uint8_t *dpdk_tx_buf(erdma_engine *e, int i, int want) {
@@ -330,13 +332,13 @@ static void dpdk_tx_commit(erdma_engine *e, const struct sockaddr_storage *to, s
   const struct sockaddr_in *sin = (const struct sockaddr_in *)to;
   int k = 0;
   for (int i = 0; i < n; i++) {
-    if (lens[i] > d->max_payload || pre > ERDMA_TX_PREFIX) {
+    if (lens[i] > d->max_payload || pre > ERDMA_TX_PREFIX || pre > m[i]->data_off) {
       d->tx_drop++;
       rte_pktmbuf_free(m[i]);
       continue;
     }
     /* the frame starts HDRS bytes before the payload (and its prefix) */
-    m[i]->data_off = (uint16_t)(m[i]->data_off + ERDMA_TX_PREFIX - pre);
+    m[i]->data_off = (uint16_t)(m[i]->data_off - pre);
     rte_pktmbuf_append(m[i], (uint16_t)(HDRS + lens[i]));
     fill_headers(d, m[i], sin->sin_addr.s_addr, sin->sin_port, lens[i]);
     m[k++] = m[i];
@@ -840,12 +842,13 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   e->io.recv = dpdk_recv;
   e->io.close = dpdk_close;
   e->io.report = dpdk_report;
-  /* zero-copy transmit where an mbuf holds headers, prefix and a whole packet
+  /* zero-copy transmit where an mbuf holds headers and a whole packet behind its
+   * headroom (which has room for a prefix)
    * (ERDMA_DPDK_COPY=1 turns it off: a comparison for bench/pktio.py) */
   const char *copy = getenv("ERDMA_DPDK_COPY");
   int copy_on = copy && *copy && strcmp(copy, "0") != 0;
-  if (!copy_on && rte_pktmbuf_data_room_size(pool) >=
-                      RTE_PKTMBUF_HEADROOM + HDRS + ERDMA_TX_PREFIX + e->pkt_size) {
+  if (!copy_on && RTE_PKTMBUF_HEADROOM >= ERDMA_TX_PREFIX &&
+      rte_pktmbuf_data_room_size(pool) >= RTE_PKTMBUF_HEADROOM + HDRS + e->pkt_size) {
     e->io.tx_buf = dpdk_tx_buf;
     e->io.tx_commit = dpdk_tx_commit;
   }
