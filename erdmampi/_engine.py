@@ -235,11 +235,31 @@ def _wait_free(req, keep):
     return st
 
 
+def _blocking_rest(rc, out, keep, what):
+    """erdma_send/erdma_recv returned ``rc``: wait on for a request still
+    pending after the first slice, else raise."""
+    if rc != ERR_TIMEOUT or out.left == ffi.NULL:
+        raise EngineError(rc, what)
+    return _wait_free(out.left, keep)
+
+
+class _Scratch(threading.local):
+    """Per-thread result struct of the *_plain calls (read before returning)."""
+
+    def __init__(self):
+        self.out = ffi.new("erdma_blocking *")
+
+
+_scratch = _Scratch()
+
+
 # bound once for the lean blocking calls
 _new = ffi.new
 _cast = ffi.cast
 _req_wait = lib.erdma_req_wait
 _req_free = lib.erdma_req_free
+_send = lib.erdma_send
+_recv = lib.erdma_recv
 _SEND_SYNC = lib.ERDMA_SEND_SYNC
 
 
@@ -362,16 +382,47 @@ class Engine:
 
     def send(self, addr, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
              keep=None):
-        """Blocking :meth:`isend` + wait without a request object: the
-        ``erdma_status`` struct it completed with (fields as RawStatus).  An
-        interrupted wait leaves the request to the engine with ``keep``."""
-        return _wait_free(self._post_send(addr, nbytes, dest, tag, ctx, sync),
-                          addr if keep is None else keep)
+        """Blocking :meth:`isend` + wait without a request object, in one
+        engine call: a struct with the fields of ``erdma_status`` (as
+        RawStatus).  ``addr``: an int or a pointer cdata (``buffer_pointer``).
+        An interrupted wait leaves the request to the engine with ``keep``."""
+        if _deferred:
+            _reap_deferred()
+        out = _new("erdma_blocking *")
+        rc = _send(self._h, _cast("void *", addr) if type(addr) is int else addr, nbytes,
+                   dest, tag, ctx, _SEND_SYNC if sync else 0, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, addr if keep is None else keep, "send")
+        return out
+
+    def send_plain(self, ptr, nbytes: int, dest: int, tag: int, ctx: int, keep) -> int:
+        """:meth:`send` of a pointer cdata: only the ERDMA error the send
+        completed with (0: success)."""
+        if _deferred:
+            _reap_deferred()
+        out = _scratch.out
+        rc = _send(self._h, ptr, nbytes, dest, tag, ctx, 0, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, keep, "send").error
+        return out.error
+
+    def recv_plain(self, ptr, nbytes: int, source: int, tag: int, ctx: int, keep) -> int:
+        """:meth:`recv` of a pointer cdata: only the ERDMA error the receive
+        completed with (0: success)."""
+        out = _scratch.out
+        rc = _recv(self._h, ptr, nbytes, source, tag, ctx, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, keep, "recv").error
+        return out.error
 
     def recv(self, addr, nbytes: int, source: int, tag: int, ctx: int, keep=None):
         """Blocking :meth:`irecv` + wait, as :meth:`send`."""
-        return _wait_free(self._post_recv(addr, nbytes, source, tag, ctx),
-                          addr if keep is None else keep)
+        out = _new("erdma_blocking *")
+        rc = _recv(self._h, _cast("void *", addr) if type(addr) is int else addr, nbytes,
+                   source, tag, ctx, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, addr if keep is None else keep, "recv")
+        return out
 
     def irecv_alloc(self, source: int, tag: int, ctx: int) -> EngineRequest:
         out = ffi.new("erdma_req **")

@@ -231,16 +231,27 @@ def message_p2p(*args, **kw):
 
 _ndarray = np.ndarray
 _plain_datatype = _buffers.plain_datatype
+_plain_spec = _buffers.plain_spec
+_NO_P2P_CACHE = (object(), None, None, None, 0)
+_P2P_CACHE_MAX = 1 << 16     # bytes: a cached spec keeps its array alive
 _buffer_pointer = _engine.buffer_pointer
 
 
 def _p2p_buffer(buf, readonly):
     """``(addr, nbytes, keep, msg)`` of a point-to-point buffer spec: a plain
-    NumPy array skips the parser (``msg`` is then None), see
-    :func:`erdmampi.buffers.plain_datatype`."""
-    if type(buf) is _ndarray and _plain_datatype(buf, readonly) is not None:
-        ptr = _buffer_pointer(buf)
-        return ptr, buf.nbytes, ptr, None
+    NumPy array, alone or as ``[array, predefined datatype]``, skips the
+    parser (``msg`` is then None), see :func:`erdmampi.buffers.plain_datatype`
+    and :func:`erdmampi.buffers.plain_spec`."""
+    t = type(buf)
+    if t is _ndarray:
+        if _plain_datatype(buf, readonly) is not None:
+            ptr = _buffer_pointer(buf)
+            return ptr, buf.nbytes, ptr, None
+    elif t is list or t is tuple:
+        arr = _plain_spec(buf, readonly)
+        if arr is not None:
+            ptr = _buffer_pointer(arr)
+            return ptr, arr.nbytes, ptr, None
     msg = message_p2p(buf, readonly)
     return msg.addr, msg.nbytes, msg, msg
 
@@ -458,7 +469,11 @@ class Comm:
 
     ``_ranks`` is the tuple of COMM_WORLD ranks (None: null or freed),
     ``_ctx`` the point-to-point context id (collectives use ``_ctx + 1``).
+    ``_scache``/``_rcache``: the last small plain send/receive buffer (see
+    ``_p2p_plain``).
     """
+
+    _scache = _rcache = _NO_P2P_CACHE
 
     def __init__(self, comm=None):
         self._ranks = None
@@ -1022,6 +1037,28 @@ class Comm:
 
     def Send(self, buf, dest, tag=0):
         """Blocking send."""
+        # fast path: a plain host array (alone or with a predefined datatype,
+        # see _p2p_plain), a valid rank and tag; everything else goes through
+        # _send, which parses and checks
+        ranks = self._ranks
+        eng = _rt.engine
+        if (type(dest) is int and type(tag) is int and ranks is not None and eng is not None
+                and 0 <= dest < len(ranks) and 0 <= tag <= TAG_UB_VALUE):
+            c = self._scache
+            if (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
+                                                  and len(buf) == 2))
+                    and c[1].nbytes == c[4] and c[1].flags.c_contiguous):
+                ptr, n, arr = c[3], c[4], c[1]
+            else:
+                ptr, n, arr = self._p2p_plain(buf, True)
+            if arr is not None:
+                try:
+                    err = eng.send_plain(ptr, n, ranks[dest], tag, self._ctx, arr)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                if err:
+                    raise_status_code(err)
+                return
         self._send(buf, dest, tag, False)
 
     def Bsend(self, buf, dest, tag=0):
@@ -1038,7 +1075,63 @@ class Comm:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Blocking receive."""
+        # fast path as in Send (no status wanted)
+        ranks = self._ranks
+        eng = _rt.engine
+        if (status is None and type(source) is int and type(tag) is int and ranks is not None
+                and eng is not None and 0 <= tag <= TAG_UB_VALUE):
+            if 0 <= source < len(ranks):
+                wsrc = ranks[source]
+            elif source == ANY_SOURCE:
+                wsrc = _engine.ANY_SOURCE
+            else:
+                wsrc = None
+            c = self._rcache
+            if wsrc is None:
+                arr = None
+            elif (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
+                                                    and len(buf) == 2))
+                    and c[1].nbytes == c[4]):
+                ptr, n, arr = c[3], c[4], c[1]
+                f = arr.flags
+                if not (f.c_contiguous and f.writeable):
+                    arr = None
+            else:
+                ptr, n, arr = self._p2p_plain(buf, False)
+            if arr is not None:
+                try:
+                    err = eng.recv_plain(ptr, n, wsrc, tag, self._ctx, arr)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                if err:
+                    raise_status_code(err)
+                return
         self._recv(buf, source, tag, status)
+
+    def _p2p_plain(self, buf, readonly):
+        """``(pointer, nbytes, array)`` of a spec that is one whole plain host
+        array (``numpy.ndarray`` alone, or with a predefined datatype without
+        gaps), else ``(None, 0, None)``.  A small one is remembered per
+        direction (by the identity of the spec, its array and datatype), so
+        that a loop sending the same buffer skips the parsing."""
+        t = type(buf)
+        arr = None
+        if t is _ndarray:
+            if _plain_datatype(buf, readonly) is not None:
+                arr = buf
+        elif t is list or t is tuple:
+            arr = _plain_spec(buf, readonly)
+        if arr is None:
+            return None, 0, None
+        ptr = _buffer_pointer(arr)
+        n = arr.nbytes
+        if n <= _P2P_CACHE_MAX:
+            ent = (buf, arr, None if t is _ndarray else buf[1], ptr, n)
+            if readonly:
+                self._scache = ent
+            else:
+                self._rcache = ent
+        return ptr, n, arr
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):

@@ -145,6 +145,22 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st);
 /* Wait until at least one of reqs[0..n) (NULL entries skipped) completes;
  * *index gets the first completed one. */
 int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index);
+/* Blocking send / receive in one call: post, wait up to timeout, free the
+ * request.  0: done, out's status fields filled (as erdma_status).
+ * ERDMA_ERR_TIMEOUT: out->left is the request, still pending (wait for it and
+ * free it as usual).  Another error: nothing was posted (out->left == NULL). */
+typedef struct erdma_blocking {
+  int source;
+  int tag;
+  int error;
+  int cancelled;
+  uint64_t nbytes;
+  erdma_req *left;
+} erdma_blocking;
+int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+               uint32_t ctx, int flags, double timeout, erdma_blocking *out);
+int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
+               uint32_t ctx, double timeout, erdma_blocking *out);
 int erdma_req_cancel(erdma_req *r);
 /* Withdraw a pending request whatever its state, so the engine never touches
  * its buffer again (a send's unsent bytes are copied first); it completes as

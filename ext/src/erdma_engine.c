@@ -552,21 +552,84 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
   return 0;
 }
 
-/* Before sleeping, a waiter polls the socket itself for a short while: a
- * reply that arrives within the spin is processed by this thread directly,
- * saving the wake-up of the progress thread and then of this one. */
-static void spin_progress(erdma_engine *e, const erdma_req *r) {
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Every peer is on this host: waiters sleep on the shared-memory bell. */
+static int all_shm(erdma_engine *e) {
+  return e->shm.seg && e->shm.nlocal == e->cfg.size && e->running;
+}
+
+/* Read without e->mu: `done` only ever goes 0 -> 1 (under the lock). */
+static int any_done(erdma_req *const *reqs, int n) {
+  for (int i = 0; i < n; i++)
+    if (reqs[i] && __atomic_load_n(&reqs[i]->done, __ATOMIC_ACQUIRE)) return 1;
+  return 0;
+}
+
+/* Lock-free part of a spin over shared memory only: e->mu is released and
+ * taken again only when a ring has bytes (or now and then, to push our own
+ * stalled sends).  Returns with e->mu held. */
+static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
+  int *lf = &e->shm.lf_spin;
+  unsigned it = 0;
+  __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
+  pthread_mutex_unlock(&e->mu);
+  for (;;) {
+    if (any_done(reqs, n)) break;
+    ++it;
+    if (shm_rx_ready(e) || (it & 255) == 0) {
+      /* never wait for the lock while counted: teardown holds it and waits for us */
+      __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
+      pthread_mutex_lock(&e->mu);
+      if (!e->shm.seg || !e->running) return;
+      shm_poll(e);
+      conn_flush_all(e);
+      if (any_done(reqs, n) || erdma_now() >= until) return;
+      __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
+      pthread_mutex_unlock(&e->mu);
+      continue;
+    }
+    if ((it & 15) == 0 &&
+        (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
+      break;
+    /* give the CPU away often where ranks outnumber cores (4 ranks on 2 cores
+     * must not livelock) and now and then otherwise (a loaded machine) */
+    if (e->shm.oversub || (it & 255) == 0) sched_yield();
+    else cpu_relax();
+  }
+  __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
+  pthread_mutex_lock(&e->mu);
+}
+
+/* Before sleeping, a waiter polls for a short while itself: a reply that
+ * arrives within the spin is processed by this thread directly, saving the
+ * wake-up of the progress thread and then of this one.  With every peer on
+ * shared memory the spin only reads the rings' counters (no syscall, no
+ * lock); with QUIC peers it also polls the socket.  Called and returns with
+ * e->mu held. */
+static void spin_progress(erdma_engine *e, erdma_req *const *reqs, int n) {
   if (e->cfg.spin_us <= 0 || !e->running) return;
   uint64_t until = erdma_now() + (uint64_t)e->cfg.spin_us * 1000u;
+  int quic = e->shm.nlocal < e->cfg.size; /* some peer is not on this host */
   shm_spin_begin(e);
-  while (!r->done && erdma_now() < until) {
-    e->io.recv(e);
-    shm_poll(e);
-    conn_flush_all(e);
-    if (r->done) break;
-    pthread_mutex_unlock(&e->mu);
-    sched_yield();
-    pthread_mutex_lock(&e->mu);
+  if (!quic && e->shm.seg) {
+    spin_shm(e, reqs, n, until);
+  } else {
+    while (!any_done(reqs, n) && erdma_now() < until) {
+      e->io.recv(e);
+      shm_poll(e);
+      conn_flush_all(e);
+      if (any_done(reqs, n)) break;
+      pthread_mutex_unlock(&e->mu);
+      sched_yield();
+      pthread_mutex_lock(&e->mu);
+    }
   }
   shm_spin_end(e);
   conn_flush_all(e);
@@ -577,7 +640,8 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
   uint64_t deadline = deadline_of(timeout);
   int rv = 0;
   pthread_mutex_lock(&e->mu);
-  if (!r->done) spin_progress(e, r);
+  if (!r->done) spin_progress(e, &r, 1);
+  if (!r->done && all_shm(e)) shm_wait(e, &r, 1, deadline);
   while (!r->done) {
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
@@ -590,9 +654,42 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
   return rv;
 }
 
+/* erdma_send / erdma_recv: wait for a fresh request, free it when done. */
+static int wait_blocking(erdma_req *r, double timeout, erdma_blocking *out) {
+  erdma_status st;
+  int rv = erdma_req_wait(r, timeout, &st);
+  if (rv == ERDMA_ERR_TIMEOUT) {
+    out->left = r;
+    return rv;
+  }
+  erdma_req_free(r);
+  out->source = st.source;
+  out->tag = st.tag;
+  out->error = st.error;
+  out->cancelled = st.cancelled;
+  out->nbytes = st.nbytes;
+  return rv;
+}
+
+int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+               uint32_t ctx, int flags, double timeout, erdma_blocking *out) {
+  erdma_req *r;
+  out->left = NULL;
+  int rv = erdma_isend(e, buf, nbytes, dest, tag, ctx, flags, &r);
+  return rv ? rv : wait_blocking(r, timeout, out);
+}
+
+int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
+               double timeout, erdma_blocking *out) {
+  erdma_req *r;
+  out->left = NULL;
+  int rv = erdma_irecv(e, buf, cap, source, tag, ctx, 0, &r);
+  return rv ? rv : wait_blocking(r, timeout, out);
+}
+
 int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
   erdma_engine *e = NULL;
-  int rv = 0;
+  int rv = 0, spun = 0;
   *index = -1;
   for (int i = 0; i < n && !e; i++)
     if (reqs[i]) e = reqs[i]->e;
@@ -606,6 +703,12 @@ int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
         break;
       }
     if (*index >= 0) break;
+    if (!spun) {
+      spun = 1;
+      spin_progress(e, reqs, n);
+      if (all_shm(e)) shm_wait(e, reqs, n, deadline);
+      continue;
+    }
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
       break;

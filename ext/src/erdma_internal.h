@@ -188,6 +188,8 @@ typedef struct shm_state {
   int unlinked;
   uint64_t next_liveness;
   int cma;               /* single-copy reads (process_vm_readv) allowed */
+  int oversub;           /* more local ranks than CPUs: spinners yield every turn */
+  int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
 } shm_state;
 
 /* ---- packet I/O (erdma_pktio_*.c) ----
@@ -277,6 +279,9 @@ int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 void shm_sleep_done(erdma_engine *e);
 void shm_spin_begin(erdma_engine *e);
 void shm_spin_end(erdma_engine *e);
+int shm_rx_ready(erdma_engine *e);      /* lock-free: some inbound ring has bytes */
+int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline);
+void shm_wake_waiters(erdma_engine *e); /* a request completed */
 void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
 int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n);
