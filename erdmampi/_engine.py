@@ -493,6 +493,53 @@ SCHED_DTYPES = {name: getattr(lib, "ERDMA_DT_" + name.upper()) for name in
                  "uint64", "float32", "float64", "complex64", "complex128")}
 
 
+def ranks_array(ranks):
+    """``int[]`` cdata of a communicator's world ranks (for the coll_* calls)."""
+    return ffi.new("int[]", list(ranks))
+
+
+def _coll_finish(rc, pending, what):
+    """Continue a small collective in slices until it ends; raise on error."""
+    if rc == ERR_TIMEOUT and pending[0] != ffi.NULL:
+        c = pending[0]
+        try:
+            while rc == ERR_TIMEOUT:
+                rc = lib.erdma_coll_resume(c, _SLICE)
+        except BaseException:  # interrupted between slices: withdraw it
+            if rc == ERR_TIMEOUT:
+                lib.erdma_coll_free(c)
+            raise
+    if rc:
+        raise EngineError(rc, what)
+
+
+def coll_allreduce(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
+    """Recursive-doubling Allreduce in one engine call (erdma_coll_allreduce);
+    ``saddr`` None: in place; ``op``/``dtype``: ERDMA_OP_*/ERDMA_DT_*."""
+    pending = _new("erdma_coll **")
+    rc = lib.erdma_coll_allreduce(eng._h, ffi.NULL if saddr is None else saddr, raddr, count,
+                                  op, dtype, cranks, n, me, tag, ctx, _SLICE, pending)
+    if rc:
+        _coll_finish(rc, pending, "allreduce")
+
+
+def coll_bcast(eng, addr, nbytes, root, cranks, n, me, tag, ctx):
+    """Binomial Bcast in one engine call (erdma_coll_bcast)."""
+    pending = _new("erdma_coll **")
+    rc = lib.erdma_coll_bcast(eng._h, addr, nbytes, root, cranks, n, me, tag, ctx, _SLICE,
+                              pending)
+    if rc:
+        _coll_finish(rc, pending, "bcast")
+
+
+def coll_barrier(eng, cranks, n, me, tag, ctx):
+    """Dissemination barrier in one engine call (erdma_coll_barrier)."""
+    pending = _new("erdma_coll **")
+    rc = lib.erdma_coll_barrier(eng._h, cranks, n, me, tag, ctx, _SLICE, pending)
+    if rc:
+        _coll_finish(rc, pending, "barrier")
+
+
 def reduce_local(in_addr: int, inout_addr: int, count: int, op: int, dtype: int) -> None:
     """``inout = in OP inout`` over ``count`` elements with the C kernels."""
     _check(lib.erdma_reduce_local(_ptr(in_addr), _ptr(inout_addr), count, op, dtype),

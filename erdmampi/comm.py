@@ -233,6 +233,41 @@ _ndarray = np.ndarray
 _plain_datatype = _buffers.plain_datatype
 _plain_spec = _buffers.plain_spec
 _NO_P2P_CACHE = (object(), None, None, None, 0)
+_SMALL_COLL_MAX = 64 * 1024  # bytes: Bcast/Allreduce in one engine call (eager size)
+_C_OPS = {name: _engine.SCHED_OPS[name] for name in _engine.SCHED_OPS}
+_LOGICAL_OPS = frozenset(("LAND", "LOR", "LXOR"))
+_C_DTYPES = {}               # id(datatype) -> (datatype, ERDMA_DT_*, is bool, item size)
+
+
+def _c_dtype(datatype):
+    """The C reducer's entry for ``datatype`` (see _C_DTYPES), or None."""
+    ent = _C_DTYPES.get(id(datatype))
+    if ent is not None and ent[0] is datatype:
+        return ent
+    base = getattr(datatype, "_base", None) or datatype
+    rdt = getattr(base, "_reduce_dtype", None)
+    npd = rdt if rdt is not None else datatype.np_dtype
+    if npd is None or datatype._elements(1) != 1:
+        return None
+    npd = np.dtype(npd)
+    isbool = npd == np.bool_
+    name = "uint8" if isbool else npd.name
+    code = _engine.SCHED_DTYPES.get(name)
+    if code is None or npd.byteorder == ">" or npd.itemsize != datatype.Get_size() \
+            or not datatype._predefined:
+        return None
+    ent = (datatype, code, isbool, npd.itemsize)
+    _C_DTYPES[id(datatype)] = ent
+    return ent
+
+
+def _plain_with_type(spec, readonly):
+    """``(array, datatype)`` of a whole plain host array spec, else (None, None)."""
+    if type(spec) is _ndarray:
+        dt = _plain_datatype(spec, readonly)
+        return (spec, dt) if dt is not None else (None, None)
+    arr = _plain_spec(spec, readonly)
+    return (arr, spec[1]) if arr is not None else (None, None)
 _P2P_CACHE_MAX = 1 << 16     # bytes: a cached spec keeps its array alive
 _buffer_pointer = _engine.buffer_pointer
 
@@ -474,6 +509,7 @@ class Comm:
     """
 
     _scache = _rcache = _NO_P2P_CACHE
+    _csmall = _cranks = None
 
     def __init__(self, comm=None):
         self._ranks = None
@@ -535,8 +571,11 @@ class Comm:
         return seq
 
     def _transport(self):
-        seq = self._next_seq()
-        return _CollTransport(self, self._ctx + 1, (seq % _SEQ_MOD) * _COLL_TAGS)
+        return _CollTransport(self, self._ctx + 1, self._coll_base())
+
+    def _coll_base(self):
+        """Tag base of the next collective call (one per call, every rank)."""
+        return (self._next_seq() % _SEQ_MOD) * _COLL_TAGS
 
     def _dest(self, dest):
         ranks = self._check()
@@ -1682,15 +1721,107 @@ class Comm:
 
     def Barrier(self):
         """Block until every process has entered."""
+        if self._small_ok("barrier"):
+            try:
+                _engine.coll_barrier(_rt.engine, self._cranks, len(self._ranks), self._rank,
+                                     self._coll_base(), self._ctx + 1)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            return
         self._c_barrier()()
 
     def Bcast(self, buf, root=0, *, compress=None):
+        if compress is None and type(root) is int and self._small_ok("bcast"):
+            t = type(buf)
+            arr = None
+            if t is _ndarray:
+                if _plain_datatype(buf, False) is not None:
+                    arr = buf
+            elif t is list or t is tuple:
+                arr = _plain_spec(buf, False)
+            n = len(self._ranks)
+            if (arr is not None and arr.nbytes <= _SMALL_COLL_MAX and 0 <= root < n
+                    and self._no_compress(arr.nbytes)):
+                try:
+                    _engine.coll_bcast(_rt.engine, _buffer_pointer(arr), arr.nbytes, root,
+                                       self._cranks, n, self._rank, self._coll_base(),
+                                       self._ctx + 1)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                return
         self._c_bcast(buf, root, compress)()
+
+    # -- small collectives in one engine call (erdma_coll_*) ----------------
+    #
+    # A Barrier, or a Bcast / Allreduce of at most _SMALL_COLL_MAX bytes of a
+    # plain host array with a predefined (C-reducible) op, runs its whole
+    # algorithm in the calling thread inside the engine: the same messages
+    # (tags, sizes, order of reduction) as the Python algorithm the default
+    # rule picks for it (dissemination, binomial, recursive doubling), so a
+    # rank that takes the Python path (a strided buffer, say) still matches.
+    # Not where that rule may pick another one: an ERDMA_COLL_<NAME> override,
+    # ranks on several hosts (hierarchical), compression.
+
+    def _small_ok(self, name):
+        ranks = self._ranks
+        if ranks is None or _rt.engine is None:
+            return False
+        c = self._csmall
+        if c is None or c[0] is not ranks:
+            world_hosts = (_rt.info or {}).get("hosts")
+            k = len({world_hosts[w] for w in ranks}) if world_hosts else 1
+            c = self._csmall = (ranks, not (1 < k < len(ranks)))
+            self._cranks = _engine.ranks_array(ranks)
+        return c[1] and not isinstance(self, Intercomm) and \
+            (coll.ENV_PREFIX + name.upper()) not in os.environ
+
+    def _no_compress(self, nbytes):
+        if self._chints:
+            return False
+        mode = _cz._config.mode
+        return mode == "off" or (mode == "auto" and nbytes < _cz.AUTO_MIN_BYTES)
+
+    def _small_allreduce(self, sendbuf, recvbuf, op):
+        """Allreduce in one engine call where it applies (see above): True
+        when done."""
+        if not (type(op) is Op and op._predefined and self._small_ok("allreduce")):
+            return False
+        codes = _C_OPS.get(op._name)
+        rtype = type(recvbuf)
+        if codes is None or rtype is not _ndarray and rtype is not list and rtype is not tuple:
+            return False
+        rarr, rdt = _plain_with_type(recvbuf, False)
+        if rarr is None or rarr.nbytes > _SMALL_COLL_MAX or not self._no_compress(rarr.nbytes):
+            return False
+        if sendbuf is IN_PLACE or is_in_place(sendbuf):
+            saddr = None
+        else:
+            sarr, sdt = _plain_with_type(sendbuf, True)
+            if sarr is None or sdt is not rdt or sarr.nbytes != rarr.nbytes:
+                return False
+            saddr = _buffer_pointer(sarr)
+        ctype = _c_dtype(rdt)
+        if ctype is None or ctype[2] and op._name not in _LOGICAL_OPS:
+            return False
+        try:
+            op._check(rdt)
+        except Exception:
+            return False            # the normal path reports it
+        try:
+            _engine.coll_allreduce(_rt.engine, saddr, _buffer_pointer(rarr),
+                                   rarr.nbytes // ctype[3], codes, ctype[1], self._cranks,
+                                   len(self._ranks), self._rank, self._coll_base(),
+                                   self._ctx + 1)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return True
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
     def Allreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
+        if compress is None and self._small_allreduce(sendbuf, recvbuf, op):
+            return
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):

@@ -251,4 +251,27 @@ int erdma_sched_nsteps(erdma_sched *s);
 /* Waits for a started schedule to finish, then frees it. */
 void erdma_sched_free(erdma_sched *s);
 
+/* ---- small collectives (erdma_sched.c) ----
+ * Latency-bound collectives run start to finish in the calling thread.
+ * ranks[0..n) maps communicator ranks to world ranks, me is the caller's
+ * communicator rank; messages use ctx and tags tag .. tag + 1000 (the same
+ * messages as erdmampi/collectives' algorithms of those names).  Each wait
+ * lasts at most `slice` seconds: ERDMA_ERR_TIMEOUT hands the unfinished
+ * collective back in *pending, to continue with erdma_coll_resume (which
+ * frees it when it returns anything else) or drop with erdma_coll_free. */
+typedef struct erdma_coll erdma_coll;
+/* recursive doubling; sbuf NULL or == rbuf: in place */
+int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                         int op, int dtype, const int *ranks, int n, int me, int tag,
+                         uint32_t ctx, double slice, erdma_coll **pending);
+/* binomial tree */
+int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
+                     int n, int me, int tag, uint32_t ctx, double slice,
+                     erdma_coll **pending);
+/* dissemination, 1-byte tokens */
+int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag,
+                       uint32_t ctx, double slice, erdma_coll **pending);
+int erdma_coll_resume(erdma_coll *c, double slice);
+void erdma_coll_free(erdma_coll *c);
+
 #endif

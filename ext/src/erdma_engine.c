@@ -113,7 +113,7 @@ static void *progress_main(void *arg) {
   struct pollfd pfd[2];
   pthread_mutex_lock(&e->mu);
   while (e->running) {
-    uint64_t exp = conn_next_expiry(e), now = erdma_now();
+    uint64_t now = erdma_now(), exp = shm_next_wake(e, conn_next_expiry(e), now);
     uint64_t wait_ns = exp <= now ? 0 : exp - now;
     if (wait_ns > 200000000ull) wait_ns = 200000000ull;
     struct timespec ts = {(time_t)(wait_ns / 1000000000ull), (long)(wait_ns % 1000000000ull)};
@@ -417,6 +417,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
       conn_flush(p->conn);
     }
   }
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   *out = r;
   return 0;
@@ -452,6 +453,7 @@ int erdma_irecv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, u
   } else {
     DL_APPEND(e->posted_head, e->posted_tail, r);
   }
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   *out = r;
   return 0;
@@ -647,9 +649,11 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
       rv = ERDMA_ERR_TIMEOUT;
       break;
     }
+    shm_app_idle(e);
     deadline_wait(e, deadline);
   }
   if (r->done && st) *st = r->st;
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   return rv;
 }
@@ -713,8 +717,10 @@ int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
       rv = ERDMA_ERR_TIMEOUT;
       break;
     }
+    shm_app_idle(e);
     deadline_wait(e, deadline);
   }
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   return rv;
 }

@@ -282,6 +282,9 @@ void shm_spin_end(erdma_engine *e);
 int shm_rx_ready(erdma_engine *e);      /* lock-free: some inbound ring has bytes */
 int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline);
 void shm_wake_waiters(erdma_engine *e); /* a request completed */
+void shm_app_active(erdma_engine *e);   /* an application thread leaves a call */
+void shm_app_idle(erdma_engine *e);     /* ... or sleeps on e->cv */
+uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
 void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
 int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n);

@@ -30,6 +30,12 @@
 
 #define SHM_MAGIC 0x3130736d616d6465ull /* "edmams01" */
 #define SHM_HDR 128
+/* An application thread that just left an engine call (between a send and
+ * the wait for the reply, say) will poll the rings itself soon: producers
+ * skip the doorbell for this long after it left, and the owner's progress
+ * thread wakes by then anyway (so a thread that never comes back delays a
+ * message by at most this much). */
+#define SHM_GRACE_NS 500000ull
 
 struct shm_ring {
   _Alignas(64) _Atomic uint64_t head;   /* bytes produced */
@@ -48,6 +54,8 @@ struct shm_seg {
   _Atomic uint32_t spinners; /* owner's threads polling the rings right now */
   _Atomic uint32_t bell;     /* futex: bumped when bytes arrive for a bell waiter */
   _Atomic uint32_t bell_waiters; /* owner's threads asleep on `bell` */
+  _Atomic uint64_t active_until; /* CLOCK_MONOTONIC ns: an application thread of
+                                  * the owner left an engine call lately */
   uint64_t ring_bytes;
 };
 
@@ -248,7 +256,8 @@ int shm_flush(erdma_conn *c) {
     if (atomic_load_explicit(&ps->bell_waiters, memory_order_relaxed))
       ring_bell(ps);
     else if (atomic_load_explicit(&ps->sleeping, memory_order_relaxed) &&
-             !atomic_load_explicit(&ps->spinners, memory_order_relaxed))
+             !atomic_load_explicit(&ps->spinners, memory_order_relaxed) &&
+             erdma_now() >= atomic_load_explicit(&ps->active_until, memory_order_relaxed))
       doorbell(e, c);
   }
   return 0;
@@ -372,6 +381,30 @@ int shm_rx_ready(erdma_engine *e) {
       return 1;
   }
   return 0;
+}
+
+/* An application thread leaves an engine call (e->mu held): producers may
+ * skip our doorbell for SHM_GRACE_NS; make sure the progress thread wakes by
+ * then (it caps its sleep with shm_next_wake). */
+void shm_app_active(erdma_engine *e) {
+  struct shm_seg *seg = e->shm.seg;
+  if (!seg) return;
+  uint64_t until = erdma_now() + SHM_GRACE_NS;
+  atomic_store_explicit(&seg->active_until, until, memory_order_seq_cst);
+  if (e->wake_at > until + SHM_GRACE_NS) engine_wake(e); /* asleep for long */
+}
+
+/* An application thread goes to sleep on the condition variable: it counts
+ * on the doorbell again. */
+void shm_app_idle(erdma_engine *e) {
+  if (e->shm.seg) atomic_store_explicit(&e->shm.seg->active_until, 0, memory_order_seq_cst);
+}
+
+/* The progress thread's next wake-up given its timers' `exp`. */
+uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now) {
+  if (!e->shm.seg) return exp;
+  uint64_t a = atomic_load_explicit(&e->shm.seg->active_until, memory_order_seq_cst);
+  return a > now && a < exp ? a : exp;
 }
 
 /* A request of ours completed (req_complete, under e->mu): wake our own
