@@ -235,6 +235,13 @@ _plain_spec = _buffers.plain_spec
 _NO_P2P_CACHE = (object(), None, None, None, 0)
 _SMALL_COLL_MAX = 64 * 1024  # bytes: Bcast/Allreduce in one engine call (eager size)
 _C_OPS = {name: _engine.SCHED_OPS[name] for name in _engine.SCHED_OPS}
+# os.environ's own mapping (encoded keys): a cheap look for ERDMA_COLL_<NAME>
+_environ_data = getattr(os.environ, "_data", None)
+if not isinstance(_environ_data, dict):
+    _environ_data = os.environ
+_COLL_ENV = {name: (coll.ENV_PREFIX + name.upper()) for name in ("barrier", "bcast", "allreduce")}
+if _environ_data is not os.environ:
+    _COLL_ENV = {k: os.fsencode(v) for k, v in _COLL_ENV.items()}
 _LOGICAL_OPS = frozenset(("LAND", "LOR", "LXOR"))
 _C_DTYPES = {}               # id(datatype) -> (datatype, ERDMA_DT_*, is bool, item size)
 
@@ -259,6 +266,15 @@ def _c_dtype(datatype):
     ent = (datatype, code, isbool, npd.itemsize)
     _C_DTYPES[id(datatype)] = ent
     return ent
+
+
+def _spec_is(spec, arr, dt):
+    """Whether ``spec`` is (still) the plain spec of ``arr`` (with ``dt``;
+    None: the array alone)."""
+    if dt is None:
+        return spec is arr
+    t = type(spec)
+    return (t is list or t is tuple) and len(spec) == 2 and spec[0] is arr and spec[1] is dt
 
 
 def _plain_with_type(spec, readonly):
@@ -509,7 +525,7 @@ class Comm:
     """
 
     _scache = _rcache = _NO_P2P_CACHE
-    _csmall = _cranks = None
+    _csmall = _cranks = _arcache = None
 
     def __init__(self, comm=None):
         self._ranks = None
@@ -1772,8 +1788,7 @@ class Comm:
             k = len({world_hosts[w] for w in ranks}) if world_hosts else 1
             c = self._csmall = (ranks, not (1 < k < len(ranks)))
             self._cranks = _engine.ranks_array(ranks)
-        return c[1] and not isinstance(self, Intercomm) and \
-            (coll.ENV_PREFIX + name.upper()) not in os.environ
+        return c[1] and not isinstance(self, Intercomm) and _COLL_ENV[name] not in _environ_data
 
     def _no_compress(self, nbytes):
         if self._chints:
@@ -1786,6 +1801,20 @@ class Comm:
         when done."""
         if not (type(op) is Op and op._predefined and self._small_ok("allreduce")):
             return False
+        c = self._arcache       # the last call's resolved buffers, if the same
+        if (c is not None and op is c[2] and _spec_is(recvbuf, c[3], c[4])
+                and (_spec_is(sendbuf, c[5], c[6]) or c[5] is None and sendbuf is IN_PLACE)
+                and c[3].nbytes == c[7] and (c[5] is None or c[5].nbytes == c[7])
+                and self._no_compress(c[7])):
+            f = c[3].flags
+            if f.writeable and f.c_contiguous:
+                try:
+                    _engine.coll_allreduce(_rt.engine, c[8], c[9], c[10], c[11], c[12],
+                                           self._cranks, len(self._ranks), self._rank,
+                                           self._coll_base(), self._ctx + 1)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                return True
         codes = _C_OPS.get(op._name)
         rtype = type(recvbuf)
         if codes is None or rtype is not _ndarray and rtype is not list and rtype is not tuple:
@@ -1793,6 +1822,7 @@ class Comm:
         rarr, rdt = _plain_with_type(recvbuf, False)
         if rarr is None or rarr.nbytes > _SMALL_COLL_MAX or not self._no_compress(rarr.nbytes):
             return False
+        sarr = sdt = None
         if sendbuf is IN_PLACE or is_in_place(sendbuf):
             saddr = None
         else:
@@ -1807,11 +1837,16 @@ class Comm:
             op._check(rdt)
         except Exception:
             return False            # the normal path reports it
+        raddr = _buffer_pointer(rarr)
+        count = rarr.nbytes // ctype[3]
+        self._arcache = (None, None, op,
+                         rarr, None if type(recvbuf) is _ndarray else rdt,
+                         sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
+                         rarr.nbytes, saddr, raddr, count, codes, ctype[1])
         try:
-            _engine.coll_allreduce(_rt.engine, saddr, _buffer_pointer(rarr),
-                                   rarr.nbytes // ctype[3], codes, ctype[1], self._cranks,
-                                   len(self._ranks), self._rank, self._coll_base(),
-                                   self._ctx + 1)
+            _engine.coll_allreduce(_rt.engine, saddr, raddr, count, codes, ctype[1],
+                                   self._cranks, len(self._ranks), self._rank,
+                                   self._coll_base(), self._ctx + 1)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         return True

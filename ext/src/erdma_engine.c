@@ -580,6 +580,7 @@ static int any_done(erdma_req *const *reqs, int n) {
 static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
   int *lf = &e->shm.lf_spin;
   unsigned it = 0;
+  int yield_all = e->shm.oversub || e->shm.spin_ns > (uint64_t)e->cfg.spin_us * 1000u;
   __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_unlock(&e->mu);
   for (;;) {
@@ -600,9 +601,10 @@ static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t un
     if ((it & 15) == 0 &&
         (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
       break;
-    /* give the CPU away often where ranks outnumber cores (4 ranks on 2 cores
-     * must not livelock) and now and then otherwise (a loaded machine) */
-    if (e->shm.oversub || (it & 255) == 0) sched_yield();
+    /* give the CPU away at every turn where ranks outnumber cores (4 ranks on
+     * 2 cores must not livelock) or where the spin had to grow (a loaded
+     * machine: the peer may be waiting for our core), now and then otherwise */
+    if (yield_all || (it & 63) == 0) sched_yield();
     else cpu_relax();
   }
   __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
@@ -617,7 +619,8 @@ static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t un
  * e->mu held. */
 static void spin_progress(erdma_engine *e, erdma_req *const *reqs, int n) {
   if (e->cfg.spin_us <= 0 || !e->running) return;
-  uint64_t until = erdma_now() + (uint64_t)e->cfg.spin_us * 1000u;
+  uint64_t spin = e->shm.spin_ns ? e->shm.spin_ns : (uint64_t)e->cfg.spin_us * 1000u;
+  uint64_t until = erdma_now() + spin;
   int quic = e->shm.nlocal < e->cfg.size; /* some peer is not on this host */
   shm_spin_begin(e);
   if (!quic && e->shm.seg) {
@@ -637,13 +640,35 @@ static void spin_progress(erdma_engine *e, erdma_req *const *reqs, int n) {
   conn_flush_all(e);
 }
 
+/* With every peer on shared memory: spin, then sleep on the bell.  The spin
+ * adapts between cfg.spin_us and SPIN_MAX_FACTOR times that: a reply that
+ * came soon after the spin gave up (a loaded machine, a slow peer) doubles
+ * it; a long sleep (an idle rank) halves it, so an idle rank burns little. */
+#define SPIN_MAX_FACTOR 10
+static void wait_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) {
+  spin_progress(e, reqs, n);
+  if (any_done(reqs, n) || !all_shm(e)) return;
+  uint64_t base = (uint64_t)e->cfg.spin_us * 1000u, t0 = erdma_now();
+  int done = shm_wait(e, reqs, n, deadline);
+  uint64_t slept = erdma_now() - t0, cur = e->shm.spin_ns ? e->shm.spin_ns : base;
+  if (done && slept < cur)
+    cur = cur * 2 < base * SPIN_MAX_FACTOR ? cur * 2 : base * SPIN_MAX_FACTOR;
+  else if (slept > 4 * cur)
+    cur = cur / 2 > base ? cur / 2 : base;
+  if (e->shm.seg) e->shm.spin_ns = cur;
+}
+
 int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
   erdma_engine *e = r->e;
   uint64_t deadline = deadline_of(timeout);
   int rv = 0;
   pthread_mutex_lock(&e->mu);
-  if (!r->done) spin_progress(e, &r, 1);
-  if (!r->done && all_shm(e)) shm_wait(e, &r, 1, deadline);
+  if (!r->done) {
+    if (all_shm(e))
+      wait_shm(e, &r, 1, deadline);
+    else
+      spin_progress(e, &r, 1);
+  }
   while (!r->done) {
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
@@ -709,8 +734,10 @@ int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
     if (*index >= 0) break;
     if (!spun) {
       spun = 1;
-      spin_progress(e, reqs, n);
-      if (all_shm(e)) shm_wait(e, reqs, n, deadline);
+      if (all_shm(e))
+        wait_shm(e, reqs, n, deadline);
+      else
+        spin_progress(e, reqs, n);
       continue;
     }
     if (erdma_now() >= deadline) {

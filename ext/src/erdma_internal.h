@@ -190,6 +190,7 @@ typedef struct shm_state {
   int cma;               /* single-copy reads (process_vm_readv) allowed */
   int oversub;           /* more local ranks than CPUs: spinners yield every turn */
   int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
+  uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
 } shm_state;
 
 /* ---- packet I/O (erdma_pktio_*.c) ----
