@@ -392,6 +392,9 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.len = nbytes;
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
+    } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC) &&
+               p->conn->shm && (h.type = FR_EAGER, shm_send_direct(p->conn, &h, buf, nbytes))) {
+      req_complete(r, 0); /* in the peer's ring */
     } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC)) {
       uint8_t *copy = malloc(nbytes ? nbytes : 1);
       if (!copy) {

@@ -275,6 +275,7 @@ void engine_fail_peer(erdma_engine *e, int peer, int error);
 int shm_attach_peers(erdma_engine *e);  /* 0 when all attached, 1 if some not yet */
 int shm_is_local(erdma_engine *e, int rank);
 int shm_flush(erdma_conn *c);
+int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n);
 int shm_poll(erdma_engine *e);          /* returns bytes consumed */
 int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 void shm_sleep_done(erdma_engine *e);

@@ -203,6 +203,21 @@ static void doorbell(erdma_engine *e, erdma_conn *c) {
   }
 }
 
+/* After publishing bytes for c's peer: a thread of the peer asleep in
+ * shm_wait drains the rings itself: wake it directly; none, none spinning on
+ * the rings and no application thread active lately, but its progress
+ * thread asleep: the doorbell. */
+static void notify_peer(erdma_engine *e, erdma_conn *c) {
+  struct shm_seg *ps = c->peer_seg;
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&ps->bell_waiters, memory_order_relaxed))
+    ring_bell(ps);
+  else if (atomic_load_explicit(&ps->sleeping, memory_order_relaxed) &&
+           !atomic_load_explicit(&ps->spinners, memory_order_relaxed) &&
+           erdma_now() >= atomic_load_explicit(&ps->active_until, memory_order_relaxed))
+    doorbell(e, c);
+}
+
 static void ring_put(struct shm_ring *r, uint64_t cap, uint64_t pos, const uint8_t *src,
                      uint64_t n) {
   uint64_t off = pos & (cap - 1), first = cap - off < n ? cap - off : n;
@@ -248,19 +263,35 @@ int shm_flush(erdma_conn *c) {
   if (wrote) {
     e->stats.bytes_sent += wrote;
     conn_acked(c, c->acked + wrote); /* in the ring = delivered */
-    atomic_thread_fence(memory_order_seq_cst);
-    /* a thread of the peer asleep in shm_wait drains the rings itself: wake
-     * it directly; none, and none spinning on the rings, but its progress
-     * thread asleep: the doorbell */
-    struct shm_seg *ps = c->peer_seg;
-    if (atomic_load_explicit(&ps->bell_waiters, memory_order_relaxed))
-      ring_bell(ps);
-    else if (atomic_load_explicit(&ps->sleeping, memory_order_relaxed) &&
-             !atomic_load_explicit(&ps->spinners, memory_order_relaxed) &&
-             erdma_now() >= atomic_load_explicit(&ps->active_until, memory_order_relaxed))
-      doorbell(e, c);
+    notify_peer(e, c);
   }
   return 0;
+}
+
+/* An eager frame straight into the peer's ring, when nothing is queued
+ * before it and it fits: no copy of the payload, no queue item.  1 when
+ * written (the caller completes the send), 0: queue it as usual. */
+int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n) {
+  erdma_engine *e = c->e;
+  struct shm_ring *r = c->tx_ring;
+  uint64_t cap = e->shm.ring_bytes, len = ERDMA_HDR_LEN + n;
+  if (c->tx_write || c->closed || atomic_load_explicit(&c->peer_seg->closed,
+                                                       memory_order_relaxed))
+    return 0;
+  uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+  if (cap - (head - tail) < len) return 0;
+  uint8_t hdr[ERDMA_HDR_LEN];
+  hdr_encode(hdr, h);
+  ring_put(r, cap, head, hdr, ERDMA_HDR_LEN);
+  if (n) ring_put(r, cap, head + ERDMA_HDR_LEN, buf, n);
+  atomic_store_explicit(&r->head, head + len, memory_order_release);
+  c->tx_offset += len; /* as if queued and written at once */
+  c->acked += len;
+  e->stats.bytes_sent += len;
+  e->stats.msgs_sent++;
+  notify_peer(e, c);
+  return 1;
 }
 
 /* Hand everything in c's inbound ring to the frame parser; -1 on a bad frame
