@@ -500,6 +500,7 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
       rv = ERDMA_ERR_TIMEOUT;
       break;
     }
+    shm_app_idle(e); /* producers ring the doorbell for us again */
     deadline_wait(e, deadline < erdma_now() + 100000000ull ? deadline : erdma_now() + 100000000ull);
   }
   pthread_mutex_unlock(&e->mu);
@@ -583,7 +584,8 @@ static int any_done(erdma_req *const *reqs, int n) {
 static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
   int *lf = &e->shm.lf_spin;
   unsigned it = 0;
-  int yield_all = e->shm.oversub || e->shm.spin_ns > (uint64_t)e->cfg.spin_us * 1000u;
+  unsigned yield_mask = e->shm.oversub ? 0 : e->shm.spin_ns > (uint64_t)e->cfg.spin_us * 1000u
+                                               ? 15 : 63;
   __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_unlock(&e->mu);
   for (;;) {
@@ -605,9 +607,9 @@ static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t un
         (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
       break;
     /* give the CPU away at every turn where ranks outnumber cores (4 ranks on
-     * 2 cores must not livelock) or where the spin had to grow (a loaded
+     * 2 cores must not livelock), often where the spin had to grow (a loaded
      * machine: the peer may be waiting for our core), now and then otherwise */
-    if (yield_all || (it & 63) == 0) sched_yield();
+    if ((it & yield_mask) == 0) sched_yield();
     else cpu_relax();
   }
   __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
