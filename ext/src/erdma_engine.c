@@ -584,8 +584,7 @@ static int any_done(erdma_req *const *reqs, int n) {
 static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
   int *lf = &e->shm.lf_spin;
   unsigned it = 0;
-  unsigned yield_mask = e->shm.oversub ? 0 : e->shm.spin_ns > (uint64_t)e->cfg.spin_us * 1000u
-                                               ? 15 : 63;
+  unsigned yield_mask = e->shm.oversub ? 0 : 255;
   __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_unlock(&e->mu);
   for (;;) {
@@ -606,9 +605,9 @@ static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t un
     if ((it & 15) == 0 &&
         (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
       break;
-    /* give the CPU away at every turn where ranks outnumber cores (4 ranks on
-     * 2 cores must not livelock), often where the spin had to grow (a loaded
-     * machine: the peer may be waiting for our core), now and then otherwise */
+    /* give the CPU away at every turn where our ranks outnumber the cores (4
+     * ranks on 2 cores must not livelock), now and then otherwise: under
+     * other load a yield may cost a whole time slice, and the spin is short */
     if ((it & yield_mask) == 0) sched_yield();
     else cpu_relax();
   }
