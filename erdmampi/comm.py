@@ -1786,8 +1786,8 @@ class Comm:
         if c is None or c[0] is not ranks:
             world_hosts = (_rt.info or {}).get("hosts")
             k = len({world_hosts[w] for w in ranks}) if world_hosts else 1
+            self._cranks = _engine.ranks_array(ranks)   # first: another thread may look
             c = self._csmall = (ranks, not (1 < k < len(ranks)))
-            self._cranks = _engine.ranks_array(ranks)
         return c[1] and not isinstance(self, Intercomm) and _COLL_ENV[name] not in _environ_data
 
     def _no_compress(self, nbytes):
