@@ -268,6 +268,14 @@ def _c_dtype(datatype):
     return ent
 
 
+def _spec_np_dtype(spec, arr):
+    """The element dtype the normal path would see for a plain spec."""
+    if spec is arr:
+        return arr.dtype
+    npd = spec[1].np_dtype
+    return npd if npd is not None else np.dtype(np.uint8)
+
+
 def _spec_is(spec, arr, dt):
     """Whether ``spec`` is (still) the plain spec of ``arr`` (with ``dt``;
     None: the array alone)."""
@@ -1757,7 +1765,8 @@ class Comm:
                 arr = _plain_spec(buf, False)
             n = len(self._ranks)
             if (arr is not None and arr.nbytes <= _SMALL_COLL_MAX and 0 <= root < n
-                    and self._no_compress(arr.nbytes)):
+                    and self._no_compress("bcast", arr.nbytes, _spec_np_dtype(buf, arr),
+                                          arr=arr)):
                 try:
                     _engine.coll_bcast(_rt.engine, _buffer_pointer(arr), arr.nbytes, root,
                                        self._cranks, n, self._rank, self._coll_base(),
@@ -1787,14 +1796,20 @@ class Comm:
             world_hosts = (_rt.info or {}).get("hosts")
             k = len({world_hosts[w] for w in ranks}) if world_hosts else 1
             self._cranks = _engine.ranks_array(ranks)   # first: another thread may look
-            c = self._csmall = (ranks, not (1 < k < len(ranks)))
+            c = self._csmall = (ranks, not (1 < k < len(ranks)), k <= 1)
         return c[1] and not isinstance(self, Intercomm) and _COLL_ENV[name] not in _environ_data
 
-    def _no_compress(self, nbytes):
-        if self._chints:
-            return False
-        mode = _cz._config.mode
-        return mode == "off" or (mode == "auto" and nbytes < _cz.AUTO_MIN_BYTES)
+    def _no_compress(self, name, nbytes, dtype, op=None, arr=None):
+        """Whether this call runs uncompressed (as _cplan decides: its cheap
+        cases here, else on one host _cplan itself)."""
+        if not self._chints:
+            mode = _cz._config.mode
+            if mode == "off" or (mode == "auto" and nbytes < _cz.AUTO_MIN_BYTES):
+                return True
+        if not self._csmall[2]:
+            return False            # several hosts: the normal path plans
+        addr = 0 if arr is None else arr.__array_interface__["data"][0]
+        return self._cplan(name, None, dtype, nbytes, op=op, addr=addr) is None
 
     def _small_allreduce(self, sendbuf, recvbuf, op):
         """Allreduce in one engine call where it applies (see above): True
@@ -1805,7 +1820,7 @@ class Comm:
         if (c is not None and op is c[2] and _spec_is(recvbuf, c[3], c[4])
                 and (_spec_is(sendbuf, c[5], c[6]) or c[5] is None and sendbuf is IN_PLACE)
                 and c[3].nbytes == c[7] and (c[5] is None or c[5].nbytes == c[7])
-                and self._no_compress(c[7])):
+                and self._no_compress("allreduce", c[7], c[1], op, c[3])):
             f = c[3].flags
             if f.writeable and f.c_contiguous:
                 try:
@@ -1820,7 +1835,10 @@ class Comm:
         if codes is None or rtype is not _ndarray and rtype is not list and rtype is not tuple:
             return False
         rarr, rdt = _plain_with_type(recvbuf, False)
-        if rarr is None or rarr.nbytes > _SMALL_COLL_MAX or not self._no_compress(rarr.nbytes):
+        if rarr is None or rarr.nbytes > _SMALL_COLL_MAX or rdt.np_dtype is None:
+            return False
+        npd = rdt.np_dtype
+        if not self._no_compress("allreduce", rarr.nbytes, npd, op, rarr):
             return False
         sarr = sdt = None
         if sendbuf is IN_PLACE or is_in_place(sendbuf):
@@ -1839,7 +1857,7 @@ class Comm:
             return False            # the normal path reports it
         raddr = _buffer_pointer(rarr)
         count = rarr.nbytes // ctype[3]
-        self._arcache = (None, None, op,
+        self._arcache = (None, npd, op,
                          rarr, None if type(recvbuf) is _ndarray else rdt,
                          sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
                          rarr.nbytes, saddr, raddr, count, codes, ctype[1])
