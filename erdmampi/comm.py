@@ -533,7 +533,7 @@ class Comm:
     """
 
     _scache = _rcache = _NO_P2P_CACHE
-    _csmall = _cranks = _arcache = None
+    _csmall = _cranks = _arcache = _bccache = None
 
     def __init__(self, comm=None):
         self._ranks = None
@@ -1756,6 +1756,18 @@ class Comm:
 
     def Bcast(self, buf, root=0, *, compress=None):
         if compress is None and type(root) is int and self._small_ok("bcast"):
+            c = self._bccache       # the last call's resolved buffer, if the same
+            n = len(self._ranks)
+            if (c is not None and _spec_is(buf, c[0], c[1]) and c[0].nbytes == c[2]
+                    and 0 <= root < n and self._no_compress("bcast", c[2], c[3], arr=c[0])):
+                f = c[0].flags
+                if f.writeable and f.c_contiguous:
+                    try:
+                        _engine.coll_bcast(_rt.engine, c[4], c[2], root, self._cranks, n,
+                                           self._rank, self._coll_base(), self._ctx + 1)
+                    except _engine.EngineError as e:
+                        raise engine_exception(e) from None
+                    return
             t = type(buf)
             arr = None
             if t is _ndarray:
@@ -1763,12 +1775,13 @@ class Comm:
                     arr = buf
             elif t is list or t is tuple:
                 arr = _plain_spec(buf, False)
-            n = len(self._ranks)
+            npd = None if arr is None else _spec_np_dtype(buf, arr)
             if (arr is not None and arr.nbytes <= _SMALL_COLL_MAX and 0 <= root < n
-                    and self._no_compress("bcast", arr.nbytes, _spec_np_dtype(buf, arr),
-                                          arr=arr)):
+                    and self._no_compress("bcast", arr.nbytes, npd, arr=arr)):
+                ptr = _buffer_pointer(arr)
+                self._bccache = (arr, None if t is _ndarray else buf[1], arr.nbytes, npd, ptr)
                 try:
-                    _engine.coll_bcast(_rt.engine, _buffer_pointer(arr), arr.nbytes, root,
+                    _engine.coll_bcast(_rt.engine, ptr, arr.nbytes, root,
                                        self._cranks, n, self._rank, self._coll_base(),
                                        self._ctx + 1)
                 except _engine.EngineError as e:

@@ -461,7 +461,6 @@ void erdma_sched_free(erdma_sched *s) {
  * look at signals between slices. */
 
 enum { ACT_NONE, ACT_REDUCE_INTO_ACC, ACT_REDUCE_INTO_TMP_SWAP };
-#define COLL_MAX_ROUNDS 136 /* 2 fold + 64 doubling, or 64 + 64 binomial */
 
 typedef struct {
   int recv_from, send_to; /* world ranks, -1: none */
@@ -477,13 +476,13 @@ struct erdma_coll {
   void *out;       /* result lands here at the end (if not acc already) */
   void *tmp_mem;
   uint32_t ctx;
-  coll_round r[COLL_MAX_ROUNDS];
-  int nr, cur;
+  int nr, cur, maxr;
   erdma_req *rreq, *sreq;
+  coll_round r[]; /* maxr of them */
 };
 
 static int coll_add(erdma_coll *c, int from, int to, int rbuf, int sbuf, int tag, int act) {
-  if (c->nr == COLL_MAX_ROUNDS) return ERDMA_ERR_INVAL;
+  if (c->nr == c->maxr) return ERDMA_ERR_INVAL;
   coll_round *r = &c->r[c->nr++];
   r->recv_from = from;
   r->send_to = to;
@@ -574,9 +573,14 @@ int erdma_coll_resume(erdma_coll *c, double slice) {
 
 void erdma_coll_free(erdma_coll *c) { coll_free(c); }
 
-static erdma_coll *coll_new(erdma_engine *e, uint64_t nbytes, uint32_t ctx) {
-  erdma_coll *c = calloc(1, sizeof *c);
+/* Room for the rounds of any algorithm here on n ranks: 2 + 2 log2 n. */
+static erdma_coll *coll_new(erdma_engine *e, uint64_t nbytes, uint32_t ctx, int n) {
+  int maxr = 2;
+  for (int d = 1; d < n; d <<= 1) maxr += 2;
+  erdma_coll *c = malloc(sizeof *c + (size_t)maxr * sizeof(coll_round));
   if (!c) return NULL;
+  memset(c, 0, sizeof *c);
+  c->maxr = maxr;
   c->e = e;
   c->nbytes = nbytes;
   c->ctx = ctx;
@@ -597,7 +601,7 @@ int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   uint64_t nbytes = count * (uint64_t)es;
   if (sbuf && sbuf != rbuf && nbytes) memcpy(rbuf, sbuf, nbytes);
   if (n == 1 || nbytes == 0) return 0;
-  erdma_coll *c = coll_new(e, nbytes, ctx);
+  erdma_coll *c = coll_new(e, nbytes, ctx, n);
   if (!c || !(c->tmp_mem = malloc(nbytes))) {
     free(c);
     return ERDMA_ERR_NOMEM;
@@ -651,7 +655,7 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   if (check_comm(e, ranks, n, me) || root < 0 || root >= n || (nbytes && !buf))
     return ERDMA_ERR_INVAL;
   if (n == 1) return 0;
-  erdma_coll *c = coll_new(e, nbytes, ctx);
+  erdma_coll *c = coll_new(e, nbytes, ctx, n);
   if (!c) return ERDMA_ERR_NOMEM;
   c->buf[0] = buf;
   int vr = (me - root + n) % n, mask = 1, rc = 0;
@@ -676,7 +680,7 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
   *pending = NULL;
   if (check_comm(e, ranks, n, me)) return ERDMA_ERR_INVAL;
   if (n == 1) return 0;
-  erdma_coll *c = coll_new(e, 1, ctx); /* 1-byte tokens, as the Python algorithm */
+  erdma_coll *c = coll_new(e, 1, ctx, n); /* 1-byte tokens, as the Python algorithm */
   if (!c || !(c->tmp_mem = calloc(2, 1))) {
     free(c);
     return ERDMA_ERR_NOMEM;

@@ -35,7 +35,7 @@
  * skip the doorbell for this long after it left, and the owner's progress
  * thread wakes by then anyway (so a thread that never comes back delays a
  * message by at most this much). */
-#define SHM_GRACE_NS 500000ull
+#define SHM_GRACE_NS 2000000ull
 
 struct shm_ring {
   _Alignas(64) _Atomic uint64_t head;   /* bytes produced */
