@@ -144,6 +144,14 @@ comm.Allreduce(ss, dd); assert (d1 == 2 * n).all()
 d2 = np.zeros(10); dd[0] = d2
 comm.Allreduce(ss, dd); assert (d2 == 2 * n).all()
 comm.Allreduce(MPI.IN_PLACE, dd); assert (d2 == 2 * n * n).all()
+# Bcast: the same spec with another array, then a reshaped one (its cache must notice)
+b1, b2 = np.full(6, r, np.int64), np.full(6, r + 10, np.int64)
+bs = [b1, MPI.INT64_T]
+comm.Bcast(bs, 0); assert (b1 == 0).all()
+bs[0] = b2
+comm.Bcast(bs, 0); assert (b2 == 10).all(), b2
+b2[:] = r; b2.shape = (2, 3)
+comm.Bcast(bs, n - 1); assert (b2 == n - 1).all(), b2
 # logical ops on booleans
 bb = np.array([r % 2 == 0] * 5); o = np.zeros(5, bool)
 comm.Allreduce(bb, o, op=MPI.LOR); assert o.all()
