@@ -38,8 +38,8 @@ setup(
     # the WAN test bed compiles its delay line from source on first use
     package_data={"erdmampi.testing": ["*.c"]},
     setup_requires=["cffi>=1.15"],
-    install_requires=["cffi>=1.15", "numpy"],
-    cffi_modules=["ext/build_engine.py:ffibuilder"],
+    install_requires=["cffi>=1.15", "numpy", "cryptography"],
+    cffi_modules=["ext/build_engine.py:ffibuilder", "ext/build_engine.py:dpdk_ffibuilder"],
     ext_package="erdmampi",
     entry_points={"console_scripts": ["erdmarun=erdmampi.launcher.cli:main"]},
     zip_safe=False,

@@ -21,6 +21,7 @@ ERR_PEER = lib.ERDMA_ERR_PEER
 ERR_RANK = lib.ERDMA_ERR_RANK
 ERR_STATE = lib.ERDMA_ERR_STATE
 ERR_AUTH = lib.ERDMA_ERR_AUTH
+ERR_PKTIO = lib.ERDMA_ERR_PKTIO
 
 CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
             "cubic": lib.ERDMA_CC_CUBIC, "bbr": lib.ERDMA_CC_BBR, "bbr2": lib.ERDMA_CC_BBR2}
@@ -32,6 +33,24 @@ TUNING = {
     "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16),
     "chunk_size": (4096, 1 << 30),
 }
+
+PKTIO_KINDS = {"udp": lib.ERDMA_PKTIO_UDP, "dpdk": lib.ERDMA_PKTIO_DPDK}
+NO_DPDK = "this build has no DPDK support: install libdpdk-dev and rebuild"
+
+
+def dpdk_plugin_path() -> str:
+    """File of the DPDK backend (erdmampi._erdma_dpdk), which the engine
+    dlopens; "" when this build has none (the engine then says so)."""
+    try:
+        from . import _erdma_dpdk
+    except ImportError as exc:
+        if "No module named" in str(exc):
+            return ""
+        raise EngineError(ERR_PKTIO, f"cannot load the DPDK backend: {exc}") from None
+    if not _erdma_dpdk.lib.erdma_dpdk_built():
+        return ""
+    return _erdma_dpdk.__file__
+
 
 _SLICE = 0.5  # seconds a blocking call waits before checking for signals
 
@@ -277,13 +296,32 @@ class Engine:
     def create(cls, rank: int = 0, size: int = 1, bind: str = "127.0.0.1", port: int = 0,
                cc: str = "auto", eager_limit: int = 65536, idle_timeout: float = 60.0,
                connect_timeout: float = 60.0, max_udp_payload: int = 0,
-               spin_us: int = 50, verbose: int = 0, **tuning) -> "Engine":
+               spin_us: int = 50, verbose: int = 0, keepalive: float | None = None,
+               path_timeout: float = 5.0, pktio: str = "udp",
+               dpdk_eal: str = "", dpdk_port: int = 0, dpdk_queue: int = 0,
+               dpdk_prefix: int = 24, dpdk_gateway: str = "", dpdk_neigh: str = "",
+               dpdk_poll_us: int = 200, **tuning) -> "Engine":
         """``cc``: "auto" (BBR to other hosts, CUBIC over loopback) or an algorithm.
+        ``keepalive``: seconds of idleness before a QUIC PING (keeps NAT bindings
+        open); None: idle_timeout / 4, 0: off.  ``path_timeout``: seconds a
+        fallback relay waits on a silent direct path (:meth:`set_peer_relay`).
         ``tuning`` (None or absent: the engine's default): stream_window,
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
-        data_streams (count), chunk_size (bytes); see docs/design.md."""
+        data_streams (count), chunk_size (bytes); see docs/design.md.
+        ``pktio``: "udp" (kernel socket) or "dpdk"; the ``dpdk_*`` keywords
+        configure the latter (docs/dpdk.md): EAL arguments, port id, queue,
+        prefix length of the subnet ``bind`` is on, gateway, static
+        neighbours "ip=mac,...", longest idle sleep of the poller (µs)."""
         if cc not in CC_ALGOS:
             raise ValueError(f"unknown congestion control {cc!r}; choose one of {sorted(CC_ALGOS)}")
+        if pktio not in PKTIO_KINDS:
+            raise ValueError(f"unknown packet I/O {pktio!r}; choose one of {sorted(PKTIO_KINDS)}")
+        for name, value, lo, hi in (("dpdk_port", dpdk_port, 0, 65535),
+                                    ("dpdk_queue", dpdk_queue, 0, 65535),
+                                    ("dpdk_prefix", dpdk_prefix, 1, 32),
+                                    ("dpdk_poll_us", dpdk_poll_us, 1, 1000000)):
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
         cfg = ffi.new("erdma_config *")
         lib.erdma_config_default(cfg)
         for name, value in tuning.items():
@@ -304,8 +342,33 @@ class Engine:
         cfg.max_udp_payload = max_udp_payload
         cfg.spin_us = spin_us
         cfg.verbose = int(verbose)  # 2: path statistics (cwnd, RTT, rates) every second
+        if keepalive is not None:
+            if not keepalive >= 0:
+                raise ValueError(f"keepalive must be >= 0 seconds, not {keepalive!r}")
+            cfg.keepalive = keepalive
+        if not path_timeout > 0:
+            raise ValueError(f"path_timeout must be > 0 seconds, not {path_timeout!r}")
+        cfg.path_timeout = path_timeout
+        keep = []  # C strings the engine reads during erdma_engine_new
+
+        def cstr(text):
+            keep.append(ffi.new("char[]", text.encode()))
+            return keep[-1]
+
+        cfg.pktio = PKTIO_KINDS[pktio]
+        if pktio == "dpdk":
+            cfg.dpdk_plugin = cstr(dpdk_plugin_path())
+            cfg.dpdk_eal = cstr(dpdk_eal)
+            cfg.dpdk_port, cfg.dpdk_queue = dpdk_port, dpdk_queue
+            cfg.dpdk_prefix, cfg.dpdk_poll_us = dpdk_prefix, dpdk_poll_us
+            cfg.dpdk_gateway = cstr(dpdk_gateway)
+            cfg.dpdk_neigh = cstr(dpdk_neigh)
         out = ffi.new("erdma_engine **")
-        _check(lib.erdma_engine_new(cfg, out), f"engine start (bind {bind}:{port})")
+        rc = lib.erdma_engine_new(cfg, out)
+        if rc != 0:
+            detail = ffi.string(lib.erdma_last_error()).decode(errors="replace")
+            raise EngineError(rc, f"engine start ({pktio}, bind {bind}:{port})"
+                              + (f": {detail}" if detail else ""))
         return cls(out[0], rank, size)
 
     # -- bootstrap
@@ -349,10 +412,62 @@ class Engine:
         lib.erdma_engine_stats(self._h, st)
         return {k: getattr(st, k) for k in ("pkts_sent", "pkts_recv", "bytes_sent",
                                             "bytes_recv", "msgs_sent", "msgs_recv", "unexpected",
-                                            "chunks_sent", "chunks_recv")}
+                                            "chunks_sent", "chunks_recv", "raw_queued",
+                                            "raw_dropped", "relay_sent", "relay_recv")}
 
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)
+
+    # -- NAT traversal (ext/src/erdma_nat.c; docs/wire.md, "Demultiplexing")
+    def raw_send(self, data: bytes, host: str, port: int) -> None:
+        """Send one datagram (STUN, TURN, ICE checks) from the engine's socket."""
+        data = bytes(data)
+        _check(lib.erdma_engine_raw_send(self._h, data, len(data), host.encode(), int(port)),
+               f"raw send to {host}:{port}")
+
+    def raw_recv(self, timeout: float):
+        """The next STUN/TURN datagram the engine set aside, as ``(data, host,
+        port)``, or None after ``timeout`` seconds.  Works before :meth:`connect`."""
+        buf = ffi.new("uint8_t[]", 65536)
+        n = ffi.new("size_t *")
+        host = ffi.new("char[64]")
+        port = ffi.new("int *")
+        left = max(0.0, float(timeout))
+        while True:
+            step = min(_SLICE, left)
+            rc = lib.erdma_engine_raw_recv(self._h, buf, 65536, n, host, 64, port, step)
+            if rc == 0:
+                return bytes(ffi.buffer(buf, n[0])), ffi.string(host).decode(), port[0]
+            if rc != ERR_TIMEOUT:
+                raise EngineError(rc, "raw recv")
+            left -= step
+            if left <= 0:
+                return None
+
+    def add_turn_server(self, host: str, port: int) -> None:
+        """Datagrams from this TURN server are demultiplexed (ChannelData vs the rest)."""
+        _check(lib.erdma_engine_add_turn_server(self._h, host.encode(), int(port)),
+               f"TURN server {host}:{port}")
+
+    def set_peer_relay(self, rank: int, turn_host: str, turn_port: int, channel: int,
+                       peer_host: str, peer_port: int, fallback: bool = False) -> None:
+        """Tunnel QUIC to ``rank`` through our TURN allocation on turn_host:turn_port,
+        channel ``channel`` bound to peer_host:peer_port; always, or (``fallback``)
+        once the direct path falls silent for ``path_timeout`` seconds."""
+        mode = lib.ERDMA_RELAY_FALLBACK if fallback else lib.ERDMA_RELAY_ALWAYS
+        _check(lib.erdma_engine_set_peer_relay(self._h, rank, turn_host.encode(), int(turn_port),
+                                               int(channel), peer_host.encode(), int(peer_port),
+                                               mode), f"relay for rank {rank}")
+
+    def clear_peer_relay(self, rank: int) -> None:
+        _check(lib.erdma_engine_set_peer_relay(self._h, rank, ffi.NULL, 0, 0, ffi.NULL, 0,
+                                               lib.ERDMA_RELAY_OFF), f"relay for rank {rank}")
+
+    def peer_route(self, rank: int) -> str:
+        """How packets to ``rank`` travel now: "direct", "relay", "shm" or "self"."""
+        out = ffi.new("int *")
+        _check(lib.erdma_engine_peer_route(self._h, rank, out), f"route to rank {rank}")
+        return _ROUTES[out[0]]
 
     # -- point to point
     def _post_send(self, addr, nbytes, dest, tag, ctx, sync):
@@ -480,6 +595,10 @@ class Engine:
             raise EngineError(ERR_INVAL, "message already received")
         _check(lib.erdma_imrecv(self._h, handle, ffi.NULL, 0, 1, out), "mrecv")
         return EngineRequest(self, out[0], None)
+
+
+_ROUTES = {lib.ERDMA_ROUTE_SELF: "self", lib.ERDMA_ROUTE_DIRECT: "direct",
+           lib.ERDMA_ROUTE_RELAY: "relay", lib.ERDMA_ROUTE_SHM: "shm"}
 
 
 # ---- schedules (ext/src/erdma_sched.c) ----

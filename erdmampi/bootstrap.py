@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 from ._engine import Engine
 
@@ -21,6 +22,20 @@ _RANK_SIZE_VARS = [
 
 _world = None
 _info: dict = {}
+_turn_keeper = None
+
+
+def _nat_config(env):
+    """NAT traversal settings (ERDMA_STUN / ERDMA_TURN / ERDMA_NAT), or None."""
+    if not any(env.get(v) for v in ("ERDMA_STUN", "ERDMA_TURN", "ERDMA_NAT")):
+        return None  # the common case imports nothing of erdmampi.nat
+    from .nat.paths import nat_config
+    return nat_config(env)
+
+
+def _first_server(cfg):
+    from .nat.paths import first_server
+    return first_server(cfg)
 
 
 def _env_float(name: str, default: float) -> float:
@@ -81,6 +96,33 @@ def _env_size(name: str, env=os.environ):
         raise ValueError(f"{name}={env[name]!r} is not a size (e.g. 64M, 1G, 4096)") from None
 
 
+def _env_int(name: str, default: int, env=os.environ) -> int:
+    v = env.get(name, "").strip()
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r} is not an integer") from None
+
+
+def _pktio_opts(env) -> dict:
+    """Packet I/O backend keywords (ERDMA_PKTIO=udp|dpdk, ERDMA_DPDK_*; docs/dpdk.md)."""
+    kind = env.get("ERDMA_PKTIO", "").strip().lower()
+    if not kind or kind == "udp":
+        return {}
+    if kind == "dpdk" and not env.get("ERDMA_BIND"):
+        raise ValueError("ERDMA_PKTIO=dpdk needs ERDMA_BIND: the DPDK endpoint's own IPv4 "
+                         "address (one the kernel does not have, on the port's subnet)")
+    return dict(pktio=kind, dpdk_eal=env.get("ERDMA_DPDK_EAL", ""),
+                dpdk_port=_env_int("ERDMA_DPDK_PORT", 0, env),
+                dpdk_queue=_env_int("ERDMA_DPDK_QUEUE", 0, env),
+                dpdk_prefix=_env_int("ERDMA_DPDK_PREFIX", 24, env),
+                dpdk_poll_us=_env_int("ERDMA_DPDK_POLL_US", 200, env),
+                dpdk_gateway=env.get("ERDMA_DPDK_GATEWAY", ""),
+                dpdk_neigh=env.get("ERDMA_DPDK_NEIGH", ""))
+
+
 def _verbosity(text: str) -> int:
     """ERDMA_VERBOSE: "" or 0 quiet, 1 diagnostics, 2 also path statistics each second."""
     text = text.strip()
@@ -105,6 +147,7 @@ def init_world() -> Engine:
     if _world is not None:
         return _world
     env = os.environ
+    t_start = time.monotonic()
     rank, size = rank_and_size(env)
     rdv = env.get("ERDMA_RENDEZVOUS")
     host_id = env.get("ERDMA_HOST") or _host_id()
@@ -117,43 +160,70 @@ def init_world() -> Engine:
         spin_us=int(env.get("ERDMA_SPIN_US", 50)),
         verbose=_verbosity(env.get("ERDMA_VERBOSE", "")),
         **{name: _env_size(var) for name, var in _TUNING_ENV.items()},
+        **_pktio_opts(env),
     )
     hosts = [host_id]
     if size == 1:
         eng = Engine.create(0, 1, bind=env.get("ERDMA_BIND", "127.0.0.1"), **opts)
         eng.connect()
     else:
-        if not rdv:
+        if not (rdv or env.get("ERDMA_DHT")):
             raise RuntimeError(
                 f"rank {rank} of {size}: no rendezvous address. Start the job with erdmarun, "
                 "or set ERDMA_RENDEZVOUS=host:port of a running store "
-                "(python -m erdmampi.launcher.store_server)")
-        from .rendezvous import Store
-        jobid = env.get("ERDMA_JOBID") or env.get("SLURM_JOB_ID") or "job"
-        store = Store.from_address(rdv, prefix=f"{jobid}/", timeout=opts["connect_timeout"])
-        rhost, _, rport = rdv.rpartition(":")
-        bind = env.get("ERDMA_BIND") or _route_addr(rhost.strip("[]"), int(rport))
-        eng = Engine.create(rank, size, bind=bind, port=int(env.get("ERDMA_PORT", 0)), **opts)
-        addr, _, port = eng.local_addr.rpartition(":")
-        store.set(f"ep/{rank}", json.dumps({"addr": addr.strip("[]"), "port": int(port),
-                                            "fp": eng.fingerprint, "host": host_id}).encode())
-        hosts = []
-        for r in range(size):
-            rec = json.loads(store.get(f"ep/{r}", timeout=opts["connect_timeout"]))
-            hosts.append(rec["host"])
-            if r != rank:
-                eng.set_peer(r, rec["addr"], rec["port"], rec["fp"])
-        local = [r for r in range(size) if hosts[r] == host_id]
-        if len(local) > 1 and env.get("ERDMA_SHM", "1") != "0":
-            eng.shm_setup(jobid, local, int(env.get("ERDMA_SHM_RING", 2 << 20)),
-                          cma=env.get("ERDMA_SHM_CMA", "1") != "0")
-        eng.connect()
-        store.close()
+                "(erdmarun --serve-rendezvous HOST:PORT) or ERDMA_DHT=host:port of DHT peers")
+        from .discovery import job_id, open_store
+        jobid = job_id(env)
+        nat = _nat_config(env)
+        store = open_store(env, timeout=opts["connect_timeout"])
+        try:
+            if env.get("ERDMA_BIND"):
+                bind = env["ERDMA_BIND"]
+            elif nat is not None and _first_server(nat):
+                bind = _route_addr(*_first_server(nat))
+            elif rdv or env.get("ERDMA_DHT"):
+                # the address that routes to the rendezvous (or the first DHT peer)
+                first = rdv or env["ERDMA_DHT"].split(",")[0]
+                rhost, _, rport = first.strip().rpartition(":")
+                bind = _route_addr(rhost.strip("[]"), int(rport))
+            else:
+                bind = "0.0.0.0"
+            if nat is not None:
+                opts.update(keepalive=_env_float("ERDMA_KEEPALIVE", 15.0),
+                            path_timeout=_env_float("ERDMA_PATH_TIMEOUT", 5.0))
+            eng = Engine.create(rank, size, bind=bind, port=int(env.get("ERDMA_PORT", 0)), **opts)
+            addr, _, port = eng.local_addr.rpartition(":")
+            store.set(f"ep/{rank}", json.dumps({"addr": addr.strip("[]"), "port": int(port),
+                                                "fp": eng.fingerprint, "host": host_id}).encode())
+            hosts, fps = [], {}
+            for r in range(size):
+                rec = json.loads(store.get(f"ep/{r}", timeout=opts["connect_timeout"]))
+                hosts.append(rec["host"])
+                fps[r] = rec["fp"]
+                if r != rank and nat is None:
+                    eng.set_peer(r, rec["addr"], rec["port"], rec["fp"])
+            if nat is not None:
+                global _turn_keeper
+                from .nat.paths import TurnKeeper, install_paths
+                res = install_paths(eng, store, rank, size, nat,
+                                    {r: fp for r, fp in fps.items() if r != rank},
+                                    opts["connect_timeout"])
+                _info["paths"] = {r: pr.describe() for r, pr in res.items()}
+                if res.turn is not None:
+                    _turn_keeper = TurnKeeper(res.turn)
+            local = [r for r in range(size) if hosts[r] == host_id]
+            if len(local) > 1 and env.get("ERDMA_SHM", "1") != "0":
+                eng.shm_setup(jobid, local, int(env.get("ERDMA_SHM_RING", 2 << 20)),
+                              cma=env.get("ERDMA_SHM_CMA", "1") != "0")
+            eng.connect()
+        finally:
+            store.close()
     local = [r for r in range(size) if hosts[r] == host_id]
     _info.update(
         host=host_id, hosts=hosts, local_rank=local.index(rank), local_size=len(local),
         appnum=int(env.get("ERDMA_APPNUM", 0)),
         universe_size=int(env.get("ERDMA_UNIVERSE_SIZE", size)),
+        bootstrap_seconds=time.monotonic() - t_start,
     )
     _world = eng
     return eng
@@ -167,5 +237,9 @@ def world_info() -> dict:
 
 
 def shutdown_world(timeout: float = 10.0) -> None:
+    global _turn_keeper
+    if _turn_keeper is not None:
+        _turn_keeper.close()
+        _turn_keeper = None
     if _world is not None:
         _world.shutdown(timeout)

@@ -23,11 +23,25 @@ Requests and their fields (keys are UTF-8, values opaque bytes):
     5 CHECK     key...                            b"1" or b"0"
     6 DELETE    key                               b"1" (existed) or b"0"
     7 PING      (none)                            (none)
+    8 AUTH      namespace                         nonce (32 bytes)
+    9 PROVE     public_key, signature             (none)
     ==========  ================================  ==========================
 
 Status is 0 OK, 1 TIMEOUT (fields: the missing keys), 2 ERROR (field: message).
 A negative ``timeout_ms`` means "wait forever". ``ADD`` stores its counter as
 ASCII decimal, so ``get`` of a counter returns e.g. ``b"3"``.
+
+Job authentication (optional; :mod:`erdmampi.jobauth` makes the keys). A
+connection starts in the server's *open* space, shared by every client that
+does not authenticate (jobs without a secret). ``AUTH namespace`` followed by
+``PROVE public_key signature`` (an Ed25519 signature of
+``"erdma-store-auth/1" \0 namespace \0 nonce``) moves the connection into the
+job's own space: the first successful PROVE for a namespace registers its
+public key; later ones must use the same key. From then on every operation of
+that connection acts on the job's space only, which no other connection can
+read or write. A failed PROVE answers ERROR and closes the connection. A
+server started with ``require_auth`` refuses every data operation from a
+connection that has not authenticated.
 """
 import socket
 import struct
@@ -37,9 +51,10 @@ import time
 __all__ = ["Store", "StoreError", "encode_frame", "read_frame", "pack_fields",
            "unpack_fields", "OP_NAMES"]
 
-OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_CHECK, OP_DELETE, OP_PING = range(1, 8)
+OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_CHECK, OP_DELETE, OP_PING, OP_AUTH, OP_PROVE = range(1, 10)
 OP_NAMES = {OP_SET: "SET", OP_GET: "GET", OP_ADD: "ADD", OP_WAIT: "WAIT",
-            OP_CHECK: "CHECK", OP_DELETE: "DELETE", OP_PING: "PING"}
+            OP_CHECK: "CHECK", OP_DELETE: "DELETE", OP_PING: "PING", OP_AUTH: "AUTH",
+            OP_PROVE: "PROVE"}
 ST_OK, ST_TIMEOUT, ST_ERROR = 0, 1, 2
 
 #: Largest frame either side accepts (protects against garbage on the port).
@@ -155,6 +170,10 @@ class Store:
     :param port: server TCP port.
     :param prefix: prepended to every key (the launcher uses ``ERDMA_JOBID + "/"``).
     :param timeout: default seconds for connecting and for blocking ``get``/``wait``.
+    :param auth: None (the server's open space), or an object with ``namespace``
+        (bytes), ``public_key`` (32 bytes) and ``sign(nonce) -> bytes``
+        (:meth:`erdmampi.jobauth.JobKeys.store_auth`): every connection proves
+        the job before its first operation.
 
     One persistent TCP connection serves all calls; the object is thread-safe.
     While one thread blocks in ``get``/``wait``, other threads get an extra
@@ -162,7 +181,8 @@ class Store:
     behind a blocking ``get``.
     """
 
-    def __init__(self, host, port, prefix="", timeout=60.0):
+    def __init__(self, host, port, prefix="", timeout=60.0, auth=None):
+        self.auth = auth
         self.host = host
         self.port = int(port)
         self.prefix = _key_bytes(prefix)
@@ -174,9 +194,9 @@ class Store:
         self._put(self._connect(self.timeout))
 
     @classmethod
-    def from_address(cls, addr, prefix="", timeout=60.0):
+    def from_address(cls, addr, prefix="", timeout=60.0, auth=None):
         host, port = parse_address(addr)
-        return cls(host, port, prefix=prefix, timeout=timeout)
+        return cls(host, port, prefix=prefix, timeout=timeout, auth=auth)
 
     def __repr__(self):
         return f"Store({self.host!r}, {self.port}, prefix={self.prefix.decode(errors='replace')!r})"
@@ -270,14 +290,43 @@ class Store:
                 s = socket.create_connection((self.host, self.port),
                                              timeout=max(0.1, deadline - time.monotonic()))
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                s.settimeout(None)
-                return s
             except OSError as e:
                 if time.monotonic() + delay >= deadline:
                     raise ConnectionError(f"cannot reach the rendezvous store at "
                                           f"{self.host}:{self.port} within {timeout:g} s: {e}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+                continue
+            if self.auth is not None:
+                try:
+                    s.settimeout(max(5.0, timeout))
+                    self._authenticate(s)
+                except BaseException:
+                    s.close()
+                    raise
+            s.settimeout(None)
+            return s
+
+    def _authenticate(self, sock):
+        """AUTH + PROVE on a fresh connection."""
+        where = f"rendezvous store {self.host}:{self.port}"
+        try:
+            sock.sendall(encode_frame(OP_AUTH, [self.auth.namespace]))
+            reply = read_frame(sock)
+            if reply is not None and reply[0] == ST_OK and reply[1]:
+                nonce = reply[1][0]
+                sock.sendall(encode_frame(OP_PROVE, [self.auth.public_key,
+                                                     self.auth.sign(nonce)]))
+                reply = read_frame(sock)
+        except OSError as e:
+            raise StoreError(f"{where}: authentication failed: {e}") from e
+        if reply is None:
+            raise StoreError(f"{where} closed the connection during authentication")
+        if reply[0] != ST_OK:
+            msg = reply[1][0].decode(errors="replace") if reply[1] else "refused"
+            if "unknown store operation" in msg:
+                msg += " (a store without job authentication: upgrade it, or join without a secret)"
+            raise StoreError(f"{where}: job authentication refused: {msg}")
 
     def _put(self, sock):
         with self._lock:

@@ -42,16 +42,41 @@ exit status:
   sent SIGTERM and, --kill-grace seconds later, SIGKILL. 124 when --timeout
   expires, 127 when PROGRAM is not found, 2 for bad usage.
 
+joining one job from several sites (docs/internet.md):
+  Run erdmarun on each site with the same --job-id, -n and secret. Each starts
+  its share of the ranks (--local-n K: the next K free ranks, contiguous;
+  --ranks A-B: exactly those) and they meet at a rendezvous store every site
+  reaches (--rendezvous HOST:PORT, e.g. one started with --serve-rendezvous)
+  or, without any server, in a Kademlia DHT (--dht PEERS, each site's erdmarun
+  runs a node: --dht-listen). The secret (--secret-file FILE, else
+  $ERDMA_JOB_SECRET / $ERDMA_JOB_SECRET_FILE; make one with
+  'python -m erdmampi.jobauth') authenticates the job to the store and seals
+  its records; erdmarun refuses to join without one unless --insecure. If some
+  ranks have not joined within --connect-timeout seconds, every site stops
+  with status 124 and names the missing ranks.
+
+environment of each rank (also):
+  ERDMA_JOB_SECRET                 the job secret (a fresh one for local/ssh
+                                   jobs; ssh ranks read it from stdin, never
+                                   from the command line)
+
 examples:
   erdmarun -n 4 python train.py --epochs 3
   erdmarun -n 8 -H node1:4,node2:4 --tag-output python -m mypkg.job
   erdmarun -n 2 --timeout 600 --env ERDMA_CC=bbr -- ./a.out -x
+  erdmarun --serve-rendezvous 0.0.0.0:29500 --require-auth
+  erdmarun --rendezvous rdv.example.org:29500 --job-id run42 --secret-file job.key \\
+           -n 8 --local-n 4 python train.py              (on each of two sites)
+  erdmarun --dht-listen 0.0.0.0:29600 --dht siteB:29600 --job-id run42 \\
+           --secret-file job.key -n 8 --ranks 0-3 python train.py
 """
 
 # options that take a value (for splitting erdmarun's options from the program's)
 _VALUE_OPTS = {"-n", "-np", "--np", "-H", "--host", "--hosts", "--hostfile", "-f",
                "--machinefile", "--timeout", "--env", "-x", "--export", "--launcher-cmd",
-               "--rendezvous-addr", "--wdir", "--kill-grace"}
+               "--rendezvous-addr", "--wdir", "--kill-grace", "--rendezvous", "--dht",
+               "--dht-listen", "--job-id", "--local-n", "--ranks", "--secret-file",
+               "--connect-timeout", "--serve-rendezvous", "--serve-dht", "--job-ttl"}
 
 
 def build_parser():
@@ -89,6 +114,43 @@ def build_parser():
                         "it must exist on remote hosts)")
     p.add_argument("--kill-grace", type=float, default=5.0, metavar="SEC",
                    help="seconds between SIGTERM and SIGKILL on teardown (default 5)")
+    j = p.add_argument_group("joining one job from several sites")
+    j.add_argument("--rendezvous", metavar="HOST:PORT",
+                   help="join job --job-id at this rendezvous store (shared by all sites)")
+    j.add_argument("--dht", metavar="HOST:PORT[,...]",
+                   help="join job --job-id through the Kademlia DHT, bootstrapping from these "
+                        "peers (other sites' --dht-listen addresses, or --serve-dht nodes)")
+    j.add_argument("--dht-listen", metavar="HOST:PORT", default=None,
+                   help="UDP address of this site's DHT node (default 0.0.0.0:0; give a fixed "
+                        "port so other sites can bootstrap from it)")
+    j.add_argument("--job-id", metavar="ID",
+                   help="the job's id: the same on every site (use a fresh one per run)")
+    j.add_argument("--local-n", type=int, metavar="K",
+                   help="start K ranks here: the next K free ranks of the job "
+                        "(--rendezvous only; default -n)")
+    j.add_argument("--ranks", metavar="A-B",
+                   help="start exactly ranks A..B here (needed with --dht)")
+    j.add_argument("--secret-file", metavar="FILE",
+                   help="file holding the job secret as hex (default $ERDMA_JOB_SECRET, "
+                        "$ERDMA_JOB_SECRET_FILE)")
+    j.add_argument("--insecure", action="store_true",
+                   help="join without a job secret: records in clear, anyone who reaches "
+                        "the rendezvous can read and forge them")
+    j.add_argument("--connect-timeout", type=float, metavar="SEC",
+                   help="seconds the other sites have to join, also the ranks' "
+                        "ERDMA_CONNECT_TIMEOUT (default $ERDMA_CONNECT_TIMEOUT, else 60)")
+    s = p.add_argument_group("servers (no PROGRAM)")
+    s.add_argument("--serve-rendezvous", metavar="HOST:PORT",
+                   help="run a standalone rendezvous store for any number of jobs until "
+                        "SIGINT/SIGTERM (prints host:port once listening)")
+    s.add_argument("--require-auth", action="store_true",
+                   help="with --serve-rendezvous: serve only jobs that prove a secret")
+    s.add_argument("--job-ttl", type=float, default=24 * 3600.0, metavar="SEC",
+                   help="with --serve-rendezvous: forget a job's records after SEC idle "
+                        "seconds (default 86400)")
+    s.add_argument("--serve-dht", metavar="HOST:PORT",
+                   help="run a standalone DHT node (a bootstrap peer for --dht) until "
+                        "SIGINT/SIGTERM; --dht adds peers to join")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print the store address and each rank's command")
     p.add_argument("--version", action="version", version=_version())
@@ -133,11 +195,176 @@ def _parse_env(items, parser):
     return env
 
 
+def _hostport(text, what, parser, default_host="0.0.0.0"):
+    host, sep, port = str(text).rpartition(":")
+    if not sep:
+        host, port = "", text
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        parser.error(f"{what} takes HOST:PORT, got {text!r}")
+    return host.strip("[]") or default_host, int(port)
+
+
+def _serve_dht(a, parser):
+    import signal
+    import threading
+    from erdmampi.dht import DhtNode, DhtError
+    host, port = _hostport(a.serve_dht, "--serve-dht", parser)
+    try:
+        node = DhtNode(host, port)
+    except DhtError as e:
+        sys.stderr.write(f"erdmarun: error: {e}\n")
+        return 1
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda *_: stop.set())
+           for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"{node.address[0]}:{node.address[1]}", flush=True)
+        if a.dht:
+            try:
+                node.bootstrap(a.dht, _connect_timeout(a, parser))
+            except (TimeoutError, ValueError) as e:
+                sys.stderr.write(f"erdmarun: warning: {e}; serving alone until a peer "
+                                 f"contacts this node\n")
+        while not stop.wait(1.0):
+            pass
+        return 0
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        node.close()
+
+
+def _connect_timeout(a, parser):
+    t = a.connect_timeout
+    if t is None:
+        text = os.environ.get("ERDMA_CONNECT_TIMEOUT", "")
+        try:
+            t = float(text) if text else 60.0
+        except ValueError:
+            parser.error(f"ERDMA_CONNECT_TIMEOUT={text!r} is not a number of seconds")
+    if t <= 0:
+        parser.error("--connect-timeout must be positive")
+    return t
+
+
+def _join(a, program, env, hosts, parser):
+    """erdmarun --rendezvous/--dht --job-id: start this site's share of a job."""
+    from erdmampi import discovery, jobauth
+    from erdmampi.rendezvous import StoreError
+    if a.nprocs is None:
+        parser.error("joining a job needs -n N (the job's total number of ranks, the same "
+                     "on every site)")
+    if not a.job_id:
+        parser.error("--rendezvous/--dht need --job-id ID (the same on every site)")
+    if a.local_n is not None and a.ranks:
+        parser.error("give either --local-n or --ranks, not both")
+    n = a.nprocs
+    try:
+        first = None
+        count = a.local_n if a.local_n is not None else n
+        if a.ranks:
+            first, count = discovery.parse_ranks(a.ranks, n)
+        if not 1 <= count <= n:
+            parser.error(f"--local-n must be between 1 and -n ({n}), got {count}")
+        secret = (jobauth.read_secret_file(a.secret_file) if a.secret_file
+                  else jobauth.load_secret(os.environ))
+    except ValueError as e:
+        parser.error(str(e))
+    if secret is None and not a.insecure:
+        parser.error("joining a job across machines needs the job's secret: --secret-file "
+                     "FILE or ERDMA_JOB_SECRET (make one with: python -m erdmampi.jobauth); "
+                     "--insecure joins without one (anyone who reaches the rendezvous can "
+                     "then read and forge the job's records)")
+    timeout = _connect_timeout(a, parser)
+    node = proxy = store = join = None
+    say = lambda msg: sys.stderr.write(f"erdmarun: {msg}\n")  # noqa: E731
+    try:
+        if a.rendezvous:
+            try:
+                store = discovery.store_for(a.job_id, secret, rendezvous=a.rendezvous,
+                                            timeout=timeout)
+            except ValueError as e:
+                parser.error(str(e))
+            rank_rdv = a.rendezvous
+        else:
+            if hosts and not all(spawn.is_local_host(h.name) for h in hosts):
+                parser.error("with --dht every rank of a site runs on the machine of its "
+                             "erdmarun (run one erdmarun per machine, or use --rendezvous)")
+            from erdmampi.dht import DhtError, DhtNode, parse_peers
+            host, port = _hostport(a.dht_listen or "0.0.0.0:0", "--dht-listen", parser)
+            try:
+                node = DhtNode(host, port)
+            except DhtError as e:
+                raise spawn.JobError(str(e), 1) from None
+            if a.verbose or a.dht_listen is None:
+                say(f"DHT node of this site listening on {node.address[0]}:{node.address[1]}")
+            try:
+                node.bootstrap(a.dht or "", timeout)
+            except ValueError as e:
+                parser.error(str(e))
+            except TimeoutError as e:
+                raise spawn.JobError(f"cannot join the DHT: {e}", spawn.EXIT_JOIN) from None
+            proxy = discovery.DhtStoreServer(node, a.job_id, secret).start()
+            if "ERDMA_BIND" not in env and "ERDMA_BIND" not in os.environ:
+                # the ranks' store is on loopback: bind them where the other sites are
+                peers = parse_peers(a.dht or "")
+                if host not in ("0.0.0.0", ""):
+                    env["ERDMA_BIND"] = host
+                elif peers:
+                    env["ERDMA_BIND"] = spawn.route_address(peers[0][0])
+            store = discovery.store_for(a.job_id, secret, dht_node=node, timeout=timeout)
+            rank_rdv = proxy.address
+        job = spawn.Job(program, count, hosts=hosts, env=env, exports=a.export,
+                        tag_output=a.tag_output, timeout=a.timeout, grace=a.kill_grace,
+                        launcher_cmd=a.launcher_cmd, wdir=a.wdir, verbose=a.verbose,
+                        world_size=n, first_rank=0, rendezvous=rank_rdv, jobid=a.job_id,
+                        secret=secret.hex() if secret else "",
+                        rank_env={"ERDMA_CONNECT_TIMEOUT": f"{timeout:g}"})
+        job.check()                       # before taking ranks that could not be started
+        try:
+            first, count = discovery.claim_ranks(store, n, count=count, first=first)
+        except ValueError as e:
+            raise spawn.JobError(f"job {a.job_id}: {e}") from None
+        if a.verbose:
+            say(f"job {a.job_id}: this site runs ranks {first}-{first + count - 1} of {n}")
+        job.first_rank = first
+        job.join = join = discovery.JoinWatch(store, n, first, count, timeout, jobid=a.job_id)
+        store = None                      # the JoinWatch closes it
+        return job.run()
+    except (ConnectionError, StoreError) as e:
+        raise spawn.JobError(f"job {a.job_id}: {e}", spawn.EXIT_JOIN) from None
+    finally:
+        if join is not None:
+            join.close()
+        if store is not None:
+            store.close()
+        if proxy is not None:
+            proxy.close()
+        if node is not None:
+            node.close()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     opts, program = split_argv(argv)
     parser = build_parser()
     a = parser.parse_args(opts)
+    if a.serve_rendezvous:
+        from .store_server import serve
+        host, port = _hostport(a.serve_rendezvous, "--serve-rendezvous", parser)
+        return serve(host, port, require_auth=a.require_auth,
+                     job_ttl=a.job_ttl if a.job_ttl and a.job_ttl > 0 else None)
+    if a.serve_dht:
+        return _serve_dht(a, parser)
+    if a.rendezvous and a.dht:
+        parser.error("give either --rendezvous or --dht, not both")
+    joining = bool(a.rendezvous) or a.dht is not None or a.dht_listen is not None
+    if not joining:
+        for opt, val in (("--job-id", a.job_id), ("--local-n", a.local_n),
+                         ("--ranks", a.ranks), ("--secret-file", a.secret_file)):
+            if val is not None:
+                parser.error(f"{opt} is for joining a job: add --rendezvous HOST:PORT or "
+                             f"--dht PEERS")
     if not program:
         parser.error("no PROGRAM given (try: erdmarun -n 2 python script.py)")
     if a.nprocs is not None and a.nprocs < 1:
@@ -158,6 +385,8 @@ def main(argv=None):
             nprocs = sum(h.slots for h in hosts) if hosts else 1
         if a.wdir and not hosts and not os.path.isdir(a.wdir):
             raise spawn.JobError(f"--wdir {a.wdir!r} is not a directory")
+        if joining:
+            return _join(a, program, env, hosts, parser)
         job = spawn.Job(program, nprocs, hosts=hosts, env=env, exports=a.export,
                         tag_output=a.tag_output, timeout=a.timeout, grace=a.kill_grace,
                         launcher_cmd=a.launcher_cmd, rendezvous_addr=a.rendezvous_addr,

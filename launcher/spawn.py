@@ -16,14 +16,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from erdmampi.jobauth import SECRET_ENV, SECRET_FILE_ENV, generate_secret
+
 from .store_server import StoreServer
 
-__all__ = ["Host", "Job", "JobError", "parse_hosts", "parse_hostfile", "assign_hosts",
+__all__ = ["Host", "Job", "JobError", "EXIT_JOIN", "parse_hosts", "parse_hostfile", "assign_hosts",
            "is_local_host", "route_address", "remote_command", "EXIT_TIMEOUT"]
 
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_CANNOT_EXEC = 126
+EXIT_JOIN = 124          # another site's ranks did not join within the connect timeout
 DEFAULT_SSH = "ssh -o BatchMode=yes"
 
 #: Parent variables handed to remote ranks (besides every ERDMA_* variable and --export NAME).
@@ -174,18 +177,24 @@ def route_address(host):
 
 # -- ranks -------------------------------------------------------------------
 
-def remote_command(cwd, env, argv):
+def remote_command(cwd, env, argv, secret_on_stdin=False):
     """The shell script run by ssh on a remote host.
 
     It starts the program in the background and watches stdin: when the
     launcher's ssh goes away (job teardown, Ctrl-C), the channel's stdin reaches
     EOF and the program gets SIGTERM (SIGKILL 5 s later). The script's exit
     status is the program's (128+N when it died of signal N).
+
+    With ``secret_on_stdin`` the script first reads one line from stdin into
+    ``ERDMA_JOB_SECRET`` (exported to the program), so the job secret never
+    appears on a command line (``ps``) on either machine.
     """
     q = shlex.quote
     assigns = " ".join(q(f"{k}={v}") for k, v in env.items())
     prog = " ".join(q(a) for a in argv)
-    return (f"cd {q(cwd)} || exit {EXIT_CANNOT_EXEC}; "
+    secret = (f"IFS= read -r {SECRET_ENV} || exit {EXIT_CANNOT_EXEC}; export {SECRET_ENV}; "
+              if secret_on_stdin else "")
+    return (f"{secret}cd {q(cwd)} || exit {EXIT_CANNOT_EXEC}; "
             f"exec 3<&0; "
             f"env {assigns} {prog} </dev/null & p=$!; "
             f"( read -r _ <&3; kill -TERM $p; sleep 5; kill -KILL $p ) >/dev/null 2>&1 & w=$!; "
@@ -291,11 +300,24 @@ class Job:
     :param exports: parent variable names also sent to remote ranks.
     :param timeout: seconds before the job is killed (exit code 124); None for no limit.
     :param grace: seconds between SIGTERM and SIGKILL when tearing the job down.
+    :param world_size: size of COMM_WORLD when this erdmarun starts only some of
+        the job's ranks (Internet join); default ``nprocs``.
+    :param first_rank: COMM_WORLD rank of this erdmarun's first rank (its ranks
+        are ``first_rank .. first_rank+nprocs-1``).
+    :param rendezvous: ``host:port`` of a store that already runs (no store is
+        started here).
+    :param jobid: the job id (default: random).
+    :param secret: the job secret as hex (default: a fresh one; ``""``: none); local
+        ranks get it in ``ERDMA_JOB_SECRET``, ssh ranks on the remote command's stdin.
+    :param join: an object with ``start(report)`` and ``close()``: watches that
+        every site joined; ``report(message)`` fails the job (exit 124).
+    :param rank_env: extra contract variables for every rank (e.g. ``ERDMA_CONNECT_TIMEOUT``).
     """
 
     def __init__(self, argv, nprocs, hosts=None, env=None, exports=(), tag_output=False,
                  timeout=None, grace=5.0, launcher_cmd=None, rendezvous_addr=None,
-                 wdir=None, verbose=False):
+                 wdir=None, verbose=False, world_size=None, first_rank=0, rendezvous=None,
+                 jobid=None, secret=None, join=None, rank_env=None):
         if not argv:
             raise JobError("no program given")
         if nprocs < 1:
@@ -318,7 +340,16 @@ class Job:
             self.launcher_argv[1:1] = ["-o", "BatchMode=yes"]
         self.rendezvous_addr = rendezvous_addr
         self.output = _Output(tag_output)
-        self.jobid = secrets.token_hex(8)
+        self.jobid = jobid or secrets.token_hex(8)
+        self.world_size = world_size or nprocs
+        self.first_rank = first_rank
+        if not 0 <= first_rank <= self.world_size - nprocs:
+            raise JobError(f"ranks {first_rank}-{first_rank + nprocs - 1} are not ranks "
+                           f"of a job of {self.world_size}")
+        self.external_rendezvous = rendezvous
+        self.secret = generate_secret() if secret is None else (secret or None)
+        self.join = join
+        self.rank_env = dict(rank_env or {})
         self.ranks = []
         self.server = None
         self._events = queue.SimpleQueue()   # put() is safe from a signal handler
@@ -326,15 +357,26 @@ class Job:
 
     # -- public --
 
+    def check(self):
+        """Raise :class:`JobError` now if the program cannot be started here."""
+        self._check_program(self._placement())
+
     def run(self):
         """Run the job to completion; returns erdmarun's exit status."""
         placement = self._placement()
         self._check_program(placement)
-        self.server = self._start_store(placement)
+        if self.external_rendezvous:
+            self.rendezvous = self.external_rendezvous
+        else:
+            self.server = self._start_store(placement)
         old = self._install_signal_handlers()
         try:
+            if self.join is not None:
+                self.join.start(lambda msg: self._events.put(("join", None, msg)))
             return self._run(placement)
         finally:
+            if self.join is not None:
+                self.join.close()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             self._teardown(signal.SIGKILL)
@@ -342,7 +384,8 @@ class Job:
             for r in self.ranks:
                 for t in r.readers:
                     t.join(max(0.0, end - time.monotonic()))
-            self.server.close()
+            if self.server is not None:
+                self.server.close()
             self._remove_shm_segments()
 
     # Private
@@ -420,10 +463,12 @@ class Job:
         return server
 
     def _rank_env(self, rank, host, local_rank, local_size):
-        universe = max(self.nprocs, sum(h.slots for h in self.hosts)) if self.hosts else self.nprocs
+        size = self.world_size
+        universe = max(size, sum(h.slots for h in self.hosts)) if self.hosts else size
         return {
+            **self.rank_env,
             "ERDMA_RANK": str(rank),
-            "ERDMA_SIZE": str(self.nprocs),
+            "ERDMA_SIZE": str(size),
             "ERDMA_RENDEZVOUS": self.rendezvous,
             "ERDMA_JOBID": self.jobid,
             "ERDMA_LOCAL_RANK": str(local_rank),
@@ -438,7 +483,7 @@ class Job:
             if k in os.environ:
                 env[k] = os.environ[k]
         for k, v in os.environ.items():
-            if k.startswith("ERDMA_") and k != "ERDMA_SSH":
+            if k.startswith("ERDMA_") and k not in ("ERDMA_SSH", SECRET_ENV, SECRET_FILE_ENV):
                 env[k] = v
         for k in self.exports:
             if k in os.environ:
@@ -453,7 +498,8 @@ class Job:
         for k in keys:
             counts[k] = counts.get(k, 0) + 1
         seen = {}
-        for rank, (h, key) in enumerate(zip(placement, keys)):
+        for index, (h, key) in enumerate(zip(placement, keys)):
+            rank = self.first_rank + index
             local_rank = seen.get(key, 0)
             seen[key] = local_rank + 1
             contract = self._rank_env(rank, h, local_rank, counts[key])
@@ -461,12 +507,16 @@ class Job:
                 env = dict(os.environ)
                 env.update(self.extra_env)
                 env.update(contract)
+                if self.secret:
+                    env.pop(SECRET_FILE_ENV, None)
+                    env[SECRET_ENV] = self.secret
                 r = Rank(rank, "localhost", True, self.argv, env)
                 cmd, stdin = self.argv, subprocess.DEVNULL
             else:
                 env = self._remote_env(contract)
                 r = Rank(rank, key, False, self.argv, env)
-                cmd = self.launcher_argv + [key, remote_command(self.wdir, env, self.argv)]
+                cmd = self.launcher_argv + [key, remote_command(self.wdir, env, self.argv,
+                                                                bool(self.secret))]
                 env, stdin = None, subprocess.PIPE
             if self.verbose:
                 self._say(f"rank {rank} on {r.where}: {shlex.join(cmd)}")
@@ -481,6 +531,12 @@ class Job:
                 raise JobError(f"cannot start rank {rank}: {cmd[0]!r}: {e.strerror}",
                                EXIT_CANNOT_EXEC) from None
             self.ranks.append(r)
+            if not r.local and self.secret:
+                try:                 # the remote script reads it first (never on a command line)
+                    r.proc.stdin.write(f"{self.secret}\n".encode())
+                    r.proc.stdin.flush()
+                except OSError:
+                    pass             # ssh died at once: reported as its exit status
             for pipe, fd in ((r.proc.stdout, 1), (r.proc.stderr, 2)):
                 t = threading.Thread(target=self.output.pump, args=(rank, pipe, fd),
                                      name=f"erdma-out-{rank}-{fd}", daemon=True)
@@ -558,6 +614,12 @@ class Job:
                     self._say(f"rank {r.rank} (pid {r.proc.pid}, {r.where}) "
                               f"{describe_status(value, r.local)}"
                               + (f"; terminating the other {alive} rank(s)" if alive else ""))
+                    self._teardown(signal.SIGTERM)
+                    kill_at = now + self.grace
+            elif kind == "join":
+                if status is None:
+                    status = EXIT_JOIN
+                    self._say(f"{value}; terminating {alive} rank(s)")
                     self._teardown(signal.SIGTERM)
                     kill_at = now + self.grace
             elif kind == "signal":

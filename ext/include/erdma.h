@@ -37,6 +37,7 @@
 #define ERDMA_ERR_QUIC (-10)      /* ngtcp2 failure */
 #define ERDMA_ERR_STATE (-11)     /* call not valid in this engine state */
 #define ERDMA_ERR_AUTH (-12)      /* peer failed authentication */
+#define ERDMA_ERR_PKTIO (-13)     /* packet I/O backend unavailable (erdma_last_error says why) */
 #define ERDMA_ERR_FATAL (-100)
 
 /* Congestion control (values of ngtcp2_cc_algo); AUTO: BBR towards peers on
@@ -46,6 +47,10 @@
 #define ERDMA_CC_CUBIC 1
 #define ERDMA_CC_BBR 2
 #define ERDMA_CC_BBR2 3
+
+/* Packet I/O backends (erdma_config.pktio; docs/dpdk.md). */
+#define ERDMA_PKTIO_UDP 0   /* kernel UDP socket (sendmmsg + GSO, recvmmsg + GRO) */
+#define ERDMA_PKTIO_DPDK 1  /* DPDK port: own Ethernet/IPv4/UDP, ARP, polling */
 
 /* Send flags. */
 #define ERDMA_SEND_SYNC 1 /* complete only once the receiver matched (Ssend) */
@@ -73,6 +78,21 @@ typedef struct erdma_config {
   uint64_t chunk_size;       /* bytes of payload per CHUNK frame on a data stream */
   int spin_us;               /* a waiter polls the socket this long before sleeping */
   int verbose;
+  /* NAT traversal (erdma_nat.c) */
+  double keepalive;          /* seconds of idleness before a QUIC PING (keeps NAT
+                                bindings open); < 0: automatic (idle_timeout / 4), 0: off */
+  double path_timeout;       /* ERDMA_RELAY_FALLBACK: seconds of silence on the direct
+                                path, with packets outstanding, before using the relay */
+  /* packet I/O (docs/dpdk.md); the strings are read during erdma_engine_new only */
+  int pktio;                 /* ERDMA_PKTIO_UDP or ERDMA_PKTIO_DPDK */
+  const char *dpdk_plugin;   /* path of the DPDK backend shared object (_erdma_dpdk) */
+  const char *dpdk_eal;      /* EAL arguments, separated by blanks */
+  int dpdk_port;             /* DPDK port id */
+  int dpdk_queue;            /* rx/tx queue of that port */
+  int dpdk_prefix;           /* IPv4 prefix length of the local subnet (default 24) */
+  const char *dpdk_gateway;  /* next hop towards peers off the subnet ("" none) */
+  const char *dpdk_neigh;    /* static neighbours "ip=mac,ip=mac" ("" none: ARP) */
+  int dpdk_poll_us;          /* longest sleep of the idle polling thread (microseconds) */
 } erdma_config;
 
 typedef struct erdma_status {
@@ -87,11 +107,16 @@ typedef struct erdma_stats {
   uint64_t pkts_sent, pkts_recv, bytes_sent, bytes_recv;
   uint64_t msgs_sent, msgs_recv, unexpected;
   uint64_t chunks_sent, chunks_recv; /* CHUNK frames (payload on data streams) */
+  /* NAT traversal: datagrams queued for erdma_engine_raw_recv, dropped because
+   * that queue was full, and QUIC packets through TURN relay tunnels */
+  uint64_t raw_queued, raw_dropped, relay_sent, relay_recv;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);
 const char *erdma_strerror(int rc);
 int erdma_err_is_fatal(int rc);
+/* Why the last erdma_engine_new of this thread failed, in words ("" if not known). */
+const char *erdma_last_error(void);
 
 /* Create the engine: generates a TLS identity and binds the UDP socket. */
 int erdma_engine_new(const erdma_config *cfg, erdma_engine **out);
@@ -273,5 +298,49 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
                        uint32_t ctx, double slice, erdma_coll **pending);
 int erdma_coll_resume(erdma_coll *c, double slice);
 void erdma_coll_free(erdma_coll *c);
+
+/* ---- NAT traversal (erdma_nat.c; docs/wire.md, "Demultiplexing") ---- */
+/*
+ * The engine's UDP socket also carries STUN and TURN: a received datagram
+ * that is a STUN message (first two bits 00, magic cookie 0x2112A442 at bytes
+ * 4..7, consistent length) and anything from a registered TURN server that is
+ * not ChannelData of a bound channel goes to a bounded queue read with
+ * erdma_engine_raw_recv; ChannelData of a channel bound to a peer's relay
+ * tunnel is that peer's QUIC packet.  Everything else is QUIC.
+ */
+#define ERDMA_RELAY_OFF 0      /* remove the rank's relay tunnel */
+#define ERDMA_RELAY_ALWAYS 1   /* every QUIC packet to the peer goes through TURN */
+#define ERDMA_RELAY_FALLBACK 2 /* direct path; the relay once it falls silent */
+/* erdma_engine_peer_route values */
+#define ERDMA_ROUTE_SELF 0
+#define ERDMA_ROUTE_DIRECT 1
+#define ERDMA_ROUTE_RELAY 2
+#define ERDMA_ROUTE_SHM 3
+
+/* Send one datagram from the engine's socket (works before connect). */
+int erdma_engine_raw_send(erdma_engine *e, const uint8_t *data, size_t len,
+                          const char *host, int port);
+/* The next queued STUN/TURN datagram: up to cap bytes into buf, *len = its
+ * full length (ERDMA_ERR_TRUNCATE if longer than cap), its source into
+ * host (numeric) and *port.  Waits up to timeout seconds (< 0: forever;
+ * ERDMA_ERR_TIMEOUT).  Before erdma_engine_connect the caller's thread reads
+ * the socket itself (QUIC packets that arrive meanwhile are processed). */
+int erdma_engine_raw_recv(erdma_engine *e, uint8_t *buf, size_t cap, size_t *len,
+                          char *host, size_t hostcap, int *port, double timeout);
+/* Register a TURN server: its datagrams are demultiplexed as above. */
+int erdma_engine_add_turn_server(erdma_engine *e, const char *host, int port);
+/* Tunnel QUIC to `rank` through a TURN allocation: packets leave as
+ * ChannelData(channel) to the TURN server turn_host:turn_port (registered if
+ * new), ChannelData(channel) from it are the peer's packets.  peer_host/
+ * peer_port: the address the channel is bound to (the peer's relayed or
+ * reflexive address).  The QUIC path (the address given to
+ * erdma_engine_set_peer, which is still needed to pin the certificate) does
+ * not change: the relay is a tunnel under QUIC.  mode: ERDMA_RELAY_*.
+ * channel: 0x4000..0x4FFF, one rank per (server, channel). */
+int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host,
+                                int turn_port, int channel, const char *peer_host,
+                                int peer_port, int mode);
+/* How packets to `rank` travel now: ERDMA_ROUTE_*. */
+int erdma_engine_peer_route(erdma_engine *e, int rank, int *route);
 
 #endif

@@ -3,7 +3,9 @@
  * state; waiting threads sleep on one condition variable. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sched.h>
@@ -48,6 +50,22 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->data_streams = 4;
   cfg->chunk_size = 512u << 10;
   cfg->spin_us = 50;
+  cfg->keepalive = -1;     /* idle_timeout / 4 */
+  cfg->path_timeout = 5.0;
+  cfg->pktio = ERDMA_PKTIO_UDP;
+  cfg->dpdk_prefix = 24;
+  cfg->dpdk_poll_us = 200;
+}
+
+static __thread char last_error[512];
+
+const char *erdma_last_error(void) { return last_error; }
+
+static void set_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
 }
 
 const char *erdma_strerror(int rc) {
@@ -65,6 +83,7 @@ const char *erdma_strerror(int rc) {
   case ERDMA_ERR_QUIC: return "QUIC error";
   case ERDMA_ERR_STATE: return "invalid engine state";
   case ERDMA_ERR_AUTH: return "peer authentication failed";
+  case ERDMA_ERR_PKTIO: return "packet I/O backend unavailable";
   default: return "unknown error";
   }
 }
@@ -98,24 +117,40 @@ int addr_is_loopback(const struct sockaddr_storage *a) {
  * batches them (GSO trains on kernel UDP). */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
   e->stats.pkts_sent += (uint64_t)n;
+  if (e->nat.nrelay && nat_sendv(e, c, bufs, lens, n)) return; /* through a TURN relay */
   e->io.send(e, &c->remote, c->remote_len, bufs, e->pkt_size, lens, n);
 }
 
-/* Every datagram the backend receives comes through here. */
+/* Every datagram the backend receives comes through here: STUN and TURN
+ * go to erdma_nat.c (relayed QUIC comes back through conn_handle_datagram),
+ * the rest is QUIC (or the shared-memory doorbell). */
 void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                         const struct sockaddr_storage *from, socklen_t fromlen) {
   e->stats.pkts_recv++;
+  if (nat_rx(e, data, len, from, fromlen)) return;
   conn_handle_datagram(e, data, len, from, fromlen);
 }
+
+/* A backend without a file descriptor (io.fd < 0: DPDK) is polled.  While
+ * packets flow the thread spins (ppoll with a zero timeout keeps the eventfd
+ * and timers working); once nothing has moved for POLL_BUSY_NS it sleeps
+ * 1, 2, 4 ... microseconds up to cfg.dpdk_poll_us, so an idle rank costs a
+ * few thousand wake-ups a second instead of a core, and the first packet
+ * after a quiet spell waits at most dpdk_poll_us. */
+#define POLL_BUSY_NS 50000ull
 
 static void *progress_main(void *arg) {
   erdma_engine *e = arg;
   struct pollfd pfd[2];
+  int polling = e->io.fd < 0;
+  uint64_t max_idle = (uint64_t)(e->cfg.dpdk_poll_us > 0 ? e->cfg.dpdk_poll_us : 200) * 1000u;
+  uint64_t idle_ns = 0, busy_until = 0;
   pthread_mutex_lock(&e->mu);
   while (e->running) {
     uint64_t now = erdma_now(), exp = shm_next_wake(e, conn_next_expiry(e), now);
     uint64_t wait_ns = exp <= now ? 0 : exp - now;
     if (wait_ns > 200000000ull) wait_ns = 200000000ull;
+    if (polling && wait_ns > idle_ns) wait_ns = idle_ns;
     struct timespec ts = {(time_t)(wait_ns / 1000000000ull), (long)(wait_ns % 1000000000ull)};
     pfd[0].fd = e->io.fd; /* < 0: ppoll ignores it */
     pfd[0].events = POLLIN;
@@ -133,10 +168,17 @@ static void *progress_main(void *arg) {
       uint64_t v;
       if (read(e->evfd, &v, sizeof v) < 0) { /* spurious */ }
     }
-    if (e->io.fd < 0 || (rv > 0 && (pfd[0].revents & POLLIN))) e->io.recv(e);
+    uint64_t moved = e->stats.pkts_recv + e->stats.pkts_sent;
+    if (polling || (rv > 0 && (pfd[0].revents & POLLIN))) e->io.recv(e);
     conn_handle_expiry_all(e);
     conn_flush_all(e);
     conn_reap_pending(e);
+    if (polling) {
+      now = erdma_now();
+      if (e->stats.pkts_recv + e->stats.pkts_sent != moved) busy_until = now + POLL_BUSY_NS;
+      if (now < busy_until) idle_ns = 0;
+      else idle_ns = idle_ns ? (idle_ns * 2 < max_idle ? idle_ns * 2 : max_idle) : 1000;
+    }
     if (e->cfg.verbose >= 2 && erdma_now() - e->last_log > 1000000000ull) {
       e->last_log = erdma_now();
       conn_log_paths(e);
@@ -144,6 +186,43 @@ static void *progress_main(void *arg) {
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
+}
+
+/* Loads the DPDK backend plugin and opens the port.  The plugin stays loaded
+ * for the life of the process (DPDK's EAL cannot be unloaded).  An unbound
+ * kernel UDP socket stays in e->fd for the shared-memory doorbell, which
+ * wakes ranks on this host that sleep on kernel sockets. */
+static int pktio_dpdk_open(erdma_engine *e) {
+  const char *path = e->cfg.dpdk_plugin;
+  char err[400] = "";
+  if (!path || !*path) {
+    set_error("this build has no DPDK support: install libdpdk-dev and rebuild");
+    return ERDMA_ERR_PKTIO;
+  }
+  if (e->local.ss_family != AF_INET) {
+    set_error("the DPDK backend speaks IPv4 only: bind must be the DPDK endpoint's IPv4 address");
+    return ERDMA_ERR_PKTIO;
+  }
+  if (!(e->plugin = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
+    set_error("cannot load the DPDK backend %s: %s", path, dlerror());
+    return ERDMA_ERR_PKTIO;
+  }
+  erdma_pktio_open_fn open_fn;
+  *(void **)&open_fn = dlsym(e->plugin, ERDMA_PKTIO_DPDK_OPEN);
+  if (!open_fn) {
+    set_error("this build has no DPDK support: install libdpdk-dev and rebuild (%s has no %s)",
+              path, ERDMA_PKTIO_DPDK_OPEN);
+    return ERDMA_ERR_PKTIO;
+  }
+  erdma_pktio_host host = {ERDMA_PKTIO_ABI, sizeof(erdma_engine), engine_rx_datagram, err,
+                           sizeof err};
+  int rv = open_fn(e, &host);
+  if (rv != 0) {
+    set_error("%s", err[0] ? err : "the DPDK backend failed to start");
+    return rv;
+  }
+  e->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  return 0;
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -163,8 +242,22 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   pthread_cond_init(&e->cv, &ca);
   pthread_condattr_destroy(&ca);
   int rv = ERDMA_ERR_SOCKET;
-  if (resolve(e->bind_addr, cfg->port, &e->local, &e->local_len) != 0) goto fail;
-  if ((rv = pktio_udp_open(e)) != 0) goto fail;
+  last_error[0] = 0;
+  if (resolve(e->bind_addr, cfg->port, &e->local, &e->local_len) != 0) {
+    set_error("cannot resolve bind address %s", e->bind_addr);
+    goto fail;
+  }
+  if (cfg->pktio == ERDMA_PKTIO_DPDK) {
+    rv = pktio_dpdk_open(e);
+  } else if (cfg->pktio == ERDMA_PKTIO_UDP) {
+    rv = pktio_udp_open(e);
+    if (rv) set_error("cannot open a UDP socket on %s:%d: %s", e->bind_addr, cfg->port,
+                      strerror(errno));
+  } else {
+    set_error("unknown packet I/O backend %d", cfg->pktio);
+    rv = ERDMA_ERR_INVAL;
+  }
+  if (rv != 0) goto fail;
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   rv = ERDMA_ERR_NOMEM;
   e->txbuf = malloc((size_t)ERDMA_TX_BATCH * e->pkt_size);
@@ -294,6 +387,7 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
   pthread_mutex_unlock(&e->mu);
   pthread_join(e->thread, NULL);
   pthread_mutex_lock(&e->mu); /* a waiter may still be spinning on the rings */
+  if (e->cfg.verbose && e->io.report) e->io.report(e);
   shm_teardown(e);
   pthread_mutex_unlock(&e->mu);
   return rv;
@@ -322,8 +416,10 @@ void erdma_engine_free(erdma_engine *e) {
   }
   pthread_mutex_unlock(&e->mu);
   shm_teardown(e);
+  nat_free(e);
   tls_identity_free(e);
   if (e->io.close) e->io.close(e);
+  if (e->fd >= 0) close(e->fd);
   if (e->evfd >= 0) close(e->evfd);
   free(e->txbuf);
   free(e->rxbuf);

@@ -204,9 +204,76 @@ typedef struct erdma_pktio {
   void (*close)(erdma_engine *e);
   int fd;                          /* readable when input waits; < 0: poll recv() */
   void *state;                     /* backend-private */
+  void (*report)(erdma_engine *e); /* optional: counters to stderr (verbose, at shutdown) */
 } erdma_pktio;
 
 int pktio_udp_open(erdma_engine *e);
+
+/* ---- NAT traversal (erdma_nat.c): demultiplexing, raw queue, relay tunnels ---- */
+#define ERDMA_MAX_TURN 8          /* registered TURN servers */
+#define ERDMA_RAW_QUEUE_MAX 256   /* datagrams waiting for erdma_engine_raw_recv */
+#define ERDMA_RAW_QUEUE_BYTES (4u << 20)
+
+typedef struct nat_raw {
+  struct nat_raw *next;
+  struct sockaddr_storage from;
+  socklen_t fromlen;
+  size_t len;
+  uint8_t data[];
+} nat_raw;
+
+typedef struct nat_relay {
+  int mode;              /* ERDMA_RELAY_*; OFF: no tunnel */
+  int active;            /* packets to the peer go through the relay now */
+  int turn;              /* index into nat_state.turn */
+  uint16_t channel;
+  struct sockaddr_storage peer; /* the address the channel is bound to */
+  socklen_t peer_len;
+  uint64_t quiet_since;  /* FALLBACK: first send, with packets in flight, since the
+                            last direct datagram from the peer (0: none) */
+} nat_relay;
+
+typedef struct nat_state {
+  struct sockaddr_storage turn[ERDMA_MAX_TURN];
+  socklen_t turn_len[ERDMA_MAX_TURN];
+  int nturn;
+  nat_relay *relay;      /* by rank (allocated on the first erdma_engine_set_peer_relay) */
+  int *relay_ranks;      /* ranks with a tunnel, nrelay of them */
+  int nrelay;
+  nat_raw *raw_head, *raw_tail;
+  int raw_count;
+  size_t raw_bytes;
+  uint8_t *txbuf;        /* ChannelData staging: ERDMA_TX_BATCH x (pkt_size + 4) */
+} nat_state;
+
+/* All under e->mu.  nat_rx: 1 if the datagram was STUN/TURN (consumed);
+ * nat_sendv: 1 if the packets went through a relay tunnel. */
+int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
+           const struct sockaddr_storage *from, socklen_t fromlen);
+int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
+uint64_t nat_keepalive_ns(erdma_engine *e); /* the QUIC keep-alive interval, 0: off */
+/* QUIC packets through a relay stay within what TURN servers carry (coturn
+ * relays at most 16 KiB; Internet paths 1500-byte frames): a connection to a
+ * peer with a relay tunnel when it is created writes packets of at most this */
+#define ERDMA_RELAY_PAYLOAD 1452
+size_t nat_max_udp_payload(erdma_engine *e, const erdma_conn *c);
+void nat_free(erdma_engine *e);
+/* The DPDK backend lives in its own shared object (erdmampi/_erdma_dpdk*.so,
+ * built only where libdpdk is installed) which the engine dlopens when
+ * cfg.pktio is ERDMA_PKTIO_DPDK: `import erdmampi` never loads DPDK.  The
+ * plugin cannot see the engine's symbols (Python loads modules RTLD_LOCAL),
+ * so the engine hands it what it calls. */
+#define ERDMA_PKTIO_ABI 1
+typedef struct erdma_pktio_host {
+  int abi;                         /* ERDMA_PKTIO_ABI */
+  size_t engine_size;              /* sizeof(erdma_engine): both built from one tree */
+  void (*rx_datagram)(erdma_engine *e, const uint8_t *data, size_t len,
+                      const struct sockaddr_storage *from, socklen_t fromlen);
+  char *err;                       /* the plugin explains a failure here */
+  size_t errlen;
+} erdma_pktio_host;
+typedef int (*erdma_pktio_open_fn)(erdma_engine *e, const erdma_pktio_host *host);
+#define ERDMA_PKTIO_DPDK_OPEN "erdma_pktio_dpdk_open"
 
 /* ---- the engine ---- */
 #define ERDMA_BATCH 32     /* datagrams per recvmmsg */
@@ -216,7 +283,7 @@ struct erdma_engine {
   erdma_config cfg;
   char bind_addr[64];
   erdma_pktio io;
-  int fd;                /* the kernel UDP socket (udp backend) */
+  int fd;                /* the kernel UDP socket (udp backend; dpdk: unbound, doorbells only) */
   int evfd;
   struct sockaddr_storage local;
   socklen_t local_len;
@@ -247,6 +314,8 @@ struct erdma_engine {
   uint8_t *rxbuf;
   erdma_stats stats;
   shm_state shm;
+  nat_state nat;         /* erdma_nat.c */
+  void *plugin;          /* dlopen handle of the packet I/O plugin (dpdk) */
 };
 
 /* engine.c */
@@ -306,6 +375,7 @@ int conn_flush(erdma_conn *c);
 void conn_flush_all(erdma_engine *e);
 void conn_handle_expiry_all(erdma_engine *e);
 void conn_log_paths(erdma_engine *e); /* one line per QUIC peer: cwnd, RTT, rates */
+uint64_t conn_decrypted_count(void);  /* packets authenticated by this thread so far */
 uint64_t conn_next_expiry(erdma_engine *e);
 void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload,
                   uint64_t plen, uint8_t *owned, erdma_req *req);
