@@ -31,7 +31,7 @@ from .msgpickle import pickle as _default_pickle
 from .op import Op
 from .op import SUM as _SUM
 from .request import Request, Prequest, _DoneOp, _EngineOp, _ThreadOp, engine_exception, \
-    error_class, raise_status_code
+    error_class, error_text, raise_status_code
 from .status import Status
 
 ANY_SOURCE = -2
@@ -204,7 +204,8 @@ class _CollTransport:
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         if raw.error:
-            raise_error(error_class(raw.error), "collective receive failed")
+            raise_error(error_class(raw.error), "collective receive failed: "
+                        + error_text(raw.error, "engine error"))
         return self._pkl._decode(req.take())
 
     def waitall(self, reqs):
@@ -214,8 +215,9 @@ class _CollTransport:
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             if raw.error:
-                raise_error(error_class(raw.error), "collective message failed "
-                            "(mismatched counts across ranks?)")
+                why = ("mismatched counts across ranks?" if raw.error == _engine.ERR_TRUNCATE
+                       else error_text(raw.error, "engine error"))
+                raise_error(error_class(raw.error), f"collective message failed ({why})")
 
 
 def _committed(msg):
