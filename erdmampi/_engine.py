@@ -254,11 +254,31 @@ def _wait_free(req, keep):
     return st
 
 
+def _blocking_rest(rc, out, keep, what):
+    """erdma_send/erdma_recv returned ``rc``: wait on for a request still
+    pending after the first slice, else raise."""
+    if rc != ERR_TIMEOUT or out.left == ffi.NULL:
+        raise EngineError(rc, what)
+    return _wait_free(out.left, keep)
+
+
+class _Scratch(threading.local):
+    """Per-thread result struct of the *_plain calls (read before returning)."""
+
+    def __init__(self):
+        self.out = ffi.new("erdma_blocking *")
+
+
+_scratch = _Scratch()
+
+
 # bound once for the lean blocking calls
 _new = ffi.new
 _cast = ffi.cast
 _req_wait = lib.erdma_req_wait
 _req_free = lib.erdma_req_free
+_send = lib.erdma_send
+_recv = lib.erdma_recv
 _SEND_SYNC = lib.ERDMA_SEND_SYNC
 
 
@@ -477,16 +497,47 @@ class Engine:
 
     def send(self, addr, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
              keep=None):
-        """Blocking :meth:`isend` + wait without a request object: the
-        ``erdma_status`` struct it completed with (fields as RawStatus).  An
-        interrupted wait leaves the request to the engine with ``keep``."""
-        return _wait_free(self._post_send(addr, nbytes, dest, tag, ctx, sync),
-                          addr if keep is None else keep)
+        """Blocking :meth:`isend` + wait without a request object, in one
+        engine call: a struct with the fields of ``erdma_status`` (as
+        RawStatus).  ``addr``: an int or a pointer cdata (``buffer_pointer``).
+        An interrupted wait leaves the request to the engine with ``keep``."""
+        if _deferred:
+            _reap_deferred()
+        out = _new("erdma_blocking *")
+        rc = _send(self._h, _cast("void *", addr) if type(addr) is int else addr, nbytes,
+                   dest, tag, ctx, _SEND_SYNC if sync else 0, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, addr if keep is None else keep, "send")
+        return out
+
+    def send_plain(self, ptr, nbytes: int, dest: int, tag: int, ctx: int, keep) -> int:
+        """:meth:`send` of a pointer cdata: only the ERDMA error the send
+        completed with (0: success)."""
+        if _deferred:
+            _reap_deferred()
+        out = _scratch.out
+        rc = _send(self._h, ptr, nbytes, dest, tag, ctx, 0, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, keep, "send").error
+        return out.error
+
+    def recv_plain(self, ptr, nbytes: int, source: int, tag: int, ctx: int, keep) -> int:
+        """:meth:`recv` of a pointer cdata: only the ERDMA error the receive
+        completed with (0: success)."""
+        out = _scratch.out
+        rc = _recv(self._h, ptr, nbytes, source, tag, ctx, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, keep, "recv").error
+        return out.error
 
     def recv(self, addr, nbytes: int, source: int, tag: int, ctx: int, keep=None):
         """Blocking :meth:`irecv` + wait, as :meth:`send`."""
-        return _wait_free(self._post_recv(addr, nbytes, source, tag, ctx),
-                          addr if keep is None else keep)
+        out = _new("erdma_blocking *")
+        rc = _recv(self._h, _cast("void *", addr) if type(addr) is int else addr, nbytes,
+                   source, tag, ctx, _SLICE, out)
+        if rc:
+            return _blocking_rest(rc, out, addr if keep is None else keep, "recv")
+        return out
 
     def irecv_alloc(self, source: int, tag: int, ctx: int) -> EngineRequest:
         out = ffi.new("erdma_req **")
@@ -559,6 +610,53 @@ SCHED_OPS = {name: getattr(lib, "ERDMA_OP_" + name) for name in
 SCHED_DTYPES = {name: getattr(lib, "ERDMA_DT_" + name.upper()) for name in
                 ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                  "uint64", "float32", "float64", "complex64", "complex128")}
+
+
+def ranks_array(ranks):
+    """``int[]`` cdata of a communicator's world ranks (for the coll_* calls)."""
+    return ffi.new("int[]", list(ranks))
+
+
+def _coll_finish(rc, pending, what):
+    """Continue a small collective in slices until it ends; raise on error."""
+    if rc == ERR_TIMEOUT and pending[0] != ffi.NULL:
+        c = pending[0]
+        try:
+            while rc == ERR_TIMEOUT:
+                rc = lib.erdma_coll_resume(c, _SLICE)
+        except BaseException:  # interrupted between slices: withdraw it
+            if rc == ERR_TIMEOUT:
+                lib.erdma_coll_free(c)
+            raise
+    if rc:
+        raise EngineError(rc, what)
+
+
+def coll_allreduce(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
+    """Recursive-doubling Allreduce in one engine call (erdma_coll_allreduce);
+    ``saddr`` None: in place; ``op``/``dtype``: ERDMA_OP_*/ERDMA_DT_*."""
+    pending = _new("erdma_coll **")
+    rc = lib.erdma_coll_allreduce(eng._h, ffi.NULL if saddr is None else saddr, raddr, count,
+                                  op, dtype, cranks, n, me, tag, ctx, _SLICE, pending)
+    if rc:
+        _coll_finish(rc, pending, "allreduce")
+
+
+def coll_bcast(eng, addr, nbytes, root, cranks, n, me, tag, ctx):
+    """Binomial Bcast in one engine call (erdma_coll_bcast)."""
+    pending = _new("erdma_coll **")
+    rc = lib.erdma_coll_bcast(eng._h, addr, nbytes, root, cranks, n, me, tag, ctx, _SLICE,
+                              pending)
+    if rc:
+        _coll_finish(rc, pending, "bcast")
+
+
+def coll_barrier(eng, cranks, n, me, tag, ctx):
+    """Dissemination barrier in one engine call (erdma_coll_barrier)."""
+    pending = _new("erdma_coll **")
+    rc = lib.erdma_coll_barrier(eng._h, cranks, n, me, tag, ctx, _SLICE, pending)
+    if rc:
+        _coll_finish(rc, pending, "barrier")
 
 
 def reduce_local(in_addr: int, inout_addr: int, count: int, op: int, dtype: int) -> None:

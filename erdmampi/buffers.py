@@ -804,6 +804,35 @@ def plain_datatype(arr, readonly):
     return None
 
 
+# ``[buf, datatype]`` with ``buf`` an exact, C-contiguous, non-empty
+# ``numpy.ndarray`` and ``datatype`` a predefined datatype without gaps
+# (size == extent, lb 0): the parser would send or fill all of ``buf``'s
+# bytes whenever they are a whole number of entries (it raises otherwise, so
+# that case is left to it).  Keyed by datatype identity.
+_SPEC_TYPES = {id(dt): (dt, dt._extent) for dt in PREDEFINED.values()
+               if dt is not DATATYPE_NULL and dt._size > 0 and dt._size == dt._extent
+               and dt._lb == 0}
+
+
+def plain_spec(spec, readonly):
+    """The array of a ``[array, datatype]`` spec that covers all of the
+    array's bytes (see above), else ``None``.  ``spec`` must be an exact list
+    or tuple.  Never raises."""
+    if len(spec) != 2:
+        return None
+    arr, dt = spec
+    if type(arr) is not _ndarray:
+        return None
+    ent = _SPEC_TYPES.get(id(dt))
+    if ent is None or ent[0] is not dt:
+        return None
+    flags = arr.flags
+    n = arr.nbytes
+    if not flags.c_contiguous or not (readonly or flags.writeable) or not n or n % ent[1]:
+        return None
+    return arr
+
+
 def _learn_plain(arr, msg):
     """Cache ``msg.datatype`` for ``arr.dtype`` if it fits the fast path."""
     dt = arr.dtype

@@ -31,7 +31,7 @@ from .msgpickle import pickle as _default_pickle
 from .op import Op
 from .op import SUM as _SUM
 from .request import Request, Prequest, _DoneOp, _EngineOp, _ThreadOp, engine_exception, \
-    error_class, raise_status_code
+    error_class, error_text, raise_status_code
 from .status import Status
 
 ANY_SOURCE = -2
@@ -204,7 +204,8 @@ class _CollTransport:
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         if raw.error:
-            raise_error(error_class(raw.error), "collective receive failed")
+            raise_error(error_class(raw.error), "collective receive failed: "
+                        + error_text(raw.error, "engine error"))
         return self._pkl._decode(req.take())
 
     def waitall(self, reqs):
@@ -214,8 +215,9 @@ class _CollTransport:
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             if raw.error:
-                raise_error(error_class(raw.error), "collective message failed "
-                            "(mismatched counts across ranks?)")
+                why = ("mismatched counts across ranks?" if raw.error == _engine.ERR_TRUNCATE
+                       else error_text(raw.error, "engine error"))
+                raise_error(error_class(raw.error), f"collective message failed ({why})")
 
 
 def _committed(msg):
@@ -231,16 +233,86 @@ def message_p2p(*args, **kw):
 
 _ndarray = np.ndarray
 _plain_datatype = _buffers.plain_datatype
+_plain_spec = _buffers.plain_spec
+_NO_P2P_CACHE = (object(), None, None, None, 0)
+_SMALL_COLL_MAX = 64 * 1024  # bytes: Bcast/Allreduce in one engine call (eager size)
+_C_OPS = {name: _engine.SCHED_OPS[name] for name in _engine.SCHED_OPS}
+# os.environ's own mapping (encoded keys): a cheap look for ERDMA_COLL_<NAME>
+_environ_data = getattr(os.environ, "_data", None)
+if not isinstance(_environ_data, dict):
+    _environ_data = os.environ
+_COLL_ENV = {name: (coll.ENV_PREFIX + name.upper()) for name in ("barrier", "bcast", "allreduce")}
+if _environ_data is not os.environ:
+    _COLL_ENV = {k: os.fsencode(v) for k, v in _COLL_ENV.items()}
+_LOGICAL_OPS = frozenset(("LAND", "LOR", "LXOR"))
+_C_DTYPES = {}               # id(datatype) -> (datatype, ERDMA_DT_*, is bool, item size)
+
+
+def _c_dtype(datatype):
+    """The C reducer's entry for ``datatype`` (see _C_DTYPES), or None."""
+    ent = _C_DTYPES.get(id(datatype))
+    if ent is not None and ent[0] is datatype:
+        return ent
+    base = getattr(datatype, "_base", None) or datatype
+    rdt = getattr(base, "_reduce_dtype", None)
+    npd = rdt if rdt is not None else datatype.np_dtype
+    if npd is None or datatype._elements(1) != 1:
+        return None
+    npd = np.dtype(npd)
+    isbool = npd == np.bool_
+    name = "uint8" if isbool else npd.name
+    code = _engine.SCHED_DTYPES.get(name)
+    if code is None or npd.byteorder == ">" or npd.itemsize != datatype.Get_size() \
+            or not datatype._predefined:
+        return None
+    ent = (datatype, code, isbool, npd.itemsize)
+    _C_DTYPES[id(datatype)] = ent
+    return ent
+
+
+def _spec_np_dtype(spec, arr):
+    """The element dtype the normal path would see for a plain spec."""
+    if spec is arr:
+        return arr.dtype
+    npd = spec[1].np_dtype
+    return npd if npd is not None else np.dtype(np.uint8)
+
+
+def _spec_is(spec, arr, dt):
+    """Whether ``spec`` is (still) the plain spec of ``arr`` (with ``dt``;
+    None: the array alone)."""
+    if dt is None:
+        return spec is arr
+    t = type(spec)
+    return (t is list or t is tuple) and len(spec) == 2 and spec[0] is arr and spec[1] is dt
+
+
+def _plain_with_type(spec, readonly):
+    """``(array, datatype)`` of a whole plain host array spec, else (None, None)."""
+    if type(spec) is _ndarray:
+        dt = _plain_datatype(spec, readonly)
+        return (spec, dt) if dt is not None else (None, None)
+    arr = _plain_spec(spec, readonly)
+    return (arr, spec[1]) if arr is not None else (None, None)
+_P2P_CACHE_MAX = 1 << 16     # bytes: a cached spec keeps its array alive
 _buffer_pointer = _engine.buffer_pointer
 
 
 def _p2p_buffer(buf, readonly):
     """``(addr, nbytes, keep, msg)`` of a point-to-point buffer spec: a plain
-    NumPy array skips the parser (``msg`` is then None), see
-    :func:`erdmampi.buffers.plain_datatype`."""
-    if type(buf) is _ndarray and _plain_datatype(buf, readonly) is not None:
-        ptr = _buffer_pointer(buf)
-        return ptr, buf.nbytes, ptr, None
+    NumPy array, alone or as ``[array, predefined datatype]``, skips the
+    parser (``msg`` is then None), see :func:`erdmampi.buffers.plain_datatype`
+    and :func:`erdmampi.buffers.plain_spec`."""
+    t = type(buf)
+    if t is _ndarray:
+        if _plain_datatype(buf, readonly) is not None:
+            ptr = _buffer_pointer(buf)
+            return ptr, buf.nbytes, ptr, None
+    elif t is list or t is tuple:
+        arr = _plain_spec(buf, readonly)
+        if arr is not None:
+            ptr = _buffer_pointer(arr)
+            return ptr, arr.nbytes, ptr, None
     msg = message_p2p(buf, readonly)
     return msg.addr, msg.nbytes, msg, msg
 
@@ -458,7 +530,12 @@ class Comm:
 
     ``_ranks`` is the tuple of COMM_WORLD ranks (None: null or freed),
     ``_ctx`` the point-to-point context id (collectives use ``_ctx + 1``).
+    ``_scache``/``_rcache``: the last small plain send/receive buffer (see
+    ``_p2p_plain``).
     """
+
+    _scache = _rcache = _NO_P2P_CACHE
+    _csmall = _cranks = _arcache = _bccache = None
 
     def __init__(self, comm=None):
         self._ranks = None
@@ -520,8 +597,11 @@ class Comm:
         return seq
 
     def _transport(self):
-        seq = self._next_seq()
-        return _CollTransport(self, self._ctx + 1, (seq % _SEQ_MOD) * _COLL_TAGS)
+        return _CollTransport(self, self._ctx + 1, self._coll_base())
+
+    def _coll_base(self):
+        """Tag base of the next collective call (one per call, every rank)."""
+        return (self._next_seq() % _SEQ_MOD) * _COLL_TAGS
 
     def _dest(self, dest):
         ranks = self._check()
@@ -1022,6 +1102,28 @@ class Comm:
 
     def Send(self, buf, dest, tag=0):
         """Blocking send."""
+        # fast path: a plain host array (alone or with a predefined datatype,
+        # see _p2p_plain), a valid rank and tag; everything else goes through
+        # _send, which parses and checks
+        ranks = self._ranks
+        eng = _rt.engine
+        if (type(dest) is int and type(tag) is int and ranks is not None and eng is not None
+                and 0 <= dest < len(ranks) and 0 <= tag <= TAG_UB_VALUE):
+            c = self._scache
+            if (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
+                                                  and len(buf) == 2))
+                    and c[1].nbytes == c[4] and c[1].flags.c_contiguous):
+                ptr, n, arr = c[3], c[4], c[1]
+            else:
+                ptr, n, arr = self._p2p_plain(buf, True)
+            if arr is not None:
+                try:
+                    err = eng.send_plain(ptr, n, ranks[dest], tag, self._ctx, arr)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                if err:
+                    raise_status_code(err)
+                return
         self._send(buf, dest, tag, False)
 
     def Bsend(self, buf, dest, tag=0):
@@ -1038,7 +1140,63 @@ class Comm:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Blocking receive."""
+        # fast path as in Send (no status wanted)
+        ranks = self._ranks
+        eng = _rt.engine
+        if (status is None and type(source) is int and type(tag) is int and ranks is not None
+                and eng is not None and 0 <= tag <= TAG_UB_VALUE):
+            if 0 <= source < len(ranks):
+                wsrc = ranks[source]
+            elif source == ANY_SOURCE:
+                wsrc = _engine.ANY_SOURCE
+            else:
+                wsrc = None
+            c = self._rcache
+            if wsrc is None:
+                arr = None
+            elif (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
+                                                    and len(buf) == 2))
+                    and c[1].nbytes == c[4]):
+                ptr, n, arr = c[3], c[4], c[1]
+                f = arr.flags
+                if not (f.c_contiguous and f.writeable):
+                    arr = None
+            else:
+                ptr, n, arr = self._p2p_plain(buf, False)
+            if arr is not None:
+                try:
+                    err = eng.recv_plain(ptr, n, wsrc, tag, self._ctx, arr)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                if err:
+                    raise_status_code(err)
+                return
         self._recv(buf, source, tag, status)
+
+    def _p2p_plain(self, buf, readonly):
+        """``(pointer, nbytes, array)`` of a spec that is one whole plain host
+        array (``numpy.ndarray`` alone, or with a predefined datatype without
+        gaps), else ``(None, 0, None)``.  A small one is remembered per
+        direction (by the identity of the spec, its array and datatype), so
+        that a loop sending the same buffer skips the parsing."""
+        t = type(buf)
+        arr = None
+        if t is _ndarray:
+            if _plain_datatype(buf, readonly) is not None:
+                arr = buf
+        elif t is list or t is tuple:
+            arr = _plain_spec(buf, readonly)
+        if arr is None:
+            return None, 0, None
+        ptr = _buffer_pointer(arr)
+        n = arr.nbytes
+        if n <= _P2P_CACHE_MAX:
+            ent = (buf, arr, None if t is _ndarray else buf[1], ptr, n)
+            if readonly:
+                self._scache = ent
+            else:
+                self._rcache = ent
+        return ptr, n, arr
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
@@ -1589,15 +1747,149 @@ class Comm:
 
     def Barrier(self):
         """Block until every process has entered."""
+        if self._small_ok("barrier"):
+            try:
+                _engine.coll_barrier(_rt.engine, self._cranks, len(self._ranks), self._rank,
+                                     self._coll_base(), self._ctx + 1)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            return
         self._c_barrier()()
 
     def Bcast(self, buf, root=0, *, compress=None):
+        if compress is None and type(root) is int and self._small_ok("bcast"):
+            c = self._bccache       # the last call's resolved buffer, if the same
+            n = len(self._ranks)
+            if (c is not None and _spec_is(buf, c[0], c[1]) and c[0].nbytes == c[2]
+                    and 0 <= root < n and self._no_compress("bcast", c[2], c[3], arr=c[0])):
+                f = c[0].flags
+                if f.writeable and f.c_contiguous:
+                    try:
+                        _engine.coll_bcast(_rt.engine, c[4], c[2], root, self._cranks, n,
+                                           self._rank, self._coll_base(), self._ctx + 1)
+                    except _engine.EngineError as e:
+                        raise engine_exception(e) from None
+                    return
+            t = type(buf)
+            arr = None
+            if t is _ndarray:
+                if _plain_datatype(buf, False) is not None:
+                    arr = buf
+            elif t is list or t is tuple:
+                arr = _plain_spec(buf, False)
+            npd = None if arr is None else _spec_np_dtype(buf, arr)
+            if (arr is not None and arr.nbytes <= _SMALL_COLL_MAX and 0 <= root < n
+                    and self._no_compress("bcast", arr.nbytes, npd, arr=arr)):
+                ptr = _buffer_pointer(arr)
+                self._bccache = (arr, None if t is _ndarray else buf[1], arr.nbytes, npd, ptr)
+                try:
+                    _engine.coll_bcast(_rt.engine, ptr, arr.nbytes, root,
+                                       self._cranks, n, self._rank, self._coll_base(),
+                                       self._ctx + 1)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                return
         self._c_bcast(buf, root, compress)()
+
+    # -- small collectives in one engine call (erdma_coll_*) ----------------
+    #
+    # A Barrier, or a Bcast / Allreduce of at most _SMALL_COLL_MAX bytes of a
+    # plain host array with a predefined (C-reducible) op, runs its whole
+    # algorithm in the calling thread inside the engine: the same messages
+    # (tags, sizes, order of reduction) as the Python algorithm the default
+    # rule picks for it (dissemination, binomial, recursive doubling), so a
+    # rank that takes the Python path (a strided buffer, say) still matches.
+    # Not where that rule may pick another one: an ERDMA_COLL_<NAME> override,
+    # ranks on several hosts (hierarchical), compression.
+
+    def _small_ok(self, name):
+        ranks = self._ranks
+        if ranks is None or _rt.engine is None:
+            return False
+        c = self._csmall
+        if c is None or c[0] is not ranks:
+            world_hosts = (_rt.info or {}).get("hosts")
+            k = len({world_hosts[w] for w in ranks}) if world_hosts else 1
+            self._cranks = _engine.ranks_array(ranks)   # first: another thread may look
+            c = self._csmall = (ranks, not (1 < k < len(ranks)), k <= 1)
+        return c[1] and not isinstance(self, Intercomm) and _COLL_ENV[name] not in _environ_data
+
+    def _no_compress(self, name, nbytes, dtype, op=None, arr=None):
+        """Whether this call runs uncompressed (as _cplan decides: its cheap
+        cases here, else on one host _cplan itself)."""
+        if not self._chints:
+            mode = _cz._config.mode
+            if mode == "off" or (mode == "auto" and nbytes < _cz.AUTO_MIN_BYTES):
+                return True
+        if not self._csmall[2]:
+            return False            # several hosts: the normal path plans
+        addr = 0 if arr is None else arr.__array_interface__["data"][0]
+        return self._cplan(name, None, dtype, nbytes, op=op, addr=addr) is None
+
+    def _small_allreduce(self, sendbuf, recvbuf, op):
+        """Allreduce in one engine call where it applies (see above): True
+        when done."""
+        if not (type(op) is Op and op._predefined and self._small_ok("allreduce")):
+            return False
+        c = self._arcache       # the last call's resolved buffers, if the same
+        if (c is not None and op is c[2] and _spec_is(recvbuf, c[3], c[4])
+                and (_spec_is(sendbuf, c[5], c[6]) or c[5] is None and sendbuf is IN_PLACE)
+                and c[3].nbytes == c[7] and (c[5] is None or c[5].nbytes == c[7])
+                and self._no_compress("allreduce", c[7], c[1], op, c[3])):
+            f = c[3].flags
+            if f.writeable and f.c_contiguous:
+                try:
+                    _engine.coll_allreduce(_rt.engine, c[8], c[9], c[10], c[11], c[12],
+                                           self._cranks, len(self._ranks), self._rank,
+                                           self._coll_base(), self._ctx + 1)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                return True
+        codes = _C_OPS.get(op._name)
+        rtype = type(recvbuf)
+        if codes is None or rtype is not _ndarray and rtype is not list and rtype is not tuple:
+            return False
+        rarr, rdt = _plain_with_type(recvbuf, False)
+        if rarr is None or rarr.nbytes > _SMALL_COLL_MAX or rdt.np_dtype is None:
+            return False
+        npd = rdt.np_dtype
+        if not self._no_compress("allreduce", rarr.nbytes, npd, op, rarr):
+            return False
+        sarr = sdt = None
+        if sendbuf is IN_PLACE or is_in_place(sendbuf):
+            saddr = None
+        else:
+            sarr, sdt = _plain_with_type(sendbuf, True)
+            if sarr is None or sdt is not rdt or sarr.nbytes != rarr.nbytes:
+                return False
+            saddr = _buffer_pointer(sarr)
+        ctype = _c_dtype(rdt)
+        if ctype is None or ctype[2] and op._name not in _LOGICAL_OPS:
+            return False
+        try:
+            op._check(rdt)
+        except Exception:
+            return False            # the normal path reports it
+        raddr = _buffer_pointer(rarr)
+        count = rarr.nbytes // ctype[3]
+        self._arcache = (None, npd, op,
+                         rarr, None if type(recvbuf) is _ndarray else rdt,
+                         sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
+                         rarr.nbytes, saddr, raddr, count, codes, ctype[1])
+        try:
+            _engine.coll_allreduce(_rt.engine, saddr, raddr, count, codes, ctype[1],
+                                   self._cranks, len(self._ranks), self._rank,
+                                   self._coll_base(), self._ctx + 1)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return True
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
     def Allreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
+        if compress is None and self._small_allreduce(sendbuf, recvbuf, op):
+            return
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):

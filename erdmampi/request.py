@@ -41,6 +41,11 @@ def error_class(code):
     return _ENGINE_ERRORS.get(code, (ERR_OTHER, ""))[0]
 
 
+def error_text(code, default=""):
+    """What an ERDMA_ERR_* code means to a user, or ``default``."""
+    return _ENGINE_ERRORS.get(code, (ERR_OTHER, default))[1] or default
+
+
 def engine_exception(err):
     """MPI.Exception for an :class:`erdmampi._engine.EngineError`."""
     cls, what = _ENGINE_ERRORS.get(err.code, (ERR_OTHER, ""))

@@ -182,7 +182,8 @@ def _default(name: str, nbytes: int, size: int, count: int,
             return "bruck"                       # here count = block bytes * n
         name = "alltoallv"
     if name == "bcast":
-        if big:
+        if big and size > 2:
+            # two ranks: one message (a single process_vm_readv on one host)
             return "sched_chain"
         return "binomial" if nbytes <= 512 * KiB or size <= 2 else "scatter_allgather"
     if name == "allreduce":

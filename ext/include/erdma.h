@@ -170,6 +170,22 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st);
 /* Wait until at least one of reqs[0..n) (NULL entries skipped) completes;
  * *index gets the first completed one. */
 int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index);
+/* Blocking send / receive in one call: post, wait up to timeout, free the
+ * request.  0: done, out's status fields filled (as erdma_status).
+ * ERDMA_ERR_TIMEOUT: out->left is the request, still pending (wait for it and
+ * free it as usual).  Another error: nothing was posted (out->left == NULL). */
+typedef struct erdma_blocking {
+  int source;
+  int tag;
+  int error;
+  int cancelled;
+  uint64_t nbytes;
+  erdma_req *left;
+} erdma_blocking;
+int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+               uint32_t ctx, int flags, double timeout, erdma_blocking *out);
+int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
+               uint32_t ctx, double timeout, erdma_blocking *out);
 int erdma_req_cancel(erdma_req *r);
 /* Withdraw a pending request whatever its state, so the engine never touches
  * its buffer again (a send's unsent bytes are copied first); it completes as
@@ -259,6 +275,29 @@ int erdma_sched_test(erdma_sched *s, int *done);
 int erdma_sched_nsteps(erdma_sched *s);
 /* Waits for a started schedule to finish, then frees it. */
 void erdma_sched_free(erdma_sched *s);
+
+/* ---- small collectives (erdma_sched.c) ----
+ * Latency-bound collectives run start to finish in the calling thread.
+ * ranks[0..n) maps communicator ranks to world ranks, me is the caller's
+ * communicator rank; messages use ctx and tags tag .. tag + 1000 (the same
+ * messages as erdmampi/collectives' algorithms of those names).  Each wait
+ * lasts at most `slice` seconds: ERDMA_ERR_TIMEOUT hands the unfinished
+ * collective back in *pending, to continue with erdma_coll_resume (which
+ * frees it when it returns anything else) or drop with erdma_coll_free. */
+typedef struct erdma_coll erdma_coll;
+/* recursive doubling; sbuf NULL or == rbuf: in place */
+int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                         int op, int dtype, const int *ranks, int n, int me, int tag,
+                         uint32_t ctx, double slice, erdma_coll **pending);
+/* binomial tree */
+int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
+                     int n, int me, int tag, uint32_t ctx, double slice,
+                     erdma_coll **pending);
+/* dissemination, 1-byte tokens */
+int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag,
+                       uint32_t ctx, double slice, erdma_coll **pending);
+int erdma_coll_resume(erdma_coll *c, double slice);
+void erdma_coll_free(erdma_coll *c);
 
 /* ---- NAT traversal (erdma_nat.c; docs/wire.md, "Demultiplexing") ---- */
 /*

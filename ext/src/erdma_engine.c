@@ -150,7 +150,7 @@ static void *progress_main(void *arg) {
   uint64_t idle_ns = 0, busy_until = 0;
   pthread_mutex_lock(&e->mu);
   while (e->running) {
-    uint64_t exp = conn_next_expiry(e), now = erdma_now();
+    uint64_t now = erdma_now(), exp = shm_next_wake(e, conn_next_expiry(e), now);
     uint64_t wait_ns = exp <= now ? 0 : exp - now;
     if (wait_ns > 200000000ull) wait_ns = 200000000ull;
     if (polling && wait_ns > idle_ns) wait_ns = idle_ns;
@@ -491,6 +491,9 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.len = nbytes;
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
+    } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC) &&
+               p->conn->shm && (h.type = FR_EAGER, shm_send_direct(p->conn, &h, buf, nbytes))) {
+      req_complete(r, 0); /* in the peer's ring */
     } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC)) {
       uint8_t *copy = malloc(nbytes ? nbytes : 1);
       if (!copy) {
@@ -516,6 +519,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
       conn_flush(p->conn);
     }
   }
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   *out = r;
   return 0;
@@ -551,6 +555,7 @@ int erdma_irecv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, u
   } else {
     DL_APPEND(e->posted_head, e->posted_tail, r);
   }
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   *out = r;
   return 0;
@@ -594,6 +599,7 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
       rv = ERDMA_ERR_TIMEOUT;
       break;
     }
+    shm_app_idle(e); /* producers ring the doorbell for us again */
     deadline_wait(e, deadline < erdma_now() + 100000000ull ? deadline : erdma_now() + 100000000ull);
   }
   pthread_mutex_unlock(&e->mu);
@@ -651,24 +657,108 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
   return 0;
 }
 
-/* Before sleeping, a waiter polls the socket itself for a short while: a
- * reply that arrives within the spin is processed by this thread directly,
- * saving the wake-up of the progress thread and then of this one. */
-static void spin_progress(erdma_engine *e, const erdma_req *r) {
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Every peer is on this host: waiters sleep on the shared-memory bell. */
+static int all_shm(erdma_engine *e) {
+  return e->shm.seg && e->shm.nlocal == e->cfg.size && e->running;
+}
+
+/* Read without e->mu: `done` only ever goes 0 -> 1 (under the lock). */
+static int any_done(erdma_req *const *reqs, int n) {
+  for (int i = 0; i < n; i++)
+    if (reqs[i] && __atomic_load_n(&reqs[i]->done, __ATOMIC_ACQUIRE)) return 1;
+  return 0;
+}
+
+/* Lock-free part of a spin over shared memory only: e->mu is released and
+ * taken again only when a ring has bytes (or now and then, to push our own
+ * stalled sends).  Returns with e->mu held. */
+static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
+  int *lf = &e->shm.lf_spin;
+  unsigned it = 0;
+  unsigned yield_mask = e->shm.oversub ? 0 : 255;
+  __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
+  pthread_mutex_unlock(&e->mu);
+  for (;;) {
+    if (any_done(reqs, n)) break;
+    ++it;
+    if (shm_rx_ready(e) || (it & 255) == 0) {
+      /* never wait for the lock while counted: teardown holds it and waits for us */
+      __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
+      pthread_mutex_lock(&e->mu);
+      if (!e->shm.seg || !e->running) return;
+      shm_poll(e);
+      conn_flush_all(e);
+      if (any_done(reqs, n) || erdma_now() >= until) return;
+      __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
+      pthread_mutex_unlock(&e->mu);
+      continue;
+    }
+    if ((it & 15) == 0 &&
+        (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
+      break;
+    /* give the CPU away at every turn where our ranks outnumber the cores (4
+     * ranks on 2 cores must not livelock), now and then otherwise: under
+     * other load a yield may cost a whole time slice, and the spin is short */
+    if ((it & yield_mask) == 0) sched_yield();
+    else cpu_relax();
+  }
+  __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
+  pthread_mutex_lock(&e->mu);
+}
+
+/* Before sleeping, a waiter polls for a short while itself: a reply that
+ * arrives within the spin is processed by this thread directly, saving the
+ * wake-up of the progress thread and then of this one.  With every peer on
+ * shared memory the spin only reads the rings' counters (no syscall, no
+ * lock); with QUIC peers it also polls the socket.  Called and returns with
+ * e->mu held. */
+static void spin_progress(erdma_engine *e, erdma_req *const *reqs, int n) {
   if (e->cfg.spin_us <= 0 || !e->running) return;
-  uint64_t until = erdma_now() + (uint64_t)e->cfg.spin_us * 1000u;
+  uint64_t spin = e->shm.spin_ns ? e->shm.spin_ns : (uint64_t)e->cfg.spin_us * 1000u;
+  uint64_t until = erdma_now() + spin;
+  int quic = e->shm.nlocal < e->cfg.size; /* some peer is not on this host */
   shm_spin_begin(e);
-  while (!r->done && erdma_now() < until) {
-    e->io.recv(e);
-    shm_poll(e);
-    conn_flush_all(e);
-    if (r->done) break;
-    pthread_mutex_unlock(&e->mu);
-    sched_yield();
-    pthread_mutex_lock(&e->mu);
+  if (!quic && e->shm.seg) {
+    spin_shm(e, reqs, n, until);
+  } else {
+    while (!any_done(reqs, n) && erdma_now() < until) {
+      e->io.recv(e);
+      shm_poll(e);
+      conn_flush_all(e);
+      if (any_done(reqs, n)) break;
+      pthread_mutex_unlock(&e->mu);
+      sched_yield();
+      pthread_mutex_lock(&e->mu);
+    }
   }
   shm_spin_end(e);
   conn_flush_all(e);
+}
+
+/* With every peer on shared memory: spin, then sleep on the bell.  The spin
+ * adapts between cfg.spin_us and SPIN_MAX_FACTOR times that: a reply that
+ * came soon after the spin gave up (a loaded machine, a slow peer) doubles
+ * it; a long sleep (an idle rank) halves it, so an idle rank burns little. */
+#define SPIN_MAX_FACTOR 10
+static void wait_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) {
+  spin_progress(e, reqs, n);
+  if (any_done(reqs, n) || !all_shm(e)) return;
+  uint64_t base = (uint64_t)e->cfg.spin_us * 1000u, t0 = erdma_now();
+  int done = shm_wait(e, reqs, n, deadline);
+  uint64_t slept = erdma_now() - t0, cur = e->shm.spin_ns ? e->shm.spin_ns : base;
+  if (done && slept < cur)
+    cur = cur * 2 < base * SPIN_MAX_FACTOR ? cur * 2 : base * SPIN_MAX_FACTOR;
+  else if (slept > 4 * cur)
+    cur = cur / 2 > base ? cur / 2 : base;
+  if (e->shm.seg) e->shm.spin_ns = cur;
 }
 
 int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
@@ -676,22 +766,62 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
   uint64_t deadline = deadline_of(timeout);
   int rv = 0;
   pthread_mutex_lock(&e->mu);
-  if (!r->done) spin_progress(e, r);
+  if (!r->done) {
+    if (all_shm(e))
+      wait_shm(e, &r, 1, deadline);
+    else
+      spin_progress(e, &r, 1);
+  }
   while (!r->done) {
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
       break;
     }
+    shm_app_idle(e);
     deadline_wait(e, deadline);
   }
   if (r->done && st) *st = r->st;
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   return rv;
 }
 
+/* erdma_send / erdma_recv: wait for a fresh request, free it when done. */
+static int wait_blocking(erdma_req *r, double timeout, erdma_blocking *out) {
+  erdma_status st;
+  int rv = erdma_req_wait(r, timeout, &st);
+  if (rv == ERDMA_ERR_TIMEOUT) {
+    out->left = r;
+    return rv;
+  }
+  erdma_req_free(r);
+  out->source = st.source;
+  out->tag = st.tag;
+  out->error = st.error;
+  out->cancelled = st.cancelled;
+  out->nbytes = st.nbytes;
+  return rv;
+}
+
+int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+               uint32_t ctx, int flags, double timeout, erdma_blocking *out) {
+  erdma_req *r;
+  out->left = NULL;
+  int rv = erdma_isend(e, buf, nbytes, dest, tag, ctx, flags, &r);
+  return rv ? rv : wait_blocking(r, timeout, out);
+}
+
+int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
+               double timeout, erdma_blocking *out) {
+  erdma_req *r;
+  out->left = NULL;
+  int rv = erdma_irecv(e, buf, cap, source, tag, ctx, 0, &r);
+  return rv ? rv : wait_blocking(r, timeout, out);
+}
+
 int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
   erdma_engine *e = NULL;
-  int rv = 0;
+  int rv = 0, spun = 0;
   *index = -1;
   for (int i = 0; i < n && !e; i++)
     if (reqs[i]) e = reqs[i]->e;
@@ -705,12 +835,22 @@ int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
         break;
       }
     if (*index >= 0) break;
+    if (!spun) {
+      spun = 1;
+      if (all_shm(e))
+        wait_shm(e, reqs, n, deadline);
+      else
+        spin_progress(e, reqs, n);
+      continue;
+    }
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
       break;
     }
+    shm_app_idle(e);
     deadline_wait(e, deadline);
   }
+  shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
   return rv;
 }

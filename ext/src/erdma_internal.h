@@ -188,6 +188,9 @@ typedef struct shm_state {
   int unlinked;
   uint64_t next_liveness;
   int cma;               /* single-copy reads (process_vm_readv) allowed */
+  int oversub;           /* more local ranks than CPUs: spinners yield every turn */
+  int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
+  uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
 } shm_state;
 
 /* ---- packet I/O (erdma_pktio_*.c) ----
@@ -358,11 +361,18 @@ void engine_fail_peer(erdma_engine *e, int peer, int error);
 int shm_attach_peers(erdma_engine *e);  /* 0 when all attached, 1 if some not yet */
 int shm_is_local(erdma_engine *e, int rank);
 int shm_flush(erdma_conn *c);
+int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n);
 int shm_poll(erdma_engine *e);          /* returns bytes consumed */
 int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 void shm_sleep_done(erdma_engine *e);
 void shm_spin_begin(erdma_engine *e);
 void shm_spin_end(erdma_engine *e);
+int shm_rx_ready(erdma_engine *e);      /* lock-free: some inbound ring has bytes */
+int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline);
+void shm_wake_waiters(erdma_engine *e); /* a request completed */
+void shm_app_active(erdma_engine *e);   /* an application thread leaves a call */
+void shm_app_idle(erdma_engine *e);     /* ... or sleeps on e->cv */
+uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
 void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
 int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n);

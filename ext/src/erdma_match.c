@@ -29,6 +29,7 @@ void req_complete(erdma_req *r, int error) {
   if (error && !r->st.error) r->st.error = error;
   r->done = 1;
   pthread_cond_broadcast(&r->e->cv);
+  shm_wake_waiters(r->e);
   if (r->user_freed) req_destroy(r);
 }
 

@@ -452,3 +452,247 @@ void erdma_sched_free(erdma_sched *s) {
   pthread_cond_destroy(&s->cv);
   free(s);
 }
+
+/* --------------------------------------------------- small collectives
+ * Latency-bound collectives (a few KiB) run start to finish in the calling
+ * thread: no schedule to build, no worker thread.  The algorithm becomes a
+ * list of rounds (receive and/or send, then a local action); a wait that
+ * runs out of time leaves the state for erdma_coll_resume, so the caller can
+ * look at signals between slices. */
+
+enum { ACT_NONE, ACT_REDUCE_INTO_ACC, ACT_REDUCE_INTO_TMP_SWAP };
+
+typedef struct {
+  int recv_from, send_to; /* world ranks, -1: none */
+  int rbuf, sbuf;         /* 0: acc, 1: tmp, 2: none (zero bytes) */
+  int tag, act;
+} coll_round;
+
+struct erdma_coll {
+  erdma_engine *e;
+  uint64_t nbytes, count;
+  int op, dtype;
+  void *buf[2];    /* acc, tmp (swapped by ACT_REDUCE_INTO_TMP_SWAP) */
+  void *out;       /* result lands here at the end (if not acc already) */
+  void *tmp_mem;
+  uint32_t ctx;
+  int nr, cur, maxr;
+  erdma_req *rreq, *sreq;
+  coll_round r[]; /* maxr of them */
+};
+
+static int coll_add(erdma_coll *c, int from, int to, int rbuf, int sbuf, int tag, int act) {
+  if (c->nr == c->maxr) return ERDMA_ERR_INVAL;
+  coll_round *r = &c->r[c->nr++];
+  r->recv_from = from;
+  r->send_to = to;
+  r->rbuf = rbuf;
+  r->sbuf = sbuf;
+  r->tag = tag;
+  r->act = act;
+  return 0;
+}
+
+static void coll_free(erdma_coll *c) {
+  if (!c) return;
+  if (c->rreq) {
+    erdma_req_abort(c->rreq);
+    erdma_req_free(c->rreq);
+  }
+  if (c->sreq) {
+    erdma_req_abort(c->sreq);
+    erdma_req_free(c->sreq);
+  }
+  free(c->tmp_mem);
+  free(c);
+}
+
+/* Wait for a posted request; 0 (freed, *rp = NULL), TIMEOUT, or its error. */
+static int coll_wait(erdma_req **rp, double slice) {
+  erdma_status st;
+  int rc = erdma_req_wait(*rp, slice, &st);
+  if (rc) return rc;
+  erdma_req_free(*rp);
+  *rp = NULL;
+  if (st.error) return st.error;
+  return 0;
+}
+
+static int coll_step(erdma_coll *c, double slice) {
+  while (c->cur < c->nr) {
+    coll_round *r = &c->r[c->cur];
+    int rc;
+    if (!c->rreq && !c->sreq) { /* post this round */
+      uint64_t rn = r->rbuf < 2 ? c->nbytes : 0, sn = r->sbuf < 2 ? c->nbytes : 0;
+      if (r->recv_from >= 0) {
+        rc = erdma_irecv(c->e, r->rbuf < 2 ? c->buf[r->rbuf] : NULL, rn, r->recv_from,
+                         r->tag, c->ctx, 0, &c->rreq);
+        if (rc) return rc;
+      }
+      if (r->send_to >= 0) {
+        rc = erdma_isend(c->e, r->sbuf < 2 ? c->buf[r->sbuf] : NULL, sn, r->send_to, r->tag,
+                         c->ctx, 0, &c->sreq);
+        if (rc) return rc;
+      }
+    }
+    if (c->rreq && (rc = coll_wait(&c->rreq, slice))) return rc;
+    if (c->sreq && (rc = coll_wait(&c->sreq, slice))) return rc;
+    if (r->act == ACT_REDUCE_INTO_ACC) { /* acc = tmp OP acc (tmp from the lower rank) */
+      rc = erdma_reduce_local(c->buf[1], c->buf[0], c->count, c->op, c->dtype);
+      if (rc) return rc;
+    } else if (r->act == ACT_REDUCE_INTO_TMP_SWAP) { /* tmp = acc OP tmp; swap */
+      rc = erdma_reduce_local(c->buf[0], c->buf[1], c->count, c->op, c->dtype);
+      if (rc) return rc;
+      void *x = c->buf[0];
+      c->buf[0] = c->buf[1];
+      c->buf[1] = x;
+    }
+    c->cur++;
+  }
+  if (c->out && c->buf[0] != c->out) memcpy(c->out, c->buf[0], c->nbytes);
+  return 0;
+}
+
+/* Run c; on a timeout hand it back through *pending, else free it. */
+static int coll_go(erdma_coll *c, double slice, erdma_coll **pending) {
+  int rc = coll_step(c, slice);
+  if (rc == ERDMA_ERR_TIMEOUT) {
+    *pending = c;
+    return rc;
+  }
+  coll_free(c);
+  return rc;
+}
+
+int erdma_coll_resume(erdma_coll *c, double slice) {
+  if (!c) return ERDMA_ERR_INVAL;
+  int rc = coll_step(c, slice);
+  if (rc != ERDMA_ERR_TIMEOUT) coll_free(c);
+  return rc;
+}
+
+void erdma_coll_free(erdma_coll *c) { coll_free(c); }
+
+/* Room for the rounds of any algorithm here on n ranks: 2 + 2 log2 n. */
+static erdma_coll *coll_new(erdma_engine *e, uint64_t nbytes, uint32_t ctx, int n) {
+  int maxr = 2;
+  for (int d = 1; d < n; d <<= 1) maxr += 2;
+  erdma_coll *c = malloc(sizeof *c + (size_t)maxr * sizeof(coll_round));
+  if (!c) return NULL;
+  memset(c, 0, sizeof *c);
+  c->maxr = maxr;
+  c->e = e;
+  c->nbytes = nbytes;
+  c->ctx = ctx;
+  return c;
+}
+
+static int check_comm(erdma_engine *e, const int *ranks, int n, int me) {
+  if (!e || !ranks || n < 1 || me < 0 || me >= n) return ERDMA_ERR_INVAL;
+  return 0;
+}
+
+int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                         int op, int dtype, const int *ranks, int n, int me, int tag,
+                         uint32_t ctx, double slice, erdma_coll **pending) {
+  *pending = NULL;
+  int es = erdma_dtype_size(dtype);
+  if (check_comm(e, ranks, n, me) || es <= 0 || (count && !rbuf)) return ERDMA_ERR_INVAL;
+  uint64_t nbytes = count * (uint64_t)es;
+  if (sbuf && sbuf != rbuf && nbytes) memcpy(rbuf, sbuf, nbytes);
+  if (n == 1 || nbytes == 0) return 0;
+  erdma_coll *c = coll_new(e, nbytes, ctx, n);
+  if (!c || !(c->tmp_mem = malloc(nbytes))) {
+    free(c);
+    return ERDMA_ERR_NOMEM;
+  }
+  c->count = count;
+  c->op = op;
+  c->dtype = dtype;
+  c->buf[0] = c->out = rbuf;
+  c->buf[1] = c->tmp_mem;
+  int pof2 = 1;
+  while (pof2 * 2 <= n) pof2 *= 2;
+  int rem = n - pof2, newrank, rc = 0;
+  /* fold the first 2*rem ranks pairwise: odd ones go on, with the sum */
+  if (me < 2 * rem) {
+    if (me % 2 == 0) {
+      rc |= coll_add(c, -1, ranks[me + 1], 2, 0, tag, ACT_NONE);
+      newrank = -1;
+    } else {
+      rc |= coll_add(c, ranks[me - 1], -1, 1, 2, tag, ACT_REDUCE_INTO_ACC);
+      newrank = me / 2;
+    }
+  } else {
+    newrank = me - rem;
+  }
+  if (newrank >= 0) {
+    int step = 1;
+    for (int mask = 1; mask < pof2; mask <<= 1, step++) {
+      int nd = newrank ^ mask;
+      int dst = nd < rem ? nd * 2 + 1 : nd + rem;
+      rc |= coll_add(c, ranks[dst], ranks[dst], 1, 0, tag + step,
+                     nd < newrank ? ACT_REDUCE_INTO_ACC : ACT_REDUCE_INTO_TMP_SWAP);
+    }
+  }
+  if (me < 2 * rem) { /* hand the result back to the folded ranks */
+    if (me % 2 == 0)
+      rc |= coll_add(c, ranks[me + 1], -1, 0, 2, tag + 1000, ACT_NONE);
+    else
+      rc |= coll_add(c, -1, ranks[me - 1], 2, 0, tag + 1000, ACT_NONE);
+  }
+  if (rc) {
+    coll_free(c);
+    return ERDMA_ERR_INVAL;
+  }
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
+                     int n, int me, int tag, uint32_t ctx, double slice,
+                     erdma_coll **pending) {
+  *pending = NULL;
+  if (check_comm(e, ranks, n, me) || root < 0 || root >= n || (nbytes && !buf))
+    return ERDMA_ERR_INVAL;
+  if (n == 1) return 0;
+  erdma_coll *c = coll_new(e, nbytes, ctx, n);
+  if (!c) return ERDMA_ERR_NOMEM;
+  c->buf[0] = buf;
+  int vr = (me - root + n) % n, mask = 1, rc = 0;
+  while (mask < n) { /* binomial tree: receive from the parent ... */
+    if (vr & mask) {
+      rc |= coll_add(c, ranks[(vr - mask + root) % n], -1, 0, 2, tag, ACT_NONE);
+      break;
+    }
+    mask <<= 1;
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1) /* ... and pass it on to the children */
+    if (vr + mask < n) rc |= coll_add(c, -1, ranks[(vr + mask + root) % n], 2, 0, tag, ACT_NONE);
+  if (rc) {
+    coll_free(c);
+    return ERDMA_ERR_INVAL;
+  }
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag, uint32_t ctx,
+                       double slice, erdma_coll **pending) {
+  *pending = NULL;
+  if (check_comm(e, ranks, n, me)) return ERDMA_ERR_INVAL;
+  if (n == 1) return 0;
+  erdma_coll *c = coll_new(e, 1, ctx, n); /* 1-byte tokens, as the Python algorithm */
+  if (!c || !(c->tmp_mem = calloc(2, 1))) {
+    free(c);
+    return ERDMA_ERR_NOMEM;
+  }
+  c->buf[0] = c->tmp_mem;
+  c->buf[1] = (uint8_t *)c->tmp_mem + 1;
+  int rc = 0, k = 0;
+  for (int d = 1; d < n; d <<= 1, k++) /* dissemination */
+    rc |= coll_add(c, ranks[(me - d + n) % n], ranks[(me + d) % n], 1, 0, tag + k, ACT_NONE);
+  if (rc) {
+    coll_free(c);
+    return ERDMA_ERR_INVAL;
+  }
+  return coll_go(c, slice, pending);
+}

@@ -12,12 +12,15 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -27,6 +30,12 @@
 
 #define SHM_MAGIC 0x3130736d616d6465ull /* "edmams01" */
 #define SHM_HDR 128
+/* An application thread that just left an engine call (between a send and
+ * the wait for the reply, say) will poll the rings itself soon: producers
+ * skip the doorbell for this long after it left, and the owner's progress
+ * thread wakes by then anyway (so a thread that never comes back delays a
+ * message by at most this much). */
+#define SHM_GRACE_NS 2000000ull
 
 struct shm_ring {
   _Alignas(64) _Atomic uint64_t head;   /* bytes produced */
@@ -43,8 +52,14 @@ struct shm_seg {
   _Atomic uint32_t attached; /* local peers that mapped it */
   _Atomic uint32_t closed;   /* owner shut down cleanly */
   _Atomic uint32_t spinners; /* owner's threads polling the rings right now */
+  _Atomic uint32_t bell;     /* futex: bumped when bytes arrive for a bell waiter */
+  _Atomic uint32_t bell_waiters; /* owner's threads asleep on `bell` */
+  _Atomic uint64_t active_until; /* CLOCK_MONOTONIC ns: an application thread of
+                                  * the owner left an engine call lately */
   uint64_t ring_bytes;
 };
+
+_Static_assert(sizeof(struct shm_seg) <= SHM_HDR, "shm header too large");
 
 static size_t ring_stride(uint64_t ring_bytes) {
   return sizeof(struct shm_ring) + (size_t)ring_bytes;
@@ -89,6 +104,9 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
   s->my_index = me;
   s->ring_bytes = rb;
   s->cma = use_cma;
+  cpu_set_t cpus;
+  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  s->oversub = nlocal > ncpu;
   /* under Yama ptrace_scope=1 a sibling may only read us if we allow it */
   if (use_cma) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   s->map_len = SHM_HDR + (size_t)nlocal * ring_stride(rb);
@@ -173,11 +191,31 @@ int shm_attach_peers(erdma_engine *e) {
   return missing;
 }
 
+static void ring_bell(struct shm_seg *seg) {
+  atomic_fetch_add_explicit(&seg->bell, 1, memory_order_seq_cst);
+  syscall(SYS_futex, &seg->bell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
 static void doorbell(erdma_engine *e, erdma_conn *c) {
   static const uint8_t ring = 0; /* never a valid QUIC first byte */
   if (sendto(e->fd, &ring, 1, MSG_DONTWAIT, (struct sockaddr *)&c->remote, c->remote_len) < 0) {
     /* the socket buffer is full of datagrams for it: it is awake anyway */
   }
+}
+
+/* After publishing bytes for c's peer: a thread of the peer asleep in
+ * shm_wait drains the rings itself: wake it directly; none, none spinning on
+ * the rings and no application thread active lately, but its progress
+ * thread asleep: the doorbell. */
+static void notify_peer(erdma_engine *e, erdma_conn *c) {
+  struct shm_seg *ps = c->peer_seg;
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&ps->bell_waiters, memory_order_relaxed))
+    ring_bell(ps);
+  else if (atomic_load_explicit(&ps->sleeping, memory_order_relaxed) &&
+           !atomic_load_explicit(&ps->spinners, memory_order_relaxed) &&
+           erdma_now() >= atomic_load_explicit(&ps->active_until, memory_order_relaxed))
+    doorbell(e, c);
 }
 
 static void ring_put(struct shm_ring *r, uint64_t cap, uint64_t pos, const uint8_t *src,
@@ -225,13 +263,35 @@ int shm_flush(erdma_conn *c) {
   if (wrote) {
     e->stats.bytes_sent += wrote;
     conn_acked(c, c->acked + wrote); /* in the ring = delivered */
-    atomic_thread_fence(memory_order_seq_cst);
-    /* no doorbell while one of its threads spins on the rings: it will see it */
-    if (atomic_load_explicit(&c->peer_seg->sleeping, memory_order_relaxed) &&
-        !atomic_load_explicit(&c->peer_seg->spinners, memory_order_relaxed))
-      doorbell(e, c);
+    notify_peer(e, c);
   }
   return 0;
+}
+
+/* An eager frame straight into the peer's ring, when nothing is queued
+ * before it and it fits: no copy of the payload, no queue item.  1 when
+ * written (the caller completes the send), 0: queue it as usual. */
+int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n) {
+  erdma_engine *e = c->e;
+  struct shm_ring *r = c->tx_ring;
+  uint64_t cap = e->shm.ring_bytes, len = ERDMA_HDR_LEN + n;
+  if (c->tx_write || c->closed || atomic_load_explicit(&c->peer_seg->closed,
+                                                       memory_order_relaxed))
+    return 0;
+  uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+  if (cap - (head - tail) < len) return 0;
+  uint8_t hdr[ERDMA_HDR_LEN];
+  hdr_encode(hdr, h);
+  ring_put(r, cap, head, hdr, ERDMA_HDR_LEN);
+  if (n) ring_put(r, cap, head + ERDMA_HDR_LEN, buf, n);
+  atomic_store_explicit(&r->head, head + len, memory_order_release);
+  c->tx_offset += len; /* as if queued and written at once */
+  c->acked += len;
+  e->stats.bytes_sent += len;
+  e->stats.msgs_sent++;
+  notify_peer(e, c);
+  return 1;
 }
 
 /* Hand everything in c's inbound ring to the frame parser; -1 on a bad frame
@@ -255,7 +315,10 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&r->prod_waiting, memory_order_relaxed)) {
     atomic_store_explicit(&r->prod_waiting, 0, memory_order_relaxed);
-    doorbell(e, c);
+    if (atomic_load_explicit(&c->peer_seg->bell_waiters, memory_order_seq_cst))
+      ring_bell(c->peer_seg); /* its waiting thread flushes */
+    else
+      doorbell(e, c);
   }
   return rv ? -1 : 0;
 }
@@ -335,6 +398,101 @@ void shm_spin_end(erdma_engine *e) {
   shm_poll(e);
 }
 
+/* Without e->mu: does one of our inbound rings hold unread bytes?  Callers
+ * count themselves in shm.lf_spin first (teardown waits for them). */
+int shm_rx_ready(erdma_engine *e) {
+  struct shm_seg *seg = e->shm.seg;
+  if (!seg) return 0;
+  int n = seg->nlocal, me = e->shm.my_index;
+  for (int i = 0; i < n; i++) {
+    if (i == me) continue;
+    struct shm_ring *r = ring_at(seg, i);
+    if (atomic_load_explicit(&r->head, memory_order_acquire) !=
+        atomic_load_explicit(&r->tail, memory_order_relaxed))
+      return 1;
+  }
+  return 0;
+}
+
+/* An application thread leaves an engine call (e->mu held): producers may
+ * skip our doorbell for SHM_GRACE_NS; make sure the progress thread wakes by
+ * then (it caps its sleep with shm_next_wake). */
+void shm_app_active(erdma_engine *e) {
+  struct shm_seg *seg = e->shm.seg;
+  if (!seg) return;
+  uint64_t until = erdma_now() + SHM_GRACE_NS;
+  atomic_store_explicit(&seg->active_until, until, memory_order_seq_cst);
+  if (e->wake_at > until + SHM_GRACE_NS) engine_wake(e); /* asleep for long */
+}
+
+/* An application thread goes to sleep on the condition variable: it counts
+ * on the doorbell again. */
+void shm_app_idle(erdma_engine *e) {
+  if (e->shm.seg) atomic_store_explicit(&e->shm.seg->active_until, 0, memory_order_seq_cst);
+}
+
+/* The progress thread's next wake-up given its timers' `exp`. */
+uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now) {
+  if (!e->shm.seg) return exp;
+  uint64_t a = atomic_load_explicit(&e->shm.seg->active_until, memory_order_seq_cst);
+  return a > now && a < exp ? a : exp;
+}
+
+/* A request of ours completed (req_complete, under e->mu): wake our own
+ * threads asleep in shm_wait. */
+void shm_wake_waiters(erdma_engine *e) {
+  struct shm_seg *seg = e->shm.seg;
+  if (seg && atomic_load_explicit(&seg->bell_waiters, memory_order_seq_cst)) ring_bell(seg);
+}
+
+static int reqs_done(erdma_req *const *reqs, int n) {
+  for (int i = 0; i < n; i++)
+    if (reqs[i] && __atomic_load_n(&reqs[i]->done, __ATOMIC_ACQUIRE)) return 1;
+  return 0;
+}
+
+/* Wait (e->mu held; returned held) until one of reqs completes or the
+ * deadline passes, when every peer is on shared memory: the thread sleeps on
+ * the `bell` futex of our segment, which producers ring instead of the UDP
+ * doorbell while it sleeps, and drains the rings itself: one wake-up per
+ * message instead of the progress thread's and then this one's.  It counts
+ * as a spinner, so producers never count on the progress thread for it.
+ * 1 when done, 0 at the deadline. */
+int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) {
+  shm_state *s = &e->shm;
+  struct shm_seg *seg = s->seg;
+  int done = 0;
+  atomic_fetch_add_explicit(&seg->spinners, 1, memory_order_seq_cst);
+  for (;;) {
+    shm_poll(e);
+    conn_flush_all(e);
+    if (reqs_done(reqs, n)) {
+      done = 1;
+      break;
+    }
+    uint64_t now = erdma_now();
+    if (now >= deadline || !e->running) break;
+    uint64_t ns = deadline - now;
+    if (ns > 200000000ull) ns = 200000000ull; /* liveness checks, shutdown */
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    /* announce the sleep, then look once more: a producer either saw us
+     * (and bumps `bell`, so the wait returns at once) or published before */
+    atomic_fetch_add_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
+    uint32_t v = atomic_load_explicit(&seg->bell, memory_order_seq_cst);
+    __atomic_add_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL); /* teardown waits for us */
+    pthread_mutex_unlock(&e->mu);
+    if (!shm_rx_ready(e) && !reqs_done(reqs, n))
+      syscall(SYS_futex, &seg->bell, FUTEX_WAIT, v, &ts, NULL, 0);
+    atomic_fetch_sub_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
+    __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_lock(&e->mu);
+    if (s->seg != seg) return reqs_done(reqs, n); /* torn down meanwhile */
+  }
+  atomic_fetch_sub_explicit(&seg->spinners, 1, memory_order_seq_cst);
+  shm_poll(e); /* what a producer published counting on us */
+  return done || reqs_done(reqs, n);
+}
+
 void shm_sleep_done(erdma_engine *e) {
   if (e->shm.seg) atomic_store_explicit(&e->shm.seg->sleeping, 0, memory_order_relaxed);
 }
@@ -372,6 +530,12 @@ void shm_conn_release(erdma_conn *c) {
 
 void shm_teardown(erdma_engine *e) {
   shm_state *s = &e->shm;
+  /* a waiter peeking at the rings without the lock leaves within its spin;
+   * one asleep on the bell is woken and leaves */
+  while (__atomic_load_n(&s->lf_spin, __ATOMIC_ACQUIRE)) {
+    if (s->seg) ring_bell(s->seg);
+    sched_yield();
+  }
   if (s->seg) {
     atomic_store(&s->seg->closed, 1);
     if (!s->unlinked) shm_unlink(s->name);

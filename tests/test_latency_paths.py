@@ -1,0 +1,231 @@
+"""The small-message paths: [array, predefined datatype] specs skip the
+parser, Send/Recv remember their last small buffer, small Barrier / Bcast /
+Allreduce run in one engine call (erdma_coll_*), and shared-memory waiters
+sleep on a futex bell instead of the progress thread's doorbell (nobody may
+sleep through a message: stress with 4 ranks on this 2-core machine)."""
+import numpy as np
+import pytest
+
+from erdmampi import buffers as B
+from erdmampi import datatype as D
+
+from harness import run_mpi
+
+
+def _ok(p, n, tag="OK"):
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"exit {p.returncode}:\n{out[-4000:]}"
+    assert out.count(tag) == n, out[-4000:]
+
+
+# -- [array, datatype] fast path ------------------------------------------------
+
+@pytest.mark.parametrize("name", ["BYTE", "CHAR", "INT", "FLOAT", "DOUBLE", "INT64_T",
+                                  "C_DOUBLE_COMPLEX", "C_BOOL"])
+@pytest.mark.parametrize("readonly", [True, False])
+def test_plain_spec_matches_the_parser(name, readonly):
+    dt = getattr(D, name)
+    for arr in (np.zeros(16, np.uint8), np.zeros(4, np.float64), np.zeros((2, 8), np.int32)):
+        for spec in ([arr, dt], (arr, dt)):
+            slow = B._message_simple(spec, readonly, 1)
+            fast = B.plain_spec(spec, readonly)
+            if fast is None:
+                continue
+            assert fast is arr
+            assert slow.nbytes == arr.nbytes and slow.addr == arr.ctypes.data
+
+
+def test_plain_spec_refusals():
+    a = np.zeros(6, np.uint8)
+    assert B.plain_spec([a, D.BYTE], False) is a
+    assert B.plain_spec([a, D.DOUBLE], True) is None          # 6 bytes: not whole doubles
+    assert B.plain_spec([a, 3, D.BYTE], True) is None         # a count: the parser
+    assert B.plain_spec([a[::2], D.BYTE], True) is None       # strided
+    assert B.plain_spec([np.zeros(0), D.BYTE], True) is None  # empty
+    assert B.plain_spec([a, "B"], True) is None               # a type string
+    assert B.plain_spec([a.view(np.ndarray).tolist(), D.BYTE], True) is None
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    assert B.plain_spec([ro, D.DOUBLE], True) is ro
+    assert B.plain_spec([ro, D.DOUBLE], False) is None
+    derived = D.DOUBLE.Create_contiguous(2).Commit()
+    assert B.plain_spec([np.zeros(4), derived], True) is None  # not predefined
+    derived.Free()
+
+
+P2P_SCRIPT = r"""
+import numpy as np
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r = comm.Get_rank()
+a = np.arange(8, dtype=np.float64); b = np.full(8, -1.0)
+spec = [a, MPI.DOUBLE]
+if r == 0:
+    comm.Send(spec, 1, 5)
+    spec[0] = b                      # same list, another array: must be re-read
+    comm.Send(spec, 1, 5)
+    a[:] = 7
+    comm.Send(a, 1, 6); comm.Send(a, 1, 6)   # cached plain array, new contents
+    a.shape = (2, 4)                 # same buffer, reshaped in place
+    comm.Send(a, 1, 6)
+    comm.Send([a, MPI.BYTE], 1, 7)   # same array, other datatype
+else:
+    got = np.zeros(8)
+    rs = [got, MPI.DOUBLE]
+    comm.Recv(rs, 0, 5); assert (got == np.arange(8)).all(), got
+    comm.Recv(rs, 0, 5); assert (got == -1).all(), got
+    comm.Recv(got, 0, 6); assert (got == 7).all()
+    got[:] = 0; comm.Recv(got, 0, 6); assert (got == 7).all()
+    got[:] = 0; comm.Recv(got, 0, 6); assert (got == 7).all()
+    got[:] = 0; st = MPI.Status(); comm.Recv([got, MPI.BYTE], 0, 7, status=st)
+    assert (got == 7).all() and st.Get_count(MPI.BYTE) == 64
+    got.flags.writeable = False      # the cached receive buffer turned read-only
+    try:
+        comm.Recv([got, MPI.BYTE], 0, 8)
+    except (BufferError, MPI.Exception, ValueError):
+        pass
+    else:
+        raise AssertionError("receive into a read-only buffer")
+    small = np.zeros(4)
+    comm.Send([small, MPI.DOUBLE], 0, 9)
+if r == 0:
+    big = np.zeros(8)
+    st = MPI.Status()
+    comm.Recv([big, MPI.DOUBLE], MPI.ANY_SOURCE, MPI.ANY_TAG, status=st)
+    assert st.Get_source() == 1 and st.Get_tag() == 9 and st.Get_count(MPI.DOUBLE) == 4
+    big4 = np.zeros(2)
+    comm.Send([np.zeros(3), MPI.DOUBLE], 1, 10)
+else:
+    tiny = np.zeros(2)
+    try:
+        comm.Recv([tiny, MPI.DOUBLE], 0, 10)
+    except MPI.Exception as e:
+        assert e.Get_error_class() == MPI.ERR_TRUNCATE
+    else:
+        raise AssertionError("no truncation error")
+comm.Barrier()
+print("OK", r)
+"""
+
+
+def test_send_recv_caches_follow_the_spec():
+    _ok(run_mpi(2, P2P_SCRIPT, timeout=60), 2)
+
+
+# -- small collectives in one engine call --------------------------------------
+
+COLL_SCRIPT = r"""
+import numpy as np, time
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+rng = np.random.default_rng(1)
+for it in range(60):
+    for dt, mt in [(np.float32, MPI.FLOAT), (np.float64, MPI.DOUBLE), (np.int32, MPI.INT),
+                   (np.int64, MPI.INT64_T), (np.uint8, MPI.UNSIGNED_CHAR)]:
+        cnt = int(rng.integers(1, 3000))
+        base = (np.arange(cnt) % 5).astype(dt)
+        s = base + dt(r); d = np.zeros(cnt, dt)
+        comm.Allreduce([s, mt], [d, mt], op=MPI.SUM)
+        assert np.array_equal(d, base * dt(n) + dt(n * (n - 1) // 2)), (it, dt)
+        comm.Allreduce(s, d, op=MPI.MAX)
+        assert np.array_equal(d, base + dt(n - 1))
+        x = s.copy(); comm.Allreduce(MPI.IN_PLACE, x, op=MPI.MIN)
+        assert np.array_equal(x, base)
+    root = it % n
+    b = np.full(100, r, np.int64); comm.Bcast(b, root=root); assert (b == root).all()
+    comm.Barrier()
+# the same spec objects with new arrays (the Allreduce cache must notice)
+s1, s2, d1 = np.ones(10), np.full(10, 2.0), np.zeros(10)
+ss, dd = [s1, MPI.DOUBLE], [d1, MPI.DOUBLE]
+comm.Allreduce(ss, dd); assert (d1 == n).all()
+ss[0] = s2
+comm.Allreduce(ss, dd); assert (d1 == 2 * n).all()
+d2 = np.zeros(10); dd[0] = d2
+comm.Allreduce(ss, dd); assert (d2 == 2 * n).all()
+comm.Allreduce(MPI.IN_PLACE, dd); assert (d2 == 2 * n * n).all()
+# Bcast: the same spec with another array, then a reshaped one (its cache must notice)
+b1, b2 = np.full(6, r, np.int64), np.full(6, r + 10, np.int64)
+bs = [b1, MPI.INT64_T]
+comm.Bcast(bs, 0); assert (b1 == 0).all()
+bs[0] = b2
+comm.Bcast(bs, 0); assert (b2 == 10).all(), b2
+b2[:] = r; b2.shape = (2, 3)
+comm.Bcast(bs, n - 1); assert (b2 == n - 1).all(), b2
+# logical ops on booleans
+bb = np.array([r % 2 == 0] * 5); o = np.zeros(5, bool)
+comm.Allreduce(bb, o, op=MPI.LOR); assert o.all()
+comm.Allreduce(bb, o, op=MPI.LAND); assert o.all() == (n == 1)
+# one rank takes the parser's path ([buf, count, type]): the same messages
+v = np.full(7, float(r + 1)); w = np.zeros(7)
+if r == 0:
+    comm.Allreduce([v, 7, MPI.DOUBLE], [w, 7, MPI.DOUBLE])
+else:
+    comm.Allreduce(v, w)
+assert (w == n * (n + 1) / 2).all(), w
+bc = np.full(9, r, np.int32)
+comm.Bcast([bc, 9, MPI.INT] if r == n - 1 else bc, root=0); assert (bc == 0).all()
+# a late rank: the waits run out of their slice and resume
+if r == n - 1:
+    time.sleep(1.2)
+z = np.full(3, 1.0); comm.Allreduce(MPI.IN_PLACE, z); assert (z == n).all()
+if r == 0:
+    time.sleep(1.2)
+comm.Barrier()
+q = np.zeros(4) if r else np.arange(4.0)
+if r == 1:
+    time.sleep(1.2)
+comm.Bcast(q, 0); assert (q == np.arange(4.0)).all()
+# a sub-communicator (its own world ranks and context)
+sub = comm.Split(r % 2, -r)
+sv = np.full(5, float(r)); so = np.zeros(5)
+sub.Allreduce(sv, so)
+assert (so == sum(i for i in range(n) if i % 2 == r % 2)).all()
+sub.Barrier(); sub.Free()
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_small_collectives(nprocs):
+    _ok(run_mpi(nprocs, COLL_SCRIPT, timeout=90), nprocs)
+
+
+def test_small_collectives_with_the_python_algorithms():
+    """An ERDMA_COLL_* override leaves the one-call path alone."""
+    env = {"ERDMA_COLL_ALLREDUCE": "recursive_doubling", "ERDMA_COLL_BCAST": "binomial",
+           "ERDMA_COLL_BARRIER": "dissemination"}
+    _ok(run_mpi(3, COLL_SCRIPT, timeout=90, env=env), 3)
+
+
+# -- nobody sleeps through a message -------------------------------------------
+
+STRESS_SCRIPT = r"""
+import numpy as np, random, sys, time
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+iters = int(sys.argv[1])
+peer = r ^ 1
+rnd = random.Random(r)
+a = np.zeros(1, np.int64)
+for i in range(iters):
+    if rnd.random() < 0.01:
+        time.sleep(rnd.random() * 0.002)    # the peer's spin gives up: it sleeps
+    if r % 2 == 0:
+        a[0] = i; comm.Send(a, peer, 3); comm.Recv(a, peer, 4)
+        assert a[0] == i + 1, (a[0], i)
+    else:
+        comm.Recv(a, peer, 3); assert a[0] == i; a[0] += 1; comm.Send(a, peer, 4)
+    if i % 1000 == 999:
+        x = np.ones(4); comm.Allreduce(MPI.IN_PLACE, x); assert (x == n).all()
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("spin", [None, "0"])
+def test_sleepers_are_always_woken(spin):
+    """4 ranks on 2 cores, 10k tiny ping-pongs per pair with random sleeps:
+    completes (no lost wake-up, no livelock)."""
+    env = {"ERDMA_SPIN_US": spin} if spin is not None else None
+    _ok(run_mpi(4, STRESS_SCRIPT, args=[10000], timeout=120, env=env), 4)
