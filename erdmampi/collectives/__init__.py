@@ -18,7 +18,9 @@ bcast           hierarchical if the ranks span several hosts (H); else
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
-allreduce       hierarchical if H and the op commutes; else
+allreduce       sched_exchange if n == 2 on two hosts, N >= S and the op
+                commutes (:mod:`erdmampi.collectives.wan`); else
+                hierarchical if H and the op commutes; else
                 recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
                 else sched_ring if N >= S; else rabenseifner if n is a
@@ -85,6 +87,7 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           alltoall_obj, bcast_obj, exscan_obj,
                                           gather_obj, reduce_obj, scan_obj,
                                           scatter_obj)
+from erdmampi.collectives.wan import allreduce_sched_exchange, prefer_exchange
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
                                         alltoallv_sched, bcast_sched_chain,
                                         reduce_scatter_sched_ring)
@@ -134,6 +137,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
                   "rabenseifner": allreduce_rabenseifner,
                   "reduce_bcast": allreduce_reduce_bcast,
                   "sched_ring": allreduce_sched_ring,
+                  "sched_exchange": allreduce_sched_exchange,
                   "hierarchical": allreduce_hierarchical},
     "reduce_scatter": {"ring": reduce_scatter_ring,
                        "reduce_scatterv": reduce_scatter_reduce_scatterv,
@@ -276,6 +280,9 @@ def allreduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
               reduce_fn: ReduceFn, commutative: bool = True,
               algorithm: Optional[str] = None) -> None:
     """Reduce into ``recvbuf`` on every rank; ``sendbuf=None``: in place."""
+    if (algorithm is None and ENV_PREFIX + "ALLREDUCE" not in os.environ
+            and prefer_exchange(t, recvbuf.nbytes, commutative)):
+        algorithm = "sched_exchange"          # two hosts: one phase (collectives/wan.py)
     _run("allreduce", (t, sendbuf, recvbuf, reduce_fn, commutative), recvbuf.nbytes,
          t.size, recvbuf.size, commutative, algorithm, is_multi_host(t))
 

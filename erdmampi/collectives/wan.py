@@ -1,0 +1,106 @@
+"""Large-message algorithms for ranks on different hosts (wide-area peers).
+
+On a long path a collective pays one round trip per dependent step, plus the
+rendezvous round trip of every message.  The ring allreduce of two ranks is
+two dependent phases (reduce-scatter, then allgather of the reduced halves):
+its allgather data can only be requested after the matching reduce-scatter
+data has arrived, so the second half of the traffic waits for round trips
+that the first half does not.  Between two ranks a plain exchange moves the
+same bytes in each direction (the whole vector, as the ring's two halves do)
+in a single phase:
+
+* :func:`allreduce_sched_exchange`: both ranks send their whole vector, cut
+  into pieces that are all posted at once (every rendezvous round trip
+  overlaps the others and the data behind them), and each rank reduces the
+  pieces it receives as they arrive.  Both ranks compute ``mine OP theirs``
+  with a commutative op, so their results are bit-identical.
+
+The dispatcher (:func:`erdmampi.collectives.allreduce`) picks it by
+:func:`prefer_exchange`: two ranks on two different hosts, a message of at
+least :data:`SCHED_MIN <erdmampi.collectives.SCHED_MIN>` bytes, a commutative
+op, no ``ERDMA_COLL_ALLREDUCE`` override.  Two ranks of one host keep the ring
+(it reduces half the bytes per rank, and memory bandwidth is what counts
+there).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from erdmampi.collectives.base import ReduceFn, Transport, even_blocks
+from erdmampi.collectives.sched import _can_schedule, _contig, _Out, _typed, sched_reduction
+
+__all__ = ["allreduce_sched_exchange", "prefer_exchange", "exchange_pieces"]
+
+#: size of one piece of an exchange (each is one rendezvous message)
+PIECE = 1 << 20
+#: at most this many pieces (tags) per exchange
+MAX_PIECES = 16
+
+
+def exchange_pieces(nbytes: int) -> int:
+    """Pieces an exchange of ``nbytes`` is cut into: ~1 MiB each, 1..16."""
+    return max(1, min(MAX_PIECES, -(-int(nbytes) // PIECE)))
+
+
+def prefer_exchange(t: Transport, nbytes: int, commutative: bool) -> bool:
+    """True when an allreduce of ``nbytes`` on ``t`` should run
+    :func:`allreduce_sched_exchange`: two ranks whose host labels differ
+    (a transport without labels counts as remote: the leaders' transport of
+    a hierarchical algorithm has none), large, commutative op.  Every rank
+    computes the same answer."""
+    from erdmampi.collectives import SCHED_MIN
+    if t.size != 2 or not commutative or nbytes < SCHED_MIN:
+        return False
+    hosts = getattr(t, "hosts", None)
+    return hosts is None or len(hosts) != 2 or hosts[0] != hosts[1]
+
+
+def allreduce_sched_exchange(t: Transport, sendbuf: Optional[np.ndarray],
+                             recvbuf: np.ndarray, reduce_fn: ReduceFn,
+                             commutative: bool = True) -> Optional[bool]:
+    """Two ranks: each sends its whole vector to the other in
+    :func:`exchange_pieces` pieces posted at once, receives the other's
+    pieces into ``recvbuf`` (or scratch, in place) and reduces each piece
+    as it arrives, in C.  Other sizes, non-commutative or user-defined ops,
+    and transports without schedules return ``False`` (the dispatcher then
+    runs its default).  ``sendbuf=None``: in place (the input is copied
+    once, so the send never reads a block being reduced)."""
+    if t.size != 2:
+        return False
+    red = sched_reduction(reduce_fn)
+    if red is None or not commutative:
+        return False
+    opname, dtype = red
+    if recvbuf.nbytes % dtype.itemsize:
+        return False
+    k = exchange_pieces(recvbuf.nbytes)
+    if not _can_schedule(t, k):
+        return False
+    out = _Out(recvbuf)
+    acc = _typed(out.work, dtype)
+    if sendbuf is None:
+        src = acc.copy()
+    else:
+        src = _typed(_contig(sendbuf), dtype)
+        if src.size != acc.size:
+            raise ValueError(f"allreduce: send buffer has {src.size} elements, "
+                             f"receive buffer {acc.size}")
+    if acc.size == 0:
+        out.done()
+        return True
+    other = 1 - t.rank
+    cnts, disps = even_blocks(acc.size, k)
+    b = t.schedule(chunked=False)
+    for i in range(k):
+        if not cnts[i]:
+            continue
+        lo, hi = disps[i], disps[i] + cnts[i]
+        b.send(src[lo:hi], other, i)
+        ri = b.recv(acc[lo:hi], other, i)
+        b.after(b.reduce(src[lo:hi], acc[lo:hi], opname), ri, False)
+    b.run()
+    out.done()
+    return True
