@@ -13,7 +13,9 @@ the same algorithm, so rules use only values all ranks know):
 collective      default choice
 =============== ========================================================
 barrier         dissemination
-bcast           hierarchical if the ranks span several hosts (H); else
+bcast           sched_pieces if n == 2 on two hosts and N >= S
+                (:mod:`erdmampi.collectives.wan`); else
+                hierarchical if the ranks span several hosts (H); else
                 sched_chain if N >= S; else binomial if N <= 512 KiB or
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
@@ -87,7 +89,8 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           alltoall_obj, bcast_obj, exscan_obj,
                                           gather_obj, reduce_obj, scan_obj,
                                           scatter_obj)
-from erdmampi.collectives.wan import allreduce_sched_exchange, prefer_exchange
+from erdmampi.collectives.wan import (allreduce_sched_exchange, bcast_sched_pieces,
+                                      prefer_exchange)
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
                                         alltoallv_sched, bcast_sched_chain,
                                         reduce_scatter_sched_ring)
@@ -130,6 +133,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
               "scatter_allgather": bcast_scatter_allgather,
               "pipeline": bcast_pipeline,
               "sched_chain": bcast_sched_chain,
+              "sched_pieces": bcast_sched_pieces,
               "hierarchical": bcast_hierarchical},
     "reduce": {"binomial": reduce_binomial},
     "allreduce": {"recursive_doubling": allreduce_recursive_doubling,
@@ -263,6 +267,9 @@ def barrier(t: Transport, algorithm: Optional[str] = None) -> None:
 def bcast(t: Transport, buf: np.ndarray, root: int,
           algorithm: Optional[str] = None) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
+    if (algorithm is None and ENV_PREFIX + "BCAST" not in os.environ
+            and prefer_exchange(t, buf.nbytes, True)):
+        algorithm = "sched_pieces"            # two hosts (collectives/wan.py)
     _run("bcast", (t, buf, root), buf.nbytes, t.size, buf.size, True, algorithm,
          is_multi_host(t))
 

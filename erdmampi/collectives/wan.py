@@ -15,7 +15,11 @@ in a single phase:
   pieces it receives as they arrive.  Both ranks compute ``mine OP theirs``
   with a commutative op, so their results are bit-identical.
 
-The dispatcher (:func:`erdmampi.collectives.allreduce`) picks it by
+* :func:`bcast_sched_pieces`: the broadcast of two ranks as the same pieces,
+  all posted at once (the chained schedule keeps a window of 8 chunks per
+  step, each with its own rendezvous round trip, in flight).
+
+The dispatchers (:func:`erdmampi.collectives.allreduce`, ``bcast``) pick them by
 :func:`prefer_exchange`: two ranks on two different hosts, a message of at
 least :data:`SCHED_MIN <erdmampi.collectives.SCHED_MIN>` bytes, a commutative
 op, no ``ERDMA_COLL_ALLREDUCE`` override.  Two ranks of one host keep the ring
@@ -32,7 +36,8 @@ import numpy as np
 from erdmampi.collectives.base import ReduceFn, Transport, even_blocks
 from erdmampi.collectives.sched import _can_schedule, _contig, _Out, _typed, sched_reduction
 
-__all__ = ["allreduce_sched_exchange", "prefer_exchange", "exchange_pieces"]
+__all__ = ["allreduce_sched_exchange", "bcast_sched_pieces", "prefer_exchange",
+           "exchange_pieces"]
 
 #: size of one piece of an exchange (each is one rendezvous message)
 PIECE = 1 << 20
@@ -56,6 +61,35 @@ def prefer_exchange(t: Transport, nbytes: int, commutative: bool) -> bool:
         return False
     hosts = getattr(t, "hosts", None)
     return hosts is None or len(hosts) != 2 or hosts[0] != hosts[1]
+
+
+def bcast_sched_pieces(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
+    """Two ranks: the root sends ``buf`` in :func:`exchange_pieces` pieces
+    posted at once, the other rank receives them in place.  Other sizes and
+    transports without schedules return ``False``."""
+    from erdmampi.collectives.base import check_root
+    root = check_root("bcast", root, t.size)
+    if t.size != 2:
+        return False
+    k = exchange_pieces(buf.nbytes)
+    if not _can_schedule(t, k):
+        return False
+    if buf.nbytes == 0:
+        return True
+    out = _Out(buf)
+    data = out.work.reshape(-1).view(np.uint8)
+    cnts, disps = even_blocks(data.size, k)
+    b = t.schedule(chunked=False)
+    for i in range(k):
+        if cnts[i]:
+            piece = data[disps[i]:disps[i] + cnts[i]]
+            if t.rank == root:
+                b.send(piece, 1 - root, i)
+            else:
+                b.recv(piece, root, i)
+    b.run()
+    out.done()
+    return True
 
 
 def allreduce_sched_exchange(t: Transport, sendbuf: Optional[np.ndarray],
