@@ -14,7 +14,9 @@ to the next, because this machine's speed drifts: compare stacks within a
 cell, not across runs.
 
 Stacks: ``erdmampi`` (the engine's default congestion control; ``erdmampi-bbr``
-or ``erdmampi-cubic`` set ERDMA_CC; ``erdmampi+MODE`` sets ERDMA_COMPRESS=MODE,
+or ``erdmampi-cubic`` set ERDMA_CC; ``erdmampi-ring`` forces the ring allreduce
+and the chained bcast that two hosts used before ``collectives/wan.py``;
+``erdmampi+MODE`` sets ERDMA_COMPRESS=MODE,
 otherwise ERDMA_COMPRESS=off: the workload's data are small integers, which
 compress far better than real data), ``gloo-cubic``, ``gloo-bbr``,
 ``mpich-cubic``, ``mpich-bbr`` (the TCP congestion control of the sites).
@@ -60,11 +62,13 @@ def parse_stack(name):
     base, _, compress = name.partition("+")
     kind, _, cc = base.partition("-")
     if kind == "erdmampi":
-        if cc and cc not in ("cubic", "bbr", "bbr2", "reno"):
-            raise ValueError("erdmampi congestion control must be cubic, bbr, bbr2 or reno: %r"
-                             % name)
+        if cc and cc not in ("cubic", "bbr", "bbr2", "reno", "ring"):
+            raise ValueError("erdmampi congestion control must be cubic, bbr, bbr2 or reno "
+                             "(or erdmampi-ring): %r" % name)
         env = {"ERDMA_COMPRESS": compress or "off"}
-        if cc:
+        if cc == "ring":     # the algorithms before collectives/wan.py (two hosts)
+            env.update(ERDMA_COLL_ALLREDUCE="sched_ring", ERDMA_COLL_BCAST="sched_chain")
+        elif cc:
             env["ERDMA_CC"] = cc
         return {"name": name, "kind": kind, "workload": "erdmampi", "tcp_cc": None, "env": env}
     if kind in ("gloo", "mpich"):
@@ -500,7 +504,9 @@ def parse_args(argv=None):
     p.add_argument("--colls", default=None, help="collectives (default allreduce,bcast)")
     p.add_argument("--stacks", default=None,
                    help="default %s; also erdmampi-bbr, erdmampi-cubic, erdmampi+MODE "
-                        "(ERDMA_COMPRESS=MODE)" % ",".join(BASE_STACKS))
+                        "(ERDMA_COMPRESS=MODE), erdmampi-ring (the ring allreduce and "
+                        "chained bcast, as before the two-host algorithms)"
+                        % ",".join(BASE_STACKS))
     p.add_argument("--time-cap", type=float, default=None,
                    help="seconds per run, start-up included, before it is killed "
                         "(default 60; --quick 30)")
