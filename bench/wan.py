@@ -410,7 +410,8 @@ def write_markdown(path, text, section=None):
         f.write(text if text.endswith("\n") else text + "\n")
 
 
-COLOR = {"erdmampi": "tab:red", "erdmampi-bbr": "darkorange", "erdmampi-cubic": "firebrick", "gloo-cubic": "tab:green", "gloo-bbr": "yellowgreen",
+COLOR = {"erdmampi": "tab:red", "erdmampi-bbr": "darkorange", "erdmampi-cubic": "firebrick",
+         "erdmampi-ring": "lightcoral", "gloo-cubic": "tab:green", "gloo-bbr": "yellowgreen",
          "mpich-cubic": "tab:blue", "mpich-bbr": "lightskyblue"}
 
 
