@@ -20,7 +20,8 @@ bcast           sched_pieces if n == 2 on two hosts and N >= S
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
-allreduce       sched_exchange if n == 2 on two hosts, N >= S and the op
+allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
+                3 <= n <= 8 each on its own host, when N >= S and the op
                 commutes (:mod:`erdmampi.collectives.wan`); else
                 hierarchical if H and the op commutes; else
                 recursive_doubling if N <= 64 KiB or count < n; else
@@ -89,8 +90,8 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           alltoall_obj, bcast_obj, exscan_obj,
                                           gather_obj, reduce_obj, scan_obj,
                                           scatter_obj)
-from erdmampi.collectives.wan import (allreduce_sched_exchange, bcast_sched_pieces,
-                                      prefer_exchange)
+from erdmampi.collectives.wan import (allreduce_sched_direct, allreduce_sched_exchange,
+                                      bcast_sched_pieces, prefer_direct, prefer_exchange)
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
                                         alltoallv_sched, bcast_sched_chain,
                                         reduce_scatter_sched_ring)
@@ -142,6 +143,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
                   "reduce_bcast": allreduce_reduce_bcast,
                   "sched_ring": allreduce_sched_ring,
                   "sched_exchange": allreduce_sched_exchange,
+                  "sched_direct": allreduce_sched_direct,
                   "hierarchical": allreduce_hierarchical},
     "reduce_scatter": {"ring": reduce_scatter_ring,
                        "reduce_scatterv": reduce_scatter_reduce_scatterv,
@@ -290,6 +292,9 @@ def allreduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
     if (algorithm is None and ENV_PREFIX + "ALLREDUCE" not in os.environ
             and prefer_exchange(t, recvbuf.nbytes, commutative)):
         algorithm = "sched_exchange"          # two hosts: one phase (collectives/wan.py)
+    elif (algorithm is None and ENV_PREFIX + "ALLREDUCE" not in os.environ
+            and prefer_direct(t, recvbuf.nbytes, commutative)):
+        algorithm = "sched_direct"            # 3..8 hosts: two phases
     _run("allreduce", (t, sendbuf, recvbuf, reduce_fn, commutative), recvbuf.nbytes,
          t.size, recvbuf.size, commutative, algorithm, is_multi_host(t))
 
