@@ -511,6 +511,9 @@ def parse_args(argv=None):
     p.add_argument("--time-cap", type=float, default=None,
                    help="seconds per run, start-up included, before it is killed "
                         "(default 60; --quick 30)")
+    p.add_argument("--queue-bdp", type=float, default=None,
+                   help="bottleneck queue (each tbf) in bandwidth-delay products of the "
+                        "cell (default: the bed's, 1 BDP, at least 128 KiB)")
     p.add_argument("--reps", type=int, default=None,
                    help="runs per stack, size and collective in each cell (default 1)")
     p.add_argument("--iters", type=int, default=3,
@@ -562,6 +565,8 @@ def parse_args(argv=None):
     if any(s < 2 for s in a.sites) or any(x < 0 for x in a.rtts) or \
             any(not 0 <= x < 1 for x in a.losses):
         p.error("sites >= 2, RTT >= 0 and 0 <= loss < 1")
+    if a.queue_bdp is not None and a.queue_bdp <= 0:
+        p.error("--queue-bdp must be positive")
     if a.time_cap <= 0 or a.reps < 1 or a.iters < 1:
         p.error("--time-cap, --reps and --iters must be positive")
     if len(set(a.stacks)) != len(a.stacks):
@@ -636,8 +641,11 @@ def main(argv=None):
         log("cell: %d sites, %s, RTT %g ms, loss %g%% (load %.1f)" % (
             sites, rate, rtt, 100 * loss, cell["load_start"]))
         try:
+            qb = None
+            if a.queue_bdp is not None and rate_bps:
+                qb = max(128 << 10, int(rate_bps / 8 * rtt / 1000 * a.queue_bdp))
             with WanBed(sites=sites, rate=rate, delay_ms=rtt / 2, loss=loss,
-                        cc="cubic") as bed:
+                        queue_bytes=qb, cc="cubic") as bed:
                 cell["bed"] = bed.config
                 for rep, coll, nbytes in itertools.product(range(a.reps), a.colls, a.sizes):
                     k = next(rot) % len(a.stacks)
