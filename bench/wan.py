@@ -14,7 +14,9 @@ to the next, because this machine's speed drifts: compare stacks within a
 cell, not across runs.
 
 Stacks: ``erdmampi`` (the engine's default congestion control; ``erdmampi-bbr``
-or ``erdmampi-cubic`` set ERDMA_CC; ``erdmampi+MODE`` sets ERDMA_COMPRESS=MODE,
+or ``erdmampi-cubic`` set ERDMA_CC; ``erdmampi-ring`` forces the ring allreduce
+and the chained bcast that two hosts used before ``collectives/wan.py``;
+``erdmampi+MODE`` sets ERDMA_COMPRESS=MODE,
 otherwise ERDMA_COMPRESS=off: the workload's data are small integers, which
 compress far better than real data), ``gloo-cubic``, ``gloo-bbr``,
 ``mpich-cubic``, ``mpich-bbr`` (the TCP congestion control of the sites).
@@ -60,11 +62,13 @@ def parse_stack(name):
     base, _, compress = name.partition("+")
     kind, _, cc = base.partition("-")
     if kind == "erdmampi":
-        if cc and cc not in ("cubic", "bbr", "bbr2", "reno"):
-            raise ValueError("erdmampi congestion control must be cubic, bbr, bbr2 or reno: %r"
-                             % name)
+        if cc and cc not in ("cubic", "bbr", "bbr2", "reno", "ring"):
+            raise ValueError("erdmampi congestion control must be cubic, bbr, bbr2 or reno "
+                             "(or erdmampi-ring): %r" % name)
         env = {"ERDMA_COMPRESS": compress or "off"}
-        if cc:
+        if cc == "ring":     # the algorithms before collectives/wan.py (two hosts)
+            env.update(ERDMA_COLL_ALLREDUCE="sched_ring", ERDMA_COLL_BCAST="sched_chain")
+        elif cc:
             env["ERDMA_CC"] = cc
         return {"name": name, "kind": kind, "workload": "erdmampi", "tcp_cc": None, "env": env}
     if kind in ("gloo", "mpich"):
@@ -406,7 +410,8 @@ def write_markdown(path, text, section=None):
         f.write(text if text.endswith("\n") else text + "\n")
 
 
-COLOR = {"erdmampi": "tab:red", "erdmampi-bbr": "darkorange", "erdmampi-cubic": "firebrick", "gloo-cubic": "tab:green", "gloo-bbr": "yellowgreen",
+COLOR = {"erdmampi": "tab:red", "erdmampi-bbr": "darkorange", "erdmampi-cubic": "firebrick",
+         "erdmampi-ring": "lightcoral", "gloo-cubic": "tab:green", "gloo-bbr": "yellowgreen",
          "mpich-cubic": "tab:blue", "mpich-bbr": "lightskyblue"}
 
 
@@ -500,10 +505,15 @@ def parse_args(argv=None):
     p.add_argument("--colls", default=None, help="collectives (default allreduce,bcast)")
     p.add_argument("--stacks", default=None,
                    help="default %s; also erdmampi-bbr, erdmampi-cubic, erdmampi+MODE "
-                        "(ERDMA_COMPRESS=MODE)" % ",".join(BASE_STACKS))
+                        "(ERDMA_COMPRESS=MODE), erdmampi-ring (the ring allreduce and "
+                        "chained bcast, as before the two-host algorithms)"
+                        % ",".join(BASE_STACKS))
     p.add_argument("--time-cap", type=float, default=None,
                    help="seconds per run, start-up included, before it is killed "
                         "(default 60; --quick 30)")
+    p.add_argument("--queue-bdp", type=float, default=None,
+                   help="bottleneck queue (each tbf) in bandwidth-delay products of the "
+                        "cell (default: the bed's, 1 BDP, at least 128 KiB)")
     p.add_argument("--reps", type=int, default=None,
                    help="runs per stack, size and collective in each cell (default 1)")
     p.add_argument("--iters", type=int, default=3,
@@ -555,6 +565,8 @@ def parse_args(argv=None):
     if any(s < 2 for s in a.sites) or any(x < 0 for x in a.rtts) or \
             any(not 0 <= x < 1 for x in a.losses):
         p.error("sites >= 2, RTT >= 0 and 0 <= loss < 1")
+    if a.queue_bdp is not None and a.queue_bdp <= 0:
+        p.error("--queue-bdp must be positive")
     if a.time_cap <= 0 or a.reps < 1 or a.iters < 1:
         p.error("--time-cap, --reps and --iters must be positive")
     if len(set(a.stacks)) != len(a.stacks):
@@ -629,8 +641,11 @@ def main(argv=None):
         log("cell: %d sites, %s, RTT %g ms, loss %g%% (load %.1f)" % (
             sites, rate, rtt, 100 * loss, cell["load_start"]))
         try:
+            qb = None
+            if a.queue_bdp is not None and rate_bps:
+                qb = max(128 << 10, int(rate_bps / 8 * rtt / 1000 * a.queue_bdp))
             with WanBed(sites=sites, rate=rate, delay_ms=rtt / 2, loss=loss,
-                        cc="cubic") as bed:
+                        queue_bytes=qb, cc="cubic") as bed:
                 cell["bed"] = bed.config
                 for rep, coll, nbytes in itertools.product(range(a.reps), a.colls, a.sizes):
                     k = next(rot) % len(a.stacks)

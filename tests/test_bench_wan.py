@@ -60,6 +60,11 @@ def test_parse_stack_and_args():
     assert a.sites == [2] and a.sizes == [1 << 20] and a.md == "/tmp/x.md"
     with pytest.raises(SystemExit):
         bw.parse_args(["--losses", "1.5"])
+    ring = bw.parse_stack("erdmampi-ring")["env"]
+    assert ring["ERDMA_COLL_ALLREDUCE"] == "sched_ring" and "ERDMA_CC" not in ring
+    assert bw.parse_args(["--quick", "--queue-bdp", "0.5"]).queue_bdp == 0.5
+    with pytest.raises(SystemExit):
+        bw.parse_args(["--queue-bdp", "0"])
 
 
 def test_evaluate_progress():

@@ -13,12 +13,17 @@ the same algorithm, so rules use only values all ranks know):
 collective      default choice
 =============== ========================================================
 barrier         dissemination
-bcast           hierarchical if the ranks span several hosts (H); else
+bcast           sched_pieces if n == 2 on two hosts and N >= S
+                (:mod:`erdmampi.collectives.wan`); else
+                hierarchical if the ranks span several hosts (H); else
                 sched_chain if N >= S; else binomial if N <= 512 KiB or
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
-allreduce       hierarchical if H and the op commutes; else
+allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
+                3 <= n <= 8 each on its own host, when N >= S and the op
+                commutes (:mod:`erdmampi.collectives.wan`); else
+                hierarchical if H and the op commutes; else
                 recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
                 else sched_ring if N >= S; else rabenseifner if n is a
@@ -85,6 +90,8 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           alltoall_obj, bcast_obj, exscan_obj,
                                           gather_obj, reduce_obj, scan_obj,
                                           scatter_obj)
+from erdmampi.collectives.wan import (allreduce_sched_direct, allreduce_sched_exchange,
+                                      bcast_sched_pieces, prefer_direct, prefer_exchange)
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
                                         alltoallv_sched, bcast_sched_chain,
                                         reduce_scatter_sched_ring)
@@ -127,6 +134,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
               "scatter_allgather": bcast_scatter_allgather,
               "pipeline": bcast_pipeline,
               "sched_chain": bcast_sched_chain,
+              "sched_pieces": bcast_sched_pieces,
               "hierarchical": bcast_hierarchical},
     "reduce": {"binomial": reduce_binomial},
     "allreduce": {"recursive_doubling": allreduce_recursive_doubling,
@@ -134,6 +142,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
                   "rabenseifner": allreduce_rabenseifner,
                   "reduce_bcast": allreduce_reduce_bcast,
                   "sched_ring": allreduce_sched_ring,
+                  "sched_exchange": allreduce_sched_exchange,
+                  "sched_direct": allreduce_sched_direct,
                   "hierarchical": allreduce_hierarchical},
     "reduce_scatter": {"ring": reduce_scatter_ring,
                        "reduce_scatterv": reduce_scatter_reduce_scatterv,
@@ -260,6 +270,9 @@ def barrier(t: Transport, algorithm: Optional[str] = None) -> None:
 def bcast(t: Transport, buf: np.ndarray, root: int,
           algorithm: Optional[str] = None) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank."""
+    if (algorithm is None and ENV_PREFIX + "BCAST" not in os.environ
+            and prefer_exchange(t, buf.nbytes, True)):
+        algorithm = "sched_pieces"            # two hosts (collectives/wan.py)
     _run("bcast", (t, buf, root), buf.nbytes, t.size, buf.size, True, algorithm,
          is_multi_host(t))
 
@@ -277,6 +290,12 @@ def allreduce(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
               reduce_fn: ReduceFn, commutative: bool = True,
               algorithm: Optional[str] = None) -> None:
     """Reduce into ``recvbuf`` on every rank; ``sendbuf=None``: in place."""
+    if (algorithm is None and ENV_PREFIX + "ALLREDUCE" not in os.environ
+            and prefer_exchange(t, recvbuf.nbytes, commutative)):
+        algorithm = "sched_exchange"          # two hosts: one phase (collectives/wan.py)
+    elif (algorithm is None and ENV_PREFIX + "ALLREDUCE" not in os.environ
+            and prefer_direct(t, recvbuf.nbytes, commutative)):
+        algorithm = "sched_direct"            # 3..8 hosts: two phases
     _run("allreduce", (t, sendbuf, recvbuf, reduce_fn, commutative), recvbuf.nbytes,
          t.size, recvbuf.size, commutative, algorithm, is_multi_host(t))
 

@@ -1,6 +1,7 @@
 /* erdma_conn.c - one QUIC connection per peer rank (ngtcp2 + GnuTLS):
  * connection setup, the ngtcp2 callbacks, the stream framing parser
  * (frames -> matching) and the packet writer.  All under e->mu. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -546,6 +547,21 @@ static void fill_callbacks(ngtcp2_callbacks *cb, int client) {
   cb->acked_stream_data_offset = acked_cb;
 }
 
+/* ERDMA_CC_LOG=1: ngtcp2's congestion-control events (lines naming bbr or
+ * cubic: state changes, RTprop updates) on stderr, for diagnosing paths */
+static void cc_log_printf(void *user_data, const char *fmt, ...) {
+  erdma_conn *c = user_data;
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (getenv("ERDMA_CC_LOG_ALL") == NULL && !strstr(line, "bbr") && !strstr(line, "cubic")) return;
+  if (strstr(line, "RTprop")) return; /* every ACK */
+  fprintf(stderr, "erdma[%d] %.3f peer %d: %s\n", c->e->cfg.rank, erdma_now() / 1e9, c->peer,
+          line);
+}
+
 static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_params *p) {
   erdma_engine *e = c->e;
   const erdma_config *cfg = &e->cfg;
@@ -570,6 +586,8 @@ static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_pa
                                                                       : cfg->stream_window;
   s->handshake_timeout = (ngtcp2_duration)(cfg->handshake_timeout * NGTCP2_SECONDS);
   s->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
+  const char *cclog = getenv("ERDMA_CC_LOG");
+  if (cclog && *cclog && strcmp(cclog, "0") != 0) s->log_printf = cc_log_printf;
   ngtcp2_transport_params_default(p);
   p->initial_max_stream_data_bidi_local = cfg->stream_window;
   p->initial_max_stream_data_bidi_remote = cfg->stream_window;

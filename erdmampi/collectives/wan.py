@@ -1,0 +1,237 @@
+"""Large-message algorithms for ranks on different hosts (wide-area peers).
+
+On a long path a collective pays one round trip per dependent step, plus the
+rendezvous round trip of every message.  The ring allreduce of two ranks is
+two dependent phases (reduce-scatter, then allgather of the reduced halves):
+its allgather data can only be requested after the matching reduce-scatter
+data has arrived, so the second half of the traffic waits for round trips
+that the first half does not.  Between two ranks a plain exchange moves the
+same bytes in each direction (the whole vector, as the ring's two halves do)
+in a single phase:
+
+* :func:`allreduce_sched_exchange`: both ranks send their whole vector, cut
+  into pieces that are all posted at once (every rendezvous round trip
+  overlaps the others and the data behind them), and each rank reduces the
+  pieces it receives as they arrive.  Both ranks compute ``mine OP theirs``
+  with a commutative op, so their results are bit-identical.
+
+* :func:`allreduce_sched_direct` (3..8 ranks, each on its own host): the
+  ring's 2(n-1) dependent steps become two phases, a reduce-scatter in which
+  every rank sends each other rank that rank's block directly, and an
+  allgather in which it sends its reduced block to every other rank, all
+  pieces posted at once.  Each rank's uplink carries the same 2(n-1)/n of
+  the vector as in the ring.
+* :func:`bcast_sched_pieces`: the broadcast of two ranks as the same pieces,
+  all posted at once (the chained schedule keeps a window of 8 chunks per
+  step, each with its own rendezvous round trip, in flight).
+
+The dispatchers (:func:`erdmampi.collectives.allreduce`, ``bcast``) pick them by
+:func:`prefer_exchange`: two ranks on two different hosts, a message of at
+least :data:`SCHED_MIN <erdmampi.collectives.SCHED_MIN>` bytes, a commutative
+op, no ``ERDMA_COLL_ALLREDUCE`` override.  Two ranks of one host keep the ring
+(it reduces half the bytes per rank, and memory bandwidth is what counts
+there).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from erdmampi.collectives.base import ReduceFn, Transport, even_blocks
+from erdmampi.collectives.sched import _can_schedule, _contig, _Out, _typed, sched_reduction
+
+__all__ = ["allreduce_sched_exchange", "allreduce_sched_direct", "bcast_sched_pieces",
+           "prefer_exchange", "prefer_direct", "exchange_pieces"]
+
+#: most ranks for which :func:`allreduce_sched_direct` is chosen
+DIRECT_MAX = 8
+
+#: size of one piece of an exchange (each is one rendezvous message)
+PIECE = 1 << 20
+#: at most this many pieces (tags) per exchange
+MAX_PIECES = 16
+
+
+def exchange_pieces(nbytes: int) -> int:
+    """Pieces an exchange of ``nbytes`` is cut into: ~1 MiB each, 1..16."""
+    return max(1, min(MAX_PIECES, -(-int(nbytes) // PIECE)))
+
+
+def prefer_exchange(t: Transport, nbytes: int, commutative: bool) -> bool:
+    """True when an allreduce of ``nbytes`` on ``t`` should run
+    :func:`allreduce_sched_exchange`: two ranks whose host labels differ
+    (a transport without labels counts as remote: the leaders' transport of
+    a hierarchical algorithm has none), large, commutative op.  Every rank
+    computes the same answer."""
+    from erdmampi.collectives import SCHED_MIN
+    if t.size != 2 or not commutative or nbytes < SCHED_MIN:
+        return False
+    hosts = getattr(t, "hosts", None)
+    return hosts is None or len(hosts) != 2 or hosts[0] != hosts[1]
+
+
+def bcast_sched_pieces(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
+    """Two ranks: the root sends ``buf`` in :func:`exchange_pieces` pieces
+    posted at once, the other rank receives them in place.  Other sizes and
+    transports without schedules return ``False``."""
+    from erdmampi.collectives.base import check_root
+    root = check_root("bcast", root, t.size)
+    if t.size != 2:
+        return False
+    k = exchange_pieces(buf.nbytes)
+    if not _can_schedule(t, k):
+        return False
+    if buf.nbytes == 0:
+        return True
+    out = _Out(buf)
+    data = out.work.reshape(-1).view(np.uint8)
+    cnts, disps = even_blocks(data.size, k)
+    b = t.schedule(chunked=False)
+    for i in range(k):
+        if cnts[i]:
+            piece = data[disps[i]:disps[i] + cnts[i]]
+            if t.rank == root:
+                b.send(piece, 1 - root, i)
+            else:
+                b.recv(piece, root, i)
+    b.run()
+    out.done()
+    return True
+
+
+def allreduce_sched_exchange(t: Transport, sendbuf: Optional[np.ndarray],
+                             recvbuf: np.ndarray, reduce_fn: ReduceFn,
+                             commutative: bool = True) -> Optional[bool]:
+    """Two ranks: each sends its whole vector to the other in
+    :func:`exchange_pieces` pieces posted at once, receives the other's
+    pieces into ``recvbuf`` (or scratch, in place) and reduces each piece
+    as it arrives, in C.  Other sizes, non-commutative or user-defined ops,
+    and transports without schedules return ``False`` (the dispatcher then
+    runs its default).  ``sendbuf=None``: in place (the input is copied
+    once, so the send never reads a block being reduced)."""
+    if t.size != 2:
+        return False
+    red = sched_reduction(reduce_fn)
+    if red is None or not commutative:
+        return False
+    opname, dtype = red
+    if recvbuf.nbytes % dtype.itemsize:
+        return False
+    k = exchange_pieces(recvbuf.nbytes)
+    if not _can_schedule(t, k):
+        return False
+    out = _Out(recvbuf)
+    acc = _typed(out.work, dtype)
+    if sendbuf is None:
+        src = acc.copy()
+    else:
+        src = _typed(_contig(sendbuf), dtype)
+        if src.size != acc.size:
+            raise ValueError(f"allreduce: send buffer has {src.size} elements, "
+                             f"receive buffer {acc.size}")
+    if acc.size == 0:
+        out.done()
+        return True
+    other = 1 - t.rank
+    cnts, disps = even_blocks(acc.size, k)
+    b = t.schedule(chunked=False)
+    for i in range(k):
+        if not cnts[i]:
+            continue
+        lo, hi = disps[i], disps[i] + cnts[i]
+        b.send(src[lo:hi], other, i)
+        ri = b.recv(acc[lo:hi], other, i)
+        b.after(b.reduce(src[lo:hi], acc[lo:hi], opname), ri, False)
+    b.run()
+    out.done()
+    return True
+
+
+def prefer_direct(t: Transport, nbytes: int, commutative: bool) -> bool:
+    """True when an allreduce of ``nbytes`` on ``t`` should run
+    :func:`allreduce_sched_direct`: 3..:data:`DIRECT_MAX` ranks, each on a
+    host of its own (a transport without labels counts as such), large,
+    commutative op.  Every rank computes the same answer."""
+    from erdmampi.collectives import SCHED_MIN
+    if not 3 <= t.size <= DIRECT_MAX or not commutative or nbytes < SCHED_MIN:
+        return False
+    hosts = getattr(t, "hosts", None)
+    return hosts is None or len(hosts) != t.size or len(set(hosts)) == t.size
+
+
+def allreduce_sched_direct(t: Transport, sendbuf: Optional[np.ndarray],
+                           recvbuf: np.ndarray, reduce_fn: ReduceFn,
+                           commutative: bool = True) -> Optional[bool]:
+    """Reduce-scatter then allgather, each as one phase of direct messages
+    (rank r owns block r of n), cut into :func:`exchange_pieces` pieces per
+    block, all posted at once; piece p of the own block is reduced in peer
+    order as the peers' pieces land (deterministic), and sent on to every
+    peer as soon as it is complete.  Scratch: n-1 blocks.  Non-commutative
+    or user-defined ops and transports without schedules return ``False``.
+    ``sendbuf=None``: in place."""
+    n, r = t.size, t.rank
+    if n < 2:
+        return False
+    red = sched_reduction(reduce_fn)
+    if red is None or not commutative:
+        return False
+    opname, dtype = red
+    if recvbuf.nbytes % dtype.itemsize:
+        return False
+    out = _Out(recvbuf)
+    acc = _typed(out.work, dtype)
+    src = None if sendbuf is None else _typed(_contig(sendbuf), dtype)
+    if src is not None and src.size != acc.size:
+        raise ValueError(f"allreduce: send buffer has {src.size} elements, "
+                         f"receive buffer {acc.size}")
+    cnts, disps = even_blocks(acc.size, n)
+    k = exchange_pieces(cnts[0] * dtype.itemsize)
+    if not _can_schedule(t, 2 * k):
+        return False
+    if acc.size == 0:
+        out.done()
+        return True
+    data = acc if src is None else src
+    peers = [(r + i) % n for i in range(1, n)]
+    tmp = np.empty((n - 1) * cnts[r], dtype)
+
+    def pieces(blk):
+        pc, pd = even_blocks(cnts[blk], k)
+        return [(disps[blk] + d, disps[blk] + d + c) for c, d in zip(pc, pd)]
+
+    mine = pieces(r)
+    b = t.schedule(chunked=False)
+    rs_send = {}
+    for j in peers:                                     # reduce-scatter: block j to j
+        for p, (lo, hi) in enumerate(pieces(j)):
+            if hi > lo:
+                rs_send[j, p] = b.send(data[lo:hi], j, p)
+    last = {}
+    for p, (lo, hi) in enumerate(mine):
+        if hi <= lo:
+            continue
+        prev = b.copy(src[lo:hi], acc[lo:hi]) if src is not None else None
+        for i, j in enumerate(peers):                   # fixed order: same sums always
+            off = i * cnts[r] + (lo - disps[r])
+            scratch = tmp[off:off + (hi - lo)]
+            ri = b.recv(scratch, j, p)
+            ei = b.reduce(scratch, acc[lo:hi], opname)
+            b.after(ei, ri, False)
+            if prev is not None:
+                b.after(ei, prev, False)
+            prev = ei
+        last[p] = prev
+    for j in peers:                                     # allgather
+        for p, (lo, hi) in enumerate(mine):
+            if hi > lo:
+                b.after(b.send(acc[lo:hi], j, k + p), last[p], False)
+        for p, (lo, hi) in enumerate(pieces(j)):
+            if hi > lo:
+                ri = b.recv(acc[lo:hi], j, k + p)
+                if src is None:                         # in place: sent in the first phase
+                    b.after(ri, rs_send[j, p], False)
+    b.run()
+    out.done()
+    return True

@@ -1,0 +1,178 @@
+"""Large-message algorithms for two ranks on two hosts (erdmampi.collectives.wan):
+selection, and results on real engine ranks over QUIC (ERDMA_SHM=0)."""
+import pytest
+
+from harness import run_mpi
+from erdmampi.collectives import wan
+
+
+class _T:
+    def __init__(self, size, hosts):
+        self.size, self.rank, self.hosts = size, 0, hosts
+
+
+@pytest.mark.parametrize("size,hosts,nbytes,comm,want", [
+    (2, ["a", "b"], 16 << 20, True, True),
+    (2, None, 16 << 20, True, True),           # leaders' transport of hier: no labels
+    (2, ["a", "a"], 16 << 20, True, False),    # one host: the ring stays
+    (2, ["a", "b"], 1024, True, False),        # small: latency algorithms
+    (2, ["a", "b"], 16 << 20, False, False),   # non-commutative
+    (3, ["a", "b", "c"], 16 << 20, True, False),
+])
+def test_prefer_exchange(size, hosts, nbytes, comm, want):
+    assert wan.prefer_exchange(_T(size, hosts), nbytes, comm) is want
+
+
+@pytest.mark.parametrize("size,hosts,nbytes,comm,want", [
+    (4, ["a", "b", "c", "d"], 16 << 20, True, True),
+    (3, None, 16 << 20, True, True),
+    (8, list("abcdefgh"), 16 << 20, True, True),
+    (9, list("abcdefghi"), 16 << 20, True, False),   # many ranks: the ring
+    (4, ["a", "a", "b", "c"], 16 << 20, True, False),  # shared host: hierarchical/ring
+    (4, ["a", "b", "c", "d"], 1024, True, False),
+    (4, ["a", "b", "c", "d"], 16 << 20, False, False),
+    (2, ["a", "b"], 16 << 20, True, False),          # two ranks: the exchange
+])
+def test_prefer_direct(size, hosts, nbytes, comm, want):
+    assert wan.prefer_direct(_T(size, hosts), nbytes, comm) is want
+
+
+def test_exchange_pieces():
+    assert wan.exchange_pieces(1) == 1
+    assert wan.exchange_pieces(1 << 20) == 1
+    assert wan.exchange_pieces((1 << 20) + 1) == 2
+    assert wan.exchange_pieces(16 << 20) == 16
+    assert wan.exchange_pieces(1 << 30) == wan.MAX_PIECES
+
+
+SCRIPT = r'''
+import numpy as np
+from erdmampi import MPI
+from erdmampi import collectives as C
+from erdmampi.collectives import wan
+
+world = MPI.COMM_WORLD
+r = world.Get_rank()
+fails = []
+
+
+class Hosts:
+    """The world transport with a host label per rank (two hosts)."""
+    def __init__(self, t, hosts):
+        self._t, self.hosts, self.rank, self.size = t, hosts, t.rank, t.size
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+used = []
+orig_ar, orig_bc = wan.allreduce_sched_exchange, wan.bcast_sched_pieces
+C.ALGORITHMS["allreduce"]["sched_exchange"] = lambda *a: (used.append("ar"), orig_ar(*a))[1]
+C.ALGORITHMS["bcast"]["sched_pieces"] = lambda *a: (used.append("bc"), orig_bc(*a))[1]
+
+
+def fsum(a, b):
+    np.add(a, b, out=b)
+fsum.sched = ("SUM", np.dtype(np.float32))
+
+
+def imax(a, b):
+    np.maximum(a, b, out=b)
+imax.sched = ("MAX", np.dtype(np.int64))
+
+t = Hosts(world._transport(), ["h0", "h1"])
+for count in (0, 1, 65536, (1 << 18) + 3, (3 << 20) + 11):
+    base = (np.arange(count) % 1009).astype(np.float32)
+    x = base + r
+    out = np.full_like(x, -1)
+    del used[:]
+    C.allreduce(t, x, out, fsum, True)
+    if not np.array_equal(out, 2 * base + 1):
+        fails.append(("allreduce", count))
+    if count * 4 >= C.SCHED_MIN and used != ["ar"]:
+        fails.append(("not chosen", count, used))
+    inplace = base + r
+    C.allreduce(t, None, inplace, fsum, True)
+    if not np.array_equal(inplace, 2 * base + 1):
+        fails.append(("allreduce in place", count))
+    xi = np.arange(count, dtype=np.int64) * (1 - 2 * r)
+    oi = np.empty_like(xi)
+    C.allreduce(t, xi, oi, imax, True)
+    if not np.array_equal(oi, np.abs(np.arange(count, dtype=np.int64))):
+        fails.append(("allreduce max", count))
+    for root in (0, 1):
+        buf = base + 7 if r == root else np.zeros_like(base)
+        del used[:]
+        C.bcast(t, buf, root)
+        if not np.array_equal(buf, base + 7):
+            fails.append(("bcast", count, root))
+        if count * 4 >= C.SCHED_MIN and used != ["bc"]:
+            fails.append(("bcast not chosen", count, used))
+# one host: the exchange is not chosen
+del used[:]
+y = np.ones(1 << 20, np.float32)
+C.allreduce(Hosts(world._transport(), ["h", "h"]), y.copy(), y, fsum, True)
+if used or not np.all(y == 2):
+    fails.append(("one host", used))
+print("FAILS" if fails else "OK", r, fails, flush=True)
+'''
+
+
+def test_exchange_and_pieces_on_engine_ranks():
+    p = run_mpi(2, SCRIPT, timeout=60, env={"ERDMA_SHM": "0"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("OK") == 2, p.stdout + p.stderr
+
+
+DIRECT = r"""
+import numpy as np
+from erdmampi import MPI
+from erdmampi import collectives as C
+
+world = MPI.COMM_WORLD
+r, n = world.Get_rank(), world.Get_size()
+fails = []
+
+
+class Hosts:
+    def __init__(self, t, hosts):
+        self._t, self.hosts, self.rank, self.size = t, hosts, t.rank, t.size
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+used = []
+orig = C.ALGORITHMS["allreduce"]["sched_direct"]
+C.ALGORITHMS["allreduce"]["sched_direct"] = lambda *a: (used.append(1), orig(*a))[1]
+
+
+def fsum(a, b):
+    np.add(a, b, out=b)
+fsum.sched = ("SUM", np.dtype(np.float64))
+
+t = Hosts(world._transport(), ["h%d" % i for i in range(n)])
+for count in (0, 1, 5, 65536, (1 << 18) + 3, (3 << 20) + 11):
+    base = (np.arange(count) % 1009).astype(np.float64)
+    want = n * base + n * (n - 1) // 2
+    x = base + r
+    out = np.full_like(x, -1)
+    del used[:]
+    C.allreduce(t, x, out, fsum, True)
+    if not np.array_equal(out, want):
+        fails.append(("allreduce", count))
+    if count * 8 >= C.SCHED_MIN and not used:
+        fails.append(("not chosen", count))
+    inplace = base + r
+    C.allreduce(t, None, inplace, fsum, True)
+    if not np.array_equal(inplace, want):
+        fails.append(("in place", count))
+print("FAILS" if fails else "OK", r, fails, flush=True)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [3, 4])
+def test_direct_on_engine_ranks(nprocs):
+    p = run_mpi(nprocs, DIRECT, timeout=90, env={"ERDMA_SHM": "0"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("OK") == nprocs, p.stdout + p.stderr
