@@ -210,7 +210,10 @@ def test_full_cone_pair_direct(bed):
     ok(out)
     for a, b in ((0, 1), (1, 0)):
         pr = out[a][b]
-        assert pr.direct and pr.local_type == "srflx" and pr.remote_type == "srflx"
+        # srflx, or prflx when the STUN answer came after the gathering window
+        # (a loaded machine) and the peer's check told us the same mapping
+        assert pr.direct and pr.local_type in ("srflx", "prflx")
+        assert pr.remote_type in ("srflx", "prflx")
         assert pr.remote_addr == bed.public_address([FC1, FC2][b])
     assert out[0].turn is None and out[1].turn is None       # unused allocations released
     check_paths(ports, out)
