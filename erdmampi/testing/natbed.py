@@ -42,7 +42,6 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -50,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from erdmampi.testing.wan import WanBedError, _kill_ns, _run
+from erdmampi.testing.wan import WanBedError, _kill_ns, _run, kill_group
 
 __all__ = ["NatBed", "NatBedError", "KINDS", "natbed_available", "cleanup_stale",
            "socket_in_netns"]
@@ -340,22 +339,7 @@ class NatBed:
         if errors:
             raise NatBedError("teardown: " + "; ".join(errors))
 
-    @staticmethod
-    def _kill_proc(p):
-        if p.poll() is not None:
-            return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(3)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+    _kill_proc = staticmethod(kill_group)
 
     # -- running things
     def _ns(self, where) -> str:

@@ -56,6 +56,25 @@ _cc_lock = threading.Lock()
 _CC_STATE = Path(os.environ.get("ERDMA_WAN_STATE", "/run/erdmampi-wan-cc.json"))
 
 
+
+def kill_group(p: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM a process group started with start_new_session, SIGKILL after
+    ``grace`` seconds; reaps it."""
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        p.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
 class WanBedError(RuntimeError):
     """A test-bed command failed (the message carries the command and its stderr)."""
 
@@ -648,20 +667,7 @@ class WanBed:
             raise WanBedError("teardown: " + "; ".join(errors))
 
     def _kill_proc(self, p):
-        if p.poll() is not None:
-            return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(3)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+        kill_group(p)
 
     # -- running things
     def run(self, site, argv, env=None, stdout=None, stderr=None, text=True, **kw):

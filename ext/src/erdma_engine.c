@@ -91,9 +91,10 @@ const char *erdma_strerror(int rc) {
 int erdma_err_is_fatal(int rc) { return rc < ERDMA_ERR_FATAL; }
 
 /* ------------------------------------------------------------ socket io */
-static int resolve(const char *host, int port, struct sockaddr_storage *out, socklen_t *len) {
+int addr_resolve(const char *host, int port, struct sockaddr_storage *out, socklen_t *len) {
   struct addrinfo hints = {0}, *res = NULL;
   char ps[16];
+  if (!host || port < 0 || port > 65535) return ERDMA_ERR_INVAL;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
   hints.ai_flags = AI_NUMERICSERV;
@@ -246,7 +247,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   pthread_condattr_destroy(&ca);
   int rv = ERDMA_ERR_SOCKET;
   last_error[0] = 0;
-  if (resolve(e->bind_addr, cfg->port, &e->local, &e->local_len) != 0) {
+  if (addr_resolve(e->bind_addr, cfg->port, &e->local, &e->local_len) != 0) {
     set_error("cannot resolve bind address %s", e->bind_addr);
     goto fail;
   }
@@ -302,7 +303,7 @@ int erdma_engine_set_peer(erdma_engine *e, int rank, const char *host, int port,
   if (rank < 0 || rank >= e->cfg.size) return ERDMA_ERR_RANK;
   pthread_mutex_lock(&e->mu);
   peer_info *p = &e->peers[rank];
-  int rv = resolve(host, port, &p->addr, &p->addr_len);
+  int rv = addr_resolve(host, port, &p->addr, &p->addr_len);
   if (rv == 0) {
     p->known = 1;
     snprintf(p->fingerprint, sizeof p->fingerprint, "%s", fingerprint ? fingerprint : "");

@@ -336,6 +336,8 @@ struct erdma_engine {
 /* engine.c */
 uint64_t erdma_now(void);
 int addr_is_loopback(const struct sockaddr_storage *a);
+/* numeric or DNS host + port -> sockaddr (ERDMA_ERR_INVAL when it does not resolve) */
+int addr_resolve(const char *host, int port, struct sockaddr_storage *out, socklen_t *len);
 void engine_wake(erdma_engine *e);
 /* bufs: n packets at a stride of e->pkt_size; NULL: the first n buffers of
  * the backend's zero-copy batch (e->io.tx_buf), which it releases (n >= 0) */

@@ -31,22 +31,6 @@
 #define CHANNEL_MAX 0x4FFF
 
 /* ---------------------------------------------------------- addresses */
-static int nat_resolve(const char *host, int port, struct sockaddr_storage *out,
-                       socklen_t *len) {
-  struct addrinfo hints = {0}, *res = NULL;
-  char ps[16];
-  if (!host || port < 0 || port > 65535) return ERDMA_ERR_INVAL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  snprintf(ps, sizeof ps, "%d", port);
-  if (getaddrinfo(host, ps, &hints, &res) != 0 || !res) return ERDMA_ERR_INVAL;
-  memcpy(out, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
-  freeaddrinfo(res);
-  return 0;
-}
-
 static int addr_eq(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
   if (a->ss_family != b->ss_family) return 0;
   if (a->ss_family == AF_INET) {
@@ -318,7 +302,7 @@ int erdma_engine_raw_send(erdma_engine *e, const uint8_t *data, size_t len, cons
   struct sockaddr_storage to;
   socklen_t tolen;
   if (!e || (!data && len) || len > 65507) return ERDMA_ERR_INVAL;
-  if (nat_resolve(host, port, &to, &tolen) != 0) return ERDMA_ERR_INVAL;
+  if (addr_resolve(host, port, &to, &tolen) != 0) return ERDMA_ERR_INVAL;
   if (to.ss_family != e->local.ss_family) return ERDMA_ERR_INVAL;
   uint8_t *copy = malloc(len ? len : 1); /* backends take a writable run */
   if (!copy) return ERDMA_ERR_NOMEM;
@@ -381,7 +365,7 @@ int erdma_engine_raw_recv(erdma_engine *e, uint8_t *buf, size_t cap, size_t *len
 int erdma_engine_add_turn_server(erdma_engine *e, const char *host, int port) {
   struct sockaddr_storage a;
   socklen_t alen;
-  if (!e || port <= 0 || nat_resolve(host, port, &a, &alen) != 0) return ERDMA_ERR_INVAL;
+  if (!e || port <= 0 || addr_resolve(host, port, &a, &alen) != 0) return ERDMA_ERR_INVAL;
   pthread_mutex_lock(&e->mu);
   nat_state *s = &e->nat;
   int rv = 0;
@@ -408,8 +392,8 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
     return ERDMA_ERR_INVAL;
   if (mode != ERDMA_RELAY_OFF) {
     if (channel < CHANNEL_MIN || channel > CHANNEL_MAX || turn_port <= 0 ||
-        nat_resolve(turn_host, turn_port, &ta, &tlen) != 0 ||
-        nat_resolve(peer_host, peer_port, &pa, &plen) != 0)
+        addr_resolve(turn_host, turn_port, &ta, &tlen) != 0 ||
+        addr_resolve(peer_host, peer_port, &pa, &plen) != 0)
       return ERDMA_ERR_INVAL;
   }
   pthread_mutex_lock(&e->mu);
