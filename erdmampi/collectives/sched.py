@@ -101,6 +101,28 @@ class _Out:
             self.arr[...] = self.work
 
 
+def _reduction_operands(reduce_fn: ReduceFn, commutative: bool,
+                        sendbuf: Optional[np.ndarray], recvbuf: np.ndarray):
+    """``(opname, dtype, out, acc, src)`` for an allreduce schedule: ``out`` the
+    contiguous stand-in of ``recvbuf``, ``acc`` its typed view, ``src`` the typed
+    input (None: in place); None when the C reducer cannot apply the op
+    (user-defined, non-commutative, or ``recvbuf`` not whole elements).
+    Raises ValueError when the buffers' element counts differ."""
+    red = sched_reduction(reduce_fn)
+    if red is None or not commutative:
+        return None
+    opname, dtype = red
+    if recvbuf.nbytes % dtype.itemsize:
+        return None
+    out = _Out(recvbuf)
+    acc = _typed(out.work, dtype)
+    src = None if sendbuf is None else _typed(_contig(sendbuf), dtype)
+    if src is not None and src.size != acc.size:
+        raise ValueError(f"allreduce: send buffer has {src.size} elements, "
+                         f"receive buffer {acc.size}")
+    return opname, dtype, out, acc, src
+
+
 # -- allreduce ---------------------------------------------------------------
 
 def allreduce_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
@@ -112,18 +134,12 @@ def allreduce_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
     no copy of the input is made; in place, it receives into two
     alternating scratch blocks.  Commutative predefined ops only."""
     n, r = t.size, t.rank
-    red = sched_reduction(reduce_fn)
-    if red is None or not commutative or not _can_schedule(t, 2 * n):
+    if not _can_schedule(t, 2 * n):
         return False
-    opname, dtype = red
-    out = _Out(recvbuf)
-    if recvbuf.nbytes % dtype.itemsize:
+    ops = _reduction_operands(reduce_fn, commutative, sendbuf, recvbuf)
+    if ops is None:
         return False
-    acc = _typed(out.work, dtype)
-    src = None if sendbuf is None else _typed(_contig(sendbuf), dtype)
-    if src is not None and src.size != acc.size:
-        raise ValueError(f"allreduce: send buffer has {src.size} elements, "
-                         f"receive buffer {acc.size}")
+    opname, dtype, out, acc, src = ops
     if n == 1 or acc.size == 0:
         if src is not None:
             acc[...] = src

@@ -40,7 +40,7 @@ from typing import Optional
 import numpy as np
 
 from erdmampi.collectives.base import ReduceFn, Transport, even_blocks
-from erdmampi.collectives.sched import _can_schedule, _contig, _Out, _typed, sched_reduction
+from erdmampi.collectives.sched import _can_schedule, _Out, _reduction_operands
 
 __all__ = ["allreduce_sched_exchange", "allreduce_sched_direct", "bcast_sched_pieces",
            "prefer_exchange", "prefer_direct", "exchange_pieces"]
@@ -113,24 +113,15 @@ def allreduce_sched_exchange(t: Transport, sendbuf: Optional[np.ndarray],
     once, so the send never reads a block being reduced)."""
     if t.size != 2:
         return False
-    red = sched_reduction(reduce_fn)
-    if red is None or not commutative:
-        return False
-    opname, dtype = red
-    if recvbuf.nbytes % dtype.itemsize:
-        return False
     k = exchange_pieces(recvbuf.nbytes)
     if not _can_schedule(t, k):
         return False
-    out = _Out(recvbuf)
-    acc = _typed(out.work, dtype)
-    if sendbuf is None:
+    ops = _reduction_operands(reduce_fn, commutative, sendbuf, recvbuf)
+    if ops is None:
+        return False
+    opname, dtype, out, acc, src = ops
+    if src is None:
         src = acc.copy()
-    else:
-        src = _typed(_contig(sendbuf), dtype)
-        if src.size != acc.size:
-            raise ValueError(f"allreduce: send buffer has {src.size} elements, "
-                             f"receive buffer {acc.size}")
     if acc.size == 0:
         out.done()
         return True
@@ -174,18 +165,10 @@ def allreduce_sched_direct(t: Transport, sendbuf: Optional[np.ndarray],
     n, r = t.size, t.rank
     if n < 2:
         return False
-    red = sched_reduction(reduce_fn)
-    if red is None or not commutative:
+    ops = _reduction_operands(reduce_fn, commutative, sendbuf, recvbuf)
+    if ops is None:
         return False
-    opname, dtype = red
-    if recvbuf.nbytes % dtype.itemsize:
-        return False
-    out = _Out(recvbuf)
-    acc = _typed(out.work, dtype)
-    src = None if sendbuf is None else _typed(_contig(sendbuf), dtype)
-    if src is not None and src.size != acc.size:
-        raise ValueError(f"allreduce: send buffer has {src.size} elements, "
-                         f"receive buffer {acc.size}")
+    opname, dtype, out, acc, src = ops
     cnts, disps = even_blocks(acc.size, n)
     k = exchange_pieces(cnts[0] * dtype.itemsize)
     if not _can_schedule(t, 2 * k):
