@@ -801,6 +801,15 @@ def plain_datatype(arr, readonly):
     ent = _ND_TYPES.get(id(dt))
     if ent is not None and ent[0] is dt:
         return ent[1]
+    if dt.isbuiltin == 1 and dt.isnative and len(_ND_TYPES) < _ND_TYPES_MAX:
+        # first sight of this dtype: let the parser resolve (and cache) it
+        try:
+            _learn_plain(arr, _message_simple(arr, readonly, 1))
+        except Exception:
+            return None     # whoever parses it for real reports the problem
+        ent = _ND_TYPES.get(id(dt))
+        if ent is not None and ent[0] is dt:
+            return ent[1]
     return None
 
 
@@ -850,10 +859,7 @@ def message_p2p(spec, readonly):
         datatype = plain_datatype(spec, readonly)
         if datatype is not None:
             return BufMsg._plain(spec, datatype)
-        msg = _message_simple(spec, readonly, 1)
-        if msg.nbytes and spec.flags.c_contiguous:
-            _learn_plain(spec, msg)
-        return msg
+        return _message_simple(spec, readonly, 1)
     return _message_simple(spec, readonly, 1)
 
 

@@ -291,13 +291,6 @@ def _plain_with_type(spec, readonly):
     """``(array, datatype)`` of a whole plain host array spec, else (None, None)."""
     if type(spec) is _ndarray:
         dt = _plain_datatype(spec, readonly)
-        if dt is None and spec.size and spec.flags.c_contiguous:
-            # first sight of this dtype: the parser learns it (no later call pays)
-            try:
-                message_p2p(spec, readonly)
-            except Exception:
-                return None, None   # the normal path reports it
-            dt = _plain_datatype(spec, readonly)
         return (spec, dt) if dt is not None else (None, None)
     arr = _plain_spec(spec, readonly)
     return (arr, spec[1]) if arr is not None else (None, None)
