@@ -287,6 +287,18 @@ def _spec_is(spec, arr, dt):
     return (t is list or t is tuple) and len(spec) == 2 and spec[0] is arr and spec[1] is dt
 
 
+def _plain_array(spec, readonly):
+    """The array of a spec that is one whole plain host array (an exact
+    ``numpy.ndarray``, alone or with a predefined datatype without gaps),
+    else None; see :func:`erdmampi.buffers.plain_datatype` and ``plain_spec``."""
+    t = type(spec)
+    if t is _ndarray:
+        return spec if _plain_datatype(spec, readonly) is not None else None
+    if t is list or t is tuple:
+        return _plain_spec(spec, readonly)
+    return None
+
+
 def _plain_with_type(spec, readonly):
     """``(array, datatype)`` of a whole plain host array spec, else (None, None)."""
     if type(spec) is _ndarray:
@@ -303,16 +315,10 @@ def _p2p_buffer(buf, readonly):
     NumPy array, alone or as ``[array, predefined datatype]``, skips the
     parser (``msg`` is then None), see :func:`erdmampi.buffers.plain_datatype`
     and :func:`erdmampi.buffers.plain_spec`."""
-    t = type(buf)
-    if t is _ndarray:
-        if _plain_datatype(buf, readonly) is not None:
-            ptr = _buffer_pointer(buf)
-            return ptr, buf.nbytes, ptr, None
-    elif t is list or t is tuple:
-        arr = _plain_spec(buf, readonly)
-        if arr is not None:
-            ptr = _buffer_pointer(arr)
-            return ptr, arr.nbytes, ptr, None
+    arr = _plain_array(buf, readonly)
+    if arr is not None:
+        ptr = _buffer_pointer(arr)
+        return ptr, arr.nbytes, ptr, None
     msg = message_p2p(buf, readonly)
     return msg.addr, msg.nbytes, msg, msg
 
@@ -1179,19 +1185,13 @@ class Comm:
         gaps), else ``(None, 0, None)``.  A small one is remembered per
         direction (by the identity of the spec, its array and datatype), so
         that a loop sending the same buffer skips the parsing."""
-        t = type(buf)
-        arr = None
-        if t is _ndarray:
-            if _plain_datatype(buf, readonly) is not None:
-                arr = buf
-        elif t is list or t is tuple:
-            arr = _plain_spec(buf, readonly)
+        arr = _plain_array(buf, readonly)
         if arr is None:
             return None, 0, None
         ptr = _buffer_pointer(arr)
         n = arr.nbytes
         if n <= _P2P_CACHE_MAX:
-            ent = (buf, arr, None if t is _ndarray else buf[1], ptr, n)
+            ent = (buf, arr, None if arr is buf else buf[1], ptr, n)
             if readonly:
                 self._scache = ent
             else:
@@ -1770,18 +1770,12 @@ class Comm:
                     except _engine.EngineError as e:
                         raise engine_exception(e) from None
                     return
-            t = type(buf)
-            arr = None
-            if t is _ndarray:
-                if _plain_datatype(buf, False) is not None:
-                    arr = buf
-            elif t is list or t is tuple:
-                arr = _plain_spec(buf, False)
+            arr = _plain_array(buf, False)
             npd = None if arr is None else _spec_np_dtype(buf, arr)
             if (arr is not None and arr.nbytes <= _SMALL_COLL_MAX and 0 <= root < n
                     and self._no_compress("bcast", arr.nbytes, npd, arr=arr)):
                 ptr = _buffer_pointer(arr)
-                self._bccache = (arr, None if t is _ndarray else buf[1], arr.nbytes, npd, ptr)
+                self._bccache = (arr, None if arr is buf else buf[1], arr.nbytes, npd, ptr)
                 try:
                     _engine.coll_bcast(_rt.engine, ptr, arr.nbytes, root,
                                        self._cranks, n, self._rank, self._coll_base(),
