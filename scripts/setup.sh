@@ -39,7 +39,7 @@ APT_PACKAGES=(
     build-essential pkg-config python3-dev python3-venv
     libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev gnutls-bin
     mpich libmpich-dev ngtcp2-client ngtcp2-server
-    openssh-server openssh-client coturn iproute2 nftables iperf3 conntrack
+    openssh-server openssh-client coturn iproute2 nftables iperf3 conntrack ethtool
     dpdk dpdk-dev libdpdk-dev
 )
 
