@@ -129,6 +129,14 @@ def evaluate(outputs, nranks, timed_out, rcs, t_kill):
         tail = [ln for ln in text.splitlines() if ln.strip()][-6:]
         rec["error"] = "exit codes %s: %s" % (rcs, " | ".join(tail)[-600:])
         return rec
+    if not timed_out and final is not None and final.get("times_max"):
+        rec["times"] = list(final["times_max"])
+    if not timed_out and not rec["times"]:
+        # the job ended well but not every rank reported a timed iteration: its output
+        # was cut or garbled, so no time can be given
+        rec["status"] = "error"
+        rec["error"] = "no timed iteration reported by all %d ranks" % nranks
+        return rec
     if not timed_out:
         rec["status"] = "ok"
         return rec

@@ -82,6 +82,15 @@ def test_evaluate_progress():
                                    "time": 2.0, "ok": False})]
     r = bw.evaluate(["\n".join(bad)], 2, False, [1, 1], 110.0)
     assert r["status"] == "error" and "wrong result" in r["error"]
+    # a finished job whose rank-1 progress line was lost (hydra forwarding): the final
+    # record's per-iteration maximum over ranks gives the time; without it, an error
+    lost = lines[:5]
+    fin = {"stack": "mpi4py", "times": [2.0], "times_max": [2.5], "ok": True}
+    r = bw.evaluate(["\n".join(lost + [json.dumps(fin)])], 2, False, [0], 110.0)
+    assert r["status"] == "ok" and r["times"] == [2.5]
+    del fin["times_max"]
+    r = bw.evaluate(["\n".join(lost + [json.dumps(fin)])], 2, False, [0], 110.0)
+    assert r["status"] == "error" and "no timed iteration" in r["error"]
 
 
 def _tcp_peer():

@@ -64,6 +64,13 @@ class _MPIStack:
     def gather_ok(self, ok):
         return self.comm.allreduce(int(ok), op=self.MPI.MIN) == 1
 
+    def max_times(self, times):
+        import numpy as np
+        t = np.array(times, dtype=np.float64)
+        out = np.empty_like(t)
+        self.comm.Allreduce(t, out, op=self.MPI.MAX)
+        return out.tolist()
+
     def close(self):
         pass
 
@@ -91,6 +98,11 @@ class _GlooStack:
         t = self.torch.tensor([int(ok)])
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
         return int(t.item()) == 1
+
+    def max_times(self, times):
+        t = self.torch.tensor(times, dtype=self.torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return t.tolist()
 
     def close(self):
         self.dist.destroy_process_group()
@@ -148,10 +160,15 @@ def main(argv=None):
                     and not st.gather_ok(time.perf_counter() - t_first <= a.max_seconds)):
                 break
     all_ok = st.gather_ok(ok)
+    # every rank ran the same iterations (the early stop is agreed): the slowest rank's
+    # time of each, in the one record that rank 0 prints (per-rank progress lines may
+    # be lost by a launcher that forwards output, as MPICH's hydra now and then does)
+    times_max = st.max_times(times) if times else []
     if st.rank == 0:
         x = bufs[a.count][0]
         print(json.dumps({"stack": a.stack, "op": a.op, "size": st.size,
-                          "bytes": int(x.nbytes), "times": times, "ok": all_ok}), flush=True)
+                          "bytes": int(x.nbytes), "times": times, "times_max": times_max,
+                          "ok": all_ok}), flush=True)
     st.close()
     return 0 if all_ok else 1
 
