@@ -88,6 +88,8 @@ def test_evaluate_progress():
     fin = {"stack": "mpi4py", "times": [2.0], "times_max": [2.5], "ok": True}
     r = bw.evaluate(["\n".join(lost + [json.dumps(fin)])], 2, False, [0], 110.0)
     assert r["status"] == "ok" and r["times"] == [2.5]
+    r = bw.evaluate(["\n".join(lost + [json.dumps(fin)])], 2, True, [-15], 110.0)
+    assert r["status"] == "ok" and r["times"] == [2.5] and "did not exit" in r["note"]
     del fin["times_max"]
     r = bw.evaluate(["\n".join(lost + [json.dumps(fin)])], 2, False, [0], 110.0)
     assert r["status"] == "error" and "no timed iteration" in r["error"]
