@@ -51,7 +51,8 @@ def rate_bits(text):
 class Link:
     """Two namespaces, a veth pair, tbf on both ends, random loss on both ingresses."""
 
-    def __init__(self):
+    def __init__(self, mtu=0):
+        self.mtu = mtu
         tag = secrets.token_hex(3)
         self.a, self.b = f"qla{tag}", f"qlb{tag}"
         self.dev_a, self.dev_b = f"qa{tag}", f"qb{tag}"
@@ -64,6 +65,8 @@ class Link:
                  "peer", "name", self.dev_b, "netns", self.b)
             for ns, dev, addr in ((self.a, self.dev_a, ADDR_A), (self.b, self.dev_b, ADDR_B)):
                 _run("ip", "-n", ns, "addr", "add", addr + "/24", "dev", dev)
+                if self.mtu:
+                    _run("ip", "-n", ns, "link", "set", dev, "mtu", str(self.mtu))
                 _run("ip", "-n", ns, "link", "set", dev, "up")
                 _run("ip", "-n", ns, "link", "set", "lo", "up")
         except BaseException:
@@ -276,6 +279,8 @@ def main(argv=None):
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the ranks")
     ap.add_argument("--pythonpath", default="",
                     help="PYTHONPATH of the ranks (compare another build of erdmampi)")
+    ap.add_argument("--mtu", type=int, default=0,
+                    help="MTU of the veth pair (no delay line only; 0: the default 1500)")
     ap.add_argument("--label", default="", help="name of this engine configuration")
     ap.add_argument("--json", default="", help="append records to this file")
     ap.add_argument("--delay-ms", default="0",
@@ -307,7 +312,7 @@ def main(argv=None):
                     if delay > 0:
                         link = DelayLink(bed_class, rate, float(loss), delay)
                     else:
-                        link = Link()
+                        link = Link(mtu=args.mtu)
                     with link:
                         if delay <= 0:
                             link.shape(rate_bits(rate), float(loss))
@@ -318,7 +323,7 @@ def main(argv=None):
                                 r = run_iperf(link, stack.split("-")[1], args.time)
                             rec = {"stack": stack if stack != "quic" else
                                    "quic" + (f"[{args.label}]" if args.label else ""),
-                                   "rate": rate, "loss": float(loss), "rtt_ms": 2 * delay, **r}
+                                   "mtu": args.mtu or 1500, "rate": rate, "loss": float(loss), "rtt_ms": 2 * delay, **r}
                             rec.pop("stats", None)
                             rows.append(rec)
                             print(json.dumps(rec), flush=True)
