@@ -61,6 +61,22 @@ def test_wan_pieces_cover_and_split(count, itemsize):
         assert len(ranges) == wan.exchange_pieces(count * itemsize)
 
 
+@pytest.mark.parametrize("nbytes", [0, 5, 1 << 18, 1 << 20, (1 << 20) + 1, (3 << 20) + 7,
+                                    16 << 20])
+def test_bcast_pieces(nbytes, monkeypatch):
+    rndv, eager = wan.bcast_pieces(nbytes)
+    ranges = sorted(eager + rndv)
+    assert ranges[0][0] == 0 and ranges[-1][1] == nbytes
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(hi - lo <= 65536 for lo, hi in eager)
+    assert len(eager) + len(rndv) <= 2 * wan.MAX_PIECES
+    if nbytes > wan.EAGER_HEAD:        # the head eagerly, the rest by rendezvous
+        assert eager[-1][1] == wan.EAGER_HEAD and rndv[0][0] == wan.EAGER_HEAD
+    monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", "0")
+    rndv, eager = wan.bcast_pieces(nbytes)
+    assert not eager and rndv == wan._rndv_pieces(nbytes, 1)
+
+
 def test_wan_pieces_env(monkeypatch):
     monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", "0")
     assert wan.wan_pieces(1 << 18, 4) == [(0, 1 << 18)]
@@ -132,7 +148,7 @@ for count in (0, 1, 65536, (1 << 18) - 5, (1 << 18) + 3, (3 << 20) + 11):
     for root in (0, 1):
         buf = base + 7 if r == root else np.zeros_like(base)
         del used[:]
-        if r != root and count == (1 << 18) - 5:
+        if r != root and count in ((1 << 18) - 5, (3 << 20) + 11):
             time.sleep(0.2)     # eager pieces arrive before the receives are posted
         C.bcast(t, buf, root)
         if not np.array_equal(buf, base + 7):

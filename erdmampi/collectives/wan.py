@@ -44,7 +44,8 @@ from erdmampi.collectives.base import ReduceFn, Transport, even_blocks
 from erdmampi.collectives.sched import _can_schedule, _Out, _reduction_operands
 
 __all__ = ["allreduce_sched_exchange", "allreduce_sched_direct", "bcast_sched_pieces",
-           "prefer_exchange", "prefer_direct", "exchange_pieces", "wan_pieces"]
+           "prefer_exchange", "prefer_direct", "exchange_pieces", "wan_pieces",
+           "bcast_pieces"]
 
 #: most ranks for which :func:`allreduce_sched_direct` is chosen
 DIRECT_MAX = 8
@@ -70,9 +71,24 @@ def _env_bytes(name: str, default: int) -> int:
         return default
 
 
+def _eager_pieces(count: int, itemsize: int) -> Optional[List[Tuple[int, int]]]:
+    """``count`` items as at most :data:`MAX_PIECES` pieces of at most the
+    eager limit (``ERDMA_EAGER_LIMIT``, 64 KiB), or None when that is not
+    possible (too many, or a limit under 4 KiB)."""
+    per = _env_bytes("ERDMA_EAGER_LIMIT", 65536) // itemsize
+    if count <= 0 or per * itemsize < 4096 or count > per * MAX_PIECES:
+        return None
+    return [(lo, min(lo + per, count)) for lo in range(0, count, per)]
+
+
+def _rndv_pieces(count: int, itemsize: int) -> List[Tuple[int, int]]:
+    cnts, disps = even_blocks(count, exchange_pieces(count * itemsize))
+    return [(d, d + c) for c, d in zip(cnts, disps)]
+
+
 def wan_pieces(count: int, itemsize: int) -> List[Tuple[int, int]]:
-    """Element ranges ``(lo, hi)`` a two-host exchange or broadcast of
-    ``count`` items sends as separate messages (piece i on tag i).
+    """Element ranges ``(lo, hi)`` a two-host exchange of ``count`` items
+    sends as separate messages (piece i on tag i).
 
     Every rendezvous message costs a round trip before its data leaves; the
     pieces are posted at once, so later pieces hide theirs behind earlier
@@ -82,19 +98,36 @@ def wan_pieces(count: int, itemsize: int) -> List[Tuple[int, int]]:
     goes as pieces of at most ``ERDMA_EAGER_LIMIT`` bytes (the engine's
     eager limit, 64 KiB; at most :data:`MAX_PIECES` of them), which leave
     at once; a larger one as :func:`exchange_pieces` pieces of ~1 MiB.
-    Only all or nothing: eager data travels on the control stream, where a
-    CTS of a later rendezvous piece would queue behind it (and behind its
-    lost packets), which measured slower at 16 MiB than no eager part at
-    all.  Were the engine's limit lower than the environment says, the
-    small pieces would simply go by rendezvous."""
+    Only all or nothing in an exchange: eager data travels on the control
+    stream, where the CTS that a rank owes its peer's rendezvous pieces
+    would queue behind it (and behind its lost packets); that measured
+    slower at 16 MiB than no eager part at all.  Were the engine's limit
+    lower than the environment says, the small pieces would simply go by
+    rendezvous."""
     count, itemsize = int(count), max(1, int(itemsize))
-    per = _env_bytes("ERDMA_EAGER_LIMIT", 65536) // itemsize
+    if count * itemsize <= _env_bytes("ERDMA_WAN_EAGER_HEAD", EAGER_HEAD):
+        eager = _eager_pieces(count, itemsize)
+        if eager:
+            return eager
+    return _rndv_pieces(count, itemsize)
+
+
+def bcast_pieces(nbytes: int) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """Byte ranges of a two-host broadcast as ``(rendezvous, eager)``; piece
+    i of ``rendezvous + eager`` goes on tag i.  Up to ``ERDMA_WAN_EAGER_HEAD``
+    bytes: :func:`wan_pieces`.  Larger: the first ``ERDMA_WAN_EAGER_HEAD``
+    bytes as eager pieces too, which the root posts after the RTS of the
+    rendezvous pieces; the receiver's CTS travel on its own control stream,
+    which carries no eager data in a broadcast, so nothing queues behind
+    the eager part (unlike an exchange, see :func:`wan_pieces`)."""
+    nbytes = int(nbytes)
     head = _env_bytes("ERDMA_WAN_EAGER_HEAD", EAGER_HEAD)
-    if 0 < count and per * itemsize >= 4096 and count * itemsize <= head and \
-            count <= per * MAX_PIECES:
-        return [(lo, min(lo + per, count)) for lo in range(0, count, per)]
-    cnts, disps = even_blocks(count, exchange_pieces(count * itemsize))
-    return [(d, d + c) for c, d in zip(cnts, disps)]
+    eager = _eager_pieces(min(nbytes, head), 1) if head else None
+    if nbytes <= head or not eager:
+        whole = wan_pieces(nbytes, 1)
+        return ([], whole) if eager and nbytes <= head else (whole, [])
+    rest = [(lo + head, hi + head) for lo, hi in _rndv_pieces(nbytes - head, 1)]
+    return rest, eager
 
 
 def prefer_exchange(t: Transport, nbytes: int, commutative: bool) -> bool:
@@ -111,14 +144,15 @@ def prefer_exchange(t: Transport, nbytes: int, commutative: bool) -> bool:
 
 
 def bcast_sched_pieces(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
-    """Two ranks: the root sends ``buf`` in :func:`wan_pieces` pieces
+    """Two ranks: the root sends ``buf`` in :func:`bcast_pieces` pieces
     posted at once, the other rank receives them in place.  Other sizes and
     transports without schedules return ``False``."""
     from erdmampi.collectives.base import check_root
     root = check_root("bcast", root, t.size)
     if t.size != 2:
         return False
-    ranges = wan_pieces(buf.nbytes, 1)
+    rndv, eager = bcast_pieces(buf.nbytes)
+    ranges = rndv + eager           # rendezvous first: their RTS leave first
     if not _can_schedule(t, len(ranges)):
         return False
     if buf.nbytes == 0:
