@@ -103,7 +103,9 @@ def wan_pieces(count: int, itemsize: int) -> List[Tuple[int, int]]:
     would queue behind it (and behind its lost packets); that measured
     slower at 16 MiB than no eager part at all.  Were the engine's limit
     lower than the environment says, the small pieces would simply go by
-    rendezvous."""
+    rendezvous.  Both variables must be the same on every rank (as every
+    ``ERDMA_*`` setting that picks an algorithm): the layout is computed on
+    each side."""
     count, itemsize = int(count), max(1, int(itemsize))
     if count * itemsize <= _env_bytes("ERDMA_WAN_EAGER_HEAD", EAGER_HEAD):
         eager = _eager_pieces(count, itemsize)
