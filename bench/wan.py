@@ -57,8 +57,34 @@ _port = itertools.count(29500)
 
 # -- stacks ---------------------------------------------------------------------------
 
+#: --variant NAME:K=V,...: erdmampi stacks with extra environment (NAME starts with
+#: "erdmampi~"); the key ROOT=DIR runs the erdmampi of another tree (its build)
+VARIANTS = {}
+
+
+def parse_variant(text):
+    """'erdmampi~NAME:K=V,K=V' -> (name, env); registers the stack."""
+    name, _, spec = text.partition(":")
+    if not name.startswith("erdmampi~") or len(name) <= len("erdmampi~") or "," in name:
+        raise ValueError("a variant is named erdmampi~NAME: %r" % text)
+    env = {}
+    for kv in filter(None, spec.split(",")):
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise ValueError("variant %s: expected K=V, got %r" % (name, kv))
+        env[k] = v
+    VARIANTS[name] = env
+    return name, env
+
+
 def parse_stack(name):
     """'erdmampi[-CC][+COMPRESS]', 'gloo-CC', 'mpich-CC' -> dict(kind, cc, env)."""
+    if name in VARIANTS:
+        env = {"ERDMA_COMPRESS": "off"}
+        env.update(VARIANTS[name])
+        root = env.pop("ROOT", None)
+        return {"name": name, "kind": "erdmampi", "workload": "erdmampi", "tcp_cc": None,
+                "env": env, "root": root}
     base, _, compress = name.partition("+")
     kind, _, cc = base.partition("-")
     if kind == "erdmampi":
@@ -164,7 +190,7 @@ def run_one(bed, stack, coll, nbytes, cap, iters, log):
     if st["tcp_cc"]:
         bed.set_cc(st["tcp_cc"])
     env = dict(st["env"])
-    env["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+    env["PYTHONPATH"] = (st.get("root") or ROOT) + (os.pathsep + os.environ["PYTHONPATH"]
                                 if os.environ.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -523,6 +549,10 @@ def parse_args(argv=None):
                         "(ERDMA_COMPRESS=MODE), erdmampi-ring (the ring allreduce and "
                         "chained bcast, as before the two-host algorithms)"
                         % ",".join(BASE_STACKS))
+    p.add_argument("--variant", action="append", default=[], metavar="erdmampi~NAME:K=V,...",
+                   help="an erdmampi stack with extra environment variables, for A/B runs "
+                        "in one bed (list it in --stacks); ROOT=DIR runs another tree's "
+                        "build; repeatable")
     p.add_argument("--time-cap", type=float, default=None,
                    help="seconds per run, start-up included, before it is killed "
                         "(default 60; --quick 30)")
@@ -564,6 +594,8 @@ def parse_args(argv=None):
         a.losses = _floats(a.losses)
         a.sizes = [parse_size(x) for x in a.sizes.split(",") if x]
         a.colls = [x for x in a.colls.split(",") if x]
+        for v in a.variant:
+            parse_variant(v)
         a.stacks = [x for x in a.stacks.split(",") if x]
         for s in a.stacks:
             parse_stack(s)

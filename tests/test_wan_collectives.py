@@ -1,5 +1,6 @@
 """Large-message algorithms for two ranks on two hosts (erdmampi.collectives.wan):
-selection, and results on real engine ranks over QUIC (ERDMA_SHM=0)."""
+selection, piece layout (eager pieces for small collectives), and results on
+real engine ranks over QUIC (ERDMA_SHM=0)."""
 import pytest
 
 from harness import run_mpi
@@ -45,7 +46,51 @@ def test_exchange_pieces():
     assert wan.exchange_pieces(1 << 30) == wan.MAX_PIECES
 
 
+@pytest.mark.parametrize("count,itemsize", [
+    (1, 4), (3, 8), (65536, 4), ((1 << 18) - 5, 4), (1 << 18, 4), ((1 << 18) + 3, 4),
+    ((1 << 17) + 1, 8), (4 << 20, 4), (1 << 20, 1), ((1 << 20) + 1, 1)])
+def test_wan_pieces_cover_and_split(count, itemsize):
+    ranges = wan.wan_pieces(count, itemsize)
+    assert ranges[0][0] == 0 and ranges[-1][1] == count
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(hi > lo for lo, hi in ranges)
+    assert len(ranges) <= wan.MAX_PIECES
+    if count * itemsize <= wan.EAGER_HEAD:     # small: every piece under the eager limit
+        assert all((hi - lo) * itemsize <= 65536 for lo, hi in ranges)
+    else:                                      # large: ~1 MiB rendezvous pieces
+        assert len(ranges) == wan.exchange_pieces(count * itemsize)
+
+
+@pytest.mark.parametrize("nbytes", [0, 5, 1 << 18, 1 << 20, (1 << 20) + 1, (3 << 20) + 7,
+                                    16 << 20])
+def test_bcast_pieces(nbytes, monkeypatch):
+    rndv, eager = wan.bcast_pieces(nbytes)
+    ranges = sorted(eager + rndv)
+    assert ranges[0][0] == 0 and ranges[-1][1] == nbytes
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(hi - lo <= 65536 for lo, hi in eager)
+    assert len(eager) + len(rndv) <= 2 * wan.MAX_PIECES
+    if nbytes > wan.EAGER_HEAD:        # the head eagerly, the rest by rendezvous
+        assert eager[-1][1] == wan.EAGER_HEAD and rndv[0][0] == wan.EAGER_HEAD
+    monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", "0")
+    rndv, eager = wan.bcast_pieces(nbytes)
+    assert not eager and rndv == wan._rndv_pieces(nbytes, 1)
+
+
+def test_wan_pieces_env(monkeypatch):
+    monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", "0")
+    assert wan.wan_pieces(1 << 18, 4) == [(0, 1 << 18)]
+    monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", str(1 << 20))
+    monkeypatch.setenv("ERDMA_EAGER_LIMIT", "16384")
+    assert len(wan.wan_pieces(1 << 16, 4)) == 16       # 256 KiB in 16 KiB pieces
+    assert len(wan.wan_pieces(1 << 18, 4)) == 1        # would need 64: rendezvous
+    monkeypatch.setenv("ERDMA_EAGER_LIMIT", "1000")    # too small to bother
+    assert wan.wan_pieces(1 << 16, 4) == [(0, 1 << 16)]
+    assert wan.wan_pieces(0, 4) == [(0, 0)]
+
+
 SCRIPT = r'''
+import time
 import numpy as np
 from erdmampi import MPI
 from erdmampi import collectives as C
@@ -81,7 +126,7 @@ def imax(a, b):
 imax.sched = ("MAX", np.dtype(np.int64))
 
 t = Hosts(world._transport(), ["h0", "h1"])
-for count in (0, 1, 65536, (1 << 18) + 3, (3 << 20) + 11):
+for count in (0, 1, 65536, (1 << 18) - 5, (1 << 18) + 3, (3 << 20) + 11):
     base = (np.arange(count) % 1009).astype(np.float32)
     x = base + r
     out = np.full_like(x, -1)
@@ -103,6 +148,8 @@ for count in (0, 1, 65536, (1 << 18) + 3, (3 << 20) + 11):
     for root in (0, 1):
         buf = base + 7 if r == root else np.zeros_like(base)
         del used[:]
+        if r != root and count in ((1 << 18) - 5, (3 << 20) + 11):
+            time.sleep(0.2)     # eager pieces arrive before the receives are posted
         C.bcast(t, buf, root)
         if not np.array_equal(buf, base + 7):
             fails.append(("bcast", count, root))

@@ -35,7 +35,8 @@ there).
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -43,7 +44,8 @@ from erdmampi.collectives.base import ReduceFn, Transport, even_blocks
 from erdmampi.collectives.sched import _can_schedule, _Out, _reduction_operands
 
 __all__ = ["allreduce_sched_exchange", "allreduce_sched_direct", "bcast_sched_pieces",
-           "prefer_exchange", "prefer_direct", "exchange_pieces"]
+           "prefer_exchange", "prefer_direct", "exchange_pieces", "wan_pieces",
+           "bcast_pieces"]
 
 #: most ranks for which :func:`allreduce_sched_direct` is chosen
 DIRECT_MAX = 8
@@ -52,11 +54,82 @@ DIRECT_MAX = 8
 PIECE = 1 << 20
 #: at most this many pieces (tags) per exchange
 MAX_PIECES = 16
+#: default of ``ERDMA_WAN_EAGER_HEAD``: bytes at the start of an exchange or
+#: two-host broadcast sent as eager messages (no rendezvous round trip)
+EAGER_HEAD = 1 << 20
 
 
 def exchange_pieces(nbytes: int) -> int:
     """Pieces an exchange of ``nbytes`` is cut into: ~1 MiB each, 1..16."""
     return max(1, min(MAX_PIECES, -(-int(nbytes) // PIECE)))
+
+
+def _env_bytes(name: str, default: int) -> int:
+    try:
+        return max(0, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def _eager_pieces(count: int, itemsize: int) -> Optional[List[Tuple[int, int]]]:
+    """``count`` items as at most :data:`MAX_PIECES` pieces of at most the
+    eager limit (``ERDMA_EAGER_LIMIT``, 64 KiB), or None when that is not
+    possible (too many, or a limit under 4 KiB)."""
+    per = _env_bytes("ERDMA_EAGER_LIMIT", 65536) // itemsize
+    if count <= 0 or per * itemsize < 4096 or count > per * MAX_PIECES:
+        return None
+    return [(lo, min(lo + per, count)) for lo in range(0, count, per)]
+
+
+def _rndv_pieces(count: int, itemsize: int) -> List[Tuple[int, int]]:
+    cnts, disps = even_blocks(count, exchange_pieces(count * itemsize))
+    return [(d, d + c) for c, d in zip(cnts, disps)]
+
+
+def wan_pieces(count: int, itemsize: int) -> List[Tuple[int, int]]:
+    """Element ranges ``(lo, hi)`` a two-host exchange of ``count`` items
+    sends as separate messages (piece i on tag i).
+
+    Every rendezvous message costs a round trip before its data leaves; the
+    pieces are posted at once, so later pieces hide theirs behind earlier
+    data, but the first data of the collective waits one round trip (100 ms
+    on a 100 ms path, where 1 MiB takes 84 ms at 100 Mbit/s).  So a
+    collective of at most ``ERDMA_WAN_EAGER_HEAD`` bytes (1 MiB; 0: never)
+    goes as pieces of at most ``ERDMA_EAGER_LIMIT`` bytes (the engine's
+    eager limit, 64 KiB; at most :data:`MAX_PIECES` of them), which leave
+    at once; a larger one as :func:`exchange_pieces` pieces of ~1 MiB.
+    Only all or nothing in an exchange: eager data travels on the control
+    stream, where the CTS that a rank owes its peer's rendezvous pieces
+    would queue behind it (and behind its lost packets); that measured
+    slower at 16 MiB than no eager part at all.  Were the engine's limit
+    lower than the environment says, the small pieces would simply go by
+    rendezvous.  Both variables must be the same on every rank (as every
+    ``ERDMA_*`` setting that picks an algorithm): the layout is computed on
+    each side."""
+    count, itemsize = int(count), max(1, int(itemsize))
+    if count * itemsize <= _env_bytes("ERDMA_WAN_EAGER_HEAD", EAGER_HEAD):
+        eager = _eager_pieces(count, itemsize)
+        if eager:
+            return eager
+    return _rndv_pieces(count, itemsize)
+
+
+def bcast_pieces(nbytes: int) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """Byte ranges of a two-host broadcast as ``(rendezvous, eager)``; piece
+    i of ``rendezvous + eager`` goes on tag i.  Up to ``ERDMA_WAN_EAGER_HEAD``
+    bytes: :func:`wan_pieces`.  Larger: the first ``ERDMA_WAN_EAGER_HEAD``
+    bytes as eager pieces too, which the root posts after the RTS of the
+    rendezvous pieces; the receiver's CTS travel on its own control stream,
+    which carries no eager data in a broadcast, so nothing queues behind
+    the eager part (unlike an exchange, see :func:`wan_pieces`)."""
+    nbytes = int(nbytes)
+    head = _env_bytes("ERDMA_WAN_EAGER_HEAD", EAGER_HEAD)
+    eager = _eager_pieces(min(nbytes, head), 1) if head else None
+    if nbytes <= head or not eager:
+        whole = wan_pieces(nbytes, 1)
+        return ([], whole) if eager and nbytes <= head else (whole, [])
+    rest = [(lo + head, hi + head) for lo, hi in _rndv_pieces(nbytes - head, 1)]
+    return rest, eager
 
 
 def prefer_exchange(t: Transport, nbytes: int, commutative: bool) -> bool:
@@ -73,25 +146,25 @@ def prefer_exchange(t: Transport, nbytes: int, commutative: bool) -> bool:
 
 
 def bcast_sched_pieces(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
-    """Two ranks: the root sends ``buf`` in :func:`exchange_pieces` pieces
+    """Two ranks: the root sends ``buf`` in :func:`bcast_pieces` pieces
     posted at once, the other rank receives them in place.  Other sizes and
     transports without schedules return ``False``."""
     from erdmampi.collectives.base import check_root
     root = check_root("bcast", root, t.size)
     if t.size != 2:
         return False
-    k = exchange_pieces(buf.nbytes)
-    if not _can_schedule(t, k):
+    rndv, eager = bcast_pieces(buf.nbytes)
+    ranges = rndv + eager           # rendezvous first: their RTS leave first
+    if not _can_schedule(t, len(ranges)):
         return False
     if buf.nbytes == 0:
         return True
     out = _Out(buf)
     data = out.work.reshape(-1).view(np.uint8)
-    cnts, disps = even_blocks(data.size, k)
     b = t.schedule(chunked=False)
-    for i in range(k):
-        if cnts[i]:
-            piece = data[disps[i]:disps[i] + cnts[i]]
+    for i, (lo, hi) in enumerate(ranges):
+        if hi > lo:
+            piece = data[lo:hi]
             if t.rank == root:
                 b.send(piece, 1 - root, i)
             else:
@@ -105,7 +178,7 @@ def allreduce_sched_exchange(t: Transport, sendbuf: Optional[np.ndarray],
                              recvbuf: np.ndarray, reduce_fn: ReduceFn,
                              commutative: bool = True) -> Optional[bool]:
     """Two ranks: each sends its whole vector to the other in
-    :func:`exchange_pieces` pieces posted at once, receives the other's
+    :func:`wan_pieces` pieces posted at once, receives the other's
     pieces into ``recvbuf`` (or scratch, in place) and reduces each piece
     as it arrives, in C.  Other sizes, non-commutative or user-defined ops,
     and transports without schedules return ``False`` (the dispatcher then
@@ -113,8 +186,7 @@ def allreduce_sched_exchange(t: Transport, sendbuf: Optional[np.ndarray],
     once, so the send never reads a block being reduced)."""
     if t.size != 2:
         return False
-    k = exchange_pieces(recvbuf.nbytes)
-    if not _can_schedule(t, k):
+    if not _can_schedule(t, MAX_PIECES):
         return False
     ops = _reduction_operands(reduce_fn, commutative, sendbuf, recvbuf)
     if ops is None:
@@ -126,12 +198,11 @@ def allreduce_sched_exchange(t: Transport, sendbuf: Optional[np.ndarray],
         out.done()
         return True
     other = 1 - t.rank
-    cnts, disps = even_blocks(acc.size, k)
+    ranges = wan_pieces(acc.size, dtype.itemsize)
     b = t.schedule(chunked=False)
-    for i in range(k):
-        if not cnts[i]:
+    for i, (lo, hi) in enumerate(ranges):
+        if hi <= lo:
             continue
-        lo, hi = disps[i], disps[i] + cnts[i]
         b.send(src[lo:hi], other, i)
         ri = b.recv(acc[lo:hi], other, i)
         b.after(b.reduce(src[lo:hi], acc[lo:hi], opname), ri, False)

@@ -1010,8 +1010,9 @@ void conn_log_paths(erdma_engine *e) {
     ngtcp2_conn_stat cs;
     if (!c || !c->conn || c->closed) continue;
     ngtcp2_conn_get_conn_stat(c->conn, &cs);
-    fprintf(stderr, "erdma[%d]: peer %d: cwnd %lu in flight %lu srtt %.1f ms min %.1f ms "
-            "pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank, i,
+    fprintf(stderr, "erdma[%d] %.3f: peer %d: sent %.1f MB cwnd %lu in flight %lu srtt %.1f ms "
+            "min %.1f ms pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank,
+            erdma_now() / 1e9, i, e->stats.bytes_sent / 1e6,
             (unsigned long)cs.cwnd, (unsigned long)cs.bytes_in_flight, cs.smoothed_rtt / 1e6,
             cs.min_rtt == UINT64_MAX ? 0.0 : cs.min_rtt / 1e6, cs.pacing_rate * 8e3,
             cs.delivery_rate_sec * 8 / 1e6);
