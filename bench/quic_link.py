@@ -163,6 +163,9 @@ def worker(args):
         if value is not None:
             opts[name] = value
     opts["verbose"] = int(os.environ.get("ERDMA_VERBOSE", "0") or 0)
+    # read by bootstrap apart from the tuning table: without this, --env
+    # ERDMA_MAX_UDP_PAYLOAD=... would not reach the ranks
+    opts["max_udp_payload"] = int(os.environ.get("ERDMA_MAX_UDP_PAYLOAD", "0") or 0)
     eng = E.Engine.create(**opts)
     other = 1 - rank
     eng.set_peer(other, addrs[other], ports[other], "")

@@ -573,9 +573,10 @@ static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_pa
                                 : addr_is_loopback(&c->remote) ? ERDMA_CC_CUBIC
                                                                : ERDMA_DEFAULT_WAN_CC);
   s->initial_rtt = 10 * NGTCP2_MILLISECONDS;
-  s->max_tx_udp_payload_size = nat_max_udp_payload(e, c); /* smaller through a relay */
-  if (e->pkt_size > 1452) {
-    s->no_tx_udp_payload_size_shaping = 1; /* loopback: no PMTUD needed */
+  /* the path's size (a relay, a jumbo or loopback path: erdma_engine.c) */
+  s->max_tx_udp_payload_size = engine_conn_payload(e, c);
+  if (s->max_tx_udp_payload_size > 1452) {
+    s->no_tx_udp_payload_size_shaping = 1; /* the route carries it: no PMTUD needed */
     s->no_pmtud = 1;
   }
   /* ngtcp2 doubles a window that the peer uses up within a few RTTs, up to
