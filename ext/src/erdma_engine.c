@@ -137,9 +137,15 @@ size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c) {
   size_t path = pktio_udp_path_payload(e, &c->remote, c->remote_len);
   if (path < 1500) path = 1452; /* a standard link or not on-link: as everywhere */
   if (path > n) path = n;
-  if (e->cfg.verbose && path > 1452)
-    fprintf(stderr, "erdma[%d]: peer %d is on a link with a larger MTU: %zu-byte packets\n",
-            e->cfg.rank, c->peer, path);
+  if (e->cfg.verbose && path > 1452) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    const void *a = c->remote.ss_family == AF_INET6
+                        ? (const void *)&((const struct sockaddr_in6 *)&c->remote)->sin6_addr
+                        : (const void *)&((const struct sockaddr_in *)&c->remote)->sin_addr;
+    inet_ntop(c->remote.ss_family, a, host, sizeof host);
+    fprintf(stderr, "erdma[%d]: %s is on a link with a larger MTU: %zu-byte packets\n",
+            e->cfg.rank, host, path);
+  }
   return path;
 }
 
