@@ -56,20 +56,20 @@ def _ip(*args, check=True):
 @pytest.fixture
 def veth_pair():
     """make(mtu): namespaces (a, b) joined by a veth pair of that MTU, a at
-    NET.1, b at NET.2.  make(mtu, routed=True): a at NET.1 and b at NET2.1,
+    NET.1, b at NET.2 (mtu_b: b's end has another MTU).  make(mtu, routed=True): a at NET.1 and b at NET2.1,
     each joined to a router namespace by a veth pair of that MTU (the peers
     are not on-link: a gateway route leads to each)."""
     made = []
 
-    def link(n1, n2, dev1, dev2, addr1, addr2, mtu):
+    def link(n1, n2, dev1, dev2, addr1, addr2, mtu, mtu2=None):
         _ip("link", "add", dev1, "netns", n1, "type", "veth", "peer", "name", dev2, "netns", n2)
-        for ns, dev, addr in ((n1, dev1, addr1), (n2, dev2, addr2)):
+        for ns, dev, addr, m in ((n1, dev1, addr1, mtu), (n2, dev2, addr2, mtu2 or mtu)):
             _ip("-n", ns, "addr", "add", addr + "/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "mtu", str(mtu))
+            _ip("-n", ns, "link", "set", dev, "mtu", str(m))
             _ip("-n", ns, "link", "set", dev, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
 
-    def make(mtu, routed=False):
+    def make(mtu, routed=False, mtu_b=None):
         tag = secrets.token_hex(3)
         a, b, r = f"qlta{tag}", f"qltb{tag}", f"qltr{tag}"
         try:
@@ -77,7 +77,7 @@ def veth_pair():
                 _ip("netns", "add", ns)
                 made.append(ns)
             if not routed:
-                link(a, b, "ta" + tag, "tb" + tag, NET + ".1", NET + ".2", mtu)
+                link(a, b, "ta" + tag, "tb" + tag, NET + ".1", NET + ".2", mtu, mtu_b)
                 return a, b, NET + ".2"
             link(a, r, "ta" + tag, "tr" + tag, NET + ".1", NET + ".2", mtu)
             link(b, r, "tb" + tag, "ts" + tag, NET2 + ".1", NET2 + ".2", mtu)
@@ -159,3 +159,17 @@ def test_peers_behind_gateway_keep_1452(veth_pair):
     for _, err in res:
         assert "larger MTU" not in err
     assert res[0][0]["stats"]["pkts_recv"] > MSG // 1452
+
+
+def test_peer_with_smaller_mtu_caps_the_sender(veth_pair):
+    """b's end of the pair carries 9000 bytes, a's only 1500 (a veth drops
+    what its receiving end's MTU does not carry): a announces the packet size
+    it takes (QUIC's max_udp_payload_size), so b, which would fill its own
+    link's MTU, sends no more than a can receive, and the message arrives."""
+    a, b, addr_b = veth_pair(1500, mtu_b=9000)
+    res = _transfer(a, b, addr_b)
+    _check_delivered(res)
+    (r0, err0), (r1, err1) = res
+    assert "larger MTU" not in err0
+    assert f"]: {NET}.1 is on a link with a larger MTU: 8972-byte packets" in err1
+    assert r1["stats"]["pkts_sent"] > MSG // 1452

@@ -594,6 +594,9 @@ static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_pa
   p->initial_max_stream_data_bidi_remote = cfg->stream_window;
   p->initial_max_stream_data_uni = cfg->stream_window;
   p->initial_max_data = cfg->conn_window;
+  /* the most we take: our path's size (a peer on the same link with a larger
+   * MTU than ours then sends no more than our link carries) */
+  p->max_udp_payload_size = s->max_tx_udp_payload_size;
   p->initial_max_streams_bidi = 4;
   p->initial_max_streams_uni = ERDMA_MAX_DSTREAMS;
   p->max_idle_timeout = (ngtcp2_duration)(cfg->idle_timeout * NGTCP2_SECONDS);
@@ -943,7 +946,7 @@ int conn_flush(erdma_conn *c) {
         break;
       }
       ngtcp2_ssize nw = ngtcp2_conn_writev_stream(
-          c->conn, &ps.path, &pi, buf, e->pkt_size, &pdatalen,
+          c->conn, &ps.path, &pi, buf, engine_write_room(e, c), &pdatalen,
           sid >= 0 ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, niov ? iov : NULL, niov, ts);
       if (pdatalen > 0) {
         if (sel == -1)

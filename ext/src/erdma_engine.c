@@ -149,6 +149,17 @@ size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c) {
   return path;
 }
 
+/* Until the handshake is done a packet buffer holds at most 1452 bytes: a
+ * client pads its Initial to the whole buffer, and before the peer's
+ * transport parameters (its max_udp_payload_size) arrive, a datagram larger
+ * than the peer's link carries would be lost for good (a peer on the same
+ * link whose MTU is smaller than ours).  Afterwards ngtcp2 keeps to the
+ * peer's limit itself. */
+size_t engine_write_room(erdma_engine *e, const erdma_conn *c) {
+  return c->handshake_done || e->pkt_size < ERDMA_RELAY_PAYLOAD ? e->pkt_size
+                                                                : ERDMA_RELAY_PAYLOAD;
+}
+
 /* Every datagram the backend receives comes through here: STUN and TURN
  * go to erdma_nat.c (relayed QUIC comes back through conn_handle_datagram),
  * the rest is QUIC (or the shared-memory doorbell). */

@@ -350,6 +350,8 @@ void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                         const struct sockaddr_storage *from, socklen_t fromlen);
 /* the packet size of connection c (its settings' max_tx_udp_payload_size) */
 size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c);
+/* bytes conn_flush lets ngtcp2 write into one packet buffer */
+size_t engine_write_room(erdma_engine *e, const erdma_conn *c);
 
 /* match.c (all under e->mu) */
 erdma_req *req_new(erdma_engine *e, int kind);
