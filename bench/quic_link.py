@@ -143,6 +143,13 @@ class DelayLink:
 
 
 # ------------------------------------------------------------------ quic
+def _cpu_secs():
+    """CPU time of this process so far (all threads: the engine's too)."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def worker(args):
     """One rank (run inside its namespace): 1 sends, 0 receives and reports."""
     import numpy as np
@@ -163,6 +170,9 @@ def worker(args):
         if value is not None:
             opts[name] = value
     opts["verbose"] = int(os.environ.get("ERDMA_VERBOSE", "0") or 0)
+    # read by bootstrap apart from the tuning table: without this, --env
+    # ERDMA_MAX_UDP_PAYLOAD=... would not reach the ranks
+    opts["max_udp_payload"] = int(os.environ.get("ERDMA_MAX_UDP_PAYLOAD", "0") or 0)
     eng = E.Engine.create(**opts)
     other = 1 - rank
     eng.set_peer(other, addrs[other], ports[other], "")
@@ -172,6 +182,7 @@ def worker(args):
     bufs = [np.zeros(n, np.uint8) for _ in range(depth)]
     tok = np.zeros(8, np.uint8)
     deadline = 30 + 3 * args.time
+    cpu0 = _cpu_secs()
     if rank == 1:
         for b in bufs:
             b[:] = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
@@ -187,6 +198,7 @@ def worker(args):
             r.wait(deadline)
         eng.send(E.buffer_pointer(tok), 8, 0, 2, 0)  # stop
         eng.recv(E.buffer_pointer(tok), 8, 0, 9, 0)
+        print(json.dumps({"cpu": _cpu_secs() - cpu0, "wall": time.monotonic() - t0}), flush=True)
     else:
         reqs = [eng.irecv(E.buffer_pointer(b), n, 1, E.ANY_TAG, 0) for b in bufs]
         eng.send(E.buffer_pointer(tok), 8, 1, 9, 0)
@@ -210,7 +222,7 @@ def worker(args):
         eng.send(E.buffer_pointer(tok), 8, 1, 9, 0)
         secs = (t_last - t0) if t0 is not None and t_last > t0 else float("nan")
         print(json.dumps({"bytes": total, "secs": secs, "mbit": total * 8 / secs / 1e6,
-                          "stats": eng.stats()}), flush=True)
+                          "cpu_recv": _cpu_secs() - cpu0, "stats": eng.stats()}), flush=True)
     eng.shutdown(5.0)
 
 
@@ -231,7 +243,7 @@ def run_quic(link, args):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = recv.communicate(timeout=60 + 4 * args.time)
-        _, err1 = send.communicate(timeout=30)
+        out1, err1 = send.communicate(timeout=30)
         if os.environ.get("QL_STDERR"):
             sys.stderr.write(err + err1)
     except subprocess.TimeoutExpired:
@@ -242,7 +254,25 @@ def run_quic(link, args):
     line = [ln for ln in out.splitlines() if ln.startswith("{")]
     if recv.returncode or not line:
         return {"error": (err or out)[-400:]}
-    return json.loads(line[-1])
+    rec = json.loads(line[-1])
+    sline = [ln for ln in out1.splitlines() if ln.startswith("{")]
+    if sline:  # the ranks' CPU use: near 1 core each means CPU-bound
+        rec["cpu_send"] = json.loads(sline[-1])["cpu"]
+    return rec
+
+
+def udp_drops(link):
+    """UDP datagrams the kernel dropped in both namespaces so far (receive
+    buffer full, send buffer full), from /proc/net/snmp."""
+    total = {"RcvbufErrors": 0, "SndbufErrors": 0}
+    for site in (0, 1):
+        p = _run(*link.cmd(site, ["cat", "/proc/net/snmp"]), check=False)
+        rows = [ln.split()[1:] for ln in p.stdout.splitlines() if ln.startswith("Udp:")]
+        if len(rows) >= 2:
+            for k in total:
+                if k in rows[0]:
+                    total[k] += int(rows[1][rows[0].index(k)])
+    return total
 
 
 # ----------------------------------------------------------------- iperf3
@@ -318,7 +348,10 @@ def main(argv=None):
                             link.shape(rate_bits(rate), float(loss))
                         for stack in stacks:
                             if stack == "quic":
+                                d0 = udp_drops(link)
                                 r = run_quic(link, args)
+                                d1 = udp_drops(link)
+                                r["udp_drops"] = {k: d1[k] - d0[k] for k in d0}
                             else:
                                 r = run_iperf(link, stack.split("-")[1], args.time)
                             rec = {"stack": stack if stack != "quic" else

@@ -573,9 +573,10 @@ static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_pa
                                 : addr_is_loopback(&c->remote) ? ERDMA_CC_CUBIC
                                                                : ERDMA_DEFAULT_WAN_CC);
   s->initial_rtt = 10 * NGTCP2_MILLISECONDS;
-  s->max_tx_udp_payload_size = nat_max_udp_payload(e, c); /* smaller through a relay */
-  if (e->pkt_size > 1452) {
-    s->no_tx_udp_payload_size_shaping = 1; /* loopback: no PMTUD needed */
+  /* the path's size (a relay, a jumbo or loopback path: erdma_engine.c) */
+  s->max_tx_udp_payload_size = engine_conn_payload(e, c);
+  if (s->max_tx_udp_payload_size > 1452) {
+    s->no_tx_udp_payload_size_shaping = 1; /* the route carries it: no PMTUD needed */
     s->no_pmtud = 1;
   }
   /* ngtcp2 doubles a window that the peer uses up within a few RTTs, up to
@@ -593,6 +594,9 @@ static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_pa
   p->initial_max_stream_data_bidi_remote = cfg->stream_window;
   p->initial_max_stream_data_uni = cfg->stream_window;
   p->initial_max_data = cfg->conn_window;
+  /* the most we take: our path's size (a peer on the same link with a larger
+   * MTU than ours then sends no more than our link carries) */
+  p->max_udp_payload_size = s->max_tx_udp_payload_size;
   p->initial_max_streams_bidi = 4;
   p->initial_max_streams_uni = ERDMA_MAX_DSTREAMS;
   p->max_idle_timeout = (ngtcp2_duration)(cfg->idle_timeout * NGTCP2_SECONDS);
@@ -942,7 +946,7 @@ int conn_flush(erdma_conn *c) {
         break;
       }
       ngtcp2_ssize nw = ngtcp2_conn_writev_stream(
-          c->conn, &ps.path, &pi, buf, e->pkt_size, &pdatalen,
+          c->conn, &ps.path, &pi, buf, engine_write_room(e, c), &pdatalen,
           sid >= 0 ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, niov ? iov : NULL, niov, ts);
       if (pdatalen > 0) {
         if (sel == -1)

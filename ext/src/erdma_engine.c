@@ -136,6 +136,41 @@ void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, i
     e->io.send(e, &c->remote, c->remote_len, bufs, e->pkt_size, lens, n);
 }
 
+/* A connection's packet size: ERDMA_MAX_UDP_PAYLOAD when set, 65000 over
+ * loopback, the route MTU to a peer on a directly attached network (jumbo
+ * frames, veth), 1452 otherwise (PMTUD may probe up from there); never more
+ * than the buffers (e->pkt_size) or a TURN relay carries. */
+size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c) {
+  size_t n = nat_max_udp_payload(e, c);
+  if (e->cfg.max_udp_payload || !e->io.name || strcmp(e->io.name, "udp") != 0 ||
+      addr_is_loopback(&c->remote))
+    return n;
+  size_t path = pktio_udp_path_payload(e, &c->remote, c->remote_len);
+  if (path < 1500) path = 1452; /* a standard link or not on-link: as everywhere */
+  if (path > n) path = n;
+  if (e->cfg.verbose && path > 1452) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    const void *a = c->remote.ss_family == AF_INET6
+                        ? (const void *)&((const struct sockaddr_in6 *)&c->remote)->sin6_addr
+                        : (const void *)&((const struct sockaddr_in *)&c->remote)->sin_addr;
+    inet_ntop(c->remote.ss_family, a, host, sizeof host);
+    fprintf(stderr, "erdma[%d]: %s is on a link with a larger MTU: %zu-byte packets\n",
+            e->cfg.rank, host, path);
+  }
+  return path;
+}
+
+/* Until the handshake is done a packet buffer holds at most 1452 bytes: a
+ * client pads its Initial to the whole buffer, and before the peer's
+ * transport parameters (its max_udp_payload_size) arrive, a datagram larger
+ * than the peer's link carries would be lost for good (a peer on the same
+ * link whose MTU is smaller than ours).  Afterwards ngtcp2 keeps to the
+ * peer's limit itself. */
+size_t engine_write_room(erdma_engine *e, const erdma_conn *c) {
+  return c->handshake_done || e->pkt_size < ERDMA_RELAY_PAYLOAD ? e->pkt_size
+                                                                : ERDMA_RELAY_PAYLOAD;
+}
+
 /* Every datagram the backend receives comes through here: STUN and TURN
  * go to erdma_nat.c (relayed QUIC comes back through conn_handle_datagram),
  * the rest is QUIC (or the shared-memory doorbell). */

@@ -222,6 +222,10 @@ typedef struct erdma_pktio {
 #define ERDMA_TX_PREFIX 4
 
 int pktio_udp_open(erdma_engine *e);
+/* the largest UDP payload to `to` when it is on a directly attached network
+ * (route MTU less headers, <= 65000); 0 when routed through a gateway or unknown */
+size_t pktio_udp_path_payload(erdma_engine *e, const struct sockaddr_storage *to,
+                              socklen_t tolen);
 
 /* ---- NAT traversal (erdma_nat.c): demultiplexing, raw queue, relay tunnels ---- */
 #define ERDMA_MAX_TURN 8          /* registered TURN servers */
@@ -344,6 +348,10 @@ void engine_wake(erdma_engine *e);
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
 void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                         const struct sockaddr_storage *from, socklen_t fromlen);
+/* the packet size of connection c (its settings' max_tx_udp_payload_size) */
+size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c);
+/* bytes conn_flush lets ngtcp2 write into one packet buffer */
+size_t engine_write_room(erdma_engine *e, const erdma_conn *c);
 
 /* match.c (all under e->mu) */
 erdma_req *req_new(erdma_engine *e, int kind);
