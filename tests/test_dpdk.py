@@ -522,7 +522,10 @@ def test_loss_and_reordering_are_recovered(bed):
         assert _result(out)["sizes_ok"] == 4, out
     # packets were really dropped and held back in both directions' path
     assert dpdkbed.nft_counted(bed, "erdmaloss") > 20
-    assert dpdkbed.nft_counted(bed, "erdmareord") > 20
+    # the kernel rank sends UDP GSO trains (up to 44 packets), which pass a's
+    # egress hook whole and are segmented after it: one count holds back a
+    # whole train, so there are fewer counts than packets
+    assert dpdkbed.nft_counted(bed, "erdmareord") > 5
 
 
 # ------------------------------------------------------------ an MPI job

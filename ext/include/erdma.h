@@ -68,7 +68,7 @@ typedef struct erdma_config {
   uint64_t eager_limit;      /* bytes; larger messages use RTS/CTS */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
-  size_t max_udp_payload;    /* 0 = automatic (large on loopback, 1452 otherwise) */
+  size_t max_udp_payload;    /* 0 = automatic (65000 on loopback, route MTU to an on-link jumbo peer, else 1452) */
   uint64_t stream_window;    /* initial QUIC stream flow-control window, bytes */
   uint64_t conn_window;      /* initial QUIC connection flow-control window, bytes */
   uint64_t max_stream_window; /* auto-tuning ceiling of the stream window, bytes */

@@ -879,8 +879,10 @@ static size_t fill_iov(tx_item *t, ngtcp2_vec *iov, size_t max) {
  * short path the quantum alone (rate x min RTT) would cost a system call
  * for every few packets. */
 static int burst_packets(erdma_conn *c) {
-  erdma_engine *e = c->e;
-  if (e->pkt_size > 9000) return ERDMA_TX_BATCH; /* loopback: no pacing needed */
+  /* this connection's packets (the engine's buffers may be larger: a jumbo
+   * interface elsewhere) */
+  size_t pkt = ngtcp2_conn_get_max_tx_udp_payload_size(c->conn);
+  if (pkt > 9000) return ERDMA_TX_BATCH; /* loopback or jumbo link: no pacing needed */
   ngtcp2_conn_stat cs;
   ngtcp2_conn_get_conn_stat(c->conn, &cs);
   double rate = cs.pacing_rate; /* bytes per ns */
@@ -888,7 +890,7 @@ static int burst_packets(erdma_conn *c) {
   size_t bytes = (size_t)(rate * NGTCP2_MILLISECONDS);
   if (bytes < cs.send_quantum) bytes = cs.send_quantum;
   if (bytes > 65536) bytes = 65536;
-  int n = (int)(bytes / e->pkt_size);
+  int n = (int)(bytes / (pkt ? pkt : 1452));
   if (n < 2) n = 2;
   return n > ERDMA_TX_BATCH ? ERDMA_TX_BATCH : n;
 }
