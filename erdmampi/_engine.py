@@ -6,6 +6,7 @@ that for every call) and wait in slices so that Ctrl-C still works.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 from ._erdma import ffi, lib
@@ -281,6 +282,27 @@ _send = lib.erdma_send
 _recv = lib.erdma_recv
 _SEND_SYNC = lib.ERDMA_SEND_SYNC
 
+#: The CPython fast path of blocking Send/Recv (ext/src/erdma_pyfast.c), or
+#: None (Python < 3.11): ``fast.send(state, buf, dest, tag)`` /
+#: ``fast.recv(state, buf, source, tag)`` on a state from
+#: :meth:`Engine.fast_state` return 0 (done), 1 (miss: nothing done, take the
+#: normal path), a negative ERDMA error the operation completed with, or
+#: ``(rc, left)`` (see :func:`fast_rest`); ``fast.remember(state, recv, spec,
+#: arr, datatype, arr.flags.num)`` makes ``spec`` (a plain array, alone or
+#: with ``datatype``) known to it.
+fast = sys.modules.get("erdmampi._erdma_fast")
+if fast is None and lib.erdma_pyfast_init(b"erdmampi._erdma_fast") == 0:
+    fast = sys.modules.get("erdmampi._erdma_fast")
+
+
+def fast_rest(r, keep, what) -> int:
+    """The ERDMA error a fast call's ``(rc, left)`` answer ends with: wait on
+    for a request still pending after the first slice, else raise."""
+    rc, left = r
+    if rc != ERR_TIMEOUT or not left:
+        raise EngineError(rc, what)
+    return _wait_free(_cast("erdma_req *", left), keep).error
+
 
 class Engine:
     """A rank's transport engine: one UDP socket, QUIC to every peer, matching."""
@@ -405,7 +427,15 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
+        lib.erdma_pyfast_invalidate()
         lib.erdma_engine_shutdown(self._h, timeout)
+
+    def fast_state(self, ctx: int, ranks, tag_ub: int):
+        """A state for :data:`fast` calls on context ``ctx`` whose ranks
+        0..n-1 are the world ranks ``ranks``; None without :data:`fast`."""
+        if fast is None or self._closed:
+            return None
+        return fast.new(int(_cast("uintptr_t", self._h)), self, ctx, ranks, tag_ub, _SLICE)
 
     def stats(self) -> dict:
         st = ffi.new("erdma_stats *")

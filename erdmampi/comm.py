@@ -234,7 +234,6 @@ def message_p2p(*args, **kw):
 _ndarray = np.ndarray
 _plain_datatype = _buffers.plain_datatype
 _plain_spec = _buffers.plain_spec
-_NO_P2P_CACHE = (object(), None, None, None, 0)
 _SMALL_COLL_MAX = 64 * 1024  # bytes: Bcast/Allreduce in one engine call (eager size)
 _C_OPS = {name: _engine.SCHED_OPS[name] for name in _engine.SCHED_OPS}
 # os.environ's own mapping (encoded keys): a cheap look for ERDMA_COLL_<NAME>
@@ -308,6 +307,31 @@ def _plain_with_type(spec, readonly):
     return (arr, spec[1]) if arr is not None else (None, None)
 _P2P_CACHE_MAX = 1 << 16     # bytes: a cached spec keeps its array alive
 _buffer_pointer = _engine.buffer_pointer
+_deferred = _engine._deferred
+_reap_deferred = _engine._reap_deferred
+
+
+def _fast_miss(state, buf, peer, tag):
+    return 1
+
+
+if _engine.fast is not None:
+    _fast_send, _fast_recv, _fast_remember = (_engine.fast.send, _engine.fast.recv,
+                                              _engine.fast.remember)
+else:
+    _fast_send = _fast_recv = _fast_miss
+    _fast_remember = None
+
+
+def _fast_raise(r, keep, what):
+    """A fast Send/Recv answered ``r`` other than 0 or 1: raise its error."""
+    if type(r) is tuple:
+        try:
+            r = _engine.fast_rest(r, keep, what)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+    if r:
+        raise_status_code(r)
 
 
 def _p2p_buffer(buf, readonly):
@@ -536,11 +560,10 @@ class Comm:
 
     ``_ranks`` is the tuple of COMM_WORLD ranks (None: null or freed),
     ``_ctx`` the point-to-point context id (collectives use ``_ctx + 1``).
-    ``_scache``/``_rcache``: the last small plain send/receive buffer (see
-    ``_p2p_plain``).
+    ``_fast``: the state of the one-call Send/Recv path (see ``_p2p_plain``).
     """
 
-    _scache = _rcache = _NO_P2P_CACHE
+    _fast = None
     _csmall = _cranks = _arcache = _bccache = None
 
     def __init__(self, comm=None):
@@ -571,6 +594,7 @@ class Comm:
         self._predef = False
 
     def _setup(self, group, ctx, name=None):
+        self._fast = None
         self._group = group
         self._ranks = group._ranks
         self._rank = group.Get_rank()
@@ -929,6 +953,7 @@ class Comm:
         self._ranks = None
         self._group = None
         self._rank = UNDEFINED
+        self._fast = None
 
     def free(self):
         """Free the communicator if it is not null or predefined."""
@@ -1108,20 +1133,26 @@ class Comm:
 
     def Send(self, buf, dest, tag=0):
         """Blocking send."""
-        # fast path: a plain host array (alone or with a predefined datatype,
-        # see _p2p_plain), a valid rank and tag; everything else goes through
+        # fast path: the buffer spec remembered last (see _p2p_plain), a valid
+        # rank and tag: one C call (_engine.fast); the rest: _send_more
+        if _deferred:
+            _reap_deferred()
+        r = _fast_send(self._fast, buf, dest, tag)
+        if r:
+            self._send_more(r, buf, dest, tag)
+
+    def _send_more(self, r, buf, dest, tag):
+        """Send after the fast call answered ``r`` (see _engine.fast)."""
+        if r != 1:
+            return _fast_raise(r, buf, "send")
+        # a plain host array (alone or with a predefined datatype, see
+        # _p2p_plain), a valid rank and tag; everything else goes through
         # _send, which parses and checks
         ranks = self._ranks
         eng = _rt.engine
         if (type(dest) is int and type(tag) is int and ranks is not None and eng is not None
                 and 0 <= dest < len(ranks) and 0 <= tag <= TAG_UB_VALUE):
-            c = self._scache
-            if (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
-                                                  and len(buf) == 2))
-                    and c[1].nbytes == c[4] and c[1].flags.c_contiguous):
-                ptr, n, arr = c[3], c[4], c[1]
-            else:
-                ptr, n, arr = self._p2p_plain(buf, True)
+            ptr, n, arr = self._p2p_plain(buf, True)
             if arr is not None:
                 try:
                     err = eng.send_plain(ptr, n, ranks[dest], tag, self._ctx, arr)
@@ -1147,6 +1178,17 @@ class Comm:
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Blocking receive."""
         # fast path as in Send (no status wanted)
+        if status is None:
+            r = _fast_recv(self._fast, buf, source, tag)
+            if not r:
+                return
+            if r != 1:
+                return _fast_raise(r, buf, "recv")
+        self._recv_more(buf, source, tag, status)
+
+    def _recv_more(self, buf, source, tag, status):
+        """Recv after a fast-call miss: a plain host array without status as
+        in _send_more, the rest through _recv."""
         ranks = self._ranks
         eng = _rt.engine
         if (status is None and type(source) is int and type(tag) is int and ranks is not None
@@ -1157,45 +1199,38 @@ class Comm:
                 wsrc = _engine.ANY_SOURCE
             else:
                 wsrc = None
-            c = self._rcache
-            if wsrc is None:
-                arr = None
-            elif (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
-                                                    and len(buf) == 2))
-                    and c[1].nbytes == c[4]):
-                ptr, n, arr = c[3], c[4], c[1]
-                f = arr.flags
-                if not (f.c_contiguous and f.writeable):
-                    arr = None
-            else:
+            if wsrc is not None:
                 ptr, n, arr = self._p2p_plain(buf, False)
-            if arr is not None:
-                try:
-                    err = eng.recv_plain(ptr, n, wsrc, tag, self._ctx, arr)
-                except _engine.EngineError as e:
-                    raise engine_exception(e) from None
-                if err:
-                    raise_status_code(err)
-                return
+                if arr is not None:
+                    try:
+                        err = eng.recv_plain(ptr, n, wsrc, tag, self._ctx, arr)
+                    except _engine.EngineError as e:
+                        raise engine_exception(e) from None
+                    if err:
+                        raise_status_code(err)
+                    return
         self._recv(buf, source, tag, status)
 
     def _p2p_plain(self, buf, readonly):
         """``(pointer, nbytes, array)`` of a spec that is one whole plain host
         array (``numpy.ndarray`` alone, or with a predefined datatype without
         gaps), else ``(None, 0, None)``.  A small one is remembered per
-        direction (by the identity of the spec, its array and datatype), so
-        that a loop sending the same buffer skips the parsing."""
+        direction by the communicator's fast-path state (by the identity of
+        the spec, its array and datatype), so that the next Send/Recv of the
+        same spec is one C call (see _engine.fast)."""
         arr = _plain_array(buf, readonly)
         if arr is None:
             return None, 0, None
         ptr = _buffer_pointer(arr)
         n = arr.nbytes
-        if n <= _P2P_CACHE_MAX:
-            ent = (buf, arr, None if arr is buf else buf[1], ptr, n)
-            if readonly:
-                self._scache = ent
-            else:
-                self._rcache = ent
+        if n <= _P2P_CACHE_MAX and _engine.fast is not None:
+            dt = None if arr is buf else buf[1]
+            recv = not readonly
+            f = self._fast
+            if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+                f = _rt.engine.fast_state(self._ctx, self._ranks, TAG_UB_VALUE)
+                if f is not None and _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+                    self._fast = f
         return ptr, n, arr
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
