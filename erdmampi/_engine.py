@@ -289,10 +289,23 @@ _SEND_SYNC = lib.ERDMA_SEND_SYNC
 #: normal path), a negative ERDMA error the operation completed with, or
 #: ``(rc, left)`` (see :func:`fast_rest`); ``fast.remember(state, recv, spec,
 #: arr, datatype, arr.flags.num)`` makes ``spec`` (a plain array, alone or
-#: with ``datatype``) known to it.
+#: with ``datatype``) known to it.  ``fast.allreduce(state, sendbuf, recvbuf,
+#: op)`` likewise runs a small Allreduce made known by
+#: ``fast.remember_allreduce`` (see erdmampi.comm), answering 0, 1 or ``(rc,
+#: pending)`` (see :func:`fast_coll_rest`).
 fast = sys.modules.get("erdmampi._erdma_fast")
 if fast is None and lib.erdma_pyfast_init(b"erdmampi._erdma_fast") == 0:
     fast = sys.modules.get("erdmampi._erdma_fast")
+
+
+def fast_coll_rest(r, what) -> None:
+    """A fast collective answered ``(rc, pending)``: continue it in slices
+    (see :func:`coll_allreduce`), or raise."""
+    rc, left = r
+    pending = _new("erdma_coll **")
+    if left:
+        pending[0] = _cast("erdma_coll *", left)
+    _coll_finish(rc, pending, what)
 
 
 def fast_rest(r, keep, what) -> int:
@@ -430,12 +443,15 @@ class Engine:
         lib.erdma_pyfast_invalidate()
         lib.erdma_engine_shutdown(self._h, timeout)
 
-    def fast_state(self, ctx: int, ranks, tag_ub: int):
-        """A state for :data:`fast` calls on context ``ctx`` whose ranks
-        0..n-1 are the world ranks ``ranks``; None without :data:`fast`."""
+    def fast_state(self, ctx: int, ranks, me: int, tag_ub: int, seq):
+        """A state for :data:`fast` calls of a communicator: point-to-point
+        context ``ctx`` (collectives: ``ctx + 1``), world ranks ``ranks`` of
+        its ranks 0..n-1, its own rank ``me``, and ``seq``, the iterator
+        counting its collective calls (tag bases); None without :data:`fast`."""
         if fast is None or self._closed:
             return None
-        return fast.new(int(_cast("uintptr_t", self._h)), self, ctx, ranks, tag_ub, _SLICE)
+        return fast.new(int(_cast("uintptr_t", self._h)), self, ctx, ranks, me, tag_ub, _SLICE,
+                        seq)
 
     def stats(self) -> dict:
         st = ffi.new("erdma_stats *")

@@ -9,6 +9,7 @@ counts; this module translates ranks through the communicator's
 (``ctx + 1``), with engine tags unique per call.
 """
 
+import itertools
 import os
 import socket
 import sys
@@ -311,16 +312,26 @@ _deferred = _engine._deferred
 _reap_deferred = _engine._reap_deferred
 
 
-def _fast_miss(state, buf, peer, tag):
+def _fast_miss4(state, a, b, c):
     return 1
 
 
 if _engine.fast is not None:
     _fast_send, _fast_recv, _fast_remember = (_engine.fast.send, _engine.fast.recv,
                                               _engine.fast.remember)
+    _fast_allreduce = _engine.fast.allreduce
+    _fast_remember_allreduce = _engine.fast.remember_allreduce
 else:
-    _fast_send = _fast_recv = _fast_miss
-    _fast_remember = None
+    _fast_send = _fast_recv = _fast_allreduce = _fast_miss4
+    _fast_remember = _fast_remember_allreduce = None
+
+
+def _fast_coll_raise(r, what):
+    """A fast collective answered ``(rc, pending)``: finish it or raise."""
+    try:
+        _engine.fast_coll_rest(r, what)
+    except _engine.EngineError as e:
+        raise engine_exception(e) from None
 
 
 def _fast_raise(r, keep, what):
@@ -571,7 +582,7 @@ class Comm:
         self._group = None
         self._rank = UNDEFINED
         self._ctx = -1
-        self._seq = 0
+        self._seqc = itertools.count()
         self._name = ""
         self._attrs = {}
         self._predef = False
@@ -590,7 +601,7 @@ class Comm:
                   "_errhandler", "_predef", "_chints"):
             setattr(self, k, getattr(comm, k))
         self._lock = comm._lock
-        self._seq_owner = comm
+        self._seqc = comm._seqc
         self._predef = False
 
     def _setup(self, group, ctx, name=None):
@@ -620,11 +631,16 @@ class Comm:
         return self._ranks
 
     def _next_seq(self):
-        owner = getattr(self, "_seq_owner", self)
-        with owner._lock:
-            seq = owner._seq
-            owner._seq += 1
-        return seq
+        # an itertools.count: atomic under the GIL, and shared with the C
+        # fast path (_engine.fast), which counts the calls it runs itself
+        return next(self._seqc)
+
+    def _fast_state(self):
+        """A new state of this communicator for _engine.fast, or None."""
+        eng = _rt.engine
+        if eng is None or self._ranks is None:
+            return None
+        return eng.fast_state(self._ctx, self._ranks, self._rank, TAG_UB_VALUE, self._seqc)
 
     def _transport(self):
         return _CollTransport(self, self._ctx + 1, self._coll_base())
@@ -1228,7 +1244,7 @@ class Comm:
             recv = not readonly
             f = self._fast
             if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
-                f = _rt.engine.fast_state(self._ctx, self._ranks, TAG_UB_VALUE)
+                f = self._fast_state()
                 if f is not None and _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
                     self._fast = f
         return ptr, n, arr
@@ -1867,6 +1883,7 @@ class Comm:
                 and self._no_compress("allreduce", c[7], c[1], op, c[3])):
             f = c[3].flags
             if f.writeable and f.c_contiguous:
+                self._fast_remember_allreduce(sendbuf, recvbuf, c)
                 try:
                     _engine.coll_allreduce(_rt.engine, c[8], c[9], c[10], c[11], c[12],
                                            self._cranks, len(self._ranks), self._rank,
@@ -1905,6 +1922,7 @@ class Comm:
                          rarr, None if type(recvbuf) is _ndarray else rdt,
                          sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
                          rarr.nbytes, saddr, raddr, count, codes, ctype[1])
+        self._fast_remember_allreduce(sendbuf, recvbuf, self._arcache)
         try:
             _engine.coll_allreduce(_rt.engine, saddr, raddr, count, codes, ctype[1],
                                    self._cranks, len(self._ranks), self._rank,
@@ -1913,12 +1931,39 @@ class Comm:
             raise engine_exception(e) from None
         return True
 
+    def _fast_remember_allreduce(self, sendbuf, recvbuf, c):
+        """Make the small Allreduce _small_allreduce just resolved (its cache
+        entry ``c``) known to the C fast path, when it would take the same
+        way again as long as the environment override, the compression mode
+        and the hints stay as they are now (the C call checks them)."""
+        if _engine.fast is None or self._chints or not self._csmall[2]:
+            return
+        mode = _cz._config.mode
+        if not (mode == "off" or (mode == "auto" and c[7] < _cz.AUTO_MIN_BYTES)):
+            return
+        rarr, sarr = c[3], c[5]
+        args = (IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],
+                c[10], c[11], c[12], 0 if sarr is None else sarr.flags.num, rarr.flags.num,
+                _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints)
+        f = self._fast
+        if f is None or not _fast_remember_allreduce(f, *args):
+            f = self._fast_state()
+            if f is not None and _fast_remember_allreduce(f, *args):
+                self._fast = f
+
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
     def Allreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
-        if compress is None and self._small_allreduce(sendbuf, recvbuf, op):
-            return
+        if compress is None:
+            # the small Allreduce remembered last: one C call (_engine.fast)
+            r = _fast_allreduce(self._fast, sendbuf, recvbuf, op)
+            if not r:
+                return
+            if r != 1:
+                return _fast_coll_raise(r, "allreduce")
+            if self._small_allreduce(sendbuf, recvbuf, op):
+                return
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):

@@ -349,5 +349,11 @@ int erdma_engine_peer_route(erdma_engine *e, int rank, int *route);
 int erdma_pyfast_init(const char *name);
 /* Retire every fast-path state (an engine shuts down): they all miss. */
 void erdma_pyfast_invalidate(void);
+/* A blocking send's shortcut: an eager message to a peer on shared memory
+ * written into its ring now, without a request, if the engine lock is free
+ * and nothing is queued before it.  1: sent (complete); 0: nothing done (use
+ * erdma_send).  Never waits, so a caller may hold the GIL. */
+int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+                       uint32_t ctx);
 
 #endif

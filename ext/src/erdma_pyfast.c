@@ -60,17 +60,35 @@ typedef struct {
   int need;                  /* flag bits arr must still have */
 } pf_entry;
 
+/* A remembered small Allreduce: its specs (sspec is MPI.IN_PLACE when sarr
+ * is NULL), op, C codes, and what decided that it runs uncompressed in one
+ * engine call: no ERDMA_COLL_ALLREDUCE in os.environ (env, envkey), the
+ * compression mode (cfg.mode is mode) and no communicator hints. */
+typedef struct {
+  int have, busy;
+  PyObject *sspec, *sarr, *sdt, *rspec, *rarr, *rdt, *op;
+  PyObject *env, *envkey, *cfg, *mode, *hints;
+  Py_buffer sview, rview;
+  uint64_t count;
+  int opc, dtc;
+} pf_coll;
+
 typedef struct {
   erdma_engine *e;
   PyObject *owner; /* the engine's Python wrapper: keeps the engine alive */
+  PyObject *seq;   /* the communicator's collective call counter (an iterator) */
   unsigned epoch;
   uint32_t ctx;
-  int size;
+  int size, me;
   long tag_ub;
   double slice;
   pf_entry ent[2]; /* 0: send, 1: recv */
+  pf_coll ar;
   int ranks[];
 } pf_state;
+
+#define SEQ_MOD (1L << 20) /* erdmampi.comm: _SEQ_MOD, _COLL_TAGS */
+#define COLL_TAGS 1024
 
 static const char CAPSULE[] = "erdmampi._erdma_fast.state";
 
@@ -83,12 +101,33 @@ static void entry_clear(pf_entry *x) {
   Py_CLEAR(x->dt);
 }
 
+static void coll_clear(pf_coll *x) {
+  if (!x->have) return;
+  x->have = 0;
+  if (x->sarr) PyBuffer_Release(&x->sview);
+  PyBuffer_Release(&x->rview);
+  Py_CLEAR(x->sspec);
+  Py_CLEAR(x->sarr);
+  Py_CLEAR(x->sdt);
+  Py_CLEAR(x->rspec);
+  Py_CLEAR(x->rarr);
+  Py_CLEAR(x->rdt);
+  Py_CLEAR(x->op);
+  Py_CLEAR(x->env);
+  Py_CLEAR(x->envkey);
+  Py_CLEAR(x->cfg);
+  Py_CLEAR(x->mode);
+  Py_CLEAR(x->hints);
+}
+
 static void state_free(PyObject *cap) {
   pf_state *s = PyCapsule_GetPointer(cap, CAPSULE);
   if (!s) return;
   entry_clear(&s->ent[0]);
   entry_clear(&s->ent[1]);
+  coll_clear(&s->ar);
   Py_XDECREF(s->owner);
+  Py_XDECREF(s->seq);
   free(s);
 }
 
@@ -102,17 +141,22 @@ static pf_state *state_of(PyObject *cap) {
   return s->epoch == pyfast_epoch ? s : NULL;
 }
 
-/* new(engine_addr, owner, ctx, ranks, tag_ub, slice) */
+/* new(engine_addr, owner, ctx, ranks, me, tag_ub, slice, seq) */
 static PyObject *pf_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 6) {
-    PyErr_SetString(PyExc_TypeError, "new() takes 6 arguments");
+  if (n != 8) {
+    PyErr_SetString(PyExc_TypeError, "new() takes 8 arguments");
     return NULL;
   }
   void *e = PyLong_AsVoidPtr(args[0]);
   unsigned long ctx = PyLong_AsUnsignedLong(args[2]);
-  long tag_ub = PyLong_AsLong(args[4]);
-  double slice = PyFloat_AsDouble(args[5]);
+  long me = PyLong_AsLong(args[4]);
+  long tag_ub = PyLong_AsLong(args[5]);
+  double slice = PyFloat_AsDouble(args[6]);
   if (PyErr_Occurred()) return NULL;
+  if (!PyIter_Check(args[7])) {
+    PyErr_SetString(PyExc_TypeError, "new(): seq must be an iterator");
+    return NULL;
+  }
   PyObject *seq = PySequence_Tuple(args[3]);
   if (!seq) return NULL;
   Py_ssize_t size = PyTuple_Size(seq);
@@ -132,6 +176,8 @@ static PyObject *pf_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   Py_DECREF(seq);
   s->e = e;
   s->owner = Py_NewRef(args[1]);
+  s->seq = Py_NewRef(args[7]);
+  s->me = (int)me;
   s->epoch = pyfast_epoch;
   s->ctx = (uint32_t)ctx;
   s->size = (int)size;
@@ -140,6 +186,7 @@ static PyObject *pf_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   PyObject *cap = PyCapsule_New(s, CAPSULE, state_free);
   if (!cap) {
     Py_DECREF(s->owner);
+    Py_DECREF(s->seq);
     free(s);
   }
   return cap;
@@ -227,6 +274,10 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 0, args[1])) ||
       !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag))
     return PyLong_FromLong(1);
+  /* an eager message into a local peer's ring never waits: keep the GIL */
+  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
+                         s->ctx))
+    return PyLong_FromLong(0);
   erdma_blocking out;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
@@ -257,7 +308,125 @@ static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return result(rc, &out);
 }
 
+/* Buffer export of a remembered array: flags as Python saw them (the layout
+ * check), `need` among them. */
+static int coll_view(PyObject *arr, long flags, int need, int writable, Py_buffer *view) {
+  if (((np_head *)arr)->flags != (int)flags || (flags & need) != need) return 0;
+  if (PyObject_GetBuffer(arr, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  return 1;
+}
+
+/* remember_allreduce(state, sspec, sarr, sdt, rspec, rarr, rdt, op, count, opc, dtc,
+ *                    sflags, rflags, env, envkey, cfg, hints): Python found this
+ * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
+ * sdt/rdt None: the spec is the array alone). */
+static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 17) {
+    PyErr_SetString(PyExc_TypeError, "remember_allreduce() takes 17 arguments");
+    return NULL;
+  }
+  pf_state *s = state_of(args[0]);
+  unsigned long long count = PyLong_AsUnsignedLongLong(args[8]);
+  long opc = PyLong_AsLong(args[9]), dtc = PyLong_AsLong(args[10]);
+  long sflags = PyLong_AsLong(args[11]), rflags = PyLong_AsLong(args[12]);
+  if (PyErr_Occurred()) return NULL;
+  if (!s || s->ar.busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16])) Py_RETURN_FALSE;
+  PyObject *mode = PyObject_GetAttrString(args[15], "mode");
+  if (!mode) return NULL;
+  pf_coll x = {0};
+  PyObject *sarr = args[2] == Py_None ? NULL : args[2];
+  if (sarr && !coll_view(sarr, sflags, NP_C_CONTIGUOUS, 0, &x.sview)) {
+    Py_DECREF(mode);
+    Py_RETURN_FALSE;
+  }
+  if (!coll_view(args[5], rflags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
+    if (sarr) PyBuffer_Release(&x.sview);
+    Py_DECREF(mode);
+    Py_RETURN_FALSE;
+  }
+  coll_clear(&s->ar);
+  x.have = 1;
+  x.sspec = Py_NewRef(args[1]);
+  x.sarr = sarr ? Py_NewRef(sarr) : NULL;
+  x.sdt = args[3] == Py_None ? NULL : Py_NewRef(args[3]);
+  x.rspec = Py_NewRef(args[4]);
+  x.rarr = Py_NewRef(args[5]);
+  x.rdt = args[6] == Py_None ? NULL : Py_NewRef(args[6]);
+  x.op = Py_NewRef(args[7]);
+  x.count = count;
+  x.opc = (int)opc;
+  x.dtc = (int)dtc;
+  x.env = Py_NewRef(args[13]);
+  x.envkey = Py_NewRef(args[14]);
+  x.cfg = Py_NewRef(args[15]);
+  x.mode = mode;
+  x.hints = Py_NewRef(args[16]);
+  s->ar = x;
+  Py_RETURN_TRUE;
+}
+
+/* Is `spec` (still) the remembered spec of arr (with dt; NULL: arr alone)? */
+static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) {
+  if (spec != want) return 0;
+  if (!dt) return 1;
+  PyObject *a, *d;
+  if (PyList_CheckExact(spec)) {
+    if (PyList_Size(spec) != 2) return 0;
+    a = PyList_GetItem(spec, 0);
+    d = PyList_GetItem(spec, 1);
+  } else if (PyTuple_CheckExact(spec)) {
+    if (PyTuple_Size(spec) != 2) return 0;
+    a = PyTuple_GetItem(spec, 0);
+    d = PyTuple_GetItem(spec, 1);
+  } else {
+    return 0;
+  }
+  return a == arr && d == dt;
+}
+
+/* allreduce(state, sendbuf, recvbuf, op) -> 0 | 1 (miss) | (rc, pending) */
+static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s;
+  if (n != 4 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
+  pf_coll *x = &s->ar;
+  if (!x->have || x->busy || args[3] != x->op || !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
+      !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
+      (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
+          (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
+      (x->sarr && !(((np_head *)x->sarr)->flags & NP_C_CONTIGUOUS)) || PyDict_Size(x->hints))
+    return PyLong_FromLong(1);
+  int has = PyDict_Contains(x->env, x->envkey);
+  PyObject *mode = PyObject_GetAttrString(x->cfg, "mode");
+  Py_XDECREF(mode);
+  if (has != 0 || mode != x->mode) {
+    PyErr_Clear();
+    return PyLong_FromLong(1);
+  }
+  PyObject *v = PyIter_Next(s->seq);
+  if (!v) return PyErr_Occurred() ? NULL : PyLong_FromLong(1);
+  long seq = PyLong_AsLong(v);
+  Py_DECREF(v);
+  if (seq < 0) return PyErr_Occurred() ? NULL : PyLong_FromLong(1);
+  int tag = (int)((seq % SEQ_MOD) * COLL_TAGS);
+  erdma_coll *pending = NULL;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_coll_allreduce(s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count,
+                                x->opc, x->dtc, s->ranks, s->size, s->me, tag, s->ctx + 1,
+                                s->slice, &pending);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  if (rc == 0) return PyLong_FromLong(0);
+  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+}
+
 static PyMethodDef pf_methods[] = {
+    {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
+     NULL},
+    {"allreduce", (PyCFunction)(void (*)(void))pf_allreduce, METH_FASTCALL, NULL},
     {"new", (PyCFunction)(void (*)(void))pf_new, METH_FASTCALL, NULL},
     {"remember", (PyCFunction)(void (*)(void))pf_remember, METH_FASTCALL, NULL},
     {"send", (PyCFunction)(void (*)(void))pf_send, METH_FASTCALL, NULL},

@@ -294,6 +294,32 @@ int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t
   return 1;
 }
 
+/* A blocking send's shortcut (the CPython fast path calls it holding the
+ * GIL): an eager message to a local peer goes into its ring now, with no
+ * request, when the engine lock is free at once and nothing is queued before
+ * it.  1: sent (complete); 0: nothing done (use erdma_send).  Never waits. */
+int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+                       uint32_t ctx) {
+  if (dest < 0 || dest >= e->cfg.size || dest == e->cfg.rank || tag < 0 ||
+      nbytes > e->cfg.eager_limit || (!buf && nbytes) || !e->shm.seg)
+    return 0;
+  if (pthread_mutex_trylock(&e->mu) != 0) return 0;
+  int sent = 0;
+  peer_info *p = &e->peers[dest];
+  erdma_conn *c = p->conn;
+  if (e->started && e->running && !p->error && c && c->shm && !c->closed) {
+    frame_hdr h = {0};
+    h.type = FR_EAGER;
+    h.ctx = ctx;
+    h.tag = tag;
+    h.len = nbytes;
+    sent = shm_send_direct(c, &h, buf, nbytes);
+    if (sent) shm_app_active(e);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return sent;
+}
+
 /* Hand everything in c's inbound ring to the frame parser; -1 on a bad frame
  * or a corrupt ring. */
 static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
