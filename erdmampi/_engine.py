@@ -287,7 +287,8 @@ _SEND_SYNC = lib.ERDMA_SEND_SYNC
 #: ``fast.recv(state, buf, source, tag)`` on a state from
 #: :meth:`Engine.fast_state` return 0 (done), 1 (miss: nothing done, take the
 #: normal path), a negative ERDMA error the operation completed with, or
-#: ``(rc, left)`` (see :func:`fast_rest`); ``fast.remember(state, recv, spec,
+#: ``(rc, left)`` (see :func:`fast_rest`); ``fast.recv_status`` answers
+#: ``(error, world source, tag, nbytes)`` for a completed receive; ``fast.remember(state, recv, spec,
 #: arr, datatype, arr.flags.num)`` makes ``spec`` (a plain array, alone or
 #: with ``datatype``) known to it.  ``fast.allreduce(state, sendbuf, recvbuf,
 #: op)`` likewise runs a small Allreduce made known by
@@ -308,13 +309,13 @@ def fast_coll_rest(r, what) -> None:
     _coll_finish(rc, pending, what)
 
 
-def fast_rest(r, keep, what) -> int:
-    """The ERDMA error a fast call's ``(rc, left)`` answer ends with: wait on
-    for a request still pending after the first slice, else raise."""
+def fast_rest(r, keep, what):
+    """The ``erdma_status`` a fast call's ``(rc, left)`` answer ends with:
+    wait on for a request still pending after the first slice, else raise."""
     rc, left = r
     if rc != ERR_TIMEOUT or not left:
         raise EngineError(rc, what)
-    return _wait_free(_cast("erdma_req *", left), keep).error
+    return _wait_free(_cast("erdma_req *", left), keep)
 
 
 class Engine:

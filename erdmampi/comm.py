@@ -320,9 +320,10 @@ if _engine.fast is not None:
     _fast_send, _fast_recv, _fast_remember = (_engine.fast.send, _engine.fast.recv,
                                               _engine.fast.remember)
     _fast_allreduce = _engine.fast.allreduce
+    _fast_recv_status = _engine.fast.recv_status
     _fast_remember_allreduce = _engine.fast.remember_allreduce
 else:
-    _fast_send = _fast_recv = _fast_allreduce = _fast_miss4
+    _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
     _fast_remember = _fast_remember_allreduce = None
 
 
@@ -338,7 +339,7 @@ def _fast_raise(r, keep, what):
     """A fast Send/Recv answered ``r`` other than 0 or 1: raise its error."""
     if type(r) is tuple:
         try:
-            r = _engine.fast_rest(r, keep, what)
+            r = _engine.fast_rest(r, keep, what).error
         except _engine.EngineError as e:
             raise engine_exception(e) from None
     if r:
@@ -1193,14 +1194,31 @@ class Comm:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Blocking receive."""
-        # fast path as in Send (no status wanted)
+        # fast path as in Send
         if status is None:
             r = _fast_recv(self._fast, buf, source, tag)
             if not r:
                 return
             if r != 1:
                 return _fast_raise(r, buf, "recv")
+        else:
+            r = _fast_recv_status(self._fast, buf, source, tag)
+            if r != 1:
+                return self._fast_status(r, buf, status)
         self._recv_more(buf, source, tag, status)
+
+    def _fast_status(self, r, keep, status):
+        """Fill ``status`` from a fast receive's answer (as Request.Wait:
+        MPI_ERROR untouched), then raise its error, if any."""
+        if len(r) == 2:
+            try:
+                st = _engine.fast_rest(r, keep, "recv")
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            r = (st.error, st.source, st.tag, st.nbytes)
+        status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)
+        if r[0]:
+            raise_status_code(r[0])
 
     def _recv_more(self, buf, source, tag, status):
         """Recv after a fast-call miss: a plain host array without status as

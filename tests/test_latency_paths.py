@@ -275,6 +275,30 @@ if r == 0:
     time.sleep(1.2); a[:] = 42; comm.Send(spec, 1, 6)
 else:
     comm.Recv(spec, 0, 6); assert (a == 42).all()
+# receives with a Status on the fast path: fields filled, also on truncation
+st = MPI.Status()
+for i in range(5):
+    if r == 0:
+        comm.Send(spec, 1, 30 + i)
+    else:
+        comm.Recv(spec, MPI.ANY_SOURCE, MPI.ANY_TAG, status=st)
+        assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT)) == (0, 30 + i, 4), i
+        assert st.Get_error() == MPI.SUCCESS
+if r == 0:
+    comm.Send(np.zeros(3, np.int64), 1, 40)
+else:
+    try:
+        comm.Recv(spec, 0, 40, status=st)
+    except MPI.Exception as e:
+        assert e.Get_error_class() == MPI.ERR_TRUNCATE
+    else:
+        raise AssertionError("no truncation error")
+    assert st.Get_source() == 0 and st.Get_tag() == 40, (st.Get_source(), st.Get_tag())
+# a receive with a Status that outlasts the wait slice
+if r == 0:
+    time.sleep(0.8); comm.Send(spec, 1, 41)
+else:
+    comm.Recv(spec, 0, MPI.ANY_TAG, status=st); assert st.Get_tag() == 41
 # a freed duplicate forgets its state
 d = comm.Dup(); b = np.zeros(2)
 if r == 0:

@@ -17,6 +17,11 @@
  *     completed with; or (rc, left): erdma_send/erdma_recv's own error, with
  *     left the address of the request still pending after `slice` seconds
  *     (ERDMA_ERR_TIMEOUT) or 0.
+ *   recv_status(state, buf, source, tag): as recv, but a completed receive
+ *     answers (error, world source, tag, nbytes)
+ *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
+ *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
+ *     (rc, pending): the collective still pending after `slice` seconds.
  * erdma_pyfast_invalidate() retires every state (engine shutdown): they miss.
  *
  * Limited API 3.11 (the module is abi3); older Pythons get no module and
@@ -288,7 +293,7 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return result(rc, &out);
 }
 
-static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status) {
   long src, tag;
   pf_state *s;
   pf_entry *x;
@@ -305,7 +310,20 @@ static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
                       s->ctx, s->slice, &out);
   PyEval_RestoreThread(ts);
   x->busy--;
+  if (rc == 0 && want_status)
+    return Py_BuildValue("(iiiK)", out.error, out.source, out.tag,
+                         (unsigned long long)out.nbytes);
   return result(rc, &out);
+}
+
+static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return do_recv(args, n, 0);
+}
+
+/* recv_status(state, buf, source, tag): as recv, but a completed receive
+ * answers (error, world source, tag, nbytes) for the caller's Status. */
+static PyObject *pf_recv_status(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return do_recv(args, n, 1);
 }
 
 /* Buffer export of a remembered array: flags as Python saw them (the layout
@@ -431,6 +449,7 @@ static PyMethodDef pf_methods[] = {
     {"remember", (PyCFunction)(void (*)(void))pf_remember, METH_FASTCALL, NULL},
     {"send", (PyCFunction)(void (*)(void))pf_send, METH_FASTCALL, NULL},
     {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
+    {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef pf_module = {PyModuleDef_HEAD_INIT, NULL, NULL, -1, pf_methods,
