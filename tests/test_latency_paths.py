@@ -249,6 +249,16 @@ for i in range(50):
         comm.Recv(spec, MPI.ANY_SOURCE, MPI.ANY_TAG); assert (a == i).all()
         a += 1; comm.Send(spec, 0, 4)
 assert (comm._fast is not None) == have_fast
+if have_fast:
+    # the remembered spec really takes the one-call path (numpy's layout
+    # check passed): the C call itself answers 0 (done), not 1 (miss)
+    if r == 0:
+        assert _engine.fast.send(comm._fast, spec, 1, 50) == 0
+        assert _engine.fast.recv(comm._fast, spec, 1, 51) == 0 and (a == 7).all()
+    else:
+        assert _engine.fast.recv(comm._fast, spec, 0, 50) == 0
+        a[:] = 7; assert _engine.fast.send(comm._fast, spec, 0, 51) == 0
+    assert _engine.fast.send(comm._fast, [a, MPI.INT], peer, 1) == 1   # another list: miss
 # bad arguments with a remembered spec: the normal path's errors
 for dest, tag, cls in [(2, 0, MPI.ERR_RANK), (-7, 0, MPI.ERR_RANK), (0, -3, MPI.ERR_TAG),
                        (0, MPI.TAG_UB + 1, MPI.ERR_TAG)]:
@@ -334,6 +344,11 @@ for it in range(20):
         comm.Allreduce([s, 16, MPI.DOUBLE], [o, 16, MPI.DOUBLE], op=MPI.SUM)
     assert (o == 3).all(), o
     comm.Allreduce(ss, oo, op=MPI.MAX); assert (o == 2).all()
+comm.Allreduce(ss, oo, op=MPI.SUM)          # remembered: the last one resolved
+if have_fast:
+    o[:] = 0
+    assert _engine.fast.allreduce(comm._fast, ss, oo, MPI.SUM) == 0 and (o == 3).all()
+    assert _engine.fast.allreduce(comm._fast, ss, oo, MPI.MAX) == 1   # another op: miss
 os.environ["ERDMA_COLL_ALLREDUCE"] = "recursive_doubling"
 comm.Allreduce(ss, oo, op=MPI.SUM); assert (o == 3).all()
 del os.environ["ERDMA_COLL_ALLREDUCE"]
