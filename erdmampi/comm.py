@@ -1221,12 +1221,13 @@ class Comm:
             raise_status_code(r[0])
 
     def _recv_more(self, buf, source, tag, status):
-        """Recv after a fast-call miss: a plain host array without status as
-        in _send_more, the rest through _recv."""
+        """Recv after a fast-call miss: a plain host array as in _send_more
+        (remembered, so that the next call takes the one-call path; with a
+        status this one still goes through _recv), the rest through _recv."""
         ranks = self._ranks
         eng = _rt.engine
-        if (status is None and type(source) is int and type(tag) is int and ranks is not None
-                and eng is not None and 0 <= tag <= TAG_UB_VALUE):
+        if (type(source) is int and type(tag) is int and ranks is not None and eng is not None
+                and (0 <= tag <= TAG_UB_VALUE or tag == ANY_TAG)):
             if 0 <= source < len(ranks):
                 wsrc = ranks[source]
             elif source == ANY_SOURCE:
@@ -1235,9 +1236,10 @@ class Comm:
                 wsrc = None
             if wsrc is not None:
                 ptr, n, arr = self._p2p_plain(buf, False)
-                if arr is not None:
+                if arr is not None and status is None:
+                    etag = _engine.ANY_TAG if tag == ANY_TAG else tag
                     try:
-                        err = eng.recv_plain(ptr, n, wsrc, tag, self._ctx, arr)
+                        err = eng.recv_plain(ptr, n, wsrc, etag, self._ctx, arr)
                     except _engine.EngineError as e:
                         raise engine_exception(e) from None
                     if err:

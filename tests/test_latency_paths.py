@@ -287,6 +287,14 @@ else:
     comm.Recv(spec, 0, 6); assert (a == 42).all()
 # receives with a Status on the fast path: fields filled, also on truncation
 st = MPI.Status()
+if have_fast:   # a spec first seen with a Status is remembered as well
+    sb = np.zeros(3, np.int16)
+    if r == 0:
+        comm.Send(sb, 1, 60); comm.Send(sb, 1, 60)
+    else:
+        assert _engine.fast.recv_status(comm._fast, sb, 0, 60) == 1    # unknown: a miss
+        comm.Recv(sb, 0, 60, status=st)
+        assert _engine.fast.recv_status(comm._fast, sb, 0, 60) == (0, 0, 60, 6)
 for i in range(5):
     if r == 0:
         comm.Send(spec, 1, 30 + i)
