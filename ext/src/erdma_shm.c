@@ -470,6 +470,36 @@ int shm_rx_ready(erdma_engine *e) {
   return 0;
 }
 
+/* A spinner found a local peer on its CPU (shm_shares_cpu) while the host's
+ * ranks do not outnumber its CPUs (so there is a CPU for each): it moves
+ * itself to another CPU of its affinity mask and restores the mask (the
+ * kernel migrates a thread at once when its CPU leaves its mask, and does not
+ * move it back when the mask returns).  Otherwise the pair stays together:
+ * the sleeper is woken on its waker's CPU (wake-affine), every message costs
+ * a futex wake-up (~5 us) where two spinning ranks need ~0.6 us.  At most once
+ * a millisecond per thread; our published CPU reads -1 while moving, so the
+ * peer does not move as well.  1 when moved (keep spinning), else 0. */
+int shm_move_off_cpu(erdma_engine *e) {
+  static __thread uint64_t next_move;
+  struct shm_seg *seg = e->shm.seg;
+  if (!seg || e->shm.oversub) return 0;
+  uint64_t now = erdma_now();
+  if (now < next_move) return 0;
+  next_move = now + 1000000ull;
+  cpu_set_t mask, away;
+  int cpu = sched_getcpu();
+  if (cpu < 0 || sched_getaffinity(0, sizeof mask, &mask) != 0 || !CPU_ISSET(cpu, &mask) ||
+      CPU_COUNT(&mask) < 2)
+    return 0;
+  away = mask;
+  CPU_CLR(cpu, &away);
+  atomic_store_explicit(&seg->cpu, -1, memory_order_seq_cst);
+  int moved = sched_setaffinity(0, sizeof away, &away) == 0;
+  if (moved) sched_setaffinity(0, sizeof mask, &mask);
+  atomic_store_explicit(&seg->cpu, sched_getcpu(), memory_order_relaxed);
+  return moved;
+}
+
 /* An application thread leaves an engine call (e->mu held): producers may
  * skip our doorbell for SHM_GRACE_NS; make sure the progress thread wakes by
  * then (it caps its sleep with shm_next_wake). */
