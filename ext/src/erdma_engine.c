@@ -680,9 +680,10 @@ static int any_done(erdma_req *const *reqs, int n) {
 
 /* Lock-free part of a spin over shared memory only: e->mu is released and
  * taken again only when a ring has bytes (or now and then, to push our own
- * stalled sends).  When a local peer runs on our CPU (then the spin would
- * only keep it from running: shm_shares_cpu) it moves to another CPU if there
- * is one for each rank (shm_move_off_cpu), else leaves early and returns 1.
+ * stalled sends).  With a CPU for each local rank, when a peer runs on our
+ * CPU (then the spin would only keep it from running: shm_shares_cpu) it
+ * moves to another CPU (shm_move_off_cpu), or else leaves early and returns
+ * 1.  With more ranks than CPUs it yields at every turn, as before.
  * Returns with e->mu held. */
 static int spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
   int *lf = &e->shm.lf_spin;
@@ -708,7 +709,7 @@ static int spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t unt
     if ((it & 15) == 0 &&
         (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
       break;
-    if ((it & 63) == 1 && shm_shares_cpu(e) && !shm_move_off_cpu(e)) {
+    if (!yield && (it & 63) == 1 && shm_shares_cpu(e) && !shm_move_off_cpu(e)) {
       shared = 1;
       break;
     }
