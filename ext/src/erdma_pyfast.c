@@ -1,5 +1,6 @@
 /* erdma_pyfast.c - CPython entry points for the blocking point-to-point fast
- * path: Comm.Send / Comm.Recv of a buffer the communicator remembers.
+ * path: Comm.Send / Comm.Recv (and a small Comm.Allreduce) of buffers the
+ * communicator remembers.
  *
  * cffi's generic call costs about as much as an eager shared-memory send
  * itself (argument conversion, a tuple, the GIL dance), and the Python
@@ -10,7 +11,8 @@
  * spec and may remember it (`remember`).
  *
  * erdma_pyfast_init(name) makes the module `name` (erdmampi._erdma_fast):
- *   new(engine_addr, owner, ctx, ranks, tag_ub, slice) -> state (a capsule)
+ *   new(engine_addr, owner, ctx, ranks, me, tag_ub, slice, seq) -> state (a
+ *     capsule; seq: the communicator's collective call counter, an iterator)
  *   remember(state, recv, spec, arr, dt, flags) -> bool
  *   send(state, buf, dest, tag) / recv(state, buf, source, tag) ->
  *     0 done; 1 miss (nothing done); a negative ERDMA error the operation
