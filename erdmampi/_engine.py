@@ -6,6 +6,7 @@ that for every call) and wait in slices so that Ctrl-C still works.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 from ._erdma import ffi, lib
@@ -281,6 +282,41 @@ _send = lib.erdma_send
 _recv = lib.erdma_recv
 _SEND_SYNC = lib.ERDMA_SEND_SYNC
 
+#: The CPython fast path of blocking Send/Recv (ext/src/erdma_pyfast.c), or
+#: None (Python < 3.11): ``fast.send(state, buf, dest, tag)`` /
+#: ``fast.recv(state, buf, source, tag)`` on a state from
+#: :meth:`Engine.fast_state` return 0 (done), 1 (miss: nothing done, take the
+#: normal path), a negative ERDMA error the operation completed with, or
+#: ``(rc, left)`` (see :func:`fast_rest`); ``fast.recv_status`` answers
+#: ``(error, world source, tag, nbytes)`` for a completed receive; ``fast.remember(state, recv, spec,
+#: arr, datatype, arr.flags.num)`` makes ``spec`` (a plain array, alone or
+#: with ``datatype``) known to it.  ``fast.allreduce(state, sendbuf, recvbuf,
+#: op)`` likewise runs a small Allreduce made known by
+#: ``fast.remember_allreduce`` (see erdmampi.comm), answering 0, 1 or ``(rc,
+#: pending)`` (see :func:`fast_coll_rest`).
+fast = sys.modules.get("erdmampi._erdma_fast")
+if fast is None and lib.erdma_pyfast_init(b"erdmampi._erdma_fast") == 0:
+    fast = sys.modules.get("erdmampi._erdma_fast")
+
+
+def fast_coll_rest(r, what) -> None:
+    """A fast collective answered ``(rc, pending)``: continue it in slices
+    (see :func:`coll_allreduce`), or raise."""
+    rc, left = r
+    pending = _new("erdma_coll **")
+    if left:
+        pending[0] = _cast("erdma_coll *", left)
+    _coll_finish(rc, pending, what)
+
+
+def fast_rest(r, keep, what):
+    """The ``erdma_status`` a fast call's ``(rc, left)`` answer ends with:
+    wait on for a request still pending after the first slice, else raise."""
+    rc, left = r
+    if rc != ERR_TIMEOUT or not left:
+        raise EngineError(rc, what)
+    return _wait_free(_cast("erdma_req *", left), keep)
+
 
 class Engine:
     """A rank's transport engine: one UDP socket, QUIC to every peer, matching."""
@@ -405,7 +441,18 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
+        lib.erdma_pyfast_invalidate()
         lib.erdma_engine_shutdown(self._h, timeout)
+
+    def fast_state(self, ctx: int, ranks, me: int, tag_ub: int, seq):
+        """A state for :data:`fast` calls of a communicator: point-to-point
+        context ``ctx`` (collectives: ``ctx + 1``), world ranks ``ranks`` of
+        its ranks 0..n-1, its own rank ``me``, and ``seq``, the iterator
+        counting its collective calls (tag bases); None without :data:`fast`."""
+        if fast is None or self._closed:
+            return None
+        return fast.new(int(_cast("uintptr_t", self._h)), self, ctx, ranks, me, tag_ub, _SLICE,
+                        seq)
 
     def stats(self) -> dict:
         st = ffi.new("erdma_stats *")

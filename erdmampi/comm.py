@@ -9,6 +9,7 @@ counts; this module translates ranks through the communicator's
 (``ctx + 1``), with engine tags unique per call.
 """
 
+import itertools
 import os
 import socket
 import sys
@@ -234,7 +235,6 @@ def message_p2p(*args, **kw):
 _ndarray = np.ndarray
 _plain_datatype = _buffers.plain_datatype
 _plain_spec = _buffers.plain_spec
-_NO_P2P_CACHE = (object(), None, None, None, 0)
 _SMALL_COLL_MAX = 64 * 1024  # bytes: Bcast/Allreduce in one engine call (eager size)
 _C_OPS = {name: _engine.SCHED_OPS[name] for name in _engine.SCHED_OPS}
 # os.environ's own mapping (encoded keys): a cheap look for ERDMA_COLL_<NAME>
@@ -308,6 +308,42 @@ def _plain_with_type(spec, readonly):
     return (arr, spec[1]) if arr is not None else (None, None)
 _P2P_CACHE_MAX = 1 << 16     # bytes: a cached spec keeps its array alive
 _buffer_pointer = _engine.buffer_pointer
+_deferred = _engine._deferred
+_reap_deferred = _engine._reap_deferred
+
+
+def _fast_miss4(state, a, b, c):
+    return 1
+
+
+if _engine.fast is not None:
+    _fast_send, _fast_recv, _fast_remember = (_engine.fast.send, _engine.fast.recv,
+                                              _engine.fast.remember)
+    _fast_allreduce = _engine.fast.allreduce
+    _fast_recv_status = _engine.fast.recv_status
+    _fast_remember_allreduce = _engine.fast.remember_allreduce
+else:
+    _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
+    _fast_remember = _fast_remember_allreduce = None
+
+
+def _fast_coll_raise(r, what):
+    """A fast collective answered ``(rc, pending)``: finish it or raise."""
+    try:
+        _engine.fast_coll_rest(r, what)
+    except _engine.EngineError as e:
+        raise engine_exception(e) from None
+
+
+def _fast_raise(r, keep, what):
+    """A fast Send/Recv answered ``r`` other than 0 or 1: raise its error."""
+    if type(r) is tuple:
+        try:
+            r = _engine.fast_rest(r, keep, what).error
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+    if r:
+        raise_status_code(r)
 
 
 def _p2p_buffer(buf, readonly):
@@ -536,11 +572,10 @@ class Comm:
 
     ``_ranks`` is the tuple of COMM_WORLD ranks (None: null or freed),
     ``_ctx`` the point-to-point context id (collectives use ``_ctx + 1``).
-    ``_scache``/``_rcache``: the last small plain send/receive buffer (see
-    ``_p2p_plain``).
+    ``_fast``: the state of the one-call Send/Recv path (see ``_p2p_plain``).
     """
 
-    _scache = _rcache = _NO_P2P_CACHE
+    _fast = None
     _csmall = _cranks = _arcache = _bccache = None
 
     def __init__(self, comm=None):
@@ -548,7 +583,7 @@ class Comm:
         self._group = None
         self._rank = UNDEFINED
         self._ctx = -1
-        self._seq = 0
+        self._seqc = itertools.count()
         self._name = ""
         self._attrs = {}
         self._predef = False
@@ -567,10 +602,11 @@ class Comm:
                   "_errhandler", "_predef", "_chints"):
             setattr(self, k, getattr(comm, k))
         self._lock = comm._lock
-        self._seq_owner = comm
+        self._seqc = comm._seqc
         self._predef = False
 
     def _setup(self, group, ctx, name=None):
+        self._fast = None
         self._group = group
         self._ranks = group._ranks
         self._rank = group.Get_rank()
@@ -596,11 +632,16 @@ class Comm:
         return self._ranks
 
     def _next_seq(self):
-        owner = getattr(self, "_seq_owner", self)
-        with owner._lock:
-            seq = owner._seq
-            owner._seq += 1
-        return seq
+        # an itertools.count: atomic under the GIL, and shared with the C
+        # fast path (_engine.fast), which counts the calls it runs itself
+        return next(self._seqc)
+
+    def _fast_state(self):
+        """A new state of this communicator for _engine.fast, or None."""
+        eng = _rt.engine
+        if eng is None or self._ranks is None:
+            return None
+        return eng.fast_state(self._ctx, self._ranks, self._rank, TAG_UB_VALUE, self._seqc)
 
     def _transport(self):
         return _CollTransport(self, self._ctx + 1, self._coll_base())
@@ -929,6 +970,7 @@ class Comm:
         self._ranks = None
         self._group = None
         self._rank = UNDEFINED
+        self._fast = None
 
     def free(self):
         """Free the communicator if it is not null or predefined."""
@@ -1108,20 +1150,26 @@ class Comm:
 
     def Send(self, buf, dest, tag=0):
         """Blocking send."""
-        # fast path: a plain host array (alone or with a predefined datatype,
-        # see _p2p_plain), a valid rank and tag; everything else goes through
+        # fast path: the buffer spec remembered last (see _p2p_plain), a valid
+        # rank and tag: one C call (_engine.fast); the rest: _send_more
+        if _deferred:
+            _reap_deferred()
+        r = _fast_send(self._fast, buf, dest, tag)
+        if r:
+            self._send_more(r, buf, dest, tag)
+
+    def _send_more(self, r, buf, dest, tag):
+        """Send after the fast call answered ``r`` (see _engine.fast)."""
+        if r != 1:
+            return _fast_raise(r, buf, "send")
+        # a plain host array (alone or with a predefined datatype, see
+        # _p2p_plain), a valid rank and tag; everything else goes through
         # _send, which parses and checks
         ranks = self._ranks
         eng = _rt.engine
         if (type(dest) is int and type(tag) is int and ranks is not None and eng is not None
                 and 0 <= dest < len(ranks) and 0 <= tag <= TAG_UB_VALUE):
-            c = self._scache
-            if (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
-                                                  and len(buf) == 2))
-                    and c[1].nbytes == c[4] and c[1].flags.c_contiguous):
-                ptr, n, arr = c[3], c[4], c[1]
-            else:
-                ptr, n, arr = self._p2p_plain(buf, True)
+            ptr, n, arr = self._p2p_plain(buf, True)
             if arr is not None:
                 try:
                     err = eng.send_plain(ptr, n, ranks[dest], tag, self._ctx, arr)
@@ -1146,56 +1194,79 @@ class Comm:
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Blocking receive."""
-        # fast path as in Send (no status wanted)
+        # fast path as in Send
+        if status is None:
+            r = _fast_recv(self._fast, buf, source, tag)
+            if not r:
+                return
+            if r != 1:
+                return _fast_raise(r, buf, "recv")
+        else:
+            r = _fast_recv_status(self._fast, buf, source, tag)
+            if r != 1:
+                return self._fast_status(r, buf, status)
+        self._recv_more(buf, source, tag, status)
+
+    def _fast_status(self, r, keep, status):
+        """Fill ``status`` from a fast receive's answer (as Request.Wait:
+        MPI_ERROR untouched), then raise its error, if any."""
+        if len(r) == 2:
+            try:
+                st = _engine.fast_rest(r, keep, "recv")
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            r = (st.error, st.source, st.tag, st.nbytes)
+        status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)
+        if r[0]:
+            raise_status_code(r[0])
+
+    def _recv_more(self, buf, source, tag, status):
+        """Recv after a fast-call miss: a plain host array as in _send_more
+        (remembered, so that the next call takes the one-call path; with a
+        status this one still goes through _recv), the rest through _recv."""
         ranks = self._ranks
         eng = _rt.engine
-        if (status is None and type(source) is int and type(tag) is int and ranks is not None
-                and eng is not None and 0 <= tag <= TAG_UB_VALUE):
+        if (type(source) is int and type(tag) is int and ranks is not None and eng is not None
+                and (0 <= tag <= TAG_UB_VALUE or tag == ANY_TAG)):
             if 0 <= source < len(ranks):
                 wsrc = ranks[source]
             elif source == ANY_SOURCE:
                 wsrc = _engine.ANY_SOURCE
             else:
                 wsrc = None
-            c = self._rcache
-            if wsrc is None:
-                arr = None
-            elif (buf is c[0] and (c[2] is None or (buf[0] is c[1] and buf[1] is c[2]
-                                                    and len(buf) == 2))
-                    and c[1].nbytes == c[4]):
-                ptr, n, arr = c[3], c[4], c[1]
-                f = arr.flags
-                if not (f.c_contiguous and f.writeable):
-                    arr = None
-            else:
+            if wsrc is not None:
                 ptr, n, arr = self._p2p_plain(buf, False)
-            if arr is not None:
-                try:
-                    err = eng.recv_plain(ptr, n, wsrc, tag, self._ctx, arr)
-                except _engine.EngineError as e:
-                    raise engine_exception(e) from None
-                if err:
-                    raise_status_code(err)
-                return
+                if arr is not None and status is None:
+                    etag = _engine.ANY_TAG if tag == ANY_TAG else tag
+                    try:
+                        err = eng.recv_plain(ptr, n, wsrc, etag, self._ctx, arr)
+                    except _engine.EngineError as e:
+                        raise engine_exception(e) from None
+                    if err:
+                        raise_status_code(err)
+                    return
         self._recv(buf, source, tag, status)
 
     def _p2p_plain(self, buf, readonly):
         """``(pointer, nbytes, array)`` of a spec that is one whole plain host
         array (``numpy.ndarray`` alone, or with a predefined datatype without
         gaps), else ``(None, 0, None)``.  A small one is remembered per
-        direction (by the identity of the spec, its array and datatype), so
-        that a loop sending the same buffer skips the parsing."""
+        direction by the communicator's fast-path state (by the identity of
+        the spec, its array and datatype), so that the next Send/Recv of the
+        same spec is one C call (see _engine.fast)."""
         arr = _plain_array(buf, readonly)
         if arr is None:
             return None, 0, None
         ptr = _buffer_pointer(arr)
         n = arr.nbytes
-        if n <= _P2P_CACHE_MAX:
-            ent = (buf, arr, None if arr is buf else buf[1], ptr, n)
-            if readonly:
-                self._scache = ent
-            else:
-                self._rcache = ent
+        if n <= _P2P_CACHE_MAX and _engine.fast is not None:
+            dt = None if arr is buf else buf[1]
+            recv = not readonly
+            f = self._fast
+            if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+                f = self._fast_state()
+                if f is not None and _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+                    self._fast = f
         return ptr, n, arr
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
@@ -1832,6 +1903,7 @@ class Comm:
                 and self._no_compress("allreduce", c[7], c[1], op, c[3])):
             f = c[3].flags
             if f.writeable and f.c_contiguous:
+                self._fast_remember_allreduce(sendbuf, recvbuf, c)
                 try:
                     _engine.coll_allreduce(_rt.engine, c[8], c[9], c[10], c[11], c[12],
                                            self._cranks, len(self._ranks), self._rank,
@@ -1870,6 +1942,7 @@ class Comm:
                          rarr, None if type(recvbuf) is _ndarray else rdt,
                          sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
                          rarr.nbytes, saddr, raddr, count, codes, ctype[1])
+        self._fast_remember_allreduce(sendbuf, recvbuf, self._arcache)
         try:
             _engine.coll_allreduce(_rt.engine, saddr, raddr, count, codes, ctype[1],
                                    self._cranks, len(self._ranks), self._rank,
@@ -1878,12 +1951,39 @@ class Comm:
             raise engine_exception(e) from None
         return True
 
+    def _fast_remember_allreduce(self, sendbuf, recvbuf, c):
+        """Make the small Allreduce _small_allreduce just resolved (its cache
+        entry ``c``) known to the C fast path, when it would take the same
+        way again as long as the environment override, the compression mode
+        and the hints stay as they are now (the C call checks them)."""
+        if _engine.fast is None or self._chints or not self._csmall[2]:
+            return
+        mode = _cz._config.mode
+        if not (mode == "off" or (mode == "auto" and c[7] < _cz.AUTO_MIN_BYTES)):
+            return
+        rarr, sarr = c[3], c[5]
+        args = (IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],
+                c[10], c[11], c[12], 0 if sarr is None else sarr.flags.num, rarr.flags.num,
+                _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints)
+        f = self._fast
+        if f is None or not _fast_remember_allreduce(f, *args):
+            f = self._fast_state()
+            if f is not None and _fast_remember_allreduce(f, *args):
+                self._fast = f
+
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
     def Allreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
-        if compress is None and self._small_allreduce(sendbuf, recvbuf, op):
-            return
+        if compress is None:
+            # the small Allreduce remembered last: one C call (_engine.fast)
+            r = _fast_allreduce(self._fast, sendbuf, recvbuf, op)
+            if not r:
+                return
+            if r != 1:
+                return _fast_coll_raise(r, "allreduce")
+            if self._small_allreduce(sendbuf, recvbuf, op):
+                return
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):

@@ -229,3 +229,164 @@ def test_sleepers_are_always_woken(spin):
     completes (no lost wake-up, no livelock)."""
     env = {"ERDMA_SPIN_US": spin} if spin is not None else None
     _ok(run_mpi(4, STRESS_SCRIPT, args=[10000], timeout=120, env=env), 4)
+
+
+# -- the one-C-call Send/Recv/Allreduce (erdmampi._erdma_fast) -----------------
+
+FAST_SCRIPT = r"""
+import os, sys, threading, time
+import numpy as np
+from erdmampi import MPI, _engine
+comm = MPI.COMM_WORLD
+r = comm.Get_rank(); peer = 1 - r
+have_fast = _engine.fast is not None
+assert have_fast == (sys.version_info >= (3, 11))
+a = np.zeros(4, np.int32); spec = (a, MPI.INT)      # a tuple spec
+for i in range(50):
+    if r == 0:
+        a[:] = i; comm.Send(spec, 1, 3); comm.Recv(spec, 1, 4); assert (a == i + 1).all()
+    else:
+        comm.Recv(spec, MPI.ANY_SOURCE, MPI.ANY_TAG); assert (a == i).all()
+        a += 1; comm.Send(spec, 0, 4)
+assert (comm._fast is not None) == have_fast
+if have_fast:
+    # the remembered spec really takes the one-call path (numpy's layout
+    # check passed): the C call itself answers 0 (done), not 1 (miss)
+    if r == 0:
+        assert _engine.fast.send(comm._fast, spec, 1, 50) == 0
+        assert _engine.fast.recv(comm._fast, spec, 1, 51) == 0 and (a == 7).all()
+    else:
+        assert _engine.fast.recv(comm._fast, spec, 0, 50) == 0
+        a[:] = 7; assert _engine.fast.send(comm._fast, spec, 0, 51) == 0
+    assert _engine.fast.send(comm._fast, [a, MPI.INT], peer, 1) == 1   # another list: miss
+# bad arguments with a remembered spec: the normal path's errors
+for dest, tag, cls in [(2, 0, MPI.ERR_RANK), (-7, 0, MPI.ERR_RANK), (0, -3, MPI.ERR_TAG),
+                       (0, MPI.TAG_UB + 1, MPI.ERR_TAG)]:
+    try:
+        comm.Send(spec, dest, tag)
+    except MPI.Exception as e:
+        assert e.Get_error_class() == cls, (dest, tag, e)
+    else:
+        raise AssertionError(("no error", dest, tag))
+try:
+    comm.Recv(spec, 5, 0)
+except MPI.Exception as e:
+    assert e.Get_error_class() == MPI.ERR_RANK
+else:
+    raise AssertionError("Recv from rank 5")
+comm.Send(spec, MPI.PROC_NULL, 0); comm.Recv(spec, MPI.PROC_NULL, 0)
+# a bool rank and an int subclass take the normal path and still work
+if r == 0:
+    comm.Send(spec, True, 5)
+else:
+    comm.Recv(spec, False, 5)
+# a receive that outlasts the engine's wait slice (0.5 s) on the fast path
+if r == 0:
+    time.sleep(1.2); a[:] = 42; comm.Send(spec, 1, 6)
+else:
+    comm.Recv(spec, 0, 6); assert (a == 42).all()
+# receives with a Status on the fast path: fields filled, also on truncation
+st = MPI.Status()
+if have_fast:   # a spec first seen with a Status is remembered as well
+    sb = np.zeros(3, np.int16)
+    if r == 0:
+        comm.Send(sb, 1, 60); comm.Send(sb, 1, 60)
+    else:
+        assert _engine.fast.recv_status(comm._fast, sb, 0, 60) == 1    # unknown: a miss
+        comm.Recv(sb, 0, 60, status=st)
+        assert _engine.fast.recv_status(comm._fast, sb, 0, 60) == (0, 0, 60, 6)
+for i in range(5):
+    if r == 0:
+        comm.Send(spec, 1, 30 + i)
+    else:
+        comm.Recv(spec, MPI.ANY_SOURCE, MPI.ANY_TAG, status=st)
+        assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT)) == (0, 30 + i, 4), i
+        assert st.Get_error() == MPI.SUCCESS
+if r == 0:
+    comm.Send(np.zeros(3, np.int64), 1, 40)
+else:
+    try:
+        comm.Recv(spec, 0, 40, status=st)
+    except MPI.Exception as e:
+        assert e.Get_error_class() == MPI.ERR_TRUNCATE
+    else:
+        raise AssertionError("no truncation error")
+    assert st.Get_source() == 0 and st.Get_tag() == 40, (st.Get_source(), st.Get_tag())
+# a receive with a Status that outlasts the wait slice
+if r == 0:
+    time.sleep(0.8); comm.Send(spec, 1, 41)
+else:
+    comm.Recv(spec, 0, MPI.ANY_TAG, status=st); assert st.Get_tag() == 41
+# a freed duplicate forgets its state
+d = comm.Dup(); b = np.zeros(2)
+if r == 0:
+    d.Send(b, 1, 1)
+else:
+    d.Recv(b, 0, 1)
+d.Free()
+try:
+    d.Send(b, peer, 1)
+except MPI.Exception as e:
+    assert e.Get_error_class() == MPI.ERR_COMM
+else:
+    raise AssertionError("Send on a freed communicator")
+# two threads on one communicator with the same remembered buffer
+if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+    c = np.ones(8)
+    def worker(tag):
+        for _ in range(200):
+            if r == 0:
+                comm.Send(c, 1, tag)
+            else:
+                x = np.zeros(8); comm.Recv(x, 0, tag); assert (x == 1).all()
+    ts = [threading.Thread(target=worker, args=(t,)) for t in (20, 21)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+# Allreduce: the fast path, the parser's path on one rank, Python's algorithms
+# (an environment override), and collectives of the normal path after them:
+# every rank must count collective calls alike (the tags)
+s = np.full(16, float(r + 1)); o = np.zeros(16); ss, oo = [s, MPI.DOUBLE], [o, MPI.DOUBLE]
+for it in range(20):
+    if r == 0 or it % 2:
+        comm.Allreduce(ss, oo, op=MPI.SUM)
+    else:
+        comm.Allreduce([s, 16, MPI.DOUBLE], [o, 16, MPI.DOUBLE], op=MPI.SUM)
+    assert (o == 3).all(), o
+    comm.Allreduce(ss, oo, op=MPI.MAX); assert (o == 2).all()
+comm.Allreduce(ss, oo, op=MPI.SUM)          # remembered: the last one resolved
+if have_fast:
+    o[:] = 0
+    assert _engine.fast.allreduce(comm._fast, ss, oo, MPI.SUM) == 0 and (o == 3).all()
+    assert _engine.fast.allreduce(comm._fast, ss, oo, MPI.MAX) == 1   # another op: miss
+os.environ["ERDMA_COLL_ALLREDUCE"] = "recursive_doubling"
+comm.Allreduce(ss, oo, op=MPI.SUM); assert (o == 3).all()
+del os.environ["ERDMA_COLL_ALLREDUCE"]
+comm.Allreduce(ss, oo, op=MPI.SUM); assert (o == 3).all()
+x = np.arange(4.0) * r; comm.Allreduce(MPI.IN_PLACE, x); assert (x == np.arange(4.0)).all()
+x[:] = 1; comm.Allreduce(MPI.IN_PLACE, x); assert (x == 2).all()
+g = np.zeros(2, np.int64); comm.Allgather(np.array([r], np.int64), g)
+assert list(g) == [0, 1], g
+o.flags.writeable = False
+try:
+    comm.Allreduce(ss, oo)
+except (BufferError, MPI.Exception, ValueError):
+    pass
+else:
+    raise AssertionError("Allreduce into a read-only buffer")
+o.flags.writeable = True
+comm.Allreduce(ss, oo, op=MPI.SUM); assert (o == 3).all()
+comm.Barrier()
+MPI.Finalize()
+for call in (lambda: comm.Send(spec, peer, 1), lambda: comm.Recv(spec, peer, 1),
+             lambda: comm.Allreduce(ss, oo)):
+    try:
+        call()
+    except MPI.Exception:
+        pass
+    else:
+        raise AssertionError("a call after Finalize")
+print("OK", r)
+"""
+
+
+def test_one_call_paths_keep_mpi_semantics():
+    _ok(run_mpi(2, FAST_SCRIPT, timeout=90), 2)

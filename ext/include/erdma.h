@@ -343,4 +343,17 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
 /* How packets to `rank` travel now: ERDMA_ROUTE_*. */
 int erdma_engine_peer_route(erdma_engine *e, int rank, int *route);
 
+/* ---- CPython fast path for blocking Send/Recv (erdma_pyfast.c) ---- */
+/* Make the CPython module `name` (erdmampi._erdma_fast; see erdma_pyfast.c)
+ * and put it in sys.modules: 0, or -1 where this Python (< 3.11) has none. */
+int erdma_pyfast_init(const char *name);
+/* Retire every fast-path state (an engine shuts down): they all miss. */
+void erdma_pyfast_invalidate(void);
+/* A blocking send's shortcut: an eager message to a peer on shared memory
+ * written into its ring now, without a request, if the engine lock is free
+ * and nothing is queued before it.  1: sent (complete); 0: nothing done (use
+ * erdma_send).  Never waits, so a caller may hold the GIL. */
+int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+                       uint32_t ctx);
+
 #endif

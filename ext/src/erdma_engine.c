@@ -726,11 +726,15 @@ static int any_done(erdma_req *const *reqs, int n) {
 
 /* Lock-free part of a spin over shared memory only: e->mu is released and
  * taken again only when a ring has bytes (or now and then, to push our own
- * stalled sends).  Returns with e->mu held. */
-static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
+ * stalled sends).  With a CPU for each local rank, when a peer runs on our
+ * CPU (then the spin would only keep it from running: shm_shares_cpu) it
+ * moves to another CPU (shm_move_off_cpu), or else leaves early and returns
+ * 1.  With more ranks than CPUs it yields at every turn, as before.
+ * Returns with e->mu held. */
+static int spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t until) {
   int *lf = &e->shm.lf_spin;
   unsigned it = 0;
-  unsigned yield_mask = e->shm.oversub ? 0 : 255;
+  int yield = e->shm.oversub, shared = 0;
   __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_unlock(&e->mu);
   for (;;) {
@@ -740,10 +744,10 @@ static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t un
       /* never wait for the lock while counted: teardown holds it and waits for us */
       __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
       pthread_mutex_lock(&e->mu);
-      if (!e->shm.seg || !e->running) return;
+      if (!e->shm.seg || !e->running) return 0;
       shm_poll(e);
       conn_flush_all(e);
-      if (any_done(reqs, n) || erdma_now() >= until) return;
+      if (any_done(reqs, n) || erdma_now() >= until) return 0;
       __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);
       pthread_mutex_unlock(&e->mu);
       continue;
@@ -751,14 +755,21 @@ static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t un
     if ((it & 15) == 0 &&
         (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
       break;
+    if (!yield && (it & 63) == 1 && shm_shares_cpu(e) && !shm_move_off_cpu(e)) {
+      shared = 1;
+      break;
+    }
     /* give the CPU away at every turn where our ranks outnumber the cores (4
-     * ranks on 2 cores must not livelock), now and then otherwise: under
-     * other load a yield may cost a whole time slice, and the spin is short */
-    if ((it & yield_mask) == 0) sched_yield();
+     * ranks on 2 cores must not livelock); otherwise never: the spin is short
+     * and ends in a sleep anyway, a peer on our CPU ends it at once (above),
+     * and under other processes' load a yield hands the core to them for a
+     * whole time slice */
+    if (yield) sched_yield();
     else cpu_relax();
   }
   __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_lock(&e->mu);
+  return shared;
 }
 
 /* Before sleeping, a waiter polls for a short while itself: a reply that
@@ -767,14 +778,15 @@ static void spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t un
  * shared memory the spin only reads the rings' counters (no syscall, no
  * lock); with QUIC peers it also polls the socket.  Called and returns with
  * e->mu held. */
-static void spin_progress(erdma_engine *e, erdma_req *const *reqs, int n) {
-  if (e->cfg.spin_us <= 0 || !e->running) return;
+static int spin_progress(erdma_engine *e, erdma_req *const *reqs, int n) {
+  int shared = 0;
+  if (e->cfg.spin_us <= 0 || !e->running) return 0;
   uint64_t spin = e->shm.spin_ns ? e->shm.spin_ns : (uint64_t)e->cfg.spin_us * 1000u;
   uint64_t until = erdma_now() + spin;
   int quic = e->shm.nlocal < e->cfg.size; /* some peer is not on this host */
   shm_spin_begin(e);
   if (!quic && e->shm.seg) {
-    spin_shm(e, reqs, n, until);
+    shared = spin_shm(e, reqs, n, until);
   } else {
     while (!any_done(reqs, n) && erdma_now() < until) {
       e->io.recv(e);
@@ -788,23 +800,28 @@ static void spin_progress(erdma_engine *e, erdma_req *const *reqs, int n) {
   }
   shm_spin_end(e);
   conn_flush_all(e);
+  return shared;
 }
 
 /* With every peer on shared memory: spin, then sleep on the bell.  The spin
  * adapts between cfg.spin_us and SPIN_MAX_FACTOR times that: a reply that
  * came soon after the spin gave up (a loaded machine, a slow peer) doubles
- * it; a long sleep (an idle rank) halves it, so an idle rank burns little. */
+ * it; a long sleep (an idle rank) halves it, so an idle rank burns little.
+ * A spin cut short by a peer on our CPU teaches nothing. */
 #define SPIN_MAX_FACTOR 10
 static void wait_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) {
-  spin_progress(e, reqs, n);
+  int shared = spin_progress(e, reqs, n);
   if (any_done(reqs, n) || !all_shm(e)) return;
   uint64_t base = (uint64_t)e->cfg.spin_us * 1000u, t0 = erdma_now();
   int done = shm_wait(e, reqs, n, deadline);
   uint64_t slept = erdma_now() - t0, cur = e->shm.spin_ns ? e->shm.spin_ns : base;
-  if (done && slept < cur)
+  if (shared) {
+    /* nothing learnt about the peer's pace */
+  } else if (done && slept < cur) {
     cur = cur * 2 < base * SPIN_MAX_FACTOR ? cur * 2 : base * SPIN_MAX_FACTOR;
-  else if (slept > 4 * cur)
+  } else if (slept > 4 * cur) {
     cur = cur / 2 > base ? cur / 2 : base;
+  }
   if (e->shm.seg) e->shm.spin_ns = cur;
 }
 

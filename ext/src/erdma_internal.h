@@ -378,6 +378,8 @@ void shm_sleep_done(erdma_engine *e);
 void shm_spin_begin(erdma_engine *e);
 void shm_spin_end(erdma_engine *e);
 int shm_rx_ready(erdma_engine *e);      /* lock-free: some inbound ring has bytes */
+int shm_shares_cpu(erdma_engine *e);    /* lock-free: a local peer runs on our CPU */
+int shm_move_off_cpu(erdma_engine *e);  /* lock-free: go to another CPU of our mask */
 int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline);
 void shm_wake_waiters(erdma_engine *e); /* a request completed */
 void shm_app_active(erdma_engine *e);   /* an application thread leaves a call */

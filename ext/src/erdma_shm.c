@@ -57,6 +57,8 @@ struct shm_seg {
   _Atomic uint64_t active_until; /* CLOCK_MONOTONIC ns: an application thread of
                                   * the owner left an engine call lately */
   uint64_t ring_bytes;
+  _Atomic int32_t cpu;       /* CPU the owner's application thread last ran an
+                              * engine call on (shm_shares_cpu) */
 };
 
 _Static_assert(sizeof(struct shm_seg) <= SHM_HDR, "shm header too large");
@@ -67,6 +69,26 @@ static size_t ring_stride(uint64_t ring_bytes) {
 
 static struct shm_ring *ring_at(struct shm_seg *s, int i) {
   return (struct shm_ring *)((uint8_t *)s + SHM_HDR + (size_t)i * ring_stride(s->ring_bytes));
+}
+
+/* Map the pages of a ring (in our segment: we read it; in a peer's: we
+ * write it) now rather than on first use: else every message of the first
+ * pass round a ring (~500 messages of 4 KiB in 2 MiB) paid a page fault on
+ * each side (a 4 KiB Allreduce ran ~8 instead of ~2 us for its first
+ * ~600 calls, which is where benchmarks time).  Only while the rings of a
+ * segment take at most PREFAULT_MAX bytes; best effort. */
+#define PREFAULT_MAX (64ull << 20)
+static void ring_prefault(const erdma_engine *e, struct shm_ring *r) {
+#ifdef MADV_POPULATE_WRITE
+  if ((uint64_t)e->shm.nlocal * e->shm.ring_bytes > PREFAULT_MAX) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t a = (uintptr_t)r->data & ~(page - 1);
+  size_t len = (size_t)((uintptr_t)r->data + e->shm.ring_bytes - a);
+  if (madvise((void *)a, len, MADV_POPULATE_WRITE) != 0) { /* older kernel: on first use */ }
+#else
+  (void)e;
+  (void)r;
+#endif
 }
 
 static void seg_name(const erdma_engine *e, int rank, char *out, size_t n) {
@@ -129,10 +151,14 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
     return ERDMA_ERR_NOMEM;
   }
   s->seg = m;
+  s->seg->ring_bytes = rb;
+  for (int i = 0; i < nlocal; i++)
+    if (i != me) ring_prefault(e, ring_at(s->seg, i));
   s->seg->owner = e->cfg.rank;
   s->seg->nlocal = nlocal;
   s->seg->pid = (int32_t)getpid();
   s->seg->ring_bytes = rb;
+  atomic_store_explicit(&s->seg->cpu, -1, memory_order_relaxed);
   atomic_store_explicit(&s->seg->magic, SHM_MAGIC, memory_order_release);
   return 0;
 }
@@ -179,6 +205,7 @@ int shm_attach_peers(erdma_engine *e) {
     c->peer_seg = ps;
     c->peer_map_len = s->map_len;
     c->tx_ring = ring_at(ps, s->my_index);
+    ring_prefault(e, c->tx_ring);
     c->rx_ring = ring_at(s->seg, i);
     e->peers[p].conn = c;
     atomic_fetch_add(&ps->attached, 1);
@@ -294,6 +321,32 @@ int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t
   return 1;
 }
 
+/* A blocking send's shortcut (the CPython fast path calls it holding the
+ * GIL): an eager message to a local peer goes into its ring now, with no
+ * request, when the engine lock is free at once and nothing is queued before
+ * it.  1: sent (complete); 0: nothing done (use erdma_send).  Never waits. */
+int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
+                       uint32_t ctx) {
+  if (dest < 0 || dest >= e->cfg.size || dest == e->cfg.rank || tag < 0 ||
+      nbytes > e->cfg.eager_limit || (!buf && nbytes) || !e->shm.seg)
+    return 0;
+  if (pthread_mutex_trylock(&e->mu) != 0) return 0;
+  int sent = 0;
+  peer_info *p = &e->peers[dest];
+  erdma_conn *c = p->conn;
+  if (e->started && e->running && !p->error && c && c->shm && !c->closed) {
+    frame_hdr h = {0};
+    h.type = FR_EAGER;
+    h.ctx = ctx;
+    h.tag = tag;
+    h.len = nbytes;
+    sent = shm_send_direct(c, &h, buf, nbytes);
+    if (sent) shm_app_active(e);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return sent;
+}
+
 /* Hand everything in c's inbound ring to the frame parser; -1 on a bad frame
  * or a corrupt ring. */
 static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
@@ -387,7 +440,34 @@ int shm_sleep_prepare(erdma_engine *e) {
 
 /* A thread polls the rings itself for a while (erdma_req_wait's spin). */
 void shm_spin_begin(erdma_engine *e) {
-  if (e->shm.seg) atomic_fetch_add_explicit(&e->shm.seg->spinners, 1, memory_order_seq_cst);
+  if (!e->shm.seg) return;
+  atomic_fetch_add_explicit(&e->shm.seg->spinners, 1, memory_order_seq_cst);
+  atomic_store_explicit(&e->shm.seg->cpu, sched_getcpu(), memory_order_relaxed);
+}
+
+/* Without e->mu, from a spinning thread: does a local peer's application
+ * thread run on our CPU (as far as their last engine calls tell)?  Then
+ * spinning only keeps it from running until the spin ends (sched_yield does
+ * not hand the CPU over under the EEVDF scheduler): a 4 KiB Allreduce of two
+ * ranks put on one CPU took the whole adaptive spin, ~500 us, per call.  The
+ * spinner sleeps at once instead.  Publishes our CPU too. */
+int shm_shares_cpu(erdma_engine *e) {
+  struct shm_seg *seg = e->shm.seg;
+  if (!seg) return 0;
+  int cpu = sched_getcpu();
+  if (cpu < 0) return 0;
+  atomic_store_explicit(&seg->cpu, cpu, memory_order_relaxed);
+  int n = seg->nlocal, me = e->shm.my_index;
+  for (int i = 0; i < n; i++) {
+    if (i == me) continue;
+    erdma_conn *c = e->peers[e->shm.local[i]].conn;
+    /* peers[].conn is set once at attach time, before any spin */
+    if (c && c->peer_seg &&
+        atomic_load_explicit(&c->peer_seg->cpu, memory_order_relaxed) == cpu &&
+        atomic_load_explicit(&c->peer_seg->magic, memory_order_relaxed) == SHM_MAGIC)
+      return 1;
+  }
+  return 0;
 }
 
 /* After the spin: anything a producer wrote while it counted on the spinner
@@ -414,12 +494,43 @@ int shm_rx_ready(erdma_engine *e) {
   return 0;
 }
 
+/* A spinner found a local peer on its CPU (shm_shares_cpu) while the host's
+ * ranks do not outnumber its CPUs (so there is a CPU for each): it moves
+ * itself to another CPU of its affinity mask and restores the mask (the
+ * kernel migrates a thread at once when its CPU leaves its mask, and does not
+ * move it back when the mask returns).  Otherwise the pair stays together:
+ * the sleeper is woken on its waker's CPU (wake-affine), every message costs
+ * a futex wake-up (~5 us) where two spinning ranks need ~0.6 us.  At most once
+ * a millisecond per thread; our published CPU reads -1 while moving, so the
+ * peer does not move as well.  1 when moved (keep spinning), else 0. */
+int shm_move_off_cpu(erdma_engine *e) {
+  static __thread uint64_t next_move;
+  struct shm_seg *seg = e->shm.seg;
+  if (!seg || e->shm.oversub) return 0;
+  uint64_t now = erdma_now();
+  if (now < next_move) return 0;
+  next_move = now + 1000000ull;
+  cpu_set_t mask, away;
+  int cpu = sched_getcpu();
+  if (cpu < 0 || sched_getaffinity(0, sizeof mask, &mask) != 0 || !CPU_ISSET(cpu, &mask) ||
+      CPU_COUNT(&mask) < 2)
+    return 0;
+  away = mask;
+  CPU_CLR(cpu, &away);
+  atomic_store_explicit(&seg->cpu, -1, memory_order_seq_cst);
+  int moved = sched_setaffinity(0, sizeof away, &away) == 0;
+  if (moved) sched_setaffinity(0, sizeof mask, &mask);
+  atomic_store_explicit(&seg->cpu, sched_getcpu(), memory_order_relaxed);
+  return moved;
+}
+
 /* An application thread leaves an engine call (e->mu held): producers may
  * skip our doorbell for SHM_GRACE_NS; make sure the progress thread wakes by
  * then (it caps its sleep with shm_next_wake). */
 void shm_app_active(erdma_engine *e) {
   struct shm_seg *seg = e->shm.seg;
   if (!seg) return;
+  atomic_store_explicit(&seg->cpu, sched_getcpu(), memory_order_relaxed);
   uint64_t until = erdma_now() + SHM_GRACE_NS;
   atomic_store_explicit(&seg->active_until, until, memory_order_seq_cst);
   if (e->wake_at > until + SHM_GRACE_NS) engine_wake(e); /* asleep for long */

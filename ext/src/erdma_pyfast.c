@@ -1,0 +1,484 @@
+/* erdma_pyfast.c - CPython entry points for the blocking point-to-point fast
+ * path: Comm.Send / Comm.Recv (and a small Comm.Allreduce) of buffers the
+ * communicator remembers.
+ *
+ * cffi's generic call costs about as much as an eager shared-memory send
+ * itself (argument conversion, a tuple, the GIL dance), and the Python
+ * checks around it twice that.  Here one C call checks the spec (by
+ * identity against the remembered one), the rank and the tag, and runs
+ * erdma_send / erdma_recv with the GIL released.  Everything it does not
+ * know answers "miss" (1) and Python takes the normal path, which parses the
+ * spec and may remember it (`remember`).
+ *
+ * erdma_pyfast_init(name) makes the module `name` (erdmampi._erdma_fast):
+ *   new(engine_addr, owner, ctx, ranks, me, tag_ub, slice, seq) -> state (a
+ *     capsule; seq: the communicator's collective call counter, an iterator)
+ *   remember(state, recv, spec, arr, dt, flags) -> bool
+ *   send(state, buf, dest, tag) / recv(state, buf, source, tag) ->
+ *     0 done; 1 miss (nothing done); a negative ERDMA error the operation
+ *     completed with; or (rc, left): erdma_send/erdma_recv's own error, with
+ *     left the address of the request still pending after `slice` seconds
+ *     (ERDMA_ERR_TIMEOUT) or 0.
+ *   recv_status(state, buf, source, tag): as recv, but a completed receive
+ *     answers (error, world source, tag, nbytes)
+ *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
+ *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
+ *     (rc, pending): the collective still pending after `slice` seconds.
+ * erdma_pyfast_invalidate() retires every state (engine shutdown): they miss.
+ *
+ * Limited API 3.11 (the module is abi3); older Pythons get no module and
+ * keep the normal path. */
+#include <patchlevel.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+#endif
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "erdma.h"
+
+static volatile unsigned pyfast_epoch = 1;
+
+void erdma_pyfast_invalidate(void) { __atomic_add_fetch(&pyfast_epoch, 1, __ATOMIC_SEQ_CST); }
+
+#if PY_VERSION_HEX >= 0x030B0000
+
+/* numpy's array object starts with these fields (its C ABI, unchanged since
+ * numpy 1.7, read by PyArray_FLAGS in every compiled extension); `remember`
+ * checks that the flags read here are the ones Python saw before using it. */
+typedef struct {
+  PyObject_HEAD
+  char *data;
+  int nd;
+  intptr_t *dimensions, *strides;
+  PyObject *base, *descr;
+  int flags;
+} np_head;
+
+#define NP_C_CONTIGUOUS 0x0001
+#define NP_WRITEABLE 0x0400
+
+typedef struct {
+  PyObject *spec, *arr, *dt; /* dt NULL: spec is the array itself */
+  Py_buffer view;            /* an export of arr: its memory stays put */
+  int have, busy;
+  int need;                  /* flag bits arr must still have */
+} pf_entry;
+
+/* A remembered small Allreduce: its specs (sspec is MPI.IN_PLACE when sarr
+ * is NULL), op, C codes, and what decided that it runs uncompressed in one
+ * engine call: no ERDMA_COLL_ALLREDUCE in os.environ (env, envkey), the
+ * compression mode (cfg.mode is mode) and no communicator hints. */
+typedef struct {
+  int have, busy;
+  PyObject *sspec, *sarr, *sdt, *rspec, *rarr, *rdt, *op;
+  PyObject *env, *envkey, *cfg, *mode, *hints;
+  Py_buffer sview, rview;
+  uint64_t count;
+  int opc, dtc;
+} pf_coll;
+
+typedef struct {
+  erdma_engine *e;
+  PyObject *owner; /* the engine's Python wrapper: keeps the engine alive */
+  PyObject *seq;   /* the communicator's collective call counter (an iterator) */
+  unsigned epoch;
+  uint32_t ctx;
+  int size, me;
+  long tag_ub;
+  double slice;
+  pf_entry ent[2]; /* 0: send, 1: recv */
+  pf_coll ar;
+  int ranks[];
+} pf_state;
+
+#define SEQ_MOD (1L << 20) /* erdmampi.comm: _SEQ_MOD, _COLL_TAGS */
+#define COLL_TAGS 1024
+
+static const char CAPSULE[] = "erdmampi._erdma_fast.state";
+
+static void entry_clear(pf_entry *x) {
+  if (!x->have) return;
+  x->have = 0;
+  PyBuffer_Release(&x->view);
+  Py_CLEAR(x->spec);
+  Py_CLEAR(x->arr);
+  Py_CLEAR(x->dt);
+}
+
+static void coll_clear(pf_coll *x) {
+  if (!x->have) return;
+  x->have = 0;
+  if (x->sarr) PyBuffer_Release(&x->sview);
+  PyBuffer_Release(&x->rview);
+  Py_CLEAR(x->sspec);
+  Py_CLEAR(x->sarr);
+  Py_CLEAR(x->sdt);
+  Py_CLEAR(x->rspec);
+  Py_CLEAR(x->rarr);
+  Py_CLEAR(x->rdt);
+  Py_CLEAR(x->op);
+  Py_CLEAR(x->env);
+  Py_CLEAR(x->envkey);
+  Py_CLEAR(x->cfg);
+  Py_CLEAR(x->mode);
+  Py_CLEAR(x->hints);
+}
+
+static void state_free(PyObject *cap) {
+  pf_state *s = PyCapsule_GetPointer(cap, CAPSULE);
+  if (!s) return;
+  entry_clear(&s->ent[0]);
+  entry_clear(&s->ent[1]);
+  coll_clear(&s->ar);
+  Py_XDECREF(s->owner);
+  Py_XDECREF(s->seq);
+  free(s);
+}
+
+static pf_state *state_of(PyObject *cap) {
+  if (cap == Py_None) return NULL;
+  pf_state *s = PyCapsule_GetPointer(cap, CAPSULE);
+  if (!s) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return s->epoch == pyfast_epoch ? s : NULL;
+}
+
+/* new(engine_addr, owner, ctx, ranks, me, tag_ub, slice, seq) */
+static PyObject *pf_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 8) {
+    PyErr_SetString(PyExc_TypeError, "new() takes 8 arguments");
+    return NULL;
+  }
+  void *e = PyLong_AsVoidPtr(args[0]);
+  unsigned long ctx = PyLong_AsUnsignedLong(args[2]);
+  long me = PyLong_AsLong(args[4]);
+  long tag_ub = PyLong_AsLong(args[5]);
+  double slice = PyFloat_AsDouble(args[6]);
+  if (PyErr_Occurred()) return NULL;
+  if (!PyIter_Check(args[7])) {
+    PyErr_SetString(PyExc_TypeError, "new(): seq must be an iterator");
+    return NULL;
+  }
+  PyObject *seq = PySequence_Tuple(args[3]);
+  if (!seq) return NULL;
+  Py_ssize_t size = PyTuple_Size(seq);
+  pf_state *s = calloc(1, sizeof *s + sizeof(int) * (size_t)(size > 0 ? size : 1));
+  if (!s) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < size; i++) {
+    s->ranks[i] = (int)PyLong_AsLong(PyTuple_GetItem(seq, i));
+    if (PyErr_Occurred()) {
+      Py_DECREF(seq);
+      free(s);
+      return NULL;
+    }
+  }
+  Py_DECREF(seq);
+  s->e = e;
+  s->owner = Py_NewRef(args[1]);
+  s->seq = Py_NewRef(args[7]);
+  s->me = (int)me;
+  s->epoch = pyfast_epoch;
+  s->ctx = (uint32_t)ctx;
+  s->size = (int)size;
+  s->tag_ub = tag_ub;
+  s->slice = slice;
+  PyObject *cap = PyCapsule_New(s, CAPSULE, state_free);
+  if (!cap) {
+    Py_DECREF(s->owner);
+    Py_DECREF(s->seq);
+    free(s);
+  }
+  return cap;
+}
+
+/* remember(state, recv, spec, arr, dt, flags): arr (a numpy.ndarray that
+ * Python found plain, whole and C-contiguous, writeable for a receive) is
+ * what `spec` means; flags is arr.flags.num as Python saw it. */
+static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 6) {
+    PyErr_SetString(PyExc_TypeError, "remember() takes 6 arguments");
+    return NULL;
+  }
+  pf_state *s = state_of(args[0]);
+  int recv = PyObject_IsTrue(args[1]);
+  long flags = PyLong_AsLong(args[5]);
+  if (PyErr_Occurred()) return NULL;
+  PyObject *spec = args[2], *arr = args[3], *dt = args[4] == Py_None ? NULL : args[4];
+  if (!s || recv < 0) Py_RETURN_FALSE;
+  pf_entry *x = &s->ent[recv];
+  int need = NP_C_CONTIGUOUS | (recv ? NP_WRITEABLE : 0);
+  /* the layout above is numpy's (else never read it) */
+  if (((np_head *)arr)->flags != (int)flags || (flags & need) != need) Py_RETURN_FALSE;
+  if (x->busy) Py_RETURN_FALSE; /* another thread is sending from it now */
+  Py_buffer view;
+  if (PyObject_GetBuffer(arr, &view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  entry_clear(x);
+  x->view = view;
+  x->spec = Py_NewRef(spec);
+  x->arr = Py_NewRef(arr);
+  x->dt = dt ? Py_NewRef(dt) : NULL;
+  x->need = need;
+  x->have = 1;
+  Py_RETURN_TRUE;
+}
+
+/* The remembered entry if `buf` is (still) its spec, else NULL. */
+static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf) {
+  pf_entry *x = &s->ent[recv];
+  if (!x->have || buf != x->spec || x->busy) return NULL;
+  if (x->dt) {
+    PyObject *a, *d;
+    if (PyList_CheckExact(buf)) {
+      if (PyList_Size(buf) != 2) return NULL;
+      a = PyList_GetItem(buf, 0);
+      d = PyList_GetItem(buf, 1);
+    } else if (PyTuple_CheckExact(buf)) {
+      if (PyTuple_Size(buf) != 2) return NULL;
+      a = PyTuple_GetItem(buf, 0);
+      d = PyTuple_GetItem(buf, 1);
+    } else {
+      return NULL;
+    }
+    if (a != x->arr || d != x->dt) return NULL;
+  }
+  if ((((np_head *)x->arr)->flags & x->need) != x->need) return NULL;
+  return x;
+}
+
+/* An exact int in [lo, hi] (else 0, no error set). */
+static int small_int(PyObject *o, long lo, long hi, long *out) {
+  if (!PyLong_CheckExact(o)) return 0;
+  int overflow;
+  long v = PyLong_AsLongAndOverflow(o, &overflow);
+  if (overflow || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return 0;
+  }
+  *out = v;
+  return v >= lo && v <= hi;
+}
+
+static PyObject *result(int rc, const erdma_blocking *out) {
+  if (rc == 0) return PyLong_FromLong(out->error);
+  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)out->left);
+}
+
+static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long dest, tag;
+  pf_state *s;
+  pf_entry *x;
+  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 0, args[1])) ||
+      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag))
+    return PyLong_FromLong(1);
+  /* an eager message into a local peer's ring never waits: keep the GIL */
+  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
+                         s->ctx))
+    return PyLong_FromLong(0);
+  erdma_blocking out;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
+                      s->ctx, 0, s->slice, &out);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  return result(rc, &out);
+}
+
+static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status) {
+  long src, tag;
+  pf_state *s;
+  pf_entry *x;
+  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 1, args[1])) ||
+      !small_int(args[2], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
+      !small_int(args[3], ERDMA_ANY_TAG, s->tag_ub, &tag))
+    return PyLong_FromLong(1);
+  /* MPI's ANY_SOURCE / ANY_TAG are the engine's (erdmampi.comm); -1 is PROC_NULL */
+  erdma_blocking out;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_recv(s->e, x->view.buf, (uint64_t)x->view.len,
+                      src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src], (int)tag,
+                      s->ctx, s->slice, &out);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  if (rc == 0 && want_status)
+    return Py_BuildValue("(iiiK)", out.error, out.source, out.tag,
+                         (unsigned long long)out.nbytes);
+  return result(rc, &out);
+}
+
+static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return do_recv(args, n, 0);
+}
+
+/* recv_status(state, buf, source, tag): as recv, but a completed receive
+ * answers (error, world source, tag, nbytes) for the caller's Status. */
+static PyObject *pf_recv_status(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return do_recv(args, n, 1);
+}
+
+/* Buffer export of a remembered array: flags as Python saw them (the layout
+ * check), `need` among them. */
+static int coll_view(PyObject *arr, long flags, int need, int writable, Py_buffer *view) {
+  if (((np_head *)arr)->flags != (int)flags || (flags & need) != need) return 0;
+  if (PyObject_GetBuffer(arr, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  return 1;
+}
+
+/* remember_allreduce(state, sspec, sarr, sdt, rspec, rarr, rdt, op, count, opc, dtc,
+ *                    sflags, rflags, env, envkey, cfg, hints): Python found this
+ * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
+ * sdt/rdt None: the spec is the array alone). */
+static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 17) {
+    PyErr_SetString(PyExc_TypeError, "remember_allreduce() takes 17 arguments");
+    return NULL;
+  }
+  pf_state *s = state_of(args[0]);
+  unsigned long long count = PyLong_AsUnsignedLongLong(args[8]);
+  long opc = PyLong_AsLong(args[9]), dtc = PyLong_AsLong(args[10]);
+  long sflags = PyLong_AsLong(args[11]), rflags = PyLong_AsLong(args[12]);
+  if (PyErr_Occurred()) return NULL;
+  if (!s || s->ar.busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16])) Py_RETURN_FALSE;
+  PyObject *mode = PyObject_GetAttrString(args[15], "mode");
+  if (!mode) return NULL;
+  pf_coll x = {0};
+  PyObject *sarr = args[2] == Py_None ? NULL : args[2];
+  if (sarr && !coll_view(sarr, sflags, NP_C_CONTIGUOUS, 0, &x.sview)) {
+    Py_DECREF(mode);
+    Py_RETURN_FALSE;
+  }
+  if (!coll_view(args[5], rflags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
+    if (sarr) PyBuffer_Release(&x.sview);
+    Py_DECREF(mode);
+    Py_RETURN_FALSE;
+  }
+  coll_clear(&s->ar);
+  x.have = 1;
+  x.sspec = Py_NewRef(args[1]);
+  x.sarr = sarr ? Py_NewRef(sarr) : NULL;
+  x.sdt = args[3] == Py_None ? NULL : Py_NewRef(args[3]);
+  x.rspec = Py_NewRef(args[4]);
+  x.rarr = Py_NewRef(args[5]);
+  x.rdt = args[6] == Py_None ? NULL : Py_NewRef(args[6]);
+  x.op = Py_NewRef(args[7]);
+  x.count = count;
+  x.opc = (int)opc;
+  x.dtc = (int)dtc;
+  x.env = Py_NewRef(args[13]);
+  x.envkey = Py_NewRef(args[14]);
+  x.cfg = Py_NewRef(args[15]);
+  x.mode = mode;
+  x.hints = Py_NewRef(args[16]);
+  s->ar = x;
+  Py_RETURN_TRUE;
+}
+
+/* Is `spec` (still) the remembered spec of arr (with dt; NULL: arr alone)? */
+static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) {
+  if (spec != want) return 0;
+  if (!dt) return 1;
+  PyObject *a, *d;
+  if (PyList_CheckExact(spec)) {
+    if (PyList_Size(spec) != 2) return 0;
+    a = PyList_GetItem(spec, 0);
+    d = PyList_GetItem(spec, 1);
+  } else if (PyTuple_CheckExact(spec)) {
+    if (PyTuple_Size(spec) != 2) return 0;
+    a = PyTuple_GetItem(spec, 0);
+    d = PyTuple_GetItem(spec, 1);
+  } else {
+    return 0;
+  }
+  return a == arr && d == dt;
+}
+
+/* allreduce(state, sendbuf, recvbuf, op) -> 0 | 1 (miss) | (rc, pending) */
+static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s;
+  if (n != 4 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
+  pf_coll *x = &s->ar;
+  if (!x->have || x->busy || args[3] != x->op || !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
+      !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
+      (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
+          (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
+      (x->sarr && !(((np_head *)x->sarr)->flags & NP_C_CONTIGUOUS)) || PyDict_Size(x->hints))
+    return PyLong_FromLong(1);
+  int has = PyDict_Contains(x->env, x->envkey);
+  PyObject *mode = PyObject_GetAttrString(x->cfg, "mode");
+  Py_XDECREF(mode);
+  if (has != 0 || mode != x->mode) {
+    PyErr_Clear();
+    return PyLong_FromLong(1);
+  }
+  PyObject *v = PyIter_Next(s->seq);
+  if (!v) return PyErr_Occurred() ? NULL : PyLong_FromLong(1);
+  long seq = PyLong_AsLong(v);
+  Py_DECREF(v);
+  if (seq < 0) return PyErr_Occurred() ? NULL : PyLong_FromLong(1);
+  int tag = (int)((seq % SEQ_MOD) * COLL_TAGS);
+  erdma_coll *pending = NULL;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_coll_allreduce(s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count,
+                                x->opc, x->dtc, s->ranks, s->size, s->me, tag, s->ctx + 1,
+                                s->slice, &pending);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  if (rc == 0) return PyLong_FromLong(0);
+  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+}
+
+static PyMethodDef pf_methods[] = {
+    {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
+     NULL},
+    {"allreduce", (PyCFunction)(void (*)(void))pf_allreduce, METH_FASTCALL, NULL},
+    {"new", (PyCFunction)(void (*)(void))pf_new, METH_FASTCALL, NULL},
+    {"remember", (PyCFunction)(void (*)(void))pf_remember, METH_FASTCALL, NULL},
+    {"send", (PyCFunction)(void (*)(void))pf_send, METH_FASTCALL, NULL},
+    {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
+    {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef pf_module = {PyModuleDef_HEAD_INIT, NULL, NULL, -1, pf_methods,
+                                       NULL, NULL, NULL, NULL};
+
+/* Called through cffi (GIL released): create module `name` in sys.modules. */
+int erdma_pyfast_init(const char *name) {
+  PyGILState_STATE g = PyGILState_Ensure();
+  int rv = -1;
+  PyObject *mods = PyImport_GetModuleDict(); /* borrowed */
+  if (PyMapping_HasKeyString(mods, name)) {
+    rv = 0;
+  } else {
+    pf_module.m_name = strdup(name);
+    PyObject *m = pf_module.m_name ? PyModule_Create(&pf_module) : NULL;
+    if (m) {
+      rv = PyDict_SetItemString(mods, name, m) == 0 ? 0 : -1;
+      Py_DECREF(m);
+    }
+  }
+  if (rv) PyErr_Clear();
+  PyGILState_Release(g);
+  return rv;
+}
+
+#else
+
+int erdma_pyfast_init(const char *name) { (void)name; return -1; }
+
+#endif
