@@ -16,7 +16,7 @@ import threading
 from . import _engine
 from .request import engine_exception
 
-__all__ = ["CollSchedule", "notify_started", "icoll_state"]
+__all__ = ["CollSchedule", "notify_started", "icoll_state", "BULK_ROOT_PART", "BULK_TAGS"]
 
 #: chunk size for non-chunked schedules (whole messages)
 _WHOLE = 1 << 62
@@ -30,6 +30,22 @@ def _chunk_from_env():
 
 
 _CHUNK = _chunk_from_env()
+
+#: tags a bulk collective uses from its base (ERDMA_BULK_TAGS)
+BULK_TAGS = _engine.lib.ERDMA_BULK_TAGS
+
+
+def _root_part_from_env():
+    try:
+        part = float(os.environ.get("ERDMA_BULK_ROOT_PART", "0.5"))
+    except ValueError:
+        return 0.5
+    return part if 0.0 <= part <= 1.0 else 0.5
+
+
+#: share of a two-rank bulk Bcast the root copies (``ERDMA_BULK_ROOT_PART``,
+#: only the root's value counts)
+BULK_ROOT_PART = _root_part_from_env()
 
 #: per-thread state of a nonblocking collective being started (see comm._icoll)
 icoll_state = threading.local()
@@ -47,16 +63,54 @@ def notify_started():
 class CollSchedule:
     """Builder with the interface described in :mod:`erdmampi.collectives.sched`."""
 
-    __slots__ = ("_s", "_ranks", "_ctx", "_base")
+    __slots__ = ("_sched", "_eng", "_chunk", "_ranks", "_ctx", "_base")
 
     def __init__(self, engine, ranks, ctx, base, chunked=True):
-        try:
-            self._s = _engine.Schedule(engine, _CHUNK if chunked else _WHOLE)
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
+        self._sched = None          # the engine schedule, made by the first step
+        self._eng = engine
+        self._chunk = _CHUNK if chunked else _WHOLE
         self._ranks = ranks
         self._ctx = ctx
         self._base = base
+
+    @property
+    def _s(self):
+        s = self._sched
+        if s is None:
+            try:
+                s = self._sched = _engine.Schedule(self._eng, self._chunk)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+        return s
+
+    # -- one-call bulk collectives among ranks of one host (not schedules) --
+
+    def bcast_pair(self, arr, root, me, root_part=BULK_ROOT_PART):
+        """Two ranks: ``arr`` of ``root`` into ``arr`` of the other, the root
+        writing ``root_part`` of it with CMA while the other reads the rest
+        (erdma_coll_bcast_pair; messages where CMA is not possible)."""
+        notify_started()
+        self._bulk(_engine.lib.erdma_coll_bcast_pair(
+            self._eng._h, _engine.ffi.cast("void *", arr.ctypes.data), arr.nbytes, root,
+            _engine.ranks_array(self._ranks), len(self._ranks), me, root_part,
+            self._base, self._ctx, -1.0), "bcast")
+
+    def alltoall_bulk(self, sarr, rarr, me):
+        """Equal blocks: every rank reads its block out of each peer's
+        ``sarr`` (erdma_coll_alltoall_bulk); ``sarr`` and ``rarr`` contiguous
+        and distinct, ``rarr.nbytes`` a multiple of the rank count."""
+        notify_started()
+        n = len(self._ranks)
+        ffi = _engine.ffi
+        self._bulk(_engine.lib.erdma_coll_alltoall_bulk(
+            self._eng._h, ffi.cast("void *", sarr.ctypes.data),
+            ffi.cast("void *", rarr.ctypes.data), rarr.nbytes // n,
+            _engine.ranks_array(self._ranks), n, me, self._base, self._ctx, -1.0), "alltoall")
+
+    @staticmethod
+    def _bulk(rc, what):
+        if rc:
+            raise engine_exception(_engine.EngineError(rc, what)) from None
 
     def send(self, arr, dest, tag):
         self._s.keep(arr)

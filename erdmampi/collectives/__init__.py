@@ -16,7 +16,8 @@ barrier         dissemination
 bcast           sched_pieces if n == 2 on two hosts and N >= S
                 (:mod:`erdmampi.collectives.wan`); else
                 hierarchical if the ranks span several hosts (H); else
-                sched_chain if N >= S; else binomial if N <= 512 KiB or
+                sched_chain if N >= S (sched_pair with 2 ranks: each
+                copies half); else binomial if N <= 512 KiB or
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
@@ -37,8 +38,10 @@ scatterv        linear
 allgatherv      N >= S: sched_ring; n <= 2, or n == 3 and N <= 32 KiB:
                 direct; N <= 32 KiB: recursive_doubling if n is a power
                 of two, else bruck; else ring
-alltoall        bruck if n >= 5 and a block is <= 1 KiB; else as
-                alltoallv (equal blocks; every rank must choose alike)
+alltoall        bruck if n >= 5 and a block is <= 1 KiB; else sched
+                (bulk: one engine call, CMA reads on one host) if
+                N >= S; else as alltoallv (equal blocks; every rank
+                must choose alike)
 alltoallv       sched (pairwise, in C) if N >= S; else direct if this
                 rank's send+receive bytes <= 256 KiB or n <= 2, else
                 pairwise (the three interoperate, so ranks may differ)
@@ -93,7 +96,8 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
 from erdmampi.collectives.wan import (allreduce_sched_direct, allreduce_sched_exchange,
                                       bcast_sched_pieces, prefer_direct, prefer_exchange)
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
-                                        alltoallv_sched, bcast_sched_chain,
+                                        alltoall_sched, alltoallv_sched,
+                                        bcast_sched_chain, bcast_sched_pair,
                                         reduce_scatter_sched_ring)
 from erdmampi.collectives.reduce import (allreduce_rabenseifner,
                                          allreduce_recursive_doubling,
@@ -134,6 +138,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
               "scatter_allgather": bcast_scatter_allgather,
               "pipeline": bcast_pipeline,
               "sched_chain": bcast_sched_chain,
+              "sched_pair": bcast_sched_pair,
               "sched_pieces": bcast_sched_pieces,
               "hierarchical": bcast_hierarchical},
     "reduce": {"binomial": reduce_binomial},
@@ -159,7 +164,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "alltoall": {"bruck": alltoall_bruck,
                  "pairwise": _uniform_a2a(alltoallv_pairwise),
                  "direct": _uniform_a2a(alltoallv_direct),
-                 "sched": _uniform_a2a(alltoallv_sched)},
+                 "sched": alltoall_sched,
+                 "sched_pairwise": _uniform_a2a(alltoallv_sched)},
     "alltoallv": {"pairwise": alltoallv_pairwise, "direct": alltoallv_direct,
                   "sched": alltoallv_sched},
     "scan": {"recursive_doubling": scan_recursive_doubling},
@@ -192,9 +198,9 @@ def _default(name: str, nbytes: int, size: int, count: int,
             return "bruck"                       # here count = block bytes * n
         name = "alltoallv"
     if name == "bcast":
-        if big and size > 2:
-            # two ranks: one message (a single process_vm_readv on one host)
-            return "sched_chain"
+        if big:
+            # two ranks: both copy half at once (CMA on one host)
+            return "sched_chain" if size > 2 else "sched_pair"
         return "binomial" if nbytes <= 512 * KiB or size <= 2 else "scatter_allgather"
     if name == "allreduce":
         if nbytes <= 64 * KiB or count < size:

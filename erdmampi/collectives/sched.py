@@ -45,7 +45,7 @@ from erdmampi.collectives.base import (MAX_TAG, ReduceFn, Transport, check_count
 __all__ = [
     "SCHED_OPS", "SCHED_DTYPES", "sched_reduction",
     "allreduce_sched_ring", "reduce_scatter_sched_ring", "allgatherv_sched_ring",
-    "bcast_sched_chain", "alltoallv_sched",
+    "bcast_sched_chain", "alltoallv_sched", "bcast_sched_pair", "alltoall_sched",
 ]
 
 #: predefined reduction ops the C reducer implements
@@ -304,6 +304,60 @@ def bcast_sched_chain(t: Transport, buf: np.ndarray, root: int) -> Optional[bool
             b.after(si, ri)
     b.run()
     out.done()
+    return True
+
+
+def _can_bulk(t: Transport) -> bool:
+    return _can_schedule(t) and hasattr(t.schedule(chunked=False), "bcast_pair")
+
+
+def bcast_sched_pair(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
+    """Two ranks: both copy at once.  On one host the root writes the first
+    half into the other rank's buffer (CMA) while that rank reads the second
+    half, so both cores copy; otherwise the buffer goes as one message.  One
+    engine call (``erdma_coll_bcast_pair``); more than two ranks: ``False``."""
+    n = t.size
+    root = check_root("bcast", root, n)
+    if n != 2 or not _can_bulk(t):
+        return False
+    if buf.nbytes == 0:
+        return True
+    out = _Out(buf)
+    t.schedule(chunked=False).bcast_pair(out.work, root, t.rank)
+    out.done()
+    return True
+
+
+def alltoall_sched(t: Transport, sendbuf: Optional[np.ndarray],
+                        recvbuf: np.ndarray) -> Optional[bool]:
+    """All-to-all of equal blocks in one engine call
+    (``erdma_coll_alltoall_bulk``): every rank copies its own block and
+    reads each peer's block for it straight out of the peer's send buffer
+    (CMA), so each process copies exactly what it receives and no core
+    waits for another; peers without CMA exchange messages instead.  Every
+    rank must choose it alike (it is selected only for :func:`alltoall`,
+    whose block size all ranks know).  ``sendbuf=None``: in place (through
+    a copy of ``recvbuf``)."""
+    n, r = t.size, t.rank
+    if not _can_bulk(t):
+        return False
+    rv = _Out(recvbuf)
+    blk = recvbuf.size // n
+    work = rv.work.reshape(-1)
+    if sendbuf is None:
+        src = work[:blk * n].copy()
+    else:
+        src = _contig(sendbuf).reshape(-1)
+        if src.size != blk * n:
+            raise ValueError(f"alltoall: send buffer has {src.size} elements, "
+                             f"expected {blk * n}")
+        if np.shares_memory(src, work):
+            src = src.copy()
+    if blk and src.dtype != work.dtype:
+        raise ValueError("alltoall: send and receive element types differ")
+    t.schedule(chunked=False).alltoall_bulk(src.view(np.uint8), work[:blk * n].view(np.uint8),
+                                            r)
+    rv.done()
     return True
 
 

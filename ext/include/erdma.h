@@ -299,6 +299,26 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
 int erdma_coll_resume(erdma_coll *c, double slice);
 void erdma_coll_free(erdma_coll *c);
 
+/* ---- bulk collectives among ranks of one host (erdma_sched.c) ----
+ * Large messages between ranks that share memory, with CMA single copies
+ * (process_vm_readv / process_vm_writev) made by both sides of a pair at
+ * once; a pair without CMA (another host, ERDMA_SHM_CMA=0, a refusal)
+ * moves the same bytes as ordinary messages.  Arguments as for the small
+ * collectives above; messages use tags tag .. tag + ERDMA_BULK_TAGS - 1;
+ * each wait lasts at most `timeout` seconds (< 0: until a peer fails).
+ * Every rank of the communicator must make the same call. */
+#define ERDMA_BULK_TAGS 5
+/* n == 2: the root writes the first root_part of buf into the other rank
+ * while that one reads the rest (the root's root_part counts). */
+int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, double root_part, int tag,
+                          uint32_t ctx, double timeout);
+/* Equal blocks of blk bytes: every rank reads its block straight out of each
+ * peer's send buffer (sbuf != rbuf). */
+int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                             const int *ranks, int n, int me, int tag, uint32_t ctx,
+                             double timeout);
+
 /* ---- NAT traversal (erdma_nat.c; docs/wire.md, "Demultiplexing") ---- */
 /*
  * The engine's UDP socket also carries STUN and TURN: a received datagram

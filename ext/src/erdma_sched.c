@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "erdma.h"
+#include "erdma_internal.h" /* shm_cma_* for the bulk collectives */
 
 #define SCHED_WINDOW 8
 
@@ -695,4 +696,172 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
     return ERDMA_ERR_INVAL;
   }
   return coll_go(c, slice, pending);
+}
+
+/* ------------------------------------------ bulk collectives on one host
+ * Large Bcast between two ranks and Alltoall with CMA single copies that
+ * both processes of a pair make at the same time (one core each), instead
+ * of one process_vm_readv by the receiver.  A round of small messages
+ * trades the buffer addresses first; a pair that cannot use CMA (another
+ * host, ERDMA_SHM_CMA=0, a refused process_vm_*) moves the same bytes as
+ * ordinary messages, so the result never depends on the path.  Tags:
+ * tag .. tag + ERDMA_BULK_TAGS - 1. */
+
+typedef struct bulk_hdr {
+  uint64_t addr;   /* the buffer (or block) in the sender's address space */
+  uint64_t len;    /* its bytes */
+  uint64_t split;  /* Bcast: bytes the root writes (root's value counts) */
+  uint32_t cma;    /* the sender can reach us with CMA */
+  uint32_t failed; /* second round: its copy failed, send the bytes instead */
+} bulk_hdr;
+
+/* Wait for *rp, free it (withdrawn first if the wait ran out); 0 or an error. */
+static int bulk_wait(erdma_req **rp, double timeout, uint64_t want) {
+  erdma_status st;
+  if (!*rp) return 0;
+  int rc = erdma_req_wait(*rp, timeout, &st);
+  if (rc) {
+    erdma_req_abort(*rp);
+    erdma_req_free(*rp);
+    *rp = NULL;
+    return rc;
+  }
+  erdma_req_free(*rp);
+  *rp = NULL;
+  if (st.error) return st.error;
+  if (want != UINT64_MAX && st.nbytes != want) return ERDMA_ERR_TRUNCATE;
+  return 0;
+}
+
+static void bulk_drop(erdma_req **reqs, int n) {
+  for (int i = 0; i < n; i++)
+    if (reqs[i]) {
+      erdma_req_abort(reqs[i]);
+      erdma_req_free(reqs[i]);
+      reqs[i] = NULL;
+    }
+}
+
+/* Send *mine to `peer` and receive its *theirs (tag). */
+static int bulk_trade(erdma_engine *e, int peer, int tag, uint32_t ctx, const bulk_hdr *mine,
+                      bulk_hdr *theirs, double timeout) {
+  erdma_req *r[2] = {NULL, NULL};
+  int rc = erdma_irecv(e, theirs, sizeof *theirs, peer, tag, ctx, 0, &r[0]);
+  if (!rc) rc = erdma_isend(e, mine, sizeof *mine, peer, tag, ctx, 0, &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, sizeof *theirs);
+  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
+  bulk_drop(r, 2);
+  return rc;
+}
+
+int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, double root_part, int tag,
+                          uint32_t ctx, double timeout) {
+  if (check_comm(e, ranks, n, me) || n != 2 || root < 0 || root > 1 || (nbytes && !buf))
+    return ERDMA_ERR_INVAL;
+  int peer = ranks[1 - me], isroot = me == root, rc;
+  uint8_t *b = buf;
+  if (!(root_part >= 0.0 && root_part <= 1.0)) root_part = 0.5;
+  bulk_hdr mine = {(uintptr_t)buf, nbytes, 0, (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
+  mine.split = ((uint64_t)((double)nbytes * root_part)) & ~(uint64_t)4095;
+  if (mine.split > nbytes) mine.split = nbytes;
+  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
+  if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
+  uint64_t split = isroot ? mine.split : theirs.split;
+  if (split > nbytes) return ERDMA_ERR_INVAL;
+  erdma_req *r[2] = {NULL, NULL};
+  if (!mine.cma || !theirs.cma) { /* the whole buffer as one message */
+    rc = isroot ? erdma_isend(e, b, nbytes, peer, tag + 1, ctx, 0, &r[0])
+                : erdma_irecv(e, b, nbytes, peer, tag + 1, ctx, 0, &r[0]);
+    if (!rc) rc = bulk_wait(&r[0], timeout, isroot ? UINT64_MAX : nbytes);
+    bulk_drop(r, 1);
+    return rc;
+  }
+  /* root writes [0, split) into the receiver while it reads [split, n) */
+  int fail = isroot ? shm_cma_copy(e, peer, b, theirs.addr, split, 1)
+                    : shm_cma_copy(e, peer, b + split, theirs.addr + split, nbytes - split, 0);
+  bulk_hdr done = {0, 0, 0, 0, fail != 0}, tdone;
+  if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
+  /* a failed half travels as a message */
+  uint32_t first = isroot ? done.failed : tdone.failed;   /* root's half */
+  uint32_t second = isroot ? tdone.failed : done.failed;  /* receiver's half */
+  if (first && split)
+    rc = isroot ? erdma_isend(e, b, split, peer, tag + 3, ctx, 0, &r[0])
+                : erdma_irecv(e, b, split, peer, tag + 3, ctx, 0, &r[0]);
+  if (!rc && second && nbytes > split)
+    rc = isroot ? erdma_isend(e, b + split, nbytes - split, peer, tag + 4, ctx, 0, &r[1])
+                : erdma_irecv(e, b + split, nbytes - split, peer, tag + 4, ctx, 0, &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, isroot ? UINT64_MAX : split);
+  if (!rc) rc = bulk_wait(&r[1], timeout, isroot ? UINT64_MAX : nbytes - split);
+  bulk_drop(r, 2);
+  return rc;
+}
+
+int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                             const int *ranks, int n, int me, int tag, uint32_t ctx,
+                             double timeout) {
+  if (check_comm(e, ranks, n, me) || (blk && (!sbuf || !rbuf)) || sbuf == rbuf)
+    return ERDMA_ERR_INVAL;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  if (n == 1) {
+    if (blk) memcpy(d, s, blk);
+    return 0;
+  }
+  /* per peer: header in/out, "done" in/out; requests: 6 per peer */
+  bulk_hdr *h = calloc((size_t)n * 4, sizeof *h);
+  erdma_req **rq = calloc((size_t)n * 6, sizeof *rq);
+  if (!h || !rq) {
+    free(h);
+    free(rq);
+    return ERDMA_ERR_NOMEM;
+  }
+  bulk_hdr *hin = h, *hout = h + n, *din = h + 2 * n, *dout = h + 3 * n;
+  erdma_req **rh = rq, **sh = rq + n, **rd = rq + 2 * n, **sd = rq + 3 * n,
+            **rf = rq + 4 * n, **sf = rq + 5 * n;
+  int rc = 0;
+  for (int k = 1; k < n && !rc; k++) {
+    int j = (me + k) % n;
+    rc = erdma_irecv(e, &hin[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &rh[j]);
+    if (!rc) rc = erdma_irecv(e, &din[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &rd[j]);
+  }
+  for (int k = 1; k < n && !rc; k++) { /* where my block for j is */
+    int j = (me + k) % n;
+    hout[j].addr = (uintptr_t)(s + (uint64_t)j * blk);
+    hout[j].len = blk;
+    hout[j].cma = (uint32_t)shm_cma_ok(e, ranks[j]);
+    rc = erdma_isend(e, &hout[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sh[j]);
+  }
+  if (!rc && blk) memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
+  for (int k = 1; k < n && !rc; k++) { /* pull each peer's block for me */
+    int j = (me - k + n) % n;
+    if ((rc = bulk_wait(&rh[j], timeout, sizeof(bulk_hdr)))) break;
+    if (hin[j].len != blk) {
+      rc = ERDMA_ERR_TRUNCATE;
+      break;
+    }
+    int fail = 1;
+    if (hin[j].cma && shm_cma_ok(e, ranks[j]))
+      fail = blk ? shm_cma_copy(e, ranks[j], d + (uint64_t)j * blk, hin[j].addr, blk, 0) != 0 : 0;
+    if (fail)
+      rc = erdma_irecv(e, d + (uint64_t)j * blk, blk, ranks[j], tag + 2, ctx, 0, &rf[j]);
+    dout[j].failed = (uint32_t)fail;
+    if (!rc) rc = erdma_isend(e, &dout[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &sd[j]);
+  }
+  for (int k = 1; k < n && !rc; k++) { /* peers done with my blocks; resend what failed */
+    int j = (me + k) % n;
+    if ((rc = bulk_wait(&rd[j], timeout, sizeof(bulk_hdr)))) break;
+    if (din[j].failed)
+      rc = erdma_isend(e, s + (uint64_t)j * blk, blk, ranks[j], tag + 2, ctx, 0, &sf[j]);
+  }
+  for (int j = 0; j < n && !rc; j++) {
+    if (!rc) rc = bulk_wait(&rf[j], timeout, blk);
+    if (!rc) rc = bulk_wait(&sf[j], timeout, UINT64_MAX);
+    if (!rc) rc = bulk_wait(&sh[j], timeout, UINT64_MAX);
+    if (!rc) rc = bulk_wait(&sd[j], timeout, UINT64_MAX);
+  }
+  bulk_drop(rq, 6 * n);
+  free(h);
+  free(rq);
+  return rc;
 }
