@@ -35,17 +35,20 @@ _CHUNK = _chunk_from_env()
 BULK_TAGS = _engine.lib.ERDMA_BULK_TAGS
 
 
-def _root_part_from_env():
+def _part_from_env(name):
     try:
-        part = float(os.environ.get("ERDMA_BULK_ROOT_PART", "0.5"))
+        part = float(os.environ.get(name, "-1"))
     except ValueError:
-        return 0.5
-    return part if 0.0 <= part <= 1.0 else 0.5
+        return -1.0
+    return part if 0.0 <= part <= 1.0 else -1.0
 
 
-#: share of a two-rank bulk Bcast the root copies (``ERDMA_BULK_ROOT_PART``,
-#: only the root's value counts)
-BULK_ROOT_PART = _root_part_from_env()
+#: two-rank bulk Bcast: the root's fixed share (``ERDMA_BULK_ROOT_PART``, the
+#: root's value counts); -1: both copy until they meet (the default)
+BULK_ROOT_PART = _part_from_env("ERDMA_BULK_ROOT_PART")
+#: two-rank bulk Alltoall: fixed share of its own block a rank pulls
+#: (``ERDMA_BULK_PULL_PART``, per rank); -1: dynamic (the default)
+BULK_PULL_PART = _part_from_env("ERDMA_BULK_PULL_PART")
 
 #: per-thread state of a nonblocking collective being started (see comm._icoll)
 icoll_state = threading.local()
@@ -87,8 +90,10 @@ class CollSchedule:
 
     def bcast_pair(self, arr, root, me, root_part=BULK_ROOT_PART):
         """Two ranks: ``arr`` of ``root`` into ``arr`` of the other, the root
-        writing ``root_part`` of it with CMA while the other reads the rest
-        (erdma_coll_bcast_pair; messages where CMA is not possible)."""
+        writing pieces from the front with CMA while the other reads pieces
+        from the back until they meet (``root_part`` in [0, 1]: a fixed
+        share instead); erdma_coll_bcast_pair, messages where CMA is not
+        possible."""
         notify_started()
         self._bulk(_engine.lib.erdma_coll_bcast_pair(
             self._eng._h, _engine.ffi.cast("void *", arr.ctypes.data), arr.nbytes, root,
@@ -105,7 +110,8 @@ class CollSchedule:
         self._bulk(_engine.lib.erdma_coll_alltoall_bulk(
             self._eng._h, ffi.cast("void *", sarr.ctypes.data),
             ffi.cast("void *", rarr.ctypes.data), rarr.nbytes // n,
-            _engine.ranks_array(self._ranks), n, me, self._base, self._ctx, -1.0), "alltoall")
+            _engine.ranks_array(self._ranks), n, me, BULK_PULL_PART, self._base, self._ctx,
+            -1.0), "alltoall")
 
     @staticmethod
     def _bulk(rc, what):

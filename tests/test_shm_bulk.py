@@ -178,8 +178,8 @@ def test_bulk_exact(n):
 
 def test_bulk_exact_root_part_edges():
     # the root copies nothing, or everything
-    _run(2, "many", env={"ERDMA_BULK_ROOT_PART": "0"})
-    _run(2, "many", env={"ERDMA_BULK_ROOT_PART": "1"})
+    _run(2, "many", env={"ERDMA_BULK_ROOT_PART": "0", "ERDMA_BULK_PULL_PART": "0"})
+    _run(2, "many", env={"ERDMA_BULK_ROOT_PART": "1", "ERDMA_BULK_PULL_PART": "1"})
 
 
 def test_bulk_without_cma():

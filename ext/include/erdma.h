@@ -307,17 +307,21 @@ void erdma_coll_free(erdma_coll *c);
  * collectives above; messages use tags tag .. tag + ERDMA_BULK_TAGS - 1;
  * each wait lasts at most `timeout` seconds (< 0: until a peer fails).
  * Every rank of the communicator must make the same call. */
-#define ERDMA_BULK_TAGS 5
-/* n == 2: the root writes the first root_part of buf into the other rank
- * while that one reads the rest (the root's root_part counts). */
+#define ERDMA_BULK_TAGS 3
+/* n == 2: the root writes buf into the other rank from the front while that
+ * one reads it from the back, in 1 MiB pieces, until they meet (each reads
+ * the other's progress with CMA).  root_part in [0, 1]: a fixed share for
+ * the root instead (the root's value counts); < 0: meet where they meet. */
 int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
                           const int *ranks, int n, int me, double root_part, int tag,
                           uint32_t ctx, double timeout);
-/* Equal blocks of blk bytes: every rank reads its block straight out of each
- * peer's send buffer (sbuf != rbuf). */
+/* Equal blocks of blk bytes: every rank copies its own block and reads its
+ * block out of each peer's send buffer (sbuf != rbuf).  Two ranks: one that
+ * is done with its pulls pushes the rest of the other's block (pull_part in
+ * [0, 1]: a fixed share of one's own block to pull; < 0: dynamic). */
 int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
-                             const int *ranks, int n, int me, int tag, uint32_t ctx,
-                             double timeout);
+                             const int *ranks, int n, int me, double pull_part, int tag,
+                             uint32_t ctx, double timeout);
 
 /* ---- NAT traversal (erdma_nat.c; docs/wire.md, "Demultiplexing") ---- */
 /*

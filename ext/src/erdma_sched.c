@@ -710,10 +710,77 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
 typedef struct bulk_hdr {
   uint64_t addr;   /* the buffer (or block) in the sender's address space */
   uint64_t len;    /* its bytes */
-  uint64_t split;  /* Bcast: bytes the root writes (root's value counts) */
+  uint64_t raddr;  /* Alltoall: where the receiver's block from us lands */
+  uint64_t prog;   /* address of the sender's progress word(s) */
+  uint64_t limit;  /* chunks the sender may claim (static split), or UINT64_MAX */
+  uint64_t done;   /* second round: the chunks its loop completed */
+  uint64_t done2;
   uint32_t cma;    /* the sender can reach us with CMA */
-  uint32_t failed; /* second round: its copy failed, send the bytes instead */
+  uint32_t pad;
 } bulk_hdr;
+
+/* Pieces that both sides of a pair claim from opposite ends: each side
+ * publishes its claim in a word of its own memory, which the other reads
+ * with CMA before each chunk.  A chunk claimed by both is copied twice from
+ * the same source to the same place (harmless); what neither completed (a
+ * copy that failed) travels as a message afterwards. */
+#define BULK_CHUNK ((uint64_t)1 << 20)
+
+static void bulk_publish(volatile uint64_t *w, uint64_t v) {
+  __atomic_store_n((uint64_t *)w, v, __ATOMIC_SEQ_CST);
+}
+
+/* The peer's progress word; -1 if it cannot be read. */
+static int bulk_peek(erdma_engine *e, int peer, uint64_t addr, uint64_t *v) {
+  return shm_cma_copy(e, peer, v, addr, sizeof *v, 0);
+}
+
+/* Claim chunks [0, ...) of a block of `nbytes` (local <-> remote, write: push)
+ * from the front while the peer's word at `peer_back` (its lowest claim from
+ * the back; 0: none to read) stays above; up to `limit` chunks.  Returns the
+ * chunks completed from the front. */
+static uint64_t bulk_front(erdma_engine *e, int peer, uint8_t *local, uint64_t remote,
+                           uint64_t nbytes, int write, uint64_t peer_back, uint64_t limit,
+                           volatile uint64_t *mine) {
+  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK, i = 0;
+  if (limit > nch) limit = nch;
+  while (i < limit) {
+    if (peer_back) {
+      uint64_t b;
+      if (bulk_peek(e, peer, peer_back, &b) || i >= b) break;
+    }
+    bulk_publish(mine, i + 1);
+    uint64_t off = i * BULK_CHUNK, len = nbytes - off < BULK_CHUNK ? nbytes - off : BULK_CHUNK;
+    if (shm_cma_copy(e, peer, local + off, remote + off, len, write)) break;
+    i++;
+  }
+  return i;
+}
+
+/* The mirror image: chunks claimed from the back while above the peer's
+ * front word, down to chunk `limit`; returns the first chunk completed. */
+static uint64_t bulk_back(erdma_engine *e, int peer, uint8_t *local, uint64_t remote,
+                          uint64_t nbytes, int write, uint64_t peer_front, uint64_t limit,
+                          volatile uint64_t *mine) {
+  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK, j = nch;
+  while (j > limit) {
+    if (peer_front) {
+      uint64_t f;
+      if (bulk_peek(e, peer, peer_front, &f) || j - 1 < f) break;
+    }
+    bulk_publish(mine, j - 1);
+    uint64_t off = (j - 1) * BULK_CHUNK, len = nbytes - off < BULK_CHUNK ? nbytes - off : BULK_CHUNK;
+    if (shm_cma_copy(e, peer, local + off, remote + off, len, write)) break;
+    j--;
+  }
+  return j;
+}
+
+static uint64_t bulk_limit(double part, uint64_t nbytes) {
+  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK;
+  if (!(part >= 0.0 && part <= 1.0)) return UINT64_MAX; /* dynamic */
+  return (uint64_t)((double)nch * part + 0.5);
+}
 
 /* Wait for *rp, free it (withdrawn first if the wait ran out); 0 or an error. */
 static int bulk_wait(erdma_req **rp, double timeout, uint64_t want) {
@@ -761,45 +828,90 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
     return ERDMA_ERR_INVAL;
   int peer = ranks[1 - me], isroot = me == root, rc;
   uint8_t *b = buf;
-  if (!(root_part >= 0.0 && root_part <= 1.0)) root_part = 0.5;
-  bulk_hdr mine = {(uintptr_t)buf, nbytes, 0, (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
-  mine.split = ((uint64_t)((double)nbytes * root_part)) & ~(uint64_t)4095;
-  if (mine.split > nbytes) mine.split = nbytes;
+  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK;
+  /* root: chunks claimed from the front; the other: lowest chunk claimed */
+  volatile uint64_t prog = isroot ? 0 : nch;
+  bulk_hdr mine = {(uintptr_t)buf, nbytes, 0, (uintptr_t)&prog, bulk_limit(root_part, nbytes),
+                   0, 0, (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
   if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
   if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
-  uint64_t split = isroot ? mine.split : theirs.split;
-  if (split > nbytes) return ERDMA_ERR_INVAL;
-  erdma_req *r[2] = {NULL, NULL};
-  if (!mine.cma || !theirs.cma) { /* the whole buffer as one message */
-    rc = isroot ? erdma_isend(e, b, nbytes, peer, tag + 1, ctx, 0, &r[0])
-                : erdma_irecv(e, b, nbytes, peer, tag + 1, ctx, 0, &r[0]);
-    if (!rc) rc = bulk_wait(&r[0], timeout, isroot ? UINT64_MAX : nbytes);
-    bulk_drop(r, 1);
-    return rc;
+  erdma_req *r[1] = {NULL};
+  uint64_t lo = 0, hi = nbytes; /* bytes that go as a message */
+  if (mine.cma && theirs.cma && nbytes) {
+    /* the root writes from the front, the other reads from the back; a
+     * static split (root_part) skips the progress words */
+    uint64_t limit = isroot ? mine.limit : theirs.limit;
+    int dyn = limit == UINT64_MAX;
+    bulk_hdr done = mine, tdone;
+    if (isroot)
+      done.done = bulk_front(e, peer, b, theirs.addr, nbytes, 1, dyn ? theirs.prog : 0,
+                             dyn ? nch : limit, &prog);
+    else
+      done.done = bulk_back(e, peer, b, theirs.addr, nbytes, 0, dyn ? theirs.prog : 0,
+                            dyn ? 0 : limit, &prog);
+    if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
+    uint64_t front = isroot ? done.done : tdone.done, back = isroot ? tdone.done : done.done;
+    lo = front * BULK_CHUNK;
+    hi = back * BULK_CHUNK < nbytes ? back * BULK_CHUNK : nbytes;
   }
-  /* root writes [0, split) into the receiver while it reads [split, n) */
-  int fail = isroot ? shm_cma_copy(e, peer, b, theirs.addr, split, 1)
-                    : shm_cma_copy(e, peer, b + split, theirs.addr + split, nbytes - split, 0);
-  bulk_hdr done = {0, 0, 0, 0, fail != 0}, tdone;
-  if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
-  /* a failed half travels as a message */
-  uint32_t first = isroot ? done.failed : tdone.failed;   /* root's half */
-  uint32_t second = isroot ? tdone.failed : done.failed;  /* receiver's half */
-  if (first && split)
-    rc = isroot ? erdma_isend(e, b, split, peer, tag + 3, ctx, 0, &r[0])
-                : erdma_irecv(e, b, split, peer, tag + 3, ctx, 0, &r[0]);
-  if (!rc && second && nbytes > split)
-    rc = isroot ? erdma_isend(e, b + split, nbytes - split, peer, tag + 4, ctx, 0, &r[1])
-                : erdma_irecv(e, b + split, nbytes - split, peer, tag + 4, ctx, 0, &r[1]);
-  if (!rc) rc = bulk_wait(&r[0], timeout, isroot ? UINT64_MAX : split);
-  if (!rc) rc = bulk_wait(&r[1], timeout, isroot ? UINT64_MAX : nbytes - split);
+  if (lo >= hi) return 0;
+  rc = isroot ? erdma_isend(e, b + lo, hi - lo, peer, tag + 1, ctx, 0, &r[0])
+              : erdma_irecv(e, b + lo, hi - lo, peer, tag + 1, ctx, 0, &r[0]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, isroot ? UINT64_MAX : hi - lo);
+  bulk_drop(r, 1);
+  return rc;
+}
+
+/* Alltoall of two ranks: each copies its own block, pulls the peer's block
+ * for it from the front and then helps the peer by pushing the block for
+ * the peer from the back, so a process that got less CPU time is helped by
+ * the other.  pull_part: static share of one's own pulls (tests). */
+static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t blk,
+                         const int *ranks, int me, double pull_part, int tag, uint32_t ctx,
+                         double timeout) {
+  int p = 1 - me, peer = ranks[p], rc;
+  uint64_t nch = (blk + BULK_CHUNK - 1) / BULK_CHUNK;
+  /* [0]: chunks of my incoming block pulled from the front; [1]: lowest
+   * chunk of the peer's incoming block pushed from the back */
+  volatile uint64_t prog[2] = {0, nch};
+  bulk_hdr mine = {(uintptr_t)(s + (uint64_t)p * blk), blk, (uintptr_t)(d + (uint64_t)p * blk),
+                   (uintptr_t)prog, bulk_limit(pull_part, blk), 0, 0,
+                   (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
+  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
+  if (theirs.len != blk) return ERDMA_ERR_TRUNCATE;
+  if (blk) memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
+  uint64_t in_lo = 0, in_hi = blk, out_lo = 0, out_hi = blk; /* left for messages */
+  if (mine.cma && theirs.cma && blk) {
+    int dyn_me = mine.limit == UINT64_MAX, dyn_peer = theirs.limit == UINT64_MAX;
+    uint64_t pw_front = (uintptr_t)theirs.prog, pw_back = pw_front + sizeof(uint64_t);
+    bulk_hdr done = mine, tdone;
+    done.done = bulk_front(e, peer, d + (uint64_t)p * blk, theirs.addr, blk, 0,
+                           dyn_me ? pw_back : 0, dyn_me ? nch : mine.limit, &prog[0]);
+    done.done2 = bulk_back(e, peer, (uint8_t *)(s + (uint64_t)p * blk), theirs.raddr, blk, 1,
+                           dyn_peer ? pw_front : 0, dyn_peer ? 0 : theirs.limit, &prog[1]);
+    if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
+    in_lo = done.done * BULK_CHUNK;                      /* my block: I pulled [0, lo) */
+    in_hi = tdone.done2 * BULK_CHUNK < blk ? tdone.done2 * BULK_CHUNK : blk;
+    out_lo = tdone.done * BULK_CHUNK;                    /* its block: it pulled [0, lo) */
+    out_hi = done.done2 * BULK_CHUNK < blk ? done.done2 * BULK_CHUNK : blk;
+  }
+  erdma_req *r[2] = {NULL, NULL};
+  rc = 0;
+  if (in_lo < in_hi)
+    rc = erdma_irecv(e, d + (uint64_t)p * blk + in_lo, in_hi - in_lo, peer, tag + 1, ctx, 0,
+                     &r[0]);
+  if (!rc && out_lo < out_hi)
+    rc = erdma_isend(e, s + (uint64_t)p * blk + out_lo, out_hi - out_lo, peer, tag + 1, ctx, 0,
+                     &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, in_hi - in_lo);
+  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
   bulk_drop(r, 2);
   return rc;
 }
 
 int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
-                             const int *ranks, int n, int me, int tag, uint32_t ctx,
-                             double timeout) {
+                             const int *ranks, int n, int me, double pull_part, int tag,
+                             uint32_t ctx, double timeout) {
   if (check_comm(e, ranks, n, me) || (blk && (!sbuf || !rbuf)) || sbuf == rbuf)
     return ERDMA_ERR_INVAL;
   const uint8_t *s = sbuf;
@@ -808,6 +920,7 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
     if (blk) memcpy(d, s, blk);
     return 0;
   }
+  if (n == 2) return alltoall_pair(e, s, d, blk, ranks, me, pull_part, tag, ctx, timeout);
   /* per peer: header in/out, "done" in/out; requests: 6 per peer */
   bulk_hdr *h = calloc((size_t)n * 4, sizeof *h);
   erdma_req **rq = calloc((size_t)n * 6, sizeof *rq);
@@ -845,13 +958,13 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
       fail = blk ? shm_cma_copy(e, ranks[j], d + (uint64_t)j * blk, hin[j].addr, blk, 0) != 0 : 0;
     if (fail)
       rc = erdma_irecv(e, d + (uint64_t)j * blk, blk, ranks[j], tag + 2, ctx, 0, &rf[j]);
-    dout[j].failed = (uint32_t)fail;
+    dout[j].done = (uint64_t)fail;
     if (!rc) rc = erdma_isend(e, &dout[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &sd[j]);
   }
   for (int k = 1; k < n && !rc; k++) { /* peers done with my blocks; resend what failed */
     int j = (me + k) % n;
     if ((rc = bulk_wait(&rd[j], timeout, sizeof(bulk_hdr)))) break;
-    if (din[j].failed)
+    if (din[j].done)
       rc = erdma_isend(e, s + (uint64_t)j * blk, blk, ranks[j], tag + 2, ctx, 0, &sf[j]);
   }
   for (int j = 0; j < n && !rc; j++) {
