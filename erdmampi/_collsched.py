@@ -63,6 +63,20 @@ def notify_started():
         ev.set()
 
 
+_CRANKS = {}
+
+
+def _cranks(ranks):
+    """``int[]`` of a communicator's world ranks, made once per rank list."""
+    key = tuple(ranks)
+    arr = _CRANKS.get(key)
+    if arr is None:
+        if len(_CRANKS) > 64:
+            _CRANKS.clear()
+        arr = _CRANKS[key] = _engine.ranks_array(key)
+    return arr
+
+
 class CollSchedule:
     """Builder with the interface described in :mod:`erdmampi.collectives.sched`."""
 
@@ -88,7 +102,7 @@ class CollSchedule:
 
     # -- one-call bulk collectives among ranks of one host (not schedules) --
 
-    def bcast_pair(self, arr, root, me, root_part=BULK_ROOT_PART):
+    def bcast_pair(self, arr, root, me, root_part=None):
         """Two ranks: ``arr`` of ``root`` into ``arr`` of the other, the root
         writing pieces from the front with CMA while the other reads pieces
         from the back until they meet (``root_part`` in [0, 1]: a fixed
@@ -97,7 +111,8 @@ class CollSchedule:
         notify_started()
         self._bulk(_engine.lib.erdma_coll_bcast_pair(
             self._eng._h, _engine.ffi.cast("void *", arr.ctypes.data), arr.nbytes, root,
-            _engine.ranks_array(self._ranks), len(self._ranks), me, root_part,
+            _cranks(self._ranks), len(self._ranks), me,
+            BULK_ROOT_PART if root_part is None else root_part,
             self._base, self._ctx, -1.0), "bcast")
 
     def alltoall_bulk(self, sarr, rarr, me):
@@ -110,7 +125,7 @@ class CollSchedule:
         self._bulk(_engine.lib.erdma_coll_alltoall_bulk(
             self._eng._h, ffi.cast("void *", sarr.ctypes.data),
             ffi.cast("void *", rarr.ctypes.data), rarr.nbytes // n,
-            _engine.ranks_array(self._ranks), n, me, BULK_PULL_PART, self._base, self._ctx,
+            _cranks(self._ranks), n, me, BULK_PULL_PART, self._base, self._ctx,
             -1.0), "alltoall")
 
     @staticmethod

@@ -307,8 +307,12 @@ def bcast_sched_chain(t: Transport, buf: np.ndarray, root: int) -> Optional[bool
     return True
 
 
-def _can_bulk(t: Transport) -> bool:
-    return _can_schedule(t) and hasattr(t.schedule(chunked=False), "bcast_pair")
+def _bulk(t: Transport):
+    """The transport's builder if it has the one-call bulk collectives, else None."""
+    if not _can_schedule(t):
+        return None
+    b = t.schedule(chunked=False)
+    return b if hasattr(b, "bcast_pair") else None
 
 
 def bcast_sched_pair(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
@@ -318,12 +322,13 @@ def bcast_sched_pair(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]
     engine call (``erdma_coll_bcast_pair``); more than two ranks: ``False``."""
     n = t.size
     root = check_root("bcast", root, n)
-    if n != 2 or not _can_bulk(t):
+    b = _bulk(t) if n == 2 else None
+    if b is None:
         return False
     if buf.nbytes == 0:
         return True
     out = _Out(buf)
-    t.schedule(chunked=False).bcast_pair(out.work, root, t.rank)
+    b.bcast_pair(out.work, root, t.rank)
     out.done()
     return True
 
@@ -339,7 +344,8 @@ def alltoall_sched(t: Transport, sendbuf: Optional[np.ndarray],
     whose block size all ranks know).  ``sendbuf=None``: in place (through
     a copy of ``recvbuf``)."""
     n, r = t.size, t.rank
-    if not _can_bulk(t):
+    b = _bulk(t)
+    if b is None:
         return False
     rv = _Out(recvbuf)
     blk = recvbuf.size // n
@@ -355,8 +361,7 @@ def alltoall_sched(t: Transport, sendbuf: Optional[np.ndarray],
             src = src.copy()
     if blk and src.dtype != work.dtype:
         raise ValueError("alltoall: send and receive element types differ")
-    t.schedule(chunked=False).alltoall_bulk(src.view(np.uint8), work[:blk * n].view(np.uint8),
-                                            r)
+    b.alltoall_bulk(src.view(np.uint8), work[:blk * n].view(np.uint8), r)
     rv.done()
     return True
 

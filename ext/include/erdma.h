@@ -309,7 +309,7 @@ void erdma_coll_free(erdma_coll *c);
  * Every rank of the communicator must make the same call. */
 #define ERDMA_BULK_TAGS 3
 /* n == 2: the root writes buf into the other rank from the front while that
- * one reads it from the back, in 1 MiB pieces, until they meet (each reads
+ * one reads it from the back, in pieces (an eighth, 64 KiB..1 MiB), until they meet (each reads
  * the other's progress with CMA).  root_part in [0, 1]: a fixed share for
  * the root instead (the root's value counts); < 0: meet where they meet. */
 int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,

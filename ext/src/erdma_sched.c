@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -724,7 +725,16 @@ typedef struct bulk_hdr {
  * with CMA before each chunk.  A chunk claimed by both is copied twice from
  * the same source to the same place (harmless); what neither completed (a
  * copy that failed) travels as a message afterwards. */
-#define BULK_CHUNK ((uint64_t)1 << 20)
+#define BULK_CHUNK_MIN ((uint64_t)64 << 10)
+#define BULK_CHUNK_MAX ((uint64_t)1 << 20)
+
+/* Piece size of a block of nbytes (the same on both sides): about an
+ * eighth, so that the sides can meet near the middle, within 64 KiB..1 MiB
+ * (a piece costs two system calls). */
+static uint64_t bulk_chunk(uint64_t nbytes) {
+  uint64_t c = ((nbytes / 8) + 4095) & ~(uint64_t)4095;
+  return c < BULK_CHUNK_MIN ? BULK_CHUNK_MIN : c > BULK_CHUNK_MAX ? BULK_CHUNK_MAX : c;
+}
 
 static void bulk_publish(volatile uint64_t *w, uint64_t v) {
   __atomic_store_n((uint64_t *)w, v, __ATOMIC_SEQ_CST);
@@ -742,7 +752,7 @@ static int bulk_peek(erdma_engine *e, int peer, uint64_t addr, uint64_t *v) {
 static uint64_t bulk_front(erdma_engine *e, int peer, uint8_t *local, uint64_t remote,
                            uint64_t nbytes, int write, uint64_t peer_back, uint64_t limit,
                            volatile uint64_t *mine) {
-  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK, i = 0;
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch, i = 0;
   if (limit > nch) limit = nch;
   while (i < limit) {
     if (peer_back) {
@@ -750,7 +760,7 @@ static uint64_t bulk_front(erdma_engine *e, int peer, uint8_t *local, uint64_t r
       if (bulk_peek(e, peer, peer_back, &b) || i >= b) break;
     }
     bulk_publish(mine, i + 1);
-    uint64_t off = i * BULK_CHUNK, len = nbytes - off < BULK_CHUNK ? nbytes - off : BULK_CHUNK;
+    uint64_t off = i * ch, len = nbytes - off < ch ? nbytes - off : ch;
     if (shm_cma_copy(e, peer, local + off, remote + off, len, write)) break;
     i++;
   }
@@ -762,22 +772,45 @@ static uint64_t bulk_front(erdma_engine *e, int peer, uint8_t *local, uint64_t r
 static uint64_t bulk_back(erdma_engine *e, int peer, uint8_t *local, uint64_t remote,
                           uint64_t nbytes, int write, uint64_t peer_front, uint64_t limit,
                           volatile uint64_t *mine) {
-  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK, j = nch;
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch, j = nch;
   while (j > limit) {
     if (peer_front) {
       uint64_t f;
       if (bulk_peek(e, peer, peer_front, &f) || j - 1 < f) break;
     }
     bulk_publish(mine, j - 1);
-    uint64_t off = (j - 1) * BULK_CHUNK, len = nbytes - off < BULK_CHUNK ? nbytes - off : BULK_CHUNK;
+    uint64_t off = (j - 1) * ch, len = nbytes - off < ch ? nbytes - off : ch;
     if (shm_cma_copy(e, peer, local + off, remote + off, len, write)) break;
     j--;
   }
   return j;
 }
 
+/* A side that is through with its pieces says so in its `finished` word and
+ * waits for the other's with CMA peeks (yielding the CPU between them)
+ * rather than asleep in the message wait that follows: the other is at
+ * most a piece behind, and a sleeper pays a wake-up.  Gives up after
+ * BULK_SPIN_NS (the message wait then covers it). */
+#define BULK_SPIN_NS 3000000ull
+
+static void bulk_finish(erdma_engine *e, int peer, volatile uint64_t *mine,
+                        uint64_t peer_word) {
+  bulk_publish(mine, 1);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int k = 0;; k++) {
+    uint64_t v = 0;
+    if (bulk_peek(e, peer, peer_word, &v) || v) return;
+    if (k & 1) sched_yield();
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t.tv_nsec - t0.tv_nsec) >
+        BULK_SPIN_NS)
+      return;
+  }
+}
+
 static uint64_t bulk_limit(double part, uint64_t nbytes) {
-  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK;
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch;
   if (!(part >= 0.0 && part <= 1.0)) return UINT64_MAX; /* dynamic */
   return (uint64_t)((double)nch * part + 0.5);
 }
@@ -828,10 +861,11 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
     return ERDMA_ERR_INVAL;
   int peer = ranks[1 - me], isroot = me == root, rc;
   uint8_t *b = buf;
-  uint64_t nch = (nbytes + BULK_CHUNK - 1) / BULK_CHUNK;
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch;
   /* root: chunks claimed from the front; the other: lowest chunk claimed */
-  volatile uint64_t prog = isroot ? 0 : nch;
-  bulk_hdr mine = {(uintptr_t)buf, nbytes, 0, (uintptr_t)&prog, bulk_limit(root_part, nbytes),
+  /* prog[0]: the claim word; prog[1]: finished (bulk_finish) */
+  volatile uint64_t prog[2] = {isroot ? 0 : nch, 0};
+  bulk_hdr mine = {(uintptr_t)buf, nbytes, 0, (uintptr_t)prog, bulk_limit(root_part, nbytes),
                    0, 0, (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
   if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
   if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
@@ -845,14 +879,15 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
     bulk_hdr done = mine, tdone;
     if (isroot)
       done.done = bulk_front(e, peer, b, theirs.addr, nbytes, 1, dyn ? theirs.prog : 0,
-                             dyn ? nch : limit, &prog);
+                             dyn ? nch : limit, &prog[0]);
     else
       done.done = bulk_back(e, peer, b, theirs.addr, nbytes, 0, dyn ? theirs.prog : 0,
-                            dyn ? 0 : limit, &prog);
+                            dyn ? 0 : limit, &prog[0]);
+    bulk_finish(e, peer, &prog[1], theirs.prog + sizeof(uint64_t));
     if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
     uint64_t front = isroot ? done.done : tdone.done, back = isroot ? tdone.done : done.done;
-    lo = front * BULK_CHUNK;
-    hi = back * BULK_CHUNK < nbytes ? back * BULK_CHUNK : nbytes;
+    lo = front * ch;
+    hi = back * ch < nbytes ? back * ch : nbytes;
   }
   if (lo >= hi) return 0;
   rc = isroot ? erdma_isend(e, b + lo, hi - lo, peer, tag + 1, ctx, 0, &r[0])
@@ -870,10 +905,10 @@ static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t
                          const int *ranks, int me, double pull_part, int tag, uint32_t ctx,
                          double timeout) {
   int p = 1 - me, peer = ranks[p], rc;
-  uint64_t nch = (blk + BULK_CHUNK - 1) / BULK_CHUNK;
+  uint64_t ch = bulk_chunk(blk), nch = (blk + ch - 1) / ch;
   /* [0]: chunks of my incoming block pulled from the front; [1]: lowest
    * chunk of the peer's incoming block pushed from the back */
-  volatile uint64_t prog[2] = {0, nch};
+  volatile uint64_t prog[3] = {0, nch, 0}; /* [2]: finished (bulk_finish) */
   bulk_hdr mine = {(uintptr_t)(s + (uint64_t)p * blk), blk, (uintptr_t)(d + (uint64_t)p * blk),
                    (uintptr_t)prog, bulk_limit(pull_part, blk), 0, 0,
                    (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
@@ -889,11 +924,12 @@ static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t
                            dyn_me ? pw_back : 0, dyn_me ? nch : mine.limit, &prog[0]);
     done.done2 = bulk_back(e, peer, (uint8_t *)(s + (uint64_t)p * blk), theirs.raddr, blk, 1,
                            dyn_peer ? pw_front : 0, dyn_peer ? 0 : theirs.limit, &prog[1]);
+    bulk_finish(e, peer, &prog[2], pw_front + 2 * sizeof(uint64_t));
     if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
-    in_lo = done.done * BULK_CHUNK;                      /* my block: I pulled [0, lo) */
-    in_hi = tdone.done2 * BULK_CHUNK < blk ? tdone.done2 * BULK_CHUNK : blk;
-    out_lo = tdone.done * BULK_CHUNK;                    /* its block: it pulled [0, lo) */
-    out_hi = done.done2 * BULK_CHUNK < blk ? done.done2 * BULK_CHUNK : blk;
+    in_lo = done.done * ch;                          /* my block: I pulled [0, lo) */
+    in_hi = tdone.done2 * ch < blk ? tdone.done2 * ch : blk;
+    out_lo = tdone.done * ch;                        /* its block: it pulled [0, lo) */
+    out_hi = done.done2 * ch < blk ? done.done2 * ch : blk;
   }
   erdma_req *r[2] = {NULL, NULL};
   rc = 0;
