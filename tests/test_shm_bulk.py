@@ -84,7 +84,11 @@ if mode in ("main", "nocma", "mixed", "refuse"):
             for root in roots:
                 check_bcast(nb, dt, root)
     for root in roots:
-        check_bcast(2 * MiB + 16, np.float64, root, strided=True)
+        check_bcast(5 * MiB + 8, np.float64, root)      # the default picks the pair path
+        check_bcast(5 * MiB + 3, np.uint8, root)
+        if n == 2 and os.environ.get("ERDMA_COLL_BCAST") == "sched_pair":
+            # (the Python algorithms want contiguous arrays)
+            check_bcast(2 * MiB + 16, np.float64, root, strided=True)
         check_bcast(0, np.float32, root)
     for dt in DTYPES:
         isz = np.dtype(dt).itemsize
@@ -133,7 +137,12 @@ print("rank %d: OK" % r, flush=True)
 '''
 
 
-def _run(n, mode, env=None, extra=(), timeout=150):
+def _run(n, mode, env=None, extra=(), timeout=150, force=True):
+    """Run the script; ``force``: every Bcast of 2 ranks takes the bulk pair
+    path whatever its size (the default picks it from BULK_BCAST_MIN)."""
+    env = dict(env or {})
+    if force:
+        env.setdefault("ERDMA_COLL_BCAST", "sched_pair")
     res = run_mpi(n, _SCRIPT, args=[mode], timeout=timeout, env=env, extra=extra)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -144,8 +153,8 @@ def _run(n, mode, env=None, extra=(), timeout=150):
 
 def test_select_bulk_paths():
     assert C.select("bcast", 16 * MiB, 2).__name__ == "bcast_sched_pair"
-    assert C.select("bcast", C.SCHED_MIN, 2).__name__ == "bcast_sched_pair"
-    assert C.select("bcast", C.SCHED_MIN - 1, 2).__name__ == "bcast_binomial"
+    assert C.select("bcast", C.BULK_BCAST_MIN, 2).__name__ == "bcast_sched_pair"
+    assert C.select("bcast", C.BULK_BCAST_MIN - 1, 2).__name__ == "bcast_binomial"
     assert C.select("bcast", 16 * MiB, 3).__name__ == "bcast_sched_chain"
     # alltoall: nbytes is the per-rank traffic (send + receive)
     assert C.select("alltoall", 32 * MiB, 2, 16 * MiB).__name__ == "alltoall_sched"
@@ -176,6 +185,10 @@ def test_bulk_exact(n):
     _run(n, "main")
 
 
+def test_bulk_exact_default_selection():
+    _run(2, "main", force=False)
+
+
 def test_bulk_exact_root_part_edges():
     # the root copies nothing, or everything
     _run(2, "many", env={"ERDMA_BULK_ROOT_PART": "0", "ERDMA_BULK_PULL_PART": "0"})
@@ -193,8 +206,8 @@ def test_bulk_cma_on_one_side_only():
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
-@pytest.mark.parametrize("reverse", [False, True])
-def test_bulk_cma_refused_at_run_time(reverse, monkeypatch):
+@pytest.mark.parametrize("n,reverse", [(2, False), (2, True), (3, False)])
+def test_bulk_cma_refused_at_run_time(n, reverse, monkeypatch):
     """Rank 1 is not dumpable and the job lacks CAP_SYS_PTRACE: CMA towards it
     fails with EPERM in the middle of a collective, which finishes with
     messages (the root's half when its write fails, the receiver's half
@@ -203,7 +216,7 @@ def test_bulk_cma_refused_at_run_time(reverse, monkeypatch):
     orig = harness.erdmarun_cmd
     monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
         "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
-    res = _run(2, "refuse", env={"ROOTS_REVERSED": "1", "ERDMA_VERBOSE": "1"} if reverse
+    res = _run(n, "refuse", env={"ROOTS_REVERSED": "1", "ERDMA_VERBOSE": "1"} if reverse
                else {"ERDMA_VERBOSE": "1"})
     assert "refused" in res.stderr, res.stderr
 

@@ -16,8 +16,9 @@ barrier         dissemination
 bcast           sched_pieces if n == 2 on two hosts and N >= S
                 (:mod:`erdmampi.collectives.wan`); else
                 hierarchical if the ranks span several hosts (H); else
-                sched_chain if N >= S (sched_pair with 2 ranks: each
-                copies half); else binomial if N <= 512 KiB or
+                sched_chain if N >= S and n > 2; sched_pair if
+                n == 2 and N >= max(S, 4 MiB) (both copy a share);
+                else binomial if N <= 512 KiB or
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
@@ -185,6 +186,11 @@ def _sched_min() -> int:
 #: bytes from which the ``sched_*`` algorithms are the default
 SCHED_MIN = _sched_min()
 
+#: two ranks: bytes from which Bcast splits the copy between both
+#: (``sched_pair``); below, one message (one process_vm_readv on one host)
+#: is faster than the extra round of messages
+BULK_BCAST_MIN = 4 * 1024 * KiB
+
 
 def _default(name: str, nbytes: int, size: int, count: int,
              commutative: bool, sched: bool = True, hier: bool = False) -> str:
@@ -198,9 +204,11 @@ def _default(name: str, nbytes: int, size: int, count: int,
             return "bruck"                       # here count = block bytes * n
         name = "alltoallv"
     if name == "bcast":
-        if big:
-            # two ranks: both copy half at once (CMA on one host)
-            return "sched_chain" if size > 2 else "sched_pair"
+        if big and size > 2:
+            return "sched_chain"
+        if big and nbytes >= BULK_BCAST_MIN:
+            # two ranks: both copy a share at once (CMA on one host)
+            return "sched_pair"
         return "binomial" if nbytes <= 512 * KiB or size <= 2 else "scatter_allgather"
     if name == "allreduce":
         if nbytes <= 64 * KiB or count < size:

@@ -787,21 +787,20 @@ static uint64_t bulk_back(erdma_engine *e, int peer, uint8_t *local, uint64_t re
 }
 
 /* A side that is through with its pieces says so in its `finished` word and
- * waits for the other's with CMA peeks (yielding the CPU between them)
- * rather than asleep in the message wait that follows: the other is at
- * most a piece behind, and a sleeper pays a wake-up.  Gives up after
- * BULK_SPIN_NS (the message wait then covers it). */
-#define BULK_SPIN_NS 3000000ull
+ * polls the other's with CMA peeks for a while rather than going to sleep in
+ * the message wait that follows at once: the other is at most a piece
+ * behind, and a sleeper pays a wake-up.  After BULK_SPIN_NS the message
+ * wait (which sleeps) covers the rest. */
+#define BULK_SPIN_NS 200000ull
 
 static void bulk_finish(erdma_engine *e, int peer, volatile uint64_t *mine,
                         uint64_t peer_word) {
   bulk_publish(mine, 1);
   struct timespec t0, t;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (int k = 0;; k++) {
+  for (;;) {
     uint64_t v = 0;
     if (bulk_peek(e, peer, peer_word, &v) || v) return;
-    if (k & 1) sched_yield();
     clock_gettime(CLOCK_MONOTONIC, &t);
     if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t.tv_nsec - t0.tv_nsec) >
         BULK_SPIN_NS)
