@@ -981,9 +981,15 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
     rc = erdma_isend(e, &hout[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sh[j]);
   }
   if (!rc && blk) memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
-  for (int k = 1; k < n && !rc; k++) { /* pull each peer's block for me */
-    int j = (me - k + n) % n;
-    if ((rc = bulk_wait(&rh[j], timeout, sizeof(bulk_hdr)))) break;
+  /* pull each peer's block for me, in the order their headers come (a peer
+   * that is not running does not hold up the others: CMA needs no help) */
+  for (int left = n - 1; left > 0 && !rc; left--) {
+    int j = -1;
+    if ((rc = erdma_req_waitany(rh, n, timeout, &j))) break;
+    if (j < 0 || j >= n || (rc = bulk_wait(&rh[j], timeout, sizeof(bulk_hdr)))) {
+      rc = rc ? rc : ERDMA_ERR_STATE;
+      break;
+    }
     if (hin[j].len != blk) {
       rc = ERDMA_ERR_TRUNCATE;
       break;
@@ -996,9 +1002,14 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
     dout[j].done = (uint64_t)fail;
     if (!rc) rc = erdma_isend(e, &dout[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &sd[j]);
   }
-  for (int k = 1; k < n && !rc; k++) { /* peers done with my blocks; resend what failed */
-    int j = (me + k) % n;
-    if ((rc = bulk_wait(&rd[j], timeout, sizeof(bulk_hdr)))) break;
+  /* peers done with my blocks, in any order; resend what they could not read */
+  for (int left = n - 1; left > 0 && !rc; left--) {
+    int j = -1;
+    if ((rc = erdma_req_waitany(rd, n, timeout, &j))) break;
+    if (j < 0 || j >= n || (rc = bulk_wait(&rd[j], timeout, sizeof(bulk_hdr)))) {
+      rc = rc ? rc : ERDMA_ERR_STATE;
+      break;
+    }
     if (din[j].done)
       rc = erdma_isend(e, s + (uint64_t)j * blk, blk, ranks[j], tag + 2, ctx, 0, &sf[j]);
   }
