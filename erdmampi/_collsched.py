@@ -115,6 +115,14 @@ class CollSchedule:
             BULK_ROOT_PART if root_part is None else root_part,
             self._base, self._ctx, -1.0), "bcast")
 
+    def bcast_bulk(self, arr, root, me):
+        """Every rank reads ``arr`` straight out of the root's
+        (erdma_coll_bcast_bulk; messages where CMA is not possible)."""
+        notify_started()
+        self._bulk(_engine.lib.erdma_coll_bcast_bulk(
+            self._eng._h, _engine.ffi.cast("void *", arr.ctypes.data), arr.nbytes, root,
+            _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx, -1.0), "bcast")
+
     def alltoall_bulk(self, sarr, rarr, me):
         """Equal blocks: every rank reads its block out of each peer's
         ``sarr`` (erdma_coll_alltoall_bulk); ``sarr`` and ``rarr`` contiguous

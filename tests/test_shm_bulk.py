@@ -86,7 +86,7 @@ if mode in ("main", "nocma", "mixed", "refuse"):
     for root in roots:
         check_bcast(5 * MiB + 8, np.float64, root)      # the default picks the pair path
         check_bcast(5 * MiB + 3, np.uint8, root)
-        if n == 2 and os.environ.get("ERDMA_COLL_BCAST") == "sched_pair":
+        if os.environ.get("ERDMA_COLL_BCAST", "").startswith("sched_p"):
             # (the Python algorithms want contiguous arrays)
             check_bcast(2 * MiB + 16, np.float64, root, strided=True)
         check_bcast(0, np.float32, root)
@@ -138,11 +138,11 @@ print("rank %d: OK" % r, flush=True)
 
 
 def _run(n, mode, env=None, extra=(), timeout=150, force=True):
-    """Run the script; ``force``: every Bcast of 2 ranks takes the bulk pair
-    path whatever its size (the default picks it from BULK_BCAST_MIN)."""
+    """Run the script; ``force``: every Bcast takes the bulk path whatever its
+    size (2 ranks: the pair split, else every rank pulling from the root)."""
     env = dict(env or {})
     if force:
-        env.setdefault("ERDMA_COLL_BCAST", "sched_pair")
+        env.setdefault("ERDMA_COLL_BCAST", "sched_pair" if n == 2 else "sched_pull")
     res = run_mpi(n, _SCRIPT, args=[mode], timeout=timeout, env=env, extra=extra)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -155,7 +155,8 @@ def test_select_bulk_paths():
     assert C.select("bcast", 16 * MiB, 2).__name__ == "bcast_sched_pair"
     assert C.select("bcast", C.BULK_BCAST_MIN, 2).__name__ == "bcast_sched_pair"
     assert C.select("bcast", C.BULK_BCAST_MIN - 1, 2).__name__ == "bcast_binomial"
-    assert C.select("bcast", 16 * MiB, 3).__name__ == "bcast_sched_chain"
+    assert C.select("bcast", 16 * MiB, 3).__name__ == "bcast_sched_chain"   # pulls (<= 8)
+    assert C.select("bcast", 1, 3, algorithm="sched_pull").__name__ == "bcast_sched_pull"
     # alltoall: nbytes is the per-rank traffic (send + receive)
     assert C.select("alltoall", 32 * MiB, 2, 16 * MiB).__name__ == "alltoall_sched"
     assert C.select("alltoall", 32 * MiB, 4, 16 * MiB).__name__ == "alltoall_sched"

@@ -99,6 +99,7 @@ from erdmampi.collectives.wan import (allreduce_sched_direct, allreduce_sched_ex
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
                                         alltoall_sched, alltoallv_sched,
                                         bcast_sched_chain, bcast_sched_pair,
+                                        bcast_sched_pull,
                                         reduce_scatter_sched_ring)
 from erdmampi.collectives.reduce import (allreduce_rabenseifner,
                                          allreduce_recursive_doubling,
@@ -140,6 +141,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
               "pipeline": bcast_pipeline,
               "sched_chain": bcast_sched_chain,
               "sched_pair": bcast_sched_pair,
+              "sched_pull": bcast_sched_pull,
               "sched_pieces": bcast_sched_pieces,
               "hierarchical": bcast_hierarchical},
     "reduce": {"binomial": reduce_binomial},

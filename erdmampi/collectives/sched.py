@@ -45,7 +45,7 @@ from erdmampi.collectives.base import (MAX_TAG, ReduceFn, Transport, check_count
 __all__ = [
     "SCHED_OPS", "SCHED_DTYPES", "sched_reduction",
     "allreduce_sched_ring", "reduce_scatter_sched_ring", "allgatherv_sched_ring",
-    "bcast_sched_chain", "alltoallv_sched", "bcast_sched_pair", "alltoall_sched",
+    "bcast_sched_chain", "alltoallv_sched", "bcast_sched_pair", "bcast_sched_pull", "alltoall_sched",
 ]
 
 #: predefined reduction ops the C reducer implements
@@ -284,14 +284,41 @@ def allgatherv_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
 
 # -- bcast ---------------------------------------------------------------------
 
+#: ranks up to which :func:`bcast_sched_chain` lets every rank read the root's
+#: buffer itself (one engine call, :func:`bcast_sched_pull`) instead of a chain
+BULK_PULL_MAX_RANKS = 8
+
+
+def bcast_sched_pull(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
+    """Every rank reads the whole buffer straight out of the root's (CMA on
+    one host, which takes no CPU time of the root), in one engine call
+    (``erdma_coll_bcast_bulk``); a rank the root cannot share memory with
+    gets it as a message from the root."""
+    root = check_root("bcast", root, t.size)
+    b = _bulk(t)
+    if b is None:
+        return False
+    if t.size == 1 or buf.nbytes == 0:
+        return True
+    out = _Out(buf)
+    b.bcast_bulk(out.work, root, t.rank)
+    out.done()
+    return True
+
+
 def bcast_sched_chain(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
     """Pipelined chain root -> root+1 -> ...: every rank forwards each chunk
-    as soon as it has arrived (time ~ N/B + (n-2) chunks)."""
+    as soon as it has arrived (time ~ N/B + (n-2) chunks).  Up to
+    :data:`BULK_PULL_MAX_RANKS` ranks with the bulk engine calls, every rank
+    reads the root's buffer itself instead (:func:`bcast_sched_pull`): no
+    chain of dependencies, and a rank that is not running holds up nobody."""
     n, r = t.size, t.rank
     root = check_root("bcast", root, n)
     if not _can_schedule(t, 1):
         return False
     if n == 1 or buf.nbytes == 0:
+        return True
+    if n <= BULK_PULL_MAX_RANKS and bcast_sched_pull(t, buf, root):
         return True
     out = _Out(buf)
     data = out.work.reshape(-1)

@@ -315,6 +315,11 @@ void erdma_coll_free(erdma_coll *c);
 int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
                           const int *ranks, int n, int me, double root_part, int tag,
                           uint32_t ctx, double timeout);
+/* Any n: every rank reads buf straight out of the root's (one CMA read
+ * each, needing no CPU time of the root), then tells the root. */
+int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, int tag, uint32_t ctx,
+                          double timeout);
 /* Equal blocks of blk bytes: every rank copies its own block and reads its
  * block out of each peer's send buffer (sbuf != rbuf).  Two ranks: one that
  * is done with its pulls pushes the rest of the other's block (pull_part in

@@ -1024,3 +1024,68 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
   free(rq);
   return rc;
 }
+
+int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, int tag, uint32_t ctx,
+                          double timeout) {
+  if (check_comm(e, ranks, n, me) || root < 0 || root >= n || (nbytes && !buf))
+    return ERDMA_ERR_INVAL;
+  if (n == 1) return 0;
+  int rc = 0;
+  if (me != root) { /* read it all straight out of the root's buffer */
+    erdma_req *r[3] = {NULL, NULL, NULL};
+    bulk_hdr hin, dout = {0};
+    int peer = ranks[root];
+    rc = erdma_irecv(e, &hin, sizeof hin, peer, tag, ctx, 0, &r[0]);
+    if (!rc) rc = bulk_wait(&r[0], timeout, sizeof hin);
+    if (!rc && hin.len != nbytes) rc = ERDMA_ERR_TRUNCATE;
+    if (!rc) {
+      int fail = 1;
+      if (hin.cma && shm_cma_ok(e, peer))
+        fail = nbytes ? shm_cma_copy(e, peer, buf, hin.addr, nbytes, 0) != 0 : 0;
+      if (fail) rc = erdma_irecv(e, buf, nbytes, peer, tag + 2, ctx, 0, &r[1]);
+      dout.done = (uint64_t)fail;
+      if (!rc) rc = erdma_isend(e, &dout, sizeof dout, peer, tag + 1, ctx, 0, &r[2]);
+      if (!rc) rc = bulk_wait(&r[1], timeout, nbytes);
+      if (!rc) rc = bulk_wait(&r[2], timeout, UINT64_MAX);
+    }
+    bulk_drop(r, 3);
+    return rc;
+  }
+  /* root: tell everyone where the data is, wait until all have read it */
+  bulk_hdr *h = calloc((size_t)n * 2, sizeof *h);
+  erdma_req **rq = calloc((size_t)n * 3, sizeof *rq);
+  if (!h || !rq) {
+    free(h);
+    free(rq);
+    return ERDMA_ERR_NOMEM;
+  }
+  bulk_hdr *hout = h, *din = h + n;
+  erdma_req **sh = rq, **rd = rq + n, **sf = rq + 2 * n;
+  for (int j = 0; j < n && !rc; j++) {
+    if (j == me) continue;
+    rc = erdma_irecv(e, &din[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &rd[j]);
+    hout[j].addr = (uintptr_t)buf;
+    hout[j].len = nbytes;
+    hout[j].cma = (uint32_t)shm_cma_ok(e, ranks[j]);
+    if (!rc) rc = erdma_isend(e, &hout[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sh[j]);
+  }
+  for (int left = n - 1; left > 0 && !rc; left--) {
+    int j = -1;
+    if ((rc = erdma_req_waitany(rd, n, timeout, &j))) break;
+    if (j < 0 || j >= n || (rc = bulk_wait(&rd[j], timeout, sizeof(bulk_hdr)))) {
+      rc = rc ? rc : ERDMA_ERR_STATE;
+      break;
+    }
+    if (din[j].done) /* it could not read us: the buffer as a message */
+      rc = erdma_isend(e, buf, nbytes, ranks[j], tag + 2, ctx, 0, &sf[j]);
+  }
+  for (int j = 0; j < n && !rc; j++) {
+    if (!rc) rc = bulk_wait(&sf[j], timeout, UINT64_MAX);
+    if (!rc) rc = bulk_wait(&sh[j], timeout, UINT64_MAX);
+  }
+  bulk_drop(rq, 3 * n);
+  free(h);
+  free(rq);
+  return rc;
+}
