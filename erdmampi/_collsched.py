@@ -123,6 +123,19 @@ class CollSchedule:
             self._eng._h, _engine.ffi.cast("void *", arr.ctypes.data), arr.nbytes, root,
             _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx, -1.0), "bcast")
 
+    def allgather_bulk(self, sarr, rarr, offs, lens, me):
+        """Block j (``lens[j]`` bytes) to ``rarr`` at byte ``offs[j]`` on every
+        rank, read out of rank j's ``sarr`` (None: in place in ``rarr``);
+        erdma_coll_allgather_bulk."""
+        notify_started()
+        ffi = _engine.ffi
+        n = len(self._ranks)
+        self._bulk(_engine.lib.erdma_coll_allgather_bulk(
+            self._eng._h, ffi.NULL if sarr is None else ffi.cast("void *", sarr.ctypes.data),
+            ffi.cast("void *", rarr.ctypes.data), ffi.new("uint64_t[]", list(offs)),
+            ffi.new("uint64_t[]", list(lens)), _cranks(self._ranks), n, me, self._base,
+            self._ctx, -1.0), "allgather")
+
     def alltoall_bulk(self, sarr, rarr, me):
         """Equal blocks: every rank reads its block out of each peer's
         ``sarr`` (erdma_coll_alltoall_bulk); ``sarr`` and ``rarr`` contiguous

@@ -1,7 +1,9 @@
 """Bulk collectives among ranks of one host (erdma_coll_bcast_pair,
-erdma_coll_alltoall_bulk): a two-rank Bcast split between a CMA write by the
-root and a CMA read by the other rank, and an Alltoall that reads each block
-straight out of the peer's send buffer; with CMA off, refused by the kernel,
+erdma_coll_bcast_bulk, erdma_coll_alltoall_bulk, erdma_coll_allgather_bulk):
+a two-rank Bcast split between a CMA write by the root and a CMA read by the
+other rank, a Bcast of more ranks that all read the root's buffer, and
+Alltoall / Allgather(v) that read each block straight out of its owner's
+buffer; with CMA off, refused by the kernel,
 or on for one side only, the same bytes go as messages.  Results must be
 exact whatever the path."""
 import shutil
@@ -95,6 +97,25 @@ if mode in ("main", "nocma", "mixed", "refuse"):
         for blk in (300 * KiB // isz, 300 * KiB // isz + 1, 2 * MiB // isz + 3):
             check_alltoall(blk, dt)
     check_alltoall(600 * KiB // 8 + 5, np.float64, inplace=True)
+    # Allgather / Allgatherv (3+ ranks up to 8, and 2: every rank reads each block)
+    for dt in (np.uint8, np.float64, np.complex128):
+        for cnt in (300 * KiB // np.dtype(dt).itemsize + 1, 2 * MiB // np.dtype(dt).itemsize):
+            mine = pattern(cnt, dt, r + 5)
+            want = np.concatenate([pattern(cnt, dt, j + 5) for j in range(n)])
+            got = np.zeros(cnt * n, dt)
+            c.Allgather(mine, got)
+            assert np.array_equal(got, want), ("allgather", cnt, dt)
+            got = np.zeros(cnt * n, dt)
+            got[r * cnt:(r + 1) * cnt] = mine
+            c.Allgather(MPI.IN_PLACE, got)
+            assert np.array_equal(got, want), ("allgather in place", cnt, dt)
+    counts = [100 * KiB + 7 * j for j in range(n)]
+    displs = [sum(counts[:j]) + 5 * j for j in range(n)]        # gaps stay untouched
+    got = np.full(displs[-1] + counts[-1] + 5, -1, np.int32)
+    c.Allgatherv(pattern(counts[r], np.int32, r), [got, counts, displs, MPI.INT32_T])
+    for j in range(n):
+        assert np.array_equal(got[displs[j]:displs[j] + counts[j]], pattern(counts[j], np.int32, j))
+        assert (got[displs[j] + counts[j]:displs[j] + counts[j] + 5] == -1).all()
     # strided send and receive arrays (through the dispatcher, as above)
     blk = 200 * KiB
     sbase = np.zeros(2 * blk * n, np.int32)

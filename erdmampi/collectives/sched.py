@@ -254,7 +254,10 @@ def allgatherv_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
                           recvbuf: np.ndarray, counts: Sequence[int],
                           displs: Optional[Sequence[int]]) -> Optional[bool]:
     """Ring allgather (n-1 steps), each received block forwarded chunk by
-    chunk as it arrives.  ``sendbuf=None``: own block already in place."""
+    chunk as it arrives.  Up to :data:`BULK_PULL_MAX_RANKS` ranks with the
+    bulk engine calls, every rank reads each block straight out of its
+    owner's buffer instead (one CMA read per block on one host, in one
+    engine call).  ``sendbuf=None``: own block already in place."""
     n, r = t.size, t.rank
     if not _can_schedule(t, n):
         return False
@@ -266,6 +269,14 @@ def allgatherv_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
     if src.size != cnts[r]:
         raise ValueError(f"allgatherv: send buffer has {src.size} elements, "
                          f"counts[{r}] is {cnts[r]}")
+    bulk = _bulk(t) if n <= BULK_PULL_MAX_RANKS else None
+    if bulk is not None and (sendbuf is None or src.dtype == rv.dtype):
+        # every rank reads each block straight out of its owner's buffer
+        isz = rv.itemsize
+        bulk.allgather_bulk(None if sendbuf is None else src, rv,
+                            [d * isz for d in disps], [c * isz for c in cnts], r)
+        out.done()
+        return True
     b = t.schedule()
     if sendbuf is not None and cnts[r]:
         b.copy(src, mine)

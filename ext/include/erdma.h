@@ -315,6 +315,12 @@ void erdma_coll_free(erdma_coll *c);
 int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
                           const int *ranks, int n, int me, double root_part, int tag,
                           uint32_t ctx, double timeout);
+/* Allgather(v): rank j's block (lens[j] bytes) lands at rbuf + offs[j] on
+ * every rank; each reads it straight out of rank j's sbuf (NULL: in place,
+ * the block already at rbuf + offs[me]). */
+int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
+                              const uint64_t *offs, const uint64_t *lens, const int *ranks,
+                              int n, int me, int tag, uint32_t ctx, double timeout);
 /* Any n: every rank reads buf straight out of the root's (one CMA read
  * each, needing no CPU time of the root), then tells the root. */
 int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,

@@ -944,18 +944,29 @@ static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t
   return rc;
 }
 
-int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
-                             const int *ranks, int n, int me, double pull_part, int tag,
-                             uint32_t ctx, double timeout) {
-  if (check_comm(e, ranks, n, me) || (blk && (!sbuf || !rbuf)) || sbuf == rbuf)
-    return ERDMA_ERR_INVAL;
-  const uint8_t *s = sbuf;
-  uint8_t *d = rbuf;
-  if (n == 1) {
-    if (blk) memcpy(d, s, blk);
-    return 0;
-  }
-  if (n == 2) return alltoall_pair(e, s, d, blk, ranks, me, pull_part, tag, ctx, timeout);
+/* Every rank reads from each peer j the block j publishes for it
+ * (src(j): address, srclen(j): bytes) into dst(j) (dstlen(j) bytes expected),
+ * in the order the headers come, and waits until every peer has read its
+ * own; a pair without CMA moves the block as a message.  The caller copies
+ * its own block. */
+typedef struct bulk_xchg {
+  const uint8_t *src;        /* alltoall: send buffer; allgather: my block */
+  uint8_t *dst;
+  uint64_t blk;              /* alltoall: block bytes */
+  const uint64_t *off, *len; /* allgather: where block j lands, its bytes */
+} bulk_xchg;
+
+static const uint8_t *xsrc(const bulk_xchg *x, int j) {
+  return x->off ? x->src : x->src + (uint64_t)j * x->blk;
+}
+static uint64_t xsrclen(const bulk_xchg *x, int me) { return x->off ? x->len[me] : x->blk; }
+static uint8_t *xdst(const bulk_xchg *x, int j) {
+  return x->dst + (x->off ? x->off[j] : (uint64_t)j * x->blk);
+}
+static uint64_t xdstlen(const bulk_xchg *x, int j) { return x->off ? x->len[j] : x->blk; }
+
+static int bulk_exchange(erdma_engine *e, const bulk_xchg *x, const int *ranks, int n, int me,
+                         int tag, uint32_t ctx, double timeout) {
   /* per peer: header in/out, "done" in/out; requests: 6 per peer */
   bulk_hdr *h = calloc((size_t)n * 4, sizeof *h);
   erdma_req **rq = calloc((size_t)n * 6, sizeof *rq);
@@ -967,6 +978,7 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
   bulk_hdr *hin = h, *hout = h + n, *din = h + 2 * n, *dout = h + 3 * n;
   erdma_req **rh = rq, **sh = rq + n, **rd = rq + 2 * n, **sd = rq + 3 * n,
             **rf = rq + 4 * n, **sf = rq + 5 * n;
+  uint64_t mylen = xsrclen(x, me);
   int rc = 0;
   for (int k = 1; k < n && !rc; k++) {
     int j = (me + k) % n;
@@ -975,12 +987,11 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
   }
   for (int k = 1; k < n && !rc; k++) { /* where my block for j is */
     int j = (me + k) % n;
-    hout[j].addr = (uintptr_t)(s + (uint64_t)j * blk);
-    hout[j].len = blk;
+    hout[j].addr = (uintptr_t)xsrc(x, j);
+    hout[j].len = mylen;
     hout[j].cma = (uint32_t)shm_cma_ok(e, ranks[j]);
     rc = erdma_isend(e, &hout[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sh[j]);
   }
-  if (!rc && blk) memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
   /* pull each peer's block for me, in the order their headers come (a peer
    * that is not running does not hold up the others: CMA needs no help) */
   for (int left = n - 1; left > 0 && !rc; left--) {
@@ -990,15 +1001,16 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
       rc = rc ? rc : ERDMA_ERR_STATE;
       break;
     }
-    if (hin[j].len != blk) {
+    uint64_t want = xdstlen(x, j);
+    if (hin[j].len != want) {
       rc = ERDMA_ERR_TRUNCATE;
       break;
     }
     int fail = 1;
     if (hin[j].cma && shm_cma_ok(e, ranks[j]))
-      fail = blk ? shm_cma_copy(e, ranks[j], d + (uint64_t)j * blk, hin[j].addr, blk, 0) != 0 : 0;
+      fail = want ? shm_cma_copy(e, ranks[j], xdst(x, j), hin[j].addr, want, 0) != 0 : 0;
     if (fail)
-      rc = erdma_irecv(e, d + (uint64_t)j * blk, blk, ranks[j], tag + 2, ctx, 0, &rf[j]);
+      rc = erdma_irecv(e, xdst(x, j), want, ranks[j], tag + 2, ctx, 0, &rf[j]);
     dout[j].done = (uint64_t)fail;
     if (!rc) rc = erdma_isend(e, &dout[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &sd[j]);
   }
@@ -1011,10 +1023,10 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
       break;
     }
     if (din[j].done)
-      rc = erdma_isend(e, s + (uint64_t)j * blk, blk, ranks[j], tag + 2, ctx, 0, &sf[j]);
+      rc = erdma_isend(e, xsrc(x, j), mylen, ranks[j], tag + 2, ctx, 0, &sf[j]);
   }
   for (int j = 0; j < n && !rc; j++) {
-    if (!rc) rc = bulk_wait(&rf[j], timeout, blk);
+    if (!rc) rc = bulk_wait(&rf[j], timeout, xdstlen(x, j));
     if (!rc) rc = bulk_wait(&sf[j], timeout, UINT64_MAX);
     if (!rc) rc = bulk_wait(&sh[j], timeout, UINT64_MAX);
     if (!rc) rc = bulk_wait(&sd[j], timeout, UINT64_MAX);
@@ -1023,6 +1035,35 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
   free(h);
   free(rq);
   return rc;
+}
+
+int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                             const int *ranks, int n, int me, double pull_part, int tag,
+                             uint32_t ctx, double timeout) {
+  if (check_comm(e, ranks, n, me) || (blk && (!sbuf || !rbuf)) || sbuf == rbuf)
+    return ERDMA_ERR_INVAL;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  if (n == 1) {
+    if (blk) memcpy(d, s, blk);
+    return 0;
+  }
+  if (n == 2) return alltoall_pair(e, s, d, blk, ranks, me, pull_part, tag, ctx, timeout);
+  if (blk) memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
+  bulk_xchg x = {s, d, blk, NULL, NULL};
+  return bulk_exchange(e, &x, ranks, n, me, tag, ctx, timeout);
+}
+
+int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
+                              const uint64_t *offs, const uint64_t *lens, const int *ranks,
+                              int n, int me, int tag, uint32_t ctx, double timeout) {
+  if (check_comm(e, ranks, n, me) || !offs || !lens || !rbuf) return ERDMA_ERR_INVAL;
+  uint8_t *d = rbuf;
+  const uint8_t *s = sbuf ? sbuf : d + offs[me];
+  if (sbuf && lens[me] && s != d + offs[me]) memmove(d + offs[me], s, lens[me]);
+  if (n == 1) return 0;
+  bulk_xchg x = {s, d, 0, offs, lens};
+  return bulk_exchange(e, &x, ranks, n, me, tag, ctx, timeout);
 }
 
 int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
