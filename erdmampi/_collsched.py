@@ -136,6 +136,17 @@ class CollSchedule:
             ffi.new("uint64_t[]", list(lens)), _cranks(self._ranks), n, me, self._base,
             self._ctx, -1.0), "allgather")
 
+    def allreduce_pair(self, sarr, rarr, op, me):
+        """Two ranks: ``rarr = in0 OP in1`` on both (erdma_coll_allreduce_pair);
+        ``op`` an erdma op name, element type from ``rarr``."""
+        notify_started()
+        ffi = _engine.ffi
+        self._bulk(_engine.lib.erdma_coll_allreduce_pair(
+            self._eng._h, ffi.cast("void *", sarr.ctypes.data),
+            ffi.cast("void *", rarr.ctypes.data), rarr.size, _engine.SCHED_OPS[op],
+            _engine.SCHED_DTYPES[rarr.dtype.name], _cranks(self._ranks), len(self._ranks), me,
+            self._base, self._ctx, -1.0), "allreduce")
+
     def alltoall_bulk(self, sarr, rarr, me):
         """Equal blocks: every rank reads its block out of each peer's
         ``sarr`` (erdma_coll_alltoall_bulk); ``sarr`` and ``rarr`` contiguous

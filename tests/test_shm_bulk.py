@@ -97,6 +97,38 @@ if mode in ("main", "nocma", "mixed", "refuse"):
         for blk in (300 * KiB // isz, 300 * KiB // isz + 1, 2 * MiB // isz + 3):
             check_alltoall(blk, dt)
     check_alltoall(600 * KiB // 8 + 5, np.float64, inplace=True)
+    # Allreduce (2 ranks up to 2 MiB: each reduces the whole vector in rank
+    # order); both ranks must hold the same bits, also for MAX with a NaN
+    # (with 2 ranks: the algorithms of more ranks place NaNs differently in
+    # and out of place)
+    ops = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MAX": MPI.MAX, "MIN": MPI.MIN,
+           "BXOR": MPI.BXOR, "LAND": MPI.LAND}
+    for dt in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.complex64):
+        for cnt in (70 * KiB // np.dtype(dt).itemsize + 1, 1 * MiB // np.dtype(dt).itemsize + 3):
+            for name, op in ops.items():
+                if np.dtype(dt).kind == "c" and name not in ("SUM", "PROD"):
+                    continue
+                if np.dtype(dt).kind == "f" and name == "BXOR":
+                    continue
+                mine = (pattern(cnt, np.int64, r) % 5 + r).astype(dt)
+                if np.dtype(dt).kind == "f" and name == "MAX" and r == 0 and n == 2:
+                    mine[3] = np.nan
+                got = np.zeros(cnt, dt)
+                c.Allreduce(mine, got, op=op)
+                vals = [(pattern(cnt, np.int64, j) % 5 + j).astype(dt) for j in range(n)]
+                if np.dtype(dt).kind == "f" and name == "MAX" and n == 2:
+                    vals[0][3] = np.nan
+                every = c.allgather(got.tobytes())
+                assert all(x == every[0] for x in every), ("allreduce bits differ", name, dt)
+                if name == "SUM" and np.dtype(dt).kind in "fc":
+                    assert np.allclose(got, sum(vals)), ("allreduce", name, dt, cnt)
+                elif name == "SUM":
+                    assert np.array_equal(got, sum(vals).astype(dt)), ("allreduce", name, dt)
+                elif name == "MIN":
+                    assert np.array_equal(got, np.minimum.reduce(vals)), ("allreduce", dt)
+                inpl = mine.copy()
+                c.Allreduce(MPI.IN_PLACE, inpl, op=op)
+                assert inpl.tobytes() == got.tobytes(), ("allreduce in place", name, dt)
     # Allgather / Allgatherv (3+ ranks up to 8, and 2: every rank reads each block)
     for dt in (np.uint8, np.float64, np.complex128):
         for cnt in (300 * KiB // np.dtype(dt).itemsize + 1, 2 * MiB // np.dtype(dt).itemsize):
@@ -173,6 +205,9 @@ def _run(n, mode, env=None, extra=(), timeout=150, force=True):
 
 
 def test_select_bulk_paths():
+    assert C.select("allreduce", 1 * MiB, 2, 1 << 18).__name__ == "allreduce_sched_pair"
+    assert C.select("allreduce", 8 * MiB, 2, 1 << 21).__name__ == "allreduce_sched_ring"
+    assert C.select("allreduce", 1 * MiB, 3, 1 << 18).__name__ != "allreduce_sched_pair"
     assert C.select("bcast", 16 * MiB, 2).__name__ == "bcast_sched_pair"
     assert C.select("bcast", C.BULK_BCAST_MIN, 2).__name__ == "bcast_sched_pair"
     assert C.select("bcast", C.BULK_BCAST_MIN - 1, 2).__name__ == "bcast_binomial"

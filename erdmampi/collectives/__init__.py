@@ -28,6 +28,7 @@ allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
                 hierarchical if H and the op commutes; else
                 recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
+                sched_pair if n == 2 and N <= 2 MiB;
                 else sched_ring if N >= S; else rabenseifner if n is a
                 power of two, ring otherwise
 reduce_scatter  sched_ring if N >= S (commutative); else ring
@@ -96,7 +97,8 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           scatter_obj)
 from erdmampi.collectives.wan import (allreduce_sched_direct, allreduce_sched_exchange,
                                       bcast_sched_pieces, prefer_direct, prefer_exchange)
-from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
+from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_pair,
+                                        allreduce_sched_ring,
                                         alltoall_sched, alltoallv_sched,
                                         bcast_sched_chain, bcast_sched_pair,
                                         bcast_sched_pull,
@@ -150,6 +152,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
                   "rabenseifner": allreduce_rabenseifner,
                   "reduce_bcast": allreduce_reduce_bcast,
                   "sched_ring": allreduce_sched_ring,
+                  "sched_pair": allreduce_sched_pair,
                   "sched_exchange": allreduce_sched_exchange,
                   "sched_direct": allreduce_sched_direct,
                   "hierarchical": allreduce_hierarchical},
@@ -193,6 +196,10 @@ SCHED_MIN = _sched_min()
 #: is faster than the extra round of messages
 BULK_BCAST_MIN = 4 * 1024 * KiB
 
+#: two ranks: bytes up to which Allreduce has each rank reduce the whole
+#: vector from the other's input (``sched_pair``, one round of messages)
+BULK_ALLREDUCE_MAX = 2 * 1024 * KiB
+
 
 def _default(name: str, nbytes: int, size: int, count: int,
              commutative: bool, sched: bool = True, hier: bool = False) -> str:
@@ -217,6 +224,8 @@ def _default(name: str, nbytes: int, size: int, count: int,
             return "recursive_doubling"
         if not commutative:
             return "recursive_doubling" if nbytes <= 512 * KiB else "reduce_bcast"
+        if sched and size == 2 and nbytes <= BULK_ALLREDUCE_MAX:
+            return "sched_pair"
         if big:
             return "sched_ring"
         return "rabenseifner" if size & (size - 1) == 0 else "ring"

@@ -46,6 +46,7 @@ __all__ = [
     "SCHED_OPS", "SCHED_DTYPES", "sched_reduction",
     "allreduce_sched_ring", "reduce_scatter_sched_ring", "allgatherv_sched_ring",
     "bcast_sched_chain", "alltoallv_sched", "bcast_sched_pair", "bcast_sched_pull", "alltoall_sched",
+    "allreduce_sched_pair",
 ]
 
 #: predefined reduction ops the C reducer implements
@@ -185,6 +186,33 @@ def allreduce_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
 
 
 # -- reduce_scatter ----------------------------------------------------------
+
+def allreduce_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
+                         recvbuf: np.ndarray, reduce_fn: ReduceFn,
+                         commutative: bool = True) -> Optional[bool]:
+    """Two ranks, one engine call (``erdma_coll_allreduce_pair``): each reads
+    the other's whole input (CMA on one host) and reduces it with its own in
+    rank order, so both compute the same bits; one round of messages before
+    and one after, for mid sizes where a ring's extra rounds cost more than
+    the second half of the reduction.  Predefined ops on C-reducible types;
+    in place through a copy of the input."""
+    if t.size != 2:
+        return False
+    b = _bulk(t)
+    if b is None:
+        return False
+    ops = _reduction_operands(reduce_fn, commutative, sendbuf, recvbuf)
+    if ops is None:
+        return False
+    opname, dtype, out, acc, src = ops
+    if acc.size:
+        src = acc.copy() if src is None else src
+        if np.shares_memory(src, acc):
+            src = src.copy()
+        b.allreduce_pair(src, acc, opname, t.rank)
+    out.done()
+    return True
+
 
 def reduce_scatter_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
                               recvbuf: np.ndarray, recvcounts: Sequence[int],

@@ -1130,3 +1130,73 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
   free(rq);
   return rc;
 }
+
+/* Allreduce of two ranks in one sync: each reads the other's whole input
+ * (CMA, in cache-sized pieces) and reduces it with its own, both in rank
+ * order (in0 OP in1), so both get the same bits; then each waits until the
+ * other has read its input.  sbuf != rbuf. */
+#define BULK_RED_PIECE ((uint64_t)64 << 10)
+
+int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                              int op, int dtype, const int *ranks, int n, int me, int tag,
+                              uint32_t ctx, double timeout) {
+  int es = erdma_dtype_size(dtype);
+  if (check_comm(e, ranks, n, me) || n != 2 || es <= 0 || (count && (!sbuf || !rbuf)) ||
+      sbuf == rbuf)
+    return ERDMA_ERR_INVAL;
+  int peer = ranks[1 - me], rc;
+  uint64_t nbytes = count * (uint64_t)es;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  bulk_hdr mine = {(uintptr_t)sbuf, nbytes, 0, 0, 0, 0, 0, (uint32_t)shm_cma_ok(e, peer), 0},
+           theirs;
+  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
+  if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
+  uint64_t piece = BULK_RED_PIECE - BULK_RED_PIECE % (uint64_t)es;
+  uint8_t *tmp = me == 1 ? malloc(piece) : NULL;
+  int fail = (me == 1 && !tmp) || !mine.cma || !theirs.cma;
+  uint64_t off = 0;
+  while (!fail && off < nbytes) {
+    uint64_t len = nbytes - off < piece ? nbytes - off : piece;
+    if (me == 0) { /* rbuf = in0 OP in1, in1 read into rbuf */
+      if (shm_cma_copy(e, peer, d + off, theirs.addr + off, len, 0)) fail = 1;
+      else rc = erdma_reduce_local(s + off, d + off, len / (uint64_t)es, op, dtype);
+    } else { /* rbuf = in0 OP in1: in1 copied to rbuf, in0 read into tmp */
+      if (shm_cma_copy(e, peer, tmp, theirs.addr + off, len, 0)) fail = 1;
+      else {
+        memcpy(d + off, s + off, len);
+        rc = erdma_reduce_local(tmp, d + off, len / (uint64_t)es, op, dtype);
+      }
+    }
+    if (rc) break;
+    off += len;
+  }
+  free(tmp);
+  /* the closing round: done with the other's input, or send it mine */
+  bulk_hdr done = {0}, tdone;
+  done.done = (uint64_t)fail;
+  int rc2 = bulk_trade(e, peer, tag + 1, ctx, &done, &tdone, timeout);
+  if (rc) return rc;
+  if (rc2) return rc2;
+  if (!done.done && !tdone.done) return 0;
+  /* fallback: whole inputs as messages, then the same reduction */
+  erdma_req *r[2] = {NULL, NULL};
+  uint8_t *in = nbytes ? malloc(nbytes) : NULL;
+  if (nbytes && !in) return ERDMA_ERR_NOMEM;
+  if (done.done) rc = erdma_irecv(e, in, nbytes, peer, tag + 2, ctx, 0, &r[0]);
+  if (!rc && tdone.done) rc = erdma_isend(e, s, nbytes, peer, tag + 2, ctx, 0, &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, nbytes);
+  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
+  bulk_drop(r, 2);
+  if (!rc && done.done) {
+    if (me == 0) { /* in0 OP in1 with in1 = in */
+      rc = erdma_reduce_local(s, in, count, op, dtype);
+      if (!rc) memcpy(d, in, nbytes);
+    } else {
+      memcpy(d, s, nbytes);
+      rc = erdma_reduce_local(in, d, count, op, dtype);
+    }
+  }
+  free(in);
+  return rc;
+}
