@@ -97,14 +97,14 @@ if mode in ("main", "nocma", "mixed", "refuse"):
         for blk in (300 * KiB // isz, 300 * KiB // isz + 1, 2 * MiB // isz + 3):
             check_alltoall(blk, dt)
     check_alltoall(600 * KiB // 8 + 5, np.float64, inplace=True)
-    # Allreduce (2 ranks up to 2 MiB: each reduces the whole vector in rank
+    # Allreduce (2 ranks below 1 MiB: each reduces the whole vector in rank
     # order); both ranks must hold the same bits, also for MAX with a NaN
     # (with 2 ranks: the algorithms of more ranks place NaNs differently in
     # and out of place)
     ops = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MAX": MPI.MAX, "MIN": MPI.MIN,
            "BXOR": MPI.BXOR, "LAND": MPI.LAND}
     for dt in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.complex64):
-        for cnt in (70 * KiB // np.dtype(dt).itemsize + 1, 1 * MiB // np.dtype(dt).itemsize + 3):
+        for cnt in (70 * KiB // np.dtype(dt).itemsize + 1, 900 * KiB // np.dtype(dt).itemsize + 3):
             for name, op in ops.items():
                 if np.dtype(dt).kind == "c" and name not in ("SUM", "PROD"):
                     continue
@@ -205,7 +205,8 @@ def _run(n, mode, env=None, extra=(), timeout=150, force=True):
 
 
 def test_select_bulk_paths():
-    assert C.select("allreduce", 1 * MiB, 2, 1 << 18).__name__ == "allreduce_sched_pair"
+    assert C.select("allreduce", 512 * KiB, 2, 1 << 17).__name__ == "allreduce_sched_pair"
+    assert C.select("allreduce", 1 * MiB, 2, 1 << 18).__name__ == "allreduce_sched_ring"
     assert C.select("allreduce", 8 * MiB, 2, 1 << 21).__name__ == "allreduce_sched_ring"
     assert C.select("allreduce", 1 * MiB, 3, 1 << 18).__name__ != "allreduce_sched_pair"
     assert C.select("bcast", 16 * MiB, 2).__name__ == "bcast_sched_pair"

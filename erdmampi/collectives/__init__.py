@@ -28,7 +28,7 @@ allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
                 hierarchical if H and the op commutes; else
                 recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
-                sched_pair if n == 2 and N <= 2 MiB;
+                sched_pair if n == 2 and N < 1 MiB;
                 else sched_ring if N >= S; else rabenseifner if n is a
                 power of two, ring otherwise
 reduce_scatter  sched_ring if N >= S (commutative); else ring
@@ -196,9 +196,10 @@ SCHED_MIN = _sched_min()
 #: is faster than the extra round of messages
 BULK_BCAST_MIN = 4 * 1024 * KiB
 
-#: two ranks: bytes up to which Allreduce has each rank reduce the whole
-#: vector from the other's input (``sched_pair``, one round of messages)
-BULK_ALLREDUCE_MAX = 2 * 1024 * KiB
+#: two ranks: bytes below which Allreduce has each rank reduce the whole
+#: vector from the other's input (``sched_pair``, one round of messages);
+#: from here the chunk-pipelined ring
+BULK_ALLREDUCE_MAX = 1024 * KiB
 
 
 def _default(name: str, nbytes: int, size: int, count: int,
@@ -224,7 +225,7 @@ def _default(name: str, nbytes: int, size: int, count: int,
             return "recursive_doubling"
         if not commutative:
             return "recursive_doubling" if nbytes <= 512 * KiB else "reduce_bcast"
-        if sched and size == 2 and nbytes <= BULK_ALLREDUCE_MAX:
+        if sched and size == 2 and nbytes < BULK_ALLREDUCE_MAX:
             return "sched_pair"
         if big:
             return "sched_ring"
