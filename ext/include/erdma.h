@@ -300,18 +300,19 @@ int erdma_coll_resume(erdma_coll *c, double slice);
 void erdma_coll_free(erdma_coll *c);
 
 /* ---- bulk collectives among ranks of one host (erdma_sched.c) ----
- * Large messages between ranks that share memory, with CMA single copies
- * (process_vm_readv / process_vm_writev) made by both sides of a pair at
- * once; a pair without CMA (another host, ERDMA_SHM_CMA=0, a refusal)
+ * Large messages between ranks that share memory, in one call: CMA single
+ * copies (process_vm_readv / process_vm_writev) straight between the user
+ * buffers, made by every rank at once; a pair without CMA (another host, ERDMA_SHM_CMA=0, a refusal)
  * moves the same bytes as ordinary messages.  Arguments as for the small
  * collectives above; messages use tags tag .. tag + ERDMA_BULK_TAGS - 1;
  * each wait lasts at most `timeout` seconds (< 0: until a peer fails).
  * Every rank of the communicator must make the same call. */
 #define ERDMA_BULK_TAGS 3
 /* n == 2: the root writes buf into the other rank from the front while that
- * one reads it from the back, in pieces (an eighth, 64 KiB..1 MiB), until they meet (each reads
- * the other's progress with CMA).  root_part in [0, 1]: a fixed share for
- * the root instead (the root's value counts); < 0: meet where they meet. */
+ * one reads it from the back, in pieces (an eighth, 64 KiB..1 MiB), until
+ * they meet (each reads the other's progress with CMA).  root_part in
+ * [0, 1]: a fixed share for the root instead (the root's value counts);
+ * < 0: meet where they meet. */
 int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
                           const int *ranks, int n, int me, double root_part, int tag,
                           uint32_t ctx, double timeout);
