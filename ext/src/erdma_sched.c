@@ -792,19 +792,34 @@ static uint64_t bulk_back(erdma_engine *e, int peer, uint8_t *local, uint64_t re
  * behind, and a sleeper pays a wake-up.  After BULK_SPIN_NS the message
  * wait (which sleeps) covers the rest. */
 #define BULK_SPIN_NS 200000ull
+#define BULK_PEEK_NS 5000ull
+
+static inline void bulk_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
 
 static void bulk_finish(erdma_engine *e, int peer, volatile uint64_t *mine,
                         uint64_t peer_word) {
   bulk_publish(mine, 1);
   struct timespec t0, t;
   clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t last = 0;
   for (;;) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    uint64_t ns =
+        (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t.tv_nsec - t0.tv_nsec);
+    if (ns > BULK_SPIN_NS) return;
+    if (ns - last < BULK_PEEK_NS && last) { /* a peek takes the peer's mm lock: not too often */
+      bulk_relax();
+      continue;
+    }
+    last = ns ? ns : 1;
     uint64_t v = 0;
     if (bulk_peek(e, peer, peer_word, &v) || v) return;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t.tv_nsec - t0.tv_nsec) >
-        BULK_SPIN_NS)
-      return;
   }
 }
 
