@@ -16,7 +16,7 @@ import threading
 from . import _engine
 from .request import engine_exception
 
-__all__ = ["CollSchedule", "notify_started", "icoll_state"]
+__all__ = ["CollSchedule", "notify_started", "icoll_state", "BULK_ROOT_PART", "BULK_TAGS"]
 
 #: chunk size for non-chunked schedules (whole messages)
 _WHOLE = 1 << 62
@@ -31,6 +31,25 @@ def _chunk_from_env():
 
 _CHUNK = _chunk_from_env()
 
+#: tags a bulk collective uses from its base (ERDMA_BULK_TAGS)
+BULK_TAGS = _engine.lib.ERDMA_BULK_TAGS
+
+
+def _part_from_env(name):
+    try:
+        part = float(os.environ.get(name, "-1"))
+    except ValueError:
+        return -1.0
+    return part if 0.0 <= part <= 1.0 else -1.0
+
+
+#: two-rank bulk Bcast: the root's fixed share (``ERDMA_BULK_ROOT_PART``, the
+#: root's value counts); -1: both copy until they meet (the default)
+BULK_ROOT_PART = _part_from_env("ERDMA_BULK_ROOT_PART")
+#: two-rank bulk Alltoall: fixed share of its own block a rank pulls
+#: (``ERDMA_BULK_PULL_PART``, per rank); -1: dynamic (the default)
+BULK_PULL_PART = _part_from_env("ERDMA_BULK_PULL_PART")
+
 #: per-thread state of a nonblocking collective being started (see comm._icoll)
 icoll_state = threading.local()
 
@@ -44,19 +63,107 @@ def notify_started():
         ev.set()
 
 
+_CRANKS = {}
+
+
+def _cranks(ranks):
+    """``int[]`` of a communicator's world ranks, made once per rank list."""
+    key = tuple(ranks)
+    arr = _CRANKS.get(key)
+    if arr is None:
+        if len(_CRANKS) > 64:
+            _CRANKS.clear()
+        arr = _CRANKS[key] = _engine.ranks_array(key)
+    return arr
+
+
 class CollSchedule:
     """Builder with the interface described in :mod:`erdmampi.collectives.sched`."""
 
-    __slots__ = ("_s", "_ranks", "_ctx", "_base")
+    __slots__ = ("_sched", "_eng", "_chunk", "_ranks", "_ctx", "_base")
 
     def __init__(self, engine, ranks, ctx, base, chunked=True):
-        try:
-            self._s = _engine.Schedule(engine, _CHUNK if chunked else _WHOLE)
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
+        self._sched = None          # the engine schedule, made by the first step
+        self._eng = engine
+        self._chunk = _CHUNK if chunked else _WHOLE
         self._ranks = ranks
         self._ctx = ctx
         self._base = base
+
+    @property
+    def _s(self):
+        s = self._sched
+        if s is None:
+            try:
+                s = self._sched = _engine.Schedule(self._eng, self._chunk)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+        return s
+
+    # -- one-call bulk collectives among ranks of one host (not schedules) --
+
+    def bcast_pair(self, arr, root, me, root_part=None):
+        """Two ranks: ``arr`` of ``root`` into ``arr`` of the other, the root
+        writing pieces from the front with CMA while the other reads pieces
+        from the back until they meet (``root_part`` in [0, 1]: a fixed
+        share instead); erdma_coll_bcast_pair, messages where CMA is not
+        possible."""
+        notify_started()
+        self._bulk(_engine.lib.erdma_coll_bcast_pair(
+            self._eng._h, _engine.ffi.cast("void *", arr.ctypes.data), arr.nbytes, root,
+            _cranks(self._ranks), len(self._ranks), me,
+            BULK_ROOT_PART if root_part is None else root_part,
+            self._base, self._ctx, -1.0), "bcast")
+
+    def bcast_bulk(self, arr, root, me):
+        """Every rank reads ``arr`` straight out of the root's
+        (erdma_coll_bcast_bulk; messages where CMA is not possible)."""
+        notify_started()
+        self._bulk(_engine.lib.erdma_coll_bcast_bulk(
+            self._eng._h, _engine.ffi.cast("void *", arr.ctypes.data), arr.nbytes, root,
+            _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx, -1.0), "bcast")
+
+    def allgather_bulk(self, sarr, rarr, offs, lens, me):
+        """Block j (``lens[j]`` bytes) to ``rarr`` at byte ``offs[j]`` on every
+        rank, read out of rank j's ``sarr`` (None: in place in ``rarr``);
+        erdma_coll_allgather_bulk."""
+        notify_started()
+        ffi = _engine.ffi
+        n = len(self._ranks)
+        self._bulk(_engine.lib.erdma_coll_allgather_bulk(
+            self._eng._h, ffi.NULL if sarr is None else ffi.cast("void *", sarr.ctypes.data),
+            ffi.cast("void *", rarr.ctypes.data), ffi.new("uint64_t[]", list(offs)),
+            ffi.new("uint64_t[]", list(lens)), _cranks(self._ranks), n, me, self._base,
+            self._ctx, -1.0), "allgather")
+
+    def allreduce_pair(self, sarr, rarr, op, me):
+        """Two ranks: ``rarr = in0 OP in1`` on both (erdma_coll_allreduce_pair);
+        ``op`` an erdma op name, element type from ``rarr``."""
+        notify_started()
+        ffi = _engine.ffi
+        self._bulk(_engine.lib.erdma_coll_allreduce_pair(
+            self._eng._h, ffi.cast("void *", sarr.ctypes.data),
+            ffi.cast("void *", rarr.ctypes.data), rarr.size, _engine.SCHED_OPS[op],
+            _engine.SCHED_DTYPES[rarr.dtype.name], _cranks(self._ranks), len(self._ranks), me,
+            self._base, self._ctx, -1.0), "allreduce")
+
+    def alltoall_bulk(self, sarr, rarr, me):
+        """Equal blocks: every rank reads its block out of each peer's
+        ``sarr`` (erdma_coll_alltoall_bulk); ``sarr`` and ``rarr`` contiguous
+        and distinct, ``rarr.nbytes`` a multiple of the rank count."""
+        notify_started()
+        n = len(self._ranks)
+        ffi = _engine.ffi
+        self._bulk(_engine.lib.erdma_coll_alltoall_bulk(
+            self._eng._h, ffi.cast("void *", sarr.ctypes.data),
+            ffi.cast("void *", rarr.ctypes.data), rarr.nbytes // n,
+            _cranks(self._ranks), n, me, BULK_PULL_PART, self._base, self._ctx,
+            -1.0), "alltoall")
+
+    @staticmethod
+    def _bulk(rc, what):
+        if rc:
+            raise engine_exception(_engine.EngineError(rc, what)) from None
 
     def send(self, arr, dest, tag):
         self._s.keep(arr)

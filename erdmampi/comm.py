@@ -1843,7 +1843,9 @@ class Comm:
                     return
             arr = _plain_array(buf, False)
             npd = None if arr is None else _spec_np_dtype(buf, arr)
-            if (arr is not None and arr.nbytes <= _SMALL_COLL_MAX and 0 <= root < n
+            if (arr is not None and 0 <= root < n
+                    and (arr.nbytes <= _SMALL_COLL_MAX
+                         or n == 2 and arr.nbytes < coll.BULK_BCAST_MIN)  # binomial too
                     and self._no_compress("bcast", arr.nbytes, npd, arr=arr)):
                 ptr = _buffer_pointer(arr)
                 self._bccache = (arr, None if arr is buf else buf[1], arr.nbytes, npd, ptr)

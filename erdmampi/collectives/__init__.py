@@ -16,7 +16,9 @@ barrier         dissemination
 bcast           sched_pieces if n == 2 on two hosts and N >= S
                 (:mod:`erdmampi.collectives.wan`); else
                 hierarchical if the ranks span several hosts (H); else
-                sched_chain if N >= S; else binomial if N <= 512 KiB or
+                sched_chain if N >= S and n > 2; sched_pair if
+                n == 2 and N >= max(S, 4 MiB) (both copy a share);
+                else binomial if N <= 512 KiB or
                 n <= 2, else scatter_allgather (van de Geijn);
                 ``pipeline`` (segmented chain) on request
 reduce          binomial (rank-ordered tree for non-commutative ops)
@@ -26,6 +28,7 @@ allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
                 hierarchical if H and the op commutes; else
                 recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
+                sched_pair if n == 2 and N < 1 MiB;
                 else sched_ring if N >= S; else rabenseifner if n is a
                 power of two, ring otherwise
 reduce_scatter  sched_ring if N >= S (commutative); else ring
@@ -37,8 +40,10 @@ scatterv        linear
 allgatherv      N >= S: sched_ring; n <= 2, or n == 3 and N <= 32 KiB:
                 direct; N <= 32 KiB: recursive_doubling if n is a power
                 of two, else bruck; else ring
-alltoall        bruck if n >= 5 and a block is <= 1 KiB; else as
-                alltoallv (equal blocks; every rank must choose alike)
+alltoall        bruck if n >= 5 and a block is <= 1 KiB; else sched
+                (bulk: one engine call, CMA reads on one host) if
+                N >= S; else as alltoallv (equal blocks; every rank
+                must choose alike)
 alltoallv       sched (pairwise, in C) if N >= S; else direct if this
                 rank's send+receive bytes <= 256 KiB or n <= 2, else
                 pairwise (the three interoperate, so ranks may differ)
@@ -92,8 +97,11 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           scatter_obj)
 from erdmampi.collectives.wan import (allreduce_sched_direct, allreduce_sched_exchange,
                                       bcast_sched_pieces, prefer_direct, prefer_exchange)
-from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_ring,
-                                        alltoallv_sched, bcast_sched_chain,
+from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_pair,
+                                        allreduce_sched_ring,
+                                        alltoall_sched, alltoallv_sched,
+                                        bcast_sched_chain, bcast_sched_pair,
+                                        bcast_sched_pull,
                                         reduce_scatter_sched_ring)
 from erdmampi.collectives.reduce import (allreduce_rabenseifner,
                                          allreduce_recursive_doubling,
@@ -134,6 +142,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
               "scatter_allgather": bcast_scatter_allgather,
               "pipeline": bcast_pipeline,
               "sched_chain": bcast_sched_chain,
+              "sched_pair": bcast_sched_pair,
+              "sched_pull": bcast_sched_pull,
               "sched_pieces": bcast_sched_pieces,
               "hierarchical": bcast_hierarchical},
     "reduce": {"binomial": reduce_binomial},
@@ -142,6 +152,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
                   "rabenseifner": allreduce_rabenseifner,
                   "reduce_bcast": allreduce_reduce_bcast,
                   "sched_ring": allreduce_sched_ring,
+                  "sched_pair": allreduce_sched_pair,
                   "sched_exchange": allreduce_sched_exchange,
                   "sched_direct": allreduce_sched_direct,
                   "hierarchical": allreduce_hierarchical},
@@ -159,7 +170,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "alltoall": {"bruck": alltoall_bruck,
                  "pairwise": _uniform_a2a(alltoallv_pairwise),
                  "direct": _uniform_a2a(alltoallv_direct),
-                 "sched": _uniform_a2a(alltoallv_sched)},
+                 "sched": alltoall_sched,
+                 "sched_pairwise": _uniform_a2a(alltoallv_sched)},
     "alltoallv": {"pairwise": alltoallv_pairwise, "direct": alltoallv_direct,
                   "sched": alltoallv_sched},
     "scan": {"recursive_doubling": scan_recursive_doubling},
@@ -179,6 +191,16 @@ def _sched_min() -> int:
 #: bytes from which the ``sched_*`` algorithms are the default
 SCHED_MIN = _sched_min()
 
+#: two ranks: bytes from which Bcast splits the copy between both
+#: (``sched_pair``); below, one message (one process_vm_readv on one host)
+#: is faster than the extra round of messages
+BULK_BCAST_MIN = 4 * 1024 * KiB
+
+#: two ranks: bytes below which Allreduce has each rank reduce the whole
+#: vector from the other's input (``sched_pair``, one round of messages);
+#: from here the chunk-pipelined ring
+BULK_ALLREDUCE_MAX = 1024 * KiB
+
 
 def _default(name: str, nbytes: int, size: int, count: int,
              commutative: bool, sched: bool = True, hier: bool = False) -> str:
@@ -193,14 +215,18 @@ def _default(name: str, nbytes: int, size: int, count: int,
         name = "alltoallv"
     if name == "bcast":
         if big and size > 2:
-            # two ranks: one message (a single process_vm_readv on one host)
             return "sched_chain"
+        if big and nbytes >= BULK_BCAST_MIN:
+            # two ranks: both copy a share at once (CMA on one host)
+            return "sched_pair"
         return "binomial" if nbytes <= 512 * KiB or size <= 2 else "scatter_allgather"
     if name == "allreduce":
         if nbytes <= 64 * KiB or count < size:
             return "recursive_doubling"
         if not commutative:
             return "recursive_doubling" if nbytes <= 512 * KiB else "reduce_bcast"
+        if sched and size == 2 and nbytes < BULK_ALLREDUCE_MAX:
+            return "sched_pair"
         if big:
             return "sched_ring"
         return "rabenseifner" if size & (size - 1) == 0 else "ring"

@@ -45,7 +45,8 @@ from erdmampi.collectives.base import (MAX_TAG, ReduceFn, Transport, check_count
 __all__ = [
     "SCHED_OPS", "SCHED_DTYPES", "sched_reduction",
     "allreduce_sched_ring", "reduce_scatter_sched_ring", "allgatherv_sched_ring",
-    "bcast_sched_chain", "alltoallv_sched",
+    "bcast_sched_chain", "alltoallv_sched", "bcast_sched_pair", "bcast_sched_pull", "alltoall_sched",
+    "allreduce_sched_pair",
 ]
 
 #: predefined reduction ops the C reducer implements
@@ -186,6 +187,33 @@ def allreduce_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
 
 # -- reduce_scatter ----------------------------------------------------------
 
+def allreduce_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
+                         recvbuf: np.ndarray, reduce_fn: ReduceFn,
+                         commutative: bool = True) -> Optional[bool]:
+    """Two ranks, one engine call (``erdma_coll_allreduce_pair``): each reads
+    the other's whole input (CMA on one host) and reduces it with its own in
+    rank order, so both compute the same bits; one round of messages before
+    and one after, for mid sizes where a ring's extra rounds cost more than
+    the second half of the reduction.  Predefined ops on C-reducible types;
+    in place through a copy of the input."""
+    if t.size != 2:
+        return False
+    b = _bulk(t)
+    if b is None:
+        return False
+    ops = _reduction_operands(reduce_fn, commutative, sendbuf, recvbuf)
+    if ops is None:
+        return False
+    opname, dtype, out, acc, src = ops
+    if acc.size:
+        src = acc.copy() if src is None else src
+        if np.shares_memory(src, acc):
+            src = src.copy()
+        b.allreduce_pair(src, acc, opname, t.rank)
+    out.done()
+    return True
+
+
 def reduce_scatter_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
                               recvbuf: np.ndarray, recvcounts: Sequence[int],
                               reduce_fn: ReduceFn,
@@ -254,7 +282,10 @@ def allgatherv_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
                           recvbuf: np.ndarray, counts: Sequence[int],
                           displs: Optional[Sequence[int]]) -> Optional[bool]:
     """Ring allgather (n-1 steps), each received block forwarded chunk by
-    chunk as it arrives.  ``sendbuf=None``: own block already in place."""
+    chunk as it arrives.  Up to :data:`BULK_PULL_MAX_RANKS` ranks with the
+    bulk engine calls, every rank reads each block straight out of its
+    owner's buffer instead (one CMA read per block on one host, in one
+    engine call).  ``sendbuf=None``: own block already in place."""
     n, r = t.size, t.rank
     if not _can_schedule(t, n):
         return False
@@ -266,6 +297,14 @@ def allgatherv_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
     if src.size != cnts[r]:
         raise ValueError(f"allgatherv: send buffer has {src.size} elements, "
                          f"counts[{r}] is {cnts[r]}")
+    bulk = _bulk(t) if n <= BULK_PULL_MAX_RANKS else None
+    if bulk is not None and (sendbuf is None or src.dtype == rv.dtype):
+        # every rank reads each block straight out of its owner's buffer
+        isz = rv.itemsize
+        bulk.allgather_bulk(None if sendbuf is None else src, rv,
+                            [d * isz for d in disps], [c * isz for c in cnts], r)
+        out.done()
+        return True
     b = t.schedule()
     if sendbuf is not None and cnts[r]:
         b.copy(src, mine)
@@ -284,14 +323,41 @@ def allgatherv_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
 
 # -- bcast ---------------------------------------------------------------------
 
+#: ranks up to which :func:`bcast_sched_chain` lets every rank read the root's
+#: buffer itself (one engine call, :func:`bcast_sched_pull`) instead of a chain
+BULK_PULL_MAX_RANKS = 8
+
+
+def bcast_sched_pull(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
+    """Every rank reads the whole buffer straight out of the root's (CMA on
+    one host, which takes no CPU time of the root), in one engine call
+    (``erdma_coll_bcast_bulk``); a rank the root cannot share memory with
+    gets it as a message from the root."""
+    root = check_root("bcast", root, t.size)
+    b = _bulk(t)
+    if b is None:
+        return False
+    if t.size == 1 or buf.nbytes == 0:
+        return True
+    out = _Out(buf)
+    b.bcast_bulk(out.work, root, t.rank)
+    out.done()
+    return True
+
+
 def bcast_sched_chain(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
     """Pipelined chain root -> root+1 -> ...: every rank forwards each chunk
-    as soon as it has arrived (time ~ N/B + (n-2) chunks)."""
+    as soon as it has arrived (time ~ N/B + (n-2) chunks).  Up to
+    :data:`BULK_PULL_MAX_RANKS` ranks with the bulk engine calls, every rank
+    reads the root's buffer itself instead (:func:`bcast_sched_pull`): no
+    chain of dependencies, and a rank that is not running holds up nobody."""
     n, r = t.size, t.rank
     root = check_root("bcast", root, n)
     if not _can_schedule(t, 1):
         return False
     if n == 1 or buf.nbytes == 0:
+        return True
+    if n <= BULK_PULL_MAX_RANKS and bcast_sched_pull(t, buf, root):
         return True
     out = _Out(buf)
     data = out.work.reshape(-1)
@@ -304,6 +370,65 @@ def bcast_sched_chain(t: Transport, buf: np.ndarray, root: int) -> Optional[bool
             b.after(si, ri)
     b.run()
     out.done()
+    return True
+
+
+def _bulk(t: Transport):
+    """The transport's builder if it has the one-call bulk collectives, else None."""
+    if not _can_schedule(t):
+        return None
+    b = t.schedule(chunked=False)
+    return b if hasattr(b, "bcast_pair") else None
+
+
+def bcast_sched_pair(t: Transport, buf: np.ndarray, root: int) -> Optional[bool]:
+    """Two ranks: both copy at once.  On one host the root writes the first
+    half into the other rank's buffer (CMA) while that rank reads the second
+    half, so both cores copy; otherwise the buffer goes as one message.  One
+    engine call (``erdma_coll_bcast_pair``); more than two ranks: ``False``."""
+    n = t.size
+    root = check_root("bcast", root, n)
+    b = _bulk(t) if n == 2 else None
+    if b is None:
+        return False
+    if buf.nbytes == 0:
+        return True
+    out = _Out(buf)
+    b.bcast_pair(out.work, root, t.rank)
+    out.done()
+    return True
+
+
+def alltoall_sched(t: Transport, sendbuf: Optional[np.ndarray],
+                        recvbuf: np.ndarray) -> Optional[bool]:
+    """All-to-all of equal blocks in one engine call
+    (``erdma_coll_alltoall_bulk``): every rank copies its own block and
+    reads each peer's block for it straight out of the peer's send buffer
+    (CMA), so each process copies exactly what it receives and no core
+    waits for another; peers without CMA exchange messages instead.  Every
+    rank must choose it alike (it is selected only for :func:`alltoall`,
+    whose block size all ranks know).  ``sendbuf=None``: in place (through
+    a copy of ``recvbuf``)."""
+    n, r = t.size, t.rank
+    b = _bulk(t)
+    if b is None:
+        return False
+    rv = _Out(recvbuf)
+    blk = recvbuf.size // n
+    work = rv.work.reshape(-1)
+    if sendbuf is None:
+        src = work[:blk * n].copy()
+    else:
+        src = _contig(sendbuf).reshape(-1)
+        if src.size != blk * n:
+            raise ValueError(f"alltoall: send buffer has {src.size} elements, "
+                             f"expected {blk * n}")
+        if np.shares_memory(src, work):
+            src = src.copy()
+    if blk and src.dtype != work.dtype:
+        raise ValueError("alltoall: send and receive element types differ")
+    b.alltoall_bulk(src.view(np.uint8), work[:blk * n].view(np.uint8), r)
+    rv.done()
     return True
 
 

@@ -299,6 +299,49 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
 int erdma_coll_resume(erdma_coll *c, double slice);
 void erdma_coll_free(erdma_coll *c);
 
+/* ---- bulk collectives among ranks of one host (erdma_sched.c) ----
+ * Large messages between ranks that share memory, in one call: CMA single
+ * copies (process_vm_readv / process_vm_writev) straight between the user
+ * buffers, made by every rank at once; a pair without CMA (another host, ERDMA_SHM_CMA=0, a refusal)
+ * moves the same bytes as ordinary messages.  Arguments as for the small
+ * collectives above; messages use tags tag .. tag + ERDMA_BULK_TAGS - 1;
+ * each wait lasts at most `timeout` seconds (< 0: until a peer fails).
+ * Every rank of the communicator must make the same call. */
+#define ERDMA_BULK_TAGS 3
+/* n == 2: the root writes buf into the other rank from the front while that
+ * one reads it from the back, in pieces (an eighth, 64 KiB..1 MiB), until
+ * they meet (each reads the other's progress with CMA).  root_part in
+ * [0, 1]: a fixed share for the root instead (the root's value counts);
+ * < 0: meet where they meet. */
+int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, double root_part, int tag,
+                          uint32_t ctx, double timeout);
+/* Allgather(v): rank j's block (lens[j] bytes) lands at rbuf + offs[j] on
+ * every rank; each reads it straight out of rank j's sbuf (NULL: in place,
+ * the block already at rbuf + offs[me]). */
+int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
+                              const uint64_t *offs, const uint64_t *lens, const int *ranks,
+                              int n, int me, int tag, uint32_t ctx, double timeout);
+/* n == 2, sbuf != rbuf: each rank reads the other's whole input (CMA) and
+ * reduces it with its own in rank order (rank 0's operand on the left, as
+ * erdma_coll_allreduce), so both get the same bits; one round of messages
+ * before and one after. */
+int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                              int op, int dtype, const int *ranks, int n, int me, int tag,
+                              uint32_t ctx, double timeout);
+/* Any n: every rank reads buf straight out of the root's (one CMA read
+ * each, needing no CPU time of the root), then tells the root. */
+int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, int tag, uint32_t ctx,
+                          double timeout);
+/* Equal blocks of blk bytes: every rank copies its own block and reads its
+ * block out of each peer's send buffer (sbuf != rbuf).  Two ranks: one that
+ * is done with its pulls pushes the rest of the other's block (pull_part in
+ * [0, 1]: a fixed share of one's own block to pull; < 0: dynamic). */
+int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                             const int *ranks, int n, int me, double pull_part, int tag,
+                             uint32_t ctx, double timeout);
+
 /* ---- NAT traversal (erdma_nat.c; docs/wire.md, "Demultiplexing") ---- */
 /*
  * The engine's UDP socket also carries STUN and TURN: a received datagram

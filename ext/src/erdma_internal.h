@@ -388,6 +388,10 @@ uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
 void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
 int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n);
+/* bulk copies for the one-host collectives (no lock needed) */
+int shm_cma_ok(erdma_engine *e, int peer);
+int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64_t n,
+                 int write);
 
 /* conn.c (all under e->mu) */
 erdma_conn *conn_alloc(erdma_engine *e, int client);

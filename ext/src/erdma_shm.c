@@ -634,6 +634,47 @@ int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n
   return 0;
 }
 
+/* ---- bulk copies of the one-host collectives (erdma_sched.c, "bulk") ----
+ * Unlike shm_cma_read these run without e->mu, so that both processes of a
+ * pair copy at once while the engine goes on. */
+
+/* 1 if local peer `peer` can be read and written with CMA right now. */
+int shm_cma_ok(erdma_engine *e, int peer) {
+  if (peer < 0 || peer >= e->cfg.size || peer == e->cfg.rank) return 0;
+  erdma_conn *c = e->peers[peer].conn;
+  return c && c->shm && c->peer_seg && __atomic_load_n(&e->shm.cma, __ATOMIC_RELAXED);
+}
+
+/* n bytes between `local` and address `remote` of local peer `peer`:
+ * write != 0 copies local -> peer (process_vm_writev), else peer -> local.
+ * 0 when done; -1 when CMA is off or failed (the caller sends the bytes as
+ * a message instead); a refusal (no ptrace access) turns CMA off for good. */
+int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64_t n,
+                 int write) {
+  if (!shm_cma_ok(e, peer)) return -1;
+  pid_t pid = e->peers[peer].conn->peer_seg->pid;
+  uint64_t done = 0;
+  while (done < n) {
+    struct iovec l = {(uint8_t *)local + done, (size_t)(n - done)};
+    struct iovec r = {(void *)(uintptr_t)(remote + done), (size_t)(n - done)};
+    ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+                        : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (got <= 0) {
+      if (got < 0 && (errno == EPERM || errno == ENOSYS || errno == EACCES)) {
+        if (e->cfg.verbose)
+          fprintf(stderr, "erdma[%d]: %s rank %d refused (%s); large messages go "
+                          "through the ring\n", e->cfg.rank,
+                  write ? "process_vm_writev to" : "process_vm_readv from", peer,
+                  strerror(errno));
+        __atomic_store_n(&e->shm.cma, 0, __ATOMIC_RELAXED);
+      }
+      return -1;
+    }
+    done += (uint64_t)got;
+  }
+  return 0;
+}
+
 void shm_conn_release(erdma_conn *c) {
   if (c->peer_seg) munmap(c->peer_seg, c->peer_map_len);
   c->peer_seg = NULL;

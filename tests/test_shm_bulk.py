@@ -1,0 +1,289 @@
+"""Bulk collectives among ranks of one host (erdma_coll_bcast_pair,
+erdma_coll_bcast_bulk, erdma_coll_alltoall_bulk, erdma_coll_allgather_bulk):
+a two-rank Bcast split between a CMA write by the root and a CMA read by the
+other rank, a Bcast of more ranks that all read the root's buffer, and
+Alltoall / Allgather(v) that read each block straight out of its owner's
+buffer; with CMA off, refused by the kernel,
+or on for one side only, the same bytes go as messages.  Results must be
+exact whatever the path."""
+import shutil
+
+import numpy as np
+import pytest
+
+import erdmampi.collectives as C
+from harness import run_mpi
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# Every rank checks every result; the path taken is reported by the engine's
+# counters where that is visible (bytes through the rings).
+_SCRIPT = r'''
+import ctypes, os, sys
+mode = sys.argv[1]
+rank_env = int(os.environ.get("ERDMA_RANK", "0"))
+if mode == "refuse" and rank_env == 1:
+    # nobody without CAP_SYS_PTRACE may read or write a non-dumpable process:
+    # process_vm_* towards this rank fail with EPERM at run time
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)          # PR_SET_DUMPABLE, 0
+if mode == "mixed" and rank_env == 1:
+    os.environ["ERDMA_SHM_CMA"] = "0"
+import numpy as np
+from erdmampi import MPI
+import erdmampi.collectives as coll
+
+c = MPI.COMM_WORLD
+r, n = c.Get_rank(), c.Get_size()
+KiB, MiB = 1024, 1 << 20
+DTYPES = [np.uint8, np.int16, np.int32, np.int64, np.float32, np.float64, np.complex128]
+
+
+def pattern(count, dtype, seed):
+    x = (np.arange(count, dtype=np.int64) * 2654435761 + seed * 97) % 1000003
+    return x.astype(dtype)
+
+
+def check_bcast(nbytes, dtype, root, strided=False):
+    count = nbytes // np.dtype(dtype).itemsize
+    want = pattern(count, dtype, root + 1)
+    if strided:
+        # every other element of an array: the MPI layer takes contiguous
+        # buffers only, so call the algorithm dispatcher directly
+        base = np.zeros(2 * count, dtype)
+        if r == root:
+            base[::2] = want
+        coll.bcast(c._transport(), base[::2], root)
+        assert np.array_equal(base[::2], want), ("bcast", nbytes, dtype, root, strided)
+        assert not base[1::2].any(), "bcast wrote between the strided elements"
+        return
+    buf = want.copy() if r == root else np.full(count, 7, dtype)
+    c.Bcast(buf, root=root)
+    assert np.array_equal(buf, want), ("bcast", nbytes, dtype, root, strided)
+
+
+def check_alltoall(blk, dtype, inplace=False):
+    send = np.concatenate([pattern(blk, dtype, 1000 * r + j) for j in range(n)])
+    want = np.concatenate([pattern(blk, dtype, 1000 * j + r) for j in range(n)])
+    if inplace:
+        recv = send.copy()
+        c.Alltoall(MPI.IN_PLACE, recv)
+    else:
+        recv = np.full(blk * n, 3, dtype)
+        c.Alltoall(send, recv)
+        assert np.array_equal(send, np.concatenate(
+            [pattern(blk, dtype, 1000 * r + j) for j in range(n)])), "send buffer changed"
+    assert np.array_equal(recv, want), ("alltoall", blk, dtype, inplace)
+
+
+if mode in ("main", "nocma", "mixed", "refuse"):
+    sizes = [256 * KiB, 256 * KiB + 8, 1 * MiB + 24, 3 * MiB + 40]
+    roots = list(range(n))
+    if mode == "refuse":
+        roots = roots[::-1] if os.environ.get("ROOTS_REVERSED") else roots
+    for dt in DTYPES:
+        for nb in sizes:
+            for root in roots:
+                check_bcast(nb, dt, root)
+    for root in roots:
+        check_bcast(5 * MiB + 8, np.float64, root)      # the default picks the pair path
+        check_bcast(5 * MiB + 3, np.uint8, root)
+        if os.environ.get("ERDMA_COLL_BCAST", "").startswith("sched_p"):
+            # (the Python algorithms want contiguous arrays)
+            check_bcast(2 * MiB + 16, np.float64, root, strided=True)
+        check_bcast(0, np.float32, root)
+    for dt in DTYPES:
+        isz = np.dtype(dt).itemsize
+        for blk in (300 * KiB // isz, 300 * KiB // isz + 1, 2 * MiB // isz + 3):
+            check_alltoall(blk, dt)
+    check_alltoall(600 * KiB // 8 + 5, np.float64, inplace=True)
+    # Allreduce (2 ranks below 1 MiB: each reduces the whole vector in rank
+    # order); both ranks must hold the same bits, also for MAX with a NaN
+    # (with 2 ranks: the algorithms of more ranks place NaNs differently in
+    # and out of place)
+    ops = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MAX": MPI.MAX, "MIN": MPI.MIN,
+           "BXOR": MPI.BXOR, "LAND": MPI.LAND}
+    for dt in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.complex64):
+        for cnt in (70 * KiB // np.dtype(dt).itemsize + 1, 900 * KiB // np.dtype(dt).itemsize + 3):
+            for name, op in ops.items():
+                if np.dtype(dt).kind == "c" and name not in ("SUM", "PROD"):
+                    continue
+                if np.dtype(dt).kind == "f" and name == "BXOR":
+                    continue
+                mine = (pattern(cnt, np.int64, r) % 5 + r).astype(dt)
+                if np.dtype(dt).kind == "f" and name == "MAX" and r == 0 and n == 2:
+                    mine[3] = np.nan
+                got = np.zeros(cnt, dt)
+                c.Allreduce(mine, got, op=op)
+                vals = [(pattern(cnt, np.int64, j) % 5 + j).astype(dt) for j in range(n)]
+                if np.dtype(dt).kind == "f" and name == "MAX" and n == 2:
+                    vals[0][3] = np.nan
+                every = c.allgather(got.tobytes())
+                assert all(x == every[0] for x in every), ("allreduce bits differ", name, dt)
+                if name == "SUM" and np.dtype(dt).kind in "fc":
+                    assert np.allclose(got, sum(vals)), ("allreduce", name, dt, cnt)
+                elif name == "SUM":
+                    assert np.array_equal(got, sum(vals).astype(dt)), ("allreduce", name, dt)
+                elif name == "MIN":
+                    assert np.array_equal(got, np.minimum.reduce(vals)), ("allreduce", dt)
+                inpl = mine.copy()
+                c.Allreduce(MPI.IN_PLACE, inpl, op=op)
+                assert inpl.tobytes() == got.tobytes(), ("allreduce in place", name, dt)
+    # Allgather / Allgatherv (3+ ranks up to 8, and 2: every rank reads each block)
+    for dt in (np.uint8, np.float64, np.complex128):
+        for cnt in (300 * KiB // np.dtype(dt).itemsize + 1, 2 * MiB // np.dtype(dt).itemsize):
+            mine = pattern(cnt, dt, r + 5)
+            want = np.concatenate([pattern(cnt, dt, j + 5) for j in range(n)])
+            got = np.zeros(cnt * n, dt)
+            c.Allgather(mine, got)
+            assert np.array_equal(got, want), ("allgather", cnt, dt)
+            got = np.zeros(cnt * n, dt)
+            got[r * cnt:(r + 1) * cnt] = mine
+            c.Allgather(MPI.IN_PLACE, got)
+            assert np.array_equal(got, want), ("allgather in place", cnt, dt)
+    counts = [100 * KiB + 7 * j for j in range(n)]
+    displs = [sum(counts[:j]) + 5 * j for j in range(n)]        # gaps stay untouched
+    got = np.full(displs[-1] + counts[-1] + 5, -1, np.int32)
+    c.Allgatherv(pattern(counts[r], np.int32, r), [got, counts, displs, MPI.INT32_T])
+    for j in range(n):
+        assert np.array_equal(got[displs[j]:displs[j] + counts[j]], pattern(counts[j], np.int32, j))
+        assert (got[displs[j] + counts[j]:displs[j] + counts[j] + 5] == -1).all()
+    # strided send and receive arrays (through the dispatcher, as above)
+    blk = 200 * KiB
+    sbase = np.zeros(2 * blk * n, np.int32)
+    sbase[::2] = np.concatenate([pattern(blk, np.int32, 1000 * r + j) for j in range(n)])
+    base = np.zeros(2 * blk * n, np.int32)
+    coll.alltoall(c._transport(), sbase[::2], base[::2])
+    # a contiguous derived datatype
+    dt = MPI.INT32_T.Create_contiguous(4).Commit()
+    send = np.concatenate([pattern(4 * 100000, np.int32, 1000 * r + j) for j in range(n)])
+    recv = np.zeros_like(send)
+    c.Alltoall([send, 100000, dt], [recv, 100000, dt])
+    dt.Free()
+    assert np.array_equal(recv, np.concatenate(
+        [pattern(4 * 100000, np.int32, 1000 * j + r) for j in range(n)]))
+    want = np.concatenate([pattern(blk, np.int32, 1000 * j + r) for j in range(n)])
+    assert np.array_equal(base[::2], want) and not base[1::2].any()
+elif mode == "nonblocking":
+    for root in range(n):
+        count = 4 * MiB // 8 + 3
+        want = pattern(count, np.float64, root)
+        buf = want.copy() if r == root else np.zeros(count)
+        c.Ibcast(buf, root=root).Wait()
+        assert np.array_equal(buf, want)
+    blk = 1 * MiB // 4 + 1
+    send = np.concatenate([pattern(blk, np.float32, 1000 * r + j) for j in range(n)])
+    recv = np.zeros_like(send)
+    c.Ialltoall(send, recv).Wait()
+    assert np.array_equal(recv, np.concatenate(
+        [pattern(blk, np.float32, 1000 * j + r) for j in range(n)]))
+elif mode == "many":
+    # back-to-back calls with changing roots and sizes: no message of one
+    # call may be taken by the next
+    for i in range(40):
+        root = i % n
+        nb = (i % 5 + 1) * 300 * KiB + i
+        check_bcast(nb, np.uint8, root)
+        check_alltoall((i % 3 + 1) * 100 * KiB + i, np.uint8)
+c.Barrier()
+print("rank %d: OK" % r, flush=True)
+'''
+
+
+def _run(n, mode, env=None, extra=(), timeout=150, force=True):
+    """Run the script; ``force``: every Bcast takes the bulk path whatever its
+    size (2 ranks: the pair split, else every rank pulling from the root)."""
+    env = dict(env or {})
+    if force:
+        env.setdefault("ERDMA_COLL_BCAST", "sched_pair" if n == 2 else "sched_pull")
+    res = run_mpi(n, _SCRIPT, args=[mode], timeout=timeout, env=env, extra=extra)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    for i in range(n):
+        assert f"rank {i}: OK" in res.stdout, out
+    return res
+
+
+def test_select_bulk_paths():
+    assert C.select("allreduce", 512 * KiB, 2, 1 << 17).__name__ == "allreduce_sched_pair"
+    assert C.select("allreduce", 1 * MiB, 2, 1 << 18).__name__ == "allreduce_sched_ring"
+    assert C.select("allreduce", 8 * MiB, 2, 1 << 21).__name__ == "allreduce_sched_ring"
+    assert C.select("allreduce", 1 * MiB, 3, 1 << 18).__name__ != "allreduce_sched_pair"
+    assert C.select("bcast", 16 * MiB, 2).__name__ == "bcast_sched_pair"
+    assert C.select("bcast", C.BULK_BCAST_MIN, 2).__name__ == "bcast_sched_pair"
+    assert C.select("bcast", C.BULK_BCAST_MIN - 1, 2).__name__ == "bcast_binomial"
+    assert C.select("bcast", 16 * MiB, 3).__name__ == "bcast_sched_chain"   # pulls (<= 8)
+    assert C.select("bcast", 1, 3, algorithm="sched_pull").__name__ == "bcast_sched_pull"
+    # alltoall: nbytes is the per-rank traffic (send + receive)
+    assert C.select("alltoall", 32 * MiB, 2, 16 * MiB).__name__ == "alltoall_sched"
+    assert C.select("alltoall", 32 * MiB, 4, 16 * MiB).__name__ == "alltoall_sched"
+
+
+def test_bulk_without_schedules_falls_back():
+    """A transport without schedules (threads as ranks) runs the Python
+    algorithms through the same dispatchers."""
+    from threadranks import spawn
+    count = 300 * KiB
+
+    def body(t):
+        buf = np.arange(count, dtype=np.uint8) if t.rank == 1 else np.zeros(count, np.uint8)
+        C.bcast(t, buf, 1)
+        assert np.array_equal(buf, np.arange(count, dtype=np.uint8))
+        send = np.full(2 * count, t.rank, np.uint8)
+        recv = np.zeros(2 * count, np.uint8)
+        C.alltoall(t, send, recv)
+        assert (recv[:count] == 0).all() and (recv[count:] == 1).all()
+        return True
+
+    assert all(spawn(2, body))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_bulk_exact(n):
+    _run(n, "main")
+
+
+def test_bulk_exact_default_selection():
+    _run(2, "main", force=False)
+
+
+def test_bulk_exact_root_part_edges():
+    # the root copies nothing, or everything
+    _run(2, "many", env={"ERDMA_BULK_ROOT_PART": "0", "ERDMA_BULK_PULL_PART": "0"})
+    _run(2, "many", env={"ERDMA_BULK_ROOT_PART": "1", "ERDMA_BULK_PULL_PART": "1"})
+
+
+def test_bulk_without_cma():
+    _run(2, "main", env={"ERDMA_SHM_CMA": "0"})
+    _run(3, "many", env={"ERDMA_SHM_CMA": "0"})
+
+
+def test_bulk_cma_on_one_side_only():
+    _run(2, "mixed")
+    _run(3, "mixed")
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+@pytest.mark.parametrize("n,reverse", [(2, False), (2, True), (3, False)])
+def test_bulk_cma_refused_at_run_time(n, reverse, monkeypatch):
+    """Rank 1 is not dumpable and the job lacks CAP_SYS_PTRACE: CMA towards it
+    fails with EPERM in the middle of a collective, which finishes with
+    messages (the root's half when its write fails, the receiver's half
+    when its read does)."""
+    import harness
+    orig = harness.erdmarun_cmd
+    monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
+        "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
+    res = _run(n, "refuse", env={"ROOTS_REVERSED": "1", "ERDMA_VERBOSE": "1"} if reverse
+               else {"ERDMA_VERBOSE": "1"})
+    assert "refused" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_bulk_nonblocking(n):
+    _run(n, "nonblocking")
+
+
+def test_bulk_many_calls():
+    _run(2, "many")
+    _run(4, "many")
