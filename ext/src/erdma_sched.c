@@ -847,6 +847,16 @@ static int bulk_wait(erdma_req **rp, double timeout, uint64_t want) {
   return 0;
 }
 
+/* The next of the n header receives in reqs to complete: its index in *j,
+ * the request freed; 0 or an error. */
+static int bulk_next_hdr(erdma_req **reqs, int n, double timeout, int *j) {
+  *j = -1;
+  int rc = erdma_req_waitany(reqs, n, timeout, j);
+  if (rc) return rc;
+  if (*j < 0 || *j >= n) return ERDMA_ERR_STATE;
+  return bulk_wait(&reqs[*j], timeout, sizeof(bulk_hdr));
+}
+
 static void bulk_drop(erdma_req **reqs, int n) {
   for (int i = 0; i < n; i++)
     if (reqs[i]) {
@@ -1010,12 +1020,8 @@ static int bulk_exchange(erdma_engine *e, const bulk_xchg *x, const int *ranks, 
   /* pull each peer's block for me, in the order their headers come (a peer
    * that is not running does not hold up the others: CMA needs no help) */
   for (int left = n - 1; left > 0 && !rc; left--) {
-    int j = -1;
-    if ((rc = erdma_req_waitany(rh, n, timeout, &j))) break;
-    if (j < 0 || j >= n || (rc = bulk_wait(&rh[j], timeout, sizeof(bulk_hdr)))) {
-      rc = rc ? rc : ERDMA_ERR_STATE;
-      break;
-    }
+    int j;
+    if ((rc = bulk_next_hdr(rh, n, timeout, &j))) break;
     uint64_t want = xdstlen(x, j);
     if (hin[j].len != want) {
       rc = ERDMA_ERR_TRUNCATE;
@@ -1031,12 +1037,8 @@ static int bulk_exchange(erdma_engine *e, const bulk_xchg *x, const int *ranks, 
   }
   /* peers done with my blocks, in any order; resend what they could not read */
   for (int left = n - 1; left > 0 && !rc; left--) {
-    int j = -1;
-    if ((rc = erdma_req_waitany(rd, n, timeout, &j))) break;
-    if (j < 0 || j >= n || (rc = bulk_wait(&rd[j], timeout, sizeof(bulk_hdr)))) {
-      rc = rc ? rc : ERDMA_ERR_STATE;
-      break;
-    }
+    int j;
+    if ((rc = bulk_next_hdr(rd, n, timeout, &j))) break;
     if (din[j].done)
       rc = erdma_isend(e, xsrc(x, j), mylen, ranks[j], tag + 2, ctx, 0, &sf[j]);
   }
@@ -1127,12 +1129,8 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
     if (!rc) rc = erdma_isend(e, &hout[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sh[j]);
   }
   for (int left = n - 1; left > 0 && !rc; left--) {
-    int j = -1;
-    if ((rc = erdma_req_waitany(rd, n, timeout, &j))) break;
-    if (j < 0 || j >= n || (rc = bulk_wait(&rd[j], timeout, sizeof(bulk_hdr)))) {
-      rc = rc ? rc : ERDMA_ERR_STATE;
-      break;
-    }
+    int j;
+    if ((rc = bulk_next_hdr(rd, n, timeout, &j))) break;
     if (din[j].done) /* it could not read us: the buffer as a message */
       rc = erdma_isend(e, buf, nbytes, ranks[j], tag + 2, ctx, 0, &sf[j]);
   }
