@@ -117,6 +117,21 @@ int addr_resolve(const char *host, int port, struct sockaddr_storage *out, sockl
   return 0;
 }
 
+void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, int *port) {
+  char buf[INET6_ADDRSTRLEN] = "";
+  *port = 0;
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *x = (const void *)a;
+    inet_ntop(AF_INET, &x->sin_addr, buf, sizeof buf);
+    *port = ntohs(x->sin_port);
+  } else if (a->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *x = (const void *)a;
+    inet_ntop(AF_INET6, &x->sin6_addr, buf, sizeof buf);
+    *port = ntohs(x->sin6_port);
+  }
+  if (host && hostcap) snprintf(host, hostcap, "%s", buf);
+}
+
 int addr_is_loopback(const struct sockaddr_storage *a) {
   if (a->ss_family == AF_INET)
     return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
@@ -149,11 +164,9 @@ size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c) {
   if (path < 1500) path = 1452; /* a standard link or not on-link: as everywhere */
   if (path > n) path = n;
   if (e->cfg.verbose && path > 1452) {
-    char host[INET6_ADDRSTRLEN] = "?";
-    const void *a = c->remote.ss_family == AF_INET6
-                        ? (const void *)&((const struct sockaddr_in6 *)&c->remote)->sin6_addr
-                        : (const void *)&((const struct sockaddr_in *)&c->remote)->sin_addr;
-    inet_ntop(c->remote.ss_family, a, host, sizeof host);
+    char host[INET6_ADDRSTRLEN];
+    int port;
+    addr_format(&c->remote, host, sizeof host, &port);
     fprintf(stderr, "erdma[%d]: %s is on a link with a larger MTU: %zu-byte packets\n",
             e->cfg.rank, host, path);
   }
@@ -325,17 +338,8 @@ fail:
 int erdma_engine_local_addr(erdma_engine *e, char *buf, size_t len) {
   char host[INET6_ADDRSTRLEN];
   int port;
-  if (e->local.ss_family == AF_INET6) {
-    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&e->local;
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    port = ntohs(a->sin6_port);
-    snprintf(buf, len, "[%s]:%d", host, port);
-  } else {
-    struct sockaddr_in *a = (struct sockaddr_in *)&e->local;
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-    snprintf(buf, len, "%s:%d", host, port);
-  }
+  addr_format(&e->local, host, sizeof host, &port);
+  snprintf(buf, len, e->local.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, port);
   return 0;
 }
 

@@ -340,6 +340,8 @@ struct erdma_engine {
 /* engine.c */
 uint64_t erdma_now(void);
 int addr_is_loopback(const struct sockaddr_storage *a);
+/* numeric host and port of an IPv4/IPv6 address ("" and 0 for another family) */
+void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, int *port);
 /* numeric or DNS host + port -> sockaddr (ERDMA_ERR_INVAL when it does not resolve) */
 int addr_resolve(const char *host, int port, struct sockaddr_storage *out, socklen_t *len);
 void engine_wake(erdma_engine *e);

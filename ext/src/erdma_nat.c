@@ -45,22 +45,6 @@ static int addr_eq(const struct sockaddr_storage *a, const struct sockaddr_stora
   return 0;
 }
 
-static void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap,
-                        int *port) {
-  char buf[INET6_ADDRSTRLEN] = "";
-  *port = 0;
-  if (a->ss_family == AF_INET) {
-    const struct sockaddr_in *x = (const void *)a;
-    inet_ntop(AF_INET, &x->sin_addr, buf, sizeof buf);
-    *port = ntohs(x->sin_port);
-  } else if (a->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *x = (const void *)a;
-    inet_ntop(AF_INET6, &x->sin6_addr, buf, sizeof buf);
-    *port = ntohs(x->sin6_port);
-  }
-  if (host && hostcap) snprintf(host, hostcap, "%s", buf);
-}
-
 static int turn_index(const nat_state *s, const struct sockaddr_storage *a) {
   for (int i = 0; i < s->nturn; i++)
     if (addr_eq(&s->turn[i], a)) return i;
