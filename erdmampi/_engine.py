@@ -31,7 +31,7 @@ CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
 TUNING = {
     "stream_window": (1 << 16, 1 << 40), "conn_window": (1 << 16, 1 << 40),
     "max_stream_window": (1 << 16, 1 << 40), "max_conn_window": (1 << 16, 1 << 40),
-    "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16),
+    "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16), "lanes": (0, 8),
     "chunk_size": (4096, 1 << 30),
 }
 
@@ -343,7 +343,8 @@ class Engine:
         fallback relay waits on a silent direct path (:meth:`set_peer_relay`).
         ``tuning`` (None or absent: the engine's default): stream_window,
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
-        data_streams (count), chunk_size (bytes); see docs/design.md.
+        data_streams (count), chunk_size (bytes), lanes (QUIC connections per
+        peer on another host, 0: automatic); see docs/design.md.
         ``pktio``: "udp" (kernel socket) or "dpdk"; the ``dpdk_*`` keywords
         configure the latter (docs/dpdk.md): EAL arguments, port id, queue,
         prefix length of the subnet ``bind`` is on, gateway, static
@@ -460,7 +461,8 @@ class Engine:
         return {k: getattr(st, k) for k in ("pkts_sent", "pkts_recv", "bytes_sent",
                                             "bytes_recv", "msgs_sent", "msgs_recv", "unexpected",
                                             "chunks_sent", "chunks_recv", "raw_queued",
-                                            "raw_dropped", "relay_sent", "relay_recv")}
+                                            "raw_dropped", "relay_sent", "relay_recv",
+                                            "lane_chunks_sent", "lane_chunks_recv")}
 
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)

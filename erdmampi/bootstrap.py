@@ -78,7 +78,7 @@ def _host_id() -> str:
 _TUNING_ENV = {
     "stream_window": "ERDMA_STREAM_WINDOW", "conn_window": "ERDMA_CONN_WINDOW",
     "max_stream_window": "ERDMA_MAX_STREAM_WINDOW", "max_conn_window": "ERDMA_MAX_CONN_WINDOW",
-    "sock_buf": "ERDMA_SOCK_BUF", "data_streams": "ERDMA_DATA_STREAMS",
+    "sock_buf": "ERDMA_SOCK_BUF", "data_streams": "ERDMA_DATA_STREAMS", "lanes": "ERDMA_LANES",
     "chunk_size": "ERDMA_CHUNK",
 }
 _SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

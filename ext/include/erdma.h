@@ -75,6 +75,8 @@ typedef struct erdma_config {
   uint64_t max_conn_window;  /* auto-tuning ceiling of the connection window, bytes */
   int sock_buf;              /* SO_SNDBUF/SO_RCVBUF bytes (forced when allowed) */
   int data_streams;          /* unidirectional streams per peer for payload (0: none) */
+  int lanes;                 /* QUIC connections to each peer on another host (1-8; 0:
+                                automatic); lanes after the first carry only payload */
   uint64_t chunk_size;       /* bytes of payload per CHUNK frame on a data stream */
   int spin_us;               /* a waiter polls the socket this long before sleeping */
   int verbose;
@@ -110,6 +112,8 @@ typedef struct erdma_stats {
   /* NAT traversal: datagrams queued for erdma_engine_raw_recv, dropped because
    * that queue was full, and QUIC packets through TURN relay tunnels */
   uint64_t raw_queued, raw_dropped, relay_sent, relay_recv;
+  /* CHUNK frames that went over, or came in on, a peer's extra lanes */
+  uint64_t lane_chunks_sent, lane_chunks_recv;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

@@ -159,13 +159,26 @@ static void payload_done(erdma_conn *c, rx_state *x) {
   erdma_engine *e = c->e;
   erdma_req *r = x->req;
   erdma_msg *m = x->msg;
-  if (x->cur.type == FR_CHUNK) e->stats.chunks_recv++;
+  if (x->cur.type == FR_CHUNK) {
+    e->stats.chunks_recv++;
+    e->stats.lane_chunks_recv += c->lane > 0;
+  }
   if (r && x->cur.type == FR_CHUNK) {
     r->got += x->cur.len;
     if (r->got >= r->nbytes) { /* the last chunk of the message */
       if (list_has(e->rndv_recv_head, r)) DL_REMOVE(e->rndv_recv_head, e->rndv_recv_tail, r);
-      for (int i = 0; i < CONN_RX_COUNT; i++) /* (only a lying peer leaves others) */
-        if (conn_rx_at(c, i)->req == r) conn_rx_at(c, i)->req = NULL;
+      /* (only a lying peer leaves other streams, of any lane, filling it) */
+      for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+        erdma_conn *o = peer_conn(&e->peers[c->peer], k);
+        for (int i = 0; o && i < CONN_RX_COUNT; i++) {
+          rx_state *y = conn_rx_at(o, i);
+          if (y != x && y->req == r) {
+            y->req = NULL;
+            y->dst = NULL;
+            y->room = 0;
+          }
+        }
+      }
       recv_finish(r);
     }
   } else if (r) {
@@ -203,8 +216,10 @@ static erdma_req *list_take_id(erdma_req **head, erdma_req **tail, uint64_t id, 
 static int on_hello(erdma_conn *c, const frame_hdr *h) {
   erdma_engine *e = c->e;
   int rank = (int)h->ctx;
+  int lane = (h->flags & FR_FLAG_LANE) ? (int)h->aux : 0;
   if (h->type != FR_HELLO || rank < 0 || rank >= e->cfg.size || rank == e->cfg.rank ||
-      (int)h->len != e->cfg.size || (c->is_client && rank != c->peer)) {
+      (int)h->len != e->cfg.size || (c->is_client && rank != c->peer) || lane < 0 ||
+      lane >= ERDMA_MAX_LANES || ((h->flags & FR_FLAG_LANE) && lane == 0)) {
     log_conn(c, "bad HELLO", ERDMA_ERR_AUTH);
     return ERDMA_ERR_AUTH;
   }
@@ -219,23 +234,25 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
         return ERDMA_ERR_AUTH;
       }
     }
-    if (p->conn && p->conn != c) {
-      /* one connection per rank: a second claimant is refused while the
-       * first lives; a dead one is replaced */
-      if (!p->conn->closed) {
-        fprintf(stderr, "erdma[%d]: refused a second connection claiming rank %d\n",
-                e->cfg.rank, rank);
+    erdma_conn **slot = lane ? &p->lanes[lane] : &p->conn;
+    if (*slot && *slot != c) {
+      /* one connection per rank and lane: a second claimant is refused
+       * while the first lives; a dead one is replaced */
+      if (!(*slot)->closed) {
+        fprintf(stderr, "erdma[%d]: refused a second connection claiming rank %d (lane %d)\n",
+                e->cfg.rank, rank, lane);
         return ERDMA_ERR_AUTH;
       }
-      conn_free(p->conn);
-      p->conn = NULL;
+      conn_free(*slot);
+      *slot = NULL;
     }
     /* leave the pending list, take the peer slot */
     erdma_conn **pp = &e->pending;
     while (*pp && *pp != c) pp = &(*pp)->next_pending;
     if (*pp) *pp = c->next_pending;
-    p->conn = c;
+    *slot = c;
     c->peer = rank;
+    c->lane = lane;
   }
   c->hello_recv = 1;
   pthread_cond_broadcast(&e->cv);
@@ -250,6 +267,7 @@ static int on_header(erdma_conn *c, rx_state *x) {
   hdr_decode(h, x->hdr);
   if (!c->hello_recv) return x->data ? ERDMA_ERR_AUTH : on_hello(c, h);
   if (x->data && h->type != FR_CHUNK) return ERDMA_ERR_AUTH;
+  if (c->lane && !x->data) return ERDMA_ERR_AUTH; /* a lane's control stream: HELLO only */
   int src = c->peer;
   switch (h->type) {
   case FR_EAGER:
@@ -620,11 +638,24 @@ static int conn_start(erdma_conn *c) {
   h.type = FR_HELLO;
   h.ctx = (uint32_t)c->e->cfg.rank;
   h.len = (uint64_t)c->e->cfg.size;
+  if (c->lane) {
+    h.flags = FR_FLAG_LANE;
+    h.aux = (uint32_t)c->lane;
+  }
   conn_enqueue(c, &h, NULL, 0, NULL, NULL);
   return 0;
 }
 
-int conn_client_new(erdma_engine *e, int peer) {
+/* Connections to open to QUIC peer `peer`: ERDMA_LANES, or automatically
+ * one over loopback and ERDMA_DEFAULT_LANES towards other hosts. */
+int conn_lanes_wanted(erdma_engine *e, int peer) {
+  int n = e->cfg.lanes;
+  if (n <= 0) n = addr_is_loopback(&e->peers[peer].addr) ? 1 : ERDMA_DEFAULT_LANES;
+  return n > ERDMA_MAX_LANES ? ERDMA_MAX_LANES : n;
+}
+
+/* Open lane `lane` (0: the main connection) to `peer` as the QUIC client. */
+int conn_client_new(erdma_engine *e, int peer, int lane) {
   ngtcp2_callbacks cb;
   ngtcp2_settings s;
   ngtcp2_transport_params p;
@@ -633,6 +664,7 @@ int conn_client_new(erdma_engine *e, int peer) {
   erdma_conn *c = conn_alloc(e, 1);
   if (!c) return ERDMA_ERR_NOMEM;
   c->peer = peer;
+  c->lane = lane;
   c->cid_tag = (uint32_t)peer;
   memcpy(&c->remote, &e->peers[peer].addr, e->peers[peer].addr_len);
   c->remote_len = e->peers[peer].addr_len;
@@ -652,7 +684,8 @@ int conn_client_new(erdma_engine *e, int peer) {
     conn_free(c);
     return rv;
   }
-  e->peers[peer].conn = c;
+  if (lane) e->peers[peer].lanes[lane] = c;
+  else e->peers[peer].conn = c;
   conn_flush(c);
   return 0;
 }
@@ -693,15 +726,19 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
 static erdma_conn *find_conn(erdma_engine *e, const uint8_t *dcid, size_t n) {
   if (n == ERDMA_CIDLEN) {
     uint32_t tag = get32(dcid);
-    if (tag < (uint32_t)e->cfg.size) {
-      erdma_conn *c = e->peers[tag].conn;
-      if (c && cid_has(c, dcid, n)) return c;
-    }
+    if (tag < (uint32_t)e->cfg.size)
+      for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+        erdma_conn *c = peer_conn(&e->peers[tag], k);
+        if (c && cid_has(c, dcid, n)) return c;
+      }
   }
   for (erdma_conn *c = e->pending; c; c = c->next_pending)
     if (cid_has(c, dcid, n)) return c;
   for (int i = 0; i < e->cfg.size; i++)
-    if (e->peers[i].conn && cid_has(e->peers[i].conn, dcid, n)) return e->peers[i].conn;
+    for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+      erdma_conn *c = peer_conn(&e->peers[i], k);
+      if (c && cid_has(c, dcid, n)) return c;
+    }
   return NULL;
 }
 
@@ -718,7 +755,8 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
     int npending = 0;
     for (erdma_conn *p = e->pending; p; p = p->next_pending) npending++;
     /* strangers cannot make us hold unbounded handshake state */
-    if (e->stopping || npending >= 2 * e->cfg.size + 16 || ngtcp2_accept(&hd, data, len) != 0)
+    if (e->stopping || npending >= (ERDMA_MAX_LANES + 1) * e->cfg.size + 16 ||
+        ngtcp2_accept(&hd, data, len) != 0)
       return 0;
     if (!(c = server_conn_new(e, &hd, from, fromlen))) return 0;
   }
@@ -784,19 +822,45 @@ static int ds_enqueue(erdma_conn *c, tx_stream *d, const frame_hdr *h, const voi
   if (!d->write) d->write = t;
   c->dirty = 1;
   c->e->stats.chunks_sent++;
+  c->e->stats.lane_chunks_sent += c->lane > 0;
   return 0;
+}
+
+/* A lane takes payload once the peer has filed it: its HELLO (the first
+ * bytes of its control stream, handled on arrival) has been acknowledged,
+ * so no CHUNK can reach the peer before the HELLO that names us. */
+static int lane_ready(const erdma_conn *l) {
+  return l && l->conn && !l->closed && l->handshake_done && l->hello_recv &&
+         l->acked >= ERDMA_HDR_LEN;
 }
 
 /* The receiver matched send r (its receive id is recv_id): send the payload.
  * When the receiver accepts chunks, the payload is cut into CHUNK frames
- * spread over our data streams, so a lost packet stalls only the stream it
- * belongs to; otherwise it is one DATA frame on the control stream. */
+ * spread over the data streams of the peer's ready connections (lanes), so
+ * a lost packet stalls only the stream it belongs to and each lane's
+ * congestion window adds to the others'; otherwise it is one DATA frame on
+ * the control stream. */
 void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks_ok) {
   erdma_engine *e = c->e;
   frame_hdr h = {0};
   uint64_t chunk = e->cfg.chunk_size ? e->cfg.chunk_size : (512u << 10);
-  if (chunks_ok && !c->shm && c->conn && e->cfg.data_streams > 0) ds_open(c);
-  if (!chunks_ok || c->shm || c->nds == 0) {
+  erdma_conn *lc[ERDMA_MAX_LANES];
+  tx_stream *ds[ERDMA_MAX_LANES * ERDMA_MAX_DSTREAMS];
+  erdma_conn *dc[ERDMA_MAX_LANES * ERDMA_MAX_DSTREAMS];
+  int nl = 0, nd = 0;
+  if (chunks_ok && !c->shm && c->conn && e->cfg.data_streams > 0 && c->peer >= 0) {
+    for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+      erdma_conn *l = peer_conn(&e->peers[c->peer], k);
+      if (l != c && !lane_ready(l)) continue;
+      ds_open(l);
+      lc[nl++] = l;
+      for (int i = 0; i < l->nds; i++) {
+        ds[nd] = &l->ds[i];
+        dc[nd++] = l;
+      }
+    }
+  }
+  if (!chunks_ok || c->shm || nd == 0) {
     h.type = FR_DATA;
     h.id = recv_id;
     h.len = r->nbytes;
@@ -806,28 +870,30 @@ void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks
   uint64_t n = r->nbytes, count = n ? (n + chunk - 1) / chunk : 1;
   r->chunks_left = count;
   for (uint64_t off = 0, k = 0; k < count; k++, off += chunk) {
-    /* the stream with the least unsent data (a stream held back by a loss
-     * or by its flow-control window gets less) */
-    tx_stream *d = &c->ds[c->ds_next];
-    for (int i = 0; i < c->nds; i++)
-      if (c->ds[i].unwritten < d->unwritten) d = &c->ds[i];
-    c->ds_next = (c->ds_next + 1) % c->nds;
+    /* the stream with the least unsent data (a stream held back by a loss,
+     * its flow-control window or its lane's congestion window gets less);
+     * ties go round the streams of all lanes */
+    int best = c->ds_next % nd;
+    for (int i = 0; i < nd; i++)
+      if (ds[i]->unwritten < ds[best]->unwritten) best = i;
+    c->ds_next = (best + 1) % nd;
     h.type = FR_CHUNK;
     h.id = recv_id;
     h.off = off;
     h.len = n - off < chunk ? n - off : chunk;
-    if (ds_enqueue(c, d, &h, (const uint8_t *)r->sbuf + off, h.len, r) != 0) {
+    if (ds_enqueue(dc[best], ds[best], &h, (const uint8_t *)r->sbuf + off, h.len, r) != 0) {
       /* out of memory: the chunks already queued still go (the receiver
        * waits for them all), but the send fails now and owns nothing */
-      for (int i = 0; i < c->nds; i++)
-        for (tx_item *t = c->ds[i].head; t; t = t->next)
-          if (t->req == r) {
-            uint8_t *copy = malloc(t->plen ? t->plen : 1);
-            if (copy) memcpy(copy, t->payload, t->plen);
-            t->owned = copy;
-            t->payload = copy;
-            t->req = NULL;
-          }
+      for (int j = 0; j < nl; j++)
+        for (int i = 0; i < lc[j]->nds; i++)
+          for (tx_item *t = lc[j]->ds[i].head; t; t = t->next)
+            if (t->req == r) {
+              uint8_t *copy = malloc(t->plen ? t->plen : 1);
+              if (copy) memcpy(copy, t->payload, t->plen);
+              t->owned = copy;
+              t->payload = copy;
+              t->req = NULL;
+            }
       req_complete(r, ERDMA_ERR_NOMEM);
       return;
     }
@@ -993,7 +1059,8 @@ static void for_each_conn(erdma_engine *e, void (*fn)(erdma_conn *)) {
     fn(c);
   }
   for (int i = 0; i < e->cfg.size; i++)
-    if (e->peers[i].conn) fn(e->peers[i].conn);
+    for (int k = 0; k < ERDMA_MAX_LANES; k++)
+      if ((c = peer_conn(&e->peers[i], k))) fn(c);
 }
 
 static void flush_one(erdma_conn *c) {
@@ -1011,14 +1078,14 @@ static void expire_one(erdma_conn *c) {
 void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
 
 void conn_log_paths(erdma_engine *e) {
-  for (int i = 0; i < e->cfg.size; i++) {
-    erdma_conn *c = e->peers[i].conn;
+  for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
+    erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
     ngtcp2_conn_stat cs;
     if (!c || !c->conn || c->closed) continue;
     ngtcp2_conn_get_conn_stat(c->conn, &cs);
-    fprintf(stderr, "erdma[%d] %.3f: peer %d: sent %.1f MB cwnd %lu in flight %lu srtt %.1f ms "
-            "min %.1f ms pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank,
-            erdma_now() / 1e9, i, e->stats.bytes_sent / 1e6,
+    fprintf(stderr, "erdma[%d] %.3f: peer %d lane %d: sent %.1f MB cwnd %lu in flight %lu "
+            "srtt %.1f ms min %.1f ms pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank,
+            erdma_now() / 1e9, i / ERDMA_MAX_LANES, i % ERDMA_MAX_LANES, e->stats.bytes_sent / 1e6,
             (unsigned long)cs.cwnd, (unsigned long)cs.bytes_in_flight, cs.smoothed_rtt / 1e6,
             cs.min_rtt == UINT64_MAX ? 0.0 : cs.min_rtt / 1e6, cs.pacing_rate * 8e3,
             cs.delivery_rate_sec * 8 / 1e6);
@@ -1030,8 +1097,8 @@ uint64_t conn_next_expiry(erdma_engine *e) {
   for (erdma_conn *c = e->pending; c; c = c->next_pending)
     if (!c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
       t = ngtcp2_conn_get_expiry(c->conn);
-  for (int i = 0; i < e->cfg.size; i++) {
-    erdma_conn *c = e->peers[i].conn;
+  for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
+    erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
     if (c && !c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
       t = ngtcp2_conn_get_expiry(c->conn);
   }

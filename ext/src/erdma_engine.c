@@ -389,8 +389,11 @@ int erdma_engine_connect(erdma_engine *e) {
     return ERDMA_ERR_NOMEM;
   }
   pthread_mutex_lock(&e->mu);
+  /* the lower rank is the server; extra lanes come up in the background */
   for (int i = 0; i < e->cfg.rank && rv == 0; i++)
-    if (shm_is_local(e, i) < 0) rv = conn_client_new(e, i);
+    if (shm_is_local(e, i) < 0)
+      for (int k = 0, n = conn_lanes_wanted(e, i); k < n && rv == 0; k++)
+        rv = conn_client_new(e, i, k);
   engine_wake(e);
   uint64_t deadline = deadline_of(e->cfg.handshake_timeout);
   while (rv == 0) {
@@ -422,8 +425,8 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
   int rv = 0;
   for (;;) {
     int busy = 0;
-    for (int i = 0; i < e->cfg.size; i++) {
-      erdma_conn *c = e->peers[i].conn;
+    for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
+      erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
       if (c && !c->closed && !conn_tx_idle(c)) busy = 1;
     }
     if (!busy) break;
@@ -434,8 +437,10 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
     engine_wake(e);
     deadline_wait(e, erdma_now() + 20000000ull);
   }
-  for (int i = 0; i < e->cfg.size; i++)
-    if (e->peers[i].conn) conn_close(e->peers[i].conn, 1);
+  for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
+    erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
+    if (c) conn_close(c, 1);
+  }
   e->running = 0;
   engine_wake(e);
   pthread_mutex_unlock(&e->mu);
@@ -454,9 +459,12 @@ void erdma_engine_free(erdma_engine *e) {
   e->stopping = 1;
   if (e->peers)
     for (int i = 0; i < e->cfg.size; i++)
-      if (e->peers[i].conn) {
-        conn_free(e->peers[i].conn);
-        e->peers[i].conn = NULL;
+      for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+        erdma_conn *c = peer_conn(&e->peers[i], k);
+        if (!c) continue;
+        conn_free(c);
+        if (k) e->peers[i].lanes[k] = NULL;
+        else e->peers[i].conn = NULL;
       }
   while (e->pending) {
     erdma_conn *c = e->pending;

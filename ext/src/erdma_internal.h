@@ -19,6 +19,7 @@ enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5, FR_CHUNK
 #define FR_FLAG_SYNC 1
 #define FR_FLAG_CMA 2 /* shared memory: RTS id = sender address, aux = request id; CTS: done */
 #define FR_FLAG_CHUNKS 4 /* CTS: the payload may come as CHUNK frames on data streams */
+#define FR_FLAG_LANE 8   /* HELLO: this connection is extra lane `aux` of the sender */
 
 typedef struct frame_hdr {
   uint8_t type, flags;
@@ -121,6 +122,8 @@ typedef struct rx_state {
 #define ERDMA_MAX_DSTREAMS 16
 /* congestion control towards other hosts when cfg.cc_algo is ERDMA_CC_AUTO */
 #define ERDMA_DEFAULT_WAN_CC ERDMA_CC_BBR
+/* connections to each peer on another host when cfg.lanes is 0 */
+#define ERDMA_DEFAULT_LANES 1
 typedef struct tx_stream {
   int64_t id;
   tx_item *head, *tail, *write;
@@ -136,6 +139,7 @@ typedef struct erdma_conn {
   ngtcp2_crypto_conn_ref conn_ref;
   int is_client;
   int peer;              /* peer rank, -1 until HELLO */
+  int lane;              /* 0: the peer's main connection; k > 0: extra lane k (CHUNKs only) */
   int handshake_done;
   int hello_recv;
   int closed;            /* closing/draining/dead */
@@ -165,15 +169,26 @@ typedef struct erdma_conn {
   size_t peer_map_len;
 } erdma_conn;
 
+#define ERDMA_MAX_LANES 8
 typedef struct peer_info {
   struct sockaddr_storage addr;
   socklen_t addr_len;
   int known;
   char fingerprint[65];
   erdma_conn *conn;
+  /* Extra QUIC connections (lanes[1..]; [0] unused: that is conn), each with
+   * its own congestion window: one connection's window is capped near
+   * 2 x bandwidth x min RTT, which delayed ACKs (a busy receiver, ACKs queued
+   * behind data) leave unfilled.  They carry only CHUNK frames. */
+  erdma_conn *lanes[ERDMA_MAX_LANES];
   int error;             /* ERDMA_ERR_PEER once lost */
   int closed_by_peer;
 } peer_info;
+
+/* connection k of a peer: 0 the main one, 1.. its lanes (NULL: none) */
+static inline erdma_conn *peer_conn(const peer_info *p, int k) {
+  return k == 0 ? p->conn : p->lanes[k];
+}
 
 /* ---- shared memory between ranks on one host (erdma_shm.c) ---- */
 typedef struct shm_state {
@@ -403,7 +418,8 @@ void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks
 /* every rx state (control stream and data streams) of c */
 #define CONN_RX_COUNT (1 + ERDMA_MAX_DSTREAMS)
 rx_state *conn_rx_at(erdma_conn *c, int i);
-int conn_client_new(erdma_engine *e, int peer);
+int conn_client_new(erdma_engine *e, int peer, int lane);
+int conn_lanes_wanted(erdma_engine *e, int peer); /* connections to open to a QUIC peer */
 int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen);
 int conn_flush(erdma_conn *c);

@@ -157,13 +157,16 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
   peer_info *p = &e->peers[peer];
   if (p->error) return;
   p->error = error;
-  if (p->conn) {
+  for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+    erdma_conn *c = peer_conn(p, k);
     /* receives being filled: a chunked one is still in rndv_recv (failed
      * below), a DATA one only here */
-    for (int i = 0; i < CONN_RX_COUNT; i++) {
-      rx_state *x = conn_rx_at(p->conn, i);
+    for (int i = 0; c && i < CONN_RX_COUNT; i++) {
+      rx_state *x = conn_rx_at(c, i);
       if (x->req && x->cur.type != FR_CHUNK) req_complete(x->req, error);
       x->req = NULL;
+      x->dst = NULL;
+      x->room = 0;
     }
   }
   for (r = e->posted_head; r; r = nx) {
@@ -209,7 +212,10 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
     }
     c->rx.msg = NULL;
     for (tx_item *t = c->tx_head; t; t = t->next) item_release_req(t, error);
-    for (int i = 0; i < c->nds; i++)
+  }
+  for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+    erdma_conn *c = peer_conn(p, k);
+    for (int i = 0; c && i < c->nds; i++)
       for (tx_item *t = c->ds[i].head; t; t = t->next) item_release_req(t, error);
   }
   pthread_cond_broadcast(&e->cv);
@@ -234,8 +240,8 @@ int erdma_req_abort(erdma_req *r) {
     } else {
       list_remove(&e->rndv_send_head, &e->rndv_send_tail, r);
     }
-    for (int i = 0; i < e->cfg.size; i++) {
-      erdma_conn *c = e->peers[i].conn;
+    for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
+      erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
       if (!c) continue;
       for (int k = 0; k < CONN_RX_COUNT; k++) {
         rx_state *x = conn_rx_at(c, k);

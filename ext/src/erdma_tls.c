@@ -11,7 +11,12 @@
 
 #include "erdma_internal.h"
 
-#define PRIORITY "%DISABLE_TLS13_COMPAT_MODE:NORMAL:-VERS-ALL:+VERS-TLS1.3"
+/* TLS 1.3 only; AES-128-GCM first (GnuTLS's NORMAL puts AES-256-GCM first):
+ * every payload byte is sealed and opened once, and with AES-NI the 128-bit
+ * key is 5-7 % cheaper here; ChaCha20 is 9x slower and stays last */
+#define PRIORITY                                                               \
+  "%DISABLE_TLS13_COMPAT_MODE:NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL:"      \
+  "+AES-128-GCM:+AES-256-GCM:+CHACHA20-POLY1305"
 
 static void hex(const uint8_t *in, size_t n, char *out) {
   static const char d[] = "0123456789abcdef";
