@@ -805,25 +805,46 @@ static void ds_open(erdma_conn *c) {
   }
 }
 
-static int ds_enqueue(erdma_conn *c, tx_stream *d, const frame_hdr *h, const void *payload,
-                      uint64_t plen, erdma_req *req) {
+static tx_item *chunk_item(const frame_hdr *h, const void *payload, uint64_t plen,
+                           erdma_req *req) {
   tx_item *t = calloc(1, sizeof *t);
-  if (!t) return ERDMA_ERR_NOMEM;
+  if (!t) return NULL;
   hdr_encode(t->hdr, h);
   t->payload = payload;
   t->plen = plen;
   t->req = req;
   t->chunk = 1;
-  d->offset += ERDMA_HDR_LEN + plen;
-  d->unwritten += ERDMA_HDR_LEN + plen;
+  return t;
+}
+
+/* Append CHUNK item t to data stream d of c. */
+static void ds_push(erdma_conn *c, tx_stream *d, tx_item *t) {
+  d->offset += ERDMA_HDR_LEN + t->plen;
+  d->unwritten += ERDMA_HDR_LEN + t->plen;
   t->stream_end = d->offset;
+  t->next = NULL;
   if (d->tail) d->tail->next = t; else d->head = t;
   d->tail = t;
   if (!d->write) d->write = t;
   c->dirty = 1;
   c->e->stats.chunks_sent++;
   c->e->stats.lane_chunks_sent += c->lane > 0;
-  return 0;
+}
+
+/* The data stream of c with the least unsent data (a stream held back by a
+ * loss or by its flow-control window gets less); ties go round. */
+static tx_stream *ds_pick(erdma_conn *c) {
+  tx_stream *d = &c->ds[c->ds_next % c->nds];
+  for (int i = 0; i < c->nds; i++)
+    if (c->ds[i].unwritten < d->unwritten) d = &c->ds[i];
+  c->ds_next = (int)(d - c->ds + 1) % c->nds;
+  return d;
+}
+
+static uint64_t conn_unwritten(const erdma_conn *c) {
+  uint64_t u = 0;
+  for (int i = 0; i < c->nds; i++) u += c->ds[i].unwritten;
+  return u;
 }
 
 /* A lane takes payload once the peer has filed it: its HELLO (the first
@@ -834,70 +855,109 @@ static int lane_ready(const erdma_conn *l) {
          l->acked >= ERDMA_HDR_LEN;
 }
 
+/* Whether connection k of p may carry chunks now (the main one always). */
+static int lane_usable(const peer_info *p, int k) {
+  const erdma_conn *l = peer_conn(p, k);
+  return k == 0 ? l && l->conn && !l->closed && !l->shm : lane_ready(l);
+}
+
+void lanes_refill(erdma_engine *e, int peer) {
+  peer_info *p = &e->peers[peer];
+  uint64_t chunk = e->cfg.chunk_size ? e->cfg.chunk_size : (512u << 10);
+  uint64_t ahead = 2 * (chunk + ERDMA_HDR_LEN);
+  int woke = 0;
+  while (p->lazy_head) {
+    erdma_conn *best = NULL;
+    uint64_t bu = 0;
+    for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+      if (!lane_usable(p, k)) continue;
+      erdma_conn *l = peer_conn(p, k);
+      ds_open(l);
+      uint64_t u = conn_unwritten(l);
+      if (l->nds && u < ahead && (!best || u < bu)) {
+        best = l;
+        bu = u;
+      }
+    }
+    if (!best) break;
+    tx_item *t = p->lazy_head;
+    p->lazy_head = t->next;
+    if (!p->lazy_head) p->lazy_tail = NULL;
+    ds_push(best, ds_pick(best), t);
+    woke = 1;
+  }
+  if (woke) engine_wake(e); /* the progress thread flushes the lanes given work */
+}
+
+void lanes_drop(erdma_engine *e, int peer, int error) {
+  peer_info *p = &e->peers[peer];
+  while (p->lazy_head) {
+    tx_item *t = p->lazy_head;
+    p->lazy_head = t->next;
+    item_release_req(t, error);
+    free(t->owned);
+    free(t);
+  }
+  p->lazy_tail = NULL;
+}
+
 /* The receiver matched send r (its receive id is recv_id): send the payload.
  * When the receiver accepts chunks, the payload is cut into CHUNK frames
- * spread over the data streams of the peer's ready connections (lanes), so
- * a lost packet stalls only the stream it belongs to and each lane's
- * congestion window adds to the others'; otherwise it is one DATA frame on
- * the control stream. */
+ * spread over our data streams, so a lost packet stalls only the stream it
+ * belongs to; with several lanes ready they wait on the peer's lazy list
+ * and go to whichever lane has room (lanes_refill).  Otherwise it is one
+ * DATA frame on the control stream. */
 void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks_ok) {
   erdma_engine *e = c->e;
   frame_hdr h = {0};
   uint64_t chunk = e->cfg.chunk_size ? e->cfg.chunk_size : (512u << 10);
-  erdma_conn *lc[ERDMA_MAX_LANES];
-  tx_stream *ds[ERDMA_MAX_LANES * ERDMA_MAX_DSTREAMS];
-  erdma_conn *dc[ERDMA_MAX_LANES * ERDMA_MAX_DSTREAMS];
-  int nl = 0, nd = 0;
+  int nl = 0;
   if (chunks_ok && !c->shm && c->conn && e->cfg.data_streams > 0 && c->peer >= 0) {
-    for (int k = 0; k < ERDMA_MAX_LANES; k++) {
-      erdma_conn *l = peer_conn(&e->peers[c->peer], k);
-      if (l != c && !lane_ready(l)) continue;
-      ds_open(l);
-      lc[nl++] = l;
-      for (int i = 0; i < l->nds; i++) {
-        ds[nd] = &l->ds[i];
-        dc[nd++] = l;
-      }
-    }
+    ds_open(c);
+    for (int k = 0; k < ERDMA_MAX_LANES; k++)
+      nl += peer_conn(&e->peers[c->peer], k) != c && lane_usable(&e->peers[c->peer], k);
   }
-  if (!chunks_ok || c->shm || nd == 0) {
+  if (!chunks_ok || c->shm || c->nds == 0) {
     h.type = FR_DATA;
     h.id = recv_id;
     h.len = r->nbytes;
     conn_enqueue(c, &h, r->sbuf, r->nbytes, NULL, r);
     return;
   }
+  /* the chunks, built before any is queued (out of memory: nothing sent) */
   uint64_t n = r->nbytes, count = n ? (n + chunk - 1) / chunk : 1;
-  r->chunks_left = count;
+  tx_item *head = NULL, *tail = NULL;
   for (uint64_t off = 0, k = 0; k < count; k++, off += chunk) {
-    /* the stream with the least unsent data (a stream held back by a loss,
-     * its flow-control window or its lane's congestion window gets less);
-     * ties go round the streams of all lanes */
-    int best = c->ds_next % nd;
-    for (int i = 0; i < nd; i++)
-      if (ds[i]->unwritten < ds[best]->unwritten) best = i;
-    c->ds_next = (best + 1) % nd;
     h.type = FR_CHUNK;
     h.id = recv_id;
     h.off = off;
     h.len = n - off < chunk ? n - off : chunk;
-    if (ds_enqueue(dc[best], ds[best], &h, (const uint8_t *)r->sbuf + off, h.len, r) != 0) {
-      /* out of memory: the chunks already queued still go (the receiver
-       * waits for them all), but the send fails now and owns nothing */
-      for (int j = 0; j < nl; j++)
-        for (int i = 0; i < lc[j]->nds; i++)
-          for (tx_item *t = lc[j]->ds[i].head; t; t = t->next)
-            if (t->req == r) {
-              uint8_t *copy = malloc(t->plen ? t->plen : 1);
-              if (copy) memcpy(copy, t->payload, t->plen);
-              t->owned = copy;
-              t->payload = copy;
-              t->req = NULL;
-            }
+    tx_item *t = chunk_item(&h, (const uint8_t *)r->sbuf + off, h.len, r);
+    if (!t) {
+      while (head) {
+        tx_item *x = head;
+        head = x->next;
+        free(x);
+      }
       req_complete(r, ERDMA_ERR_NOMEM);
       return;
     }
+    if (tail) tail->next = t; else head = t;
+    tail = t;
   }
+  r->chunks_left = count;
+  if (nl == 0 && !e->peers[c->peer].lazy_head) { /* one connection: queue them all now */
+    while (head) {
+      tx_item *t = head;
+      head = t->next;
+      ds_push(c, ds_pick(c), t);
+    }
+    return;
+  }
+  peer_info *p = &e->peers[c->peer];
+  if (p->lazy_tail) p->lazy_tail->next = head; else p->lazy_head = head;
+  p->lazy_tail = tail;
+  lanes_refill(e, c->peer);
 }
 
 /* n more bytes of the stream (from *write on) went into packets. */
@@ -979,8 +1039,10 @@ int conn_flush(erdma_conn *c) {
   if (c->closed || !c->conn) return 0;
   ngtcp2_path_storage_zero(&ps);
   int bursts = 0, done = 0;
+  peer_info *lazy = c->peer >= 0 ? &e->peers[c->peer] : NULL;
   while (!done) {
     ngtcp2_tstamp ts = erdma_now();
+    if (lazy && lazy->lazy_head) lanes_refill(e, c->peer);
     int maxp = burst_packets(c);
     int n = 0;
     while (n < maxp) {

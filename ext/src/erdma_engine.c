@@ -428,6 +428,9 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
     for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
       erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
       if (c && !c->closed && !conn_tx_idle(c)) busy = 1;
+      if (i % ERDMA_MAX_LANES == 0 && e->peers[i / ERDMA_MAX_LANES].lazy_head &&
+          !e->peers[i / ERDMA_MAX_LANES].error)
+        busy = 1;
     }
     if (!busy) break;
     if (erdma_now() >= deadline) {
@@ -458,7 +461,8 @@ void erdma_engine_free(erdma_engine *e) {
   pthread_mutex_lock(&e->mu);
   e->stopping = 1;
   if (e->peers)
-    for (int i = 0; i < e->cfg.size; i++)
+    for (int i = 0; i < e->cfg.size; i++) {
+      lanes_drop(e, i, ERDMA_ERR_PEER);
       for (int k = 0; k < ERDMA_MAX_LANES; k++) {
         erdma_conn *c = peer_conn(&e->peers[i], k);
         if (!c) continue;
@@ -466,6 +470,7 @@ void erdma_engine_free(erdma_engine *e) {
         if (k) e->peers[i].lanes[k] = NULL;
         else e->peers[i].conn = NULL;
       }
+    }
   while (e->pending) {
     erdma_conn *c = e->pending;
     e->pending = c->next_pending;

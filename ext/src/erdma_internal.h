@@ -123,7 +123,7 @@ typedef struct rx_state {
 /* congestion control towards other hosts when cfg.cc_algo is ERDMA_CC_AUTO */
 #define ERDMA_DEFAULT_WAN_CC ERDMA_CC_BBR
 /* connections to each peer on another host when cfg.lanes is 0 */
-#define ERDMA_DEFAULT_LANES 1
+#define ERDMA_DEFAULT_LANES 2
 typedef struct tx_stream {
   int64_t id;
   tx_item *head, *tail, *write;
@@ -181,6 +181,11 @@ typedef struct peer_info {
    * 2 x bandwidth x min RTT, which delayed ACKs (a busy receiver, ACKs queued
    * behind data) leave unfilled.  They carry only CHUNK frames. */
   erdma_conn *lanes[ERDMA_MAX_LANES];
+  /* With several lanes: CHUNK frames not yet given to a lane.  Each lane
+   * takes more only while it has less than two chunks unwritten, so the
+   * chunks go to whichever lane's window drains them (a lane pinned by
+   * loss recovery takes few), not round-robin up front. */
+  tx_item *lazy_head, *lazy_tail;
   int error;             /* ERDMA_ERR_PEER once lost */
   int closed_by_peer;
 } peer_info;
@@ -431,6 +436,8 @@ uint64_t conn_next_expiry(erdma_engine *e);
 void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload,
                   uint64_t plen, uint8_t *owned, erdma_req *req);
 void conn_close(erdma_conn *c, int graceful);
+void lanes_refill(erdma_engine *e, int peer); /* hand waiting chunks to lanes with room */
+void lanes_drop(erdma_engine *e, int peer, int error); /* fail and free waiting chunks */
 void conn_reap_pending(erdma_engine *e);
 void conn_free(erdma_conn *c);
 void item_release_req(tx_item *t, int error); /* drop t's reference to its send */

@@ -218,6 +218,7 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
     for (int i = 0; c && i < c->nds; i++)
       for (tx_item *t = c->ds[i].head; t; t = t->next) item_release_req(t, error);
   }
+  lanes_drop(e, peer, error);
   pthread_cond_broadcast(&e->cv);
 }
 
@@ -252,8 +253,10 @@ int erdma_req_abort(erdma_req *r) {
         }
       }
       if (c->rx.msg && c->rx.msg->bound == r) c->rx.msg->bound = NULL; /* now an orphan */
-      for (int k = -1; k < c->nds; k++)
-        for (tx_item *t = k < 0 ? c->tx_head : c->ds[k].head; t; t = t->next) {
+      /* (the peer's chunks not yet on a lane: with its main connection) */
+      tx_item *lazy = i % ERDMA_MAX_LANES ? NULL : e->peers[i / ERDMA_MAX_LANES].lazy_head;
+      for (int k = -2; k < c->nds; k++)
+        for (tx_item *t = k == -2 ? lazy : k < 0 ? c->tx_head : c->ds[k].head; t; t = t->next) {
           if (t->req != r) continue;
           if (!t->owned && t->plen) { /* QUIC may still retransmit it: keep a copy */
             uint8_t *copy = malloc(t->plen);
