@@ -462,7 +462,8 @@ class Engine:
                                             "bytes_recv", "msgs_sent", "msgs_recv", "unexpected",
                                             "chunks_sent", "chunks_recv", "raw_queued",
                                             "raw_dropped", "relay_sent", "relay_recv",
-                                            "lane_chunks_sent", "lane_chunks_recv")}
+                                            "lane_chunks_sent", "lane_chunks_recv",
+                                            "lanes_ready")}
 
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)

@@ -79,6 +79,13 @@ PRELUDE = textwrap.dedent(f"""
         assert st.nbytes == n, (i, st.nbytes, n)
         want = hashlib.sha256(payload(i, n).tobytes()).hexdigest()
         assert hashlib.sha256(buf[:n].tobytes()).hexdigest() == want, ("corrupt", i, n)
+    def lanes_up(n, timeout=20.0):
+        # wait until n extra lanes are ready (they come up in the background)
+        import time
+        end = time.monotonic() + timeout
+        while eng.stats()["lanes_ready"] < n:
+            assert time.monotonic() < end, ("lanes not up", eng.stats())
+            time.sleep(0.02)
     def finish(extra=None):
         tok = np.zeros(1, np.uint8)
         if rank == 0:
@@ -121,6 +128,7 @@ def test_large_messages_intact_over_lossy_link(lossy_link, tmp_path):
     sizes = [8 << 20, 24 << 20, (3 << 20) + 12345]
     reports = _job(lossy_link, tmp_path, f"""
         sizes = {sizes!r}
+        lanes_up(1)  # a job on two hosts gets a second lane by default
         out = [payload(10 * rank + i, n) for i, n in enumerate(sizes)]
         inb = [np.zeros(n + 64, np.uint8) for n in sizes]
         rr = [eng.irecv(P(b), len(b), 1 - rank, i, 7) for i, b in enumerate(inb)]
@@ -138,6 +146,8 @@ def test_large_messages_intact_over_lossy_link(lossy_link, tmp_path):
         assert st["chunks_recv"] >= sum(sizes) // (1 << 20)
         # the loss was real: more packets went out than the payload needs
         assert st["pkts_sent"] > sum(sizes) // 1452
+        # a job on two hosts gets a second lane by default
+        assert st["lane_chunks_sent"] > 0 and st["lane_chunks_recv"] > 0, st
 
 
 def test_order_preserved_under_loss(lossy_link, tmp_path):
@@ -183,10 +193,8 @@ def test_lanes_share_the_payload(lossy_link, tmp_path):
     spread over all lanes; small ones keep MPI order on the main one."""
     sizes = [8 << 20, (5 << 20) + 4321, 12 << 20]
     reports = _job(lossy_link, tmp_path, f"""
-        import time
         sizes = {sizes!r}
-        # the extra lanes come up in the background: give them a moment
-        time.sleep(1.0)
+        lanes_up(2)
         out = [payload(10 * rank + i, n) for i, n in enumerate(sizes)]
         inb = [np.zeros(n, np.uint8) for n in sizes]
         small = [np.zeros(8, np.uint8) for _ in range(50)]

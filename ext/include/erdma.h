@@ -112,8 +112,9 @@ typedef struct erdma_stats {
   /* NAT traversal: datagrams queued for erdma_engine_raw_recv, dropped because
    * that queue was full, and QUIC packets through TURN relay tunnels */
   uint64_t raw_queued, raw_dropped, relay_sent, relay_recv;
-  /* CHUNK frames that went over, or came in on, a peer's extra lanes */
-  uint64_t lane_chunks_sent, lane_chunks_recv;
+  /* CHUNK frames that went over, or came in on, a peer's extra lanes; extra
+   * lanes ready to carry chunks now (all peers) */
+  uint64_t lane_chunks_sent, lane_chunks_recv, lanes_ready;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

@@ -646,11 +646,32 @@ static int conn_start(erdma_conn *c) {
   return 0;
 }
 
+/* The host part of an IPv4/IPv6 address, for comparing hosts. */
+static int same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+  if (a->ss_family != b->ss_family) return 0;
+  if (a->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+  if (a->ss_family == AF_INET6)
+    return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                  &((const struct sockaddr_in6 *)b)->sin6_addr, 16) == 0;
+  return 0;
+}
+
 /* Connections to open to QUIC peer `peer`: ERDMA_LANES, or automatically
- * one over loopback and ERDMA_DEFAULT_LANES towards other hosts. */
+ * ERDMA_DEFAULT_LANES when every QUIC peer is at one address other than
+ * loopback (a job on two hosts: one path carries everything), else one (a
+ * rank with peers on several hosts already has several windows on its
+ * uplink, and more flows overshot the bottleneck queue: wan_engine.md). */
 int conn_lanes_wanted(erdma_engine *e, int peer) {
   int n = e->cfg.lanes;
-  if (n <= 0) n = addr_is_loopback(&e->peers[peer].addr) ? 1 : ERDMA_DEFAULT_LANES;
+  if (n <= 0) {
+    n = addr_is_loopback(&e->peers[peer].addr) ? 1 : ERDMA_DEFAULT_LANES;
+    for (int i = 0; i < e->cfg.size && n > 1; i++)
+      if (i != e->cfg.rank && shm_is_local(e, i) < 0 &&
+          !same_host(&e->peers[i].addr, &e->peers[peer].addr))
+        n = 1;
+  }
   return n > ERDMA_MAX_LANES ? ERDMA_MAX_LANES : n;
 }
 
@@ -853,6 +874,13 @@ static uint64_t conn_unwritten(const erdma_conn *c) {
 static int lane_ready(const erdma_conn *l) {
   return l && l->conn && !l->closed && l->handshake_done && l->hello_recv &&
          l->acked >= ERDMA_HDR_LEN;
+}
+
+uint64_t conn_lanes_ready(erdma_engine *e) {
+  uint64_t n = 0;
+  for (int i = 0; e->peers && i < e->cfg.size; i++)
+    for (int k = 1; k < ERDMA_MAX_LANES; k++) n += lane_ready(e->peers[i].lanes[k]);
+  return n;
 }
 
 /* Whether connection k of p may carry chunks now (the main one always). */

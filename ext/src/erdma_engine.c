@@ -498,6 +498,7 @@ void erdma_engine_free(erdma_engine *e) {
 int erdma_engine_stats(erdma_engine *e, erdma_stats *st) {
   pthread_mutex_lock(&e->mu);
   *st = e->stats;
+  st->lanes_ready = conn_lanes_ready(e);
   pthread_mutex_unlock(&e->mu);
   return 0;
 }

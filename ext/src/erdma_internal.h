@@ -425,6 +425,7 @@ void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks
 rx_state *conn_rx_at(erdma_conn *c, int i);
 int conn_client_new(erdma_engine *e, int peer, int lane);
 int conn_lanes_wanted(erdma_engine *e, int peer); /* connections to open to a QUIC peer */
+uint64_t conn_lanes_ready(erdma_engine *e);       /* extra lanes that carry chunks now */
 int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen);
 int conn_flush(erdma_conn *c);
