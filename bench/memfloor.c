@@ -5,7 +5,11 @@
  * own block (size/2) into its receive buffer and copies the peer's block
  * for it (size/2) out of the peer's send buffer, either straight from
  * memory both map (shm) or with process_vm_readv (cma: one call per block;
- * cma1m: 1 MiB pieces, as the engine; cmaN: N KiB pieces).  Copy kinds: glibc memcpy, rep movsb,
+ * cma1m: 1 MiB pieces, as the engine; cmaN: N KiB pieces), or through a
+ * small ring in shared memory (bounce: 64 KiB chunks; bounceN: N KiB), the
+ * two-copy path of MPI libraries without CMA, or with process_vm_readv into
+ * a small buffer of one's own that stays in the cache and from there with
+ * the copy kind (cmab: 64 KiB pieces; cmabN: N KiB).  Copy kinds: glibc memcpy, rep movsb,
  * non-temporal stores of 16/32/64 bytes (+ sfence).  Pages: 4 KiB
  * (MADV_NOHUGEPAGE) or transparent huge pages (MADV_HUGEPAGE).
  *
@@ -143,6 +147,10 @@ static void pin(int cpu) {
 typedef struct ctl {
   uint64_t bar[2] __attribute__((aligned(64)));
   uint64_t pad[14];
+  uint64_t prod[2] __attribute__((aligned(64))); /* bounce: chunks rank r put in its ring */
+  uint64_t pad2[7];
+  uint64_t cons[2] __attribute__((aligned(64))); /* ... and the peer took out of it */
+  uint64_t pad3[7];
   pid_t pid[2];
   uintptr_t addr[2]; /* each one's send buffer */
   long thp_kb[2];
@@ -172,21 +180,63 @@ static int cma_read(pid_t pid, void *local, const void *remote, size_t n, size_t
 
 static void report(const char *head, double *t, int iters) {
   qsort(t, (size_t)iters, sizeof *t, cmp_d);
-  printf("%s, \"best_us\": %.1f, \"median_us\": %.1f, \"p90_us\": %.1f, \"iters\": %d}\n", head,
-         t[0], t[iters / 2], t[iters * 9 / 10], iters);
+  printf("%s, \"best_us\": %.1f, \"p25_us\": %.1f, \"median_us\": %.1f, \"p90_us\": %.1f, "
+         "\"iters\": %d}\n", head, t[0], t[iters / 4], t[iters / 2], t[iters * 9 / 10], iters);
   fflush(stdout);
+}
+
+/* bounce: the peer's block through a ring of RING_SLOTS chunks in shared
+ * memory (small enough to stay in the caches): the owner of a block copies
+ * it in with plain stores, the other copies it out with `fn`; the own block
+ * is copied with `fn` in pieces while the ring is full or empty. */
+#define RING_SLOTS 8
+
+static void bounce_xchg(ctl_t *c, uint8_t *const ring[2], int me, copy_fn fn, uint8_t *in,
+                        uint8_t *mine, const uint8_t *own, const uint8_t *out, size_t blk,
+                        size_t chunk) {
+  int p = 1 - me;
+  size_t nch = (blk + chunk - 1) / chunk, pushed = 0, pulled = 0, local = 0;
+  uint64_t base_prod = __atomic_load_n(&c->prod[me], __ATOMIC_ACQUIRE);
+  uint64_t base_in = __atomic_load_n(&c->cons[p], __ATOMIC_ACQUIRE); /* == peer's prod base */
+  while (pushed < nch || pulled < nch || local < blk) {
+    int did = 0;
+    if (pushed < nch &&
+        base_prod + pushed - __atomic_load_n(&c->cons[me], __ATOMIC_ACQUIRE) < RING_SLOTS) {
+      size_t off = pushed * chunk, len = blk - off < chunk ? blk - off : chunk;
+      memcpy(ring[me] + ((base_prod + pushed) % RING_SLOTS) * chunk, out + off, len);
+      __atomic_store_n(&c->prod[me], base_prod + ++pushed, __ATOMIC_RELEASE);
+      did = 1;
+    }
+    if (pulled < nch && __atomic_load_n(&c->prod[p], __ATOMIC_ACQUIRE) > base_in + pulled) {
+      size_t off = pulled * chunk, len = blk - off < chunk ? blk - off : chunk;
+      fn(in + off, ring[p] + ((base_in + pulled) % RING_SLOTS) * chunk, len);
+      __atomic_store_n(&c->cons[p], base_in + ++pulled, __ATOMIC_RELEASE);
+      did = 1;
+    }
+    if (!did && local < blk) {
+      size_t len = blk - local < chunk ? blk - local : chunk;
+      fn(mine + local, own + local, len);
+      local += len;
+      did = 1;
+    }
+    if (!did) _mm_pause();
+  }
 }
 
 /* ---- a2a: both processes, the Alltoall's traffic ---- */
 static int run_a2a(const char *copy, const char *remote, int thp, size_t size, int iters,
                    int warmup) {
   copy_fn fn = copy_by_name(copy);
-  int cma = !strncmp(remote, "cma", 3);
+  int cmab = !strncmp(remote, "cmab", 4);
+  int cma = !strncmp(remote, "cma", 3) && !cmab, bounce = !strncmp(remote, "bounce", 6);
+  size_t chunk = bounce && remote[6] ? strtoul(remote + 6, NULL, 10) << 10
+                 : cmab && remote[4] ? strtoul(remote + 4, NULL, 10) << 10 : (64u << 10);
   /* cma: one call; cmaN: pieces of N KiB (cma1m: 1 MiB, as the engine) */
   size_t piece = !strcmp(remote, "cma1m") ? (1u << 20)
                  : cma && remote[3] ? strtoul(remote + 3, NULL, 10) << 10 : size;
   if (cma && piece == 0) piece = size;
-  if (!fn || (!cma && strcmp(remote, "shm"))) {
+  if (!fn || (!cma && !cmab && !bounce && strcmp(remote, "shm")) || chunk < 4096 ||
+      chunk % 256) {
     fprintf(stderr, "memfloor: bad copy %s or remote %s\n", copy, remote);
     return 2;
   }
@@ -194,6 +244,13 @@ static int run_a2a(const char *copy, const char *remote, int thp, size_t size, i
   ctl_t *c = mmap(NULL, sizeof *c, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (c == MAP_FAILED) die("mmap ctl");
   memset(c, 0, sizeof *c);
+  uint8_t *ring[2] = {NULL, NULL};
+  if (bounce)
+    for (int r = 0; r < 2; r++) {
+      ring[r] = mmap(NULL, RING_SLOTS * chunk, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+      if (ring[r] == MAP_FAILED) die("mmap ring");
+    }
   uint8_t *sbuf[2] = {alloc_buf(size, thp, 1), alloc_buf(size, thp, 2)};
   c->pid[0] = getpid();
   pid_t child = fork();
@@ -204,7 +261,8 @@ static int run_a2a(const char *copy, const char *remote, int thp, size_t size, i
   uint8_t *rbuf = alloc_buf(size, thp, 0);
   /* cma reads the peer's own pages: a pin of a page still shared since
    * fork() would unshare (copy, and split a huge page) in the peer first */
-  uint8_t *own = cma ? alloc_buf(size, thp, me + 1) : sbuf[me];
+  uint8_t *own = cma || cmab ? alloc_buf(size, thp, me + 1) : sbuf[me];
+  uint8_t *tmp = cmab ? alloc_buf(chunk, 0, 0) : NULL;
   c->addr[me] = (uintptr_t)own;
   c->thp_kb[me] = thp_kb();
   double *t = calloc((size_t)iters, sizeof *t);
@@ -213,8 +271,20 @@ static int run_a2a(const char *copy, const char *remote, int thp, size_t size, i
   for (int it = -warmup; it < iters; it++) {
     barrier(c, me);
     double t0 = now_us();
-    fn(rbuf + me * blk, own + me * blk, blk);
-    if (cma) {
+    if (bounce)
+      bounce_xchg(c, ring, me, fn, rbuf + p * blk, rbuf + me * blk, own + me * blk,
+                  own + p * blk, blk, chunk);
+    else
+      fn(rbuf + me * blk, own + me * blk, blk);
+    if (bounce) {
+    } else if (cmab) {
+      const uint8_t *r = (const uint8_t *)c->addr[p] + me * blk;
+      for (size_t off = 0; off < blk; off += chunk) {
+        size_t len = blk - off < chunk ? blk - off : chunk;
+        if (cma_read(ppid, tmp, r + off, len, len)) die("process_vm_readv");
+        fn(rbuf + p * blk + off, tmp, len);
+      }
+    } else if (cma) {
       if (cma_read(ppid, rbuf + p * blk, (uint8_t *)c->addr[p] + me * blk, blk, piece))
         die("process_vm_readv");
     } else {
@@ -322,7 +392,8 @@ int main(int argc, char **argv) {
   if (argc >= 3 && !strcmp(argv[1], "pvr"))
     return run_pvr(pages_arg(argv[2]), argc > 3 ? atoi(argv[3]) : 100);
   fprintf(stderr,
-          "usage: memfloor a2a memcpy|movsb|nt128|nt256|nt512 shm|cma|cma1m 4k|thp "
+          "usage: memfloor a2a memcpy|movsb|nt128|nt256|nt512 shm|cma[N]|cma1m|cmab[N]|bounce[N] "
+          "4k|thp "
           "[SIZE_MIB [ITERS [WARMUP]]]\n       memfloor pvr 4k|thp [ITERS]\n");
   return 2;
 }

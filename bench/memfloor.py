@@ -115,6 +115,7 @@ def child(args):
         print(json.dumps({"kind": "real", "stack": args.tag or stack, "size": args.size, "np": size,
                           "thp_kb": kb, "ok": ok,
                           "best_us": round(times[0] * 1e6, 1),
+                          "p25_us": round(times[len(times) // 4] * 1e6, 1),
                           "median_us": round(statistics.median(times) * 1e6, 1),
                           "p90_us": round(times[len(times) * 9 // 10] * 1e6, 1),
                           "loop_us": round(loop * 1e6, 1), "iters": args.iters}), flush=True)
@@ -209,11 +210,14 @@ def main(argv=None):
             with open(args.json, "a") as f:
                 for r in rows:
                     f.write(json.dumps(r) + "\n")
-        print("\nbest over rounds (us per call): label, best, median of medians")
+        print("\nover rounds (us per call): best, median of the rounds' best, p25, median; "
+              "load %.2f-%.2f" % (min(r["load"] for r in rows), max(r["load"] for r in rows)))
         for lab in dict.fromkeys(label(r) for r in rows):
             sel = [r for r in rows if label(r) == lab]
-            print("%-30s %8.1f %8.1f" % (lab, min(r["best_us"] for r in sel),
-                                         statistics.median(r["median_us"] for r in sel)))
+            med = lambda k: statistics.median(r[k] for r in sel if k in r)  # noqa: E731
+            print("%-30s %8.1f %8.1f %8.1f %8.1f" % (lab, min(r["best_us"] for r in sel),
+                                                     med("best_us"), med("p25_us"),
+                                                     med("median_us")))
 
 
 if __name__ == "__main__":
