@@ -210,14 +210,18 @@ def main(argv=None):
             with open(args.json, "a") as f:
                 for r in rows:
                     f.write(json.dumps(r) + "\n")
-        print("\nover rounds (us per call): best, median of the rounds' best, p25, median; "
-              "load %.2f-%.2f" % (min(r["load"] for r in rows), max(r["load"] for r in rows)))
+        print("\nover rounds (us per call): best; medians over the rounds of: best, p25, "
+              "median, back-to-back loop; load %.2f-%.2f"
+              % (min(r["load"] for r in rows), max(r["load"] for r in rows)))
         for lab in dict.fromkeys(label(r) for r in rows):
             sel = [r for r in rows if label(r) == lab]
-            med = lambda k: statistics.median(r[k] for r in sel if k in r)  # noqa: E731
-            print("%-30s %8.1f %8.1f %8.1f %8.1f" % (lab, min(r["best_us"] for r in sel),
-                                                     med("best_us"), med("p25_us"),
-                                                     med("median_us")))
+
+            def med(k):
+                v = [r[k] for r in sel if k in r]
+                return "%8.1f" % statistics.median(v) if v else "       -"
+            print("%-30s %8.1f %s %s %s %s" % (lab, min(r["best_us"] for r in sel),
+                                                med("best_us"), med("p25_us"),
+                                                med("median_us"), med("loop_us")))
 
 
 if __name__ == "__main__":
