@@ -46,6 +46,28 @@ def loadavg():
         return float(f.read().split()[0])
 
 
+def cpu_busy(dt=0.5):
+    """Fraction of the host's CPU time busy over the next dt seconds."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = sample()
+    time.sleep(dt)
+    t1, i1 = sample()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(limit, most):
+    """Wait up to `most` seconds for the CPUs to be busier than `limit` no
+    more; -> the last busy fraction seen."""
+    end = time.time() + most
+    while True:
+        b = cpu_busy()
+        if b <= limit or time.time() > end:
+            return b
+
+
 def thp_kb():
     try:
         with open("/proc/self/smaps_rollup") as f:
@@ -141,9 +163,10 @@ def launch(spec, args):
     return cmd, root or ROOT
 
 
-def run_one(cmd, root=ROOT, timeout=300):
+def run_one(cmd, root=ROOT, timeout=300, quiet=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    busy = wait_quiet(quiet, 60) if quiet is not None else None
     la = loadavg()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
@@ -153,6 +176,8 @@ def run_one(cmd, root=ROOT, timeout=300):
         return []
     for r in rows:
         r["load"] = la
+        if busy is not None:
+            r["busy_before"] = round(busy, 3)
     return rows
 
 
@@ -181,6 +206,9 @@ def main(argv=None):
                          "erdmampi:ROOT (the engine built in tree ROOT)")
     ap.add_argument("--pvr", action="store_true", help="also the process_vm_readv page costs")
     ap.add_argument("--json", help="append every row to this JSON-lines file")
+    ap.add_argument("--quiet", type=float, metavar="FRACTION",
+                    help="before each run wait (up to 60 s) until the CPUs were at most this "
+                         "busy over half a second (e.g. 0.1); the host is shared")
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
@@ -199,13 +227,14 @@ def main(argv=None):
         for rnd in range(args.rounds):
             order = jobs if rnd % 2 == 0 else jobs[::-1]
             for cmd, root in order:
-                for r in run_one(cmd, root):
+                for r in run_one(cmd, root, quiet=args.quiet):
                     r["round"] = rnd
                     rows.append(r)
-                    print("r%d %-28s best %8.1f  median %8.1f us%s  load %.2f%s" % (
+                    print("r%d %-28s best %8.1f  median %8.1f us%s  load %.2f%s%s" % (
                         rnd, label(r), r["best_us"], r["median_us"],
-                        "  loop %.1f" % r["loop_us"] if "loop_us" in r else "",
-                        r["load"], "" if r.get("ok", True) else "  WRONG"), flush=True)
+                        "  loop %.1f" % r["loop_us"] if "loop_us" in r else "", r["load"],
+                        "  busy %.2f" % r["busy_before"] if "busy_before" in r else "",
+                        "" if r.get("ok", True) else "  WRONG"), flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 for r in rows:
