@@ -17,9 +17,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "erdma.h"
 #include "erdma_internal.h" /* shm_cma_* for the bulk collectives */
@@ -720,6 +724,97 @@ typedef struct bulk_hdr {
   uint32_t pad;
 } bulk_hdr;
 
+/* A process's own block of a large one-host Alltoall is copied with
+ * non-temporal stores when the collective's buffers (send and receive of
+ * every rank) are well over the last-level cache: they skip the
+ * read-for-ownership of the destination and leave the caches to the CMA
+ * copies that run at the same time (bench/memfloor: 16 MiB Alltoall 3-10 %,
+ * 64 MiB 15-35 % faster).  Below, where the buffers stay in the cache, they
+ * would send them to memory (4 MiB: 1.7x slower).  glibc's memcpy would
+ * stream only from 3/4 of the L3 per thread, which it reads from CPUID.
+ * Same bytes as memcpy. */
+#define BULK_NT_MIN ((uint64_t)1 << 20)
+#define BULK_LLC_DEFAULT ((uint64_t)32 << 20)
+
+/* The L3 size as the kernel reports it (sysfs; glibc's sysconf reads CPUID,
+ * which in this VM claims 320 MiB for a 32 MiB L3), else a guess. */
+static uint64_t bulk_llc(void) {
+  static uint64_t llc; /* racy but idempotent */
+  uint64_t v = __atomic_load_n(&llc, __ATOMIC_RELAXED);
+  if (!v) {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    unsigned long long x = 0;
+    char unit = 0;
+    if (f) {
+      if (fscanf(f, "%llu%c", &x, &unit) < 1) x = 0;
+      fclose(f);
+    }
+    v = (uint64_t)x * (unit == 'K' ? 1024u : unit == 'M' ? 1048576u : 1u);
+    if (v < ((uint64_t)1 << 20)) v = BULK_LLC_DEFAULT;
+    __atomic_store_n(&llc, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+
+/* 1 if the own block (blk bytes) of an Alltoall of n ranks goes with NT stores */
+static int bulk_nt(uint64_t blk, int n) {
+  uint64_t llc = bulk_llc(), nn = (uint64_t)n * (uint64_t)n * 2; /* buffers: 2 n^2 blk */
+  return blk >= BULK_NT_MIN && blk > (llc + llc / 2) / nn;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void bulk_copy_nt_avx2(uint8_t *d, const uint8_t *s,
+                                                             uint64_t n) {
+  uint64_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+    _mm256_stream_si256((__m256i *)(d + i), a);
+    _mm256_stream_si256((__m256i *)(d + i + 32), b);
+    _mm256_stream_si256((__m256i *)(d + i + 64), c);
+    _mm256_stream_si256((__m256i *)(d + i + 96), e);
+  }
+  _mm_sfence();
+  if (i < n) memcpy(d + i, s + i, n - i);
+}
+
+static void bulk_copy_nt_sse2(uint8_t *d, const uint8_t *s, uint64_t n) {
+  uint64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+    __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+    __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+    _mm_stream_si128((__m128i *)(d + i), a);
+    _mm_stream_si128((__m128i *)(d + i + 16), b);
+    _mm_stream_si128((__m128i *)(d + i + 32), c);
+    _mm_stream_si128((__m128i *)(d + i + 48), e);
+  }
+  _mm_sfence();
+  if (i < n) memcpy(d + i, s + i, n - i);
+}
+#endif
+
+/* n bytes s -> d (not overlapping); nt: with non-temporal stores */
+static void bulk_copy(uint8_t *d, const uint8_t *s, uint64_t n, int nt) {
+#if defined(__x86_64__)
+  if (nt && n >= 64) {
+    uint64_t head = (64 - ((uintptr_t)d & 63)) & 63; /* stores: whole cache lines */
+    memcpy(d, s, head);
+    if (__builtin_cpu_supports("avx2"))
+      bulk_copy_nt_avx2(d + head, s + head, n - head);
+    else
+      bulk_copy_nt_sse2(d + head, s + head, n - head);
+    return;
+  }
+#else
+  (void)nt;
+#endif
+  memcpy(d, s, n);
+}
+
 /* Pieces that both sides of a pair claim from opposite ends: each side
  * publishes its claim in a word of its own memory, which the other reads
  * with CMA before each chunk.  A chunk claimed by both is copied twice from
@@ -938,7 +1033,7 @@ static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t
                    (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
   if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
   if (theirs.len != blk) return ERDMA_ERR_TRUNCATE;
-  if (blk) memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
+  if (blk) bulk_copy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk, bulk_nt(blk, 2));
   uint64_t in_lo = 0, in_hi = blk, out_lo = 0, out_hi = blk; /* left for messages */
   if (mine.cma && theirs.cma && blk) {
     int dyn_me = mine.limit == UINT64_MAX, dyn_peer = theirs.limit == UINT64_MAX;
@@ -1066,7 +1161,7 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
     return 0;
   }
   if (n == 2) return alltoall_pair(e, s, d, blk, ranks, me, pull_part, tag, ctx, timeout);
-  if (blk) memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
+  if (blk) bulk_copy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk, bulk_nt(blk, n));
   bulk_xchg x = {s, d, blk, NULL, NULL};
   return bulk_exchange(e, &x, ranks, n, me, tag, ctx, timeout);
 }
