@@ -177,6 +177,20 @@ elif mode == "nonblocking":
     c.Ialltoall(send, recv).Wait()
     assert np.array_equal(recv, np.concatenate(
         [pattern(blk, np.float32, 1000 * j + r) for j in range(n)]))
+elif mode == "large":
+    # blocks over the last-level cache: a rank's own block is copied with
+    # non-temporal stores (erdma_sched.c bulk_copy), here into buffers at odd
+    # addresses, with a tail that is not a whole cache line
+    for blk, off in ((8 * MiB + 3, 1), (12 * MiB + 77, 13)):
+        send = np.concatenate([pattern(blk, np.uint8, 1000 * r + j) for j in range(n)])
+        sbase = np.zeros(blk * n + off, np.uint8)
+        sbase[off:] = send
+        rbase = np.full(blk * n + 2 * off, 3, np.uint8)
+        c.Alltoall(sbase[off:], rbase[off:off + blk * n])
+        want = np.concatenate([pattern(blk, np.uint8, 1000 * j + r) for j in range(n)])
+        assert np.array_equal(rbase[off:off + blk * n], want), ("alltoall", blk, off)
+        assert (rbase[:off] == 3).all() and (rbase[off + blk * n:] == 3).all(), "wrote outside"
+        assert np.array_equal(sbase[off:], send), "send buffer changed"
 elif mode == "many":
     # back-to-back calls with changing roots and sizes: no message of one
     # call may be taken by the next
@@ -287,3 +301,8 @@ def test_bulk_nonblocking(n):
 def test_bulk_many_calls():
     _run(2, "many")
     _run(4, "many")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_bulk_alltoall_over_the_cache(n):
+    _run(n, "large")
