@@ -440,6 +440,21 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
     engine_wake(e);
     deadline_wait(e, erdma_now() + 20000000ull);
   }
+  /* Let delayed ACKs go out before the close: a peer still waiting for
+   * them (its sends complete on acknowledgment) would otherwise see the
+   * CONNECTION_CLOSE first and fail those sends, although their data
+   * arrived.  Nothing else (a barrier's messages) has to carry them on a
+   * lane, which only carries payload.  ngtcp2 sends a delayed ACK within
+   * max_ack_delay; the progress thread runs its timers meanwhile. */
+  int quic = 0;
+  for (int i = 0; i < e->cfg.size; i++)
+    quic |= e->peers[i].conn && !e->peers[i].conn->shm && !e->peers[i].conn->closed;
+  uint64_t linger = erdma_now() + 2 * NGTCP2_DEFAULT_MAX_ACK_DELAY;
+  if (linger > deadline) linger = deadline;
+  while (quic && erdma_now() < linger) {
+    engine_wake(e);
+    deadline_wait(e, linger);
+  }
   for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
     erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
     if (c) conn_close(c, 1);
