@@ -238,3 +238,69 @@ def test_single_stream_sender_interoperates(lossy_link, tmp_path):
     by_rank = {r["rank"]: r["stats"] for r in reports}
     assert by_rank[1]["chunks_sent"] == 0 and by_rank[0]["chunks_recv"] == 0
     assert by_rank[0]["chunks_sent"] > 0 and by_rank[1]["chunks_recv"] > 0
+
+
+def test_automatic_lanes_only_between_two_hosts(lossy_link, tmp_path):
+    """Rank 0 in one namespace, ranks 1 and 2 at two addresses of the other:
+    every rank has QUIC peers at two addresses, so the automatic setting
+    opens no extra lane (a second lane is for a job on two hosts); large
+    messages still go, as chunks on the main connections."""
+    import json
+    dev = _run("ip", "-n", lossy_link[1], "-o", "link", "show", "type", "veth").stdout
+    dev = dev.split(":")[1].strip().split("@")[0]
+    _run("ip", "-n", lossy_link[1], "addr", "add", "10.214.0.3/24", "dev", dev)
+    addrs, ports = ADDR + ("10.214.0.3",), PORT + (47103,)
+    script = tmp_path / "rank3.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys, time
+        import numpy as np
+        from erdmampi import _engine as E
+        rank = int(sys.argv[1])
+        ADDR, PORT = {addrs!r}, {ports!r}
+        eng = E.Engine.create(rank, 3, bind=ADDR[rank], port=PORT[rank], connect_timeout=20.0,
+                              idle_timeout=20.0)
+        for p in range(3):
+            if p != rank:
+                eng.set_peer(p, ADDR[p], PORT[p], "")
+        eng.connect()
+        P = E.buffer_pointer
+        n = 3 << 20
+        if rank == 0:
+            bufs = [np.zeros(n, np.uint8) for _ in range(2)]
+            reqs = [eng.irecv(P(b), n, src, 1, 0) for src, b in zip((1, 2), bufs)]
+            for src, (r, b) in zip((1, 2), zip(reqs, bufs)):
+                st = r.wait(60.0)
+                assert st.error == 0 and st.nbytes == n, st
+                assert (b == src).all(), "corrupt"
+            for dst in (1, 2):
+                eng.send(P(np.zeros(1, np.uint8)), 1, dst, 2, 0)
+        else:
+            out = np.full(n, rank, np.uint8)
+            assert eng.isend(P(out), n, 0, 1, 0).wait(60.0).error == 0
+            eng.recv(P(np.zeros(1, np.uint8)), 1, 0, 2, 0)
+        time.sleep(0.5)  # (a lane would have been up long since)
+        print(json.dumps({{"rank": rank, "stats": eng.stats()}}), flush=True)
+        eng.shutdown(10.0)
+    """))
+    nss = (lossy_link[0], lossy_link[1], lossy_link[1])
+    procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, str(script), str(r)],
+                              env=rank_env(), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for r, ns in enumerate(nss)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rc, out, err in outs:
+        assert rc == 0, "\n".join(f"rc {o[0]}:\n{o[1]}{o[2]}" for o in outs)
+    for rc, out, err in outs:
+        st = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])["stats"]
+        assert st["lanes_ready"] == 0 and st["lane_chunks_sent"] == 0, st
+    st0 = json.loads([ln for ln in outs[0][1].splitlines() if ln.startswith("{")][-1])["stats"]
+    assert st0["chunks_recv"] > 0, st0
