@@ -168,7 +168,7 @@ static void payload_done(erdma_conn *c, rx_state *x) {
     if (r->got >= r->nbytes) { /* the last chunk of the message */
       if (list_has(e->rndv_recv_head, r)) DL_REMOVE(e->rndv_recv_head, e->rndv_recv_tail, r);
       /* (only a lying peer leaves other streams, of any lane, filling it) */
-      for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+      for (int k = 0; k < e->lanes_max; k++) {
         erdma_conn *o = peer_conn(&e->peers[c->peer], k);
         for (int i = 0; o && i < CONN_RX_COUNT; i++) {
           rx_state *y = conn_rx_at(o, i);
@@ -253,6 +253,7 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
     *slot = c;
     c->peer = rank;
     c->lane = lane;
+    if (lane >= e->lanes_max) e->lanes_max = lane + 1;
   }
   c->hello_recv = 1;
   pthread_cond_broadcast(&e->cv);
@@ -707,6 +708,7 @@ int conn_client_new(erdma_engine *e, int peer, int lane) {
   }
   if (lane) e->peers[peer].lanes[lane] = c;
   else e->peers[peer].conn = c;
+  if (lane >= e->lanes_max) e->lanes_max = lane + 1;
   conn_flush(c);
   return 0;
 }
@@ -748,18 +750,16 @@ static erdma_conn *find_conn(erdma_engine *e, const uint8_t *dcid, size_t n) {
   if (n == ERDMA_CIDLEN) {
     uint32_t tag = get32(dcid);
     if (tag < (uint32_t)e->cfg.size)
-      for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+      for (int k = 0; k < e->lanes_max; k++) {
         erdma_conn *c = peer_conn(&e->peers[tag], k);
         if (c && cid_has(c, dcid, n)) return c;
       }
   }
-  for (erdma_conn *c = e->pending; c; c = c->next_pending)
+  erdma_conn *c;
+  for (c = e->pending; c; c = c->next_pending)
     if (cid_has(c, dcid, n)) return c;
-  for (int i = 0; i < e->cfg.size; i++)
-    for (int k = 0; k < ERDMA_MAX_LANES; k++) {
-      erdma_conn *c = peer_conn(&e->peers[i], k);
-      if (c && cid_has(c, dcid, n)) return c;
-    }
+  FOR_PEER_CONNS(e, i, k, c)
+    if (cid_has(c, dcid, n)) return c;
   return NULL;
 }
 
@@ -879,7 +879,7 @@ static int lane_ready(const erdma_conn *l) {
 uint64_t conn_lanes_ready(erdma_engine *e) {
   uint64_t n = 0;
   for (int i = 0; e->peers && i < e->cfg.size; i++)
-    for (int k = 1; k < ERDMA_MAX_LANES; k++) n += lane_ready(e->peers[i].lanes[k]);
+    for (int k = 1; k < e->lanes_max; k++) n += lane_ready(e->peers[i].lanes[k]);
   return n;
 }
 
@@ -891,13 +891,12 @@ static int lane_usable(const peer_info *p, int k) {
 
 void lanes_refill(erdma_engine *e, int peer) {
   peer_info *p = &e->peers[peer];
-  uint64_t chunk = e->cfg.chunk_size ? e->cfg.chunk_size : (512u << 10);
-  uint64_t ahead = 2 * (chunk + ERDMA_HDR_LEN);
+  uint64_t ahead = 2 * (ERDMA_CHUNK_BYTES(e) + ERDMA_HDR_LEN);
   int woke = 0;
   while (p->lazy_head) {
     erdma_conn *best = NULL;
     uint64_t bu = 0;
-    for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+    for (int k = 0; k < e->lanes_max; k++) {
       if (!lane_usable(p, k)) continue;
       erdma_conn *l = peer_conn(p, k);
       ds_open(l);
@@ -938,11 +937,11 @@ void lanes_drop(erdma_engine *e, int peer, int error) {
 void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks_ok) {
   erdma_engine *e = c->e;
   frame_hdr h = {0};
-  uint64_t chunk = e->cfg.chunk_size ? e->cfg.chunk_size : (512u << 10);
+  uint64_t chunk = ERDMA_CHUNK_BYTES(e);
   int nl = 0;
   if (chunks_ok && !c->shm && c->conn && e->cfg.data_streams > 0 && c->peer >= 0) {
     ds_open(c);
-    for (int k = 0; k < ERDMA_MAX_LANES; k++)
+    for (int k = 0; k < e->lanes_max; k++)
       nl += peer_conn(&e->peers[c->peer], k) != c && lane_usable(&e->peers[c->peer], k);
   }
   if (!chunks_ok || c->shm || c->nds == 0) {
@@ -1148,9 +1147,7 @@ static void for_each_conn(erdma_engine *e, void (*fn)(erdma_conn *)) {
     next = c->next_pending; /* fn may move c to a peer slot */
     fn(c);
   }
-  for (int i = 0; i < e->cfg.size; i++)
-    for (int k = 0; k < ERDMA_MAX_LANES; k++)
-      if ((c = peer_conn(&e->peers[i], k))) fn(c);
+  FOR_PEER_CONNS(e, i, k, c) fn(c);
 }
 
 static void flush_one(erdma_conn *c) {
@@ -1168,14 +1165,14 @@ static void expire_one(erdma_conn *c) {
 void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
 
 void conn_log_paths(erdma_engine *e) {
-  for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
-    erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
+  erdma_conn *c;
+  FOR_PEER_CONNS(e, i, k, c) {
     ngtcp2_conn_stat cs;
-    if (!c || !c->conn || c->closed) continue;
+    if (!c->conn || c->closed) continue;
     ngtcp2_conn_get_conn_stat(c->conn, &cs);
     fprintf(stderr, "erdma[%d] %.3f: peer %d lane %d: sent %.1f MB cwnd %lu in flight %lu "
             "srtt %.1f ms min %.1f ms pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank,
-            erdma_now() / 1e9, i / ERDMA_MAX_LANES, i % ERDMA_MAX_LANES, e->stats.bytes_sent / 1e6,
+            erdma_now() / 1e9, i, k, e->stats.bytes_sent / 1e6,
             (unsigned long)cs.cwnd, (unsigned long)cs.bytes_in_flight, cs.smoothed_rtt / 1e6,
             cs.min_rtt == UINT64_MAX ? 0.0 : cs.min_rtt / 1e6, cs.pacing_rate * 8e3,
             cs.delivery_rate_sec * 8 / 1e6);
@@ -1184,14 +1181,13 @@ void conn_log_paths(erdma_engine *e) {
 
 uint64_t conn_next_expiry(erdma_engine *e) {
   uint64_t t = UINT64_MAX;
-  for (erdma_conn *c = e->pending; c; c = c->next_pending)
+  erdma_conn *c;
+  for (c = e->pending; c; c = c->next_pending)
     if (!c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
       t = ngtcp2_conn_get_expiry(c->conn);
-  for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
-    erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
-    if (c && !c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
+  FOR_PEER_CONNS(e, i, k, c)
+    if (!c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
       t = ngtcp2_conn_get_expiry(c->conn);
-  }
   return t;
 }
 

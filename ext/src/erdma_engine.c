@@ -299,6 +299,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
   e->cfg.bind_addr = e->bind_addr;
   e->evfd = e->fd = e->io.fd = -1;
+  e->lanes_max = 1;
   pthread_mutex_init(&e->mu, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -425,13 +426,10 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
   int rv = 0;
   for (;;) {
     int busy = 0;
-    for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
-      erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
-      if (c && !c->closed && !conn_tx_idle(c)) busy = 1;
-      if (i % ERDMA_MAX_LANES == 0 && e->peers[i / ERDMA_MAX_LANES].lazy_head &&
-          !e->peers[i / ERDMA_MAX_LANES].error)
-        busy = 1;
-    }
+    erdma_conn *c;
+    FOR_PEER_CONNS(e, i, k, c) busy |= !c->closed && !conn_tx_idle(c);
+    for (int i = 0; i < e->cfg.size; i++) /* chunks not yet on a lane */
+      busy |= e->peers[i].lazy_head && !e->peers[i].error;
     if (!busy) break;
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
@@ -455,10 +453,8 @@ int erdma_engine_shutdown(erdma_engine *e, double timeout) {
     engine_wake(e);
     deadline_wait(e, linger);
   }
-  for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
-    erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
-    if (c) conn_close(c, 1);
-  }
+  erdma_conn *c;
+  FOR_PEER_CONNS(e, i, k, c) conn_close(c, 1);
   e->running = 0;
   engine_wake(e);
   pthread_mutex_unlock(&e->mu);
@@ -478,7 +474,7 @@ void erdma_engine_free(erdma_engine *e) {
   if (e->peers)
     for (int i = 0; i < e->cfg.size; i++) {
       lanes_drop(e, i, ERDMA_ERR_PEER);
-      for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+      for (int k = 0; k < e->lanes_max; k++) {
         erdma_conn *c = peer_conn(&e->peers[i], k);
         if (!c) continue;
         conn_free(c);

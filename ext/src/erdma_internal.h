@@ -194,6 +194,13 @@ typedef struct peer_info {
 static inline erdma_conn *peer_conn(const peer_info *p, int k) {
   return k == 0 ? p->conn : p->lanes[k];
 }
+/* every connection of every peer, as c (peer i, slot k): a double loop */
+#define FOR_PEER_CONNS(e, i, k, c)                                             \
+  for (int i = 0; i < (e)->cfg.size; i++)                                      \
+    for (int k = 0; k < (e)->lanes_max; k++)                                   \
+      if (((c) = peer_conn(&(e)->peers[i], k)) != NULL)
+/* the bytes of payload per CHUNK frame */
+#define ERDMA_CHUNK_BYTES(e) ((e)->cfg.chunk_size ? (e)->cfg.chunk_size : (512u << 10))
 
 /* ---- shared memory between ranks on one host (erdma_shm.c) ---- */
 typedef struct shm_state {
@@ -341,6 +348,8 @@ struct erdma_engine {
   gnutls_priority_t prio;
   /* peers */
   peer_info *peers;
+  int lanes_max;         /* connection slots of a peer in use: 1 + its highest lane
+                            opened or filed (loops over lanes stop there) */
   erdma_conn *pending;   /* accepted, rank unknown */
   /* matching */
   erdma_req *posted_head, *posted_tail;       /* posted receives */

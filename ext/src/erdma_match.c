@@ -157,7 +157,7 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
   peer_info *p = &e->peers[peer];
   if (p->error) return;
   p->error = error;
-  for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+  for (int k = 0; k < e->lanes_max; k++) {
     erdma_conn *c = peer_conn(p, k);
     /* receives being filled: a chunked one is still in rndv_recv (failed
      * below), a DATA one only here */
@@ -213,7 +213,7 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
     c->rx.msg = NULL;
     for (tx_item *t = c->tx_head; t; t = t->next) item_release_req(t, error);
   }
-  for (int k = 0; k < ERDMA_MAX_LANES; k++) {
+  for (int k = 0; k < e->lanes_max; k++) {
     erdma_conn *c = peer_conn(p, k);
     for (int i = 0; c && i < c->nds; i++)
       for (tx_item *t = c->ds[i].head; t; t = t->next) item_release_req(t, error);
@@ -241,9 +241,8 @@ int erdma_req_abort(erdma_req *r) {
     } else {
       list_remove(&e->rndv_send_head, &e->rndv_send_tail, r);
     }
-    for (int i = 0; i < e->cfg.size * ERDMA_MAX_LANES; i++) {
-      erdma_conn *c = peer_conn(&e->peers[i / ERDMA_MAX_LANES], i % ERDMA_MAX_LANES);
-      if (!c) continue;
+    erdma_conn *c;
+    FOR_PEER_CONNS(e, i, lane, c) {
       for (int k = 0; k < CONN_RX_COUNT; k++) {
         rx_state *x = conn_rx_at(c, k);
         if (x->req == r) { /* the rest of its payload is discarded */
@@ -254,7 +253,7 @@ int erdma_req_abort(erdma_req *r) {
       }
       if (c->rx.msg && c->rx.msg->bound == r) c->rx.msg->bound = NULL; /* now an orphan */
       /* (the peer's chunks not yet on a lane: with its main connection) */
-      tx_item *lazy = i % ERDMA_MAX_LANES ? NULL : e->peers[i / ERDMA_MAX_LANES].lazy_head;
+      tx_item *lazy = lane ? NULL : e->peers[i].lazy_head;
       for (int k = -2; k < c->nds; k++)
         for (tx_item *t = k == -2 ? lazy : k < 0 ? c->tx_head : c->ds[k].head; t; t = t->next) {
           if (t->req != r) continue;
