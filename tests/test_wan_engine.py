@@ -97,13 +97,12 @@ PRELUDE = textwrap.dedent(f"""
 """)
 
 
-def _job(nss, tmp_path, body, cfg=("{}", "{}"), timeout=150):
-    """Run rank 0 in nss[0], rank 1 in nss[1]; returns their JSON reports."""
+def _ranks(nss, script, args, timeout):
+    """Run rank r as ``script r *args[r]`` in namespace nss[r]; every rank
+    must exit 0; returns the last JSON line each printed."""
     import json
-    script = tmp_path / "rank.py"
-    script.write_text(PRELUDE + textwrap.dedent(body))
     procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, str(script), str(r),
-                               cfg[r]], env=rank_env(), cwd=REPO, stdout=subprocess.PIPE,
+                               *args[r]], env=rank_env(), cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for r, ns in enumerate(nss)]
     outs = []
@@ -120,6 +119,13 @@ def _job(nss, tmp_path, body, cfg=("{}", "{}"), timeout=150):
         assert rc == 0, "\n".join(f"rank {k} rc {o[0]}:\n{o[1]}{o[2]}" for k, o in enumerate(outs))
     return [json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
             for _, out, _ in outs]
+
+
+def _job(nss, tmp_path, body, cfg=("{}", "{}"), timeout=150):
+    """Run rank 0 in nss[0], rank 1 in nss[1]; returns their JSON reports."""
+    script = tmp_path / "rank.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    return _ranks(nss, script, [(c,) for c in cfg], timeout)
 
 
 def test_large_messages_intact_over_lossy_link(lossy_link, tmp_path):
@@ -245,7 +251,6 @@ def test_automatic_lanes_only_between_two_hosts(lossy_link, tmp_path):
     every rank has QUIC peers at two addresses, so the automatic setting
     opens no extra lane (a second lane is for a job on two hosts); large
     messages still go, as chunks on the main connections."""
-    import json
     dev = _run("ip", "-n", lossy_link[1], "-o", "link", "show", "type", "veth").stdout
     dev = dev.split(":")[1].strip().split("@")[0]
     _run("ip", "-n", lossy_link[1], "addr", "add", "10.214.0.3/24", "dev", dev)
@@ -282,25 +287,8 @@ def test_automatic_lanes_only_between_two_hosts(lossy_link, tmp_path):
         print(json.dumps({{"rank": rank, "stats": eng.stats()}}), flush=True)
         eng.shutdown(10.0)
     """))
-    nss = (lossy_link[0], lossy_link[1], lossy_link[1])
-    procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, str(script), str(r)],
-                              env=rank_env(), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for r, ns in enumerate(nss)]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            outs.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rc, out, err in outs:
-        assert rc == 0, "\n".join(f"rc {o[0]}:\n{o[1]}{o[2]}" for o in outs)
-    for rc, out, err in outs:
-        st = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])["stats"]
+    reports = _ranks((lossy_link[0], lossy_link[1], lossy_link[1]), script, [()] * 3, 120)
+    for rep in reports:
+        st = rep["stats"]
         assert st["lanes_ready"] == 0 and st["lane_chunks_sent"] == 0, st
-    st0 = json.loads([ln for ln in outs[0][1].splitlines() if ln.startswith("{")][-1])["stats"]
-    assert st0["chunks_recv"] > 0, st0
+    assert reports[0]["stats"]["chunks_recv"] > 0, reports[0]
