@@ -129,12 +129,13 @@ class CollSchedule:
         erdma_coll_allgather_bulk."""
         notify_started()
         ffi = _engine.ffi
-        n = len(self._ranks)
-        self._bulk(_engine.lib.erdma_coll_allgather_bulk(
-            self._eng._h, ffi.NULL if sarr is None else ffi.cast("void *", sarr.ctypes.data),
-            ffi.cast("void *", rarr.ctypes.data), ffi.new("uint64_t[]", list(offs)),
-            ffi.new("uint64_t[]", list(lens)), _cranks(self._ranks), n, me, self._base,
-            self._ctx, -1.0), "allgather")
+        try:
+            _engine.coll_allgather_bulk(
+                self._eng, None if sarr is None else sarr.ctypes.data, rarr.ctypes.data,
+                ffi.new("uint64_t[]", list(offs)), ffi.new("uint64_t[]", list(lens)),
+                _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
 
     def allreduce_pair(self, sarr, rarr, op, me):
         """Two ranks: ``rarr = in0 OP in1`` on both (erdma_coll_allreduce_pair);
@@ -153,12 +154,12 @@ class CollSchedule:
         and distinct, ``rarr.nbytes`` a multiple of the rank count."""
         notify_started()
         n = len(self._ranks)
-        ffi = _engine.ffi
-        self._bulk(_engine.lib.erdma_coll_alltoall_bulk(
-            self._eng._h, ffi.cast("void *", sarr.ctypes.data),
-            ffi.cast("void *", rarr.ctypes.data), rarr.nbytes // n,
-            _cranks(self._ranks), n, me, BULK_PULL_PART, self._base, self._ctx,
-            -1.0), "alltoall")
+        try:
+            _engine.coll_alltoall_bulk(self._eng, sarr.ctypes.data, rarr.ctypes.data,
+                                       rarr.nbytes // n, BULK_PULL_PART, _cranks(self._ranks),
+                                       n, me, self._base, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
 
     @staticmethod
     def _bulk(rc, what):

@@ -682,31 +682,70 @@ def _coll_finish(rc, pending, what):
         raise EngineError(rc, what)
 
 
+def _coll_call(fn, what, *args):
+    """Run an erdma_coll_* call (its last arguments ``_SLICE, pending``
+    added here), continuing it in slices; raise on error."""
+    pending = _new("erdma_coll **")
+    rc = fn(*args, _SLICE, pending)
+    if rc:
+        _coll_finish(rc, pending, what)
+
+
 def coll_allreduce(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
     """Recursive-doubling Allreduce in one engine call (erdma_coll_allreduce);
     ``saddr`` None: in place; ``op``/``dtype``: ERDMA_OP_*/ERDMA_DT_*."""
-    pending = _new("erdma_coll **")
-    rc = lib.erdma_coll_allreduce(eng._h, ffi.NULL if saddr is None else saddr, raddr, count,
-                                  op, dtype, cranks, n, me, tag, ctx, _SLICE, pending)
-    if rc:
-        _coll_finish(rc, pending, "allreduce")
+    _coll_call(lib.erdma_coll_allreduce, "allreduce", eng._h,
+               ffi.NULL if saddr is None else saddr, raddr, count, op, dtype, cranks, n, me,
+               tag, ctx)
 
 
 def coll_bcast(eng, addr, nbytes, root, cranks, n, me, tag, ctx):
     """Binomial Bcast in one engine call (erdma_coll_bcast)."""
-    pending = _new("erdma_coll **")
-    rc = lib.erdma_coll_bcast(eng._h, addr, nbytes, root, cranks, n, me, tag, ctx, _SLICE,
-                              pending)
-    if rc:
-        _coll_finish(rc, pending, "bcast")
+    _coll_call(lib.erdma_coll_bcast, "bcast", eng._h, addr, nbytes, root, cranks, n, me, tag,
+               ctx)
 
 
 def coll_barrier(eng, cranks, n, me, tag, ctx):
     """Dissemination barrier in one engine call (erdma_coll_barrier)."""
-    pending = _new("erdma_coll **")
-    rc = lib.erdma_coll_barrier(eng._h, cranks, n, me, tag, ctx, _SLICE, pending)
-    if rc:
-        _coll_finish(rc, pending, "barrier")
+    _coll_call(lib.erdma_coll_barrier, "barrier", eng._h, cranks, n, me, tag, ctx)
+
+
+def coll_alltoall(eng, saddr, raddr, blk, cranks, n, me, tag, ctx):
+    """Direct Alltoall of ``blk``-byte blocks in one engine call
+    (erdma_coll_alltoall); ``saddr`` None: in place."""
+    _coll_call(lib.erdma_coll_alltoall, "alltoall", eng._h,
+               ffi.NULL if saddr is None else saddr, raddr, blk, cranks, n, me, tag, ctx)
+
+
+def coll_allgather(eng, saddr, raddr, blk, cranks, n, me, tag, ctx):
+    """Direct Allgather of ``blk``-byte blocks in one engine call
+    (erdma_coll_allgather); ``saddr`` None: in place."""
+    _coll_call(lib.erdma_coll_allgather, "allgather", eng._h,
+               ffi.NULL if saddr is None else saddr, raddr, blk, cranks, n, me, tag, ctx)
+
+
+def coll_reduce_scatter(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
+    """Ring Reduce_scatter_block in one engine call (erdma_coll_reduce_scatter);
+    ``saddr`` None: in place (the n blocks in ``raddr``)."""
+    _coll_call(lib.erdma_coll_reduce_scatter, "reduce_scatter", eng._h,
+               ffi.NULL if saddr is None else saddr, raddr, count, op, dtype, cranks, n, me,
+               tag, ctx)
+
+
+def coll_alltoall_bulk(eng, saddr, raddr, blk, pull_part, cranks, n, me, tag, ctx):
+    """Alltoall of ``blk``-byte blocks, CMA reads among ranks of one host
+    (erdma_coll_alltoall_bulk; distinct buffers)."""
+    _check(lib.erdma_coll_alltoall_bulk(eng._h, _ptr(saddr), _ptr(raddr), blk, cranks, n, me,
+                                        pull_part, tag, ctx, -1.0), "alltoall")
+
+
+def coll_allgather_bulk(eng, saddr, raddr, offs, lens, cranks, n, me, tag, ctx):
+    """Allgather(v), each block read out of its owner's buffer on one host
+    (erdma_coll_allgather_bulk); ``saddr`` None: in place; ``offs``/``lens``
+    ``uint64_t[]`` cdata."""
+    _check(lib.erdma_coll_allgather_bulk(eng._h, ffi.NULL if saddr is None else _ptr(saddr),
+                                         _ptr(raddr), offs, lens, cranks, n, me, tag, ctx,
+                                         -1.0), "allgather")
 
 
 def reduce_local(in_addr: int, inout_addr: int, count: int, op: int, dtype: int) -> None:

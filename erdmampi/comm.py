@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _collsched, _engine, bootstrap
 from . import collectives as coll
+from .collectives import sched as _sched_algos
 from . import compression as _cz
 from .collectives import compressed as _czcoll
 from .buffers import IN_PLACE, BOTTOM, is_in_place, message_vector
@@ -241,7 +242,10 @@ _C_OPS = {name: _engine.SCHED_OPS[name] for name in _engine.SCHED_OPS}
 _environ_data = getattr(os.environ, "_data", None)
 if not isinstance(_environ_data, dict):
     _environ_data = os.environ
-_COLL_ENV = {name: (coll.ENV_PREFIX + name.upper()) for name in ("barrier", "bcast", "allreduce")}
+# the override each one-call collective honours (Allgather's algorithms are Allgatherv's)
+_COLL_ENV = {name: (coll.ENV_PREFIX + name.upper())
+             for name in ("barrier", "bcast", "allreduce", "alltoall", "reduce_scatter")}
+_COLL_ENV["allgather"] = coll.ENV_PREFIX + "ALLGATHERV"
 if _environ_data is not os.environ:
     _COLL_ENV = {k: os.fsencode(v) for k, v in _COLL_ENV.items()}
 _LOGICAL_OPS = frozenset(("LAND", "LOR", "LXOR"))
@@ -576,7 +580,7 @@ class Comm:
     """
 
     _fast = None
-    _csmall = _cranks = _arcache = _bccache = None
+    _csmall = _cranks = _arcache = _bccache = _bkcache = None
 
     def __init__(self, comm=None):
         self._ranks = None
@@ -1973,6 +1977,99 @@ class Comm:
             if f is not None and _fast_remember_allreduce(f, *args):
                 self._fast = f
 
+    # -- block collectives in one engine call --------------------------------
+    #
+    # An Alltoall, Allgather or Reduce_scatter_block of plain host arrays runs
+    # as one engine call where the default rule picks an algorithm the engine
+    # has: the direct Alltoall and Allgather and the ring Reduce_scatter of
+    # erdma_coll.c for small vectors, the bulk (CMA) Alltoall and Allgather of
+    # erdma_bulk.c for large ones.  Same messages as the Python algorithm, so
+    # a rank on the normal path still matches.  The resolved call is kept per
+    # collective while the caller passes the same buffers.
+
+    def _blocks_fast(self, name, sendbuf, recvbuf, op=None):
+        """Run this call in one engine call if it applies: True when done."""
+        if not self._small_ok(name):
+            return False
+        c = self._bkcache.get(name) if self._bkcache is not None else None
+        if (c is None or c[6] is not op or not _spec_is(recvbuf, c[0], c[1])
+                or not (sendbuf is IN_PLACE if c[2] is None else _spec_is(sendbuf, c[2], c[3]))
+                or c[0].nbytes != c[4] or c[2] is not None and c[2].nbytes != c[5]
+                or not c[0].flags.writeable):
+            c = self._blocks_resolve(name, sendbuf, recvbuf, op)
+            if c is None:
+                return False
+        if c[7] is not None and not self._no_compress(name, c[4], c[7], arr=c[0]):
+            return False
+        try:
+            c[8](_rt.engine, *c[9], self._cranks, len(self._ranks), self._rank,
+                 self._coll_base(), self._ctx + 1)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return True
+
+    def _blocks_resolve(self, name, sendbuf, recvbuf, op):
+        """The cache entry of a block collective (see above), or None: the
+        normal path (which also reports every error)."""
+        n = len(self._ranks)
+        rarr, rdt = _plain_with_type(recvbuf, False)
+        if rarr is None or rdt.np_dtype is None or not rarr.flags.c_contiguous:
+            return None
+        sarr = sdt = saddr = None
+        if not (sendbuf is IN_PLACE or is_in_place(sendbuf)):
+            sarr, sdt = _plain_with_type(sendbuf, True)
+            if sarr is None or np.may_share_memory(sarr, rarr):
+                return None
+            saddr = _buffer_pointer(sarr)
+        raddr = _buffer_pointer(rarr)
+        whole = rarr.nbytes if sarr is None or name != "reduce_scatter" else sarr.nbytes
+        # blocks of whole elements (the normal path reports a count that does not divide)
+        if whole % (rdt.np_dtype.itemsize * n) or sarr is not None and sarr.nbytes != (
+                rarr.nbytes // n if name == "allgather" else
+                rarr.nbytes * n if name == "reduce_scatter" else rarr.nbytes):
+            return None
+        blk = whole // n
+        npd = rdt.np_dtype           # compression is planned on the receive side
+        if name == "reduce_scatter":
+            npd = None               # never compressed
+            ctype = _c_dtype(rdt)
+            codes = _C_OPS.get(getattr(op, "_name", None))
+            if (type(op) is not Op or not op._predefined or codes is None or ctype is None
+                    or ctype[2] and op._name not in _LOGICAL_OPS
+                    or sdt is not None and sdt is not rdt
+                    or coll._default(name, whole, n, whole // ctype[3], True) != "ring"):
+                return None
+            try:
+                op._check(rdt)
+            except Exception:
+                return None
+            call = (_engine.coll_reduce_scatter, (saddr, raddr, blk // ctype[3], codes, ctype[1]))
+        elif name == "alltoall":
+            choice = coll._default(name, 2 * whole, n, whole, True)
+            if choice == "direct":
+                call = (_engine.coll_alltoall, (saddr, raddr, blk))
+            elif choice == "sched" and sarr is not None:
+                call = (_engine.coll_alltoall_bulk, (saddr, raddr, blk, _collsched.BULK_PULL_PART))
+            else:
+                return None
+        else:
+            choice = coll._default("allgatherv", whole, n, whole, True)
+            if choice == "direct":
+                call = (_engine.coll_allgather, (saddr, raddr, blk))
+            elif choice == "sched_ring" and n <= _sched_algos.BULK_PULL_MAX_RANKS:
+                offs = _engine.ffi.new("uint64_t[]", [blk * i for i in range(n)])
+                lens = _engine.ffi.new("uint64_t[]", [blk] * n)
+                call = (_engine.coll_allgather_bulk, (saddr, raddr, offs, lens))
+            else:
+                return None
+        c = (rarr, None if type(recvbuf) is _ndarray else rdt,
+             sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
+             rarr.nbytes, 0 if sarr is None else sarr.nbytes, op, npd) + call
+        if self._bkcache is None:
+            self._bkcache = {}
+        self._bkcache[name] = c
+        return c
+
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
@@ -1989,6 +2086,8 @@ class Comm:
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
+        if self._blocks_fast("reduce_scatter", sendbuf, recvbuf, op):
+            return
         self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op), True)()
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=_SUM):
@@ -2007,12 +2106,16 @@ class Comm:
         self._c_scatterv(sendbuf, recvbuf, root)()
 
     def Allgather(self, sendbuf, recvbuf, *, compress=None):
+        if compress is None and self._blocks_fast("allgather", sendbuf, recvbuf):
+            return
         self._c_allgather(sendbuf, recvbuf, compress)()
 
     def Allgatherv(self, sendbuf, recvbuf):
         self._c_allgatherv(sendbuf, recvbuf)()
 
     def Alltoall(self, sendbuf, recvbuf, *, compress=None):
+        if compress is None and self._blocks_fast("alltoall", sendbuf, recvbuf):
+            return
         self._c_alltoall(sendbuf, recvbuf, compress)()
 
     def Alltoallv(self, sendbuf, recvbuf):

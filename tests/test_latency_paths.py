@@ -1,6 +1,7 @@
 """The small-message paths: [array, predefined datatype] specs skip the
 parser, Send/Recv remember their last small buffer, small Barrier / Bcast /
-Allreduce run in one engine call (erdma_coll_*), and shared-memory waiters
+Allreduce and Alltoall / Allgather / Reduce_scatter_block run in one engine
+call (erdma_coll_*, the bulk ones for large blocks), and shared-memory waiters
 sleep on a futex bell instead of the progress thread's doorbell (nobody may
 sleep through a message: stress with 4 ranks on this 2-core machine)."""
 import numpy as np
@@ -196,6 +197,119 @@ def test_small_collectives_with_the_python_algorithms():
     env = {"ERDMA_COLL_ALLREDUCE": "recursive_doubling", "ERDMA_COLL_BCAST": "binomial",
            "ERDMA_COLL_BARRIER": "dissemination"}
     _ok(run_mpi(3, COLL_SCRIPT, timeout=90, env=env), 3)
+
+
+# -- block collectives in one engine call ---------------------------------------
+
+BLOCK_SCRIPT = r"""
+import numpy as np, os, time
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+rng = np.random.default_rng(7)
+types = [(np.float32, MPI.FLOAT), (np.float64, MPI.DOUBLE), (np.int32, MPI.INT),
+         (np.int64, MPI.INT64_T), (np.uint8, MPI.UNSIGNED_CHAR)]
+
+def inp(rank, cnt, dt):      # rank's whole input vector, small integers (exact sums)
+    return ((np.arange(cnt) * 7 + rank * 3) % 11).astype(dt)
+
+# block sizes from 1 element to the bulk (CMA) sizes, where the engine call
+# differs, for every type; in place and not
+for it, blk in enumerate([1, 3, 100, 1000, 5000, 40000, 70000]):
+    dt, mt = types[it % len(types)]
+    # Alltoall: block j of rank i's input goes to rank j
+    s = inp(r, blk * n, dt); d = np.zeros(blk * n, dt)
+    comm.Alltoall(s, d)
+    want = np.concatenate([inp(i, blk * n, dt)[r * blk:(r + 1) * blk] for i in range(n)])
+    assert np.array_equal(d, want), ("alltoall", blk, dt)
+    d2 = s.copy(); comm.Alltoall(MPI.IN_PLACE, [d2, mt])
+    assert np.array_equal(d2, want), ("alltoall in place", blk)
+    # Allgather
+    g = np.zeros(blk * n, dt); mine = inp(r, blk, dt)
+    comm.Allgather([mine, mt], g)
+    assert np.array_equal(g, np.concatenate([inp(i, blk, dt) for i in range(n)])), ("ag", blk)
+    g2 = np.zeros(blk * n, dt); g2[r * blk:(r + 1) * blk] = mine
+    comm.Allgather(MPI.IN_PLACE, g2)
+    assert np.array_equal(g2, g), ("allgather in place", blk)
+    # Reduce_scatter_block (SUM, MAX)
+    o = np.zeros(blk, dt)
+    comm.Reduce_scatter_block(s, o, op=MPI.SUM)
+    tot = sum(inp(i, blk * n, dt).astype(np.int64) for i in range(n))
+    assert np.array_equal(o, tot[r * blk:(r + 1) * blk].astype(dt)), ("rsb", blk, dt)
+    comm.Reduce_scatter_block(s, o, op=MPI.MAX)
+    mx = np.max([inp(i, blk * n, dt) for i in range(n)], axis=0)
+    assert np.array_equal(o, mx[r * blk:(r + 1) * blk]), ("rsb max", blk)
+    w = s.copy(); comm.Reduce_scatter_block(MPI.IN_PLACE, w, op=MPI.SUM)
+    assert np.array_equal(w[:blk], tot[r * blk:(r + 1) * blk].astype(dt)), ("rsb in place", blk)
+    # the one-call path took them (the bulk ones from 128 KiB per rank), unless overridden
+    kinds = {k: c[8].__name__ for k, c in (comm._bkcache or {}).items()}
+    if "ERDMA_COLL_ALLTOALL" in os.environ:
+        assert not kinds, kinds
+    elif blk == 1:
+        want = {"alltoall": "coll_alltoall", "reduce_scatter": "coll_reduce_scatter"}
+        if n <= 3:                              # direct; recursive doubling in Python from 4
+            want["allgather"] = "coll_allgather"
+        assert kinds == want, kinds
+    elif blk == 70000 and n == 2:
+        assert kinds["alltoall"] == "coll_alltoall_bulk", kinds
+# the cache: the same spec objects with new arrays, a resized array
+a1, a2 = np.full(2 * n, float(r)), np.full(2 * n, float(r + 10))
+ss, dd = [a1, MPI.DOUBLE], [np.zeros(2 * n), MPI.DOUBLE]
+comm.Alltoall(ss, dd); assert (dd[0] == np.repeat(np.arange(n), 2)).all()
+ss[0] = a2
+comm.Alltoall(ss, dd); assert (dd[0] == np.repeat(np.arange(n) + 10, 2)).all(), dd[0]
+d3 = np.zeros(2 * n); dd[0] = d3
+comm.Alltoall(ss, dd); assert (d3 == np.repeat(np.arange(n) + 10, 2)).all()
+x = np.zeros(3 * n, np.int32); y = np.full(3, r, np.int32)
+comm.Allgather(y, x); assert (x == np.repeat(np.arange(n), 3)).all()
+y.resize(4, refcheck=False); y[:] = r + 1; x = np.zeros(4 * n, np.int32)
+comm.Allgather(y, x); assert (x == np.repeat(np.arange(n) + 1, 4)).all(), x
+# a wrong count still gets the normal path's error on every rank
+try:
+    comm.Alltoall(np.zeros(n + 1 if n > 1 else 3, "i4"), np.zeros(n + 1 if n > 1 else 3, "i4"))
+except ValueError:
+    pass
+else:
+    assert n == 1, "no error for a count the ranks do not divide"
+# one rank takes the parser's path ([buf, count, type]): the same messages
+v = np.full(2 * n, r, np.int64); u = np.zeros(2 * n, np.int64)
+if r == 0:
+    comm.Alltoall([v, 2, MPI.INT64_T], [u, 2, MPI.INT64_T])
+else:
+    comm.Alltoall(v, u)
+assert (u == np.repeat(np.arange(n), 2)).all(), u
+gg = np.zeros(5 * n); mm = np.full(5, float(r))
+comm.Allgather([mm, 5, MPI.DOUBLE] if r == n - 1 else mm, gg)
+assert (gg == np.repeat(np.arange(n, dtype=float), 5)).all()
+ii = np.ones(4 * n, np.int32); oo = np.zeros(4, np.int32)
+comm.Reduce_scatter_block([ii, 4 * n, MPI.INT] if r == 0 else ii, oo)
+assert (oo == n).all()
+# a late rank: the waits run out of their slice and resume
+if r == n - 1:
+    time.sleep(1.2)
+z = np.arange(n, dtype=np.float64); zz = np.zeros(n)
+comm.Alltoall(z, zz); assert (zz == r).all()
+# a sub-communicator (its own world ranks and context)
+sub = comm.Split(r % 2, -r)
+m, k = sub.Get_rank(), sub.Get_size()
+sg = np.zeros(k, np.int64); sub.Allgather(np.array([r], np.int64), sg)
+assert (sg == sorted([i for i in range(n) if i % 2 == r % 2], reverse=True)).all(), sg
+sub.Free()
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_block_collectives(nprocs):
+    _ok(run_mpi(nprocs, BLOCK_SCRIPT, timeout=120), nprocs)
+
+
+def test_block_collectives_with_the_python_algorithms():
+    """An ERDMA_COLL_* override leaves the one-call path alone, and the
+    Python algorithms give the same results."""
+    env = {"ERDMA_COLL_ALLTOALL": "pairwise", "ERDMA_COLL_ALLGATHERV": "ring",
+           "ERDMA_COLL_REDUCE_SCATTER": "reduce_scatterv"}
+    _ok(run_mpi(3, BLOCK_SCRIPT, timeout=120, env=env), 3)
 
 
 # -- nobody sleeps through a message -------------------------------------------

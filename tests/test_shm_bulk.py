@@ -179,7 +179,7 @@ elif mode == "nonblocking":
         [pattern(blk, np.float32, 1000 * j + r) for j in range(n)]))
 elif mode == "large":
     # blocks over the last-level cache: a rank's own block is copied with
-    # non-temporal stores (erdma_sched.c bulk_copy), here into buffers at odd
+    # non-temporal stores (erdma_bulk.c bulk_copy), here into buffers at odd
     # addresses, with a tail that is not a whole cache line
     for blk, off in ((8 * MiB + 3, 1), (12 * MiB + 77, 13)):
         send = np.concatenate([pattern(blk, np.uint8, 1000 * r + j) for j in range(n)])

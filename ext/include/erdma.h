@@ -281,7 +281,7 @@ int erdma_sched_nsteps(erdma_sched *s);
 /* Waits for a started schedule to finish, then frees it. */
 void erdma_sched_free(erdma_sched *s);
 
-/* ---- small collectives (erdma_sched.c) ----
+/* ---- small collectives (erdma_coll.c) ----
  * Latency-bound collectives run start to finish in the calling thread.
  * ranks[0..n) maps communicator ranks to world ranks, me is the caller's
  * communicator rank; messages use ctx and tags tag .. tag + 1000 (the same
@@ -301,10 +301,23 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
 /* dissemination, 1-byte tokens */
 int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag,
                        uint32_t ctx, double slice, erdma_coll **pending);
+/* Equal blocks of blk bytes, every message posted at once (the messages of
+ * alltoallv_direct / allgatherv_direct); sbuf NULL or == rbuf: in place */
+int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                        const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                        erdma_coll **pending);
+int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                         const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                         erdma_coll **pending);
+/* ring (reduce_scatter_ring; commutative ops): rank me gets block me of
+ * count elements; sbuf NULL: in place, the n blocks in rbuf */
+int erdma_coll_reduce_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                              int op, int dtype, const int *ranks, int n, int me, int tag,
+                              uint32_t ctx, double slice, erdma_coll **pending);
 int erdma_coll_resume(erdma_coll *c, double slice);
 void erdma_coll_free(erdma_coll *c);
 
-/* ---- bulk collectives among ranks of one host (erdma_sched.c) ----
+/* ---- bulk collectives among ranks of one host (erdma_bulk.c) ----
  * Large messages between ranks that share memory, in one call: CMA single
  * copies (process_vm_readv / process_vm_writev) straight between the user
  * buffers, made by every rank at once; a pair without CMA (another host, ERDMA_SHM_CMA=0, a refusal)

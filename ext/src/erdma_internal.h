@@ -453,6 +453,12 @@ void conn_free(erdma_conn *c);
 void item_release_req(tx_item *t, int error); /* drop t's reference to its send */
 int conn_tx_idle(erdma_conn *c);
 
+/* the communicator arguments of the erdma_coll_* calls (coll.c, bulk.c) */
+static inline int coll_check_comm(erdma_engine *e, const int *ranks, int n, int me) {
+  if (!e || !ranks || n < 1 || me < 0 || me >= n) return ERDMA_ERR_INVAL;
+  return 0;
+}
+
 /* tls.c */
 int tls_identity_new(erdma_engine *e);
 void tls_identity_free(erdma_engine *e);

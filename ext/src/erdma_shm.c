@@ -634,7 +634,7 @@ int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n
   return 0;
 }
 
-/* ---- bulk copies of the one-host collectives (erdma_sched.c, "bulk") ----
+/* ---- bulk copies of the one-host collectives (erdma_bulk.c) ----
  * Unlike shm_cma_read these run without e->mu, so that both processes of a
  * pair copy at once while the engine goes on. */
 

@@ -1,0 +1,619 @@
+/*
+ * erdma_bulk.c - large collectives among ranks of one host.
+ *
+ * Large Bcast between two ranks and Alltoall with CMA single copies that
+ * both processes of a pair make at the same time (one core each), instead
+ * of one process_vm_readv by the receiver.  A round of small messages
+ * trades the buffer addresses first; a pair that cannot use CMA (another
+ * host, ERDMA_SHM_CMA=0, a refused process_vm_*) moves the same bytes as
+ * ordinary messages, so the result never depends on the path.  Tags:
+ * tag .. tag + ERDMA_BULK_TAGS - 1. */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "erdma.h"
+#include "erdma_internal.h" /* shm_cma_* */
+
+typedef struct bulk_hdr {
+  uint64_t addr;   /* the buffer (or block) in the sender's address space */
+  uint64_t len;    /* its bytes */
+  uint64_t raddr;  /* Alltoall: where the receiver's block from us lands */
+  uint64_t prog;   /* address of the sender's progress word(s) */
+  uint64_t limit;  /* chunks the sender may claim (static split), or UINT64_MAX */
+  uint64_t done;   /* second round: the chunks its loop completed */
+  uint64_t done2;
+  uint32_t cma;    /* the sender can reach us with CMA */
+  uint32_t pad;
+} bulk_hdr;
+
+/* A process's own block of a large one-host Alltoall is copied with
+ * non-temporal stores when the collective's buffers (send and receive of
+ * every rank) are well over the last-level cache: they skip the
+ * read-for-ownership of the destination and leave the caches to the CMA
+ * copies that run at the same time (bench/memfloor: 16 MiB Alltoall 3-10 %,
+ * 64 MiB 15-35 % faster).  Below, where the buffers stay in the cache, they
+ * would send them to memory (4 MiB: 1.7x slower).  glibc's memcpy would
+ * stream only from 3/4 of the L3 per thread, which it reads from CPUID.
+ * Same bytes as memcpy. */
+#define BULK_NT_MIN ((uint64_t)1 << 20)
+#define BULK_LLC_DEFAULT ((uint64_t)32 << 20)
+
+/* The L3 size as the kernel reports it (sysfs; glibc's sysconf reads CPUID,
+ * which in this VM claims 320 MiB for a 32 MiB L3), else a guess. */
+static uint64_t bulk_llc(void) {
+  static uint64_t llc; /* racy but idempotent */
+  uint64_t v = __atomic_load_n(&llc, __ATOMIC_RELAXED);
+  if (!v) {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    unsigned long long x = 0;
+    char unit = 0;
+    if (f) {
+      if (fscanf(f, "%llu%c", &x, &unit) < 1) x = 0;
+      fclose(f);
+    }
+    v = (uint64_t)x * (unit == 'K' ? 1024u : unit == 'M' ? 1048576u : 1u);
+    if (v < ((uint64_t)1 << 20)) v = BULK_LLC_DEFAULT;
+    __atomic_store_n(&llc, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+
+/* 1 if the own block (blk bytes) of an Alltoall of n ranks goes with NT stores */
+static int bulk_nt(uint64_t blk, int n) {
+  uint64_t llc = bulk_llc(), nn = (uint64_t)n * (uint64_t)n * 2; /* buffers: 2 n^2 blk */
+  return blk >= BULK_NT_MIN && blk > (llc + llc / 2) / nn;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void bulk_copy_nt_avx2(uint8_t *d, const uint8_t *s,
+                                                             uint64_t n) {
+  uint64_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+    _mm256_stream_si256((__m256i *)(d + i), a);
+    _mm256_stream_si256((__m256i *)(d + i + 32), b);
+    _mm256_stream_si256((__m256i *)(d + i + 64), c);
+    _mm256_stream_si256((__m256i *)(d + i + 96), e);
+  }
+  _mm_sfence();
+  if (i < n) memcpy(d + i, s + i, n - i);
+}
+
+static void bulk_copy_nt_sse2(uint8_t *d, const uint8_t *s, uint64_t n) {
+  uint64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+    __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+    __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+    _mm_stream_si128((__m128i *)(d + i), a);
+    _mm_stream_si128((__m128i *)(d + i + 16), b);
+    _mm_stream_si128((__m128i *)(d + i + 32), c);
+    _mm_stream_si128((__m128i *)(d + i + 48), e);
+  }
+  _mm_sfence();
+  if (i < n) memcpy(d + i, s + i, n - i);
+}
+#endif
+
+/* n bytes s -> d (not overlapping); nt: with non-temporal stores */
+static void bulk_copy(uint8_t *d, const uint8_t *s, uint64_t n, int nt) {
+#if defined(__x86_64__)
+  if (nt && n >= 64) {
+    uint64_t head = (64 - ((uintptr_t)d & 63)) & 63; /* stores: whole cache lines */
+    memcpy(d, s, head);
+    if (__builtin_cpu_supports("avx2"))
+      bulk_copy_nt_avx2(d + head, s + head, n - head);
+    else
+      bulk_copy_nt_sse2(d + head, s + head, n - head);
+    return;
+  }
+#else
+  (void)nt;
+#endif
+  memcpy(d, s, n);
+}
+
+/* Pieces that both sides of a pair claim from opposite ends: each side
+ * publishes its claim in a word of its own memory, which the other reads
+ * with CMA before each chunk.  A chunk claimed by both is copied twice from
+ * the same source to the same place (harmless); what neither completed (a
+ * copy that failed) travels as a message afterwards. */
+#define BULK_CHUNK_MIN ((uint64_t)64 << 10)
+#define BULK_CHUNK_MAX ((uint64_t)1 << 20)
+
+/* Piece size of a block of nbytes (the same on both sides): about an
+ * eighth, so that the sides can meet near the middle, within 64 KiB..1 MiB
+ * (a piece costs two system calls). */
+static uint64_t bulk_chunk(uint64_t nbytes) {
+  uint64_t c = ((nbytes / 8) + 4095) & ~(uint64_t)4095;
+  return c < BULK_CHUNK_MIN ? BULK_CHUNK_MIN : c > BULK_CHUNK_MAX ? BULK_CHUNK_MAX : c;
+}
+
+static void bulk_publish(volatile uint64_t *w, uint64_t v) {
+  __atomic_store_n((uint64_t *)w, v, __ATOMIC_SEQ_CST);
+}
+
+/* The peer's progress word; -1 if it cannot be read. */
+static int bulk_peek(erdma_engine *e, int peer, uint64_t addr, uint64_t *v) {
+  return shm_cma_copy(e, peer, v, addr, sizeof *v, 0);
+}
+
+/* Claim chunks [0, ...) of a block of `nbytes` (local <-> remote, write: push)
+ * from the front while the peer's word at `peer_back` (its lowest claim from
+ * the back; 0: none to read) stays above; up to `limit` chunks.  Returns the
+ * chunks completed from the front. */
+static uint64_t bulk_front(erdma_engine *e, int peer, uint8_t *local, uint64_t remote,
+                           uint64_t nbytes, int write, uint64_t peer_back, uint64_t limit,
+                           volatile uint64_t *mine) {
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch, i = 0;
+  if (limit > nch) limit = nch;
+  while (i < limit) {
+    if (peer_back) {
+      uint64_t b;
+      if (bulk_peek(e, peer, peer_back, &b) || i >= b) break;
+    }
+    bulk_publish(mine, i + 1);
+    uint64_t off = i * ch, len = nbytes - off < ch ? nbytes - off : ch;
+    if (shm_cma_copy(e, peer, local + off, remote + off, len, write)) break;
+    i++;
+  }
+  return i;
+}
+
+/* The mirror image: chunks claimed from the back while above the peer's
+ * front word, down to chunk `limit`; returns the first chunk completed. */
+static uint64_t bulk_back(erdma_engine *e, int peer, uint8_t *local, uint64_t remote,
+                          uint64_t nbytes, int write, uint64_t peer_front, uint64_t limit,
+                          volatile uint64_t *mine) {
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch, j = nch;
+  while (j > limit) {
+    if (peer_front) {
+      uint64_t f;
+      if (bulk_peek(e, peer, peer_front, &f) || j - 1 < f) break;
+    }
+    bulk_publish(mine, j - 1);
+    uint64_t off = (j - 1) * ch, len = nbytes - off < ch ? nbytes - off : ch;
+    if (shm_cma_copy(e, peer, local + off, remote + off, len, write)) break;
+    j--;
+  }
+  return j;
+}
+
+/* A side that is through with its pieces says so in its `finished` word and
+ * polls the other's with CMA peeks for a while rather than going to sleep in
+ * the message wait that follows at once: the other is at most a piece
+ * behind, and a sleeper pays a wake-up.  After BULK_SPIN_NS the message
+ * wait (which sleeps) covers the rest. */
+#define BULK_SPIN_NS 200000ull
+#define BULK_PEEK_NS 5000ull
+
+static inline void bulk_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static void bulk_finish(erdma_engine *e, int peer, volatile uint64_t *mine,
+                        uint64_t peer_word) {
+  bulk_publish(mine, 1);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t last = 0;
+  for (;;) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    uint64_t ns =
+        (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)(t.tv_nsec - t0.tv_nsec);
+    if (ns > BULK_SPIN_NS) return;
+    if (ns - last < BULK_PEEK_NS && last) { /* a peek takes the peer's mm lock: not too often */
+      bulk_relax();
+      continue;
+    }
+    last = ns ? ns : 1;
+    uint64_t v = 0;
+    if (bulk_peek(e, peer, peer_word, &v) || v) return;
+  }
+}
+
+static uint64_t bulk_limit(double part, uint64_t nbytes) {
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch;
+  if (!(part >= 0.0 && part <= 1.0)) return UINT64_MAX; /* dynamic */
+  return (uint64_t)((double)nch * part + 0.5);
+}
+
+/* Wait for *rp, free it (withdrawn first if the wait ran out); 0 or an error. */
+static int bulk_wait(erdma_req **rp, double timeout, uint64_t want) {
+  erdma_status st;
+  if (!*rp) return 0;
+  int rc = erdma_req_wait(*rp, timeout, &st);
+  if (rc) {
+    erdma_req_abort(*rp);
+    erdma_req_free(*rp);
+    *rp = NULL;
+    return rc;
+  }
+  erdma_req_free(*rp);
+  *rp = NULL;
+  if (st.error) return st.error;
+  if (want != UINT64_MAX && st.nbytes != want) return ERDMA_ERR_TRUNCATE;
+  return 0;
+}
+
+/* The next of the n header receives in reqs to complete: its index in *j,
+ * the request freed; 0 or an error. */
+static int bulk_next_hdr(erdma_req **reqs, int n, double timeout, int *j) {
+  *j = -1;
+  int rc = erdma_req_waitany(reqs, n, timeout, j);
+  if (rc) return rc;
+  if (*j < 0 || *j >= n) return ERDMA_ERR_STATE;
+  return bulk_wait(&reqs[*j], timeout, sizeof(bulk_hdr));
+}
+
+static void bulk_drop(erdma_req **reqs, int n) {
+  for (int i = 0; i < n; i++)
+    if (reqs[i]) {
+      erdma_req_abort(reqs[i]);
+      erdma_req_free(reqs[i]);
+      reqs[i] = NULL;
+    }
+}
+
+/* Send *mine to `peer` and receive its *theirs (tag). */
+static int bulk_trade(erdma_engine *e, int peer, int tag, uint32_t ctx, const bulk_hdr *mine,
+                      bulk_hdr *theirs, double timeout) {
+  erdma_req *r[2] = {NULL, NULL};
+  int rc = erdma_irecv(e, theirs, sizeof *theirs, peer, tag, ctx, 0, &r[0]);
+  if (!rc) rc = erdma_isend(e, mine, sizeof *mine, peer, tag, ctx, 0, &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, sizeof *theirs);
+  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
+  bulk_drop(r, 2);
+  return rc;
+}
+
+int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, double root_part, int tag,
+                          uint32_t ctx, double timeout) {
+  if (coll_check_comm(e, ranks, n, me) || n != 2 || root < 0 || root > 1 || (nbytes && !buf))
+    return ERDMA_ERR_INVAL;
+  int peer = ranks[1 - me], isroot = me == root, rc;
+  uint8_t *b = buf;
+  uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch;
+  /* root: chunks claimed from the front; the other: lowest chunk claimed */
+  /* prog[0]: the claim word; prog[1]: finished (bulk_finish) */
+  volatile uint64_t prog[2] = {isroot ? 0 : nch, 0};
+  bulk_hdr mine = {(uintptr_t)buf, nbytes, 0, (uintptr_t)prog, bulk_limit(root_part, nbytes),
+                   0, 0, (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
+  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
+  if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
+  erdma_req *r[1] = {NULL};
+  uint64_t lo = 0, hi = nbytes; /* bytes that go as a message */
+  if (mine.cma && theirs.cma && nbytes) {
+    /* the root writes from the front, the other reads from the back; a
+     * static split (root_part) skips the progress words */
+    uint64_t limit = isroot ? mine.limit : theirs.limit;
+    int dyn = limit == UINT64_MAX;
+    bulk_hdr done = mine, tdone;
+    if (isroot)
+      done.done = bulk_front(e, peer, b, theirs.addr, nbytes, 1, dyn ? theirs.prog : 0,
+                             dyn ? nch : limit, &prog[0]);
+    else
+      done.done = bulk_back(e, peer, b, theirs.addr, nbytes, 0, dyn ? theirs.prog : 0,
+                            dyn ? 0 : limit, &prog[0]);
+    bulk_finish(e, peer, &prog[1], theirs.prog + sizeof(uint64_t));
+    if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
+    uint64_t front = isroot ? done.done : tdone.done, back = isroot ? tdone.done : done.done;
+    lo = front * ch;
+    hi = back * ch < nbytes ? back * ch : nbytes;
+  }
+  if (lo >= hi) return 0;
+  rc = isroot ? erdma_isend(e, b + lo, hi - lo, peer, tag + 1, ctx, 0, &r[0])
+              : erdma_irecv(e, b + lo, hi - lo, peer, tag + 1, ctx, 0, &r[0]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, isroot ? UINT64_MAX : hi - lo);
+  bulk_drop(r, 1);
+  return rc;
+}
+
+/* Alltoall of two ranks: each copies its own block, pulls the peer's block
+ * for it from the front and then helps the peer by pushing the block for
+ * the peer from the back, so a process that got less CPU time is helped by
+ * the other.  pull_part: static share of one's own pulls (tests). */
+static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t blk,
+                         const int *ranks, int me, double pull_part, int tag, uint32_t ctx,
+                         double timeout) {
+  int p = 1 - me, peer = ranks[p], rc;
+  uint64_t ch = bulk_chunk(blk), nch = (blk + ch - 1) / ch;
+  /* [0]: chunks of my incoming block pulled from the front; [1]: lowest
+   * chunk of the peer's incoming block pushed from the back */
+  volatile uint64_t prog[3] = {0, nch, 0}; /* [2]: finished (bulk_finish) */
+  bulk_hdr mine = {(uintptr_t)(s + (uint64_t)p * blk), blk, (uintptr_t)(d + (uint64_t)p * blk),
+                   (uintptr_t)prog, bulk_limit(pull_part, blk), 0, 0,
+                   (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
+  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
+  if (theirs.len != blk) return ERDMA_ERR_TRUNCATE;
+  if (blk) bulk_copy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk, bulk_nt(blk, 2));
+  uint64_t in_lo = 0, in_hi = blk, out_lo = 0, out_hi = blk; /* left for messages */
+  if (mine.cma && theirs.cma && blk) {
+    int dyn_me = mine.limit == UINT64_MAX, dyn_peer = theirs.limit == UINT64_MAX;
+    uint64_t pw_front = (uintptr_t)theirs.prog, pw_back = pw_front + sizeof(uint64_t);
+    bulk_hdr done = mine, tdone;
+    done.done = bulk_front(e, peer, d + (uint64_t)p * blk, theirs.addr, blk, 0,
+                           dyn_me ? pw_back : 0, dyn_me ? nch : mine.limit, &prog[0]);
+    done.done2 = bulk_back(e, peer, (uint8_t *)(s + (uint64_t)p * blk), theirs.raddr, blk, 1,
+                           dyn_peer ? pw_front : 0, dyn_peer ? 0 : theirs.limit, &prog[1]);
+    bulk_finish(e, peer, &prog[2], pw_front + 2 * sizeof(uint64_t));
+    if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
+    in_lo = done.done * ch;                          /* my block: I pulled [0, lo) */
+    in_hi = tdone.done2 * ch < blk ? tdone.done2 * ch : blk;
+    out_lo = tdone.done * ch;                        /* its block: it pulled [0, lo) */
+    out_hi = done.done2 * ch < blk ? done.done2 * ch : blk;
+  }
+  erdma_req *r[2] = {NULL, NULL};
+  rc = 0;
+  if (in_lo < in_hi)
+    rc = erdma_irecv(e, d + (uint64_t)p * blk + in_lo, in_hi - in_lo, peer, tag + 1, ctx, 0,
+                     &r[0]);
+  if (!rc && out_lo < out_hi)
+    rc = erdma_isend(e, s + (uint64_t)p * blk + out_lo, out_hi - out_lo, peer, tag + 1, ctx, 0,
+                     &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, in_hi - in_lo);
+  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
+  bulk_drop(r, 2);
+  return rc;
+}
+
+/* Every rank reads from each peer j the block j publishes for it
+ * (src(j): address, srclen(j): bytes) into dst(j) (dstlen(j) bytes expected),
+ * in the order the headers come, and waits until every peer has read its
+ * own; a pair without CMA moves the block as a message.  The caller copies
+ * its own block. */
+typedef struct bulk_xchg {
+  const uint8_t *src;        /* alltoall: send buffer; allgather: my block */
+  uint8_t *dst;
+  uint64_t blk;              /* alltoall: block bytes */
+  const uint64_t *off, *len; /* allgather: where block j lands, its bytes */
+} bulk_xchg;
+
+static const uint8_t *xsrc(const bulk_xchg *x, int j) {
+  return x->off ? x->src : x->src + (uint64_t)j * x->blk;
+}
+static uint64_t xsrclen(const bulk_xchg *x, int me) { return x->off ? x->len[me] : x->blk; }
+static uint8_t *xdst(const bulk_xchg *x, int j) {
+  return x->dst + (x->off ? x->off[j] : (uint64_t)j * x->blk);
+}
+static uint64_t xdstlen(const bulk_xchg *x, int j) { return x->off ? x->len[j] : x->blk; }
+
+static int bulk_exchange(erdma_engine *e, const bulk_xchg *x, const int *ranks, int n, int me,
+                         int tag, uint32_t ctx, double timeout) {
+  /* per peer: header in/out, "done" in/out; requests: 6 per peer */
+  bulk_hdr *h = calloc((size_t)n * 4, sizeof *h);
+  erdma_req **rq = calloc((size_t)n * 6, sizeof *rq);
+  if (!h || !rq) {
+    free(h);
+    free(rq);
+    return ERDMA_ERR_NOMEM;
+  }
+  bulk_hdr *hin = h, *hout = h + n, *din = h + 2 * n, *dout = h + 3 * n;
+  erdma_req **rh = rq, **sh = rq + n, **rd = rq + 2 * n, **sd = rq + 3 * n,
+            **rf = rq + 4 * n, **sf = rq + 5 * n;
+  uint64_t mylen = xsrclen(x, me);
+  int rc = 0;
+  for (int k = 1; k < n && !rc; k++) {
+    int j = (me + k) % n;
+    rc = erdma_irecv(e, &hin[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &rh[j]);
+    if (!rc) rc = erdma_irecv(e, &din[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &rd[j]);
+  }
+  for (int k = 1; k < n && !rc; k++) { /* where my block for j is */
+    int j = (me + k) % n;
+    hout[j].addr = (uintptr_t)xsrc(x, j);
+    hout[j].len = mylen;
+    hout[j].cma = (uint32_t)shm_cma_ok(e, ranks[j]);
+    rc = erdma_isend(e, &hout[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sh[j]);
+  }
+  /* pull each peer's block for me, in the order their headers come (a peer
+   * that is not running does not hold up the others: CMA needs no help) */
+  for (int left = n - 1; left > 0 && !rc; left--) {
+    int j;
+    if ((rc = bulk_next_hdr(rh, n, timeout, &j))) break;
+    uint64_t want = xdstlen(x, j);
+    if (hin[j].len != want) {
+      rc = ERDMA_ERR_TRUNCATE;
+      break;
+    }
+    int fail = 1;
+    if (hin[j].cma && shm_cma_ok(e, ranks[j]))
+      fail = want ? shm_cma_copy(e, ranks[j], xdst(x, j), hin[j].addr, want, 0) != 0 : 0;
+    if (fail)
+      rc = erdma_irecv(e, xdst(x, j), want, ranks[j], tag + 2, ctx, 0, &rf[j]);
+    dout[j].done = (uint64_t)fail;
+    if (!rc) rc = erdma_isend(e, &dout[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &sd[j]);
+  }
+  /* peers done with my blocks, in any order; resend what they could not read */
+  for (int left = n - 1; left > 0 && !rc; left--) {
+    int j;
+    if ((rc = bulk_next_hdr(rd, n, timeout, &j))) break;
+    if (din[j].done)
+      rc = erdma_isend(e, xsrc(x, j), mylen, ranks[j], tag + 2, ctx, 0, &sf[j]);
+  }
+  for (int j = 0; j < n && !rc; j++) {
+    if (!rc) rc = bulk_wait(&rf[j], timeout, xdstlen(x, j));
+    if (!rc) rc = bulk_wait(&sf[j], timeout, UINT64_MAX);
+    if (!rc) rc = bulk_wait(&sh[j], timeout, UINT64_MAX);
+    if (!rc) rc = bulk_wait(&sd[j], timeout, UINT64_MAX);
+  }
+  bulk_drop(rq, 6 * n);
+  free(h);
+  free(rq);
+  return rc;
+}
+
+int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                             const int *ranks, int n, int me, double pull_part, int tag,
+                             uint32_t ctx, double timeout) {
+  if (coll_check_comm(e, ranks, n, me) || (blk && (!sbuf || !rbuf)) || sbuf == rbuf)
+    return ERDMA_ERR_INVAL;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  if (n == 1) {
+    if (blk) memcpy(d, s, blk);
+    return 0;
+  }
+  if (n == 2) return alltoall_pair(e, s, d, blk, ranks, me, pull_part, tag, ctx, timeout);
+  if (blk) bulk_copy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk, bulk_nt(blk, n));
+  bulk_xchg x = {s, d, blk, NULL, NULL};
+  return bulk_exchange(e, &x, ranks, n, me, tag, ctx, timeout);
+}
+
+int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
+                              const uint64_t *offs, const uint64_t *lens, const int *ranks,
+                              int n, int me, int tag, uint32_t ctx, double timeout) {
+  if (coll_check_comm(e, ranks, n, me) || !offs || !lens || !rbuf) return ERDMA_ERR_INVAL;
+  uint8_t *d = rbuf;
+  const uint8_t *s = sbuf ? sbuf : d + offs[me];
+  if (sbuf && lens[me] && s != d + offs[me]) memmove(d + offs[me], s, lens[me]);
+  if (n == 1) return 0;
+  bulk_xchg x = {s, d, 0, offs, lens};
+  return bulk_exchange(e, &x, ranks, n, me, tag, ctx, timeout);
+}
+
+int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
+                          const int *ranks, int n, int me, int tag, uint32_t ctx,
+                          double timeout) {
+  if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n || (nbytes && !buf))
+    return ERDMA_ERR_INVAL;
+  if (n == 1) return 0;
+  int rc = 0;
+  if (me != root) { /* read it all straight out of the root's buffer */
+    erdma_req *r[3] = {NULL, NULL, NULL};
+    bulk_hdr hin, dout = {0};
+    int peer = ranks[root];
+    rc = erdma_irecv(e, &hin, sizeof hin, peer, tag, ctx, 0, &r[0]);
+    if (!rc) rc = bulk_wait(&r[0], timeout, sizeof hin);
+    if (!rc && hin.len != nbytes) rc = ERDMA_ERR_TRUNCATE;
+    if (!rc) {
+      int fail = 1;
+      if (hin.cma && shm_cma_ok(e, peer))
+        fail = nbytes ? shm_cma_copy(e, peer, buf, hin.addr, nbytes, 0) != 0 : 0;
+      if (fail) rc = erdma_irecv(e, buf, nbytes, peer, tag + 2, ctx, 0, &r[1]);
+      dout.done = (uint64_t)fail;
+      if (!rc) rc = erdma_isend(e, &dout, sizeof dout, peer, tag + 1, ctx, 0, &r[2]);
+      if (!rc) rc = bulk_wait(&r[1], timeout, nbytes);
+      if (!rc) rc = bulk_wait(&r[2], timeout, UINT64_MAX);
+    }
+    bulk_drop(r, 3);
+    return rc;
+  }
+  /* root: tell everyone where the data is, wait until all have read it */
+  bulk_hdr *h = calloc((size_t)n * 2, sizeof *h);
+  erdma_req **rq = calloc((size_t)n * 3, sizeof *rq);
+  if (!h || !rq) {
+    free(h);
+    free(rq);
+    return ERDMA_ERR_NOMEM;
+  }
+  bulk_hdr *hout = h, *din = h + n;
+  erdma_req **sh = rq, **rd = rq + n, **sf = rq + 2 * n;
+  for (int j = 0; j < n && !rc; j++) {
+    if (j == me) continue;
+    rc = erdma_irecv(e, &din[j], sizeof(bulk_hdr), ranks[j], tag + 1, ctx, 0, &rd[j]);
+    hout[j].addr = (uintptr_t)buf;
+    hout[j].len = nbytes;
+    hout[j].cma = (uint32_t)shm_cma_ok(e, ranks[j]);
+    if (!rc) rc = erdma_isend(e, &hout[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sh[j]);
+  }
+  for (int left = n - 1; left > 0 && !rc; left--) {
+    int j;
+    if ((rc = bulk_next_hdr(rd, n, timeout, &j))) break;
+    if (din[j].done) /* it could not read us: the buffer as a message */
+      rc = erdma_isend(e, buf, nbytes, ranks[j], tag + 2, ctx, 0, &sf[j]);
+  }
+  for (int j = 0; j < n && !rc; j++) {
+    if (!rc) rc = bulk_wait(&sf[j], timeout, UINT64_MAX);
+    if (!rc) rc = bulk_wait(&sh[j], timeout, UINT64_MAX);
+  }
+  bulk_drop(rq, 3 * n);
+  free(h);
+  free(rq);
+  return rc;
+}
+
+/* Allreduce of two ranks in one sync: each reads the other's whole input
+ * (CMA, in cache-sized pieces) and reduces it with its own, both in rank
+ * order (in0 OP in1), so both get the same bits; then each waits until the
+ * other has read its input.  sbuf != rbuf. */
+#define BULK_RED_PIECE ((uint64_t)64 << 10)
+
+int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                              int op, int dtype, const int *ranks, int n, int me, int tag,
+                              uint32_t ctx, double timeout) {
+  int es = erdma_dtype_size(dtype);
+  if (coll_check_comm(e, ranks, n, me) || n != 2 || es <= 0 || (count && (!sbuf || !rbuf)) ||
+      sbuf == rbuf)
+    return ERDMA_ERR_INVAL;
+  int peer = ranks[1 - me], rc;
+  uint64_t nbytes = count * (uint64_t)es;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  bulk_hdr mine = {(uintptr_t)sbuf, nbytes, 0, 0, 0, 0, 0, (uint32_t)shm_cma_ok(e, peer), 0},
+           theirs;
+  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
+  if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
+  uint64_t piece = BULK_RED_PIECE - BULK_RED_PIECE % (uint64_t)es;
+  uint8_t *tmp = me == 1 ? malloc(piece) : NULL;
+  int fail = (me == 1 && !tmp) || !mine.cma || !theirs.cma;
+  uint64_t off = 0;
+  while (!fail && off < nbytes) {
+    uint64_t len = nbytes - off < piece ? nbytes - off : piece;
+    if (me == 0) { /* rbuf = in0 OP in1, in1 read into rbuf */
+      if (shm_cma_copy(e, peer, d + off, theirs.addr + off, len, 0)) fail = 1;
+      else rc = erdma_reduce_local(s + off, d + off, len / (uint64_t)es, op, dtype);
+    } else { /* rbuf = in0 OP in1: in1 copied to rbuf, in0 read into tmp */
+      if (shm_cma_copy(e, peer, tmp, theirs.addr + off, len, 0)) fail = 1;
+      else {
+        memcpy(d + off, s + off, len);
+        rc = erdma_reduce_local(tmp, d + off, len / (uint64_t)es, op, dtype);
+      }
+    }
+    if (rc) break;
+    off += len;
+  }
+  free(tmp);
+  /* the closing round: done with the other's input, or send it mine */
+  bulk_hdr done = {0}, tdone;
+  done.done = (uint64_t)fail;
+  int rc2 = bulk_trade(e, peer, tag + 1, ctx, &done, &tdone, timeout);
+  if (rc) return rc;
+  if (rc2) return rc2;
+  if (!done.done && !tdone.done) return 0;
+  /* fallback: whole inputs as messages, then the same reduction */
+  erdma_req *r[2] = {NULL, NULL};
+  uint8_t *in = nbytes ? malloc(nbytes) : NULL;
+  if (nbytes && !in) return ERDMA_ERR_NOMEM;
+  if (done.done) rc = erdma_irecv(e, in, nbytes, peer, tag + 2, ctx, 0, &r[0]);
+  if (!rc && tdone.done) rc = erdma_isend(e, s, nbytes, peer, tag + 2, ctx, 0, &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, nbytes);
+  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
+  bulk_drop(r, 2);
+  if (!rc && done.done) {
+    if (me == 0) { /* in0 OP in1 with in1 = in */
+      rc = erdma_reduce_local(s, in, count, op, dtype);
+      if (!rc) memcpy(d, in, nbytes);
+    } else {
+      memcpy(d, s, nbytes);
+      rc = erdma_reduce_local(in, d, count, op, dtype);
+    }
+  }
+  free(in);
+  return rc;
+}

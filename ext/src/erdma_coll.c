@@ -1,0 +1,404 @@
+/*
+ * erdma_coll.c - small collectives, run start to finish in the calling thread.
+ *
+ * Latency-bound collectives (up to tens of KiB) need no schedule and no
+ * worker thread: the Python call costs more than the messages.  The algorithm becomes a
+ * list of rounds (receive and/or send, then a local action); a wait that
+ * runs out of time leaves the state for erdma_coll_resume, so the caller can
+ * look at signals between slices. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "erdma.h"
+#include "erdma_internal.h" /* coll_check_comm */
+
+enum { ACT_NONE, ACT_REDUCE_INTO_ACC, ACT_REDUCE_INTO_TMP_SWAP, ACT_REDUCE_AT };
+
+typedef struct {
+  int recv_from, send_to; /* world ranks, -1: none */
+  int rbuf, sbuf;         /* 0: acc, 1: tmp, 2: none (zero bytes), 3: at (below) */
+  int tag, act;
+  /* rbuf/sbuf 3: these bytes; ACT_REDUCE_AT: at_acc = received OP at_acc */
+  void *rat, *sat, *at_acc;
+  uint64_t rlen, slen;
+} coll_round;
+
+/* a message of a collective that posts all of its messages at once */
+typedef struct {
+  int peer, tag, send;
+  void *buf;
+  uint64_t len;
+} coll_msg;
+
+struct erdma_coll {
+  erdma_engine *e;
+  uint64_t nbytes, count;
+  int op, dtype;
+  void *buf[2];    /* acc, tmp (swapped by ACT_REDUCE_INTO_TMP_SWAP) */
+  void *out;       /* result lands here at the end (if not acc already) */
+  void *tmp_mem;
+  uint32_t ctx;
+  /* posted at once before the rounds: receives first, then sends */
+  coll_msg *msg;
+  erdma_req **mreq;
+  int nmsg, mposted, mdone;
+  int nr, cur, maxr;
+  erdma_req *rreq, *sreq;
+  coll_round r[]; /* maxr of them */
+};
+
+static int coll_add(erdma_coll *c, int from, int to, int rbuf, int sbuf, int tag, int act) {
+  if (c->nr == c->maxr) return ERDMA_ERR_INVAL;
+  coll_round *r = &c->r[c->nr++];
+  memset(r, 0, sizeof *r);
+  r->recv_from = from;
+  r->send_to = to;
+  r->rbuf = rbuf;
+  r->sbuf = sbuf;
+  r->tag = tag;
+  r->act = act;
+  return 0;
+}
+
+static void coll_free(erdma_coll *c) {
+  if (!c) return;
+  if (c->rreq) {
+    erdma_req_abort(c->rreq);
+    erdma_req_free(c->rreq);
+  }
+  if (c->sreq) {
+    erdma_req_abort(c->sreq);
+    erdma_req_free(c->sreq);
+  }
+  for (int i = c->mdone; i < c->mposted; i++)
+    if (c->mreq[i]) {
+      erdma_req_abort(c->mreq[i]);
+      erdma_req_free(c->mreq[i]);
+    }
+  free(c->msg);
+  free(c->mreq);
+  free(c->tmp_mem);
+  free(c);
+}
+
+/* Wait for a posted request; 0 (freed, *rp = NULL), TIMEOUT, or its error. */
+static int coll_wait(erdma_req **rp, double slice) {
+  erdma_status st;
+  int rc = erdma_req_wait(*rp, slice, &st);
+  if (rc) return rc;
+  erdma_req_free(*rp);
+  *rp = NULL;
+  if (st.error) return st.error;
+  return 0;
+}
+
+static int coll_step(erdma_coll *c, double slice) {
+  int rc;
+  for (; c->mposted < c->nmsg; c->mposted++) {
+    coll_msg *m = &c->msg[c->mposted];
+    rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
+                               &c->mreq[c->mposted])
+                 : erdma_irecv(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
+                               &c->mreq[c->mposted]);
+    if (rc) return rc;
+  }
+  for (; c->mdone < c->nmsg; c->mdone++)
+    if ((rc = coll_wait(&c->mreq[c->mdone], slice))) return rc;
+  while (c->cur < c->nr) {
+    coll_round *r = &c->r[c->cur];
+    if (!c->rreq && !c->sreq) { /* post this round */
+      void *rb = r->rbuf == 3 ? r->rat : r->rbuf < 2 ? c->buf[r->rbuf] : NULL;
+      const void *sb = r->sbuf == 3 ? r->sat : r->sbuf < 2 ? c->buf[r->sbuf] : NULL;
+      uint64_t rn = r->rbuf == 3 ? r->rlen : r->rbuf < 2 ? c->nbytes : 0;
+      uint64_t sn = r->sbuf == 3 ? r->slen : r->sbuf < 2 ? c->nbytes : 0;
+      if (r->recv_from >= 0) {
+        rc = erdma_irecv(c->e, rb, rn, r->recv_from, r->tag, c->ctx, 0, &c->rreq);
+        if (rc) return rc;
+      }
+      if (r->send_to >= 0) {
+        rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, 0, &c->sreq);
+        if (rc) return rc;
+      }
+    }
+    if (c->rreq && (rc = coll_wait(&c->rreq, slice))) return rc;
+    if (c->sreq && (rc = coll_wait(&c->sreq, slice))) return rc;
+    if (r->act == ACT_REDUCE_INTO_ACC) { /* acc = tmp OP acc (tmp from the lower rank) */
+      rc = erdma_reduce_local(c->buf[1], c->buf[0], c->count, c->op, c->dtype);
+      if (rc) return rc;
+    } else if (r->act == ACT_REDUCE_INTO_TMP_SWAP) { /* tmp = acc OP tmp; swap */
+      rc = erdma_reduce_local(c->buf[0], c->buf[1], c->count, c->op, c->dtype);
+      if (rc) return rc;
+      void *x = c->buf[0];
+      c->buf[0] = c->buf[1];
+      c->buf[1] = x;
+    } else if (r->act == ACT_REDUCE_AT && r->rlen) {
+      rc = erdma_reduce_local(r->rat, r->at_acc, r->rlen / erdma_dtype_size(c->dtype), c->op,
+                              c->dtype);
+      if (rc) return rc;
+    }
+    c->cur++;
+  }
+  if (c->out && c->buf[0] != c->out) memcpy(c->out, c->buf[0], c->nbytes);
+  return 0;
+}
+
+/* Run c; on a timeout hand it back through *pending, else free it. */
+static int coll_go(erdma_coll *c, double slice, erdma_coll **pending) {
+  int rc = coll_step(c, slice);
+  if (rc == ERDMA_ERR_TIMEOUT) {
+    *pending = c;
+    return rc;
+  }
+  coll_free(c);
+  return rc;
+}
+
+int erdma_coll_resume(erdma_coll *c, double slice) {
+  if (!c) return ERDMA_ERR_INVAL;
+  int rc = coll_step(c, slice);
+  if (rc != ERDMA_ERR_TIMEOUT) coll_free(c);
+  return rc;
+}
+
+void erdma_coll_free(erdma_coll *c) { coll_free(c); }
+
+/* Room for the rounds of any algorithm here on n ranks: 2 + 2 log2 n, or
+ * n - 1 (a ring). */
+static erdma_coll *coll_new(erdma_engine *e, uint64_t nbytes, uint32_t ctx, int n) {
+  int maxr = 2;
+  for (int d = 1; d < n; d <<= 1) maxr += 2;
+  if (maxr < n - 1) maxr = n - 1;
+  erdma_coll *c = malloc(sizeof *c + (size_t)maxr * sizeof(coll_round));
+  if (!c) return NULL;
+  memset(c, 0, sizeof *c);
+  c->maxr = maxr;
+  c->e = e;
+  c->nbytes = nbytes;
+  c->ctx = ctx;
+  return c;
+}
+
+int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                         int op, int dtype, const int *ranks, int n, int me, int tag,
+                         uint32_t ctx, double slice, erdma_coll **pending) {
+  *pending = NULL;
+  int es = erdma_dtype_size(dtype);
+  if (coll_check_comm(e, ranks, n, me) || es <= 0 || (count && !rbuf)) return ERDMA_ERR_INVAL;
+  uint64_t nbytes = count * (uint64_t)es;
+  if (sbuf && sbuf != rbuf && nbytes) memcpy(rbuf, sbuf, nbytes);
+  if (n == 1 || nbytes == 0) return 0;
+  erdma_coll *c = coll_new(e, nbytes, ctx, n);
+  if (!c || !(c->tmp_mem = malloc(nbytes))) {
+    free(c);
+    return ERDMA_ERR_NOMEM;
+  }
+  c->count = count;
+  c->op = op;
+  c->dtype = dtype;
+  c->buf[0] = c->out = rbuf;
+  c->buf[1] = c->tmp_mem;
+  int pof2 = 1;
+  while (pof2 * 2 <= n) pof2 *= 2;
+  int rem = n - pof2, newrank, rc = 0;
+  /* fold the first 2*rem ranks pairwise: odd ones go on, with the sum */
+  if (me < 2 * rem) {
+    if (me % 2 == 0) {
+      rc |= coll_add(c, -1, ranks[me + 1], 2, 0, tag, ACT_NONE);
+      newrank = -1;
+    } else {
+      rc |= coll_add(c, ranks[me - 1], -1, 1, 2, tag, ACT_REDUCE_INTO_ACC);
+      newrank = me / 2;
+    }
+  } else {
+    newrank = me - rem;
+  }
+  if (newrank >= 0) {
+    int step = 1;
+    for (int mask = 1; mask < pof2; mask <<= 1, step++) {
+      int nd = newrank ^ mask;
+      int dst = nd < rem ? nd * 2 + 1 : nd + rem;
+      rc |= coll_add(c, ranks[dst], ranks[dst], 1, 0, tag + step,
+                     nd < newrank ? ACT_REDUCE_INTO_ACC : ACT_REDUCE_INTO_TMP_SWAP);
+    }
+  }
+  if (me < 2 * rem) { /* hand the result back to the folded ranks */
+    if (me % 2 == 0)
+      rc |= coll_add(c, ranks[me + 1], -1, 0, 2, tag + 1000, ACT_NONE);
+    else
+      rc |= coll_add(c, -1, ranks[me - 1], 2, 0, tag + 1000, ACT_NONE);
+  }
+  if (rc) {
+    coll_free(c);
+    return ERDMA_ERR_INVAL;
+  }
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
+                     int n, int me, int tag, uint32_t ctx, double slice,
+                     erdma_coll **pending) {
+  *pending = NULL;
+  if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n || (nbytes && !buf))
+    return ERDMA_ERR_INVAL;
+  if (n == 1) return 0;
+  erdma_coll *c = coll_new(e, nbytes, ctx, n);
+  if (!c) return ERDMA_ERR_NOMEM;
+  c->buf[0] = buf;
+  int vr = (me - root + n) % n, mask = 1, rc = 0;
+  while (mask < n) { /* binomial tree: receive from the parent ... */
+    if (vr & mask) {
+      rc |= coll_add(c, ranks[(vr - mask + root) % n], -1, 0, 2, tag, ACT_NONE);
+      break;
+    }
+    mask <<= 1;
+  }
+  for (mask >>= 1; mask > 0; mask >>= 1) /* ... and pass it on to the children */
+    if (vr + mask < n) rc |= coll_add(c, -1, ranks[(vr + mask + root) % n], 2, 0, tag, ACT_NONE);
+  if (rc) {
+    coll_free(c);
+    return ERDMA_ERR_INVAL;
+  }
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag, uint32_t ctx,
+                       double slice, erdma_coll **pending) {
+  *pending = NULL;
+  if (coll_check_comm(e, ranks, n, me)) return ERDMA_ERR_INVAL;
+  if (n == 1) return 0;
+  erdma_coll *c = coll_new(e, 1, ctx, n); /* 1-byte tokens, as the Python algorithm */
+  if (!c || !(c->tmp_mem = calloc(2, 1))) {
+    free(c);
+    return ERDMA_ERR_NOMEM;
+  }
+  c->buf[0] = c->tmp_mem;
+  c->buf[1] = (uint8_t *)c->tmp_mem + 1;
+  int rc = 0, k = 0;
+  for (int d = 1; d < n; d <<= 1, k++) /* dissemination */
+    rc |= coll_add(c, ranks[(me - d + n) % n], ranks[(me + d) % n], 1, 0, tag + k, ACT_NONE);
+  if (rc) {
+    coll_free(c);
+    return ERDMA_ERR_INVAL;
+  }
+  return coll_go(c, slice, pending);
+}
+
+/* Room for `max` messages posted at once. */
+static int coll_msgs(erdma_coll *c, int max) {
+  c->msg = calloc((size_t)max, sizeof *c->msg);
+  c->mreq = calloc((size_t)max, sizeof *c->mreq);
+  return c->msg && c->mreq ? 0 : ERDMA_ERR_NOMEM;
+}
+
+static void coll_msg_add(erdma_coll *c, int send, int peer, int tag, void *buf, uint64_t len) {
+  coll_msg *m = &c->msg[c->nmsg++];
+  m->send = send;
+  m->peer = peer;
+  m->tag = tag;
+  m->buf = buf;
+  m->len = len;
+}
+
+static erdma_coll *coll_new_msgs(erdma_engine *e, uint32_t ctx, int n, int nmsg) {
+  erdma_coll *c = coll_new(e, 0, ctx, n);
+  if (c && coll_msgs(c, nmsg)) {
+    coll_free(c);
+    return NULL;
+  }
+  return c;
+}
+
+int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                        const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                        erdma_coll **pending) {
+  *pending = NULL;
+  if (coll_check_comm(e, ranks, n, me) || (blk && !rbuf)) return ERDMA_ERR_INVAL;
+  if (blk == 0 || n == 1) {
+    if (blk && sbuf && sbuf != rbuf) memcpy(rbuf, sbuf, blk);
+    return 0;
+  }
+  uint8_t *d = rbuf;
+  erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
+  if (!c) return ERDMA_ERR_NOMEM;
+  const uint8_t *s = sbuf;
+  if (!s || s == d) { /* in place: send from a copy of the input */
+    if (!(c->tmp_mem = malloc(blk * (uint64_t)n))) {
+      coll_free(c);
+      return ERDMA_ERR_NOMEM;
+    }
+    s = memcpy(c->tmp_mem, d, blk * (uint64_t)n);
+  } else {
+    memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
+  }
+  /* alltoallv_direct's messages: r -> r + k with tag k */
+  for (int k = 1; k < n; k++) {
+    int src = (me - k + n) % n;
+    coll_msg_add(c, 0, ranks[src], tag + k % 1024, d + (uint64_t)src * blk, blk);
+  }
+  for (int k = 1; k < n; k++) {
+    int dst = (me + k) % n;
+    coll_msg_add(c, 1, ranks[dst], tag + k % 1024, (void *)(s + (uint64_t)dst * blk), blk);
+  }
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
+                         const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                         erdma_coll **pending) {
+  *pending = NULL;
+  if (coll_check_comm(e, ranks, n, me) || (blk && !rbuf)) return ERDMA_ERR_INVAL;
+  uint8_t *mine = (uint8_t *)rbuf + (uint64_t)me * blk;
+  if (blk && sbuf && sbuf != mine) memcpy(mine, sbuf, blk);
+  if (blk == 0 || n == 1) return 0;
+  erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
+  if (!c) return ERDMA_ERR_NOMEM;
+  /* allgatherv_direct's messages: tag 0 */
+  for (int i = 0; i < n; i++)
+    if (i != me) coll_msg_add(c, 0, ranks[i], tag, (uint8_t *)rbuf + (uint64_t)i * blk, blk);
+  for (int k = 1; k < n; k++) coll_msg_add(c, 1, ranks[(me + k) % n], tag, mine, blk);
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_reduce_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                              int op, int dtype, const int *ranks, int n, int me, int tag,
+                              uint32_t ctx, double slice, erdma_coll **pending) {
+  *pending = NULL;
+  int es = erdma_dtype_size(dtype);
+  if (coll_check_comm(e, ranks, n, me) || es <= 0 || (count && !rbuf)) return ERDMA_ERR_INVAL;
+  uint64_t blk = count * (uint64_t)es, all = blk * (uint64_t)n;
+  if (blk == 0) return 0;
+  if (n == 1) {
+    if (sbuf && sbuf != rbuf) memcpy(rbuf, sbuf, blk);
+    return 0;
+  }
+  erdma_coll *c = coll_new(e, blk, ctx, n);
+  if (!c || !(c->tmp_mem = malloc(all + blk))) {
+    free(c);
+    return ERDMA_ERR_NOMEM;
+  }
+  uint8_t *acc = c->tmp_mem, *tmp = acc + all;
+  memcpy(acc, sbuf ? sbuf : rbuf, all);
+  c->count = count;
+  c->op = op;
+  c->dtype = dtype;
+  /* reduce_scatter_ring's messages: in step k send block me-k-1 to the
+   * right, reduce block me-k-2 from the left into it; block me ends whole */
+  int right = ranks[(me + 1) % n], left = ranks[(me - 1 + n) % n];
+  for (int k = 0; k < n - 1; k++) {
+    int s = ((me - k - 1) % n + n) % n, q = ((me - k - 2) % n + n) % n;
+    if (coll_add(c, left, right, 3, 3, tag + k, ACT_REDUCE_AT)) {
+      coll_free(c);
+      return ERDMA_ERR_INVAL;
+    }
+    coll_round *r = &c->r[c->nr - 1];
+    r->rat = tmp;
+    r->rlen = blk;
+    r->sat = acc + (uint64_t)s * blk;
+    r->slen = blk;
+    r->at_acc = acc + (uint64_t)q * blk;
+  }
+  c->buf[0] = acc + (uint64_t)me * blk;
+  c->out = rbuf;
+  return coll_go(c, slice, pending);
+}
