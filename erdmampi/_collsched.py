@@ -148,6 +148,18 @@ class CollSchedule:
             _engine.SCHED_DTYPES[rarr.dtype.name], _cranks(self._ranks), len(self._ranks), me,
             self._base, self._ctx, -1.0), "allreduce")
 
+    def reduce_scatter_pair(self, sarr, rarr, op, me):
+        """Two ranks: ``rarr`` = block ``me`` of in0 OP in1
+        (erdma_coll_reduce_scatter_pair); element type from ``rarr``."""
+        notify_started()
+        try:
+            _engine.coll_reduce_scatter_pair(
+                self._eng, sarr.ctypes.data, rarr.ctypes.data, rarr.size,
+                _engine.SCHED_OPS[op], _engine.SCHED_DTYPES[rarr.dtype.name],
+                _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+
     def alltoall_bulk(self, sarr, rarr, me):
         """Equal blocks: every rank reads its block out of each peer's
         ``sarr`` (erdma_coll_alltoall_bulk); ``sarr`` and ``rarr`` contiguous

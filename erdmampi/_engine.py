@@ -748,6 +748,15 @@ def coll_allgather_bulk(eng, saddr, raddr, offs, lens, cranks, n, me, tag, ctx):
                                          -1.0), "allgather")
 
 
+def coll_reduce_scatter_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
+    """Two ranks: block ``me`` (``count`` elements) of in0 OP in1, the other's
+    block read out of its input (erdma_coll_reduce_scatter_pair; distinct
+    buffers)."""
+    _check(lib.erdma_coll_reduce_scatter_pair(eng._h, _ptr(saddr), _ptr(raddr), count, op,
+                                              dtype, cranks, n, me, tag, ctx, -1.0),
+           "reduce_scatter")
+
+
 def reduce_local(in_addr: int, inout_addr: int, count: int, op: int, dtype: int) -> None:
     """``inout = in OP inout`` over ``count`` elements with the C kernels."""
     _check(lib.erdma_reduce_local(_ptr(in_addr), _ptr(inout_addr), count, op, dtype),

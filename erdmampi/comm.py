@@ -1982,8 +1982,8 @@ class Comm:
     # An Alltoall, Allgather or Reduce_scatter_block of plain host arrays runs
     # as one engine call where the default rule picks an algorithm the engine
     # has: the direct Alltoall and Allgather and the ring Reduce_scatter of
-    # erdma_coll.c for small vectors, the bulk (CMA) Alltoall and Allgather of
-    # erdma_bulk.c for large ones.  Same messages as the Python algorithm, so
+    # erdma_coll.c for small vectors, the bulk (CMA) Alltoall, Allgather and
+    # two-rank Reduce_scatter of erdma_bulk.c for large ones.  Same messages as the Python algorithm, so
     # a rank on the normal path still matches.  The resolved call is kept per
     # collective while the caller passes the same buffers.
 
@@ -2036,14 +2036,20 @@ class Comm:
             codes = _C_OPS.get(getattr(op, "_name", None))
             if (type(op) is not Op or not op._predefined or codes is None or ctype is None
                     or ctype[2] and op._name not in _LOGICAL_OPS
-                    or sdt is not None and sdt is not rdt
-                    or coll._default(name, whole, n, whole // ctype[3], True) != "ring"):
+                    or sdt is not None and sdt is not rdt):
                 return None
             try:
                 op._check(rdt)
             except Exception:
                 return None
-            call = (_engine.coll_reduce_scatter, (saddr, raddr, blk // ctype[3], codes, ctype[1]))
+            choice = coll._default(name, whole, n, whole // ctype[3], True)
+            if choice == "ring":
+                fn = _engine.coll_reduce_scatter
+            elif choice == "sched_pair" and sarr is not None:
+                fn = _engine.coll_reduce_scatter_pair
+            else:
+                return None
+            call = (fn, (saddr, raddr, blk // ctype[3], codes, ctype[1]))
         elif name == "alltoall":
             choice = coll._default(name, 2 * whole, n, whole, True)
             if choice == "direct":

@@ -220,8 +220,13 @@ def _run(n, mode, env=None, extra=(), timeout=150, force=True):
 
 def test_select_bulk_paths():
     assert C.select("allreduce", 512 * KiB, 2, 1 << 17).__name__ == "allreduce_sched_pair"
-    assert C.select("allreduce", 1 * MiB, 2, 1 << 18).__name__ == "allreduce_sched_ring"
+    assert C.select("allreduce", 1 * MiB, 2, 1 << 18).__name__ == "allreduce_sched_pair"
+    assert C.select("allreduce", 8 * MiB - 4, 2, (1 << 21) - 1).__name__ == "allreduce_sched_pair"
     assert C.select("allreduce", 8 * MiB, 2, 1 << 21).__name__ == "allreduce_sched_ring"
+    assert C.select("reduce_scatter", 256 * KiB, 2, 1 << 16).__name__ == "reduce_scatter_sched_pair"
+    assert C.select("reduce_scatter", 256 * KiB, 3, 1 << 16).__name__ == "reduce_scatter_sched_ring"
+    assert C.select("reduce_scatter", 256 * KiB - 4, 2, (1 << 16) - 1).__name__ == \
+        "reduce_scatter_ring"
     assert C.select("allreduce", 1 * MiB, 3, 1 << 18).__name__ != "allreduce_sched_pair"
     assert C.select("bcast", 16 * MiB, 2).__name__ == "bcast_sched_pair"
     assert C.select("bcast", C.BULK_BCAST_MIN, 2).__name__ == "bcast_sched_pair"

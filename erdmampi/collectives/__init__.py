@@ -28,11 +28,13 @@ allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
                 hierarchical if H and the op commutes; else
                 recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
-                sched_pair if n == 2 and N < 1 MiB;
+                sched_pair if n == 2 and N < 8 MiB;
                 else sched_ring if N >= S; else rabenseifner if n is a
                 power of two, ring otherwise
-reduce_scatter  sched_ring if N >= S (commutative); else ring
-                (commutative), reduce_scatterv (non-commutative)
+reduce_scatter  sched_pair if n == 2 and N >= S (commutative; equal
+                blocks, else sched_ring); sched_ring if N >= S
+                (commutative); else ring (commutative), reduce_scatterv
+                (non-commutative)
 gather,         binomial if n >= 4 and the whole vector is <= 256 KiB,
 scatter         else linear (equal blocks, the size known on every rank)
 gatherv         linear
@@ -102,6 +104,7 @@ from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_p
                                         alltoall_sched, alltoallv_sched,
                                         bcast_sched_chain, bcast_sched_pair,
                                         bcast_sched_pull,
+                                        reduce_scatter_sched_pair,
                                         reduce_scatter_sched_ring)
 from erdmampi.collectives.reduce import (allreduce_rabenseifner,
                                          allreduce_recursive_doubling,
@@ -158,7 +161,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
                   "hierarchical": allreduce_hierarchical},
     "reduce_scatter": {"ring": reduce_scatter_ring,
                        "reduce_scatterv": reduce_scatter_reduce_scatterv,
-                       "sched_ring": reduce_scatter_sched_ring},
+                       "sched_ring": reduce_scatter_sched_ring,
+                       "sched_pair": reduce_scatter_sched_pair},
     "gather": {"binomial": gather_binomial, "linear": gather_linear},
     "scatter": {"binomial": scatter_binomial, "linear": scatter_linear},
     "gatherv": {"linear": gatherv_linear},
@@ -196,10 +200,10 @@ SCHED_MIN = _sched_min()
 #: is faster than the extra round of messages
 BULK_BCAST_MIN = 4 * 1024 * KiB
 
-#: two ranks: bytes below which Allreduce has each rank reduce the whole
-#: vector from the other's input (``sched_pair``, one round of messages);
-#: from here the chunk-pipelined ring
-BULK_ALLREDUCE_MAX = 1024 * KiB
+#: two ranks: bytes below which Allreduce has each rank reduce (half of)
+#: the vector from the other's input (``sched_pair``, one round of
+#: messages); from here the chunk-pipelined ring (level at 8 MiB here)
+BULK_ALLREDUCE_MAX = 8 * 1024 * KiB
 
 
 def _default(name: str, nbytes: int, size: int, count: int,
@@ -232,7 +236,7 @@ def _default(name: str, nbytes: int, size: int, count: int,
         return "rabenseifner" if size & (size - 1) == 0 else "ring"
     if name == "reduce_scatter":
         if big and commutative:
-            return "sched_ring"
+            return "sched_pair" if size == 2 else "sched_ring"
         return "ring" if commutative else "reduce_scatterv"
     if big and name == "allgatherv":
         return "sched_ring"

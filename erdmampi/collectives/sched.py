@@ -214,6 +214,41 @@ def allreduce_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
     return True
 
 
+def reduce_scatter_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
+                              recvbuf: np.ndarray, recvcounts: Sequence[int],
+                              reduce_fn: ReduceFn,
+                              commutative: bool = True) -> Optional[bool]:
+    """Two ranks, equal blocks, one engine call
+    (``erdma_coll_reduce_scatter_pair``): each reads its block of the
+    other's input (CMA on one host) and reduces it with its own in rank
+    order; one round of messages before and one after.  Unequal blocks or
+    more ranks: :func:`reduce_scatter_sched_ring` (on every rank alike).
+    ``sendbuf=None``: in place, as there."""
+    if t.size != 2 or len(recvcounts) != 2 or int(recvcounts[0]) != int(recvcounts[1]):
+        return reduce_scatter_sched_ring(t, sendbuf, recvbuf, recvcounts, reduce_fn,
+                                         commutative)
+    red = sched_reduction(reduce_fn)
+    b = _bulk(t)
+    if red is None or not commutative or b is None:
+        return False
+    opname, dtype = red
+    cnt = int(recvcounts[0])
+    data = _typed(_contig(recvbuf if sendbuf is None else sendbuf), dtype)
+    if sendbuf is not None and data.size != 2 * cnt:
+        raise ValueError(f"reduce_scatter: send buffer has {data.size} elements, "
+                         f"recvcounts sum to {2 * cnt}")
+    if cnt == 0:
+        return True
+    out = _Out(recvbuf)
+    acc = _typed(out.work, dtype)[:cnt]
+    src = data[:2 * cnt]
+    if sendbuf is None or np.shares_memory(src, acc):
+        src = src.copy()
+    b.reduce_scatter_pair(src, acc, opname, t.rank)
+    out.done()
+    return True
+
+
 def reduce_scatter_sched_ring(t: Transport, sendbuf: Optional[np.ndarray],
                               recvbuf: np.ndarray, recvcounts: Sequence[int],
                               reduce_fn: ReduceFn,

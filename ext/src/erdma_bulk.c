@@ -548,11 +548,99 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
   return rc;
 }
 
-/* Allreduce of two ranks in one sync: each reads the other's whole input
- * (CMA, in cache-sized pieces) and reduces it with its own, both in rank
- * order (in0 OP in1), so both get the same bits; then each waits until the
- * other has read its input.  sbuf != rbuf. */
+/* Reductions of two ranks in one sync: each reads the other's input (CMA,
+ * in cache-sized pieces) over the bytes it computes and reduces it with its
+ * own, both in rank order (in0 OP in1), so every result has the same bits;
+ * then each waits until the other is done with its buffers.
+ *   allreduce, small: both compute the whole vector;
+ *   allreduce, large (push): each computes one half and writes every
+ *     finished piece into the other's rbuf as well (read N/2, reduce N/2,
+ *     write N/2 instead of read N, reduce N);
+ *   reduce_scatter: each computes its own block (into rbuf).
+ * A pair without CMA trades the input ranges as messages instead. */
 #define BULK_RED_PIECE ((uint64_t)64 << 10)
+#define BULK_RED_HALVES ((uint64_t)256 << 10) /* allreduce: halves from here */
+
+typedef struct {
+  uint64_t lo, len; /* bytes of the vector this rank computes */
+  uint64_t plo;     /* ... and the peer (same length) */
+  uint8_t *out;     /* where byte lo of the result goes */
+  int push;         /* also write the result into the peer's rbuf at lo */
+} pair_part;
+
+/* The CMA pass over part p; 1 when CMA failed (the fallback takes over). */
+static int pair_cma(erdma_engine *e, int peer, int me, const uint8_t *s, const pair_part *p,
+                    const bulk_hdr *theirs, int es, int op, int dtype, int *rc) {
+  uint64_t piece = BULK_RED_PIECE - BULK_RED_PIECE % (uint64_t)es;
+  uint8_t *tmp = me == 1 ? malloc(piece) : NULL;
+  if (me == 1 && !tmp) return 1;
+  int fail = 0;
+  for (uint64_t off = 0; !fail && !*rc && off < p->len; off += piece) {
+    uint64_t len = p->len - off < piece ? p->len - off : piece, at = p->lo + off;
+    uint8_t *d = p->out + off;
+    if (me == 0) { /* d = in0 OP in1, in1 read into d */
+      if (shm_cma_copy(e, peer, d, theirs->addr + at, len, 0)) fail = 1;
+      else *rc = erdma_reduce_local(s + at, d, len / (uint64_t)es, op, dtype);
+    } else { /* d = in0 OP in1: in1 copied to d, in0 read into tmp */
+      if (shm_cma_copy(e, peer, tmp, theirs->addr + at, len, 0)) fail = 1;
+      else {
+        memcpy(d, s + at, len);
+        *rc = erdma_reduce_local(tmp, d, len / (uint64_t)es, op, dtype);
+      }
+    }
+    if (!fail && !*rc && p->push && shm_cma_copy(e, peer, d, theirs->raddr + at, len, 1))
+      fail = 1;
+  }
+  free(tmp);
+  return fail;
+}
+
+/* Without CMA: the peer's input over this rank's range as a message (and
+ * ours over the peer's), then the same reduction; `fall` is the range
+ * computed here (the whole vector where the CMA pass would have pushed). */
+static int pair_messages(erdma_engine *e, int peer, int me, const uint8_t *s,
+                         const pair_part *fall, int es, int op, int dtype, int tag,
+                         uint32_t ctx, double timeout) {
+  erdma_req *r[2] = {NULL, NULL};
+  uint8_t *in = fall->len ? malloc(fall->len) : NULL;
+  if (fall->len && !in) return ERDMA_ERR_NOMEM;
+  int rc = erdma_irecv(e, in, fall->len, peer, tag, ctx, 0, &r[0]);
+  if (!rc) rc = erdma_isend(e, s + fall->plo, fall->len, peer, tag, ctx, 0, &r[1]);
+  if (!rc) rc = bulk_wait(&r[0], timeout, fall->len);
+  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
+  bulk_drop(r, 2);
+  uint64_t count = fall->len / (uint64_t)es;
+  if (!rc && me == 0) { /* in0 OP in1 with in1 = in */
+    rc = erdma_reduce_local(s + fall->lo, in, count, op, dtype);
+    if (!rc) memcpy(fall->out, in, fall->len);
+  } else if (!rc) {
+    memcpy(fall->out, s + fall->lo, fall->len);
+    rc = erdma_reduce_local(in, fall->out, count, op, dtype);
+  }
+  free(in);
+  return rc;
+}
+
+static int pair_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t nbytes,
+                       const pair_part *p, const pair_part *fall, int op, int dtype,
+                       const int *ranks, int me, int tag, uint32_t ctx, double timeout) {
+  int es = erdma_dtype_size(dtype), peer = ranks[1 - me], rc = 0;
+  bulk_hdr mine = {(uintptr_t)sbuf, nbytes, (uintptr_t)rbuf, 0, 0, 0, 0,
+                   (uint32_t)shm_cma_ok(e, peer), 0},
+           theirs;
+  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
+  if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
+  int fail = !mine.cma || !theirs.cma ||
+             pair_cma(e, peer, me, sbuf, p, &theirs, es, op, dtype, &rc);
+  /* the closing round: done with the other's buffers, or fall back */
+  bulk_hdr done = {0}, tdone;
+  done.done = (uint64_t)fail;
+  int rc2 = bulk_trade(e, peer, tag + 1, ctx, &done, &tdone, timeout);
+  if (rc) return rc;
+  if (rc2) return rc2;
+  if (!done.done && !tdone.done) return 0;
+  return pair_messages(e, peer, me, sbuf, fall, es, op, dtype, tag + 2, ctx, timeout);
+}
 
 int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
                               int op, int dtype, const int *ranks, int n, int me, int tag,
@@ -561,59 +649,26 @@ int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uin
   if (coll_check_comm(e, ranks, n, me) || n != 2 || es <= 0 || (count && (!sbuf || !rbuf)) ||
       sbuf == rbuf)
     return ERDMA_ERR_INVAL;
-  int peer = ranks[1 - me], rc;
-  uint64_t nbytes = count * (uint64_t)es;
-  const uint8_t *s = sbuf;
-  uint8_t *d = rbuf;
-  bulk_hdr mine = {(uintptr_t)sbuf, nbytes, 0, 0, 0, 0, 0, (uint32_t)shm_cma_ok(e, peer), 0},
-           theirs;
-  if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
-  if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
-  uint64_t piece = BULK_RED_PIECE - BULK_RED_PIECE % (uint64_t)es;
-  uint8_t *tmp = me == 1 ? malloc(piece) : NULL;
-  int fail = (me == 1 && !tmp) || !mine.cma || !theirs.cma;
-  uint64_t off = 0;
-  while (!fail && off < nbytes) {
-    uint64_t len = nbytes - off < piece ? nbytes - off : piece;
-    if (me == 0) { /* rbuf = in0 OP in1, in1 read into rbuf */
-      if (shm_cma_copy(e, peer, d + off, theirs.addr + off, len, 0)) fail = 1;
-      else rc = erdma_reduce_local(s + off, d + off, len / (uint64_t)es, op, dtype);
-    } else { /* rbuf = in0 OP in1: in1 copied to rbuf, in0 read into tmp */
-      if (shm_cma_copy(e, peer, tmp, theirs.addr + off, len, 0)) fail = 1;
-      else {
-        memcpy(d + off, s + off, len);
-        rc = erdma_reduce_local(tmp, d + off, len / (uint64_t)es, op, dtype);
-      }
-    }
-    if (rc) break;
-    off += len;
+  uint64_t nbytes = count * (uint64_t)es, half = count / 2 * (uint64_t)es;
+  pair_part whole = {0, nbytes, 0, rbuf, 0}, p = whole;
+  if (nbytes >= BULK_RED_HALVES) { /* rank 0 the first half, rank 1 the rest */
+    p.lo = me ? half : 0;
+    p.len = me ? nbytes - half : half;
+    p.out = (uint8_t *)rbuf + p.lo;
+    p.push = 1;
   }
-  free(tmp);
-  /* the closing round: done with the other's input, or send it mine */
-  bulk_hdr done = {0}, tdone;
-  done.done = (uint64_t)fail;
-  int rc2 = bulk_trade(e, peer, tag + 1, ctx, &done, &tdone, timeout);
-  if (rc) return rc;
-  if (rc2) return rc2;
-  if (!done.done && !tdone.done) return 0;
-  /* fallback: whole inputs as messages, then the same reduction */
-  erdma_req *r[2] = {NULL, NULL};
-  uint8_t *in = nbytes ? malloc(nbytes) : NULL;
-  if (nbytes && !in) return ERDMA_ERR_NOMEM;
-  if (done.done) rc = erdma_irecv(e, in, nbytes, peer, tag + 2, ctx, 0, &r[0]);
-  if (!rc && tdone.done) rc = erdma_isend(e, s, nbytes, peer, tag + 2, ctx, 0, &r[1]);
-  if (!rc) rc = bulk_wait(&r[0], timeout, nbytes);
-  if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
-  bulk_drop(r, 2);
-  if (!rc && done.done) {
-    if (me == 0) { /* in0 OP in1 with in1 = in */
-      rc = erdma_reduce_local(s, in, count, op, dtype);
-      if (!rc) memcpy(d, in, nbytes);
-    } else {
-      memcpy(d, s, nbytes);
-      rc = erdma_reduce_local(in, d, count, op, dtype);
-    }
-  }
-  free(in);
-  return rc;
+  return pair_reduce(e, sbuf, rbuf, nbytes, &p, &whole, op, dtype, ranks, me, tag, ctx,
+                     timeout);
+}
+
+int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf,
+                                   uint64_t count, int op, int dtype, const int *ranks, int n,
+                                   int me, int tag, uint32_t ctx, double timeout) {
+  int es = erdma_dtype_size(dtype);
+  if (coll_check_comm(e, ranks, n, me) || n != 2 || es <= 0 || (count && (!sbuf || !rbuf)) ||
+      sbuf == rbuf)
+    return ERDMA_ERR_INVAL;
+  uint64_t blk = count * (uint64_t)es;
+  pair_part p = {me * blk, blk, (1 - me) * blk, rbuf, 0};
+  return pair_reduce(e, sbuf, rbuf, 2 * blk, &p, &p, op, dtype, ranks, me, tag, ctx, timeout);
 }

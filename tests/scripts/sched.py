@@ -139,8 +139,9 @@ def check_direct(comm):
     check(ok is True and (y == size * (size + 1) / 2).all(), f"allreduce_sched_ring ran: {ok}")
     ok = sched.allreduce_sched_ring(comm._transport(), x, y, lambda a, b: None, True)
     check(ok is False, "a user-defined op falls back")
-    check(coll.select("allreduce", 1 << 20, size, 1 << 17) is sched.allreduce_sched_ring
-          or size == 1, "selected for 1 MiB")
+    want = sched.allreduce_sched_pair if size == 2 else sched.allreduce_sched_ring
+    check(coll.select("allreduce", 1 << 20, size, 1 << 17) is want or size == 1,
+          "selected for 1 MiB")
 
 
 from erdmampi.comm import _reduce_fn  # noqa: E402
@@ -172,6 +173,11 @@ elif mode == "large":
     check_allreduce(world, "BXOR", "int32", (16 << 20) // 4 + 3)
     check_reduce_scatter(world, "float64", [(4 << 20) // 8 + q for q in range(world.Get_size())],
                          False)
+    # two ranks: each computes half (odd count) and writes it into the other's buffer
+    check_allreduce(world, "SUM", "float32", (4 << 20) // 4 + 3)
+    check_allreduce(world, "MIN", "int16", (1 << 20) // 2 + 1)
+    for inplace in (False, True):        # equal blocks: each reads its block of the other's
+        check_reduce_scatter(world, "int32", [(1 << 20) // 4 + 1] * world.Get_size(), inplace)
     check_moves(world, (8 << 20) // 8 + 1)
 elif mode == "overlap":
     n = (64 << 20) // 8
