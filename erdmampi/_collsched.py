@@ -140,23 +140,19 @@ class CollSchedule:
     def allreduce_pair(self, sarr, rarr, op, me):
         """Two ranks: ``rarr = in0 OP in1`` on both (erdma_coll_allreduce_pair);
         ``op`` an erdma op name, element type from ``rarr``."""
-        notify_started()
-        ffi = _engine.ffi
-        self._bulk(_engine.lib.erdma_coll_allreduce_pair(
-            self._eng._h, ffi.cast("void *", sarr.ctypes.data),
-            ffi.cast("void *", rarr.ctypes.data), rarr.size, _engine.SCHED_OPS[op],
-            _engine.SCHED_DTYPES[rarr.dtype.name], _cranks(self._ranks), len(self._ranks), me,
-            self._base, self._ctx, -1.0), "allreduce")
+        self._pair(_engine.coll_allreduce_pair, sarr, rarr, op, me)
 
     def reduce_scatter_pair(self, sarr, rarr, op, me):
         """Two ranks: ``rarr`` = block ``me`` of in0 OP in1
         (erdma_coll_reduce_scatter_pair); element type from ``rarr``."""
+        self._pair(_engine.coll_reduce_scatter_pair, sarr, rarr, op, me)
+
+    def _pair(self, fn, sarr, rarr, op, me):
         notify_started()
         try:
-            _engine.coll_reduce_scatter_pair(
-                self._eng, sarr.ctypes.data, rarr.ctypes.data, rarr.size,
-                _engine.SCHED_OPS[op], _engine.SCHED_DTYPES[rarr.dtype.name],
-                _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx)
+            fn(self._eng, sarr.ctypes.data, rarr.ctypes.data, rarr.size, _engine.SCHED_OPS[op],
+               _engine.SCHED_DTYPES[rarr.dtype.name], _cranks(self._ranks), len(self._ranks),
+               me, self._base, self._ctx)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
 

@@ -748,6 +748,13 @@ def coll_allgather_bulk(eng, saddr, raddr, offs, lens, cranks, n, me, tag, ctx):
                                          -1.0), "allgather")
 
 
+def coll_allreduce_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
+    """Two ranks: in0 OP in1 on both, each reading the other's input
+    (erdma_coll_allreduce_pair; distinct buffers)."""
+    _check(lib.erdma_coll_allreduce_pair(eng._h, _ptr(saddr), _ptr(raddr), count, op, dtype,
+                                         cranks, n, me, tag, ctx, -1.0), "allreduce")
+
+
 def coll_reduce_scatter_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
     """Two ranks: block ``me`` (``count`` elements) of in0 OP in1, the other's
     block read out of its input (erdma_coll_reduce_scatter_pair; distinct

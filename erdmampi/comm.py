@@ -1909,11 +1909,11 @@ class Comm:
                 and self._no_compress("allreduce", c[7], c[1], op, c[3])):
             f = c[3].flags
             if f.writeable and f.c_contiguous:
-                self._fast_remember_allreduce(sendbuf, recvbuf, c)
+                if c[0] is _engine.coll_allreduce:
+                    self._fast_remember_allreduce(sendbuf, recvbuf, c)
                 try:
-                    _engine.coll_allreduce(_rt.engine, c[8], c[9], c[10], c[11], c[12],
-                                           self._cranks, len(self._ranks), self._rank,
-                                           self._coll_base(), self._ctx + 1)
+                    c[0](_rt.engine, c[8], c[9], c[10], c[11], c[12], self._cranks,
+                         len(self._ranks), self._rank, self._coll_base(), self._ctx + 1)
                 except _engine.EngineError as e:
                     raise engine_exception(e) from None
                 return True
@@ -1922,8 +1922,17 @@ class Comm:
         if codes is None or rtype is not _ndarray and rtype is not list and rtype is not tuple:
             return False
         rarr, rdt = _plain_with_type(recvbuf, False)
-        if rarr is None or rarr.nbytes > _SMALL_COLL_MAX or rdt.np_dtype is None:
+        if rarr is None or rdt.np_dtype is None:
             return False
+        fn = _engine.coll_allreduce
+        if rarr.nbytes > _SMALL_COLL_MAX:
+            # two ranks of one host, mid sizes: the pair (erdma_coll_allreduce_pair)
+            n = len(self._ranks)
+            if not (n == 2 and self._csmall[2] and sendbuf is not IN_PLACE
+                    and not is_in_place(sendbuf) and coll._default(
+                        "allreduce", rarr.nbytes, n, rarr.size, True) == "sched_pair"):
+                return False
+            fn = _engine.coll_allreduce_pair
         npd = rdt.np_dtype
         if not self._no_compress("allreduce", rarr.nbytes, npd, op, rarr):
             return False
@@ -1932,7 +1941,8 @@ class Comm:
             saddr = None
         else:
             sarr, sdt = _plain_with_type(sendbuf, True)
-            if sarr is None or sdt is not rdt or sarr.nbytes != rarr.nbytes:
+            if sarr is None or sdt is not rdt or sarr.nbytes != rarr.nbytes or (
+                    fn is not _engine.coll_allreduce and np.may_share_memory(sarr, rarr)):
                 return False
             saddr = _buffer_pointer(sarr)
         ctype = _c_dtype(rdt)
@@ -1944,15 +1954,15 @@ class Comm:
             return False            # the normal path reports it
         raddr = _buffer_pointer(rarr)
         count = rarr.nbytes // ctype[3]
-        self._arcache = (None, npd, op,
+        self._arcache = (fn, npd, op,
                          rarr, None if type(recvbuf) is _ndarray else rdt,
                          sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
                          rarr.nbytes, saddr, raddr, count, codes, ctype[1])
-        self._fast_remember_allreduce(sendbuf, recvbuf, self._arcache)
+        if fn is _engine.coll_allreduce:
+            self._fast_remember_allreduce(sendbuf, recvbuf, self._arcache)
         try:
-            _engine.coll_allreduce(_rt.engine, saddr, raddr, count, codes, ctype[1],
-                                   self._cranks, len(self._ranks), self._rank,
-                                   self._coll_base(), self._ctx + 1)
+            fn(_rt.engine, saddr, raddr, count, codes, ctype[1], self._cranks,
+               len(self._ranks), self._rank, self._coll_base(), self._ctx + 1)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         return True

@@ -241,6 +241,11 @@ for it, blk in enumerate([1, 3, 100, 1000, 5000, 40000, 70000]):
     assert np.array_equal(o, mx[r * blk:(r + 1) * blk]), ("rsb max", blk)
     w = s.copy(); comm.Reduce_scatter_block(MPI.IN_PLACE, w, op=MPI.SUM)
     assert np.array_equal(w[:blk], tot[r * blk:(r + 1) * blk].astype(dt)), ("rsb in place", blk)
+    # Allreduce: two ranks take the pair (halves from 256 KiB) in one call
+    comm.Allreduce(s, d, op=MPI.SUM)
+    assert np.array_equal(d, tot.astype(dt)), ("allreduce", blk, dt)
+    if n == 2 and s.nbytes > 65536 and "ERDMA_COLL_ALLTOALL" not in os.environ:
+        assert comm._arcache[0].__name__ == "coll_allreduce_pair", comm._arcache[0]
     # the one-call path took them (the bulk ones from 128 KiB per rank), unless overridden
     kinds = {k: c[8].__name__ for k, c in (comm._bkcache or {}).items()}
     if "ERDMA_COLL_ALLTOALL" in os.environ:
