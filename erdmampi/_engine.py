@@ -732,6 +732,28 @@ def coll_reduce_scatter(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag,
                tag, ctx)
 
 
+def coll_gather(eng, saddr, raddr, blk, root, cranks, n, me, tag, ctx):
+    """Linear Gather of ``blk``-byte blocks in one engine call (erdma_coll_gather);
+    the root's ``saddr`` None: in place."""
+    _coll_call(lib.erdma_coll_gather, "gather", eng._h, ffi.NULL if saddr is None else saddr,
+               ffi.NULL if raddr is None else raddr, blk, root, cranks, n, me, tag, ctx)
+
+
+def coll_scatter(eng, saddr, raddr, blk, root, cranks, n, me, tag, ctx):
+    """Linear Scatter of ``blk``-byte blocks in one engine call (erdma_coll_scatter);
+    the root's ``raddr`` None: in place."""
+    _coll_call(lib.erdma_coll_scatter, "scatter", eng._h, ffi.NULL if saddr is None else saddr,
+               ffi.NULL if raddr is None else raddr, blk, root, cranks, n, me, tag, ctx)
+
+
+def coll_reduce(eng, saddr, raddr, count, op, dtype, root, cranks, n, me, tag, ctx):
+    """Binomial Reduce in one engine call (erdma_coll_reduce); the root's
+    ``saddr`` None: in place."""
+    _coll_call(lib.erdma_coll_reduce, "reduce", eng._h, ffi.NULL if saddr is None else saddr,
+               ffi.NULL if raddr is None else raddr, count, op, dtype, root, cranks, n, me,
+               tag, ctx)
+
+
 def coll_alltoall_bulk(eng, saddr, raddr, blk, pull_part, cranks, n, me, tag, ctx):
     """Alltoall of ``blk``-byte blocks, CMA reads among ranks of one host
     (erdma_coll_alltoall_bulk; distinct buffers)."""

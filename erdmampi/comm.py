@@ -244,7 +244,8 @@ if not isinstance(_environ_data, dict):
     _environ_data = os.environ
 # the override each one-call collective honours (Allgather's algorithms are Allgatherv's)
 _COLL_ENV = {name: (coll.ENV_PREFIX + name.upper())
-             for name in ("barrier", "bcast", "allreduce", "alltoall", "reduce_scatter")}
+             for name in ("barrier", "bcast", "allreduce", "alltoall", "reduce_scatter",
+                          "gather", "scatter", "reduce")}
 _COLL_ENV["allgather"] = coll.ENV_PREFIX + "ALLGATHERV"
 if _environ_data is not os.environ:
     _COLL_ENV = {k: os.fsencode(v) for k, v in _COLL_ENV.items()}
@@ -301,6 +302,20 @@ def _plain_array(spec, readonly):
     if t is list or t is tuple:
         return _plain_spec(spec, readonly)
     return None
+
+
+_UNUSED = object()
+
+
+def _same_spec(spec, arr, dt, nbytes, writable):
+    """Whether ``spec`` is still what a one-call cache entry resolved: the
+    plain spec of ``arr`` of ``nbytes`` (writable if asked), or, for a buffer
+    the call did not use (dt ``_UNUSED``: IN_PLACE, None, the receive buffer
+    off the root), the same object."""
+    if dt is _UNUSED:
+        return spec is arr
+    return (_spec_is(spec, arr, dt) and arr.nbytes == nbytes
+            and (not writable or arr.flags.writeable))
 
 
 def _plain_with_type(spec, readonly):
@@ -2086,7 +2101,99 @@ class Comm:
         self._bkcache[name] = c
         return c
 
+    # Gather, Scatter and Reduce with a root, the same way: linear Gather and
+    # Scatter (where the default rule picks them) and the binomial Reduce.
+
+    def _rooted_fast(self, name, sendbuf, recvbuf, root, op=None):
+        """Run this rooted call in one engine call if it applies: True when done."""
+        if type(root) is not int or not self._small_ok(name):
+            return False
+        c = self._bkcache.get(name) if self._bkcache is not None else None
+        if (c is None or c[0] != root or c[1] is not op
+                or not _same_spec(sendbuf, c[2], c[3], c[4], False)
+                or not _same_spec(recvbuf, c[5], c[6], c[7], True)):
+            c = self._rooted_resolve(name, sendbuf, recvbuf, root, op)
+            if c is None:
+                return False
+        if c[8] is not None and not self._no_compress(name, c[9], c[8], arr=c[10]):
+            return False
+        try:
+            c[11](_rt.engine, *c[12], self._cranks, len(self._ranks), self._rank,
+                  self._coll_base(), self._ctx + 1)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return True
+
+    def _rooted_resolve(self, name, sendbuf, recvbuf, root, op):
+        """The cache entry of a rooted collective (see above), or None."""
+        n = len(self._ranks)
+        if not 0 <= root < n:
+            return None
+        isroot = self._rank == root
+        sarr = rarr = sdt = rdt = None
+        if (isroot or name != "scatter") and not (isroot and name != "scatter"
+                                                  and is_in_place(sendbuf)):
+            sarr, sdt = _plain_with_type(sendbuf, True)
+            if sarr is None:
+                return None
+        if (isroot or name == "scatter") and not (isroot and name == "scatter"
+                                                  and is_in_place(recvbuf)):
+            rarr, rdt = _plain_with_type(recvbuf, False)
+            if rarr is None or not rarr.flags.c_contiguous:
+                return None
+        if sarr is None and rarr is None or (sarr is not None and rarr is not None
+                                             and np.may_share_memory(sarr, rarr)):
+            return None
+        dt = rdt if rdt is not None else sdt
+        if dt.np_dtype is None:
+            return None
+        saddr = None if sarr is None else _buffer_pointer(sarr)
+        raddr = None if rarr is None else _buffer_pointer(rarr)
+        npd = dt.np_dtype
+        if name == "reduce":
+            npd = None               # never compressed
+            nb = (sarr if sarr is not None else rarr).nbytes
+            ctype = _c_dtype(dt)
+            codes = _C_OPS.get(getattr(op, "_name", None))
+            if (type(op) is not Op or not op._predefined or codes is None or ctype is None
+                    or ctype[2] and op._name not in _LOGICAL_OPS
+                    or sarr is not None and rarr is not None and (sdt is not rdt
+                                                                  or rarr.nbytes != nb)):
+                return None
+            try:
+                op._check(dt)
+            except Exception:
+                return None
+            whole = nb
+            call = (_engine.coll_reduce, (saddr, raddr, nb // ctype[3], codes, ctype[1], root))
+        else:
+            # the per-rank block and the vector at the root (all blocks there)
+            part, full = (sarr, rarr) if name == "gather" else (rarr, sarr)
+            blk = part.nbytes if part is not None else full.nbytes // n
+            if (full is not None and full.nbytes != blk * n
+                    or blk % dt.np_dtype.itemsize):
+                return None
+            whole = blk * n
+            if coll._default(name, whole, n, 0, True) != "linear":
+                return None
+            call = (_engine.coll_gather if name == "gather" else _engine.coll_scatter,
+                    (saddr, raddr, blk, root))
+        c = (root, op,
+             sendbuf if sarr is None else sarr,
+             _UNUSED if sarr is None else None if type(sendbuf) is _ndarray else sdt,
+             0 if sarr is None else sarr.nbytes,
+             recvbuf if rarr is None else rarr,
+             _UNUSED if rarr is None else None if type(recvbuf) is _ndarray else rdt,
+             0 if rarr is None else rarr.nbytes,
+             npd, whole, rarr if rarr is not None else sarr) + call
+        if self._bkcache is None:
+            self._bkcache = {}
+        self._bkcache[name] = c
+        return c
+
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
+        if self._rooted_fast("reduce", sendbuf, recvbuf, root, op):
+            return
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
     def Allreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
@@ -2110,12 +2217,16 @@ class Comm:
         self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op), False)()
 
     def Gather(self, sendbuf, recvbuf, root=0, *, compress=None):
+        if compress is None and self._rooted_fast("gather", sendbuf, recvbuf, root):
+            return
         self._c_gather(sendbuf, recvbuf, root, compress)()
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         self._c_gatherv(sendbuf, recvbuf, root)()
 
     def Scatter(self, sendbuf, recvbuf, root=0, *, compress=None):
+        if compress is None and self._rooted_fast("scatter", sendbuf, recvbuf, root):
+            return
         self._c_scatter(sendbuf, recvbuf, root, compress)()
 
     def Scatterv(self, sendbuf, recvbuf, root=0):

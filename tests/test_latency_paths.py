@@ -1,7 +1,8 @@
 """The small-message paths: [array, predefined datatype] specs skip the
 parser, Send/Recv remember their last small buffer, small Barrier / Bcast /
-Allreduce and Alltoall / Allgather / Reduce_scatter_block run in one engine
-call (erdma_coll_*, the bulk ones for large blocks), and shared-memory waiters
+Allreduce, Alltoall / Allgather / Reduce_scatter_block and Gather / Scatter /
+Reduce run in one engine call (erdma_coll_*, the bulk ones for large
+blocks), and shared-memory waiters
 sleep on a futex bell instead of the progress thread's doorbell (nobody may
 sleep through a message: stress with 4 ranks on this 2-core machine)."""
 import numpy as np
@@ -241,19 +242,42 @@ for it, blk in enumerate([1, 3, 100, 1000, 5000, 40000, 70000]):
     assert np.array_equal(o, mx[r * blk:(r + 1) * blk]), ("rsb max", blk)
     w = s.copy(); comm.Reduce_scatter_block(MPI.IN_PLACE, w, op=MPI.SUM)
     assert np.array_equal(w[:blk], tot[r * blk:(r + 1) * blk].astype(dt)), ("rsb in place", blk)
+    # Gather / Scatter / Reduce at a moving root; the root in place every other time
+    root = it % n
+    ip = it % 2 == 1 and r == root
+    g = np.zeros(blk * n, dt) if r == root else None
+    if ip:
+        g[r * blk:(r + 1) * blk] = mine
+    comm.Gather(MPI.IN_PLACE if ip else mine, g, root)
+    if r == root:
+        assert np.array_equal(g, np.concatenate([inp(i, blk, dt) for i in range(n)])), \
+            ("gather", blk, ip)
+    sc = inp(root, blk * n, dt) if r == root else None
+    o = sc[r * blk:(r + 1) * blk].copy() if ip else np.zeros(blk, dt)
+    comm.Scatter(sc, MPI.IN_PLACE if ip else o, root)
+    assert np.array_equal(o, inp(root, blk * n, dt)[r * blk:(r + 1) * blk]), ("scatter", blk)
+    red = np.zeros(blk * n, dt) if r == root else None
+    if ip:
+        red[:] = s
+    comm.Reduce(MPI.IN_PLACE if ip else s, red, MPI.SUM, root)
+    if r == root:
+        assert np.array_equal(red, tot.astype(dt)), ("reduce", blk, dt, ip)
     # Allreduce: two ranks take the pair (halves from 256 KiB) in one call
     comm.Allreduce(s, d, op=MPI.SUM)
     assert np.array_equal(d, tot.astype(dt)), ("allreduce", blk, dt)
     if n == 2 and s.nbytes > 65536 and "ERDMA_COLL_ALLTOALL" not in os.environ:
         assert comm._arcache[0].__name__ == "coll_allreduce_pair", comm._arcache[0]
     # the one-call path took them (the bulk ones from 128 KiB per rank), unless overridden
-    kinds = {k: c[8].__name__ for k, c in (comm._bkcache or {}).items()}
+    kinds = {k: [x for x in c if getattr(x, "__module__", "") == "erdmampi._engine"][0].__name__
+             for k, c in (comm._bkcache or {}).items()}
     if "ERDMA_COLL_ALLTOALL" in os.environ:
         assert not kinds, kinds
     elif blk == 1:
-        want = {"alltoall": "coll_alltoall", "reduce_scatter": "coll_reduce_scatter"}
-        if n <= 3:                              # direct; recursive doubling in Python from 4
-            want["allgather"] = "coll_allgather"
+        want = {"alltoall": "coll_alltoall", "reduce_scatter": "coll_reduce_scatter",
+                "reduce": "coll_reduce"}
+        if n <= 3:      # direct / linear; recursive doubling and binomial in Python from 4
+            want.update(allgather="coll_allgather", gather="coll_gather",
+                        scatter="coll_scatter")
         assert kinds == want, kinds
     elif blk == 70000 and n == 2:
         assert kinds["alltoall"] == "coll_alltoall_bulk", kinds
@@ -286,6 +310,15 @@ assert (u == np.repeat(np.arange(n), 2)).all(), u
 gg = np.zeros(5 * n); mm = np.full(5, float(r))
 comm.Allgather([mm, 5, MPI.DOUBLE] if r == n - 1 else mm, gg)
 assert (gg == np.repeat(np.arange(n, dtype=float), 5)).all()
+ga = np.zeros(3 * n, np.int32) if r == 1 % n else None
+comm.Gather([np.full(3, r, np.int32), 3, MPI.INT] if r == 0 else np.full(3, r, np.int32), ga,
+            1 % n)
+if r == 1 % n:
+    assert (ga == np.repeat(np.arange(n), 3)).all(), ga
+rr = np.zeros(6) if r == 0 else None
+comm.Reduce([np.ones(6), 6, MPI.DOUBLE] if r == n - 1 else np.ones(6), rr, MPI.SUM, 0)
+if r == 0:
+    assert (rr == n).all(), rr
 ii = np.ones(4 * n, np.int32); oo = np.zeros(4, np.int32)
 comm.Reduce_scatter_block([ii, 4 * n, MPI.INT] if r == 0 else ii, oo)
 assert (oo == n).all()
@@ -313,7 +346,8 @@ def test_block_collectives_with_the_python_algorithms():
     """An ERDMA_COLL_* override leaves the one-call path alone, and the
     Python algorithms give the same results."""
     env = {"ERDMA_COLL_ALLTOALL": "pairwise", "ERDMA_COLL_ALLGATHERV": "ring",
-           "ERDMA_COLL_REDUCE_SCATTER": "reduce_scatterv"}
+           "ERDMA_COLL_REDUCE_SCATTER": "reduce_scatterv", "ERDMA_COLL_GATHER": "binomial",
+           "ERDMA_COLL_SCATTER": "binomial", "ERDMA_COLL_REDUCE": "binomial"}
     _ok(run_mpi(3, BLOCK_SCRIPT, timeout=120, env=env), 3)
 
 

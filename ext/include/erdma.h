@@ -314,6 +314,20 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
 int erdma_coll_reduce_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
                               int op, int dtype, const int *ranks, int n, int me, int tag,
                               uint32_t ctx, double slice, erdma_coll **pending);
+/* linear (gatherv_linear / scatterv_linear): blk bytes per rank; rbuf
+ * (gather) / sbuf (scatter) matter at the root; root's sbuf (gather) or
+ * rbuf (scatter) NULL: its block in place */
+int erdma_coll_gather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk, int root,
+                      const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                      erdma_coll **pending);
+int erdma_coll_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk, int root,
+                       const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                       erdma_coll **pending);
+/* binomial tree at root (reduce_binomial, commutative ops); rbuf matters at
+ * the root; the root's sbuf NULL: in place */
+int erdma_coll_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count, int op,
+                      int dtype, int root, const int *ranks, int n, int me, int tag,
+                      uint32_t ctx, double slice, erdma_coll **pending);
 int erdma_coll_resume(erdma_coll *c, double slice);
 void erdma_coll_free(erdma_coll *c);
 

@@ -402,3 +402,91 @@ int erdma_coll_reduce_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uin
   c->out = rbuf;
   return coll_go(c, slice, pending);
 }
+
+int erdma_coll_gather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk, int root,
+                      const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                      erdma_coll **pending) {
+  *pending = NULL;
+  if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n ||
+      (blk && (me == root ? !rbuf : !sbuf)))
+    return ERDMA_ERR_INVAL;
+  if (blk == 0) return 0;
+  if (me == root && sbuf && sbuf != (uint8_t *)rbuf + (uint64_t)me * blk)
+    memcpy((uint8_t *)rbuf + (uint64_t)me * blk, sbuf, blk);
+  if (n == 1) return 0;
+  erdma_coll *c = coll_new_msgs(e, ctx, n, n - 1);
+  if (!c) return ERDMA_ERR_NOMEM;
+  /* gatherv_linear's messages: tag 0 */
+  if (me != root)
+    coll_msg_add(c, 1, ranks[root], tag, (void *)sbuf, blk);
+  else
+    for (int i = 0; i < n; i++)
+      if (i != root) coll_msg_add(c, 0, ranks[i], tag, (uint8_t *)rbuf + (uint64_t)i * blk, blk);
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk, int root,
+                       const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                       erdma_coll **pending) {
+  *pending = NULL;
+  if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n ||
+      (blk && (me == root ? !sbuf : !rbuf)))
+    return ERDMA_ERR_INVAL;
+  if (blk == 0) return 0;
+  const uint8_t *mine = (const uint8_t *)sbuf + (uint64_t)me * blk;
+  if (me == root && rbuf && rbuf != mine) memcpy(rbuf, mine, blk);
+  if (n == 1) return 0;
+  erdma_coll *c = coll_new_msgs(e, ctx, n, n - 1);
+  if (!c) return ERDMA_ERR_NOMEM;
+  /* scatterv_linear's messages: tag 0 */
+  if (me != root)
+    coll_msg_add(c, 0, ranks[root], tag, rbuf, blk);
+  else
+    for (int i = 0; i < n; i++)
+      if (i != root)
+        coll_msg_add(c, 1, ranks[i], tag, (uint8_t *)sbuf + (uint64_t)i * blk, blk);
+  return coll_go(c, slice, pending);
+}
+
+int erdma_coll_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count, int op,
+                      int dtype, int root, const int *ranks, int n, int me, int tag,
+                      uint32_t ctx, double slice, erdma_coll **pending) {
+  *pending = NULL;
+  int es = erdma_dtype_size(dtype);
+  const void *in = sbuf ? sbuf : rbuf;
+  if (coll_check_comm(e, ranks, n, me) || es <= 0 || root < 0 || root >= n ||
+      (count && (!in || (me == root && !rbuf))))
+    return ERDMA_ERR_INVAL;
+  uint64_t nbytes = count * (uint64_t)es;
+  if (nbytes == 0) return 0;
+  if (n == 1) {
+    if (sbuf && sbuf != rbuf) memcpy(rbuf, sbuf, nbytes);
+    return 0;
+  }
+  erdma_coll *c = coll_new(e, nbytes, ctx, n);
+  if (!c || !(c->tmp_mem = malloc(2 * nbytes))) {
+    free(c);
+    return ERDMA_ERR_NOMEM;
+  }
+  c->count = count;
+  c->op = op;
+  c->dtype = dtype;
+  c->buf[0] = memcpy(c->tmp_mem, in, nbytes); /* acc */
+  c->buf[1] = (uint8_t *)c->tmp_mem + nbytes; /* tmp */
+  c->out = me == root ? rbuf : NULL;
+  /* reduce_binomial's messages (commutative: a tree rooted at root, tag 0) */
+  int vr = (me - root + n) % n, rc = 0;
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (vr & mask) {
+      rc |= coll_add(c, -1, ranks[(vr - mask + root) % n], 2, 0, tag, ACT_NONE);
+      break;
+    }
+    if ((vr | mask) < n)
+      rc |= coll_add(c, ranks[((vr | mask) + root) % n], -1, 1, 2, tag, ACT_REDUCE_INTO_ACC);
+  }
+  if (rc) {
+    coll_free(c);
+    return ERDMA_ERR_INVAL;
+  }
+  return coll_go(c, slice, pending);
+}
