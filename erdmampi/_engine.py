@@ -309,6 +309,20 @@ def fast_coll_rest(r, what) -> None:
     _coll_finish(rc, pending, what)
 
 
+def fast_rest_bytes(r, what):
+    """A fast recv_bytes answered ``(rc, left)``: wait on for the alloc
+    receive still pending, or raise; ``(payload or None, error)``."""
+    rc, left = r
+    if rc != ERR_TIMEOUT or not left:
+        raise EngineError(rc, what)
+    req = EngineRequest(None, _cast("erdma_req *", left), None)
+    try:
+        raw = req.wait()
+        return (None if raw.error else req.take()), raw.error
+    finally:
+        req.free()
+
+
 def fast_rest(r, keep, what):
     """The ``erdma_status`` a fast call's ``(rc, left)`` answer ends with:
     wait on for a request still pending after the first slice, else raise."""

@@ -24,6 +24,8 @@
  *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
+ *   send_bytes(state, data, dest, tag) / recv_bytes(state, source, tag): a
+ *     pickled object (the lowercase send / recv), see below.
  * erdma_pyfast_invalidate() retires every state (engine shutdown): they miss.
  *
  * Limited API 3.11 (the module is abi3); older Pythons get no module and
@@ -443,6 +445,56 @@ static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
   return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
 }
 
+/* send_bytes(state, data, dest, tag): a pickled object (exact bytes) as an
+ * eager message into a local peer's ring: 0 done, 1 miss (anything else:
+ * another host, a full ring, a large object; nothing done). */
+static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long dest, tag;
+  pf_state *s;
+  if (n != 4 || !(s = state_of(args[0])) || !PyBytes_CheckExact(args[1]) ||
+      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag))
+    return PyLong_FromLong(1);
+  char *buf = PyBytes_AsString(args[1]);
+  Py_ssize_t len = PyBytes_Size(args[1]);
+  if (!buf || len < 0) {
+    PyErr_Clear();
+    return PyLong_FromLong(1);
+  }
+  return PyLong_FromLong(
+      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, s->ctx) ? 0 : 1);
+}
+
+/* recv_bytes(state, source, tag): a message of any size, as bytes:
+ * (bytes or None, error) when it completed, 1 miss, or (rc, left) as recv
+ * (left: the engine's alloc receive, still pending). */
+static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long src, tag;
+  pf_state *s;
+  if (n != 3 || !(s = state_of(args[0])) ||
+      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
+      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag))
+    return PyLong_FromLong(1);
+  erdma_req *req = NULL;
+  int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
+                       (int)tag, s->ctx, 1, &req);
+  if (rc) return Py_BuildValue("(iK)", rc, 0ull);
+  erdma_status st;
+  PyThreadState *ts = PyEval_SaveThread();
+  rc = erdma_req_wait(req, s->slice, &st);
+  PyEval_RestoreThread(ts);
+  if (rc == ERDMA_ERR_TIMEOUT) return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req);
+  if (rc) {
+    erdma_req_abort(req);
+    erdma_req_free(req);
+    return Py_BuildValue("(iK)", rc, 0ull);
+  }
+  PyObject *b = st.error ? Py_NewRef(Py_None)
+                         : PyBytes_FromStringAndSize(erdma_req_data(req), (Py_ssize_t)st.nbytes);
+  erdma_req_free(req);
+  if (!b) return NULL;
+  return Py_BuildValue("(Ni)", b, st.error);
+}
+
 static PyMethodDef pf_methods[] = {
     {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
      NULL},
@@ -452,6 +504,8 @@ static PyMethodDef pf_methods[] = {
     {"send", (PyCFunction)(void (*)(void))pf_send, METH_FASTCALL, NULL},
     {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
+    {"send_bytes", (PyCFunction)(void (*)(void))pf_send_bytes, METH_FASTCALL, NULL},
+    {"recv_bytes", (PyCFunction)(void (*)(void))pf_recv_bytes, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef pf_module = {PyModuleDef_HEAD_INIT, NULL, NULL, -1, pf_methods,

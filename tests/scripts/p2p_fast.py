@@ -71,4 +71,47 @@ for c in (MPI.COMM_SELF, comm):
         pass
     c.Barrier()
 
+# pickled objects: the one-call send/recv of small objects to a rank of this
+# host, mixed with the request path, large objects, a late sender, ANY_SOURCE
+import time  # noqa: E402
+for c in (MPI.COMM_SELF, comm):
+    r, n = c.Get_rank(), c.Get_size()
+    peer, src = (r + 1) % n, (r - 1) % n
+    objs = [None, 7, "x" * 10, {"k": [1.5, (2, 3)]}, np.arange(5), b"y" * 300000]
+    for i, o in enumerate(objs):
+        rq = c.isend(o, peer, 20 + i) if i % 2 else None
+        if not i % 2:
+            if n == 1:
+                rq = c.isend(o, peer, 20 + i)
+            else:
+                c.send(o, peer, 20 + i) if r % 2 == 0 else None
+        got = c.recv(source=src, tag=20 + i)
+        if n > 1 and r % 2 == 1 and not i % 2:
+            c.send(o, peer, 20 + i)
+        if rq is not None:
+            rq.wait()
+        same = (got == o).all() if isinstance(o, np.ndarray) else got == o
+        check(same, f"object {i} through send/recv")
+    if n > 1:
+        # the receiver waits past its first slice (0.5 s) before the object comes
+        if r == 0:
+            time.sleep(0.8)
+            c.send({"late": True}, peer, 30)
+        if r == 1:
+            check(c.recv(source=0, tag=30) == {"late": True}, "late object")
+        c.Barrier()
+        # ANY_SOURCE / ANY_TAG, and a recv that asks for the status
+        c.send(("from", r), peer, 31)
+        check(c.recv() == ("from", src), "ANY_SOURCE recv")
+        c.send(r, peer, 32)
+        st = MPI.Status()
+        check(c.recv(source=MPI.ANY_SOURCE, tag=32, status=st) == src
+              and st.Get_source() == src, "recv with a status")
+    check(c.recv(source=MPI.PROC_NULL) is None, "recv from PROC_NULL")
+    c.send("nothing", MPI.PROC_NULL)
+    check(raises(MPI.ERR_RANK, c.send, 1, n, 0), "send bad rank")
+    check(raises(MPI.ERR_TAG, c.send, 1, peer, -5), "send bad tag")
+    check(raises(MPI.ERR_RANK, c.recv, None, n + 3, 0), "recv bad rank")
+    c.Barrier()
+
 done("p2p_fast")
