@@ -153,7 +153,8 @@ class _CollTransport:
     the communicator, so concurrent (nonblocking) collectives never mix.
     """
 
-    __slots__ = ("rank", "size", "hosts", "_eng", "_ranks", "_ctx", "_base", "_pkl")
+    __slots__ = ("rank", "size", "_hosts", "_eng", "_ranks", "_ctx", "_base", "_pkl", "_fast",
+                 "_comm")
 
     def __init__(self, comm, ctx, base, ranks=None, rank=None):
         self._eng = _engine_or_raise()
@@ -163,9 +164,17 @@ class _CollTransport:
         self._ctx = ctx
         self._base = base
         self._pkl = _default_pickle
-        # host of each rank: hierarchical algorithms when ranks span hosts
-        world_hosts = (getattr(_rt, "info", None) or {}).get("hosts")
-        self.hosts = [world_hosts[w] for w in self._ranks] if world_hosts else None
+        self._comm = comm if ranks is None and rank is None and ctx == comm._ctx + 1 else None
+        self._fast = None       # the communicator's _engine.fast state, on first use
+        self._hosts = False
+
+    @property
+    def hosts(self):
+        """Host of each rank (hierarchical algorithms when ranks span hosts), or None."""
+        if self._hosts is False:
+            world_hosts = (getattr(_rt, "info", None) or {}).get("hosts")
+            self._hosts = [world_hosts[w] for w in self._ranks] if world_hosts else None
+        return self._hosts
 
     def schedule(self, chunked=True):
         """A builder for :mod:`erdmampi.collectives.sched` algorithms."""
@@ -195,20 +204,47 @@ class _CollTransport:
         return self.irecv(buf, source, tag)
 
     def send_obj(self, obj, dest, tag):
-        data = np.frombuffer(self._pkl._encode(obj), dtype=np.uint8)
-        self.waitall([self.isend(data, dest, tag)])
+        q = self.isend_bytes(self._pkl._encode(obj), dest, tag)
+        if q is not None:
+            self.waitall([q])
 
     def recv_obj(self, source, tag):
+        return self._pkl._decode(self.recv_bytes(source, tag))
+
+    def _fast_state(self):
+        c = self._comm
+        if c is None:
+            return None
+        f = self._fast = c._fast or c._fast_obj_state()
+        return f
+
+    def isend_bytes(self, data, dest, tag):
+        """Send ``data`` (bytes: an object collective's message): None when
+        it went at once (eager into a local peer's ring), else a request."""
         _collsched.notify_started()
+        if not _fast_send_bytes(self._fast or self._fast_state(), data, dest, tag, self._base):
+            return None
+        return self.isend(np.frombuffer(data, dtype=np.uint8), dest, tag)
+
+    def recv_bytes(self, source, tag):
+        """Receive one message of any size (sent with :meth:`isend_bytes`)."""
+        _collsched.notify_started()
+        r = _fast_recv_bytes(self._fast or self._fast_state(), source, tag, self._base)
         try:
-            req = self._eng.irecv_alloc(self._ranks[source], self._base + tag, self._ctx)
-            raw = req.wait()
+            if r != 1:
+                data, err = r
+                if type(data) is int:
+                    data, err = _engine.fast_rest_bytes(r, "recv")
+            else:
+                req = self._eng.irecv_alloc(self._ranks[source], self._base + tag, self._ctx)
+                err = req.wait().error
+                data = None if err else req.take()
         except _engine.EngineError as e:
             raise engine_exception(e) from None
-        if raw.error:
-            raise_error(error_class(raw.error), "collective receive failed: "
-                        + error_text(raw.error, "engine error"))
-        return self._pkl._decode(req.take())
+        if err:
+            raise_error(error_class(err), "collective receive failed: "
+                        + error_text(err, "engine error"))
+        return data
 
     def waitall(self, reqs):
         for r in reqs:
@@ -344,11 +380,11 @@ if _engine.fast is not None:
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
 else:
     _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
-    _fast_send_bytes = _fast_miss4
     _fast_remember = _fast_remember_allreduce = None
 
-    def _fast_recv_bytes(state, a, b):
+    def _fast_send_bytes(*args):
         return 1
+    _fast_recv_bytes = _fast_send_bytes
 
 
 def _fast_coll_raise(r, what):
@@ -1440,6 +1476,15 @@ class Comm:
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
         """Send and receive Python objects."""
+        if recvbuf is None and status is None:
+            data = self._pkl._encode(sendobj)
+            # a small object to a rank of this host goes at once: then the fast recv
+            if not _fast_send_bytes(self._fast or self._fast_obj_state(), data, dest, sendtag):
+                return self.recv(None, source, recvtag)
+            sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
+            obj = Request._new(self._irecv_obj_op(source, recvtag)).wait()
+            sreq.wait()
+            return obj
         rreq = Request._new(self._irecv_obj_op(source, recvtag))
         sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag))
         obj = rreq.wait(status)

@@ -4,7 +4,9 @@ The data movement mirrors mpi4py so results match it exactly:
 
 * bcast / gather / scatter / allgather / alltoall pickle each object, move
   the sizes with the buffer collective, then the bytes with its ``v`` form;
-  every receiver (the root included) gets a fresh unpickled copy.
+  every receiver (the root included) gets a fresh unpickled copy.  Over a
+  transport whose receives take messages of any length (the comm layer's)
+  each pickle is one message instead, with no round for the sizes.
 * reduce is a binomial tree rooted at rank 0 combining ``op(lower, upper)``
   in rank order, then forwarded to the root; non-roots get ``None``.
   allreduce is that reduce followed by a bcast.  scan / exscan are recursive
@@ -66,11 +68,75 @@ def _dumpv(t: Transport, objs, dumps) -> list[bytes]:
     return [dumps(x) for x in items]
 
 
+# -- one message per object ------------------------------------------------
+#
+# A transport that moves messages of any length (``isend_bytes`` /
+# ``recv_bytes``: the comm layer's, whose receiver learns the length from the
+# message) needs no round for the sizes: each pickle is one message, tag 0.
+
+def _has_bytes(t: Transport) -> bool:
+    return hasattr(t, "isend_bytes")
+
+
+def _finish(t: Transport, reqs: list) -> None:
+    t.waitall([q for q in reqs if q is not None])
+
+
+def _bcast_bytes(t, obj, root, dumps, loads):
+    """Binomial tree of whole pickles."""
+    n, r = t.size, t.rank
+    vr = (r - root) % n
+    data = dumps(obj) if r == root else None
+    mask = 1
+    while mask < n:
+        if vr & mask:
+            data = t.recv_bytes((vr - mask + root) % n, 0)
+            break
+        mask <<= 1
+    reqs = []
+    mask >>= 1
+    while mask > 0:
+        if vr + mask < n:
+            reqs.append(t.isend_bytes(data, (vr + mask + root) % n, 0))
+        mask >>= 1
+    _finish(t, reqs)
+    return loads(data)
+
+
+def _gather_bytes(t, obj, root, dumps, loads):
+    n, r = t.size, t.rank
+    data = dumps(obj)
+    if r != root:
+        _finish(t, [t.isend_bytes(data, root, 0)])
+        return None
+    return [loads(data) if i == root else loads(t.recv_bytes(i, 0)) for i in range(n)]
+
+
+def _scatter_bytes(t, objs, root, dumps, loads):
+    n, r = t.size, t.rank
+    if r != root:
+        return loads(t.recv_bytes(root, 0))
+    items = _dumpv(t, objs, dumps)
+    _finish(t, [t.isend_bytes(items[i], i, 0) for i in range(n) if i != root])
+    return loads(items[root])
+
+
+def _exchange_bytes(t, items, loads):
+    """items[j] to rank j (items[r] stays); every rank's item for this one, by rank."""
+    n, r = t.size, t.rank
+    reqs = [t.isend_bytes(items[(r + k) % n], (r + k) % n, 0) for k in range(1, n)]
+    out = [loads(items[r]) if i == r else loads(t.recv_bytes(i, 0)) for i in range(n)]
+    _finish(t, reqs)
+    return out
+
+
 def bcast_obj(t: Transport, obj: Any, root: int,
               dumps: Dumps = None, loads: Loads = None) -> Any:
     """Broadcast ``obj`` from ``root``; every rank returns an unpickled copy."""
     dumps, loads = _pk(dumps, loads)
     root = check_root("bcast", root, t.size)
+    if _has_bytes(t):
+        return _bcast_bytes(t, obj, root, dumps, loads)
     size = np.zeros(1, dtype=np.int64)
     data = None
     if t.rank == root:
@@ -89,6 +155,8 @@ def gather_obj(t: Transport, obj: Any, root: int,
     dumps, loads = _pk(dumps, loads)
     n, r = t.size, t.rank
     root = check_root("gather", root, n)
+    if _has_bytes(t):
+        return _gather_bytes(t, obj, root, dumps, loads)
     data = _u8(dumps(obj))
     mine = np.array([data.size], dtype=np.int64)
     sizes = np.zeros(n, dtype=np.int64) if r == root else None
@@ -110,6 +178,8 @@ def scatter_obj(t: Transport, objs: Optional[Sequence], root: int,
     dumps, loads = _pk(dumps, loads)
     n, r = t.size, t.rank
     root = check_root("scatter", root, n)
+    if _has_bytes(t):
+        return _scatter_bytes(t, objs, root, dumps, loads)
     sizes = buf = counts = displs = None
     if r == root:
         items = _dumpv(t, objs, dumps)
@@ -129,6 +199,9 @@ def allgather_obj(t: Transport, obj: Any,
     """Every rank returns the list of all ranks' objects."""
     dumps, loads = _pk(dumps, loads)
     n = t.size
+    if _has_bytes(t):
+        data = dumps(obj)
+        return _exchange_bytes(t, [data] * n, loads)
     data = _u8(dumps(obj))
     sizes = np.zeros(n, dtype=np.int64)
     allgatherv_direct(t, np.array([data.size], dtype=np.int64), sizes,
@@ -147,6 +220,8 @@ def alltoall_obj(t: Transport, objs: Optional[Sequence],
     dumps, loads = _pk(dumps, loads)
     n = t.size
     items = _dumpv(t, objs, dumps)
+    if _has_bytes(t):
+        return _exchange_bytes(t, items, loads)
     scounts = [len(x) for x in items]
     sdispls, _ = _offsets(scounts)
     sbuf = _u8(b"".join(items))

@@ -24,8 +24,9 @@
  *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
- *   send_bytes(state, data, dest, tag) / recv_bytes(state, source, tag): a
- *     pickled object (the lowercase send / recv), see below.
+ *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
+ *     tag[, base]): a pickled object (the lowercase send / recv; with base,
+ *     a message of an object collective), see below.
  * erdma_pyfast_invalidate() retires every state (engine shutdown): they miss.
  *
  * Limited API 3.11 (the module is abi3); older Pythons get no module and
@@ -448,11 +449,28 @@ static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
 /* send_bytes(state, data, dest, tag): a pickled object (exact bytes) as an
  * eager message into a local peer's ring: 0 done, 1 miss (anything else:
  * another host, a full ring, a large object; nothing done). */
+/* A collective's message (the optional last argument `base`, its tag base):
+ * the communicator's collective context, tag base + tag (tag < 1024). */
+static int coll_tag(pf_state *s, PyObject *const *args, Py_ssize_t n, Py_ssize_t at, long *tag,
+                    uint32_t *ctx) {
+  long base;
+  *ctx = s->ctx;
+  if (n == at) return 1;
+  if (n != at + 1 || !small_int(args[at], 0, (SEQ_MOD - 1) * COLL_TAGS, &base) ||
+      *tag < 0 || *tag >= COLL_TAGS)
+    return 0;
+  *tag += base;
+  *ctx = s->ctx + 1;
+  return 1;
+}
+
 static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long dest, tag;
+  uint32_t ctx;
   pf_state *s;
-  if (n != 4 || !(s = state_of(args[0])) || !PyBytes_CheckExact(args[1]) ||
-      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag))
+  if (n < 4 || !(s = state_of(args[0])) || !PyBytes_CheckExact(args[1]) ||
+      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag) ||
+      !coll_tag(s, args, n, 4, &tag, &ctx))
     return PyLong_FromLong(1);
   char *buf = PyBytes_AsString(args[1]);
   Py_ssize_t len = PyBytes_Size(args[1]);
@@ -461,7 +479,7 @@ static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromLong(1);
   }
   return PyLong_FromLong(
-      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, s->ctx) ? 0 : 1);
+      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx) ? 0 : 1);
 }
 
 /* recv_bytes(state, source, tag): a message of any size, as bytes:
@@ -469,14 +487,15 @@ static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
  * (left: the engine's alloc receive, still pending). */
 static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long src, tag;
+  uint32_t ctx;
   pf_state *s;
-  if (n != 3 || !(s = state_of(args[0])) ||
+  if (n < 3 || !(s = state_of(args[0])) ||
       !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag))
+      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) || !coll_tag(s, args, n, 3, &tag, &ctx))
     return PyLong_FromLong(1);
   erdma_req *req = NULL;
   int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
-                       (int)tag, s->ctx, 1, &req);
+                       (int)tag, ctx, 1, &req);
   if (rc) return Py_BuildValue("(iK)", rc, 0ull);
   erdma_status st;
   PyThreadState *ts = PyEval_SaveThread();
