@@ -79,7 +79,7 @@ _TUNING_ENV = {
     "stream_window": "ERDMA_STREAM_WINDOW", "conn_window": "ERDMA_CONN_WINDOW",
     "max_stream_window": "ERDMA_MAX_STREAM_WINDOW", "max_conn_window": "ERDMA_MAX_CONN_WINDOW",
     "sock_buf": "ERDMA_SOCK_BUF", "data_streams": "ERDMA_DATA_STREAMS", "lanes": "ERDMA_LANES",
-    "chunk_size": "ERDMA_CHUNK",
+    "chunk_size": "ERDMA_CHUNK", "shm_eager_limit": "ERDMA_SHM_EAGER_LIMIT",
 }
 _SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -2097,14 +2097,28 @@ class Comm:
             c = self._blocks_resolve(name, sendbuf, recvbuf, op)
             if c is None:
                 return False
-        if c[7] is not None and not self._no_compress(name, c[4], c[7], arr=c[0]):
+        return self._one_call(name, c)
+
+    def _one_call(self, name, c):
+        """Run the resolved one-call entry ``c`` of collective ``name`` (its
+        last five fields: the dtype, bytes and array compression would be
+        planned from, the engine call and its leading arguments): True when
+        done, False when this call is to be compressed (the normal path)."""
+        npd, nbytes, arr, fn, args = c[-5:]
+        if npd is not None and not self._no_compress(name, nbytes, npd, arr=arr):
             return False
         try:
-            c[8](_rt.engine, *c[9], self._cranks, len(self._ranks), self._rank,
-                 self._coll_base(), self._ctx + 1)
+            fn(_rt.engine, *args, self._cranks, len(self._ranks), self._rank, self._coll_base(),
+               self._ctx + 1)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         return True
+
+    def _one_store(self, name, c):
+        if self._bkcache is None:
+            self._bkcache = {}
+        self._bkcache[name] = c
+        return c
 
     def _blocks_resolve(self, name, sendbuf, recvbuf, op):
         """The cache entry of a block collective (see above), or None: the
@@ -2166,13 +2180,10 @@ class Comm:
                 call = (_engine.coll_allgather_bulk, (saddr, raddr, offs, lens))
             else:
                 return None
-        c = (rarr, None if type(recvbuf) is _ndarray else rdt,
-             sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
-             rarr.nbytes, 0 if sarr is None else sarr.nbytes, op, npd) + call
-        if self._bkcache is None:
-            self._bkcache = {}
-        self._bkcache[name] = c
-        return c
+        return self._one_store(name, (
+            rarr, None if type(recvbuf) is _ndarray else rdt,
+            sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
+            rarr.nbytes, 0 if sarr is None else sarr.nbytes, op, npd, rarr.nbytes, rarr) + call)
 
     # Gather, Scatter and Reduce with a root, the same way: linear Gather and
     # Scatter (where the default rule picks them) and the binomial Reduce.
@@ -2188,14 +2199,7 @@ class Comm:
             c = self._rooted_resolve(name, sendbuf, recvbuf, root, op)
             if c is None:
                 return False
-        if c[8] is not None and not self._no_compress(name, c[9], c[8], arr=c[10]):
-            return False
-        try:
-            c[11](_rt.engine, *c[12], self._cranks, len(self._ranks), self._rank,
-                  self._coll_base(), self._ctx + 1)
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
-        return True
+        return self._one_call(name, c)
 
     def _rooted_resolve(self, name, sendbuf, recvbuf, root, op):
         """The cache entry of a rooted collective (see above), or None."""
@@ -2251,18 +2255,15 @@ class Comm:
                 return None
             call = (_engine.coll_gather if name == "gather" else _engine.coll_scatter,
                     (saddr, raddr, blk, root))
-        c = (root, op,
-             sendbuf if sarr is None else sarr,
-             _UNUSED if sarr is None else None if type(sendbuf) is _ndarray else sdt,
-             0 if sarr is None else sarr.nbytes,
-             recvbuf if rarr is None else rarr,
-             _UNUSED if rarr is None else None if type(recvbuf) is _ndarray else rdt,
-             0 if rarr is None else rarr.nbytes,
-             npd, whole, rarr if rarr is not None else sarr) + call
-        if self._bkcache is None:
-            self._bkcache = {}
-        self._bkcache[name] = c
-        return c
+        return self._one_store(name, (
+            root, op,
+            sendbuf if sarr is None else sarr,
+            _UNUSED if sarr is None else None if type(sendbuf) is _ndarray else sdt,
+            0 if sarr is None else sarr.nbytes,
+            recvbuf if rarr is None else rarr,
+            _UNUSED if rarr is None else None if type(recvbuf) is _ndarray else rdt,
+            0 if rarr is None else rarr.nbytes,
+            npd, whole, rarr if rarr is not None else sarr) + call)
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         if self._rooted_fast("reduce", sendbuf, recvbuf, root, op):

@@ -1,4 +1,9 @@
-"""Shared helper: run a rank script from tests/scripts under erdmarun."""
+"""Shared helper: run a rank script from tests/scripts under erdmarun (or,
+as the reference, under MPICH's mpiexec with mpi4py)."""
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from harness import run_mpi
@@ -18,3 +23,13 @@ def assert_ok(p, name, nprocs):
     assert p.returncode == 0, f"{name} -n {nprocs} exited {p.returncode}:\n{out[-4000:]}"
     assert "FAIL" not in out, out[-4000:]
     assert f"{name.rsplit('.', 1)[0]}: OK size={nprocs}" in p.stdout, out[-4000:]
+
+
+def run_script_mpi4py(name, nprocs, timeout=150):
+    """The same script under mpiexec + mpi4py (tests/scripts/_mpi.py picks
+    mpi4py from ERDMA_REFERENCE); the caller skips without them."""
+    script = str(SCRIPTS / name)
+    env = dict(os.environ, ERDMA_REFERENCE="mpi4py")
+    return subprocess.run([shutil.which("mpiexec"), "-n", str(nprocs), sys.executable, script],
+                          capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=str(SCRIPTS))

@@ -119,3 +119,19 @@ def test_run_all_writes_json_and_table(tmp_path):
     for row in doc["summary"]:
         assert row["rounds"] == {"erdmampi": 2} and row["best_peer"] is None
     assert "### bcast float32" in (tmp_path / "results.md").read_text()
+
+
+def test_smallcalls_driver_writes_every_call(tmp_path):
+    """bench.smallcalls: one round on erdmampi (2 ranks), every call timed, a table."""
+    out, md = tmp_path / "s.json", tmp_path / "s.md"
+    cmd = [sys.executable, "-m", "bench.smallcalls", "--stacks", "erdmampi", "--rounds", "1",
+           "--iters", "20", "--timeout", "60", "--json", str(out), "--md", str(md)]
+    env = rank_env({"PYTHONPATH": str(REPO)})
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["stacks"] == ["erdmampi"] and len(doc["runs"]) == 1
+    from bench.smallcalls import CALLS
+    us = doc["runs"][0]["us"]
+    assert sorted(us) == sorted(CALLS) and all(v > 0 for v in us.values())
+    assert "| allgather |" in md.read_text()

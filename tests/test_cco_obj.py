@@ -1,13 +1,10 @@
 """Object collectives on sub-communicators, user ops (tests/scripts/cco_obj.py),
 and one message per pickle (tests/scripts/obj_bytes.py)."""
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from _ranks import assert_ok, run_script
+from _ranks import assert_ok, run_script, run_script_mpi4py
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
@@ -29,9 +26,4 @@ def test_object_messages_over_quic():
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec")
 def test_object_messages_script_holds_for_mpi4py():
     pytest.importorskip("mpi4py")
-    script = os.path.join(os.path.dirname(__file__), "scripts", "obj_bytes.py")
-    env = dict(os.environ, ERDMA_REFERENCE="mpi4py")
-    p = subprocess.run([shutil.which("mpiexec"), "-n", "3", sys.executable, script],
-                       capture_output=True, text=True, timeout=150, env=env,
-                       cwd=os.path.dirname(script))
-    assert p.returncode == 0 and "obj_bytes: OK size=3" in p.stdout, p.stdout + p.stderr
+    assert_ok(run_script_mpi4py("obj_bytes.py", 3), "obj_bytes.py", 3)

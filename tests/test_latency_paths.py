@@ -351,6 +351,54 @@ def test_block_collectives_with_the_python_algorithms():
     _ok(run_mpi(3, BLOCK_SCRIPT, timeout=120, env=env), 3)
 
 
+# -- mid-size messages between ranks of one host go through the ring ---------------
+
+MID_SCRIPT = r"""
+import numpy as np, sys
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r = comm.Get_rank()
+peer = 1 - r
+sizes = [65536 + 8, 100_000, 262_144, 262_144 + 8, 1 << 20]   # around the limits
+# a burst that overfills the 2 MiB ring (later ones wait or go by RTS),
+# sent before the receives are posted: unexpected, in order, intact
+reqs = []
+if r == 0:
+    for k in range(24):
+        n = sizes[k % len(sizes)]
+        reqs.append(comm.Isend(np.full(n, k % 251, np.uint8), 1, 9))
+    comm.Barrier()                      # the receives come after this
+    MPI.Request.Waitall(reqs)
+else:
+    comm.Barrier()
+    for k in range(24):
+        n = sizes[k % len(sizes)]
+        st = MPI.Status()
+        b = np.zeros(n, np.uint8)
+        comm.Recv(b, 0, 9, st)
+        assert st.Get_count(MPI.BYTE) == n and (b == k % 251).all(), (k, n)
+# ping-pong of each size, both directions, with the blocking calls
+for n in sizes:
+    a = (np.arange(n) % 253).astype(np.uint8)
+    b = np.zeros(n, np.uint8)
+    if r == 0:
+        comm.Send(a, 1, 3); comm.Recv(b, 1, 4)
+    else:
+        comm.Recv(b, 0, 3); comm.Send(b, 0, 4)
+    assert (b == a).all(), n
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("limit", [None, "65536", "1M"])
+def test_mid_size_messages_through_the_ring(limit):
+    """Messages above the eager limit up to ERDMA_SHM_EAGER_LIMIT (256 KiB)
+    go into a local peer's ring when they fit (else RTS): a burst larger
+    than the ring, sent unexpected, arrives whole and in order."""
+    env = {"ERDMA_SHM_EAGER_LIMIT": limit} if limit else None
+    _ok(run_mpi(2, MID_SCRIPT, timeout=60, env=env), 2)
+
+
 # -- nobody sleeps through a message -------------------------------------------
 
 STRESS_SCRIPT = r"""

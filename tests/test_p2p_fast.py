@@ -1,10 +1,7 @@
 """The point-to-point fast path for plain NumPy arrays gives what the full
 parser gives (buffers.message_p2p), and the lean blocking Send/Recv behave as
 the request-based calls (tests/scripts/p2p_fast.py, also run against mpi4py)."""
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +9,7 @@ import pytest
 from erdmampi import buffers as B
 from erdmampi import datatype as D
 
-from _ranks import assert_ok, run_script
+from _ranks import assert_ok, run_script, run_script_mpi4py
 
 FIELDS = ("addr", "nbytes", "count", "datatype", "device", "blocks")
 
@@ -85,9 +82,4 @@ def test_blocking_p2p_fast_path(nprocs):
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec")
 def test_blocking_p2p_script_holds_for_mpi4py():
     pytest.importorskip("mpi4py")
-    script = os.path.join(os.path.dirname(__file__), "scripts", "p2p_fast.py")
-    env = dict(os.environ, ERDMA_REFERENCE="mpi4py")
-    p = subprocess.run([shutil.which("mpiexec"), "-n", "2", sys.executable, script],
-                       capture_output=True, text=True, timeout=120, env=env,
-                       cwd=os.path.dirname(script))
-    assert p.returncode == 0 and "p2p_fast: OK size=2" in p.stdout, p.stdout + p.stderr
+    assert_ok(run_script_mpi4py("p2p_fast.py", 2, timeout=120), "p2p_fast.py", 2)

@@ -66,6 +66,9 @@ typedef struct erdma_config {
   int port;                  /* 0 = ephemeral */
   int cc_algo;               /* ERDMA_CC_* (ERDMA_CC_AUTO: by path) */
   uint64_t eager_limit;      /* bytes; larger messages use RTS/CTS */
+  uint64_t shm_eager_limit;  /* bytes (>= eager_limit): a message to a rank of this host up to
+                                this size goes into its ring when it fits there now (two
+                                cache-hot copies beat a CMA read up to about here), else RTS */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   size_t max_udp_payload;    /* 0 = automatic (65000 on loopback, route MTU to an on-link jumbo peer, else 1452) */

@@ -403,49 +403,44 @@ int erdma_coll_reduce_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uin
   return coll_go(c, slice, pending);
 }
 
-int erdma_coll_gather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk, int root,
-                      const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
-                      erdma_coll **pending) {
+/* gatherv_linear / scatterv_linear's messages (tag 0): the root receives
+ * (gather) or sends (scatter) every other rank's block, each rank its own. */
+static int coll_linear(erdma_engine *e, int scatter, const void *sbuf, void *rbuf, uint64_t blk,
+                       int root, const int *ranks, int n, int me, int tag, uint32_t ctx,
+                       double slice, erdma_coll **pending) {
   *pending = NULL;
+  uint8_t *all = (uint8_t *)(scatter ? sbuf : rbuf); /* the root's n blocks */
+  void *one = scatter ? rbuf : (void *)sbuf;         /* a rank's block; NULL at the root: in place */
   if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n ||
-      (blk && (me == root ? !rbuf : !sbuf)))
+      (blk && (me == root ? !all : !one)))
     return ERDMA_ERR_INVAL;
   if (blk == 0) return 0;
-  if (me == root && sbuf && sbuf != (uint8_t *)rbuf + (uint64_t)me * blk)
-    memcpy((uint8_t *)rbuf + (uint64_t)me * blk, sbuf, blk);
+  uint8_t *mine = all + (uint64_t)me * blk;
+  if (me == root && one && one != mine) {
+    if (scatter) memcpy(one, mine, blk);
+    else memcpy(mine, one, blk);
+  }
   if (n == 1) return 0;
   erdma_coll *c = coll_new_msgs(e, ctx, n, n - 1);
   if (!c) return ERDMA_ERR_NOMEM;
-  /* gatherv_linear's messages: tag 0 */
   if (me != root)
-    coll_msg_add(c, 1, ranks[root], tag, (void *)sbuf, blk);
+    coll_msg_add(c, !scatter, ranks[root], tag, one, blk);
   else
     for (int i = 0; i < n; i++)
-      if (i != root) coll_msg_add(c, 0, ranks[i], tag, (uint8_t *)rbuf + (uint64_t)i * blk, blk);
+      if (i != root) coll_msg_add(c, scatter, ranks[i], tag, all + (uint64_t)i * blk, blk);
   return coll_go(c, slice, pending);
+}
+
+int erdma_coll_gather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk, int root,
+                      const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
+                      erdma_coll **pending) {
+  return coll_linear(e, 0, sbuf, rbuf, blk, root, ranks, n, me, tag, ctx, slice, pending);
 }
 
 int erdma_coll_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk, int root,
                        const int *ranks, int n, int me, int tag, uint32_t ctx, double slice,
                        erdma_coll **pending) {
-  *pending = NULL;
-  if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n ||
-      (blk && (me == root ? !sbuf : !rbuf)))
-    return ERDMA_ERR_INVAL;
-  if (blk == 0) return 0;
-  const uint8_t *mine = (const uint8_t *)sbuf + (uint64_t)me * blk;
-  if (me == root && rbuf && rbuf != mine) memcpy(rbuf, mine, blk);
-  if (n == 1) return 0;
-  erdma_coll *c = coll_new_msgs(e, ctx, n, n - 1);
-  if (!c) return ERDMA_ERR_NOMEM;
-  /* scatterv_linear's messages: tag 0 */
-  if (me != root)
-    coll_msg_add(c, 0, ranks[root], tag, rbuf, blk);
-  else
-    for (int i = 0; i < n; i++)
-      if (i != root)
-        coll_msg_add(c, 1, ranks[i], tag, (uint8_t *)sbuf + (uint64_t)i * blk, blk);
-  return coll_go(c, slice, pending);
+  return coll_linear(e, 1, sbuf, rbuf, blk, root, ranks, n, me, tag, ctx, slice, pending);
 }
 
 int erdma_coll_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count, int op,

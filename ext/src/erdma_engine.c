@@ -47,6 +47,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->bind_addr = "127.0.0.1";
   cfg->cc_algo = ERDMA_CC_AUTO;
   cfg->eager_limit = 65536;
+  cfg->shm_eager_limit = 256u << 10;
   cfg->idle_timeout = 60.0;
   cfg->handshake_timeout = 60.0;
   /* windows start at 16/32 MiB and double while a long fat path uses them
@@ -298,6 +299,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   e->cfg = *cfg;
   snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
   e->cfg.bind_addr = e->bind_addr;
+  if (e->cfg.shm_eager_limit < e->cfg.eager_limit) e->cfg.shm_eager_limit = e->cfg.eager_limit;
   e->evfd = e->fd = e->io.fd = -1;
   e->lanes_max = 1;
   pthread_mutex_init(&e->mu, NULL);
@@ -567,7 +569,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.len = nbytes;
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
-    } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC) &&
+    } else if (nbytes <= e->cfg.shm_eager_limit && !(flags & ERDMA_SEND_SYNC) &&
                p->conn->shm && (h.type = FR_EAGER, shm_send_direct(p->conn, &h, buf, nbytes))) {
       req_complete(r, 0); /* in the peer's ring */
     } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC)) {

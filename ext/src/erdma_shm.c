@@ -328,7 +328,7 @@ int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t
 int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
                        uint32_t ctx) {
   if (dest < 0 || dest >= e->cfg.size || dest == e->cfg.rank || tag < 0 ||
-      nbytes > e->cfg.eager_limit || (!buf && nbytes) || !e->shm.seg)
+      nbytes > e->cfg.shm_eager_limit || (!buf && nbytes) || !e->shm.seg)
     return 0;
   if (pthread_mutex_trylock(&e->mu) != 0) return 0;
   int sent = 0;
