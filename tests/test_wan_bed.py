@@ -126,7 +126,10 @@ def test_teardown_after_exception_in_with_block():
 
 
 _CHILD = """
-import sys, time
+import signal, sys, time
+# a shell that starts pytest in the background leaves SIGINT ignored, which
+# the child would inherit: Ctrl-C is what is tested here
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from erdmampi.testing.wan import WanBed
 with WanBed(sites=2, rate="10mbit", delay_ms=1, cc="cubic") as bed:
     p = bed.run(0, ["sleep", "600"])
