@@ -362,6 +362,7 @@ def _plain_with_type(spec, readonly):
     arr = _plain_spec(spec, readonly)
     return (arr, spec[1]) if arr is not None else (None, None)
 _P2P_CACHE_MAX = 1 << 16     # bytes: a cached spec keeps its array alive
+_COLL_CACHE_MAX = 1 << 20    # bytes of a one-call collective's arrays that a cache may keep
 _buffer_pointer = _engine.buffer_pointer
 _deferred = _engine._deferred
 _reap_deferred = _engine._reap_deferred
@@ -2042,12 +2043,14 @@ class Comm:
             return False            # the normal path reports it
         raddr = _buffer_pointer(rarr)
         count = rarr.nbytes // ctype[3]
-        self._arcache = (fn, npd, op,
-                         rarr, None if type(recvbuf) is _ndarray else rdt,
-                         sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
-                         rarr.nbytes, saddr, raddr, count, codes, ctype[1])
+        c = (fn, npd, op,
+             rarr, None if type(recvbuf) is _ndarray else rdt,
+             sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
+             rarr.nbytes, saddr, raddr, count, codes, ctype[1])
+        # the cache keeps its arrays alive: not a large one
+        self._arcache = c if rarr.nbytes <= _COLL_CACHE_MAX else None
         if fn is _engine.coll_allreduce:
-            self._fast_remember_allreduce(sendbuf, recvbuf, self._arcache)
+            self._fast_remember_allreduce(sendbuf, recvbuf, c)
         try:
             fn(_rt.engine, saddr, raddr, count, codes, ctype[1], self._cranks,
                len(self._ranks), self._rank, self._coll_base(), self._ctx + 1)
@@ -2114,10 +2117,16 @@ class Comm:
             raise engine_exception(e) from None
         return True
 
-    def _one_store(self, name, c):
+    def _one_store(self, name, c, nbytes):
+        """Keep entry ``c`` for the next call of ``name``, unless its arrays
+        (``nbytes`` together) are large: the cache keeps them alive; ``c``
+        either way."""
         if self._bkcache is None:
             self._bkcache = {}
-        self._bkcache[name] = c
+        if nbytes <= _COLL_CACHE_MAX:
+            self._bkcache[name] = c
+        else:
+            self._bkcache.pop(name, None)
         return c
 
     def _blocks_resolve(self, name, sendbuf, recvbuf, op):
@@ -2183,7 +2192,8 @@ class Comm:
         return self._one_store(name, (
             rarr, None if type(recvbuf) is _ndarray else rdt,
             sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
-            rarr.nbytes, 0 if sarr is None else sarr.nbytes, op, npd, rarr.nbytes, rarr) + call)
+            rarr.nbytes, 0 if sarr is None else sarr.nbytes, op, npd, rarr.nbytes, rarr) + call,
+            rarr.nbytes + (0 if sarr is None else sarr.nbytes))
 
     # Gather, Scatter and Reduce with a root, the same way: linear Gather and
     # Scatter (where the default rule picks them) and the binomial Reduce.
@@ -2263,7 +2273,8 @@ class Comm:
             recvbuf if rarr is None else rarr,
             _UNUSED if rarr is None else None if type(recvbuf) is _ndarray else rdt,
             0 if rarr is None else rarr.nbytes,
-            npd, whole, rarr if rarr is not None else sarr) + call)
+            npd, whole, rarr if rarr is not None else sarr) + call,
+            (0 if sarr is None else sarr.nbytes) + (0 if rarr is None else rarr.nbytes))
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         if self._rooted_fast("reduce", sendbuf, recvbuf, root, op):
