@@ -99,9 +99,21 @@ def test_unknown_congestion_control_is_refused():
     assert "unknown congestion control 'vegas'" in res.stderr, res.stderr
 
 
+# the call rank 0 is in when its peer vanishes: the request path and the
+# one-call paths (a block collective, a rooted one, the pickle API's)
+DEAD_PEER_CALLS = {
+    "Recv": "c.Recv(np.zeros(1), source=1, tag=3)",
+    "Alltoall": "c.Alltoall(np.ones(2, np.float32), np.zeros(2, np.float32))",
+    "Reduce": "c.Reduce(np.ones(4), np.zeros(4), MPI.SUM, 0)",
+    "recv": "c.recv(source=1, tag=3)",
+    "gather": "c.gather(1, 0)",
+}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("call", list(DEAD_PEER_CALLS))
 @pytest.mark.parametrize("shm", ["0", "1"], ids=["quic", "shm"])
-def test_dead_peer_raises_mpi_error_within_timeout(shm):
+def test_dead_peer_raises_mpi_error_within_timeout(shm, call):
     code = (
         "import os, time\n"
         "from erdmampi import MPI\n"
@@ -113,7 +125,7 @@ def test_dead_peer_raises_mpi_error_within_timeout(shm):
         "import numpy as np\n"
         "t0 = time.monotonic()\n"
         "try:\n"
-        "    c.Recv(np.zeros(1), source=1, tag=3)\n"
+        f"    {DEAD_PEER_CALLS[call]}\n"
         "    print('received?!', flush=True)\n"
         "except MPI.Exception as e:\n"
         "    print('error class', e.Get_error_class(), 'after %.1f s' % (time.monotonic() - t0),\n"
