@@ -127,15 +127,11 @@ class CollSchedule:
         """Block j (``lens[j]`` bytes) to ``rarr`` at byte ``offs[j]`` on every
         rank, read out of rank j's ``sarr`` (None: in place in ``rarr``);
         erdma_coll_allgather_bulk."""
-        notify_started()
         ffi = _engine.ffi
-        try:
-            _engine.coll_allgather_bulk(
-                self._eng, None if sarr is None else sarr.ctypes.data, rarr.ctypes.data,
-                ffi.new("uint64_t[]", list(offs)), ffi.new("uint64_t[]", list(lens)),
-                _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx)
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
+        self._engine_call(_engine.coll_allgather_bulk,
+                          None if sarr is None else sarr.ctypes.data, rarr.ctypes.data,
+                          ffi.new("uint64_t[]", list(offs)), ffi.new("uint64_t[]", list(lens)),
+                          me=me)
 
     def allreduce_pair(self, sarr, rarr, op, me):
         """Two ranks: ``rarr = in0 OP in1`` on both (erdma_coll_allreduce_pair);
@@ -148,24 +144,23 @@ class CollSchedule:
         self._pair(_engine.coll_reduce_scatter_pair, sarr, rarr, op, me)
 
     def _pair(self, fn, sarr, rarr, op, me):
-        notify_started()
-        try:
-            fn(self._eng, sarr.ctypes.data, rarr.ctypes.data, rarr.size, _engine.SCHED_OPS[op],
-               _engine.SCHED_DTYPES[rarr.dtype.name], _cranks(self._ranks), len(self._ranks),
-               me, self._base, self._ctx)
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
+        self._engine_call(fn, sarr.ctypes.data, rarr.ctypes.data, rarr.size,
+                          _engine.SCHED_OPS[op], _engine.SCHED_DTYPES[rarr.dtype.name], me=me)
 
     def alltoall_bulk(self, sarr, rarr, me):
         """Equal blocks: every rank reads its block out of each peer's
         ``sarr`` (erdma_coll_alltoall_bulk); ``sarr`` and ``rarr`` contiguous
         and distinct, ``rarr.nbytes`` a multiple of the rank count."""
+        self._engine_call(_engine.coll_alltoall_bulk, sarr.ctypes.data, rarr.ctypes.data,
+                          rarr.nbytes // len(self._ranks), BULK_PULL_PART, me=me)
+
+    def _engine_call(self, fn, *lead, me):
+        """``fn(engine, *lead, ranks, n, me, tag base, ctx)``, one of _engine's
+        coll_* calls; its error as the MPI exception."""
         notify_started()
-        n = len(self._ranks)
         try:
-            _engine.coll_alltoall_bulk(self._eng, sarr.ctypes.data, rarr.ctypes.data,
-                                       rarr.nbytes // n, BULK_PULL_PART, _cranks(self._ranks),
-                                       n, me, self._base, self._ctx)
+            fn(self._eng, *lead, _cranks(self._ranks), len(self._ranks), me, self._base,
+               self._ctx)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
 

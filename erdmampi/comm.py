@@ -229,12 +229,10 @@ class _CollTransport:
     def recv_bytes(self, source, tag):
         """Receive one message of any size (sent with :meth:`isend_bytes`)."""
         _collsched.notify_started()
-        r = _fast_recv_bytes(self._fast or self._fast_state(), source, tag, self._base)
         try:
-            if r != 1:
-                data, err = r
-                if type(data) is int:
-                    data, err = _engine.fast_rest_bytes(r, "recv")
+            got = _recv_bytes_fast(self._fast or self._fast_state(), source, tag, self._base)
+            if got is not None:
+                data, err = got
             else:
                 req = self._eng.irecv_alloc(self._ranks[source], self._base + tag, self._ctx)
                 err = req.wait().error
@@ -386,6 +384,18 @@ else:
     def _fast_send_bytes(*args):
         return 1
     _fast_recv_bytes = _fast_send_bytes
+
+
+def _recv_bytes_fast(state, source, tag, *base):
+    """A message of any length through _engine.fast.recv_bytes: ``(payload or
+    None, error)``, or None on a miss (nothing posted).  A receive still
+    pending after the first slice is waited for here (EngineError on failure)."""
+    r = _fast_recv_bytes(state, source, tag, *base)
+    if r == 1:
+        return None
+    if type(r[0]) is int:
+        return _engine.fast_rest_bytes(r, "recv")
+    return r
 
 
 def _fast_coll_raise(r, what):
@@ -1444,14 +1454,12 @@ class Comm:
         """Receive a Python object; ``buf`` (optional) bounds its pickled size."""
         if buf is None and status is None:
             # receive and copy out in one C call (_engine.fast)
-            r = _fast_recv_bytes(self._fast or self._fast_obj_state(), source, tag)
-            if r != 1:
-                data, err = r
-                if type(data) is int:
-                    try:
-                        data, err = _engine.fast_rest_bytes(r, "recv")
-                    except _engine.EngineError as e:
-                        raise engine_exception(e) from None
+            try:
+                got = _recv_bytes_fast(self._fast or self._fast_obj_state(), source, tag)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            if got is not None:
+                data, err = got
                 if err:
                     raise_status_code(err)
                 return self._pkl._decode(data)
@@ -2093,10 +2101,8 @@ class Comm:
         if not self._small_ok(name):
             return False
         c = self._bkcache.get(name) if self._bkcache is not None else None
-        if (c is None or c[6] is not op or not _spec_is(recvbuf, c[0], c[1])
-                or not (sendbuf is IN_PLACE if c[2] is None else _spec_is(sendbuf, c[2], c[3]))
-                or c[0].nbytes != c[4] or c[2] is not None and c[2].nbytes != c[5]
-                or not c[0].flags.writeable):
+        if (c is None or c[6] is not op or not _same_spec(recvbuf, c[0], c[1], c[4], True)
+                or not _same_spec(sendbuf, c[2], c[3], c[5], False)):
             c = self._blocks_resolve(name, sendbuf, recvbuf, op)
             if c is None:
                 return False
@@ -2191,7 +2197,8 @@ class Comm:
                 return None
         return self._one_store(name, (
             rarr, None if type(recvbuf) is _ndarray else rdt,
-            sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
+            sendbuf if sarr is None else sarr,
+            _UNUSED if sarr is None else None if type(sendbuf) is _ndarray else sdt,
             rarr.nbytes, 0 if sarr is None else sarr.nbytes, op, npd, rarr.nbytes, rarr) + call,
             rarr.nbytes + (0 if sarr is None else sarr.nbytes))
 

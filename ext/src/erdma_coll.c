@@ -284,12 +284,6 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
   return coll_go(c, slice, pending);
 }
 
-/* Room for `max` messages posted at once. */
-static int coll_msgs(erdma_coll *c, int max) {
-  c->msg = calloc((size_t)max, sizeof *c->msg);
-  c->mreq = calloc((size_t)max, sizeof *c->mreq);
-  return c->msg && c->mreq ? 0 : ERDMA_ERR_NOMEM;
-}
 
 static void coll_msg_add(erdma_coll *c, int send, int peer, int tag, void *buf, uint64_t len) {
   coll_msg *m = &c->msg[c->nmsg++];
@@ -300,9 +294,13 @@ static void coll_msg_add(erdma_coll *c, int send, int peer, int tag, void *buf, 
   m->len = len;
 }
 
+/* A collective with room for `nmsg` messages posted at once. */
 static erdma_coll *coll_new_msgs(erdma_engine *e, uint32_t ctx, int n, int nmsg) {
   erdma_coll *c = coll_new(e, 0, ctx, n);
-  if (c && coll_msgs(c, nmsg)) {
+  if (!c) return NULL;
+  c->msg = calloc((size_t)nmsg, sizeof *c->msg);
+  c->mreq = calloc((size_t)nmsg, sizeof *c->mreq);
+  if (!c->msg || !c->mreq) {
     coll_free(c);
     return NULL;
   }

@@ -446,9 +446,6 @@ static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
   return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
 }
 
-/* send_bytes(state, data, dest, tag): a pickled object (exact bytes) as an
- * eager message into a local peer's ring: 0 done, 1 miss (anything else:
- * another host, a full ring, a large object; nothing done). */
 /* A collective's message (the optional last argument `base`, its tag base):
  * the communicator's collective context, tag base + tag (tag < 1024). */
 static int coll_tag(pf_state *s, PyObject *const *args, Py_ssize_t n, Py_ssize_t at, long *tag,
@@ -464,6 +461,9 @@ static int coll_tag(pf_state *s, PyObject *const *args, Py_ssize_t n, Py_ssize_t
   return 1;
 }
 
+/* send_bytes(state, data, dest, tag[, base]): a pickled object (exact bytes)
+ * as an eager message into a local peer's ring: 0 done, 1 miss (anything
+ * else: another host, a full ring, a large object; nothing done). */
 static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long dest, tag;
   uint32_t ctx;
@@ -482,7 +482,7 @@ static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
       erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx) ? 0 : 1);
 }
 
-/* recv_bytes(state, source, tag): a message of any size, as bytes:
+/* recv_bytes(state, source, tag[, base]): a message of any size, as bytes:
  * (bytes or None, error) when it completed, 1 miss, or (rc, left) as recv
  * (left: the engine's alloc receive, still pending). */
 static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
