@@ -28,6 +28,8 @@ import operator
 
 import numpy as np
 
+from . import dlpack as _dlpack
+
 from .datatype import DATATYPE_NULL, Datatype, asdatatype, from_format, PREDEFINED
 
 __all__ = [
@@ -225,13 +227,15 @@ def _from_dlpack(obj, readonly):
     device_type, device_id = dlpack_device()
     if int(device_type) not in _CPU_DEVICES:
         return _from_dlpack_device(obj, readonly, int(device_type), int(device_id))
-    arr = np.from_dlpack(obj)
-    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-        raise BufferError("dlpack: buffer is not contiguous")
-    if not readonly and not arr.flags.writeable:
-        raise BufferError("dlpack: buffer is not writable")
-    raw = arr.reshape(-1, order="A").view(np.uint8) if arr.size else np.empty(0, np.uint8)
-    return _Raw(obj, raw, _dlpack_format(arr.dtype))
+    view = _dlpack.read(obj, readonly)
+    if view.nbytes:
+        raw = np.frombuffer((ctypes.c_uint8 * view.nbytes).from_address(view.addr),
+                            dtype=np.uint8)
+    else:
+        raw = np.empty(0, np.uint8)
+    # the capsule stays referenced as long as the bytes are: its destructor,
+    # the producer's, releases the tensor
+    return _Raw((obj, view.capsule), raw, view.fmt)
 
 
 def _cai_format(typekind, itemsize):
@@ -308,6 +312,11 @@ def _from_cai(obj, readonly):
                           "(use 1 for the legacy or 2 for the per-thread default stream)")
     if nbytes == 0:
         return _Raw(obj, np.empty(0, np.uint8), fmt, device=True)
+    if _cai_is_host(dev_ptr):
+        # a CAI pointer into host memory (no GPU here, or pinned/pageable host
+        # memory): the bytes are read and written in place, as MPI would
+        raw = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(dev_ptr), dtype=np.uint8)
+        return _Raw(obj, raw, fmt)
     download, upload = _device_copier(obj, dev_ptr, nbytes, stream)
     return _Raw(obj, np.empty(nbytes, np.uint8), fmt, device=True,
                 download=download, upload=None if readonly else upload)
@@ -367,7 +376,9 @@ class _CudaRuntime:
                                  ("cudaPointerGetAttributes", [vp, vp]),
                                  ("cudaGetDevice", [ctypes.POINTER(cint)]),
                                  ("cudaSetDevice", [cint]),
-                                 ("cudaRuntimeGetVersion", [ctypes.POINTER(cint)])):
+                                 ("cudaRuntimeGetVersion", [ctypes.POINTER(cint)]),
+                                 ("cudaGetDeviceCount", [ctypes.POINTER(cint)]),
+                                 ("cudaGetLastError", [])):
                     getattr(lib, fn).argtypes = args
                     getattr(lib, fn).restype = cint
                 lib.cudaGetErrorString.argtypes = [cint]
@@ -396,6 +407,26 @@ class _CudaRuntime:
         if lib.cudaPointerGetAttributes(attrs, ptr) != 0:
             return None
         return attrs[1] if attrs[0] == 2 else None  # cudaMemoryTypeDevice
+
+    @classmethod
+    def is_host(cls, ptr):
+        """True when ``ptr`` is plain host memory: no usable driver or device
+        (then no pointer can be device memory), or the driver says so."""
+        lib = cls.load()
+        if lib is None:
+            return True
+        count = ctypes.c_int(0)
+        if lib.cudaGetDeviceCount(ctypes.byref(count)) != 0 or count.value == 0:
+            lib.cudaGetLastError()
+            return True
+        ver = ctypes.c_int(0)
+        if lib.cudaRuntimeGetVersion(ctypes.byref(ver)) != 0 or ver.value < 11000:
+            return False
+        attrs = (ctypes.c_int * 16)()  # {int type; int device; void *dptr, *hptr}
+        if lib.cudaPointerGetAttributes(attrs, ptr) != 0:
+            lib.cudaGetLastError()
+            return True   # memory the driver does not know: host
+        return attrs[0] in (0, 1)   # cudaMemoryTypeUnregistered / Host
 
     @classmethod
     def copier(cls, dev_ptr, stream):
@@ -488,6 +519,13 @@ def _numba_copier(cuda, obj, dev_ptr, stream):
         s.synchronize()
 
     return download, upload
+
+
+def _cai_is_host(dev_ptr):
+    """Whether a CAI pointer is host memory (see _CudaRuntime.is_host)."""
+    if _CudaRuntime.load() is not None:
+        return _CudaRuntime.is_host(dev_ptr)
+    return _numba_cuda() is None   # no runtime, no driver: cannot be device memory
 
 
 def _device_copier(obj, dev_ptr, nbytes, stream=None):
