@@ -35,6 +35,8 @@ from .op import PREDEFINED_OPS as _PREDEFINED_OPS
 from .op import Op  # noqa: F401
 from .request import REQUEST_NULL, Grequest, Prequest, Request  # noqa: F401
 from .status import Status  # noqa: F401
+from .commctx import (_comm_lock, _comm_lock_table, _commctx_inter,  # noqa: F401
+                      _commctx_intra)
 
 globals().update(_PREDEFINED_TYPES)
 globals().update(_PREDEFINED_OPS)
@@ -95,75 +97,7 @@ _THREAD_LEVELS = {"single": THREAD_SINGLE, "funneled": THREAD_FUNNELED,
 # Info (a plain key/value store; hints are ignored by erdmampi)
 
 
-class Info:
-    """Info object, as ``MPI.Info``: string keys and values."""
-
-    def __init__(self, info=None):
-        self._d = dict(info._d) if isinstance(info, Info) and info._d is not None else None
-
-    @classmethod
-    def Create(cls, items=None):
-        info = cls()
-        info._d = {}
-        if items:
-            for k, v in dict(items).items():
-                info.Set(k, v)
-        return info
-
-    def Set(self, key, value):
-        self._d[str(key)] = str(value)
-
-    def Get(self, key):
-        return self._d.get(str(key))
-
-    def Delete(self, key):
-        if str(key) not in self._d:
-            from .exceptions import ERR_INFO_NOKEY, raise_error
-            raise_error(ERR_INFO_NOKEY)
-        del self._d[str(key)]
-
-    def Get_nkeys(self):
-        return len(self._d)
-
-    def Get_nthkey(self, n):
-        return list(self._d)[n]
-
-    def Dup(self):
-        return Info.Create(self._d)
-
-    def Free(self):
-        self._d = None
-
-    def __bool__(self):
-        return self._d is not None
-
-    def __len__(self):
-        return len(self._d or {})
-
-    def __contains__(self, key):
-        return str(key) in (self._d or {})
-
-    def __iter__(self):
-        return iter(self._d or {})
-
-    def __getitem__(self, key):
-        return self._d[str(key)]
-
-    def __setitem__(self, key, value):
-        self.Set(key, value)
-
-    def keys(self):
-        return list(self._d or {})
-
-    def items(self):
-        return list((self._d or {}).items())
-
-    def get(self, key, default=None):
-        return (self._d or {}).get(str(key), default)
-
-
-INFO_NULL = Info()
-INFO_ENV = Info.Create()
+from .info import INFO_ENV, INFO_NULL, Info  # noqa: E402,F401
 
 # -----------------------------------------------------------------------------
 # Initialization
@@ -311,9 +245,8 @@ def Compute_dims(nnodes, dims):
     return dims
 
 
-def Add_error_class():
-    from .exceptions import ERR_OTHER, raise_error
-    raise_error(ERR_OTHER, "user error classes are not supported")
+from .errorcode import (Add_error_class, Add_error_code, Add_error_string,  # noqa: E402,F401
+                        Remove_error_class, Remove_error_code, Remove_error_string)
 
 
 # -----------------------------------------------------------------------------

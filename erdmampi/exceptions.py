@@ -174,11 +174,19 @@ def _check_code(errorcode):
 
 def Get_error_class(errorcode):
     """Convert an error code into an error class."""
+    from .errorcode import user_class
+    cls = user_class(int(errorcode))
+    if cls is not None:
+        return cls
     return _check_code(errorcode) & _CLASS_MASK
 
 
 def Get_error_string(errorcode):
     """Return the error string for an error class or an error code."""
+    from .errorcode import user_string
+    text = user_string(int(errorcode))
+    if text is not None:
+        return text
     code = _check_code(errorcode)
     text = _STRINGS.get(code)
     if text is None:

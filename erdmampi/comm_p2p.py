@@ -1,0 +1,531 @@
+"""Point-to-point communication of ``Comm``: blocking, nonblocking, persistent,
+probe and matched probe, over buffers and Python objects.
+
+The rank/tag checks (``_dest``, ``_source``, ``_send_tag``...) live here too:
+collectives use them through ``self``.
+"""
+
+from ._commrt import (
+    ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
+    _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
+    _fast_recv, _fast_recv_status, _fast_remember, _fast_send, _fast_send_bytes,
+    Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
+    _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
+    _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, TAG_UB_VALUE,
+    UNDEFINED)
+
+
+class CommP2P:
+    """Point-to-point methods of ``Comm`` (buffers and Python objects)."""
+
+    __slots__ = ()
+
+    def _dest(self, dest):
+        ranks = self._check()
+        dest = int(dest)
+        if dest == PROC_NULL:
+            return None
+        if dest < 0 or dest >= len(ranks):
+            raise_error(ERR_RANK, f"invalid rank {dest} (communicator size {len(ranks)})")
+        return ranks[dest]
+
+    def _source(self, source):
+        ranks = self._check()
+        source = int(source)
+        if source == PROC_NULL:
+            return None
+        if source == ANY_SOURCE:
+            return _engine.ANY_SOURCE
+        if source < 0 or source >= len(ranks):
+            raise_error(ERR_RANK, f"invalid source rank {source} "
+                        f"(communicator size {len(ranks)})")
+        return ranks[source]
+
+    @staticmethod
+    def _send_tag(tag):
+        tag = int(tag)
+        if tag < 0 or tag > TAG_UB_VALUE:
+            raise_error(ERR_TAG, f"invalid tag {tag} (must be 0..{TAG_UB_VALUE})")
+        return tag
+
+    @staticmethod
+    def _recv_tag(tag):
+        tag = int(tag)
+        if tag == ANY_TAG:
+            return _engine.ANY_TAG
+        if tag < 0 or tag > TAG_UB_VALUE:
+            raise_error(ERR_TAG, f"invalid tag {tag} (must be 0..{TAG_UB_VALUE} or ANY_TAG)")
+        return tag
+
+    def _root(self, root):
+        ranks = self._check()
+        root = int(root)
+        if root < 0 or root >= len(ranks):
+            raise_error(ERR_ROOT, f"invalid root {root} (communicator size {len(ranks)})")
+        return root
+
+    def _comm_rank(self, world):
+        if world < 0:
+            return world
+        return self._group._index.get(world, UNDEFINED)
+
+    def _finish_fields(self, raw, msg=None):
+        err = error_class(raw.error)
+        if msg is not None and not err and not raw.cancelled:
+            msg.finish()
+        return (self._comm_rank(raw.source), raw.tag, err, raw.nbytes, raw.cancelled)
+
+    # Point-to-point: engine operations (return request operations)
+
+    def _isend_op(self, buf, dest, tag, sync=False):
+        addr, nbytes, keep, _ = _p2p_buffer(buf, True)
+        wdest = self._dest(dest)
+        tag = self._send_tag(tag)
+        if wdest is None:
+            return _DoneOp()
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.isend(addr, nbytes, wdest, tag, self._ctx, sync=sync, keep=keep)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, _send_fields, pure=True)
+
+    def _irecv_op(self, buf, source, tag):
+        addr, nbytes, keep, msg = _p2p_buffer(buf, False)
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            return _DoneOp()
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.irecv(addr, nbytes, wsrc, tag, self._ctx, keep=keep)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,),
+                         pure=msg is None or not msg.device)
+
+    def _send(self, buf, dest, tag, sync):
+        """Blocking send without a request (the engine's lean path)."""
+        addr, nbytes, keep, _ = _p2p_buffer(buf, True)
+        wdest = self._dest(dest)
+        tag = self._send_tag(tag)
+        if wdest is None:
+            return
+        eng = _engine_or_raise()
+        try:
+            st = eng.send(addr, nbytes, wdest, tag, self._ctx, sync, keep)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if st.error:
+            raise_status_code(st.error)
+
+    def _recv(self, buf, source, tag, status):
+        """Blocking receive without a request (the engine's lean path)."""
+        addr, nbytes, keep, msg = _p2p_buffer(buf, False)
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            Request._new(_DoneOp()).Wait(status)
+            return
+        eng = _engine_or_raise()
+        try:
+            st = eng.recv(addr, nbytes, wsrc, tag, self._ctx, keep)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if status is not None or st.error or msg is not None:
+            # as Request.Wait: finish, fill the status (MPI_ERROR untouched), raise
+            fields = self._finish_fields(st, msg)
+            if status is not None:
+                status._fill(*fields[:2], status._error, fields[3], bool(fields[4]))
+            if fields[2]:
+                raise_status_code(st.error)
+
+    def _isend_obj_op(self, obj, dest, tag, sync=False, data=None):
+        wdest = self._dest(dest)
+        tag = self._send_tag(tag)
+        if wdest is None:
+            return _DoneOp()
+        if data is None:
+            data = self._pkl._encode(obj)
+        arr = np.frombuffer(data, dtype=np.uint8)
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.isend(arr.ctypes.data if arr.size else 0, arr.nbytes, wdest, tag,
+                             self._ctx, sync=sync, keep=(data, arr))
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, lambda raw: (ANY_SOURCE, ANY_TAG, error_class(raw.error), 0,
+                                            raw.cancelled, None))
+
+    def _obj_finish(self, ereq):
+        def finish(raw):
+            fields = self._finish_fields(raw)
+            obj = None
+            if not fields[2] and not raw.cancelled:
+                obj = self._pkl._decode(ereq.take())
+            return fields + (obj,)
+        return finish
+
+    def _irecv_obj_op(self, source, tag, buf=None):
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            return _DoneOp()
+        eng = _engine_or_raise()
+        if buf is not None:
+            # mpi4py: a given buffer bounds the pickled message (ERR_TRUNCATE if larger)
+            arr = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+            try:
+                ereq = eng.irecv(arr.ctypes.data if arr.size else 0, arr.nbytes, wsrc, tag,
+                                 self._ctx, keep=arr)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+
+            def finish(raw):
+                fields = self._finish_fields(raw)
+                obj = None
+                if not fields[2] and not raw.cancelled:
+                    obj = self._pkl._decode(arr[:raw.nbytes].tobytes())
+                return fields + (obj,)
+            return _EngineOp(ereq, finish)
+        try:
+            ereq = eng.irecv_alloc(wsrc, tag, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, self._obj_finish(ereq))
+
+    def _mrecv_buf(self, emsg, buf):
+        msg = message_p2p(buf, False)
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.imrecv(emsg, msg.addr, msg.nbytes, keep=msg)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,))
+
+    def _mrecv_obj(self, emsg):
+        eng = _engine_or_raise()
+        try:
+            ereq = eng.imrecv_alloc(emsg)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        return _EngineOp(ereq, self._obj_finish(ereq))
+
+    def _probe_raw(self, source, tag, blocking, matched=False):
+        """The engine's (m)probe answer: RawStatus, ``(EngineMessage, RawStatus)``
+        when ``matched``, None (nothing yet) or ``"noproc"`` (PROC_NULL)."""
+        wsrc = self._source(source)
+        tag = self._recv_tag(tag)
+        if wsrc is None:
+            return "noproc"
+        eng = _engine_or_raise()
+        if matched:
+            fn = eng.mprobe if blocking else eng.improbe
+        else:
+            fn = eng.probe if blocking else eng.iprobe
+        try:
+            return fn(wsrc, tag, self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+
+    def _fill_probe(self, status, raw):
+        if status is None:
+            return
+        if raw == "noproc":
+            status._fill(PROC_NULL, ANY_TAG, 0, 0, False)
+        else:
+            status._fill(self._comm_rank(raw.source), raw.tag, 0, raw.nbytes, False)
+
+    # -- Point-to-point: blocking -------------------------------------------
+
+    def Send(self, buf, dest, tag=0):
+        """Blocking send."""
+        # fast path: the buffer spec remembered last (see _p2p_plain), a valid
+        # rank and tag: one C call (_engine.fast); the rest: _send_more
+        if _deferred:
+            _reap_deferred()
+        r = _fast_send(self._fast, buf, dest, tag)
+        if r:
+            self._send_more(r, buf, dest, tag)
+
+    def _send_more(self, r, buf, dest, tag):
+        """Send after the fast call answered ``r`` (see _engine.fast)."""
+        if r != 1:
+            return _fast_raise(r, buf, "send")
+        # a plain host array (alone or with a predefined datatype, see
+        # _p2p_plain), a valid rank and tag; everything else goes through
+        # _send, which parses and checks
+        ranks = self._ranks
+        eng = _rt.engine
+        if (type(dest) is int and type(tag) is int and ranks is not None and eng is not None
+                and 0 <= dest < len(ranks) and 0 <= tag <= TAG_UB_VALUE):
+            ptr, n, arr = self._p2p_plain(buf, True)
+            if arr is not None:
+                try:
+                    err = eng.send_plain(ptr, n, ranks[dest], tag, self._ctx, arr)
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
+                if err:
+                    raise_status_code(err)
+                return
+        self._send(buf, dest, tag, False)
+
+    def Bsend(self, buf, dest, tag=0):
+        """Buffered send (the engine buffers: same as Send)."""
+        self.Send(buf, dest, tag)
+
+    def Rsend(self, buf, dest, tag=0):
+        """Ready send (same as Send)."""
+        self.Send(buf, dest, tag)
+
+    def Ssend(self, buf, dest, tag=0):
+        """Synchronous send: returns once the receive has matched."""
+        self._send(buf, dest, tag, True)
+
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Blocking receive."""
+        # fast path as in Send
+        if status is None:
+            r = _fast_recv(self._fast, buf, source, tag)
+            if not r:
+                return
+            if r != 1:
+                return _fast_raise(r, buf, "recv")
+        else:
+            r = _fast_recv_status(self._fast, buf, source, tag)
+            if r != 1:
+                return self._fast_status(r, buf, status)
+        self._recv_more(buf, source, tag, status)
+
+    def _fast_status(self, r, keep, status):
+        """Fill ``status`` from a fast receive's answer (as Request.Wait:
+        MPI_ERROR untouched), then raise its error, if any."""
+        if len(r) == 2:
+            try:
+                st = _engine.fast_rest(r, keep, "recv")
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            r = (st.error, st.source, st.tag, st.nbytes)
+        status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)
+        if r[0]:
+            raise_status_code(r[0])
+
+    def _recv_more(self, buf, source, tag, status):
+        """Recv after a fast-call miss: a plain host array as in _send_more
+        (remembered, so that the next call takes the one-call path; with a
+        status this one still goes through _recv), the rest through _recv."""
+        ranks = self._ranks
+        eng = _rt.engine
+        if (type(source) is int and type(tag) is int and ranks is not None and eng is not None
+                and (0 <= tag <= TAG_UB_VALUE or tag == ANY_TAG)):
+            if 0 <= source < len(ranks):
+                wsrc = ranks[source]
+            elif source == ANY_SOURCE:
+                wsrc = _engine.ANY_SOURCE
+            else:
+                wsrc = None
+            if wsrc is not None:
+                ptr, n, arr = self._p2p_plain(buf, False)
+                if arr is not None and status is None:
+                    etag = _engine.ANY_TAG if tag == ANY_TAG else tag
+                    try:
+                        err = eng.recv_plain(ptr, n, wsrc, etag, self._ctx, arr)
+                    except _engine.EngineError as e:
+                        raise engine_exception(e) from None
+                    if err:
+                        raise_status_code(err)
+                    return
+        self._recv(buf, source, tag, status)
+
+    def _p2p_plain(self, buf, readonly):
+        """``(pointer, nbytes, array)`` of a spec that is one whole plain host
+        array (``numpy.ndarray`` alone, or with a predefined datatype without
+        gaps), else ``(None, 0, None)``.  A small one is remembered per
+        direction by the communicator's fast-path state (by the identity of
+        the spec, its array and datatype), so that the next Send/Recv of the
+        same spec is one C call (see _engine.fast)."""
+        arr = _plain_array(buf, readonly)
+        if arr is None:
+            return None, 0, None
+        ptr = _buffer_pointer(arr)
+        n = arr.nbytes
+        if n <= _P2P_CACHE_MAX and _engine.fast is not None:
+            dt = None if arr is buf else buf[1]
+            recv = not readonly
+            f = self._fast
+            if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+                f = self._fast_state()
+                if f is not None and _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+                    self._fast = f
+        return ptr, n, arr
+
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                 recvtag=ANY_TAG, status=None):
+        """Send and receive."""
+        rreq = Request._new(self._irecv_op(recvbuf, source, recvtag))
+        sreq = Request._new(self._isend_op(sendbuf, dest, sendtag))
+        rreq.Wait(status)
+        sreq.Wait()
+
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
+                         status=None):
+        """Send and receive in one buffer."""
+        msg = message_p2p(buf, False)
+        tmp = np.array(msg.array, copy=True).reshape(-1).view(np.uint8)
+        sreq = Request._new(self._isend_op([tmp, "B"], dest, sendtag))
+        rreq = Request._new(self._irecv_op(buf, source, recvtag))
+        rreq.Wait(status)
+        sreq.Wait()
+
+    # -- Point-to-point: nonblocking ----------------------------------------
+
+    def Isend(self, buf, dest, tag=0):
+        return Request._new(self._isend_op(buf, dest, tag))
+
+    Ibsend = Isend
+    Irsend = Isend
+
+    def Issend(self, buf, dest, tag=0):
+        return Request._new(self._isend_op(buf, dest, tag, sync=True))
+
+    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        return Request._new(self._irecv_op(buf, source, tag))
+
+    def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                  recvtag=ANY_TAG):
+        rop = self._irecv_op(recvbuf, source, recvtag)
+        sop = self._isend_op(sendbuf, dest, sendtag)
+        return _pair_request(Request._new(rop), Request._new(sop))
+
+    # -- Persistent ---------------------------------------------------------
+
+    def Send_init(self, buf, dest, tag=0):
+        self._dest(dest)
+        self._send_tag(tag)
+        return Prequest._persistent(lambda: self._isend_op(buf, dest, tag))
+
+    Bsend_init = Send_init
+    Rsend_init = Send_init
+
+    def Ssend_init(self, buf, dest, tag=0):
+        self._dest(dest)
+        self._send_tag(tag)
+        return Prequest._persistent(lambda: self._isend_op(buf, dest, tag, sync=True))
+
+    def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        self._source(source)
+        self._recv_tag(tag)
+        return Prequest._persistent(lambda: self._irecv_op(buf, source, tag))
+
+    # -- Probes -------------------------------------------------------------
+
+    def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Block until a matching message is available."""
+        raw = self._probe_raw(source, tag, True)
+        self._fill_probe(status, raw)
+        return True
+
+    def Iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Whether a matching message is available."""
+        raw = self._probe_raw(source, tag, False)
+        if raw is None:
+            return False
+        self._fill_probe(status, raw)
+        return True
+
+    def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Matched probe: returns a Message removed from the queue."""
+        return self._probed_message(self._probe_raw(source, tag, True, True), status)
+
+    def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Nonblocking matched probe: a Message or None."""
+        got = self._probe_raw(source, tag, False, True)
+        if got is None:
+            return None
+        return self._probed_message(got, status)
+
+    def _probed_message(self, got, status):
+        if got == "noproc":
+            self._fill_probe(status, got)
+            return MESSAGE_NO_PROC
+        emsg, raw = got
+        self._fill_probe(status, raw)
+        return Message._new(self, emsg)
+
+    # -- Python objects: point-to-point -------------------------------------
+
+    def send(self, obj, dest, tag=0):
+        """Send a Python object."""
+        data = self._pkl._encode(obj)
+        # a small object to a rank of this host: one C call (_engine.fast)
+        if not _fast_send_bytes(self._fast or self._fast_obj_state(), data, dest, tag):
+            return
+        Request._new(self._isend_obj_op(obj, dest, tag, data=data)).wait()
+
+    bsend = send
+
+    def ssend(self, obj, dest, tag=0):
+        """Synchronous send of a Python object."""
+        Request._new(self._isend_obj_op(obj, dest, tag, sync=True)).wait()
+
+    def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Receive a Python object; ``buf`` (optional) bounds its pickled size."""
+        if buf is None and status is None:
+            # receive and copy out in one C call (_engine.fast)
+            try:
+                got = _recv_bytes_fast(self._fast or self._fast_obj_state(), source, tag)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            if got is not None:
+                data, err = got
+                if err:
+                    raise_status_code(err)
+                return self._pkl._decode(data)
+        return Request._new(self._irecv_obj_op(source, tag, buf)).wait(status)
+
+    def _fast_obj_state(self):
+        """The communicator's _engine.fast state, made now if it has none yet."""
+        f = self._fast = self._fast_state()
+        return f
+
+    def isend(self, obj, dest, tag=0):
+        return Request._new(self._isend_obj_op(obj, dest, tag))
+
+    ibsend = isend
+
+    def issend(self, obj, dest, tag=0):
+        return Request._new(self._isend_obj_op(obj, dest, tag, sync=True))
+
+    def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
+        """Nonblocking receive of a Python object; ``wait()`` returns it."""
+        return Request._new(self._irecv_obj_op(source, tag, buf))
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                 recvtag=ANY_TAG, status=None):
+        """Send and receive Python objects."""
+        if recvbuf is None and status is None:
+            data = self._pkl._encode(sendobj)
+            # a small object to a rank of this host goes at once: then the fast recv
+            if not _fast_send_bytes(self._fast or self._fast_obj_state(), data, dest, sendtag):
+                return self.recv(None, source, recvtag)
+            sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
+            obj = Request._new(self._irecv_obj_op(source, recvtag)).wait()
+            sreq.wait()
+            return obj
+        rreq = Request._new(self._irecv_obj_op(source, recvtag))
+        sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag))
+        obj = rreq.wait(status)
+        sreq.wait()
+        return obj
+
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Probe(source, tag, status)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Iprobe(source, tag, status)
+
+    def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Mprobe(source, tag, status)
+
+    def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        return self.Improbe(source, tag, status)

@@ -1,0 +1,114 @@
+"""Handle objects as mpi4py models them (Win, File, Session).
+
+An object holds only its integer handle ``_h``; the state behind a live handle
+sits in the class's registry, so every copy (``Win(win)``, ``fromhandle``)
+sees the same state and a freed handle is stale in all of them.  Null objects
+compare equal to each other, are false, unhashable and unorderable; the
+predefined null object pickles by name, other objects cannot be pickled.
+"""
+
+import copyreg
+
+from .exceptions import raise_error
+
+
+class HandleObject:
+    """Base of one handle kind; subclasses set ``_NULL``, ``_ERR``, ``_NULL_NAME``."""
+
+    _NULL = 0
+    _ERR = 0
+    _NULL_NAME = ""
+    _registry = None            # handle -> state, one dict per kind
+    _next = 0
+
+    def __new__(cls, obj=None):
+        kind = cls._kind()
+        self = object.__new__(cls)
+        if obj is None:
+            self._h = kind._NULL
+        elif isinstance(obj, kind):
+            self._h = obj._h
+        else:
+            raise TypeError(f"expected {kind.__name__} or None, got {type(obj).__name__}")
+        return self
+
+    def __init__(self, obj=None):
+        pass
+
+    @classmethod
+    def _kind(cls):
+        for k in cls.__mro__:
+            if HandleObject in k.__bases__:
+                return k
+        return cls
+
+    @classmethod
+    def _register(cls, state):
+        kind = cls._kind()
+        kind._next += 1
+        h = kind._FIRST + kind._next
+        kind._registry[h] = state
+        obj = object.__new__(cls)
+        obj._h = h
+        return obj
+
+    def _state(self):
+        """The live state, or raise the kind's error class (null or freed)."""
+        st = self._kind()._registry.get(self._h)
+        if st is None:
+            raise_error(self._ERR, f"invalid {self._kind().__name__.lower()} handle")
+        return st
+
+    def _release(self):
+        self._kind()._registry.pop(self._h, None)
+        self._h = self._NULL
+
+    def __eq__(self, other):
+        if not isinstance(other, self._kind()):
+            return NotImplemented
+        return self._h == other._h
+
+    def __ne__(self, other):
+        if not isinstance(other, self._kind()):
+            return NotImplemented
+        return self._h != other._h
+
+    def _unorderable(self, other):
+        raise TypeError(f"unorderable type '{type(self).__module__}.{type(self).__name__}'")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _unorderable
+    __hash__ = None
+
+    def __bool__(self):
+        return self._h != self._NULL
+
+    def __reduce__(self):
+        kind = self._kind()
+        null = kind._null_object
+        if self is null:
+            return kind._NULL_NAME
+        if self._h == kind._NULL:
+            return (copyreg.__newobj__, (type(self), null))
+        raise ValueError(f"cannot serialize '{type(self).__module__}."
+                         f"{type(self).__name__}' instance")
+
+    @property
+    def handle(self):
+        return self._h
+
+    @classmethod
+    def fromhandle(cls, handle):
+        obj = object.__new__(cls._kind())
+        obj._h = int(handle)
+        return obj
+
+    def py2f(self):
+        return self._h
+
+    toint = py2f
+
+    @classmethod
+    def f2py(cls, arg):
+        return cls.fromhandle(arg)
+
+    fromint = f2py
