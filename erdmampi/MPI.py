@@ -197,8 +197,40 @@ def Free_mem(mem):
 
 
 def Get_address(location):
-    from .buffers import getbuffer
+    from .buffers import getbuffer, is_bottom
+    if location is None or is_bottom(location):
+        return 0
     return getbuffer(location, True).raw.ctypes.data
+
+
+def Get_abi_version():
+    """(-1, -1): erdmampi implements no standard MPI ABI (as MPICH 4.0)."""
+    return (-1, -1)
+
+
+def Get_abi_info():
+    return Info.Create([("mpi_aint_size", "8"), ("mpi_count_size", "8"),
+                        ("mpi_offset_size", "8")])
+
+
+def Get_abi_fortran_info():
+    """Sizes of the Fortran types and which sized ones exist."""
+    items = [(f"mpi_{n}_size", str(globals()[n.upper()].Get_size()))
+             for n in ("logical", "integer", "real", "double_precision")]
+    for cls, sizes in (("logical", (1, 2, 4, 8, 16)), ("integer", (1, 2, 4, 8, 16)),
+                       ("real", (2, 4, 8, 16)), ("complex", (4, 8, 16, 32)),
+                       ("double_complex", ("",))):
+        for size in sizes:
+            dt = globals().get(f"{cls}{size}".upper())
+            ok = dt is not None and dt != DATATYPE_NULL
+            items.append((f"mpi_{cls}{size}_supported", "true" if ok else "false"))
+    return Info.Create(items)
+
+
+def Get_hw_resource_info():
+    """MPI 4.1; erdmampi implements MPI 4.0 (NotImplementedError, as mpi4py
+    over an MPI 4.0 library)."""
+    raise NotImplementedError("MPI_Get_hw_resource_info (MPI 4.1)")
 
 
 def Aint_add(base, disp):

@@ -70,6 +70,40 @@ def get_config():
     return {"transport": "quic", "engine": "erdma", "mpi_version": "4.0"}
 
 
-def profile(name=None, **kargs):  # pragma: no cover - mpi4py compatibility
-    """Accepted for mpi4py compatibility; profiling libraries do not apply."""
-    raise NotImplementedError("erdmampi has no PMPI profiling layer")
+def profile(name, *, path=None):
+    """Load a profiling library by name (searched in ``path``), as mpi4py does.
+
+    The library is loaded with global symbols; erdmampi's calls do not go
+    through a C MPI library, so a PMPI tool sees none of them.  Raises
+    ValueError when the library is not found, warns when it cannot load.
+    """
+    import os
+    import pathlib
+    import warnings
+    from _ctypes import dlopen
+    if path is None:
+        path = [""]
+    elif isinstance(path, os.PathLike):
+        path = [path]
+    elif isinstance(path, str):
+        path = path.split(os.pathsep)
+    elif isinstance(path, bytes):
+        path = path.split(os.fsencode(os.pathsep))
+    name = os.fsdecode(name)
+    found = None
+    for folder in map(pathlib.Path, map(os.fsdecode, path)):
+        for prefix, suffix in (("", ""), ("lib", ".so")):
+            candidate = folder / f"{prefix}{name}{suffix}"
+            if candidate.is_file():
+                found = str(candidate.resolve())
+                break
+        if found:
+            break
+    if found is None:
+        raise ValueError(f"profiler {name!r} not found")
+    try:
+        handle = dlopen(found, os.RTLD_NOW | os.RTLD_GLOBAL)
+    except OSError as exc:
+        warnings.warn(exc.args[0], stacklevel=2)
+    else:
+        vars(profile).setdefault("registry", []).append((name, (handle, found)))

@@ -39,6 +39,11 @@ class Group:
         g._index = {w: i for i, w in enumerate(g._ranks)}
         return g
 
+    def __reduce__(self):
+        from ._objmodel import reduce_predefined
+        return reduce_predefined(self, (("GROUP_NULL", GROUP_NULL),
+                                        ("GROUP_EMPTY", GROUP_EMPTY)))
+
     # Private
 
     def _check(self):
@@ -201,6 +206,7 @@ class Group:
         raise NotImplementedError("Group.f2py is not supported")
 
 
+Group.__module__ = "erdmampi.MPI"
 GROUP_NULL = Group()
 GROUP_NULL._predef = True
 GROUP_EMPTY = Group._from_ranks(())

@@ -16,6 +16,7 @@ against ``tests/data/mpi4py_reference.json``); invalid pairs raise
 
 import itertools
 import threading
+import weakref
 
 import numpy as np
 
@@ -213,16 +214,23 @@ def _as_typed(arr, dtype):
 
 # -----------------------------------------------------------------------------
 
+# mpi4py keeps at most 32 user-defined operations alive (RuntimeError beyond)
+MAX_USER_OP = 32
+_user_ops = {}      # handle -> weakref to an Op holding it
+
+
 class Op:
     """Reduction operation (``MPI.Op``)."""
 
-    __slots__ = ("_handle", "_name", "_fn", "_commute", "_predefined")
+    # _uid: the user function's registration; 0 for an op rebuilt from a
+    # handle, which (as in mpi4py) cannot be pickled
+    __slots__ = ("_handle", "_name", "_fn", "_commute", "_predefined", "_uid", "__weakref__")
 
     def __init__(self, op=None):
         src = OP_NULL if op is None else op
         if not isinstance(src, Op):
             raise TypeError(f"expecting Op, got {type(op).__name__}")
-        for slot in Op.__slots__:
+        for slot in Op.__slots__[:-1]:
             object.__setattr__(self, slot, getattr(src, slot))
 
     @classmethod
@@ -233,6 +241,7 @@ class Op:
         self._fn = fn
         self._commute = commute
         self._predefined = predefined
+        self._uid = handle
         return self
 
     def __eq__(self, other):
@@ -251,9 +260,14 @@ class Op:
         return self._handle != _OP_NULL_HANDLE
 
     def __reduce__(self):
-        if self._predefined:
-            return self._name
-        raise ValueError("cannot serialize a user-defined operation")
+        if self._predefined or self._handle == _OP_NULL_HANDLE:
+            const = PREDEFINED_OPS.get(self._name or "OP_NULL")
+            if self is const:
+                return self._name or "OP_NULL"
+            return (type(self), (const,))
+        if not self._uid or self._fn is None:
+            raise ValueError("cannot pickle user-defined reduction operation")
+        return (type(self).Create, (self._fn, self._commute))
 
     def __repr__(self):
         name = self._name if self._predefined else "user-defined"
@@ -271,6 +285,34 @@ class Op:
         """Return MPI handle."""
         return self._handle
 
+    @classmethod
+    def fromhandle(cls, handle):
+        """The Op of a handle (a predefined object, or a user op still alive)."""
+        handle = int(handle)
+        for op in PREDEFINED_OPS.values():
+            if op._handle == handle:
+                return op
+        with _lock:
+            live = _user_ops.get(handle)
+        src = live() if live is not None else None
+        op = cls._make(handle, "", src and src._fn, bool(src and src._commute), False)
+        op._uid = 0
+        return op
+
+    def toint(self):
+        return self._handle
+
+    @classmethod
+    def fromint(cls, arg):
+        return cls.fromhandle(arg)
+
+    def py2f(self):
+        return self._handle
+
+    @classmethod
+    def f2py(cls, arg):
+        return cls.fromhandle(arg)
+
     # -- user-defined operations ---------------------------------------
 
     @classmethod
@@ -283,8 +325,13 @@ class Op:
         """
         function.__call__  # noqa: B018 - raises AttributeError like mpi4py
         with _lock:
+            if len(_user_ops) >= MAX_USER_OP:
+                raise RuntimeError(f"cannot create too many user-defined reduction "
+                                   f"operations (max {MAX_USER_OP})")
             handle = next(_handles)
-        return cls._make(handle, "", function, bool(commute), False)
+            op = cls._make(handle, "", function, bool(commute), False)
+            _user_ops[handle] = weakref.ref(op)
+        return op
 
     def Free(self):
         """Free a user-defined reduction operation."""
@@ -292,6 +339,8 @@ class Op:
             raise _op_error("Null MPI_Op")
         if self._predefined:
             raise _op_error("Cannot free permanent MPI_Op")
+        with _lock:
+            _user_ops.pop(self._handle, None)
         self._handle = _OP_NULL_HANDLE
         self._fn = None
 
@@ -412,5 +461,6 @@ def _define():
 
 
 #: predefined operations by MPI name (for the facade)
+Op.__module__ = "erdmampi.MPI"
 PREDEFINED_OPS = _define()
 globals().update(PREDEFINED_OPS)

@@ -1,5 +1,7 @@
 """Status: the envelope of a received (or probed) message."""
 
+import numpy as _np
+
 UNDEFINED = -32766
 ANY_SOURCE = -2
 ANY_TAG = -1
@@ -24,9 +26,41 @@ class Status:
     Counts are kept in bytes; :meth:`Get_count` divides by the datatype size.
     """
 
-    __slots__ = ("_source", "_tag", "_error", "_nbytes", "_cancelled")
+    # The fields live in MPICH's MPI_Status layout (five C ints: count low
+    # word, count high word << 1 | cancelled, source, tag, error) so that
+    # ``tomemory()`` can expose them writable, as mpi4py does.
+    __slots__ = ("_mem",)
+
+    def _get(i):
+        return property(lambda self: int(self._mem[i]),
+                        lambda self, v: self._mem.__setitem__(i, v))
+
+    _source = _get(2)
+    _tag = _get(3)
+    _error = _get(4)
+    del _get
+
+    @property
+    def _nbytes(self):
+        return (int(self._mem[0]) & 0xFFFFFFFF) | ((int(self._mem[1]) & 0x7FFFFFFF) >> 1 << 32)
+
+    @_nbytes.setter
+    def _nbytes(self, n):
+        n = int(n)
+        lo = n & 0xFFFFFFFF
+        self._mem[0] = lo - (1 << 32) if lo >= 1 << 31 else lo
+        self._mem[1] = ((n >> 32) << 1) | (int(self._mem[1]) & 1)
+
+    @property
+    def _cancelled(self):
+        return bool(int(self._mem[1]) & 1)
+
+    @_cancelled.setter
+    def _cancelled(self, flag):
+        self._mem[1] = (int(self._mem[1]) & ~1) | (1 if flag else 0)
 
     def __init__(self, status=None):
+        self._mem = _np.zeros(5, dtype=_np.intc)
         self._source = ANY_SOURCE
         self._tag = ANY_TAG
         self._error = SUCCESS
@@ -151,7 +185,11 @@ class Status:
     source = property(Get_source, Set_source, doc="source")
     tag = property(Get_tag, Set_tag, doc="tag")
     error = property(Get_error, Set_error, doc="error")
-    cancelled = property(Is_cancelled, doc="cancelled state")
+    cancelled = property(Is_cancelled, Set_cancelled, doc="cancelled state")
+
+    def tomemory(self):
+        """The status fields as a writable memoryview of C ints."""
+        return memoryview(self._mem).cast("B").cast("i")
 
     @property
     def count(self):

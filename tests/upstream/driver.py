@@ -118,6 +118,10 @@ def main(argv):
             rest.append(arg)
     if impl == "erdmampi":
         sys.meta_path.insert(0, _Alias())
+        import erdmampi
+        # ``mpi4py.rc`` is an object, not a module, in both packages
+        sys.modules["mpi4py"] = erdmampi
+        sys.modules["mpi4py.rc"] = erdmampi.rc
     sys.path.insert(0, testdir)
     sys.dont_write_bytecode = True
     os.makedirs(out, exist_ok=True)

@@ -1,0 +1,573 @@
+"""Process topologies: Topocomm, Cartcomm, Graphcomm, Distgraphcomm.
+
+A topology communicator is an :class:`~erdmampi.comm.Intracomm` that also
+keeps its topology (``_topo``): ``("cart", dims, periods)``,
+``("graph", index, edges)`` or ``("dist", sources, sourceweights,
+destinations, destweights, weighted)``.  Ranks are never reordered (as
+MPICH).  Neighbourhood collectives send each block straight to its
+neighbour over the collective context (:mod:`erdmampi._p2pcoll`); on a
+Cartesian grid the tag says the direction, so the two neighbours of a
+periodic dimension of size 1 or 2 (one process twice) stay apart.
+"""
+
+import operator
+
+from . import _p2pcoll as _px
+from ._commrt import (PROC_NULL, UNDEFINED, _icoll, _message_vector_bytes, _u8_of,
+                      message_cco)
+from .comm import Comm, Intracomm
+from .exceptions import ERR_ARG, ERR_DIMS, ERR_RANK, raise_error
+from .group import Group
+from .request import Prequest
+
+GRAPH = 1
+CART = 2
+DIST_GRAPH = 3
+
+# MPI_UNWEIGHTED / MPI_WEIGHTS_EMPTY: special "addresses" compared by identity
+UNWEIGHTED = int("139879356434676")
+WEIGHTS_EMPTY = int("139879356434672")
+
+
+def _ints(seq, what="items"):
+    return [operator.index(x) for x in seq]
+
+
+def _checked(seq, n):
+    """mpi4py's chkarray: exactly ``n`` integers."""
+    values = _ints(seq)
+    if len(values) != n:
+        raise ValueError(f"expecting {n} items, got {len(values)}")
+    return values
+
+
+def _periods(periods, ndims):
+    if periods is None:
+        periods = False
+    if isinstance(periods, bool):
+        periods = [periods] * ndims
+    return [1 if p else 0 for p in _checked(periods, ndims)]
+
+
+def _cart_args(size, dims, periods):
+    dims = _ints(dims)
+    periods = _periods(periods, len(dims))
+    nnodes = 1
+    for d in dims:
+        if d <= 0:
+            raise_error(ERR_DIMS, f"invalid dimension {d} (must be positive)")
+        nnodes *= d
+    if nnodes > size:
+        raise_error(ERR_ARG, f"Size of the communicator ({size}) is smaller than the "
+                             f"size of the Cartesian topology ({nnodes})")
+    return dims, periods, nnodes
+
+
+def _graph_args(size, index, edges):
+    index, edges = _ints(index), _ints(edges)
+    # mpi4py's extension: a leading 0 ("standard" adjacency arrays) is dropped
+    if index and index[0] == 0 and index[-1] == len(edges):
+        index = index[1:]
+    nnodes = len(index)
+    if nnodes > size:
+        raise_error(ERR_ARG, f"number of nodes {nnodes} exceeds the communicator size {size}")
+    prev = 0
+    for i in index:
+        if i < prev:
+            raise_error(ERR_ARG, "index must be nondecreasing")
+        prev = i
+    for i, e in enumerate(edges):
+        if e < 0 or e >= nnodes:
+            raise_error(ERR_ARG, f"Edge index edges[{i}] is {e} but must be nonnegative "
+                                 f"and less than {nnodes}")
+    return index, edges, nnodes
+
+
+def _weights(weights, degree):
+    """None (unweighted) or a list of ``degree`` weights (mpi4py's asarray_weights)."""
+    if weights is None or weights is UNWEIGHTED:
+        return None
+    if weights is WEIGHTS_EMPTY:
+        if degree > 0:
+            raise ValueError("empty weights but nonzero degree")
+        return []
+    return _checked(weights, degree)
+
+
+def _new_topo(cls, comm, ctx, ranks, topo):
+    c = cls._from_group(Group._from_ranks(ranks), ctx)
+    c._topo = topo
+    return c
+
+
+class IntracommTopo:
+    """Intracomm's topology constructors (mixed into Intracomm)."""
+
+    __slots__ = ()
+
+    def Create_cart(self, dims, periods=None, reorder=False):
+        """Cartesian communicator of ``prod(dims)`` processes (others: COMM_NULL)."""
+        ranks = self._check()
+        dims, periods, nnodes = _cart_args(len(ranks), dims, periods)
+        ctx = self._agree_ctx()
+        if self._rank >= nnodes:
+            return _comm_null()
+        return _new_topo(Cartcomm, self, ctx, ranks[:nnodes], ("cart", dims, periods))
+
+    def Create_graph(self, index, edges, reorder=False):
+        """Graph communicator of ``len(index)`` processes (others: COMM_NULL)."""
+        ranks = self._check()
+        index, edges, nnodes = _graph_args(len(ranks), index, edges)
+        ctx = self._agree_ctx()
+        if self._rank >= nnodes:
+            return _comm_null()
+        return _new_topo(Graphcomm, self, ctx, ranks[:nnodes], ("graph", index, edges))
+
+    def Create_dist_graph_adjacent(self, sources, destinations, sourceweights=None,
+                                   destweights=None, info=None, reorder=False):
+        """Distributed graph communicator from each process's own neighbours."""
+        ranks = self._check()
+        src = [] if sources is None else _ints(sources)
+        dst = [] if destinations is None else _ints(destinations)
+        sw = _weights(sourceweights, len(src))
+        dw = _weights(destweights, len(dst))
+        ctx = self._agree_ctx()
+        return _new_topo(Distgraphcomm, self, ctx, ranks, _dist(src, sw, dst, dw))
+
+    def Create_dist_graph(self, sources, degrees, destinations, weights=None, info=None,
+                          reorder=False):
+        """Distributed graph communicator from any process's share of the edges."""
+        ranks = self._check()
+        sources = _ints(sources)
+        degrees = _checked(degrees, len(sources))
+        ne = sum(degrees)
+        destinations = _checked(destinations, ne)
+        w = _weights(weights, ne)
+        edges, k = [], 0
+        for s, deg in zip(sources, degrees):
+            for _ in range(deg):
+                edges.append((s, destinations[k], 1 if not w else w[k]))
+                k += 1
+        table = self.allgather((edges, w is not None))
+        me = self._rank
+        weighted = any(t[1] for t in table)
+        src, sw, dst, dw = [], [], [], []
+        for part, _ in table:
+            for s, d, wt in part:
+                if s == me:
+                    dst.append(d)
+                    dw.append(wt)
+                if d == me:
+                    src.append(s)
+                    sw.append(wt)
+        ctx = self._agree_ctx()
+        topo = _dist(src, sw if weighted else None, dst, dw if weighted else None)
+        return _new_topo(Distgraphcomm, self, ctx, ranks, topo)
+
+    def Cart_map(self, dims, periods=None):
+        """This process's rank in a Cartesian grid (UNDEFINED if it is left out)."""
+        ranks = self._check()
+        dims, periods, nnodes = _cart_args(len(ranks), dims, periods)
+        return self._rank if self._rank < nnodes else UNDEFINED
+
+    def Graph_map(self, index, edges):
+        """This process's rank in a graph (UNDEFINED if it is left out)."""
+        ranks = self._check()
+        index, edges, nnodes = _graph_args(len(ranks), index, edges)
+        return self._rank if self._rank < nnodes else UNDEFINED
+
+
+def _comm_null():
+    from .comm import COMM_NULL
+    return COMM_NULL
+
+
+def _dist(src, sw, dst, dw):
+    weighted = sw is not None or dw is not None
+    if weighted:
+        sw = [1] * len(src) if sw is None else sw
+        dw = [1] * len(dst) if dw is None else dw
+    return ("dist", src, sw, dst, dw, weighted)
+
+
+# -----------------------------------------------------------------------------
+# Topology communicators
+
+
+class Topocomm(Intracomm):
+    """Topology intracommunicator, as ``MPI.Topocomm``."""
+
+    _topo = None
+    _kinds = ("cart", "graph", "dist")
+    _expect = "expecting a topology communicator"
+
+    def __init__(self, comm=None):
+        if (isinstance(comm, Comm) and comm._ranks is not None
+                and (comm._topo if isinstance(comm, Topocomm) else (None,))[0]
+                not in self._kinds):
+            raise TypeError(self._expect)
+        super().__init__(comm)
+
+    def _share(self, comm):
+        super()._share(comm)
+        self._topo = getattr(comm, "_topo", None)
+
+    def Dup(self, info=None):
+        c = super().Dup(info)
+        c._topo = self._topo
+        return c
+
+    def Get_topology(self):
+        self._check()
+        return {"cart": CART, "graph": GRAPH, "dist": DIST_GRAPH}[self._topo[0]]
+
+    # -- Neighbours -----------------------------------------------------------
+
+    def _edges(self):
+        """``(in, out)``: lists of (rank or PROC_NULL, tag)."""
+        kind = self._topo[0]
+        if kind == "cart":
+            ins, outs = [], []
+            for d in range(len(self._topo[1])):
+                src, dst = self.Shift(d, 1)
+                ins += [(src, 2 * d + 1), (dst, 2 * d)]
+                outs += [(src, 2 * d), (dst, 2 * d + 1)]
+            return ins, outs
+        if kind == "graph":
+            n = [(r, 0) for r in self.Get_neighbors(self._rank)]
+            return n, n
+        return [(r, 0) for r in self._topo[1]], [(r, 0) for r in self._topo[3]]
+
+    @property
+    def degrees(self):
+        ins, outs = self._edges()
+        return (len(ins), len(outs))
+
+    @property
+    def indegree(self):
+        return self.degrees[0]
+
+    @property
+    def outdegree(self):
+        return self.degrees[1]
+
+    @property
+    def inoutedges(self):
+        ins, outs = self._edges()
+        return ([r for r, _ in ins], [r for r, _ in outs])
+
+    @property
+    def inedges(self):
+        return self.inoutedges[0]
+
+    @property
+    def outedges(self):
+        return self.inoutedges[1]
+
+    # -- Neighbourhood collectives: buffers -----------------------------------
+
+    def _nrun(self, sends, recvs, rmsgs):
+        """A callable running one neighbourhood exchange (see _p2pcoll.exchange)."""
+        t = _px.transport(self, self._ranks)
+        sends = [(r, b, tag) for r, b, tag in sends if r != PROC_NULL]
+        recvs = [(r, b, tag) for r, b, tag in recvs if r != PROC_NULL]
+
+        def run():
+            _px.exchange(t, sends, recvs)
+            for m in rmsgs:
+                if m is not None:
+                    m.finish()
+        return run
+
+    def _c_nallgather(self, sendbuf, recvbuf):
+        self._check()
+        ins, outs = self._edges()
+        smsg = message_cco(sendbuf, True, 1)
+        rmsg = message_cco(recvbuf, False, len(ins))
+        blk = rmsg.nbytes // max(len(ins), 1)
+        if ins and smsg.nbytes != blk:
+            raise ValueError(f"mismatch in send count {smsg.count} and receive "
+                             f"count {rmsg.count}")
+        rb = _u8_of(rmsg)
+        sb = _u8_of(smsg)
+        return self._nrun([(r, sb, tag) for r, tag in outs],
+                          [(r, rb[i * blk:(i + 1) * blk], tag) for i, (r, tag) in enumerate(ins)],
+                          [rmsg])
+
+    def _c_nallgatherv(self, sendbuf, recvbuf):
+        self._check()
+        ins, outs = self._edges()
+        smsg = message_cco(sendbuf, True, 1)
+        rmsg, _, counts, displs = _message_vector_bytes(recvbuf, False, len(ins))
+        sb = _u8_of(smsg)
+        rbl = _px.blocks(_u8_of(rmsg), counts, displs)
+        return self._nrun([(r, sb, tag) for r, tag in outs],
+                          [(r, rbl[i], tag) for i, (r, tag) in enumerate(ins)], [rmsg])
+
+    def _c_nalltoall(self, sendbuf, recvbuf):
+        self._check()
+        ins, outs = self._edges()
+        smsg = message_cco(sendbuf, True, len(outs))
+        rmsg = message_cco(recvbuf, False, len(ins))
+        sblk = smsg.nbytes // max(len(outs), 1)
+        rblk = rmsg.nbytes // max(len(ins), 1)
+        if ins and outs and sblk != rblk:
+            raise ValueError(f"mismatch in send count {smsg.count} and receive "
+                             f"count {rmsg.count}")
+        sb, rb = _u8_of(smsg), _u8_of(rmsg)
+        return self._nrun([(r, sb[i * sblk:(i + 1) * sblk], tag)
+                           for i, (r, tag) in enumerate(outs)],
+                          [(r, rb[i * rblk:(i + 1) * rblk], tag)
+                           for i, (r, tag) in enumerate(ins)], [rmsg])
+
+    def _c_nalltoallv(self, sendbuf, recvbuf):
+        self._check()
+        ins, outs = self._edges()
+        smsg, _, sc, sd = _message_vector_bytes(sendbuf, True, len(outs))
+        rmsg, _, rc, rd = _message_vector_bytes(recvbuf, False, len(ins))
+        sbl = _px.blocks(_u8_of(smsg), sc, sd)
+        rbl = _px.blocks(_u8_of(rmsg), rc, rd)
+        return self._nrun([(r, sbl[i], tag) for i, (r, tag) in enumerate(outs)],
+                          [(r, rbl[i], tag) for i, (r, tag) in enumerate(ins)], [rmsg])
+
+    def _c_nalltoallw(self, sendbuf, recvbuf):
+        self._check()
+        ins, outs = self._edges()
+        sbl, _ = _px.message_w(sendbuf, True, len(outs))
+        rbl, rraw = _px.message_w(recvbuf, False, len(ins))
+        run = self._nrun([(r, sbl[i], tag) for i, (r, tag) in enumerate(outs)],
+                         [(r, rbl[i], tag) for i, (r, tag) in enumerate(ins)], [])
+
+        def runw():
+            run()
+            _px.finish_raw(rraw)
+        return runw
+
+    def Neighbor_allgather(self, sendbuf, recvbuf):
+        self._c_nallgather(sendbuf, recvbuf)()
+
+    def Neighbor_allgatherv(self, sendbuf, recvbuf):
+        self._c_nallgatherv(sendbuf, recvbuf)()
+
+    def Neighbor_alltoall(self, sendbuf, recvbuf):
+        self._c_nalltoall(sendbuf, recvbuf)()
+
+    def Neighbor_alltoallv(self, sendbuf, recvbuf):
+        self._c_nalltoallv(sendbuf, recvbuf)()
+
+    def Neighbor_alltoallw(self, sendbuf, recvbuf):
+        self._c_nalltoallw(sendbuf, recvbuf)()
+
+    def Ineighbor_allgather(self, sendbuf, recvbuf):
+        return _icoll(self._c_nallgather(sendbuf, recvbuf))
+
+    def Ineighbor_allgatherv(self, sendbuf, recvbuf):
+        return _icoll(self._c_nallgatherv(sendbuf, recvbuf))
+
+    def Ineighbor_alltoall(self, sendbuf, recvbuf):
+        return _icoll(self._c_nalltoall(sendbuf, recvbuf))
+
+    def Ineighbor_alltoallv(self, sendbuf, recvbuf):
+        return _icoll(self._c_nalltoallv(sendbuf, recvbuf))
+
+    def Ineighbor_alltoallw(self, sendbuf, recvbuf):
+        return _icoll(self._c_nalltoallw(sendbuf, recvbuf))
+
+    # persistent: each Start runs the exchange again (a new collective call)
+
+    def _persistent(self, build, sendbuf, recvbuf):
+        build(sendbuf, recvbuf)    # argument errors at init time, as MPI
+        return Prequest._persistent(lambda: _icoll(build(sendbuf, recvbuf))._op)
+
+    def Neighbor_allgather_init(self, sendbuf, recvbuf, info=None):
+        return self._persistent(self._c_nallgather, sendbuf, recvbuf)
+
+    def Neighbor_allgatherv_init(self, sendbuf, recvbuf, info=None):
+        return self._persistent(self._c_nallgatherv, sendbuf, recvbuf)
+
+    def Neighbor_alltoall_init(self, sendbuf, recvbuf, info=None):
+        return self._persistent(self._c_nalltoall, sendbuf, recvbuf)
+
+    def Neighbor_alltoallv_init(self, sendbuf, recvbuf, info=None):
+        return self._persistent(self._c_nalltoallv, sendbuf, recvbuf)
+
+    def Neighbor_alltoallw_init(self, sendbuf, recvbuf, info=None):
+        return self._persistent(self._c_nalltoallw, sendbuf, recvbuf)
+
+    # -- Neighbourhood collectives: Python objects ----------------------------
+
+    def neighbor_allgather(self, sendobj):
+        self._check()
+        ins, outs = self._edges()
+        t = _px.transport(self, self._ranks)
+        t._pkl = self._pkl
+        data = self._pkl._encode(sendobj)
+        got = _px.exchange_obj(t, [(r, data, tag) for r, tag in outs if r != PROC_NULL],
+                               [(r, tag) for r, tag in ins if r != PROC_NULL])
+        it = iter(got)
+        return [None if r == PROC_NULL else next(it) for r, _ in ins]
+
+    def neighbor_alltoall(self, sendobj):
+        self._check()
+        ins, outs = self._edges()
+        sendobj = list(sendobj) if sendobj is not None else [None] * len(outs)
+        if len(sendobj) != len(outs):
+            raise ValueError(f"expecting {len(outs)} items, got {len(sendobj)}")
+        t = _px.transport(self, self._ranks)
+        t._pkl = self._pkl
+        got = _px.exchange_obj(t, [(r, self._pkl._encode(o), tag)
+                                   for (r, tag), o in zip(outs, sendobj) if r != PROC_NULL],
+                               [(r, tag) for r, tag in ins if r != PROC_NULL])
+        it = iter(got)
+        return [None if r == PROC_NULL else next(it) for r, _ in ins]
+
+
+class Cartcomm(Topocomm):
+    """Cartesian topology intracommunicator, as ``MPI.Cartcomm``."""
+
+    _kinds = ("cart",)
+    _expect = "expecting a Cartesian communicator"
+
+    def Get_dim(self):
+        self._check()
+        return len(self._topo[1])
+
+    dim = property(Get_dim)
+    ndim = property(Get_dim)
+
+    def Get_topo(self):
+        self._check()
+        return (list(self._topo[1]), list(self._topo[2]), self.Get_coords(self._rank))
+
+    topo = property(Get_topo)
+    dims = property(lambda self: self.Get_topo()[0])
+    periods = property(lambda self: self.Get_topo()[1])
+    coords = property(lambda self: self.Get_topo()[2])
+
+    def Get_cart_rank(self, coords):
+        self._check()
+        dims, periods = self._topo[1], self._topo[2]
+        coords = _checked(coords, len(dims))
+        rank = 0
+        for c, d, p in zip(coords, dims, periods):
+            if p:
+                c %= d
+            elif c < 0 or c >= d:
+                raise_error(ERR_ARG, f"Cartesian coordinate {c} is out of range "
+                                     f"(dimension {d}, not periodic)")
+            rank = rank * d + c
+        return rank
+
+    def Get_coords(self, rank):
+        ranks = self._check()
+        rank = operator.index(rank)
+        if rank < 0 or rank >= len(ranks):
+            raise_error(ERR_RANK, f"Invalid rank has value {rank} but must be nonnegative "
+                                  f"and less than {len(ranks)}")
+        coords = []
+        for d in reversed(self._topo[1]):
+            coords.append(rank % d)
+            rank //= d
+        return coords[::-1]
+
+    def Shift(self, direction, disp):
+        self._check()
+        dims, periods = self._topo[1], self._topo[2]
+        direction, disp = operator.index(direction), operator.index(disp)
+        if direction < 0 or direction >= len(dims):
+            raise_error(ERR_ARG, f"invalid direction {direction} "
+                                 f"(number of dimensions {len(dims)})")
+        me = self.Get_coords(self._rank)
+
+        def at(delta):
+            c = list(me)
+            c[direction] += delta
+            if not periods[direction] and not 0 <= c[direction] < dims[direction]:
+                return PROC_NULL
+            return self.Get_cart_rank(c)
+        return (at(-disp), at(disp))
+
+    def Sub(self, remain_dims):
+        """The lower-dimensional grids keeping the dimensions ``remain_dims`` marks."""
+        self._check()
+        dims, periods = self._topo[1], self._topo[2]
+        keep = [bool(x) for x in _checked(remain_dims, len(dims))]
+        me = self.Get_coords(self._rank)
+        color = 0
+        key = 0
+        for c, d, k in zip(me, dims, keep):
+            if k:
+                key = key * d + c
+            else:
+                color = color * d + c
+        sub = self.Split(color, key)
+        c = Cartcomm._from_group(Group._from_ranks(sub._ranks), sub._ctx)
+        c._topo = ("cart", [d for d, k in zip(dims, keep) if k],
+                   [p for p, k in zip(periods, keep) if k])
+        return c
+
+    def Map(self, dims, periods=None):
+        return self.Cart_map(dims, periods)
+
+
+class Graphcomm(Topocomm):
+    """General graph topology intracommunicator, as ``MPI.Graphcomm``."""
+
+    _kinds = ("graph",)
+    _expect = "expecting a general graph communicator"
+
+    def Get_dims(self):
+        self._check()
+        return (len(self._topo[1]), len(self._topo[2]))
+
+    dims = property(Get_dims)
+    nnodes = property(lambda self: self.Get_dims()[0])
+    nedges = property(lambda self: self.Get_dims()[1])
+
+    def Get_topo(self):
+        self._check()
+        return (list(self._topo[1]), list(self._topo[2]))
+
+    topo = property(Get_topo)
+    index = property(lambda self: self.Get_topo()[0])
+    edges = property(lambda self: self.Get_topo()[1])
+
+    def Get_neighbors(self, rank):
+        self._check()
+        index, edges = self._topo[1], self._topo[2]
+        rank = operator.index(rank)
+        if rank < 0 or rank >= len(index):
+            raise_error(ERR_RANK, f"Invalid rank has value {rank} but must be nonnegative "
+                                  f"and less than {len(index)}")
+        return edges[index[rank - 1] if rank else 0:index[rank]]
+
+    def Get_neighbors_count(self, rank):
+        return len(self.Get_neighbors(rank))
+
+    neighbors = property(lambda self: self.Get_neighbors(self.Get_rank()))
+    nneighbors = property(lambda self: self.Get_neighbors_count(self.Get_rank()))
+
+    def Map(self, index, edges):
+        return self.Graph_map(index, edges)
+
+
+class Distgraphcomm(Topocomm):
+    """Distributed graph topology intracommunicator, as ``MPI.Distgraphcomm``."""
+
+    _kinds = ("dist",)
+    _expect = "expecting a distributed graph communicator"
+
+    def Get_dist_neighbors_count(self):
+        self._check()
+        t = self._topo
+        return (len(t[1]), len(t[3]), t[5])
+
+    def Get_dist_neighbors(self):
+        self._check()
+        t = self._topo
+        return (list(t[1]), list(t[3]), (list(t[2]), list(t[4])) if t[5] else None)
+
+
+def Topo_test(comm):
+    return comm.Get_topology()
+

@@ -1,0 +1,188 @@
+"""Type maps of datatypes, flattened to contiguous byte runs, and the
+pack/unpack engine over them.
+
+A :class:`Layout` describes one item of a datatype as runs ``(offset,
+nbytes, kind)`` in type-map order (the order MPI packs in), where ``kind``
+indexes :data:`KINDS`, the predefined datatype a run is made of.  Adjacent
+runs of the same kind that touch in memory are merged, so a vector of
+doubles is ``count`` runs and a contiguous type a single one.  The layout
+of a derived datatype is built only when data is first moved with it.
+
+Packing gathers runs with NumPy: long runs are copied as slices, many short
+ones through one fancy-indexing gather (an index array over the message).
+"""
+
+import numpy as np
+
+__all__ = ["KINDS", "register_kind", "Layout", "pack", "unpack"]
+
+# predefined datatypes that runs are made of (index = kind)
+KINDS = []
+
+
+def register_kind(obj):
+    KINDS.append(obj)
+    return len(KINDS) - 1
+
+
+_I8 = np.int64
+
+
+def _merge(off, ln, kind):
+    """Drop empty runs, then merge neighbours that touch (same kind unless
+    ``kind`` is None)."""
+    keep = ln > 0
+    if not keep.all():
+        off, ln = off[keep], ln[keep]
+        kind = None if kind is None else kind[keep]
+    if off.size <= 1:
+        return off, ln, kind
+    brk = off[:-1] + ln[:-1] != off[1:]
+    if kind is not None:
+        brk |= kind[:-1] != kind[1:]
+    if not brk.any():
+        return off[:1], np.array([ln.sum()], _I8), None if kind is None else kind[:1]
+    starts = np.flatnonzero(np.concatenate(([True], brk)))
+    if starts.size == off.size:
+        return off, ln, kind
+    return (off[starts], np.add.reduceat(ln, starts),
+            None if kind is None else kind[starts])
+
+
+class Layout:
+    """Runs of one item; ``off``/``ln``/``kind`` are int64 arrays."""
+
+    __slots__ = ("off", "ln", "kind", "_runs")
+
+    def __init__(self, off, ln, kind):
+        self.off, self.ln, self.kind = _merge(np.asarray(off, _I8), np.asarray(ln, _I8),
+                                              np.asarray(kind, _I8))
+        self._runs = None
+
+    @classmethod
+    def leaf(cls, kind, fields):
+        """A predefined type: ``fields`` is [(offset, nbytes)]."""
+        return cls([f[0] for f in fields], [f[1] for f in fields], [kind] * len(fields))
+
+    @property
+    def nbytes(self):
+        return int(self.ln.sum())
+
+    def dense(self, extent):
+        """One run covering exactly one extent: items tile without gaps."""
+        return self.off.size == 1 and int(self.ln[0]) == extent
+
+    def kinds(self):
+        return np.unique(self.kind).tolist()
+
+    def bounds(self):
+        """(true lb, true ub) of the data, (0, 0) when empty."""
+        if not self.off.size:
+            return 0, 0
+        return int(self.off.min()), int((self.off + self.ln).max())
+
+    def runs(self):
+        """(off, ln) merged regardless of kind: what pack/unpack copy."""
+        if self._runs is None:
+            off, ln, _ = _merge(self.off, self.ln, None)
+            self._runs = (off, ln)
+        return self._runs
+
+    def repeat(self, disps, blocklens, extent):
+        """Runs of items placed at ``disps[j] + k * extent`` for
+        ``k < blocklens[j]``, in that order."""
+        disps = np.asarray(disps, _I8)
+        bl = np.asarray(blocklens, _I8)
+        keep = bl > 0
+        disps, bl = disps[keep], bl[keep]
+        if self.dense(extent):
+            # whole blocks are single runs (contiguous of a huge count stays O(1))
+            o = disps + self.off[0]
+            return Layout(o, bl * extent, np.full(o.size, self.kind[0], _I8))
+        total = int(bl.sum())
+        if total == 0 or not self.off.size:
+            return Layout([], [], [])
+        first = np.repeat(disps, bl)
+        within = np.arange(total, dtype=_I8) - np.repeat(np.cumsum(bl) - bl, bl)
+        items = first + within * extent
+        off = (items[:, None] + self.off[None, :]).ravel()
+        n = items.size
+        return Layout(off, np.tile(self.ln, n), np.tile(self.kind, n))
+
+    @staticmethod
+    def concat(parts):
+        parts = [p for p in parts if p.off.size]
+        if not parts:
+            return Layout([], [], [])
+        return Layout(np.concatenate([p.off for p in parts]),
+                      np.concatenate([p.ln for p in parts]),
+                      np.concatenate([p.kind for p in parts]))
+
+    def shifted(self, delta):
+        return Layout(self.off + delta, self.ln, self.kind)
+
+    def message_runs(self, count, extent, base=0):
+        """(starts, lens) of ``count`` items starting at byte ``base``."""
+        off, ln = self.runs()
+        if count == 1:
+            starts, lens = off + base, ln
+        else:
+            items = base + np.arange(count, dtype=_I8) * extent
+            starts = (items[:, None] + off[None, :]).ravel()
+            lens = np.tile(ln, count)
+        starts, lens, _ = _merge(starts, lens, None)
+        return starts, lens
+
+
+_SLICE_LOOP = 64     # at most this many runs: copy slice by slice
+
+
+def _index(starts, lens):
+    """Byte index of every packed byte into the unpacked buffer."""
+    total = int(lens.sum())
+    pos = np.cumsum(lens) - lens
+    return np.arange(total, dtype=_I8) + np.repeat(starts - pos, lens)
+
+
+def pack(layout, count, extent, src, base, out, outpos):
+    """Copy ``count`` items at ``src[base:]`` (uint8) into ``out[outpos:]``;
+    returns the new position."""
+    starts, lens = layout.message_runs(count, extent, base)
+    total = int(lens.sum())
+    if starts.size <= _SLICE_LOOP or total // max(starts.size, 1) >= 256:
+        p = outpos
+        for s, n in zip(starts.tolist(), lens.tolist()):
+            out[p:p + n] = src[s:s + n]
+            p += n
+    elif (lens == lens[0]).all():
+        n = int(lens[0])
+        idx = starts[:, None] + np.arange(n, dtype=_I8)[None, :]
+        out[outpos:outpos + total] = src[idx].ravel()
+    else:
+        out[outpos:outpos + total] = src[_index(starts, lens)]
+    return outpos + total
+
+
+def unpack(layout, count, extent, packed, inpos, dst, base):
+    """Inverse of :func:`pack`; returns the new position in ``packed``."""
+    starts, lens = layout.message_runs(count, extent, base)
+    total = int(lens.sum())
+    if starts.size <= _SLICE_LOOP or total // max(starts.size, 1) >= 256:
+        p = inpos
+        for s, n in zip(starts.tolist(), lens.tolist()):
+            dst[s:s + n] = packed[p:p + n]
+            p += n
+    elif (lens == lens[0]).all():
+        n = int(lens[0])
+        idx = starts[:, None] + np.arange(n, dtype=_I8)[None, :]
+        dst[idx] = packed[inpos:inpos + total].reshape(-1, n)
+    else:
+        dst[_index(starts, lens)] = packed[inpos:inpos + total]
+    return inpos + total
+
+
+def kind_runs(layout, count, extent, base=0):
+    """(starts, lens, kinds) of ``count`` items, kinds kept apart (external32)."""
+    items = base + np.arange(count, dtype=_I8) * extent
+    starts = (items[:, None] + layout.off[None, :]).ravel()
+    return starts, np.tile(layout.ln, count), np.tile(layout.kind, count)
