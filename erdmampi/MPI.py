@@ -100,6 +100,21 @@ _THREAD_LEVELS = {"single": THREAD_SINGLE, "funneled": THREAD_FUNNELED,
 from .info import INFO_ENV, INFO_NULL, Info  # noqa: E402,F401
 
 # -----------------------------------------------------------------------------
+# One-sided communication, I/O and sessions
+
+from .win import (WIN_NULL, Win, WIN_BASE, WIN_SIZE, WIN_DISP_UNIT,  # noqa: E402,F401
+                  WIN_CREATE_FLAVOR, WIN_FLAVOR, WIN_MODEL, WIN_FLAVOR_CREATE,
+                  WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED,
+                  WIN_SEPARATE, WIN_UNIFIED, MODE_NOCHECK, MODE_NOSTORE, MODE_NOPUT,
+                  MODE_NOPRECEDE, MODE_NOSUCCEED, LOCK_EXCLUSIVE, LOCK_SHARED)
+from .file import (FILE_NULL, File, MODE_RDONLY, MODE_RDWR, MODE_WRONLY,  # noqa: E402,F401
+                   MODE_CREATE, MODE_EXCL, MODE_DELETE_ON_CLOSE, MODE_UNIQUE_OPEN,
+                   MODE_SEQUENTIAL, MODE_APPEND, SEEK_SET, SEEK_CUR, SEEK_END,
+                   DISPLACEMENT_CURRENT, DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC,
+                   DISTRIBUTE_NONE, DISTRIBUTE_DFLT_DARG)
+from .session import SESSION_NULL, Session  # noqa: E402,F401
+
+# -----------------------------------------------------------------------------
 # Initialization
 
 

@@ -36,6 +36,7 @@ from ._commrt import (  # noqa: F401
 from .comm_p2p import CommP2P
 from .comm_coll import CommColl
 from .comm_objcoll import CommObjColl
+from .comm_ulfm import CommULFM
 
 
 # -----------------------------------------------------------------------------
@@ -95,7 +96,7 @@ _next_keyval = [1700000000]
 # Communicators
 
 
-class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler):
+class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     """Communication context, as ``MPI.Comm``.
 
     ``_ranks`` is the tuple of COMM_WORLD ranks (None: null or freed),
@@ -176,6 +177,8 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler):
 
     def _coll_base(self):
         """Tag base of the next collective call (one per call, every rank)."""
+        if self._revoked:
+            self._check_revoked()
         return (self._next_seq() % _SEQ_MOD) * _COLL_TAGS
 
 

@@ -482,7 +482,7 @@ class CommColl:
 
     def _small_ok(self, name):
         ranks = self._ranks
-        if ranks is None or _rt.engine is None:
+        if ranks is None or _rt.engine is None or self._revoked:
             return False
         c = self._csmall
         if c is None or c[0] is not ranks:

@@ -22,6 +22,8 @@ class CommP2P:
 
     def _dest(self, dest):
         ranks = self._check()
+        if self._revoked:
+            self._check_revoked()
         dest = int(dest)
         if dest == PROC_NULL:
             return None
@@ -31,6 +33,8 @@ class CommP2P:
 
     def _source(self, source):
         ranks = self._check()
+        if self._revoked:
+            self._check_revoked()
         source = int(source)
         if source == PROC_NULL:
             return None

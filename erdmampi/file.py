@@ -45,6 +45,21 @@ class File(HandleObject, _eh.HasErrhandler):
         if self:
             self.Close()
 
+    def Get_errhandler(self):
+        if self._h == self._NULL:       # FILE_NULL holds the default for Open
+            return _eh._new_ref(self._errh)
+        return super().Get_errhandler()
+
+    def Set_errhandler(self, errhandler):
+        if self._h == self._NULL:
+            if not isinstance(errhandler, _eh.Errhandler):
+                raise TypeError(f"expected Errhandler, got {type(errhandler).__name__}")
+            _eh._ref(errhandler._h)
+            old, self._errh = self._errh, errhandler._h
+            _eh._unref(old)
+            return
+        super().Set_errhandler(errhandler)
+
     @classmethod
     def Open(cls, comm, filename, amode=MODE_RDONLY, info=None):
         raise_error(ERR_UNSUPPORTED_OPERATION, "MPI-IO is not supported by erdmampi")
@@ -56,3 +71,4 @@ class File(HandleObject, _eh.HasErrhandler):
 
 FILE_NULL = File()
 File._null_object = FILE_NULL
+File.__module__ = "erdmampi.MPI"

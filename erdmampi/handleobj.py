@@ -59,6 +59,23 @@ class HandleObject:
             raise_error(self._ERR, f"invalid {self._kind().__name__.lower()} handle")
         return st
 
+    @property
+    def _errh(self):
+        """Errhandler handle (HasErrhandler): kept in the shared state."""
+        from .errhandler import _RETURN
+        st = self._kind()._registry.get(self._h)
+        if st is None:
+            return getattr(self._kind(), "_null_errh", _RETURN)
+        return getattr(st, "errh", _RETURN)
+
+    @_errh.setter
+    def _errh(self, h):
+        st = self._kind()._registry.get(self._h)
+        if st is None:
+            self._kind()._null_errh = h
+        else:
+            st.errh = h
+
     def _release(self):
         self._kind()._registry.pop(self._h, None)
         self._h = self._NULL

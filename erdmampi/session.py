@@ -17,7 +17,7 @@ def _rt():
 
 
 class _SessionState:
-    __slots__ = ("thread_level",)
+    __slots__ = ("thread_level", "errh")
 
     def __init__(self):
         self.thread_level = "MPI_THREAD_MULTIPLE"
@@ -110,3 +110,4 @@ class Session(HandleObject, _eh.HasErrhandler):
 
 SESSION_NULL = Session()
 Session._null_object = SESSION_NULL
+Session.__module__ = "erdmampi.MPI"

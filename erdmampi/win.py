@@ -1113,3 +1113,4 @@ def _op_arg(op):
 
 WIN_NULL = Win()
 Win._null_object = WIN_NULL
+Win.__module__ = "erdmampi.MPI"
