@@ -1,4 +1,4 @@
-"""Datatype objects: the predefined MPI datatypes and contiguous derived ones.
+"""Datatype objects: the predefined MPI datatypes and derived ones.
 
 Each predefined datatype carries the same size, extent, print name, typechar,
 typestr and ``tocode()`` as mpi4py built against MPICH 4.0 on x86-64 Linux
@@ -6,23 +6,32 @@ typestr and ``tocode()`` as mpi4py built against MPICH 4.0 on x86-64 Linux
 MPICH 4.0 leaves undefined (``BFLOAT16_T``, ``LOGICAL1`` ...) are
 ``DATATYPE_NULL``, exactly as mpi4py exposes them.
 
+Derived datatypes keep their constructor arguments (``Get_contents``, in
+MPICH's large-count layout), their bounds (computed from the arguments as
+MPICH does) and, built on first use, their type map as byte runs
+(:mod:`erdmampi.typemap`) for Pack/Unpack and for communication.
+
 Internal API used by the buffer parser and the reductions:
 
 * ``Datatype.np_dtype``: NumPy dtype of one element (a structured dtype for
   the value/index pair types, ``None`` when the type has no array form);
-  for ``Create_contiguous(n)`` it is the base element dtype and
-  ``Datatype._mult == n``, so a message of ``count`` items is an array of
-  ``count * _mult`` elements.
+  a derived type built from one elementary type has that type's dtype and
+  ``Datatype._mult`` elements per item (``_base`` is the elementary type).
+* ``Datatype._dense()``: items lie in memory exactly as packed (no gaps,
+  lower bound 0): the buffer can be used as is; otherwise the parser packs
+  through ``Datatype._wire()``, the contiguous type of the packed bytes.
 * ``from_numpy(dtype)`` and ``from_format(fmt)``: the datatype mpi4py picks
   for an array or a buffer format string.
 """
 
 import itertools
+import operator
 import threading
 
 import numpy as np
 
 from . import exceptions as _exc
+from . import typemap as _tm
 
 __all__ = [
     "Datatype",
@@ -40,6 +49,42 @@ __all__ = [
 COMBINER_NAMED = 1
 COMBINER_DUP = 2
 COMBINER_CONTIGUOUS = 3
+COMBINER_VECTOR = 4
+COMBINER_HVECTOR = 6
+COMBINER_INDEXED = 7
+COMBINER_HINDEXED = 9
+COMBINER_INDEXED_BLOCK = 10
+COMBINER_STRUCT = 12
+COMBINER_SUBARRAY = 13
+COMBINER_DARRAY = 14
+COMBINER_F90_REAL = 15
+COMBINER_F90_COMPLEX = 16
+COMBINER_F90_INTEGER = 17
+COMBINER_RESIZED = 18
+COMBINER_HINDEXED_BLOCK = 19
+COMBINER_VALUE_INDEX = 1      # MPICH 4.x: the pair types are named
+
+COMBINER_NAMES = {
+    COMBINER_NAMED: "NAMED", COMBINER_DUP: "DUP", COMBINER_CONTIGUOUS: "CONTIGUOUS",
+    COMBINER_VECTOR: "VECTOR", COMBINER_HVECTOR: "HVECTOR", COMBINER_INDEXED: "INDEXED",
+    COMBINER_HINDEXED: "HINDEXED", COMBINER_INDEXED_BLOCK: "INDEXED_BLOCK",
+    COMBINER_HINDEXED_BLOCK: "HINDEXED_BLOCK", COMBINER_STRUCT: "STRUCT",
+    COMBINER_SUBARRAY: "SUBARRAY", COMBINER_DARRAY: "DARRAY", COMBINER_RESIZED: "RESIZED",
+    COMBINER_F90_INTEGER: "F90_INTEGER", COMBINER_F90_REAL: "F90_REAL",
+    COMBINER_F90_COMPLEX: "F90_COMPLEX",
+}
+_F90 = (COMBINER_F90_INTEGER, COMBINER_F90_REAL, COMBINER_F90_COMPLEX)
+
+ORDER_C = 56
+ORDER_FORTRAN = 57
+DISTRIBUTE_BLOCK = 121
+DISTRIBUTE_CYCLIC = 122
+DISTRIBUTE_NONE = 123
+DISTRIBUTE_DFLT_DARG = -49767
+TYPECLASS_REAL = 1
+TYPECLASS_INTEGER = 2
+TYPECLASS_COMPLEX = 3
+TYPECLASS_LOGICAL = 4
 
 _handles = itertools.count(0x4C000000)
 _lock = threading.Lock()
@@ -54,8 +99,36 @@ def _type_error(msg):
     return _exc.Exception(_exc.ERR_TYPE, msg)
 
 
+def _arg_error(msg):
+    return _exc.Exception(_exc.ERR_ARG, msg)
+
+
 # handles of derived datatypes not committed yet (communication with them: ERR_TYPE)
 _UNCOMMITTED = set()
+
+
+def _count(value, what="count"):
+    value = operator.index(value)
+    if value < 0:
+        raise _exc.Exception(_exc.ERR_COUNT, f"Negative {what}, value is {value}")
+    return value
+
+
+def _ints(seq):
+    return [operator.index(x) for x in seq]
+
+
+def _getarray(seq):
+    if isinstance(seq, (int, np.integer)):
+        return [operator.index(seq)]
+    return _ints(seq)
+
+
+def _chkarray(seq, n):
+    values = _getarray(seq)
+    if len(values) != n:
+        raise ValueError(f"expecting {n} items, got {len(values)}")
+    return values
 
 
 class Datatype:
@@ -64,7 +137,8 @@ class Datatype:
     __slots__ = (
         "_handle", "_name", "_size", "_lb", "_extent", "_tlb", "_textent",
         "_typechar", "_typestr", "_code", "np_dtype", "_reduce_dtype",
-        "_predefined", "_combiner", "_mult", "_base", "__weakref__",
+        "_predefined", "_combiner", "_mult", "_base", "_contents", "_build",
+        "_layout", "_wiretype", "__weakref__",
     )
 
     def __init__(self, datatype=None):
@@ -81,7 +155,8 @@ class Datatype:
             _handle=None, _name="", _size=0, _lb=0, _extent=0, _tlb=0,
             _textent=0, _typechar="", _typestr="", _code=None, np_dtype=None,
             _reduce_dtype=None, _predefined=False, _combiner=COMBINER_NAMED,
-            _mult=1, _base=None,
+            _mult=1, _base=None, _contents=((), (), (), ()), _build=None,
+            _layout=None, _wiretype=None,
         )
         defaults.update(kw)
         for k, v in defaults.items():
@@ -110,11 +185,14 @@ class Datatype:
         return self._handle != _NULL_HANDLE
 
     def __reduce__(self):
-        if self._predefined:
-            for name, dt in PREDEFINED.items():
-                if dt is self:
+        if self._handle == _NULL_HANDLE or self._combiner == COMBINER_NAMED:
+            name = _NAME_OF.get(self._handle)
+            if name is not None:
+                if PREDEFINED[name] is self:
                     return name
-        raise ValueError("cannot serialize a derived datatype")
+                return (Datatype, (PREDEFINED[name],))
+        basetype, combiner, params = self.decode()
+        return (_datatype_create, (basetype, combiner, params, True))
 
     def __repr__(self):
         if self._predefined:
@@ -190,19 +268,72 @@ class Datatype:
         lb, extent = self.Get_true_extent()
         return lb + extent
 
+    # -- decoding --------------------------------------------------------
+
     def Get_envelope(self):
         """Return (num_integers, num_addresses, num_counts, num_datatypes, combiner)."""
         self._check()
-        if self._combiner == COMBINER_CONTIGUOUS:
-            return (0, 0, 1, 1, COMBINER_CONTIGUOUS)   # the count is a large count
-        if self._combiner == COMBINER_DUP:
-            return (0, 0, 0, 1, COMBINER_DUP)
-        return (0, 0, 0, 0, COMBINER_NAMED)
+        i, a, c, d = self._contents
+        return (len(i), len(a), len(c), len(d), self._combiner)
 
     @property
     def envelope(self):
         """Envelope."""
         return self.Get_envelope()
+
+    def Get_contents(self):
+        """Return the input arguments used to create a datatype."""
+        self._check()
+        if self._combiner == COMBINER_NAMED:
+            raise _arg_error("Invalid argument: contents of a named datatype")
+        i, a, c, d = self._contents
+        return (list(i), list(a), list(c), [_ref(t) for t in d])
+
+    @property
+    def contents(self):
+        """Contents."""
+        return self.Get_contents()
+
+    def decode(self):
+        """Convenience method for decoding a datatype."""
+        self._check()
+        combiner = self._combiner
+        if combiner == COMBINER_NAMED:
+            return (self, "NAMED", {})
+        i, a, c, d = self.Get_contents()
+        oldtype = d[0] if len(d) == 1 else DATATYPE_NULL
+        if combiner == COMBINER_DUP:
+            params = {}
+        elif combiner == COMBINER_CONTIGUOUS:
+            params = {"count": c[0]}
+        elif combiner in (COMBINER_VECTOR, COMBINER_HVECTOR):
+            params = {"count": c[0], "blocklength": c[1], "stride": c[2]}
+        elif combiner in (COMBINER_INDEXED, COMBINER_HINDEXED):
+            n = c[0]
+            params = {"blocklengths": c[1:n + 1], "displacements": c[n + 1:2 * n + 1]}
+        elif combiner in (COMBINER_INDEXED_BLOCK, COMBINER_HINDEXED_BLOCK):
+            n = c[0]
+            params = {"blocklength": c[1], "displacements": c[2:n + 2]}
+        elif combiner == COMBINER_STRUCT:
+            n = c[0]
+            params = {"blocklengths": c[1:n + 1], "displacements": c[n + 1:2 * n + 1],
+                      "datatypes": d}
+        elif combiner == COMBINER_SUBARRAY:
+            n = i[0]
+            params = {"sizes": c[:n], "subsizes": c[n:2 * n], "starts": c[2 * n:3 * n],
+                      "order": i[1]}
+        elif combiner == COMBINER_DARRAY:
+            n = i[2]
+            params = {"size": i[0], "rank": i[1], "gsizes": c[:n],
+                      "distribs": i[3:3 + n], "dargs": i[3 + n:3 + 2 * n],
+                      "psizes": i[3 + 2 * n:3 + 3 * n], "order": i[3 + 3 * n]}
+        elif combiner == COMBINER_RESIZED:
+            params = {"lb": c[0], "extent": c[1]}
+        elif combiner == COMBINER_F90_INTEGER:
+            params = {"r": i[0]}
+        else:  # F90 real/complex
+            params = {"p": i[0], "r": i[1]}
+        return (oldtype, COMBINER_NAMES[combiner], params)
 
     @property
     def combiner(self):
@@ -219,27 +350,32 @@ class Datatype:
         """Is a predefined datatype."""
         if self._handle == _NULL_HANDLE:
             return True
-        return self._combiner == COMBINER_NAMED
+        return self._combiner == COMBINER_NAMED or self._combiner in _F90
 
     # -- constructors ----------------------------------------------------
 
-    def _derived(self, combiner, mult, name=""):
-        base = self._base
-        size = self._size * mult
-        extent = self._extent * mult
-        new = Datatype._make(
-            _name=name, _size=size, _lb=self._lb, _extent=extent,
-            _tlb=self._tlb, _textent=(extent - self._extent + self._textent) if mult else 0,
-            _typechar="" if combiner != COMBINER_DUP else self._typechar,
-            _typestr="" if combiner != COMBINER_DUP else self._typestr,
-            _code=self._code if combiner == COMBINER_DUP else None,
-            np_dtype=self.np_dtype, _reduce_dtype=self._reduce_dtype,
-            _predefined=False, _combiner=combiner, _mult=self._mult * mult,
-            _base=base,
-        )
-        if combiner != COMBINER_DUP or not self._is_committed():
-            _UNCOMMITTED.add(new._handle)   # MPI_Type_dup keeps the committed state
-        return new
+    def _derived(self, combiner, contents, blocks, build, types=None):
+        """A new datatype made of ``blocks``: [(oldtype, byte displacement,
+        blocklength)] (bounds as MPICH computes them; zero-length blocks
+        count for nothing); ``build()`` makes its layout on demand."""
+        types = types or (self,)
+        lb = ub = tlb = tub = None
+        size = 0
+        for t, d, b in blocks:
+            if b <= 0:
+                continue
+            span = (b - 1) * t._extent
+            lo, hi = min(0, span), max(0, span)
+            size += b * t._size
+            blb, bub = d + t._lb + lo, d + t._lb + t._extent + hi
+            btl, btu = d + t._tlb + lo, d + t._tlb + t._textent + hi
+            if lb is None:
+                lb, ub, tlb, tub = blb, bub, btl, btu
+            else:
+                lb, ub, tlb, tub = min(lb, blb), max(ub, bub), min(tlb, btl), max(tub, btu)
+        if lb is None:
+            lb = ub = tlb = tub = 0
+        return _new_derived(combiner, contents, types, size, lb, ub, tlb, tub, build)
 
     def _is_committed(self):
         return self._handle not in _UNCOMMITTED
@@ -247,15 +383,291 @@ class Datatype:
     def Dup(self):
         """Duplicate a datatype."""
         self._check()
-        return self._derived(COMBINER_DUP, 1)
+        new = Datatype._make(
+            _name="", _size=self._size, _lb=self._lb, _extent=self._extent,
+            _tlb=self._tlb, _textent=self._textent, _typechar=self._typechar,
+            _typestr=self._typestr, _code=self._code, np_dtype=self.np_dtype,
+            _reduce_dtype=self._reduce_dtype, _combiner=COMBINER_DUP,
+            _mult=self._mult, _base=self._base, _contents=((), (), (), (self,)),
+            _build=self._get_layout, _layout=self._layout,
+        )
+        if not self._is_committed():
+            _UNCOMMITTED.add(new._handle)   # MPI_Type_dup keeps the committed state
+        return new
+
+    Create_dup = Dup
 
     def Create_contiguous(self, count):
         """Create a contiguous datatype."""
         self._check()
-        count = int(_index(count))
-        if count < 0:
-            raise _exc.Exception(_exc.ERR_COUNT, f"Negative count, value is {count}")
-        return self._derived(COMBINER_CONTIGUOUS, count)
+        count = _count(count)
+        ext = self._extent
+        return self._derived(COMBINER_CONTIGUOUS, ((), (), (count,), (self,)),
+                             [(self, 0, count)],
+                             lambda: self._get_layout().repeat([0], [count], ext))
+
+    def _vector(self, combiner, count, blocklength, stride, step):
+        self._check()
+        count = _count(count)
+        blocklength = _count(blocklength, "blocklength")
+        stride = operator.index(stride)
+        contents = ((), (), (count, blocklength, stride), (self,))
+        ext = self._extent
+        s = stride * step
+        if count == 0:
+            return _new_derived(combiner, contents, (self,), 0, 0, 0, 0, 0,
+                                lambda: _tm.Layout([], [], []))
+        # MPICH: the bounds of a vector follow from its first and last block,
+        # even when the blocks are empty
+        first, last = 0, (count - 1) * s
+        lo, hi = min(first, last), max(first, last)
+        span = (blocklength - 1) * ext
+        lb = lo + self._lb + min(0, span)
+        ub = hi + self._lb + ext + max(0, span)
+        tlb = lo + self._tlb + min(0, span)
+        tub = hi + self._tlb + self._textent + max(0, span)
+        if blocklength == 0 or self._size == 0:
+            tlb = tub = 0
+        return _new_derived(
+            combiner, contents, (self,), count * blocklength * self._size, lb, ub, tlb, tub,
+            lambda: self._get_layout().repeat(
+                np.arange(count, dtype=np.int64) * s, np.full(count, blocklength), ext))
+
+    def Create_vector(self, count, blocklength, stride):
+        """Create a vector (strided) datatype."""
+        return self._vector(COMBINER_VECTOR, count, blocklength, stride, self._extent)
+
+    def Create_hvector(self, count, blocklength, stride):
+        """Create a vector (strided) datatype with stride in bytes."""
+        return self._vector(COMBINER_HVECTOR, count, blocklength, stride, 1)
+
+    def _indexed(self, combiner, blocklengths, displacements, step, single):
+        self._check()
+        if single is not None:
+            disps = _getarray(displacements)
+            n = len(disps)
+            bl = _count(single, "blocklength")
+            bls = [bl] * n
+            counts = (n, bl, *disps)
+        else:
+            bls = _getarray(blocklengths)
+            n = len(bls)
+            disps = _chkarray(displacements, n)
+            for b in bls:
+                _count(b, "blocklength")
+            counts = (n, *bls, *disps)
+        ext = self._extent
+        return self._derived(
+            combiner, ((), (), counts, (self,)),
+            [(self, d * step, b) for d, b in zip(disps, bls)],
+            lambda: self._get_layout().repeat(np.asarray(disps, np.int64) * step, bls, ext))
+
+    def Create_indexed(self, blocklengths, displacements):
+        """Create an indexed datatype."""
+        return self._indexed(COMBINER_INDEXED, blocklengths, displacements, self._extent, None)
+
+    def Create_hindexed(self, blocklengths, displacements):
+        """Create an indexed datatype (displacements in bytes)."""
+        return self._indexed(COMBINER_HINDEXED, blocklengths, displacements, 1, None)
+
+    def Create_indexed_block(self, blocklength, displacements):
+        """Create an indexed datatype with constant-sized blocks."""
+        return self._indexed(COMBINER_INDEXED_BLOCK, None, displacements, self._extent,
+                             blocklength)
+
+    def Create_hindexed_block(self, blocklength, displacements):
+        """Create an indexed datatype with constant-sized blocks (bytes)."""
+        return self._indexed(COMBINER_HINDEXED_BLOCK, None, displacements, 1, blocklength)
+
+    @classmethod
+    def Create_struct(cls, blocklengths, displacements, datatypes):
+        """Create a general composite (struct) datatype."""
+        bls = _getarray(blocklengths)
+        n = len(bls)
+        disps = _chkarray(displacements, n)
+        types = list(datatypes)
+        if len(types) != n:
+            raise ValueError(f"expecting {n} items, got {len(types)}")
+        for t in types:
+            if not isinstance(t, Datatype):
+                raise TypeError(f"expecting Datatype, got {type(t).__name__}")
+            t._check()
+        for b in bls:
+            _count(b, "blocklength")
+        types = tuple(types)
+
+        def build():
+            return _tm.Layout.concat([
+                t._get_layout().repeat([d], [b], t._extent)
+                for t, d, b in zip(types, disps, bls)])
+
+        return types[0]._derived(COMBINER_STRUCT, ((), (), (n, *bls, *disps), types),
+                                 list(zip(types, disps, bls)), build, types) if n else \
+            _new_derived(COMBINER_STRUCT, ((), (), (0,), ()), (), 0, 0, 0, 0, 0,
+                         lambda: _tm.Layout([], [], []))
+
+    def _grid(self, combiner, contents, dims, total, size):
+        """Elements at sum(idx_d * stride_d) over the index sets ``dims``
+        [(indices, byte stride)] (slowest first), resized to (0, total)."""
+        t = self
+        if any(not idx for idx, _ in dims) or self._size == 0:
+            tlb = tub = 0
+            size = 0
+        else:
+            tlb = t._tlb + sum(min(i) * s for i, s in dims)
+            tub = t._tlb + t._textent + sum(max(i) * s for i, s in dims)
+
+        def build():
+            lay = t._get_layout()
+            for idx, s in reversed(dims):
+                lay = lay.repeat(np.asarray(idx, np.int64) * s, np.ones(len(idx), np.int64),
+                                 t._extent)
+            return lay
+
+        return _new_derived(combiner, contents, (self,), size, 0, total, tlb, tub, build)
+
+    def Create_subarray(self, sizes, subsizes, starts, order=ORDER_C):
+        """Create a datatype for a subarray of a multidimensional array."""
+        self._check()
+        sizes = _getarray(sizes)
+        ndims = len(sizes)
+        subsizes = _chkarray(subsizes, ndims)
+        starts = _chkarray(starts, ndims)
+        order = operator.index(order)
+        if order not in (ORDER_C, ORDER_FORTRAN):
+            raise _arg_error(f"Invalid argument: order {order}")
+        if ndims < 1:
+            raise _arg_error("Invalid argument: ndims must be positive")
+        for n, m, s in zip(sizes, subsizes, starts):
+            if n < 1 or m < 1 or m > n or s < 0 or s > n - m:
+                raise _arg_error(
+                    f"Invalid argument: size {n}, subsize {m}, start {s}")
+        ext = self._extent
+        strides = _strides(sizes, order, ext)
+        dims = [(list(range(s, s + m)), st) for s, m, st in zip(starts, subsizes, strides)]
+        if order == ORDER_FORTRAN:
+            dims.reverse()
+        total = ext
+        for n in sizes:
+            total *= n
+        size = self._size
+        for m in subsizes:
+            size *= m
+        contents = ((ndims, order), (), (*sizes, *subsizes, *starts), (self,))
+        return self._grid(COMBINER_SUBARRAY, contents, dims, total, size)
+
+    def Create_darray(self, size, rank, gsizes, distribs, dargs, psizes, order=ORDER_C):
+        """Create a datatype for a distributed array on Cartesian process grids."""
+        self._check()
+        size, rank = operator.index(size), operator.index(rank)
+        gsizes = _getarray(gsizes)
+        ndims = len(gsizes)
+        distribs = _chkarray(distribs, ndims)
+        dargs = _chkarray(dargs, ndims)
+        psizes = _chkarray(psizes, ndims)
+        order = operator.index(order)
+        if order not in (ORDER_C, ORDER_FORTRAN):
+            raise _arg_error(f"Invalid argument: order {order}")
+        nprocs = 1
+        for p in psizes:
+            nprocs *= p
+        if size < 1 or nprocs != size or not 0 <= rank < size:
+            raise _arg_error(f"Invalid argument: size {size}, rank {rank}, psizes {psizes}")
+        # process grid coordinates are row-major whatever the array order
+        coords, r = [], rank
+        for p in reversed(psizes):
+            coords.append(r % p)
+            r //= p
+        coords.reverse()
+        idxs = []
+        for g, dist, darg, p, c in zip(gsizes, distribs, dargs, psizes, coords):
+            if dist == DISTRIBUTE_NONE or p == 1 and dist != DISTRIBUTE_CYCLIC:
+                idxs.append(list(range(g)) if dist == DISTRIBUTE_NONE or c == 0 else [])
+                if dist == DISTRIBUTE_NONE:
+                    continue
+            if dist == DISTRIBUTE_BLOCK:
+                blk = -(-g // p) if darg == DISTRIBUTE_DFLT_DARG else darg
+                if blk < 1 or blk * p < g:
+                    raise _arg_error(f"Invalid argument: darg {darg}")
+                if p != 1:
+                    idxs.append(list(range(c * blk, min(g, (c + 1) * blk))))
+                else:
+                    idxs[-1] = list(range(min(g, blk)))
+            elif dist == DISTRIBUTE_CYCLIC:
+                blk = 1 if darg == DISTRIBUTE_DFLT_DARG else darg
+                if blk < 1:
+                    raise _arg_error(f"Invalid argument: darg {darg}")
+                idxs.append([j for j in range(g) if (j // blk) % p == c])
+            elif dist != DISTRIBUTE_NONE:
+                raise _arg_error(f"Invalid argument: distrib {dist}")
+        ext = self._extent
+        strides = _strides(gsizes, order, ext)
+        dims = list(zip(idxs, strides))
+        if order == ORDER_FORTRAN:
+            dims.reverse()
+        total = ext
+        for g in gsizes:
+            total *= g
+        nelem = 1
+        for idx in idxs:
+            nelem *= len(idx)
+        contents = ((size, rank, ndims, *distribs, *dargs, *psizes, order), (),
+                    tuple(gsizes), (self,))
+        return self._grid(COMBINER_DARRAY, contents, dims, total, nelem * self._size)
+
+    def Create_resized(self, lb, extent):
+        """Create a datatype with a new lower bound and extent."""
+        self._check()
+        lb, extent = operator.index(lb), operator.index(extent)
+        return _new_derived(COMBINER_RESIZED, ((), (), (lb, extent), (self,)), (self,),
+                            self._size, lb, lb + extent, self._tlb,
+                            self._tlb + self._textent, self._get_layout)
+
+    Resized = Create_resized
+
+    @classmethod
+    def Get_value_index(cls, value, index):
+        """Return a predefined pair datatype."""
+        value._check()
+        index._check()
+        pair = _VALUE_INDEX.get((value._handle, index._handle))
+        return Datatype(DATATYPE_NULL if pair is None else PREDEFINED[pair])
+
+    @classmethod
+    def Create_f90_integer(cls, r):
+        """Return a bounded integer datatype."""
+        r = operator.index(r)
+        for limit, size in ((2, 1), (4, 2), (9, 4), (18, 8)):
+            if r <= limit:
+                return _f90(COMBINER_F90_INTEGER, (r,), "i", size)
+        raise _exc.Exception(_exc.ERR_OTHER,
+                             f"No integer type with {r} digits of range is available")
+
+    @classmethod
+    def Create_f90_real(cls, p, r):
+        """Return a bounded real datatype."""
+        return _f90_float(COMBINER_F90_REAL, operator.index(p), operator.index(r), "real")
+
+    @classmethod
+    def Create_f90_complex(cls, p, r):
+        """Return a bounded complex datatype."""
+        return _f90_float(COMBINER_F90_COMPLEX, operator.index(p), operator.index(r),
+                          "complex")
+
+    @classmethod
+    def Match_size(cls, typeclass, size):
+        """Find a datatype matching a specified size in bytes."""
+        typeclass, size = operator.index(typeclass), operator.index(size)
+        if typeclass not in _MATCH:
+            raise _arg_error("The value of typeclass is not one of MPI_TYPECLASS_REAL, "
+                             "MPI_TYPECLASS_INTEGER, or MPI_TYPECLASS_COMPLEX")
+        name = _MATCH[typeclass].get(size)
+        if name is None:
+            raise _arg_error(f"No MPI datatype available for typeclass {typeclass} "
+                             f"and size {size}")
+        return Datatype(PREDEFINED[name])
+
+    # -- commit and free -------------------------------------------------
 
     def Commit(self):
         """Commit the datatype."""
@@ -266,7 +678,7 @@ class Datatype:
     def Free(self):
         """Free the datatype."""
         self._check()
-        if self._predefined:
+        if self._combiner == COMBINER_NAMED:
             raise _type_error("Cannot free permanent data type")
         self._handle = _NULL_HANDLE
 
@@ -296,6 +708,38 @@ class Datatype:
     @name.setter
     def name(self, value):
         self.Set_name(value)
+
+    # -- pack and unpack ---------------------------------------------------
+
+    def Pack(self, inbuf, outbuf, position, comm):
+        """Pack into contiguous memory according to datatype."""
+        from .packing import pack_native
+        return pack_native(self, inbuf, outbuf, position, comm)
+
+    def Unpack(self, inbuf, position, outbuf, comm):
+        """Unpack from contiguous memory according to datatype."""
+        from .packing import unpack_native
+        return unpack_native(self, inbuf, position, outbuf, comm)
+
+    def Pack_size(self, count, comm):
+        """Determine the amount of space needed to pack a message."""
+        from .packing import pack_size
+        return pack_size(self, count, comm)
+
+    def Pack_external(self, datarep, inbuf, outbuf, position):
+        """Pack into contiguous memory (portable **external32** representation)."""
+        from .packing import pack_external
+        return pack_external(self, datarep, inbuf, outbuf, position)
+
+    def Unpack_external(self, datarep, inbuf, position, outbuf):
+        """Unpack from contiguous memory (portable **external32** representation)."""
+        from .packing import unpack_external
+        return unpack_external(self, datarep, inbuf, position, outbuf)
+
+    def Pack_external_size(self, datarep, count):
+        """Determine the amount of space needed to pack a message (external32)."""
+        from .packing import pack_external_size
+        return pack_external_size(self, datarep, count)
 
     # -- Python/NumPy interoperability ------------------------------------
 
@@ -336,6 +780,132 @@ class Datatype:
     def _elements(self, count):
         """Number of ``np_dtype`` elements in ``count`` items of this type."""
         return count * self._mult
+
+    def _get_layout(self):
+        """The type map of one item (built once, shared by copies)."""
+        lay = self._layout
+        if lay is None:
+            lay = self._build()
+            self._layout = lay
+        return lay
+
+    def _dense(self):
+        """Items are stored exactly as packed: the buffer is used in place."""
+        if self._combiner == COMBINER_NAMED or self._combiner in _F90:
+            return self._size == self._extent and self._lb == 0
+        if self._size != self._extent or self._lb != 0 or self._tlb != 0:
+            return False
+        lay = self._get_layout()
+        return lay.off.size <= 1 and (lay.off.size == 0 or int(lay.off[0]) == 0)
+
+    def _wire(self):
+        """The contiguous datatype of this type's packed bytes: what a packed
+        message is, as far as transport and reductions see it."""
+        w = self._wiretype
+        if w is None:
+            w = Datatype._make(
+                _handle=_WIRE_HANDLE, _name="", _size=self._size, _lb=0,
+                _extent=self._size, _tlb=0, _textent=self._size,
+                np_dtype=self.np_dtype, _reduce_dtype=self._reduce_dtype,
+                _combiner=COMBINER_CONTIGUOUS, _mult=self._mult,
+                _base=self._base if self.np_dtype is not None else None,
+            )
+            self._wiretype = w
+        return w
+
+
+_WIRE_HANDLE = 0x4BFFFFFF   # stands for "packed bytes of a derived type"
+
+
+def _strides(sizes, order, ext):
+    """Byte stride of each dimension of an array of ``sizes``."""
+    strides = [0] * len(sizes)
+    acc = ext
+    dims = range(len(sizes) - 1, -1, -1) if order == ORDER_C else range(len(sizes))
+    for k in dims:
+        strides[k] = acc
+        acc *= sizes[k]
+    return strides
+
+
+def _new_derived(combiner, contents, types, size, lb, ub, tlb, tub, build):
+    """A derived datatype (uncommitted) with the given bounds."""
+    base = None
+    for t in types:
+        b = t._base
+        if b is None or b.np_dtype is None or b._size != b.np_dtype.itemsize:
+            base = None
+            break
+        if base is None:
+            base = b
+        elif base._handle != b._handle:
+            base = None
+            break
+    if base is not None and size % base._size == 0:
+        npd, red, mult = base.np_dtype, base._reduce_dtype, size // base._size
+    else:
+        base, npd, red, mult = None, None, None, 1
+    new = Datatype._make(
+        _size=size, _lb=lb, _extent=ub - lb, _tlb=tlb, _textent=tub - tlb,
+        np_dtype=npd, _reduce_dtype=red, _combiner=combiner, _mult=mult, _base=base,
+        _contents=contents, _build=build,
+    )
+    _UNCOMMITTED.add(new._handle)
+    return new
+
+
+def _ref(t):
+    """A datatype handed out by Get_contents: the predefined object itself,
+    else a new reference to the same handle."""
+    if t._combiner == COMBINER_NAMED:
+        return t
+    return Datatype(t)
+
+
+def _datatype_create(datatype, combiner, params, free=False):
+    """Create a datatype from base datatype, combiner name and parameters
+    (what pickled derived datatypes are rebuilt with)."""
+    if "datatypes" in params:
+        temps = list(params["datatypes"])
+    elif "value" in params and "index" in params:
+        temps = [params["value"], params["index"]]
+    else:
+        temps = [datatype]
+    try:
+        name = combiner.lower()
+        prefix = "Get" if name == "value_index" else "Create"
+        factory = getattr(datatype, f"{prefix}_{name}")
+        return factory(**params).Commit()
+    finally:
+        if free:
+            for t in temps:
+                if t and not t.is_predefined:
+                    t.Free()
+
+
+def _f90(combiner, ints, kind, size):
+    chars = {"i": {1: "b", 2: "h", 4: "i", 8: "l"},
+             "f": {4: "f", 8: "d"}, "c": {8: "F", 16: "D"}}
+    tstr = f"{kind}{size}"
+    base = {"i": {1: "INTEGER1", 2: "INTEGER2", 4: "INTEGER4", 8: "INTEGER8"},
+            "f": {4: "REAL4", 8: "REAL8"}, "c": {8: "COMPLEX8", 16: "COMPLEX16"}}
+    b = PREDEFINED[base[kind][size]]
+    return Datatype._make(
+        _name="", _size=size, _lb=0, _extent=size, _tlb=0, _textent=size,
+        _typechar=chars[kind][size], _typestr=tstr, _code=tstr, np_dtype=b.np_dtype,
+        _reduce_dtype=b._reduce_dtype, _combiner=combiner, _base=b,
+        _contents=(ints, (), (), ()), _build=b._get_layout,
+    )
+
+
+def _f90_float(combiner, p, r, what):
+    mult = 1 if combiner == COMBINER_F90_REAL else 2
+    for maxp, maxr, size in ((6, 37, 4), (15, 307, 8)):
+        if p <= maxp and r <= maxr:
+            return _f90(combiner, (p, r), "f" if mult == 1 else "c", size * mult)
+    raise _exc.Exception(
+        _exc.ERR_OTHER, f"No {what} type with both {p} digits of precision and an "
+        f"exponent range of {r} is available")
 
 
 def _index(value):
@@ -570,3 +1140,48 @@ def from_numpy(dtype):
     except (ValueError, TypeError, BufferError):
         raise KeyError(f"cannot map {dtype.str!r} to MPI datatype") from None
     return from_format(fmt)
+
+
+# -----------------------------------------------------------------------------
+# Layouts of the predefined datatypes, names for pickling, lookup tables
+
+def _leaf_fields(dt):
+    npd = dt.np_dtype
+    if npd is not None and npd.fields:
+        return [(off, f.itemsize) for f, off in npd.fields.values()]
+    return [(0, dt._size)]
+
+
+def _init_layouts():
+    seen = set()
+    for dt in PREDEFINED.values():
+        if id(dt) in seen:
+            continue
+        seen.add(id(dt))
+        if dt._handle == _NULL_HANDLE:
+            dt._build = lambda: _tm.Layout([], [], [])
+            continue
+        kind = _tm.register_kind(dt)
+        dt._layout = _tm.Layout.leaf(kind, _leaf_fields(dt))
+
+
+_init_layouts()
+
+_NAME_OF = {}
+for _n, _dt in PREDEFINED.items():
+    _NAME_OF.setdefault(_dt._handle, _n)
+_NAME_OF[_NULL_HANDLE] = "DATATYPE_NULL"
+
+_VALUE_INDEX = {
+    (PREDEFINED[v]._handle, PREDEFINED["INT"]._handle): p
+    for v, p in (("SHORT", "SHORT_INT"), ("INT", "INT_INT"), ("LONG", "LONG_INT"),
+                 ("FLOAT", "FLOAT_INT"), ("DOUBLE", "DOUBLE_INT"),
+                 ("LONG_DOUBLE", "LONG_DOUBLE_INT"))
+}
+
+_MATCH = {
+    TYPECLASS_REAL: {4: "REAL4", 8: "REAL8", 16: "REAL16"},
+    TYPECLASS_INTEGER: {1: "INTEGER1", 2: "INTEGER2", 4: "INTEGER4", 8: "INTEGER8"},
+    TYPECLASS_COMPLEX: {8: "COMPLEX8", 16: "COMPLEX16", 32: "COMPLEX32"},
+    TYPECLASS_LOGICAL: {4: "LOGICAL"},
+}

@@ -286,3 +286,12 @@ def raise_error(error_class, msg=None):
     """Raise ``MPI.Exception(error_class)`` with an optional detail message."""
     raise Exception(error_class, msg)
 
+
+class UnsupportedOperation(Exception, NotImplementedError):
+    """A call erdmampi does not implement: ``MPI.Exception`` with error class
+    ``ERR_UNSUPPORTED_OPERATION``, and a ``NotImplementedError`` (what mpi4py
+    raises for routines its MPI library lacks)."""
+
+    def __init__(self, what):
+        Exception.__init__(self, ERR_UNSUPPORTED_OPERATION,
+                           f"{what} is not supported by erdmampi (see docs/differences.md)")

@@ -17,12 +17,12 @@ GRAPH = 1
 CART = 2
 DIST_GRAPH = 3
 
-# MPI_UNWEIGHTED / MPI_WEIGHTS_EMPTY: special "addresses" compared by identity
-UNWEIGHTED = int("139879356434676")
-WEIGHTS_EMPTY = int("139879356434672")
+# MPI_UNWEIGHTED / MPI_WEIGHTS_EMPTY: special addresses, told apart by identity
+UNWEIGHTED = 139879356434676
+WEIGHTS_EMPTY = 139879356434672
 
 
-def _ints(seq, what="items"):
+def _ints(seq):
     return [operator.index(x) for x in seq]
 
 

@@ -34,6 +34,7 @@ from .exceptions import (ERR_ARG, ERR_ASSERT, ERR_DISP, ERR_KEYVAL, ERR_LOCKTYPE
                          ERR_RMA_SYNC, ERR_SIZE, ERR_WIN, Exception as MPIException,
                          raise_error)
 from .handleobj import HandleObject
+from .mpibuffer import buffer
 from .op import PREDEFINED_OPS as _OPS
 from .op import SUM as _SUM
 
@@ -753,8 +754,8 @@ class Win(HandleObject, _eh.HasErrhandler):
         """The local window memory as a buffer (format "B")."""
         st = self._check()
         if st.raw is None or st.size == 0:
-            return memoryview(bytearray(0))
-        return memoryview(st.raw)
+            return buffer._empty()
+        return buffer._wrap(st.raw, self)
 
     def Shared_query(self, rank):
         """``(memory, disp_unit)`` of ``rank``'s part of a shared window."""
@@ -767,7 +768,9 @@ class Win(HandleObject, _eh.HasErrhandler):
             rank = next((i for i, s in enumerate(sizes) if s > 0), 0)
         elif rank < 0 or rank >= len(sizes):
             raise_error(ERR_RANK, f"invalid rank {rank}")
-        return memoryview(whole[offsets[rank]:offsets[rank] + sizes[rank]]), units[rank]
+        if sizes[rank] == 0:
+            return buffer._empty(), units[rank]
+        return buffer._wrap(whole[offsets[rank]:offsets[rank] + sizes[rank]], self), units[rank]
 
     def Get_info(self):
         st = self._check()
