@@ -3,7 +3,7 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 REQUIRED_PKGCONFIG = {
     "libngtcp2": "libngtcp2-dev",
@@ -41,6 +41,9 @@ setup(
     install_requires=["cffi>=1.15", "numpy", "cryptography"],
     cffi_modules=["ext/build_engine.py:ffibuilder", "ext/build_engine.py:dpdk_ffibuilder"],
     ext_package="erdmampi",
+    # MPI.buffer: a C type because it must export the buffer protocol
+    ext_modules=[Extension("_membuf", ["ext/python/membuf.c"],
+                           extra_compile_args=["-O2", "-Wall"])],
     entry_points={"console_scripts": ["erdmarun=erdmampi.launcher.cli:main"]},
     zip_safe=False,
 )

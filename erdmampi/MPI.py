@@ -22,9 +22,16 @@ from .comm import (APPNUM, COMM_NULL, COMM_SELF, COMM_TYPE_HW_GUIDED,  # noqa: F
                    ERRORS_RETURN, IO, KEYVAL_INVALID, LASTUSEDCODE, TAG_UB, UNIVERSE_SIZE,
                    WTIME_IS_GLOBAL, Cartcomm, Comm, Distgraphcomm, Errhandler, Graphcomm,
                    Intercomm, Intracomm, Topocomm)
+from .intracomm_topo import UNWEIGHTED, WEIGHTS_EMPTY  # noqa: F401
 from .datatype import PREDEFINED as _PREDEFINED_TYPES
 from .datatype import Datatype  # noqa: F401
-from .datatype import COMBINER_CONTIGUOUS, COMBINER_DUP, COMBINER_NAMED  # noqa: F401
+from .datatype import (  # noqa: F401
+    COMBINER_CONTIGUOUS, COMBINER_DARRAY, COMBINER_DUP, COMBINER_F90_COMPLEX,
+    COMBINER_F90_INTEGER, COMBINER_F90_REAL, COMBINER_HINDEXED, COMBINER_HINDEXED_BLOCK,
+    COMBINER_HVECTOR, COMBINER_INDEXED, COMBINER_INDEXED_BLOCK, COMBINER_NAMED,
+    COMBINER_RESIZED, COMBINER_STRUCT, COMBINER_SUBARRAY, COMBINER_VALUE_INDEX,
+    COMBINER_VECTOR, DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_DFLT_DARG,
+    DISTRIBUTE_NONE, _datatype_create, _datatype_decode, _typealign, _typecode)
 from .exceptions import ERROR_NAMES as _ERROR_NAMES
 from .exceptions import Exception, Get_error_class, Get_error_string  # noqa: F401,A004
 from .group import (CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR,  # noqa: F401
@@ -114,6 +121,8 @@ from .file import (FILE_NULL, File, MODE_RDONLY, MODE_RDWR, MODE_WRONLY,  # noqa
                    DISTRIBUTE_NONE, DISTRIBUTE_DFLT_DARG)
 from .session import SESSION_NULL, Session  # noqa: E402,F401
 from .mpibuffer import buffer  # noqa: E402,F401
+from .mpibuffer import alloc_mem as _alloc_mem, free_mem as _free_mem  # noqa: E402
+from .mpibuffer import attach as _attach, detach as _detach  # noqa: E402
 memory = buffer
 
 # -----------------------------------------------------------------------------
@@ -194,11 +203,16 @@ def Pcontrol(level):
 
 
 def Attach_buffer(buf):
-    """Buffered sends need no user buffer (the engine buffers)."""
+    """Attach a user-provided buffer for sending in buffered mode.
+
+    Kept only to hand back on detach: the engine buffers sends itself.
+    """
+    _attach(None, buf)
 
 
 def Detach_buffer():
-    return None
+    """Remove an existing attached buffer."""
+    return _detach(None)
 
 
 def Flush_buffer():
@@ -206,12 +220,13 @@ def Flush_buffer():
 
 
 def Alloc_mem(size, info=None):
-    """A new ``MPI.buffer`` of ``size`` bytes."""
-    return buffer.allocate(int(size))
+    """Allocate memory for message passing and remote memory access."""
+    return _alloc_mem(size)
 
 
 def Free_mem(mem):
-    pass
+    """Free memory allocated with `Alloc_mem`."""
+    _free_mem(mem)
 
 
 def Get_address(location):

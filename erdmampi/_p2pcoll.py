@@ -67,11 +67,13 @@ def message_w(spec, readonly, size):
         nbytes.append(c * dt.Get_size())
     if is_bottom(o_buf):
         out = []
-        for n, d in zip(nbytes, displs):
+        for n, d, dt in zip(nbytes, displs, types):
             if n == 0:
                 out.append(np.empty(0, np.uint8))
                 continue
-            cbuf = (ctypes.c_uint8 * n).from_address(d)
+            # absolute addresses: the displacement plus the datatype's lower
+            # bound (a struct type built over Get_address results)
+            cbuf = (ctypes.c_uint8 * n).from_address(d + dt.Get_true_extent()[0])
             out.append(np.ctypeslib.as_array(cbuf))
         return out, None
     raw = getbuffer(o_buf, readonly)

@@ -595,12 +595,17 @@ def getbuffer(obj, readonly):
         return _Raw(obj, raw, fmt)
     except (TypeError, BufferError, ValueError) as exc:
         first = exc
-    for path in (_from_dlpack, _from_cai):
-        try:
-            return path(obj, readonly)
-        except NotImplementedError:
-            continue
-    raise first
+    try:
+        for path in (_from_dlpack, _from_cai):
+            try:
+                return path(obj, readonly)
+            except NotImplementedError:
+                continue
+        raise first
+    finally:
+        # the kept exception's traceback holds this frame: a cycle that would
+        # keep ``obj`` alive until a garbage collection
+        first = None
 
 
 # -----------------------------------------------------------------------------
@@ -619,9 +624,10 @@ class BufMsg:
     """
 
     __slots__ = ("obj", "addr", "nbytes", "count", "datatype", "array",
-                 "device", "blocks", "_raw", "_offset")
+                 "device", "blocks", "_raw", "_offset", "_unpack")
 
     def __init__(self, obj, raw, offset, nbytes, count, datatype, array, blocks=1):
+        self._unpack = None
         self.obj = obj
         self.blocks = blocks
         self._raw = raw
@@ -653,13 +659,17 @@ class BufMsg:
         msg.array = arr.reshape(-1)
         msg.device = False
         msg.addr = arr.ctypes.data
+        msg._unpack = None
         return msg
 
     def finish(self):
         """After a receive completes: copy the message's bytes from the host
         staging area back to the device (synchronously; no-op for host
-        buffers).  Every completed receive path must call it once."""
-        if self.device:
+        buffers), or unpack a derived datatype's temporary into the user
+        buffer.  Every completed receive path must call it once."""
+        if self._unpack is not None:
+            self._unpack()
+        elif self.device:
             self._raw.stage_out(self._offset, self._offset + self.nbytes)
 
     def __repr__(self):
@@ -783,6 +793,9 @@ def _message_simple(msg, readonly, blocks):
         if count > 0 and o_buf is None:
             raise ValueError(f"message: buffer is None but count is {count}")
         if count > 0 and raw is None:
+            if datatype._packs():   # a derived type of absolute addresses
+                return _packed_message(o_buf, None, 0, count, max(blocks, 1), datatype,
+                                       readonly)
             raise ValueError(_BOTTOM_COUNT)
     elif length > 0:
         if extent == 0:
@@ -809,9 +822,60 @@ def _message_simple(msg, readonly, blocks):
                 f"message: count {count}"
                 f"{f' x {nblocks} blocks' if nblocks > 1 else ''} out of bounds, "
                 f"number of datatype entries {length // extent}")
+    if total > 0 and datatype._packs():
+        return _packed_message(o_buf, raw, offset, count, nblocks, datatype, readonly)
     raw_bytes = np.empty(0, np.uint8) if raw is None else raw.raw
     array = _array_view(raw_bytes[offset:offset + nbytes], datatype, total)
     return BufMsg(o_buf, raw, offset, nbytes, count, datatype, array, nblocks)
+
+
+# -- derived datatypes with gaps ----------------------------------------------
+#
+# A message whose datatype does not lie in memory as it packs (a vector, a
+# subarray, a struct with holes...) travels packed: the message is a
+# temporary holding the packed items, described by ``datatype._wire()`` (the
+# contiguous type of those bytes: same element dtype and count for the
+# reductions).  Sends pack when the message is parsed; receives pack too (so
+# the bytes a short message leaves alone keep their values) and unpack into
+# the user buffer in ``finish()``.
+
+
+def _packed_message(o_buf, raw, offset, count, nblocks, datatype, readonly):
+    from . import exceptions as _exc
+    from .packing import pack_into, unpack_from
+
+    if not datatype._is_committed():
+        raise _exc.Exception(_exc.ERR_TYPE, "datatype has not been committed")
+    total = count * nblocks
+    ext = datatype._extent
+    lo = offset + datatype._tlb + min(0, (total - 1) * ext)
+    hi = offset + datatype._tlb + datatype._textent + max(0, (total - 1) * ext)
+    if raw is None:
+        # BOTTOM: the type map holds absolute addresses
+        if lo <= 0:
+            raise ValueError(_BOTTOM_COUNT)
+        span = (ctypes.c_uint8 * (hi - lo)).from_address(lo)
+        raw = _Raw(span, np.frombuffer(span, np.uint8), None)
+        offset, lo, hi = -lo, 0, hi - lo
+    if lo < 0 or hi > raw.raw.size:
+        raise ValueError(
+            f"message: {total} datatype entries at byte {offset} reach bytes "
+            f"[{lo}, {hi}), buffer has {raw.raw.size}")
+    raw.stage_in(lo, hi)
+    wire = datatype._wire()
+    tmp = np.empty(total * datatype._size, np.uint8)
+    pack_into(datatype, total, raw.raw, offset, tmp, 0)
+    npd = wire.np_dtype
+    array = tmp.view(npd) if npd is not None and tmp.size % npd.itemsize == 0 else tmp
+    msg = BufMsg(o_buf, None, 0, tmp.size, count, wire, array, nblocks)
+    msg._raw = raw      # keep-alive of the user buffer
+    msg.addr = tmp.ctypes.data if tmp.size else 0
+    if not readonly:
+        def unpack():
+            unpack_from(datatype, total, tmp, 0, raw.raw, offset)
+            raw.stage_out(lo, hi)
+        msg._unpack = unpack
+    return msg
 
 
 # -- fast path: a plain NumPy array -------------------------------------------
@@ -966,6 +1030,8 @@ def message_vector(spec, readonly, size):
             extent = datatype.Get_extent()[1]
         nitems = bsize // extent if extent else 0
     need = max((d + c for c, d in zip(counts, displs) if c > 0), default=0)
+    if need > 0 and raw is None and o_buf is not None and datatype._packs():
+        return _packed_message(o_buf, None, 0, need, 1, datatype, readonly), counts, displs
     if need > 0:
         if raw is None:
             if o_buf is None:
@@ -978,6 +1044,9 @@ def message_vector(spec, readonly, size):
             raise ValueError(
                 f"message: counts and displacements need {need} datatype "
                 f"entries, buffer has {nitems}")
+    if need > 0 and datatype._packs():
+        # block i is packed items displs[i]:displs[i] + counts[i] of the temporary
+        return _packed_message(o_buf, raw, 0, need, 1, datatype, readonly), counts, displs
     raw_bytes = np.empty(0, np.uint8) if raw is None else raw.raw
     array = _array_view(raw_bytes[: nitems * (extent or 0)], datatype, nitems)
     msg = BufMsg(o_buf, raw, 0, nitems * (extent or 0), nitems, datatype, array)

@@ -9,6 +9,8 @@ counts; this module translates ranks through the communicator's
 (``ctx + 1``), with engine tags unique per call.
 """
 
+import zlib
+
 from ._commrt import (  # noqa: F401
     ANY_SOURCE, ANY_TAG, APPNUM, _blocks, bootstrap, BOTTOM, _buffer_pointer, _buffers,
     _c_dtype, _C_DTYPES, _C_OPS, _check_op, coll, _COLL_CACHE_MAX, _COLL_ENV,
@@ -37,6 +39,8 @@ from .comm_p2p import CommP2P
 from .comm_coll import CommColl
 from .comm_objcoll import CommObjColl
 from .comm_ulfm import CommULFM
+from .intracomm_inter import IntracommInter
+from .intracomm_topo import IntracommTopo
 
 
 # -----------------------------------------------------------------------------
@@ -210,9 +214,9 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     def rank(self):
         return self.Get_rank()
 
-    @classmethod
-    def Compare(cls, comm1, comm2):
-        """IDENT, CONGRUENT, SIMILAR or UNEQUAL."""
+    def Compare(self, comm):
+        """IDENT, CONGRUENT, SIMILAR or UNEQUAL (``Comm.Compare(c1, c2)`` too)."""
+        comm1, comm2 = self, comm
         a, b = comm1._check(), comm2._check()
         if comm1._ctx == comm2._ctx and a == b:
             return IDENT
@@ -414,7 +418,13 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
 
     @classmethod
     def Get_parent(cls):
-        return COMM_NULL
+        # no process is spawned: a null inter-communicator, as mpi4py returns
+        return Intercomm()
+
+    def __reduce__(self):
+        from ._objmodel import reduce_predefined
+        return reduce_predefined(self, [("COMM_NULL", COMM_NULL), ("COMM_SELF", COMM_SELF),
+                                        ("COMM_WORLD", COMM_WORLD)])
 
     def py2f(self):
         return self._handle if self._ranks is not None else _NULL_HANDLE
@@ -453,7 +463,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         os._exit(int(errorcode) & 0xFF if int(errorcode) else 0)
 
 
-class Intracomm(Comm):
+class Intracomm(IntracommInter, IntracommTopo, Comm):
     """Intra-communicator, as ``MPI.Intracomm``."""
 
     # -- Constructors ---------------------------------------------------------
@@ -485,6 +495,13 @@ class Intracomm(Comm):
             return self.Split(UNDEFINED, key)
         if split_type not in (COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED):
             raise_error(ERR_ARG, f"invalid split type {split_type}")
+        if split_type == COMM_TYPE_HW_UNGUIDED:
+            return COMM_NULL    # no finer hardware level than the host is known
+        if split_type == COMM_TYPE_HW_GUIDED:
+            # only the shared-memory level is known (MPICH: COMM_NULL otherwise)
+            restype = info.Get("mpi_hw_resource_type") if info else None  # INFO_NULL: none
+            if restype != "mpi_shared_memory":
+                return COMM_NULL
         hosts = _rt.info.get("hosts") or [_rt.info.get("host")] * _rt.engine.size
         ordered = sorted(set(hosts))
         color = ordered.index(hosts[_rt.engine.rank])
@@ -501,6 +518,12 @@ class Intracomm(Comm):
         if group.Get_rank() == UNDEFINED:
             return COMM_NULL
         return Intracomm._from_group(Group._from_ranks(group._ranks), ctx)
+
+    @classmethod
+    def Create_from_group(cls, group, stringtag="org.mpi4py", info=None, errhandler=None):
+        """Communicator for ``group``, collective over its members only (MPI-4)."""
+        tag = zlib.crc32(str(stringtag).encode()) % 65536
+        return COMM_WORLD.Create_group(group, tag)
 
     def Create_group(self, group, tag=0):
         """Like Create, but collective over ``group`` only."""
@@ -535,6 +558,12 @@ class Intracomm(Comm):
     def Iexscan(self, sendbuf, recvbuf, op=_SUM):
         return _icoll(self._c_scan(sendbuf, recvbuf, _op_arg(op), True))
 
+    def Scan_init(self, sendbuf, recvbuf, op=_SUM, info=None):
+        return self._coll_init("Iscan", sendbuf, recvbuf, _op_arg(op))
+
+    def Exscan_init(self, sendbuf, recvbuf, op=_SUM, info=None):
+        return self._coll_init("Iexscan", sendbuf, recvbuf, _op_arg(op))
+
     def scan(self, sendobj, op=None):
         fn = _py_op(_sum(op))
         t, d, l = self._obj_transport()
@@ -549,26 +578,6 @@ class Intracomm(Comm):
 from .exceptions import ERR_GROUP as ERR_GROUP_  # noqa: E402
 
 
-class Intercomm(Comm):
-    """Inter-communicator type (not supported: no constructor creates one)."""
-
-
-class Topocomm(Intracomm):
-    """Topology communicator type (not supported)."""
-
-
-class Cartcomm(Topocomm):
-    pass
-
-
-class Graphcomm(Topocomm):
-    pass
-
-
-class Distgraphcomm(Topocomm):
-    pass
-
-
 COMM_NULL = Comm()
 COMM_NULL._predef = True
 COMM_WORLD = Intracomm()
@@ -579,3 +588,7 @@ COMM_SELF = Intracomm()
 COMM_SELF._name = "MPI_COMM_SELF"
 COMM_SELF._handle = _SELF_HANDLE
 COMM_SELF._predef = True
+
+# the communicator classes built on Intracomm, in modules of their own
+from .topo import Cartcomm, Distgraphcomm, Graphcomm, Topocomm  # noqa: E402,F401
+from .intercomm import Intercomm  # noqa: E402,F401

@@ -5,13 +5,14 @@ and returns a closure that runs the algorithm (now, or in a thread for the
 nonblocking variant: ``_icoll``).
 """
 
+from . import _p2pcoll as _px
 from ._commrt import (
     _blocks, _buffer_pointer, _c_dtype, _C_OPS, _check_op, coll, _COLL_CACHE_MAX,
     _COLL_ENV, _collsched, _cz, _czcoll, _dev, _dev_addr, _dev_dtype_datatype, _dev_msg,
     _engine, engine_exception, _environ_data, ERR_TRUNCATE, _extent, _fast_allreduce,
     _fast_coll_raise, _fast_remember_allreduce, _icoll, IN_PLACE, is_in_place,
     _LOGICAL_OPS, message_cco, _message_vector_bytes, _mismatch, _mult, _ndarray, np,
-    Op, _op_arg, _plain_array, _plain_with_type, raise_error, _reduce_fn, _rt,
+    Op, _op_arg, _plain_array, Prequest, _plain_with_type, raise_error, _reduce_fn, _rt,
     _run_allgatherv, _run_blocks, _run_compressed, _run_gatherv, _run_scatterv,
     _same_spec, _sched_algos, _SKIP, _SMALL_COLL_MAX, _spec_is, _spec_np_dtype, _SUM,
     _u8, _u8_of, _UNUSED)
@@ -893,3 +894,78 @@ class CommColl:
 
     def Ialltoallv(self, sendbuf, recvbuf):
         return _icoll(self._c_alltoallv(sendbuf, recvbuf))
+
+    def _c_alltoallw(self, sendbuf, recvbuf):
+        # one round of point-to-point messages, per-peer datatypes (_p2pcoll)
+        ranks = self._check()
+        n = len(ranks)
+        rbl, rraw = _px.message_w(recvbuf, False, n)
+        if is_in_place(sendbuf):
+            sbl = [b.copy() for b in rbl]
+        else:
+            sbl, _ = _px.message_w(sendbuf, True, n)
+        t = _px.transport(self, ranks)
+
+        def run():
+            _px.exchange(t, [(j, sbl[j], 0) for j in range(n)],
+                         [(j, rbl[j], 0) for j in range(n)])
+            _px.finish_raw(rraw)
+        return run
+
+    def Alltoallw(self, sendbuf, recvbuf):
+        self._c_alltoallw(sendbuf, recvbuf)()
+
+    def Ialltoallw(self, sendbuf, recvbuf):
+        return _icoll(self._c_alltoallw(sendbuf, recvbuf))
+
+    # -- Persistent (MPI-4): each Start runs the nonblocking call again -------
+
+    def _coll_init(self, iname, *args):
+        self._check()
+        istart = getattr(self, iname)
+        return Prequest._persistent(lambda: istart(*args)._op)
+
+    def Barrier_init(self, info=None):
+        return self._coll_init("Ibarrier")
+
+    def Bcast_init(self, buf, root=0, info=None):
+        return self._coll_init("Ibcast", buf, root)
+
+    def Gather_init(self, sendbuf, recvbuf, root=0, info=None):
+        return self._coll_init("Igather", sendbuf, recvbuf, root)
+
+    def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None):
+        return self._coll_init("Igatherv", sendbuf, recvbuf, root)
+
+    def Scatter_init(self, sendbuf, recvbuf, root=0, info=None):
+        return self._coll_init("Iscatter", sendbuf, recvbuf, root)
+
+    def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None):
+        return self._coll_init("Iscatterv", sendbuf, recvbuf, root)
+
+    def Allgather_init(self, sendbuf, recvbuf, info=None):
+        return self._coll_init("Iallgather", sendbuf, recvbuf)
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=None):
+        return self._coll_init("Iallgatherv", sendbuf, recvbuf)
+
+    def Alltoall_init(self, sendbuf, recvbuf, info=None):
+        return self._coll_init("Ialltoall", sendbuf, recvbuf)
+
+    def Alltoallv_init(self, sendbuf, recvbuf, info=None):
+        return self._coll_init("Ialltoallv", sendbuf, recvbuf)
+
+    def Alltoallw_init(self, sendbuf, recvbuf, info=None):
+        return self._coll_init("Ialltoallw", sendbuf, recvbuf)
+
+    def Reduce_init(self, sendbuf, recvbuf, op=_SUM, root=0, info=None):
+        return self._coll_init("Ireduce", sendbuf, recvbuf, _op_arg(op), root)
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=_SUM, info=None):
+        return self._coll_init("Iallreduce", sendbuf, recvbuf, _op_arg(op))
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=_SUM, info=None):
+        return self._coll_init("Ireduce_scatter_block", sendbuf, recvbuf, _op_arg(op))
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=_SUM, info=None):
+        return self._coll_init("Ireduce_scatter", sendbuf, recvbuf, recvcounts, _op_arg(op))

@@ -5,6 +5,10 @@ The rank/tag checks (``_dest``, ``_source``, ``_send_tag``...) live here too:
 collectives use them through ``self``.
 """
 
+import operator
+import warnings
+
+from .exceptions import ERR_ARG, ERR_REQUEST
 from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
@@ -13,6 +17,113 @@ from ._commrt import (
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, TAG_UB_VALUE,
     UNDEFINED)
+
+
+def _is_proc_null(rank):
+    try:
+        return int(rank) == PROC_NULL
+    except (TypeError, ValueError):
+        return False
+
+
+def _null_msg(buf, peer):
+    """What mpi4py parses for a message to/from ``peer``: nothing at all
+    (an empty message) when it is PROC_NULL."""
+    return [None, 0, "B"] if _is_proc_null(peer) else buf
+
+
+def _partitions(partitions):
+    n = int(partitions)
+    if n < 1:
+        raise_error(ERR_ARG, f"invalid number of partitions {n}")
+    return n
+
+
+def _check_partition(i, n):
+    i = int(i)
+    if not 0 <= i < n:
+        raise_error(ERR_ARG, f"invalid partition {i} (partitions: {n})")
+    return i
+
+
+class _PsendOp:
+    """A started partitioned send: the send is posted at the last Pready."""
+
+    __slots__ = ("fields", "obj", "_post", "_pending", "_n", "_inner")
+    persistent = True
+
+    def __init__(self, post, n):
+        self.fields = self.obj = self._inner = None
+        self._post = post
+        self._n = n
+        self._pending = set(range(n))
+
+    def pready(self, indices):
+        for i in indices:
+            self._pending.discard(_check_partition(i, self._n))
+        if not self._pending and self._inner is None:
+            self._inner = self._post()
+
+    def parrived(self, i):
+        raise_error(ERR_REQUEST, "Parrived on a partitioned send request")
+
+    def test(self):
+        if self._inner is None or not self._inner.test():
+            return False
+        self.fields = self._inner.fields
+        return True
+
+    def wait(self):
+        if self._inner is None:
+            raise_error(ERR_REQUEST, "waiting for a partitioned send whose "
+                        "partitions are not all ready (Pready)")
+        self._inner.wait()
+        self.fields = self._inner.fields
+
+    def cancel(self):
+        if self._inner is not None:
+            self._inner.cancel()
+
+    def free(self):
+        if self._inner is not None:
+            self._inner.free()
+
+
+class _PrecvOp:
+    """A started partitioned receive (one message for all partitions)."""
+
+    __slots__ = ("fields", "obj", "_inner", "_n")
+    persistent = True
+
+    def __init__(self, inner, n):
+        self.fields = self.obj = None
+        self._inner = inner
+        self._n = n
+
+    def pready(self, indices):
+        raise_error(ERR_REQUEST, "Pready on a partitioned receive request")
+
+    def parrived(self, i):
+        _check_partition(i, self._n)
+        return self.test()
+
+    def test(self):
+        if not self._inner.test():
+            return False
+        self.fields = self._inner.fields
+        self.obj = self._inner.obj
+        return True
+
+    def wait(self):
+        self._inner.wait()
+        self.fields = self._inner.fields
+        self.obj = self._inner.obj
+
+    def cancel(self):
+        self._inner.cancel()
+
+    def free(self):
+        self._inner.free()
 
 
 class CommP2P:
@@ -82,7 +193,7 @@ class CommP2P:
     # Point-to-point: engine operations (return request operations)
 
     def _isend_op(self, buf, dest, tag, sync=False):
-        addr, nbytes, keep, _ = _p2p_buffer(buf, True)
+        addr, nbytes, keep, _ = _p2p_buffer(_null_msg(buf, dest), True)
         wdest = self._dest(dest)
         tag = self._send_tag(tag)
         if wdest is None:
@@ -95,7 +206,7 @@ class CommP2P:
         return _EngineOp(ereq, _send_fields, pure=True)
 
     def _irecv_op(self, buf, source, tag):
-        addr, nbytes, keep, msg = _p2p_buffer(buf, False)
+        addr, nbytes, keep, msg = _p2p_buffer(_null_msg(buf, source), False)
         wsrc = self._source(source)
         tag = self._recv_tag(tag)
         if wsrc is None:
@@ -110,7 +221,7 @@ class CommP2P:
 
     def _send(self, buf, dest, tag, sync):
         """Blocking send without a request (the engine's lean path)."""
-        addr, nbytes, keep, _ = _p2p_buffer(buf, True)
+        addr, nbytes, keep, _ = _p2p_buffer(_null_msg(buf, dest), True)
         wdest = self._dest(dest)
         tag = self._send_tag(tag)
         if wdest is None:
@@ -125,7 +236,7 @@ class CommP2P:
 
     def _recv(self, buf, source, tag, status):
         """Blocking receive without a request (the engine's lean path)."""
-        addr, nbytes, keep, msg = _p2p_buffer(buf, False)
+        addr, nbytes, keep, msg = _p2p_buffer(_null_msg(buf, source), False)
         wsrc = self._source(source)
         tag = self._recv_tag(tag)
         if wsrc is None:
@@ -177,7 +288,10 @@ class CommP2P:
             return _DoneOp()
         eng = _engine_or_raise()
         if buf is not None:
-            # mpi4py: a given buffer bounds the pickled message (ERR_TRUNCATE if larger)
+            # mpi4py: a given buffer (or a byte count: a buffer of that size)
+            # bounds the pickled message (ERR_TRUNCATE if larger)
+            if not _is_buffer(buf):
+                buf = bytearray(operator.index(buf))
             arr = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
             try:
                 ereq = eng.irecv(arr.ctypes.data if arr.size else 0, arr.nbytes, wsrc, tag,
@@ -366,20 +480,31 @@ class CommP2P:
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
         """Send and receive."""
-        rreq = Request._new(self._irecv_op(recvbuf, source, recvtag))
-        sreq = Request._new(self._isend_op(sendbuf, dest, sendtag))
+        rop, sop = self._sendrecv_ops(sendbuf, dest, sendtag, recvbuf, source, recvtag)
+        rreq = Request._new(rop)
+        sreq = Request._new(sop)
         rreq.Wait(status)
         sreq.Wait()
+
+    def _sendrecv_ops(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
+        """Post the receive, then the send; a send that fails its checks
+        takes the receive back (it would match a later message)."""
+        rop = self._irecv_op(recvbuf, source, recvtag)
+        try:
+            sop = self._isend_op(sendbuf, dest, sendtag)
+        except BaseException:
+            rop.cancel()
+            try:
+                rop.wait()
+            finally:
+                rop.free()
+            raise
+        return rop, sop
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
                          status=None):
         """Send and receive in one buffer."""
-        msg = message_p2p(buf, False)
-        tmp = np.array(msg.array, copy=True).reshape(-1).view(np.uint8)
-        sreq = Request._new(self._isend_op([tmp, "B"], dest, sendtag))
-        rreq = Request._new(self._irecv_op(buf, source, recvtag))
-        rreq.Wait(status)
-        sreq.Wait()
+        self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 
     # -- Point-to-point: nonblocking ----------------------------------------
 
@@ -397,8 +522,20 @@ class CommP2P:
 
     def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                   recvtag=ANY_TAG):
-        rop = self._irecv_op(recvbuf, source, recvtag)
-        sop = self._isend_op(sendbuf, dest, sendtag)
+        rop, sop = self._sendrecv_ops(sendbuf, dest, sendtag, recvbuf, source, recvtag)
+        return _pair_request(Request._new(rop), Request._new(sop))
+
+    def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG):
+        # as mpi4py, the buffer is parsed for the peer that is not PROC_NULL
+        peer = source if not _is_proc_null(source) else dest
+        msg = message_p2p(_null_msg(buf, peer), False)
+        if msg.array is None:
+            sendbuf = None
+        else:
+            # the send goes out of a copy: the receive overwrites ``buf``
+            sendbuf = [np.array(msg.array, copy=True).reshape(-1).view(np.uint8), "B"]
+        rop, sop = self._sendrecv_ops(sendbuf, dest, sendtag,
+                                      buf if msg.array is not None else None, source, recvtag)
         return _pair_request(Request._new(rop), Request._new(sop))
 
     # -- Persistent ---------------------------------------------------------
@@ -420,6 +557,24 @@ class CommP2P:
         self._source(source)
         self._recv_tag(tag)
         return Prequest._persistent(lambda: self._irecv_op(buf, source, tag))
+
+    # -- Partitioned (MPI-4) -------------------------------------------------
+    # The whole buffer travels as one message once every partition is ready;
+    # a receive's partitions all arrive together (MPI allows both).
+
+    def Psend_init(self, buf, partitions, dest, tag=0, info=None):
+        parts = _partitions(partitions)
+        self._dest(dest)
+        self._send_tag(tag)
+        return Prequest._persistent(
+            lambda: _PsendOp(lambda: self._isend_op(buf, dest, tag), parts))
+
+    def Precv_init(self, buf, partitions, source=ANY_SOURCE, tag=ANY_TAG, info=None):
+        parts = _partitions(partitions)
+        self._source(source)
+        self._recv_tag(tag)
+        return Prequest._persistent(
+            lambda: _PrecvOp(self._irecv_op(buf, source, tag), parts))
 
     # -- Probes -------------------------------------------------------------
 
@@ -474,6 +629,8 @@ class CommP2P:
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive a Python object; ``buf`` (optional) bounds its pickled size."""
+        if buf is not None:
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
         if buf is None and status is None:
             # receive and copy out in one C call (_engine.fast)
             try:
@@ -533,3 +690,11 @@ class CommP2P:
 
     def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         return self.Improbe(source, tag, status)
+
+
+def _is_buffer(obj):
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True

@@ -47,9 +47,10 @@ def _comm_lock_table(comm):
 
 
 class _Ctx:
-    __slots__ = ("dupcomm", "localcomm", "low_group", "tag")
+    __slots__ = ("owner", "dupcomm", "localcomm", "low_group", "tag")
 
-    def __init__(self, dupcomm):
+    def __init__(self, owner, dupcomm):
+        self.owner = owner          # handle of the communicator it belongs to
         self.dupcomm = dupcomm
         self.localcomm = None
         self.low_group = False
@@ -78,8 +79,9 @@ def _lookup(comm):
     if _keyval is None:
         _keyval = _comm.Comm.Create_keyval(delete_fn=_free_ctx)
     ctx = comm.Get_attr(_keyval)
-    if ctx is None:
-        ctx = _Ctx(comm.Dup())
+    # a duplicate of ``comm`` may have inherited the attribute: not its own
+    if ctx is None or ctx.owner != comm._handle:
+        ctx = _Ctx(comm._handle, comm.Dup())
         comm.Set_attr(_keyval, ctx)
     return ctx
 

@@ -24,6 +24,7 @@ Internal API used by the buffer parser and the reductions:
   for an array or a buffer format string.
 """
 
+import functools
 import itertools
 import operator
 import threading
@@ -131,40 +132,57 @@ def _chkarray(seq, n):
     return values
 
 
+class _Record:
+    """What a datatype handle designates (shared by every Datatype object
+    holding that handle, as MPI objects are): class attributes are defaults."""
+
+    _name = ""
+    _size = 0
+    _lb = 0
+    _extent = 0
+    _tlb = 0
+    _textent = 0
+    _typechar = ""
+    _typestr = ""
+    _code = None
+    np_dtype = None
+    _reduce_dtype = None
+    _predefined = False
+    _combiner = COMBINER_NAMED
+    _mult = 1
+    _base = None
+    _contents = ((), (), (), ())
+    _build = None
+    _layout = None
+    _wiretype = None
+    _align = None
+
+
+_FIELDS = [k for k in vars(_Record) if not k.startswith("__")]
+
+
 class Datatype:
     """Datatype object (``MPI.Datatype``)."""
 
-    __slots__ = (
-        "_handle", "_name", "_size", "_lb", "_extent", "_tlb", "_textent",
-        "_typechar", "_typestr", "_code", "np_dtype", "_reduce_dtype",
-        "_predefined", "_combiner", "_mult", "_base", "_contents", "_build",
-        "_layout", "_wiretype", "__weakref__",
-    )
+    __slots__ = ("_handle", "_r", "__weakref__")
 
     def __init__(self, datatype=None):
         src = DATATYPE_NULL if datatype is None else datatype
         if not isinstance(src, Datatype):
             raise TypeError(f"expecting Datatype, got {type(datatype).__name__}")
-        for slot in Datatype.__slots__[:-1]:
-            object.__setattr__(self, slot, getattr(src, slot))
+        self._handle = src._handle
+        self._r = src._r
 
     @classmethod
     def _make(cls, **kw):
         self = object.__new__(cls)
-        defaults = dict(
-            _handle=None, _name="", _size=0, _lb=0, _extent=0, _tlb=0,
-            _textent=0, _typechar="", _typestr="", _code=None, np_dtype=None,
-            _reduce_dtype=None, _predefined=False, _combiner=COMBINER_NAMED,
-            _mult=1, _base=None, _contents=((), (), (), ()), _build=None,
-            _layout=None, _wiretype=None,
-        )
-        defaults.update(kw)
-        for k, v in defaults.items():
-            object.__setattr__(self, k, v)
-        if self._handle is None:
-            self._handle = _new_handle()
-        if self._base is None:
-            self._base = self
+        rec = _Record()
+        handle = kw.pop("_handle", None)
+        rec.__dict__.update(kw)
+        self._handle = _new_handle() if handle is None else handle
+        self._r = rec
+        if rec._base is None:
+            rec._base = self
         return self
 
     # -- comparison, hashing, pickling --------------------------------------
@@ -388,8 +406,8 @@ class Datatype:
             _tlb=self._tlb, _textent=self._textent, _typechar=self._typechar,
             _typestr=self._typestr, _code=self._code, np_dtype=self.np_dtype,
             _reduce_dtype=self._reduce_dtype, _combiner=COMBINER_DUP,
-            _mult=self._mult, _base=self._base, _contents=((), (), (), (self,)),
-            _build=self._get_layout, _layout=self._layout,
+            _mult=self._mult, _base=self._base, _contents=((), (), (), (_ref(self),)),
+            _build=functools.partial(_lay, self._r), _layout=self._layout,
         )
         if not self._is_committed():
             _UNCOMMITTED.add(new._handle)   # MPI_Type_dup keeps the committed state
@@ -404,7 +422,7 @@ class Datatype:
         ext = self._extent
         return self._derived(COMBINER_CONTIGUOUS, ((), (), (count,), (self,)),
                              [(self, 0, count)],
-                             lambda: self._get_layout().repeat([0], [count], ext))
+                             lambda r=self._r: _lay(r).repeat([0], [count], ext))
 
     def _vector(self, combiner, count, blocklength, stride, step):
         self._check()
@@ -430,7 +448,7 @@ class Datatype:
             tlb = tub = 0
         return _new_derived(
             combiner, contents, (self,), count * blocklength * self._size, lb, ub, tlb, tub,
-            lambda: self._get_layout().repeat(
+            lambda r=self._r: _lay(r).repeat(
                 np.arange(count, dtype=np.int64) * s, np.full(count, blocklength), ext))
 
     def Create_vector(self, count, blocklength, stride):
@@ -460,7 +478,7 @@ class Datatype:
         return self._derived(
             combiner, ((), (), counts, (self,)),
             [(self, d * step, b) for d, b in zip(disps, bls)],
-            lambda: self._get_layout().repeat(np.asarray(disps, np.int64) * step, bls, ext))
+            lambda r=self._r: _lay(r).repeat(np.asarray(disps, np.int64) * step, bls, ext))
 
     def Create_indexed(self, blocklengths, displacements):
         """Create an indexed datatype."""
@@ -495,21 +513,37 @@ class Datatype:
         for b in bls:
             _count(b, "blocklength")
         types = tuple(types)
+        recs = [t._r for t in types]
 
         def build():
             return _tm.Layout.concat([
-                t._get_layout().repeat([d], [b], t._extent)
-                for t, d, b in zip(types, disps, bls)])
+                _lay(r).repeat([d], [b], r._extent)
+                for r, d, b in zip(recs, disps, bls)])
 
-        return types[0]._derived(COMBINER_STRUCT, ((), (), (n, *bls, *disps), types),
-                                 list(zip(types, disps, bls)), build, types) if n else \
-            _new_derived(COMBINER_STRUCT, ((), (), (0,), ()), (), 0, 0, 0, 0, 0,
-                         lambda: _tm.Layout([], [], []))
+        if not n:
+            return _new_derived(COMBINER_STRUCT, ((), (), (0,), ()), (), 0, 0, 0, 0, 0,
+                                lambda: _tm.Layout([], [], []))
+        blocks = list(zip(types, disps, bls))
+        new = types[0]._derived(COMBINER_STRUCT, ((), (), (n, *bls, *disps), types),
+                                blocks, build, types)
+        # MPICH pads the extent to the strictest alignment inside, unless the
+        # upper bound comes from a resized type
+        ub = new._lb + new._extent
+        align, sticky = 1, False
+        for t, d, b in blocks:
+            if b <= 0:
+                continue
+            align = max(align, _alignment(t))
+            if d + t._lb + t._extent + max(0, (b - 1) * t._extent) == ub and _sticky(t):
+                sticky = True
+        if not sticky and new._extent % align:
+            new._extent += align - new._extent % align
+        return new
 
     def _grid(self, combiner, contents, dims, total, size):
         """Elements at sum(idx_d * stride_d) over the index sets ``dims``
         [(indices, byte stride)] (slowest first), resized to (0, total)."""
-        t = self
+        t = Datatype(self)   # unaffected by a later Free of self
         if any(not idx for idx, _ in dims) or self._size == 0:
             tlb = tub = 0
             size = 0
@@ -518,7 +552,7 @@ class Datatype:
             tub = t._tlb + t._textent + sum(max(i) * s for i, s in dims)
 
         def build():
-            lay = t._get_layout()
+            lay = _lay(t._r)
             for idx, s in reversed(dims):
                 lay = lay.repeat(np.asarray(idx, np.int64) * s, np.ones(len(idx), np.int64),
                                  t._extent)
@@ -621,7 +655,7 @@ class Datatype:
         lb, extent = operator.index(lb), operator.index(extent)
         return _new_derived(COMBINER_RESIZED, ((), (), (lb, extent), (self,)), (self,),
                             self._size, lb, lb + extent, self._tlb,
-                            self._tlb + self._textent, self._get_layout)
+                            self._tlb + self._textent, functools.partial(_lay, self._r))
 
     Resized = Create_resized
 
@@ -681,6 +715,7 @@ class Datatype:
         if self._combiner == COMBINER_NAMED:
             raise _type_error("Cannot free permanent data type")
         self._handle = _NULL_HANDLE
+        self._r = DATATYPE_NULL._r
 
     def free(self):
         """Call `Free` if not null or predefined."""
@@ -783,11 +818,7 @@ class Datatype:
 
     def _get_layout(self):
         """The type map of one item (built once, shared by copies)."""
-        lay = self._layout
-        if lay is None:
-            lay = self._build()
-            self._layout = lay
-        return lay
+        return _lay(self._r)
 
     def _dense(self):
         """Items are stored exactly as packed: the buffer is used in place."""
@@ -797,6 +828,11 @@ class Datatype:
             return False
         lay = self._get_layout()
         return lay.off.size <= 1 and (lay.off.size == 0 or int(lay.off[0]) == 0)
+
+    def _packs(self):
+        """Messages of this type travel packed (see buffers._packed_message)."""
+        comb = self._combiner
+        return comb != COMBINER_NAMED and comb not in _F90 and not self._dense()
 
     def _wire(self):
         """The contiguous datatype of this type's packed bytes: what a packed
@@ -814,7 +850,25 @@ class Datatype:
         return w
 
 
+def _field(name):
+    def fset(self, value):
+        setattr(self._r, name, value)
+    return property(operator.attrgetter("_r." + name), fset)
+
+
+for _k in _FIELDS:
+    setattr(Datatype, _k, _field(_k))
+del _k
+
 _WIRE_HANDLE = 0x4BFFFFFF   # stands for "packed bytes of a derived type"
+
+
+def _lay(rec):
+    """The layout of a datatype record, built on first use."""
+    lay = rec._layout
+    if lay is None:
+        lay = rec._layout = rec._build()
+    return lay
 
 
 def _strides(sizes, order, ext):
@@ -826,6 +880,37 @@ def _strides(sizes, order, ext):
         strides[k] = acc
         acc *= sizes[k]
     return strides
+
+
+def _alignment(t):
+    """Natural alignment of a datatype (x86-64), as MPICH pads structs."""
+    rec = t._r
+    a = rec._align
+    if a is None:
+        a = rec._align = _alignment_of(t)
+    return a
+
+
+def _alignment_of(t):
+    comb = t._combiner
+    if comb == COMBINER_NAMED or comb in _F90:
+        if t._typechar in ("F", "D", "G") or "COMPLEX" in t._name:
+            return max(1, t._size // 2)
+        npd = t.np_dtype
+        if npd is not None and npd.fields:
+            return max(f.itemsize for f, _ in npd.fields.values())
+        return min(max(t._size, 1), 16)
+    return max([_alignment(x) for x in t._contents[3]] or [1])
+
+
+def _sticky(t):
+    """The bounds were set explicitly (resized somewhere inside)."""
+    comb = t._combiner
+    if comb in (COMBINER_RESIZED, COMBINER_SUBARRAY, COMBINER_DARRAY):
+        return True
+    if comb == COMBINER_NAMED or comb in _F90:
+        return False
+    return any(_sticky(x) for x in t._contents[3])
 
 
 def _new_derived(combiner, contents, types, size, lb, ub, tlb, tub, build):
@@ -845,6 +930,9 @@ def _new_derived(combiner, contents, types, size, lb, ub, tlb, tub, build):
         npd, red, mult = base.np_dtype, base._reduce_dtype, size // base._size
     else:
         base, npd, red, mult = None, None, None, 1
+    # contents keep their own references: freeing the arguments later must
+    # not change what Get_contents returns
+    contents = contents[:3] + (tuple(_ref(t) for t in contents[3]),)
     new = Datatype._make(
         _size=size, _lb=lb, _extent=ub - lb, _tlb=tlb, _textent=tub - tlb,
         np_dtype=npd, _reduce_dtype=red, _combiner=combiner, _mult=mult, _base=base,
@@ -894,7 +982,7 @@ def _f90(combiner, ints, kind, size):
         _name="", _size=size, _lb=0, _extent=size, _tlb=0, _textent=size,
         _typechar=chars[kind][size], _typestr=tstr, _code=tstr, np_dtype=b.np_dtype,
         _reduce_dtype=b._reduce_dtype, _combiner=combiner, _base=b,
-        _contents=(ints, (), (), ()), _build=b._get_layout,
+        _contents=(ints, (), (), ()), _build=functools.partial(_lay, b._r),
     )
 
 
@@ -1185,3 +1273,30 @@ _MATCH = {
     TYPECLASS_COMPLEX: {8: "COMPLEX8", 16: "COMPLEX16", 32: "COMPLEX32"},
     TYPECLASS_LOGICAL: {4: "LOGICAL"},
 }
+
+
+def _datatype_decode(datatype, mark=False):
+    """Decode a datatype to base datatype, combiner name and parameters."""
+    return datatype.decode()
+
+
+def _typecode(datatype):
+    """Character code or type string of a datatype, None if it has none."""
+    try:
+        return datatype.tocode()
+    except ValueError:
+        return None
+
+
+def _typealign(datatype):
+    """Alignment of a predefined datatype, None if unknown."""
+    if datatype._handle == _NULL_HANDLE:
+        return None
+    if datatype._combiner != COMBINER_NAMED and datatype._combiner not in _F90:
+        return None
+    if datatype._typechar == "e":
+        return 2
+    if datatype._typechar in ("", "V") and not (datatype.np_dtype is not None
+                                                and datatype.np_dtype.fields):
+        return None
+    return _alignment(datatype)

@@ -1,5 +1,8 @@
 """Group: an ordered set of processes, held as a tuple of COMM_WORLD ranks."""
 
+import itertools
+import threading
+
 from .exceptions import (ERR_ARG, ERR_GROUP, ERR_RANK, raise_error)
 
 UNDEFINED = -32766
@@ -198,12 +201,64 @@ class Group:
         self._ranks = None
         self._index = None
 
+    def free(self):
+        """Call Free if not null or predefined."""
+        if self._ranks is not None and not self._predef:
+            self.Free()
+
+    @classmethod
+    def Intersect(cls, group1, group2):
+        return cls.Intersection(group1, group2)
+
+    # -- handles: groups are values here; a handle names the member list --
+
+    @property
+    def handle(self):
+        if self._ranks is None:
+            return _NULL_HANDLE
+        if not self._ranks:
+            return _EMPTY_HANDLE
+        with _handles_lock:
+            h = _handle_of.get(self._ranks)
+            if h is None:
+                h = _handle_of[self._ranks] = next(_next_handle)
+                _ranks_of[h] = self._ranks
+        return h
+
+    @classmethod
+    def fromhandle(cls, handle):
+        handle = int(handle)
+        if handle == _NULL_HANDLE:
+            return GROUP_NULL
+        if handle == _EMPTY_HANDLE:
+            return GROUP_EMPTY
+        ranks = _ranks_of.get(handle)
+        if ranks is None:
+            raise_error(ERR_GROUP, f"unknown group handle {handle:#x}")
+        return cls._from_ranks(ranks)
+
+    def toint(self):
+        return self.handle
+
+    @classmethod
+    def fromint(cls, arg):
+        return cls.fromhandle(arg)
+
     def py2f(self):
-        return id(self) & 0x7FFFFFFF if self._ranks is not None else 0
+        return self.handle
 
     @classmethod
     def f2py(cls, arg):
-        raise NotImplementedError("Group.f2py is not supported")
+        return cls.fromhandle(arg)
+
+
+# MPICH's MPI_GROUP_NULL and MPI_GROUP_EMPTY; other handles name member lists
+_NULL_HANDLE = 0x08000000
+_EMPTY_HANDLE = 0x48000000
+_handles_lock = threading.Lock()
+_next_handle = itertools.count(0x88000000)
+_handle_of = {}
+_ranks_of = {}
 
 
 Group.__module__ = "erdmampi.MPI"

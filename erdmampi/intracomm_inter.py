@@ -8,6 +8,7 @@ broadcasts the other side's answer to its group.  The classes come from
 
 from ._commrt import _rt
 from .exceptions import ERR_RANK, raise_error
+from .op import MAX
 
 
 class IntracommInter:
@@ -17,8 +18,8 @@ class IntracommInter:
     __slots__ = ()
 
     def __init__(self, comm=None):
-        from .intercomm import Intercomm
-        if isinstance(comm, Intercomm) and comm._ranks is not None:
+        # an inter-communicator is the communicator with a remote group
+        if getattr(comm, "_rgroup", None) is not None and comm._ranks is not None:
             raise TypeError("expecting an intracommunicator")
         super().__init__(comm)
 
@@ -47,5 +48,4 @@ class IntracommInter:
 
 def _propose(comm):
     """This group's context-id proposal (the largest next_ctx of its members)."""
-    from .op import MAX
     return comm.allreduce(_rt.next_ctx, op=MAX)

@@ -57,11 +57,22 @@ class Message:
             return "<Message MESSAGE_NO_PROC>"
         return f"<Message {'null' if self._emsg is None else 'matched'}>"
 
+    def __reduce__(self):
+        if self._predef:
+            return "MESSAGE_NO_PROC" if self._noproc else "MESSAGE_NULL"
+        if self._noproc:
+            return (type(self), (MESSAGE_NO_PROC,))
+        if self._emsg is None:
+            return (type(self), ())
+        raise ValueError(f"cannot serialize {self!r}")
+
     # Private
 
     def _take(self):
         """(comm, engine message) and make this message null; None for NO_PROC."""
         if self._noproc:
+            if not self._predef:
+                self._noproc = False    # a copy of MESSAGE_NO_PROC becomes null
             return None, None
         if self._emsg is None:
             raise_error(ERR_REQUEST, "invalid message (MESSAGE_NULL)")

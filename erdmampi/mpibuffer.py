@@ -1,96 +1,92 @@
-"""``MPI.buffer``: a byte buffer over memory MPI hands out (Alloc_mem,
-window memory).
+"""``MPI.buffer`` (alias ``MPI.memory``): mpi4py's byte buffer object.
 
-A NumPy ``uint8`` array subclass, so it exports the buffer protocol on every
-Python version and supports ``m[:] = 0``, slicing and ``len``; ``address`` is
-the first byte's address (0 for the empty buffer MPI gives for no memory).
+The type itself is C (``_membuf``, built from ext/python/membuf.c) since it
+must export the buffer protocol; this module holds what MPI builds on it:
+memory from ``Alloc_mem`` and the buffer attached for buffered sends.
 """
 
-import ctypes
+import threading
 
-import numpy as np
+from ._membuf import asbuffer, buffer
+from .buffers import BUFFER_AUTOMATIC, is_buffer_automatic
+from .exceptions import ERR_ARG, ERR_BUFFER, raise_error
+
+__all__ = ["buffer", "asbuffer", "alloc_mem", "free_mem", "attach", "detach"]
+
+# MPICH refuses an attached buffer smaller than its per-message overhead
+BSEND_OVERHEAD = 96
+
+_lock = threading.Lock()
+# Alloc_mem hands out a buffer whose obj is None (as MPI memory has no Python
+# exporter); the owning allocation is kept here until Free_mem
+_allocated = {}
+# the buffer attached per scope (None: the process, else a comm/session key)
+_attached = {}
 
 
-class buffer(np.ndarray):
-    """Memory buffer (format "B")."""
+def alloc_mem(size):
+    """A fresh writable buffer of ``size`` bytes (``MPI.Alloc_mem``)."""
+    if not hasattr(type(size), "__index__"):
+        raise TypeError("an integer is required")
+    nbytes = size.__index__()
+    if nbytes < 0:
+        raise_error(ERR_ARG, f"Invalid value for size, must be non-negative but is {nbytes}")
+    owner = buffer.allocate(nbytes)
+    mem = buffer.fromaddress(owner.address, nbytes)
+    with _lock:
+        _allocated[mem.address] = owner
+    return mem
 
-    def __new__(cls, obj=None):
-        if obj is None:
-            return cls._empty()
-        return cls.frombuffer(obj)
 
-    def __array_finalize__(self, obj):
-        self._obj = getattr(obj, "_obj", None)
-        self._null = False
+def free_mem(mem):
+    """Free memory from ``alloc_mem`` and empty the buffer (``MPI.Free_mem``)."""
+    buf = asbuffer(mem, True)
+    with _lock:
+        owner = _allocated.pop(buf.address, None)
+    buf.release()
+    if owner is not None:
+        owner.release()
 
-    @classmethod
-    def _wrap(cls, arr, owner):
-        b = arr.view(cls)
-        b._obj = owner
-        b._null = False
-        return b
 
-    @classmethod
-    def _empty(cls):
-        b = np.empty(0, np.uint8).view(cls)
-        b._obj = None
-        b._null = True
-        return b
+def _exported(obj):
+    """A buffer over a DLPack or CUDA-array-interface exporter, which mpi4py's
+    Attach_buffer takes too (the exporter is kept alive by the buffer's owner
+    table until detach)."""
+    from .buffers import getbuffer
+    raw = getbuffer(obj, False).raw
+    mem = buffer.fromaddress(raw.ctypes.data, raw.nbytes)
+    _exporters[id(mem)] = (obj, raw)
+    return mem
 
-    @classmethod
-    def allocate(cls, nbytes, clear=False):
-        nbytes = int(nbytes)
-        if nbytes < 0:
-            raise ValueError("expecting non-negative size")
-        arr = np.zeros(max(nbytes, 1), np.uint8)[:nbytes] if clear else \
-            np.empty(max(nbytes, 1), np.uint8)[:nbytes]
-        return cls._wrap(arr, None)
 
-    @classmethod
-    def frombuffer(cls, obj, readonly=False):
-        mv = memoryview(obj).cast("B") if not isinstance(obj, np.ndarray) else obj
-        arr = np.frombuffer(mv, np.uint8) if not isinstance(obj, np.ndarray) else \
-            obj.reshape(-1).view(np.uint8)
-        if readonly:
-            arr = arr.view()
-            arr.flags.writeable = False
-        return cls._wrap(arr, obj)
+_exporters = {}
 
-    @classmethod
-    def fromaddress(cls, address, nbytes, readonly=False):
-        address, nbytes = int(address), int(nbytes)
-        if nbytes == 0 or address == 0:
-            if nbytes:
-                raise ValueError("cannot create a buffer at address 0")
-            return cls._empty()
-        c = (ctypes.c_ubyte * nbytes).from_address(address)
-        arr = np.frombuffer(c, np.uint8)
-        if readonly:
-            arr.flags.writeable = False
-        return cls._wrap(arr, None)
 
-    @property
-    def address(self):
-        if self.size == 0 and getattr(self, "_null", False):
-            return 0
-        return self.ctypes.data
+def attach(key, buf):
+    """Attach ``buf`` (or BUFFER_AUTOMATIC/None) for buffered sends."""
+    if buf is None or is_buffer_automatic(buf):
+        buf = BUFFER_AUTOMATIC
+    else:
+        try:
+            buf = asbuffer(buf, False)
+        except TypeError:
+            buf = _exported(buf)
+        if buf.nbytes < BSEND_OVERHEAD:
+            raise_error(ERR_BUFFER, f"Buffer size of {buf.nbytes} is smaller than "
+                        f"MPI_BSEND_OVERHEAD ({BSEND_OVERHEAD})")
+    with _lock:
+        _attached[key] = buf
+    return buf
 
-    @property
-    def obj(self):
-        return self._obj
 
-    @property
-    def format(self):
-        return "B"
-
-    @property
-    def readonly(self):
-        return not self.flags.writeable
-
-    def release(self):
-        pass
-
-    def toreadonly(self):
-        b = self.view(type(self))
-        b.flags.writeable = False
-        return b
+def detach(key):
+    """Detach and return what ``attach`` got: the user's object when it had
+    one, else a buffer over the same memory; BUFFER_AUTOMATIC by default."""
+    with _lock:
+        buf = _attached.pop(key, None)
+        _exporters.pop(id(buf), None)
+    if buf is None or buf is BUFFER_AUTOMATIC:
+        return BUFFER_AUTOMATIC
+    if buf.obj is not None:
+        return buf.obj
+    return buffer.fromaddress(buf.address, buf.nbytes)

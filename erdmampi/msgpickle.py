@@ -14,6 +14,8 @@ import os
 import pickle as _pickle
 import struct
 
+from ._membuf import asbuffer as _asbuffer
+
 __all__ = ["Pickle", "pickle", "PROTOCOL", "THRESHOLD"]
 
 PROTOCOL = _pickle.HIGHEST_PROTOCOL
@@ -85,14 +87,15 @@ class Pickle:
 
     def dumps_oob(self, obj):
         """Serialize ``obj`` to a pickle data stream and out-of-band buffers."""
-        protocol = self._protocol
-        if protocol is None or protocol < 5:
-            return self.dumps(obj), []
+        protocol = PROTOCOL if self._protocol is None else self._protocol
+        return self._dumps_oob(obj, max(protocol, 5))  # oob needs protocol 5
+
+    def _dumps_oob(self, obj, protocol):
         buffers = []
         threshold = self._threshold
 
         def callback(pb):
-            raw = pb.raw()
+            raw = _asbuffer(pb, True)  # an MPI.buffer, as mpi4py hands out
             if raw.nbytes < threshold:
                 return True          # keep in band
             buffers.append(raw)
@@ -109,7 +112,11 @@ class Pickle:
 
     def _encode(self, obj):
         """Return a bytes-like message for ``obj`` (one engine message)."""
-        data, buffers = self.dumps_oob(obj)
+        protocol = self._protocol
+        if protocol is None or protocol < 5:
+            data, buffers = self.dumps(obj), []
+        else:
+            data, buffers = self._dumps_oob(obj, protocol)
         if not buffers:
             return data
         nb = len(buffers)

@@ -21,6 +21,7 @@ import weakref
 import numpy as np
 
 from . import exceptions as _exc
+from ._membuf import buffer as _buffer
 from .datatype import DATATYPE_NULL, PREDEFINED, Datatype
 
 __all__ = [
@@ -321,7 +322,7 @@ class Op:
 
         ``function(inbuf, inoutbuf, datatype)`` must store
         ``inbuf OP inoutbuf`` into ``inoutbuf``; the buffers are writable
-        byte ``memoryview`` objects (mpi4py passes its ``buffer`` type).
+        byte ``MPI.buffer`` objects, as mpi4py passes them.
         """
         function.__call__  # noqa: B018 - raises AttributeError like mpi4py
         with _lock:
@@ -441,8 +442,10 @@ class Op:
         if a.nbytes != work.nbytes:
             raise ValueError(
                 f"mismatch in reduction lengths {a.nbytes} and {work.nbytes} bytes")
-        abuf = memoryview(a.reshape(-1).view(np.uint8))
-        bbuf = memoryview(work.reshape(-1).view(np.uint8))
+        # MPI.buffer objects over the raw bytes, as mpi4py passes them (so
+        # `b[:] = array(...)` copies bytes whatever the item format)
+        abuf = _buffer.fromaddress(a.ctypes.data, a.nbytes)
+        bbuf = _buffer.fromaddress(work.ctypes.data, work.nbytes)
         self._fn(abuf, bbuf, datatype)
         if work is not io:
             io[...] = work

@@ -13,6 +13,7 @@ Operations:
 
 import threading
 import time
+import weakref
 
 from . import _engine
 from .exceptions import (ERR_ARG, ERR_IN_STATUS, ERR_NO_MEM, ERR_OTHER, ERR_PENDING,
@@ -206,29 +207,45 @@ def raise_status_code(code):
 class Request:
     """Communication request, as ``MPI.Request``."""
 
-    __slots__ = ("_op", "_predef", "__weakref__")
+    # _start: a persistent request's operation factory (see Prequest); any
+    # request object may share a persistent handle, as Request(prequest)
+    __slots__ = ("_op", "_predef", "_start", "_inactive", "__weakref__")
 
     def __init__(self, request=None):
         self._predef = False
         self._op = None
+        self._start = None
+        self._inactive = True
         if request is not None:
-            if not isinstance(request, Request):
-                raise TypeError(f"expected Request, got {type(request).__name__}")
+            if not isinstance(request, Request) or (
+                    isinstance(self, Grequest) and not isinstance(request, Grequest)):
+                raise TypeError(f"expected {type(self).__name__}, "
+                                f"got {type(request).__name__}")
             self._op = request._op
+            self._start = getattr(request, "_start", None)
+            self._inactive = getattr(request, "_inactive", True)
 
     @classmethod
     def _new(cls, op):
         req = cls.__new__(cls)
         req._predef = False
         req._op = op
+        req._start = None
         return req
+
+    def _key(self):
+        # what identifies the MPI handle (None: null): a persistent request
+        # stays allocated until Free, others until completed
+        start = getattr(self, "_start", None)
+        return start if start is not None else self._op
 
     def __eq__(self, other):
         if not isinstance(other, Request):
             return NotImplemented
-        if self._op is None or other._op is None:
-            return self._op is None and other._op is None
-        return self._op is other._op
+        a, b = self._key(), other._key()
+        if a is None or b is None:
+            return a is None and b is None
+        return a is b
 
     def __ne__(self, other):
         result = self.__eq__(other)
@@ -237,10 +254,17 @@ class Request:
     __hash__ = object.__hash__
 
     def __bool__(self):
-        return self._op is not None
+        return self._key() is not None
 
     def __repr__(self):
-        return f"<{type(self).__name__} {'active' if self._op is not None else 'null'}>"
+        return f"<{type(self).__name__} {'active' if self._key() is not None else 'null'}>"
+
+    def __reduce__(self):
+        if self._predef:
+            return "REQUEST_NULL"
+        if self._key() is None:
+            return (type(self), ())
+        raise ValueError(f"cannot serialize {self!r}")
 
     # Private
 
@@ -324,9 +348,11 @@ class Request:
         if op is None:
             if self._predef:
                 raise_error(ERR_REQUEST, "cannot free REQUEST_NULL")
+            self._start = None
             return
         op.free()
         self._op = None
+        self._start = None
 
     free = Free
 
@@ -429,12 +455,18 @@ class Request:
         requests = list(requests)
         if all(r._op is None for r in requests):
             return None, None
-        sts = _statuses(statuses, len(requests))
-        indices, objs = [], []
+        indices, objs, done = [], [], []
         for i, req in enumerate(requests):
             if req._op is not None and req._op.test():
                 indices.append(i)
-                objs.append(req._done(sts[i] if sts is not None else None))
+                st = Status() if statuses is not None else None
+                objs.append(req._done(st))
+                done.append(st)
+        if statuses is not None:
+            # one status per completed request, in the order of ``indices``
+            sts = _statuses(statuses, len(done))
+            for k, st in enumerate(done):
+                sts[k]._copy_from(st)
         return indices, objs
 
     @classmethod
@@ -448,6 +480,8 @@ class Request:
     def Get_status_any(cls, requests, status=None):
         requests = list(requests)
         if all(r._op is None for r in requests):
+            if status is not None:
+                status._fill(ANY_SOURCE_, ANY_TAG, 0, 0, False)
             return UNDEFINED, True
         for i, r in enumerate(requests):
             if r._op is not None and r.Get_status(status):
@@ -468,7 +502,29 @@ class Request:
     get_status_some = Get_status_some
 
     def py2f(self):
-        return 0 if self._op is None else (id(self._op) & 0x7FFFFFFF)
+        key = self._key()
+        if key is None:
+            return 0
+        h = id(key) & 0x7FFFFFFF
+        _by_handle[h] = self    # so that fromhandle finds the operation again
+        return h
+
+    @classmethod
+    def f2py(cls, arg):
+        """A new ``cls`` object over the request whose handle is ``arg``."""
+        h = int(arg)
+        req = cls.__new__(cls)
+        Request.__init__(req)
+        if h == 0:
+            return req
+        orig = _by_handle.get(h)
+        if orig is None or orig._key() is None or (id(orig._key()) & 0x7FFFFFFF) != h:
+            raise_error(ERR_REQUEST, f"invalid request handle {h:#x}")
+        Request.__init__(req, orig)
+        return req
+
+    fromhandle = f2py
+    fromint = f2py
 
     def toint(self):
         return self.py2f()
@@ -476,6 +532,10 @@ class Request:
     @property
     def handle(self):
         return self.py2f()
+
+
+# requests whose handle was asked for (py2f/handle/toint), by handle
+_by_handle = weakref.WeakValueDictionary()
 
 
 def _block_any(requests):
@@ -500,6 +560,9 @@ def _statuses(statuses, n):
     """Grow a user's status list to ``n`` entries (as mpi4py does)."""
     if statuses is None:
         return None
+    if not isinstance(statuses, list):
+        # another sequence is not grown: its statuses come first, then scratch ones
+        statuses = list(statuses)
     while len(statuses) < n:
         statuses.append(Status())
     return statuses
@@ -508,7 +571,7 @@ def _statuses(statuses, n):
 class Prequest(Request):
     """Persistent request: ``Start()`` runs the operation again."""
 
-    __slots__ = ("_start", "_inactive")
+    __slots__ = ()
 
     @classmethod
     def _persistent(cls, start):
@@ -518,9 +581,6 @@ class Prequest(Request):
         req._start = start
         req._inactive = True
         return req
-
-    def __bool__(self):
-        return getattr(self, "_start", None) is not None
 
     def _release(self):
         self._op = None   # inactive, still allocated
@@ -537,6 +597,26 @@ class Prequest(Request):
     def Startall(cls, requests):
         for r in requests:
             r.Start()
+
+    # Partitioned communication (Comm.Psend_init / Precv_init)
+
+    def _partitioned(self):
+        op = self._op
+        if op is None or not hasattr(op, "pready"):
+            raise_error(ERR_REQUEST, "not an active partitioned request")
+        return op
+
+    def Pready(self, partition):
+        self._partitioned().pready((partition,))
+
+    def Pready_range(self, partition_low, partition_high):
+        self._partitioned().pready(range(int(partition_low), int(partition_high) + 1))
+
+    def Pready_list(self, partitions):
+        self._partitioned().pready(list(partitions))
+
+    def Parrived(self, partition):
+        return bool(self._partitioned().parrived(partition))
 
     def Free(self):
         if self._op is not None:

@@ -397,7 +397,3 @@ class Distgraphcomm(Topocomm):
         t = self._topo
         return (list(t[1]), list(t[3]), (list(t[2]), list(t[4])) if t[5] else None)
 
-
-def Topo_test(comm):
-    return comm.Get_topology()
-

@@ -7,8 +7,11 @@ and answers on the same context with the origin's reply tag.  Passive-target
 epochs therefore progress while the target's application thread computes.
 Operations on the calling process's own memory are applied in place.
 
-Every operation is acknowledged, so Flush/Unlock/Fence/Complete complete an
-origin's operations by waiting for their replies.  Locks are granted by the
+A target serves each origin's requests in order, so Put and Accumulate go
+unanswered: Flush/Fence/Complete send a flush request (Unlock its unlock
+request) behind them and wait for its reply, which also carries the first
+error the target met applying them.  Operations that return data complete
+with their own reply.  Locks are granted by the
 target's lock manager (exclusive/shared queue); general active target
 synchronisation exchanges post/complete notices on the same context.
 """
@@ -29,7 +32,7 @@ from . import _engine
 from . import errhandler as _eh
 from .buffers import getbuffer, is_bottom, message_p2p
 from .datatype import PREDEFINED as _TYPES
-from .exceptions import (ERR_ARG, ERR_ASSERT, ERR_DISP, ERR_KEYVAL, ERR_LOCKTYPE, ERR_OTHER,
+from .exceptions import (ERR_ARG, ERR_DISP, ERR_KEYVAL, ERR_OTHER,
                          ERR_RANK, ERR_RMA_ATTACH, ERR_RMA_FLAVOR, ERR_RMA_RANGE,
                          ERR_RMA_SYNC, ERR_SIZE, ERR_WIN, Exception as MPIException,
                          raise_error)
@@ -77,9 +80,21 @@ _DONE = 3           # PSCW: origin -> target, "access epoch complete"
 _REPLY0 = 16        # replies use tags _REPLY0 .. _REPLY0 + _NREPLY - 1
 _NREPLY = 1 << 26
 
-_PUT, _GET, _ACC, _GACC, _CAS, _LOCK, _UNLOCK, _STOP = range(8)
+_PUT, _GET, _ACC, _GACC, _CAS, _LOCK, _UNLOCK, _STOP, _FLUSH = range(9)
+_NOREPLY = 0        # reply tag of Put/Accumulate: completed by a later _FLUSH/_UNLOCK
 
 _HDR = struct.Struct("<I")
+
+_OPNAMES = "cswap,max,min,sum,prod,land,band,lor,bor,lxor,bxor,minloc,maxloc,replace,no_op"
+# MPICH's answer to MPI_Win_get_info (erdmampi reads no window hint)
+_DEFAULT_HINTS = {
+    "no_locks": "false", "accumulate_ordering": "rar,raw,war,waw",
+    "accumulate_ops": "same_op_no_op", "alloc_shared_noncontig": "false",
+    "same_size": "false", "same_disp_unit": "false", "alloc_shm": "false",
+    "which_accumulate_ops": _OPNAMES, "accumulate_noncontig_dtype": "true",
+    "accumulate_max_bytes": "unlimited", "disable_shm_accumulate": "false",
+    "coll_attach": "false", "perf_preference": _OPNAMES,
+}
 
 
 def _rt():
@@ -308,6 +323,8 @@ class _State:
         self.mlock = threading.Lock()       # memory updates
         self.plock = threading.Lock()       # pending list, reply tags
         self.pending = []
+        self.unacked = set()                # targets of unanswered Put/Accumulate
+        self.errs = {}                      # origin -> first error of its unanswered ops
         self.next_tag = 0
         # lock manager (this process as a target)
         self.lk = threading.Lock()
@@ -339,8 +356,14 @@ class _State:
             raise _eng_error(e) from None
         r.free()
 
-    def request(self, target, header, payload=b"", finish=None):
-        """Send one request to ``target`` (world rank); returns its _Pending."""
+    def request(self, target, header, payload=b"", finish=None, reply=True):
+        """Send one request to ``target`` (world rank); returns its _Pending
+        (None when ``reply`` is false: a later flush completes it)."""
+        if not reply:
+            with self.plock:
+                self.unacked.add(target)
+            self.send(target, _REQ, _encode((header[0], _NOREPLY) + tuple(header[1:]), payload))
+            return None
         eng = _engine_or_raise()
         tag = self.reply_tag()
         try:
@@ -353,13 +376,22 @@ class _State:
         self.send(target, _REQ, _encode((header[0], tag) + tuple(header[1:]), payload))
         return p
 
-    def flush(self, target=None):
+    def flush(self, target=None, acked=False):
+        """Complete the operations to ``target`` (all targets if None);
+        ``acked``: the caller's own request will cover unanswered ones."""
         with self.plock:
             if target is None:
                 todo, self.pending = self.pending, []
+                unacked, self.unacked = self.unacked, set()
             else:
                 todo = [p for p in self.pending if p.target == target]
                 self.pending = [p for p in self.pending if p.target != target]
+                unacked = {target} & self.unacked
+                self.unacked.discard(target)
+        if not acked:
+            todo += [self.request(t, (_FLUSH,)) for t in unacked]
+            with self.plock:
+                self.pending = [p for p in self.pending if p not in todo]
         err = None
         for p in todo:
             try:
@@ -406,7 +438,7 @@ class _State:
                 return old
             old = mem.tobytes() if kind == _GACC else b""
             op = _OPS[opname]
-            if opname != "NO_OP":
+            if opname != "NO_OP" and nbytes:
                 src = np.frombuffer(payload, np.uint8, nbytes).copy()
                 op._apply(_typed(src, datatype), _typed(mem, datatype), datatype)
             return old
@@ -465,14 +497,25 @@ class _State:
             origin = raw.source
             if kind == _STOP:
                 return
+            if tag == _NOREPLY:
+                try:
+                    self.apply(kind, *header[2:], payload)
+                except MPIException as e:
+                    self.errs.setdefault(origin, e.Get_error_class())
+                except BaseException:
+                    traceback.print_exc()
+                    self.errs.setdefault(origin, ERR_OTHER)
+                continue
             try:
                 if kind == _LOCK:
                     self.lock_request(origin, header[2],
                                       lambda o=origin, t=tag: self.send(o, t, b""))
                     continue
-                if kind == _UNLOCK:
-                    self.unlock_request(origin)
-                    out = b""
+                if kind in (_FLUSH, _UNLOCK):
+                    if kind == _UNLOCK:
+                        self.unlock_request(origin)
+                    err = self.errs.pop(origin, 0)
+                    out = b"E%d" % err if err else b""
                 else:
                     out = self.apply(kind, *header[2:], payload)
             except MPIException as e:
@@ -539,7 +582,8 @@ class Win(HandleObject, _eh.HasErrhandler):
             raise_error(ERR_DISP, f"invalid displacement unit {disp_unit}")
         dup = comm.Dup()
         st = _State(dup, flavor, raw, base, size, disp_unit)
-        st.hints = cls._info_items(info)
+        st.hints = dict(_DEFAULT_HINTS)
+        st.hints.update(cls._info_items(info))
         if len(st.ranks) > 1:
             st.start()
         return cls._register(st)
@@ -754,8 +798,8 @@ class Win(HandleObject, _eh.HasErrhandler):
         """The local window memory as a buffer (format "B")."""
         st = self._check()
         if st.raw is None or st.size == 0:
-            return buffer._empty()
-        return buffer._wrap(st.raw, self)
+            return buffer()
+        return buffer.frombuffer(st.raw)
 
     def Shared_query(self, rank):
         """``(memory, disp_unit)`` of ``rank``'s part of a shared window."""
@@ -769,8 +813,8 @@ class Win(HandleObject, _eh.HasErrhandler):
         elif rank < 0 or rank >= len(sizes):
             raise_error(ERR_RANK, f"invalid rank {rank}")
         if sizes[rank] == 0:
-            return buffer._empty(), units[rank]
-        return buffer._wrap(whole[offsets[rank]:offsets[rank] + sizes[rank]], self), units[rank]
+            return buffer(), units[rank]
+        return buffer.frombuffer(whole[offsets[rank]:offsets[rank] + sizes[rank]]), units[rank]
 
     def Get_info(self):
         st = self._check()
@@ -810,7 +854,7 @@ class Win(HandleObject, _eh.HasErrhandler):
     def _tbytes(count, datatype):
         return count * datatype.Get_size()
 
-    def _op(self, st, target, header, payload, finish):
+    def _op(self, st, target, header, payload, finish, reply=True):
         """Run one operation on world rank ``target``: in place when it is
         this process, else as a request; returns its _Pending or None."""
         if target == st.me:
@@ -818,7 +862,7 @@ class Win(HandleObject, _eh.HasErrhandler):
             if finish is not None:
                 finish(out)
             return None
-        return st.request(target, header, payload, finish)
+        return st.request(target, header, payload, finish, reply)
 
     def _put(self, origin, target_rank, target, kind, op=None):
         st = self._check()
@@ -827,15 +871,17 @@ class Win(HandleObject, _eh.HasErrhandler):
         wt = self._world(st, target_rank)
         if kind == _ACC:
             op = _op_arg(op)
-            op._check(datatype)
         if wt is None:
             return None
         nbytes = self._tbytes(count, datatype)
+        if kind == _ACC and nbytes:
+            op._check(datatype)
         data = msg.array.view(np.uint8).tobytes()[:nbytes] if msg.nbytes else b""
         if len(data) < nbytes:
             data = data + bytes(nbytes - len(data))
         opname = op._name if op is not None else ""
-        return self._op(st, wt, (kind, disp, nbytes, _typename(datatype), opname), data, None)
+        return self._op(st, wt, (kind, disp, nbytes, _typename(datatype), opname), data, None,
+                        reply=False)
 
     @staticmethod
     def _into(msg):
@@ -866,8 +912,9 @@ class Win(HandleObject, _eh.HasErrhandler):
         wt = self._world(st, target_rank)
         if wt is None:
             return None
-        op._check(datatype)
         nbytes = self._tbytes(count, datatype)
+        if nbytes:
+            op._check(datatype)
         if op._name == "NO_OP":
             data = b""
             if msg.count == 0 and target is None:
@@ -956,7 +1003,7 @@ class Win(HandleObject, _eh.HasErrhandler):
     def _assert(assertion):
         assertion = int(assertion)
         if assertion & ~_ALL_MODES:
-            raise_error(ERR_ASSERT, f"invalid assertion {assertion}")
+            raise_error(ERR_ARG, f"invalid assertion {assertion}")
         return assertion
 
     def Fence(self, assertion=0):
@@ -978,7 +1025,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         st = self._check()
         lock_type = int(lock_type)
         if lock_type not in (LOCK_EXCLUSIVE, LOCK_SHARED):
-            raise_error(ERR_LOCKTYPE, f"invalid lock type {lock_type}")
+            raise_error(ERR_ARG, f"invalid lock type {lock_type}")
         self._assert(assertion)
         wt = self._world(st, rank)
         if wt is None:
@@ -989,7 +1036,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         st.locked[wt] = lock_type
 
     def _unlock(self, st, wt):
-        st.flush(wt)
+        st.flush(wt, acked=wt != st.me)     # the unlock reply covers Put/Accumulate
         if wt == st.me:
             st.unlock_request(wt)
         else:

@@ -91,8 +91,7 @@ def _alloc(n):
 
 
 def _header(data, bufs):
-    return [len(data)] + [len(b) if not isinstance(b, memoryview) else b.nbytes
-                          for b in bufs]
+    return [len(data)] + [memoryview(b).nbytes for b in bufs]
 
 
 def _root_error(comm):
@@ -435,8 +434,6 @@ class Request(tuple):
             return any(req != other for req in self)
         return NotImplemented
 
-    __hash__ = tuple.__hash__
-
     def __bool__(self):
         return any(req for req in self)
 
@@ -510,8 +507,6 @@ class Message(tuple):
         if isinstance(other, MPI.Message):
             return any(msg != other for msg in self)
         return NotImplemented
-
-    __hash__ = tuple.__hash__
 
     def __bool__(self):
         return any(msg for msg in self)

@@ -32,9 +32,11 @@ def _ints(*values):
 
 
 def _win_memory(window):
-    # the window's local memory (pure-Python windows expose ``tomemory``)
-    tomemory = getattr(window, "tomemory", None)
-    return tomemory() if tomemory is not None else memoryview(window)
+    # the window's local memory (a Python-level Win exports it via tomemory)
+    try:
+        return memoryview(window)
+    except TypeError:
+        return memoryview(window.tomemory())
 
 
 def _init_window(comm, info, values, root=None, typecode="i"):

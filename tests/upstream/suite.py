@@ -69,7 +69,9 @@ def launch(impl, nprocs, module, testdir, outdir, timeout, extra=()):
     """Run one module; returns (returncode, timed_out, seconds)."""
     args = [str(DRIVER), "--impl", impl, "--out", str(outdir), "--testdir", str(testdir),
             *extra, module]
-    env = rank_env({"PYTHONDONTWRITEBYTECODE": "1"})
+    # MPI4PY_TEST_SPAWN=0: the suite's own switch for an MPI that cannot
+    # spawn processes (neither run here may); set for both implementations
+    env = rank_env({"PYTHONDONTWRITEBYTECODE": "1", "MPI4PY_TEST_SPAWN": "0"})
     if impl == "erdmampi":
         cmd = erdmarun_cmd() + ["-n", str(nprocs), "--timeout", str(timeout),
                                 sys.executable] + args
@@ -220,6 +222,9 @@ def main(argv=None):
     ap.add_argument("--table", default="", help="write the markdown table here")
     ap.add_argument("--details", action="store_true", help="keep failure tracebacks in the JSON")
     ap.add_argument("--version", default=VERSION, help="mpi4py sdist version")
+    ap.add_argument("--write-floor", default="",
+                    help="write erdmampi's pass count per module at the first rank "
+                         "count here (the CI floor, tests/upstream/floor_2.json)")
     opts = ap.parse_args(argv)
     testdir = fetch(opts.version)
     mods = opts.modules.split(",") if opts.modules else modules(testdir)
@@ -228,6 +233,10 @@ def main(argv=None):
     impls = opts.impl.split(",")
     results = run_matrix(ranks, impls, mods, opts.timeout, testdir, details=opts.details)
     command = "python -m tests.upstream.suite " + " ".join(argv if argv is not None else sys.argv[1:])
+    if opts.write_floor:
+        mine = results.get("erdmampi", {}).get(str(ranks[0]), {})
+        floor = {m: _counts(r["tests"])["pass"] for m, r in mine.items()}
+        Path(opts.write_floor).write_text(json.dumps(floor, indent=1, sort_keys=True) + "\n")
     if opts.json:
         Path(opts.json).write_text(json.dumps(results, indent=1, sort_keys=True))
     text = table(results, command.strip())
