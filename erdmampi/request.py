@@ -573,6 +573,13 @@ class Prequest(Request):
 
     __slots__ = ()
 
+    def __init__(self, request=None):
+        super().__init__(request)
+        # a non-null handle must be a persistent request (mpi4py's <Prequest?> check)
+        if request is not None and self and not isinstance(request, Prequest):
+            raise TypeError(f"Cannot convert {type(request).__module__}."
+                            f"{type(request).__name__} to erdmampi.MPI.Prequest")
+
     @classmethod
     def _persistent(cls, start):
         req = cls.__new__(cls)
@@ -627,13 +634,7 @@ class Prequest(Request):
     free = Free
 
 
-class Grequest(Request):
-    """Generalized request (not supported beyond its type)."""
-
-    @classmethod
-    def Start(cls, query_fn=None, free_fn=None, cancel_fn=None, args=None, kwargs=None):
-        raise_error(ERR_OTHER, "generalized requests are not supported")
-
-
 REQUEST_NULL = Request()
 REQUEST_NULL._predef = True
+
+from .grequest import Grequest  # noqa: E402,F401  (it builds on Request)
