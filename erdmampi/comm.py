@@ -11,6 +11,8 @@ counts; this module translates ranks through the communicator's
 
 import zlib
 
+import weakref
+
 from ._commrt import (  # noqa: F401
     ANY_SOURCE, ANY_TAG, APPNUM, _blocks, bootstrap, BOTTOM, _buffer_pointer, _buffers,
     _c_dtype, _C_DTYPES, _C_OPS, _check_op, coll, _COLL_CACHE_MAX, _COLL_ENV,
@@ -100,6 +102,10 @@ _next_keyval = [1700000000]
 # Communicators
 
 
+# live communicators by handle (fromhandle/f2py find them again)
+_by_handle = weakref.WeakValueDictionary()
+
+
 class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     """Communication context, as ``MPI.Comm``.
 
@@ -148,6 +154,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
             self._name = name
         if self._handle == _NULL_HANDLE:
             self._handle = _new_handle()
+        _by_handle[self._handle] = self
 
     @classmethod
     def _from_group(cls, group, ctx):
@@ -443,9 +450,14 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
                 return c
         if arg == _NULL_HANDLE:
             return COMM_NULL
-        raise_error(ERR_COMM, f"unknown communicator handle {arg:#x}")
+        orig = _by_handle.get(arg)
+        if orig is None or orig._ranks is None:
+            raise_error(ERR_COMM, f"unknown communicator handle {arg:#x}")
+        kind = type(orig) if issubclass(type(orig), cls) else cls
+        return kind(orig)
 
     fromint = f2py
+    fromhandle = f2py
 
     def Abort(self, errorcode=0):
         """Terminate every process of the job (this one exits with ``errorcode``)."""

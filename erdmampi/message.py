@@ -3,7 +3,12 @@
 from .exceptions import ERR_REQUEST, raise_error
 from .request import Request, _DoneOp
 
+import weakref
+
 PROC_NULL = -1
+_NULL_HANDLE = 0x2C000000
+_NO_PROC_HANDLE = 0x6C000000
+_by_handle = weakref.WeakValueDictionary()
 ANY_TAG = -1
 ANY_SOURCE = -2
 
@@ -56,6 +61,39 @@ class Message:
         if self._noproc:
             return "<Message MESSAGE_NO_PROC>"
         return f"<Message {'null' if self._emsg is None else 'matched'}>"
+
+    # -- handles (MPICH's values for the two predefined messages) -------------
+
+    @property
+    def handle(self):
+        if self._noproc:
+            return _NO_PROC_HANDLE
+        if self._emsg is None:
+            return _NULL_HANDLE
+        h = id(self._emsg) & 0x0FFFFFFF | 0xAC000000
+        _by_handle[h] = self
+        return h
+
+    @classmethod
+    def fromhandle(cls, handle):
+        handle = int(handle)
+        if handle == _NULL_HANDLE:
+            return cls()
+        if handle == _NO_PROC_HANDLE:
+            return cls(MESSAGE_NO_PROC)
+        orig = _by_handle.get(handle)
+        if orig is None or orig._emsg is None:
+            raise_error(ERR_REQUEST, f"invalid message handle {handle:#x}")
+        return cls(orig)
+
+    def toint(self):
+        return self.handle
+
+    def py2f(self):
+        return self.handle
+
+    fromint = fromhandle
+    f2py = fromhandle
 
     def __reduce__(self):
         if self._predef:
@@ -127,11 +165,6 @@ class Message:
         if not self._predef:
             self._emsg = None
             self._comm = None
-
-    def py2f(self):
-        return 0 if self._emsg is None else id(self._emsg) & 0x7FFFFFFF
-
-    toint = py2f
 
 
 MESSAGE_NULL = Message()

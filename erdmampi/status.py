@@ -170,16 +170,16 @@ class Status:
         self._cancelled = bool(flag)
 
     def py2f(self):
-        """Return the Fortran-style integer array (source, tag, error, count lo, count hi, cancelled)."""
-        return [self._source, self._tag, self._error,
-                self._nbytes & 0x7FFFFFFF, self._nbytes >> 31, int(self._cancelled)]
+        """The Fortran status: MPICH's MPI_Status as F_STATUS_SIZE integers."""
+        return [int(v) for v in self._mem]
 
     @classmethod
     def f2py(cls, arg):
         st = cls()
-        st._source, st._tag, st._error = int(arg[0]), int(arg[1]), int(arg[2])
-        st._nbytes = int(arg[3]) | (int(arg[4]) << 31)
-        st._cancelled = bool(arg[5])
+        values = [int(v) for v in arg]
+        if len(values) != len(st._mem):
+            raise ValueError(f"expecting {len(st._mem)} integers, got {len(values)}")
+        st._mem[:] = values
         return st
 
     source = property(Get_source, Set_source, doc="source")
