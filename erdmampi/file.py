@@ -58,6 +58,19 @@ class File(HandleObject, _eh.HasErrhandler):
     def _check(self):
         return self._state()
 
+    # ROMIO's integer for a file is an index in its table
+    def py2f(self):
+        return self._h - self._FIRST if self._h != self._NULL else 0
+
+    toint = py2f
+
+    @classmethod
+    def f2py(cls, arg):
+        arg = int(arg)
+        return cls.fromhandle(cls._FIRST + arg if arg else cls._NULL)
+
+    fromint = f2py
+
     def free(self):
         """Call Close if not null."""
         if self:

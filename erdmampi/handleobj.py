@@ -120,12 +120,15 @@ class HandleObject:
         return obj
 
     def py2f(self):
-        return self._h
+        """The handle as a C/Fortran int (MPICH: its low 32 bits, signed)."""
+        h = self._h & 0xffffffff
+        return h - (1 << 32) if h >> 31 else h
 
     toint = py2f
 
     @classmethod
     def f2py(cls, arg):
-        return cls.fromhandle(arg)
+        arg = int(arg)
+        return cls.fromhandle(arg & 0xffffffffffffffff if arg < 0 else arg)
 
     fromint = f2py

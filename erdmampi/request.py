@@ -217,8 +217,7 @@ class Request:
         self._start = None
         self._inactive = True
         if request is not None:
-            if not isinstance(request, Request) or (
-                    isinstance(self, Grequest) and not isinstance(request, Grequest)):
+            if not isinstance(request, Request):
                 raise TypeError(f"expected {type(self).__name__}, "
                                 f"got {type(request).__name__}")
             self._op = request._op
@@ -337,6 +336,8 @@ class Request:
 
     def Cancel(self):
         """Cancel a pending request; it must still be waited for."""
+        if self._op is None and self._predef:
+            raise_error(ERR_REQUEST, "cannot cancel REQUEST_NULL")
         if self._op is not None:
             self._op.cancel()
 
@@ -354,7 +355,10 @@ class Request:
         self._op = None
         self._start = None
 
-    free = Free
+    def free(self):
+        """Call Free if not null (safe on REQUEST_NULL and freed requests)."""
+        if self:
+            self.Free()
 
     # Completion: many requests
 

@@ -27,7 +27,7 @@ class Session(HandleObject, _eh.HasErrhandler):
     """Session context."""
 
     _NULL = 0x38000000          # MPICH's MPI_SESSION_NULL
-    _FIRST = 0xffffffffb8000000
+    _FIRST = 0xffffffffb8000000 - 1
     _ERR = ERR_SESSION
     _NULL_NAME = "SESSION_NULL"
     _registry = {}

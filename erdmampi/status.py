@@ -29,7 +29,7 @@ class Status:
     # The fields live in MPICH's MPI_Status layout (five C ints: count low
     # word, count high word << 1 | cancelled, source, tag, error) so that
     # ``tomemory()`` can expose them writable, as mpi4py does.
-    __slots__ = ("_mem",)
+    __slots__ = ("_mem", "__weakref__")
 
     def _get(i):
         return property(lambda self: int(self._mem[i]),
@@ -106,8 +106,7 @@ class Status:
                 f"count={self._nbytes}>")
 
     def __reduce__(self):
-        return (_rebuild_status, (self._source, self._tag, self._error,
-                                  self._nbytes, self._cancelled))
+        return (_rebuild_status, (type(self), [int(v) for v in self._mem]))
 
     def Get_source(self):
         """Return the message source."""
@@ -201,7 +200,7 @@ class Status:
         self._nbytes = int(value)
 
 
-def _rebuild_status(source, tag, error, nbytes, cancelled):
-    st = Status()
-    st._fill(source, tag, error, nbytes, cancelled)
+def _rebuild_status(cls, mem):
+    st = cls()
+    st._mem[:] = mem
     return st
