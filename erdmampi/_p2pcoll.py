@@ -15,7 +15,7 @@ import numpy as np
 from ._commrt import _CollTransport, _u8
 from .buffers import _unpack, getbuffer, is_bottom
 from .datatype import asdatatype
-from .exceptions import ERR_ARG, raise_error
+from .exceptions import ERR_UNSUPPORTED_OPERATION, raise_error
 
 
 def transport(comm, ranks):
@@ -63,7 +63,8 @@ def message_w(spec, readonly, size):
     nbytes = []
     for c, dt in zip(counts, types):
         if c and dt.Get_extent()[1] != dt.Get_size():
-            raise_error(ERR_ARG, "Alltoallw: non-contiguous datatypes are not supported")
+            raise_error(ERR_UNSUPPORTED_OPERATION,
+                        "Alltoallw: datatypes with gaps are not supported")
         nbytes.append(c * dt.Get_size())
     if is_bottom(o_buf):
         out = []

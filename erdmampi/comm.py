@@ -13,6 +13,8 @@ import zlib
 
 import weakref
 
+from . import attributes as _attributes
+
 from ._commrt import (  # noqa: F401
     ANY_SOURCE, ANY_TAG, APPNUM, _blocks, bootstrap, BOTTOM, _buffer_pointer, _buffers,
     _c_dtype, _C_DTYPES, _C_OPS, _check_op, coll, _COLL_CACHE_MAX, _COLL_ENV,
@@ -94,8 +96,6 @@ from .errhandler import (ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL,  # noq
                          ERRORS_RETURN, Errhandler, HasErrhandler)
 from .errhandler import _RETURN as _ERRH_RETURN  # noqa: E402
 
-_keyvals = {}
-_next_keyval = [1700000000]
 
 
 # -----------------------------------------------------------------------------
@@ -274,7 +274,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         ctx = self._agree_ctx()
         c = type(self)()
         c._setup(Group._from_ranks(self._ranks), ctx)
-        c._attrs = dict(self._attrs)
+        c._attrs = _attributes.copy_all(self, self._attrs)
         c._chints = dict(self._chints)
         if info is not None:
             c.Set_info(info)
@@ -295,10 +295,13 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         self._check()
         if self._predef:
             raise_error(ERR_COMM, "cannot free a predefined communicator")
-        self._ranks = None
-        self._group = None
-        self._rank = UNDEFINED
-        self._fast = None
+        try:
+            _attributes.delete_all(self, self._attrs)
+        finally:
+            self._ranks = None
+            self._group = None
+            self._rank = UNDEFINED
+            self._fast = None
 
     def free(self):
         """Free the communicator if it is not null or predefined."""
@@ -347,34 +350,23 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
             if "ERDMA_UNIVERSE_SIZE" in os.environ:
                 return int(_rt.info.get("universe_size", len(self._ranks)))
             return None
-        if keyval not in _keyvals:
-            raise_error(ERR_KEYVAL, f"invalid keyval {keyval}")
-        return self._attrs.get(keyval)
+        return _attributes.get("Comm", self._attrs, keyval)
 
     def Set_attr(self, keyval, attrval):
         self._check()
-        if int(keyval) not in _keyvals:
-            raise_error(ERR_KEYVAL, f"invalid keyval {keyval}")
-        self._attrs[int(keyval)] = attrval
+        _attributes.set("Comm", self, self._attrs, keyval, attrval)
 
     def Delete_attr(self, keyval):
         self._check()
-        if int(keyval) not in _keyvals:
-            raise_error(ERR_KEYVAL, f"invalid keyval {keyval}")
-        self._attrs.pop(int(keyval), None)
+        _attributes.delete("Comm", self, self._attrs, keyval)
 
     @classmethod
     def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython=False):
-        with _rt.lock:
-            k = _next_keyval[0]
-            _next_keyval[0] += 1
-        _keyvals[k] = (copy_fn, delete_fn)
-        return k
+        return _attributes.create_keyval("Comm", copy_fn, delete_fn, nopython)
 
     @classmethod
     def Free_keyval(cls, keyval):
-        _keyvals.pop(int(keyval), None)
-        return KEYVAL_INVALID
+        return _attributes.free_keyval("Comm", keyval)
 
     def Get_info(self):
         """A new Info object with the hints in use (``erdma_compress``), as

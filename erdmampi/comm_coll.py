@@ -18,6 +18,14 @@ from ._commrt import (
     _u8, _u8_of, _UNUSED)
 
 
+def _check_cro(smsg, rmsg):
+    """mpi4py's checks of a reduction's send and receive messages."""
+    if smsg.datatype != rmsg.datatype:
+        raise ValueError("mismatch in send and receive MPI datatypes")
+    if smsg.count != rmsg.count:
+        raise _mismatch(smsg, rmsg)
+
+
 class CommColl:
     """Buffer collectives of ``Comm`` (blocking and nonblocking)."""
 
@@ -150,8 +158,8 @@ class CommColl:
         isroot = self._rank == root
         smsg = None if (isroot and is_in_place(sendbuf)) else message_cco(sendbuf, True, 1)
         rmsg = message_cco(recvbuf, False, 1) if isroot else None
-        if smsg is not None and rmsg is not None and smsg.nbytes != rmsg.nbytes:
-            raise _mismatch(smsg, rmsg)
+        if smsg is not None and rmsg is not None:
+            _check_cro(smsg, rmsg)
         dt = (smsg or rmsg).datatype
         op._check(dt)
         t = self._transport()
@@ -170,8 +178,8 @@ class CommColl:
         _check_op(op)
         rmsg = message_cco(recvbuf, False, 1)
         smsg = None if is_in_place(sendbuf) else message_cco(sendbuf, True, 1)
-        if smsg is not None and smsg.nbytes != rmsg.nbytes:
-            raise _mismatch(smsg, rmsg)
+        if smsg is not None:
+            _check_cro(smsg, rmsg)
         dt = rmsg.datatype
         op._check(dt)
         return smsg, rmsg, dt
@@ -246,6 +254,8 @@ class CommColl:
             if len(counts) != size:
                 raise ValueError(f"expecting {size} items, got {len(counts)}")
         smsg = None if inplace else message_cco(sendbuf, True, 1)
+        if smsg is not None and smsg.datatype != rmsg.datatype:
+            raise ValueError("mismatch in send and receive MPI datatypes")
         dt = rmsg.datatype
         op._check(dt)
         mult = _mult(rmsg)

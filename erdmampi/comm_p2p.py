@@ -606,7 +606,8 @@ class CommP2P:
     def _probed_message(self, got, status):
         if got == "noproc":
             self._fill_probe(status, got)
-            return MESSAGE_NO_PROC
+            # a fresh object over the NO_PROC handle: receiving it makes it null
+            return Message(MESSAGE_NO_PROC)
         emsg, raw = got
         self._fill_probe(status, raw)
         return Message._new(self, emsg)

@@ -21,7 +21,7 @@ from ._commrt import (ANY_SOURCE, PROC_NULL, ROOT, UNDEFINED, _COLL_TAGS, _CollT
                       _GROUP_TAG_BASE, _check_op, _engine, _icoll, _message_vector_bytes,
                       _op_arg, _py_op, _reduce_fn, _rt, _sum, _u8, _u8_of, coll, message_cco)
 from ._commrt import _SUM
-from .comm import COMM_NULL, COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, \
+from .comm import COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, \
     COMM_WORLD, Comm, Intracomm
 from .exceptions import ERR_ARG, ERR_RANK, ERR_ROOT, raise_error
 from .group import Group
@@ -92,8 +92,15 @@ class Intercomm(Comm):
             return world
         return self._rgroup._index.get(world, UNDEFINED)
 
+    # the one-call paths translate ranks through the local group: not here
     def _fast_state(self):
-        return None     # the one-call paths translate ranks through the local group
+        return None
+
+    def _send_more(self, r, buf, dest, tag):
+        self._send(buf, dest, tag, False)
+
+    def _recv_more(self, buf, source, tag, status):
+        self._recv(buf, source, tag, status)
 
     # -- Accessors ----------------------------------------------------------------
 
@@ -149,7 +156,7 @@ class Intercomm(Comm):
 
     def Split(self, color=0, key=0):
         """Split both groups by ``color``; a process is paired with the remote
-        processes of its color (COMM_NULL: none there, or UNDEFINED)."""
+        processes of its color (a null one: none there, or UNDEFINED)."""
         self._check()
         color, key = int(color), int(key)
         table = self._local.allgather((color, key))
@@ -160,17 +167,12 @@ class Intercomm(Comm):
         def members(table, ranks):
             sel = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
             return [ranks[r] for _, r in sel]
-        if color == UNDEFINED:
-            with _rt.lock:
-                _rt.next_ctx = max(_rt.next_ctx, ctx + _CTX_STEP)
-            return COMM_NULL
-        local = members(table, self._ranks)
         remote = members(theirs[0], self._remote())
-        if not remote:
+        if color == UNDEFINED or not remote:
             with _rt.lock:
                 _rt.next_ctx = max(_rt.next_ctx, ctx + _CTX_STEP)
-            return COMM_NULL
-        return _new_intercomm(local, remote, ctx, self._low)
+            return Intercomm()      # null, of this type (as mpi4py)
+        return _new_intercomm(members(table, self._ranks), remote, ctx, self._low)
 
     def Split_type(self, split_type, key=0, info=None):
         self._check()

@@ -10,7 +10,7 @@ mixin is part of).  Ranks are never reordered, as MPICH.
 import operator
 
 from ._commrt import UNDEFINED
-from .exceptions import ERR_ARG, ERR_DIMS, raise_error
+from .exceptions import ERR_ARG, ERR_TOPOLOGY, raise_error
 from .group import Group
 
 GRAPH = 1
@@ -47,9 +47,9 @@ def _cart_args(size, dims, periods):
     periods = _periods(periods, len(dims))
     nnodes = 1
     for d in dims:
-        if d <= 0:
-            raise_error(ERR_DIMS, f"invalid dimension {d} (must be positive)")
         nnodes *= d
+    if any(d <= 0 for d in dims):
+        nnodes = 0      # MPICH: no process is in such a grid (no error)
     if nnodes > size:
         raise_error(ERR_ARG, f"Size of the communicator ({size}) is smaller than the "
                              f"size of the Cartesian topology ({nnodes})")
@@ -88,8 +88,13 @@ def _weights(weights, degree):
 
 
 def _new_topo(kind, ctx, ranks, topo):
+    """A ``kind`` communicator over ``ranks`` (None: the null one of that type,
+    as mpi4py returns to processes left out)."""
     from . import topo as _topo
-    c = getattr(_topo, kind)._from_group(Group._from_ranks(ranks), ctx)
+    cls = getattr(_topo, kind)
+    if ranks is None:
+        return cls()
+    c = cls._from_group(Group._from_ranks(ranks), ctx)
     c._topo = topo
     return c
 
@@ -100,21 +105,21 @@ class IntracommTopo:
     __slots__ = ()
 
     def Create_cart(self, dims, periods=None, reorder=False):
-        """Cartesian communicator of ``prod(dims)`` processes (others: COMM_NULL)."""
+        """Cartesian communicator of ``prod(dims)`` processes (others: a null one)."""
         ranks = self._check()
         dims, periods, nnodes = _cart_args(len(ranks), dims, periods)
         ctx = self._agree_ctx()
         if self._rank >= nnodes:
-            return _comm_null()
+            return _new_topo("Cartcomm", ctx, None, None)
         return _new_topo("Cartcomm", ctx, ranks[:nnodes], ("cart", dims, periods))
 
     def Create_graph(self, index, edges, reorder=False):
-        """Graph communicator of ``len(index)`` processes (others: COMM_NULL)."""
+        """Graph communicator of ``len(index)`` processes (others: a null one)."""
         ranks = self._check()
         index, edges, nnodes = _graph_args(len(ranks), index, edges)
         ctx = self._agree_ctx()
         if self._rank >= nnodes:
-            return _comm_null()
+            return _new_topo("Graphcomm", ctx, None, None)
         return _new_topo("Graphcomm", ctx, ranks[:nnodes], ("graph", index, edges))
 
     def Create_dist_graph_adjacent(self, sources, destinations, sourceweights=None,
@@ -125,6 +130,9 @@ class IntracommTopo:
         dst = [] if destinations is None else _ints(destinations)
         sw = _weights(sourceweights, len(src))
         dw = _weights(destweights, len(dst))
+        if (sw is None) != (dw is None):
+            raise_error(ERR_TOPOLOGY, "Must specify MPI_UNWEIGHTED for both or neither "
+                                      "weight arguments")
         ctx = self._agree_ctx()
         return _new_topo("Distgraphcomm", ctx, ranks, _dist(src, sw, dst, dw))
 
@@ -169,11 +177,6 @@ class IntracommTopo:
         ranks = self._check()
         index, edges, nnodes = _graph_args(len(ranks), index, edges)
         return self._rank if self._rank < nnodes else UNDEFINED
-
-
-def _comm_null():
-    from .comm import COMM_NULL
-    return COMM_NULL
 
 
 def _dist(src, sw, dst, dw):

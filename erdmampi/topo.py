@@ -13,7 +13,7 @@ periodic dimension of size 1 or 2 (one process twice) stay apart.
 import operator
 
 from . import _p2pcoll as _px
-from ._commrt import PROC_NULL, _icoll, _message_vector_bytes, _u8_of, message_cco
+from ._commrt import PROC_NULL, UNDEFINED, _icoll, _message_vector_bytes, _u8_of, message_cco
 from .comm import Comm, Intracomm
 from .exceptions import ERR_ARG, ERR_RANK, raise_error
 from .group import Group
@@ -330,7 +330,11 @@ class Cartcomm(Topocomm):
                 key = key * d + c
             else:
                 color = color * d + c
+        if not any(keep):
+            color = 0 if self._rank == 0 else UNDEFINED   # MPICH: one 0-d grid, at rank 0
         sub = self.Split(color, key)
+        if sub._ranks is None:
+            return Cartcomm()
         c = Cartcomm._from_group(Group._from_ranks(sub._ranks), sub._ctx)
         c._topo = ("cart", [d for d, k in zip(dims, keep) if k],
                    [p for p, k in zip(periods, keep) if k])

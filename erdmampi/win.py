@@ -80,7 +80,7 @@ _DONE = 3           # PSCW: origin -> target, "access epoch complete"
 _REPLY0 = 16        # replies use tags _REPLY0 .. _REPLY0 + _NREPLY - 1
 _NREPLY = 1 << 26
 
-_PUT, _GET, _ACC, _GACC, _CAS, _LOCK, _UNLOCK, _STOP, _FLUSH = range(9)
+_PUT, _GET, _ACC, _GACC, _CAS, _LOCK, _UNLOCK, _STOP, _FLUSH, _KICK = range(10)
 _NOREPLY = 0        # reply tag of Put/Accumulate: completed by a later _FLUSH/_UNLOCK
 
 _HDR = struct.Struct("<I")
@@ -331,6 +331,8 @@ class _State:
         self.lk_excl = None
         self.lk_shared = 0
         self.lk_queue = deque()
+        self.waiting = set()                # origins whose lock is queued
+        self.blocked = {}                   # origin -> its deferred requests
         # this process as an origin
         self.locked = {}                    # target world rank -> lock type
         self.lock_all = False
@@ -444,19 +446,25 @@ class _State:
             return old
 
     # -- lock manager ---------------------------------------------------------
+    #
+    # Lock returns at once at the origin; a remote origin whose lock cannot be
+    # granted yet is "waiting": the service thread defers its later requests
+    # (they belong to the epoch) until the grant, then drains them in order.
 
     def _grantable(self, ltype):
         if self.lk_excl is not None:
             return False
         return ltype == LOCK_SHARED or self.lk_shared == 0
 
-    def lock_request(self, origin, ltype, grant):
+    def lock_request(self, origin, ltype, grant, remote=False):
         with self.lk:
             now = not self.lk_queue and self._grantable(ltype)
             if now:
                 self._take(origin, ltype)
             else:
-                self.lk_queue.append((origin, ltype, grant))
+                self.lk_queue.append((origin, ltype, grant, remote))
+                if remote:
+                    self.waiting.add(origin)
         if now:
             grant()
 
@@ -474,11 +482,15 @@ class _State:
             elif self.lk_shared:
                 self.lk_shared -= 1
             while self.lk_queue and self._grantable(self.lk_queue[0][1]):
-                o, t, g = self.lk_queue.popleft()
+                o, t, g, remote = self.lk_queue.popleft()
                 self._take(o, t)
-                grants.append(g)
-        for g in grants:
+                if remote:
+                    self.waiting.discard(o)
+                grants.append((g, o if remote else None))
+        for g, o in grants:
             g()
+            if o is not None:       # the service thread drains o's deferred requests
+                self.send(self.me, _REQ, _encode((_KICK, _NOREPLY, o)))
 
     # -- service thread -------------------------------------------------------
 
@@ -493,40 +505,56 @@ class _State:
             except _engine.EngineError:
                 return
             header, payload = _decode(data)
-            kind, tag = header[0], header[1]
             origin = raw.source
+            kind = header[0]
             if kind == _STOP:
                 return
-            if tag == _NOREPLY:
-                try:
-                    self.apply(kind, *header[2:], payload)
-                except MPIException as e:
-                    self.errs.setdefault(origin, e.Get_error_class())
-                except BaseException:
-                    traceback.print_exc()
-                    self.errs.setdefault(origin, ERR_OTHER)
-                continue
             try:
-                if kind == _LOCK:
-                    self.lock_request(origin, header[2],
-                                      lambda o=origin, t=tag: self.send(o, t, b""))
-                    continue
-                if kind in (_FLUSH, _UNLOCK):
-                    if kind == _UNLOCK:
-                        self.unlock_request(origin)
-                    err = self.errs.pop(origin, 0)
-                    out = b"E%d" % err if err else b""
+                if kind == _KICK:
+                    self.drain(header[2])
+                elif origin in self.waiting or self.blocked.get(origin):
+                    self.blocked.setdefault(origin, deque()).append((header, payload))
                 else:
-                    out = self.apply(kind, *header[2:], payload)
-            except MPIException as e:
-                out = b"E%d" % e.Get_error_class()
-            except BaseException:       # keep serving; report to the origin
-                traceback.print_exc()
-                out = b"E%d" % ERR_OTHER
-            try:
-                self.send(origin, tag, out)
-            except MPIException:
+                    self.handle(origin, header, payload)
+            except MPIException:        # the engine is gone
                 return
+
+    def drain(self, origin):
+        q = self.blocked.get(origin)
+        while q and origin not in self.waiting:
+            header, payload = q.popleft()
+            self.handle(origin, header, payload)
+        if not q:
+            self.blocked.pop(origin, None)
+
+    def handle(self, origin, header, payload):
+        """Serve one request of ``origin``; replies unless it is unanswered."""
+        kind, tag = header[0], header[1]
+        try:
+            if kind == _LOCK:
+                self.lock_request(origin, header[2],
+                                  lambda o=origin, t=tag: self.send(o, t, b""), remote=True)
+                return
+            if kind in (_FLUSH, _UNLOCK):
+                if kind == _UNLOCK:
+                    self.unlock_request(origin)
+                err = self.errs.pop(origin, 0)
+                out = b"E%d" % err if err else b""
+            else:
+                out = self.apply(kind, *header[2:], payload)
+        except MPIException as e:
+            if tag == _NOREPLY:
+                self.errs.setdefault(origin, e.Get_error_class())
+                return
+            out = b"E%d" % e.Get_error_class()
+        except BaseException:       # keep serving; report to the origin
+            traceback.print_exc()
+            if tag == _NOREPLY:
+                self.errs.setdefault(origin, ERR_OTHER)
+                return
+            out = b"E%d" % ERR_OTHER
+        if tag != _NOREPLY:
+            self.send(origin, tag, out)
 
     def start(self):
         self.thread = threading.Thread(target=self.serve, daemon=True,
@@ -1018,8 +1046,8 @@ class Win(HandleObject, _eh.HasErrhandler):
             ev = threading.Event()
             st.lock_request(wt, ltype, ev.set)
             ev.wait()
-        else:
-            st.request(wt, (_LOCK, ltype)).wait()
+        else:       # granted later: the target defers this epoch's requests till then
+            st.request(wt, (_LOCK, ltype))
 
     def Lock(self, rank, lock_type=LOCK_EXCLUSIVE, assertion=0):
         st = self._check()
@@ -1036,11 +1064,19 @@ class Win(HandleObject, _eh.HasErrhandler):
         st.locked[wt] = lock_type
 
     def _unlock(self, st, wt):
-        st.flush(wt, acked=wt != st.me)     # the unlock reply covers Put/Accumulate
         if wt == st.me:
+            st.flush(wt)
             st.unlock_request(wt)
-        else:
+            return
+        # with unanswered Put/Accumulate, the unlock reply completes them; else
+        # nothing is left to complete and the unlock needs no answer (this
+        # origin's next request to the target is served after it)
+        answer = wt in st.unacked
+        st.flush(wt, acked=True)
+        if answer:
             st.request(wt, (_UNLOCK,)).wait()
+        else:
+            st.send(wt, _REQ, _encode((_UNLOCK, _NOREPLY)))
 
     def Unlock(self, rank):
         st = self._check()

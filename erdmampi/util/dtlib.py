@@ -28,21 +28,24 @@ def _aligned(datatype, offset=0):
         if offset == 0:
             return True
         return offset % (MPI._typealign(datatype) or 0) == 0
-    comb = datatype.combiner
-    base, _, info = datatype.decode()
-    parts = [(base, 0)]
-    try:
-        if comb == MPI.COMBINER_RESIZED:
-            parts = [(base, info["extent"])]
-        elif comb == MPI.COMBINER_STRUCT:
-            parts = list(zip(info["datatypes"], info["displacements"]))
-        elif comb == MPI.COMBINER_HVECTOR:
-            parts = [(base, info["stride"] if info["count"] > 1 else 0)]
-        elif comb in (MPI.COMBINER_HINDEXED, MPI.COMBINER_HINDEXED_BLOCK):
-            parts = [(base, d) for d in info["displacements"]]
-        return all(_aligned(t, offset + d) for t, d in parts)
-    finally:
-        _release({id(t): t for t, _ in parts}.values())
+    # the constructor arguments, read in place (no handles to free)
+    comb = datatype._combiner
+    _, _, c, d = datatype._contents
+    if comb == MPI.COMBINER_RESIZED:
+        parts = [(d[0], c[1])]
+    elif comb == MPI.COMBINER_STRUCT:
+        n = c[0]
+        parts = list(zip(d, c[n + 1:2 * n + 1]))
+    elif comb == MPI.COMBINER_HVECTOR:
+        parts = [(d[0], c[2] if c[0] > 1 else 0)]
+    elif comb == MPI.COMBINER_HINDEXED:
+        n = c[0]
+        parts = [(d[0], x) for x in c[n + 1:2 * n + 1]]
+    elif comb == MPI.COMBINER_HINDEXED_BLOCK:
+        parts = [(d[0], x) for x in c[2:c[0] + 2]]
+    else:
+        parts = [(d[0], 0)]
+    return all(_aligned(t, offset + x) for t, x in parts)
 
 
 def from_numpy_dtype(dtype):
