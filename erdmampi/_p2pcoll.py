@@ -51,9 +51,25 @@ def blocks(arr, counts, displs):
 def message_w(spec, readonly, size):
     """Resolve an ``Alltoallw`` spec ``(buf, (counts, displs), types)`` into
     ``size`` uint8 views (displacements in bytes; BOTTOM: absolute addresses)."""
-    o_buf, o_counts, o_displs, o_types = _unpack(spec, vector=True)
-    if o_displs is None or o_counts is None or o_types is None:
-        raise ValueError("message: expecting (buffer, (counts, displs), datatypes)")
+    # mpi4py's forms: (buf, types), (buf, (counts, displs), types),
+    # (buf, counts, displs, types); no counts/displs: one item at offset 0
+    nargs = len(spec)
+    if nargs == 2:
+        (o_buf, o_types), o_counts, o_displs = spec, None, None
+    elif nargs == 3:
+        o_buf, (o_counts, o_displs), o_types = spec
+    elif nargs == 4:
+        o_buf, o_counts, o_displs, o_types = spec
+    else:
+        raise ValueError("message: expecting 2 to 4 items")
+    if is_bottom(o_buf) and o_counts is None:
+        raise ValueError("message: BOTTOM requires counts")
+    if is_bottom(o_buf) and o_displs is None:
+        raise ValueError("message: BOTTOM requires displs")
+    if o_counts is None and o_displs is None:
+        o_counts, o_displs = [1] * size, [0] * size
+    elif o_counts is None or o_displs is None:
+        raise ValueError("message: expecting counts and displacements")
     counts = [int(c) for c in o_counts]
     displs = [int(d) for d in o_displs]
     types = [asdatatype(x) for x in o_types] if isinstance(o_types, (list, tuple)) \

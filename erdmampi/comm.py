@@ -117,6 +117,11 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     _fast = None
     _csmall = _cranks = _arcache = _bccache = _bkcache = None
 
+    def __new__(cls, *args, **kwargs):
+        # subclasses may override __new__ and pass the object to copy, as
+        # with mpi4py's types; __init__ takes it
+        return super().__new__(cls)
+
     def __init__(self, comm=None):
         self._ranks = None
         self._group = None

@@ -27,7 +27,6 @@ Internal API used by the buffer parser and the reductions:
 import functools
 import itertools
 import operator
-import threading
 
 import numpy as np
 
@@ -88,12 +87,10 @@ TYPECLASS_COMPLEX = 3
 TYPECLASS_LOGICAL = 4
 
 _handles = itertools.count(0x4C000000)
-_lock = threading.Lock()
 
 
 def _new_handle():
-    with _lock:
-        return next(_handles)
+    return next(_handles)       # itertools.count: atomic under the GIL
 
 
 def _type_error(msg):

@@ -55,6 +55,11 @@ class Info:
 
     __slots__ = ("_h", "__weakref__")
 
+    def __new__(cls, *args, **kwargs):
+        # subclasses may override __new__ and pass the object to copy, as
+        # with mpi4py's types; __init__ takes it
+        return super().__new__(cls)
+
     def __init__(self, info=None):
         if info is None:
             self._h = _NULL_HANDLE

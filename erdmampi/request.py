@@ -211,6 +211,11 @@ class Request:
     # request object may share a persistent handle, as Request(prequest)
     __slots__ = ("_op", "_predef", "_start", "_inactive", "__weakref__")
 
+    def __new__(cls, *args, **kwargs):
+        # subclasses may override __new__ and pass the object to copy, as
+        # with mpi4py's types; __init__ takes it
+        return super().__new__(cls)
+
     def __init__(self, request=None):
         self._predef = False
         self._op = None
@@ -299,7 +304,7 @@ class Request:
 
     def Test(self, status=None):
         """Test for completion; if complete, the request becomes null."""
-        return self.test(status)[0]
+        return Request.test(self, status)[0]
 
     def Get_status(self, status=None):
         """Test for completion without deallocating."""

@@ -14,7 +14,7 @@ ones through one fancy-indexing gather (an index array over the message).
 
 import numpy as np
 
-__all__ = ["KINDS", "register_kind", "Layout", "pack", "unpack"]
+__all__ = ["KINDS", "register_kind", "Layout", "pack", "unpack", "kind_runs"]
 
 # predefined datatypes that runs are made of (index = kind)
 KINDS = []
@@ -64,16 +64,9 @@ class Layout:
         """A predefined type: ``fields`` is [(offset, nbytes)]."""
         return cls([f[0] for f in fields], [f[1] for f in fields], [kind] * len(fields))
 
-    @property
-    def nbytes(self):
-        return int(self.ln.sum())
-
     def dense(self, extent):
         """One run covering exactly one extent: items tile without gaps."""
         return self.off.size == 1 and int(self.ln[0]) == extent
-
-    def kinds(self):
-        return np.unique(self.kind).tolist()
 
     def bounds(self):
         """(true lb, true ub) of the data, (0, 0) when empty."""
@@ -117,9 +110,6 @@ class Layout:
         return Layout(np.concatenate([p.off for p in parts]),
                       np.concatenate([p.ln for p in parts]),
                       np.concatenate([p.kind for p in parts]))
-
-    def shifted(self, delta):
-        return Layout(self.off + delta, self.ln, self.kind)
 
     def message_runs(self, count, extent, base=0):
         """(starts, lens) of ``count`` items starting at byte ``base``."""
