@@ -13,7 +13,7 @@ import ctypes
 import numpy as np
 
 from ._commrt import _CollTransport, _u8
-from .buffers import _unpack, getbuffer, is_bottom
+from .buffers import getbuffer, is_bottom
 from .datatype import asdatatype
 from .exceptions import ERR_UNSUPPORTED_OPERATION, raise_error
 

@@ -14,6 +14,5 @@ CLASSES = ()
 METHODS = {
     'Comm': ('Attach_buffer', 'Create', 'Detach_buffer', 'Flush_buffer', 'Idup_with_info', 'Iflush_buffer', 'Join', 'Split', 'Split_type'),
     'Datatype': ('Create_keyval', 'Delete_attr', 'Free_keyval', 'Get_attr', 'Set_attr', 'f2py', 'fromhandle', 'fromint', 'py2f', 'toint'),
-    'Group': ('Create_from_session_pset',),
     'Intracomm': ('Accept', 'Connect', 'Spawn', 'Spawn_multiple'),
 }

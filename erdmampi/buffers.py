@@ -25,6 +25,7 @@ fit in the buffer raises ``ValueError``: the engine must never write past it.
 
 import ctypes
 import operator
+import warnings
 
 import numpy as np
 
@@ -295,6 +296,10 @@ def _cai_describe(obj, readonly):
                 f"(shape:{shape}, strides:{strides}, itemsize:{itemsize})")
     if ro and not readonly:
         raise BufferError("__cuda_array_interface__: buffer is not writable")
+    descr = cai.get("descr")
+    if descr is not None and (len(descr) != 1 or descr[0] != ("", typestr)):
+        warnings.warn("__cuda_array_interface__: ignoring 'descr' key", RuntimeWarning,
+                      stacklevel=2)
     return int(dev_ptr), size * itemsize, _cai_format(typekind, itemsize)
 
 

@@ -256,6 +256,14 @@ class CommColl:
         smsg = None if inplace else message_cco(sendbuf, True, 1)
         if smsg is not None and smsg.datatype != rmsg.datatype:
             raise ValueError("mismatch in send and receive MPI datatypes")
+        if smsg is not None and not block and counts is not None:
+            me = self._rank
+            if smsg.count != sum(counts):
+                raise ValueError(f"mismatch in send count {smsg.count} "
+                                 f"and sum(counts) {sum(counts)}")
+            if rmsg.count != counts[me]:
+                raise ValueError(f"mismatch in receive count {rmsg.count} "
+                                 f"and counts[{me}] {counts[me]}")
         dt = rmsg.datatype
         op._check(dt)
         mult = _mult(rmsg)

@@ -103,6 +103,8 @@ def _arg_error(msg):
 
 # handles of derived datatypes not committed yet (communication with them: ERR_TYPE)
 _UNCOMMITTED = set()
+# names set with Set_name, per handle (the type itself may be shared)
+_NAMES = {}
 
 
 def _count(value, what="count"):
@@ -179,8 +181,18 @@ class Datatype:
         self._handle = _new_handle() if handle is None else handle
         self._r = rec
         if rec._base is None:
-            rec._base = self
+            # a private reference: the user freeing ``self`` leaves it alone
+            rec._base = self if rec._predefined else Datatype(self)
         return self
+
+    def _clone(self):
+        """A new handle to the same type (committed as this one is)."""
+        new = object.__new__(Datatype)
+        new._handle = _new_handle()
+        new._r = self._r
+        if not self._is_committed():
+            _UNCOMMITTED.add(new._handle)
+        return new
 
     # -- comparison, hashing, pickling --------------------------------------
 
@@ -300,7 +312,7 @@ class Datatype:
         """Return the input arguments used to create a datatype."""
         self._check()
         if self._combiner == COMBINER_NAMED:
-            raise _arg_error("Invalid argument: contents of a named datatype")
+            raise _type_error("Invalid datatype: contents of a named datatype")
         i, a, c, d = self._contents
         return (list(i), list(a), list(c), [_ref(t) for t in d])
 
@@ -406,9 +418,7 @@ class Datatype:
             _mult=self._mult, _base=self._base, _contents=((), (), (), (_ref(self),)),
             _build=functools.partial(_lay, self._r), _layout=self._layout,
         )
-        if not self._is_committed():
-            _UNCOMMITTED.add(new._handle)   # MPI_Type_dup keeps the committed state
-        return new
+        return new      # MPICH: a duplicate is usable without Commit
 
     Create_dup = Dup
 
@@ -567,8 +577,6 @@ class Datatype:
         order = operator.index(order)
         if order not in (ORDER_C, ORDER_FORTRAN):
             raise _arg_error(f"Invalid argument: order {order}")
-        if ndims < 1:
-            raise _arg_error("Invalid argument: ndims must be positive")
         for n, m, s in zip(sizes, subsizes, starts):
             if n < 1 or m < 1 or m > n or s < 0 or s > n - m:
                 raise _arg_error(
@@ -725,12 +733,12 @@ class Datatype:
         """Get the print name for this datatype."""
         if self._handle == _NULL_HANDLE:
             return "MPI_DATATYPE_NULL"
-        return self._name
+        return _NAMES.get(self._handle, self._name)
 
     def Set_name(self, name):
         """Set the print name for this datatype."""
         self._check()
-        self._name = str(name)
+        _NAMES[self._handle] = str(name)
 
     @property
     def name(self):

@@ -207,6 +207,11 @@ class Group:
             self.Free()
 
     @classmethod
+    def Create_from_session_pset(cls, session, pset_name):
+        """The group of a process set of ``session`` (MPI_Group_from_session_pset)."""
+        return session.Create_group(pset_name)
+
+    @classmethod
     def Intersect(cls, group1, group2):
         return cls.Intersection(group1, group2)
 

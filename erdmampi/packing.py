@@ -94,6 +94,7 @@ def unpack_native(datatype, inbuf, position, outbuf, comm):
 
 def pack_size(datatype, count, comm):
     datatype._check()
+    _committed(datatype)
     count = int(count)
     if count < 0:
         raise _exc.Exception(_exc.ERR_COUNT, f"Negative count, value is {count}")

@@ -134,6 +134,19 @@ def _index(starts, lens):
     return np.arange(total, dtype=_I8) + np.repeat(starts - pos, lens)
 
 
+def _strided(buf, starts, n):
+    """Runs of ``n`` bytes at evenly spaced ``starts`` (a vector) as one 2-D
+    strided view of ``buf``, else None."""
+    if starts.size < 2:
+        return None
+    step = int(starts[1] - starts[0])
+    if step < n or not (np.diff(starts) == step).all():
+        return None
+    first = int(starts[0])
+    return np.lib.stride_tricks.as_strided(buf[first:], shape=(starts.size, n),
+                                           strides=(step, 1))
+
+
 def pack(layout, count, extent, src, base, out, outpos):
     """Copy ``count`` items at ``src[base:]`` (uint8) into ``out[outpos:]``;
     returns the new position."""
@@ -146,8 +159,12 @@ def pack(layout, count, extent, src, base, out, outpos):
             p += n
     elif (lens == lens[0]).all():
         n = int(lens[0])
-        idx = starts[:, None] + np.arange(n, dtype=_I8)[None, :]
-        out[outpos:outpos + total] = src[idx].ravel()
+        grid = _strided(src, starts, n)
+        if grid is not None:
+            out[outpos:outpos + total].reshape(-1, n)[...] = grid
+        else:
+            idx = starts[:, None] + np.arange(n, dtype=_I8)[None, :]
+            out[outpos:outpos + total] = src[idx].ravel()
     else:
         out[outpos:outpos + total] = src[_index(starts, lens)]
     return outpos + total
@@ -164,8 +181,12 @@ def unpack(layout, count, extent, packed, inpos, dst, base):
             p += n
     elif (lens == lens[0]).all():
         n = int(lens[0])
-        idx = starts[:, None] + np.arange(n, dtype=_I8)[None, :]
-        dst[idx] = packed[inpos:inpos + total].reshape(-1, n)
+        grid = _strided(dst, starts, n)
+        if grid is not None:
+            grid[...] = packed[inpos:inpos + total].reshape(-1, n)
+        else:
+            idx = starts[:, None] + np.arange(n, dtype=_I8)[None, :]
+            dst[idx] = packed[inpos:inpos + total].reshape(-1, n)
     else:
         dst[_index(starts, lens)] = packed[inpos:inpos + total]
     return inpos + total

@@ -84,6 +84,7 @@ _PUT, _GET, _ACC, _GACC, _CAS, _LOCK, _UNLOCK, _STOP, _FLUSH, _KICK = range(10)
 _NOREPLY = 0        # reply tag of Put/Accumulate: completed by a later _FLUSH/_UNLOCK
 
 _HDR = struct.Struct("<I")
+_OK, _FAILED = b"\0", b"\1"      # first byte of a reply (an empty reply: a lock grant)
 
 _OPNAMES = "cswap,max,min,sum,prod,land,band,lor,bor,lxor,bxor,minloc,maxloc,replace,no_op"
 # MPICH's answer to MPI_Win_get_info (erdmampi reads no window hint)
@@ -238,10 +239,10 @@ class _Pending:
             data = self.ereq.take() if raw.nbytes else b""
             self.ereq.free()
             self.done = True
-            if data[:1] == b"E":
+            if data[:1] == _FAILED:
                 self.error = int(bytes(data[1:]).decode())
             elif self.finish is not None:
-                self.finish(data)
+                self.finish(memoryview(data)[1:])
 
     def test(self):
         if self.done:
@@ -539,20 +540,20 @@ class _State:
                 if kind == _UNLOCK:
                     self.unlock_request(origin)
                 err = self.errs.pop(origin, 0)
-                out = b"E%d" % err if err else b""
+                out = _FAILED + b"%d" % err if err else _OK
             else:
-                out = self.apply(kind, *header[2:], payload)
+                out = _OK + self.apply(kind, *header[2:], payload)
         except MPIException as e:
             if tag == _NOREPLY:
                 self.errs.setdefault(origin, e.Get_error_class())
                 return
-            out = b"E%d" % e.Get_error_class()
+            out = _FAILED + b"%d" % e.Get_error_class()
         except BaseException:       # keep serving; report to the origin
             traceback.print_exc()
             if tag == _NOREPLY:
                 self.errs.setdefault(origin, ERR_OTHER)
                 return
-            out = b"E%d" % ERR_OTHER
+            out = _FAILED + b"%d" % ERR_OTHER
         if tag != _NOREPLY:
             self.send(origin, tag, out)
 

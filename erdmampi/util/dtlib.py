@@ -28,6 +28,17 @@ def _aligned(datatype, offset=0):
         if offset == 0:
             return True
         return offset % (MPI._typealign(datatype) or 0) == 0
+    rec = datatype._r
+    memo = rec.__dict__.get("_aligned_at")
+    if memo is None:
+        memo = rec._aligned_at = {}
+    ok = memo.get(offset)
+    if ok is None:
+        ok = memo[offset] = _aligned_derived(datatype, offset)
+    return ok
+
+
+def _aligned_derived(datatype, offset):
     # the constructor arguments, read in place (no handles to free)
     comb = datatype._combiner
     _, _, c, d = datatype._contents
@@ -48,11 +59,29 @@ def _aligned(datatype, offset=0):
     return all(_aligned(t, offset + x) for t, x in parts)
 
 
+# conversions already made: NumPy dtype -> private MPI datatype handed out
+# as new handles, MPI type record -> NumPy dtype
+_FROM = {}
+_CACHE_MAX = 4096
+
+
 def from_numpy_dtype(dtype):
     """Convert NumPy datatype to MPI datatype."""
     if _np_dtype is None:
         raise RuntimeError("NumPy is not available") from None
     dtype = _np_dtype(dtype)
+    try:
+        proto = _FROM.get(dtype)
+    except TypeError:
+        proto = None
+    if proto is None:
+        proto = _from_numpy(dtype)
+        if len(_FROM) < _CACHE_MAX:
+            _FROM[dtype] = proto
+    return proto._clone()
+
+
+def _from_numpy(dtype):
     if dtype.hasobject:
         raise ValueError("NumPy datatype with object entries")
     if not dtype.isnative:
@@ -103,6 +132,16 @@ def to_numpy_dtype(datatype):
     """Convert MPI datatype to NumPy datatype."""
     if datatype == MPI.DATATYPE_NULL:
         raise ValueError("cannot convert null MPI datatype to NumPy")
+    if _np_dtype is None:
+        return _to_numpy(datatype)
+    rec = datatype._r
+    dtype = rec.__dict__.get("_numpy")
+    if dtype is None:
+        dtype = rec._numpy = _to_numpy(datatype)
+    return dtype
+
+
+def _to_numpy(datatype):
     comb = datatype.combiner
     if comb == MPI.COMBINER_NAMED:
         code = MPI._typecode(datatype)

@@ -145,7 +145,13 @@ def render_page(functions, values, classes, methods):
             "- `mpi4py.get_include()` has no C API header: erdmampi's objects are",
             "  not Cython types.",
             "- `MPI.profile` loads a library, but erdmampi's calls do not go through",
-            "  a C MPI library, so PMPI tools see none of them.", ""]
+            "  a C MPI library, so PMPI tools see none of them.",
+            "- `MPI._addressof` works for `Status` only: other objects hold no C",
+            "  handle whose address a C library could write through (`_sizeof` and",
+            "  `_handleof` work for all). `BOTTOM` and `IN_PLACE` do not export the",
+            "  buffer protocol.",
+            "- `hash()` of a communicator, request or message works (mpi4py's",
+            "  raise TypeError).", ""]
     return "\n".join(out)
 
 
