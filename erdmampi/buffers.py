@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from . import bf16 as _bf16
 from . import dlpack as _dlpack
 
 from .datatype import DATATYPE_NULL, Datatype, asdatatype, from_format, PREDEFINED
@@ -186,6 +187,9 @@ class _Raw:
 
 
 def _raw_from_memoryview(mv):
+    if mv.nbytes == 0:
+        # cast() refuses a zero-size multi-dimensional view: nothing to read anyway
+        return np.empty(0, np.uint8)
     if mv.c_contiguous:
         src = mv if (mv.ndim == 1 and mv.format == "B") else mv.cast("B")
         return np.frombuffer(src, dtype=np.uint8)
@@ -236,7 +240,10 @@ def _from_dlpack(obj, readonly):
         raw = np.empty(0, np.uint8)
     # the capsule stays referenced as long as the bytes are: its destructor,
     # the producer's, releases the tensor
-    return _Raw((obj, view.capsule), raw, view.fmt)
+    fmt = view.fmt
+    if view.dtype_code == 4 and view.dtype_bits == 16 and view.itemsize == 2:
+        fmt = _bf16.FORMAT          # kDLBfloat: moved as 2-byte elements, reducible
+    return _Raw((obj, view.capsule), raw, fmt)
 
 
 def _cai_format(typekind, itemsize):
@@ -766,6 +773,8 @@ def _basic(o_buf, o_type, readonly):
         datatype = asdatatype(o_type)
     elif raw.fmt is None:
         datatype = PREDEFINED["BYTE"]
+    elif raw.fmt == _bf16.FORMAT:
+        datatype = _bf16.datatype()
     else:
         datatype = from_format(raw.fmt)
     return raw, datatype

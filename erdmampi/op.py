@@ -20,6 +20,8 @@ import weakref
 
 import numpy as np
 
+from . import bf16 as _bf16
+
 from . import exceptions as _exc
 from ._membuf import buffer as _buffer
 from .datatype import DATATYPE_NULL, PREDEFINED, Datatype
@@ -70,10 +72,10 @@ def _classify():
 _KIND = _classify()
 
 _VALID = {
-    "MAX": {"int", "float"},
-    "MIN": {"int", "float"},
-    "SUM": {"int", "float", "complex"},
-    "PROD": {"int", "float", "complex"},
+    "MAX": {"int", "float", "bf16"},
+    "MIN": {"int", "float", "bf16"},
+    "SUM": {"int", "float", "complex", "bf16"},
+    "PROD": {"int", "float", "complex", "bf16"},
     "LAND": {"int", "float", "logical"},
     "LOR": {"int", "float", "logical"},
     "LXOR": {"int", "float", "logical"},
@@ -90,6 +92,8 @@ def _kind_of(datatype):
         raise TypeError(f"expecting Datatype, got {type(datatype).__name__}")
     if datatype == DATATYPE_NULL:
         raise _exc.Exception(_exc.ERR_TYPE, "null datatype")
+    if datatype._base._reduce_dtype is _bf16.DTYPE:
+        return "bf16"
     return _KIND.get(datatype._base.handle)
 
 
@@ -417,6 +421,8 @@ class Op:
             self._apply_user(inarr, inoutarr, datatype)
             return inoutarr
         rdt = datatype._base._reduce_dtype
+        if rdt is _bf16.DTYPE and _bf16.reduce(self._name, inarr, inoutarr):
+            return inoutarr
         if rdt is None:
             rdt = datatype.np_dtype
         if rdt is None:
