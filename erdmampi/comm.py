@@ -117,12 +117,17 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     _fast = None
     _csmall = _cranks = _arcache = _bccache = _bkcache = None
 
-    def __new__(cls, *args, **kwargs):
-        # subclasses may override __new__ and pass the object to copy, as
-        # with mpi4py's types; __init__ takes it
-        return super().__new__(cls)
+    def __new__(cls, comm=None, *args, **kwargs):
+        # mpi4py's types build the object in __new__ (a subclass overriding
+        # __new__ passes the communicator it made); __init__ does nothing
+        self = super().__new__(cls)
+        self._construct(comm)
+        return self
 
-    def __init__(self, comm=None):
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def _construct(self, comm=None):
         self._ranks = None
         self._group = None
         self._rank = UNDEFINED
@@ -294,6 +299,9 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     def Idup(self, info=None):
         """Nonblocking Dup: returns ``(newcomm, request)``."""
         return self.Dup(info), Request._new(_DoneOp())
+
+    def Idup_with_info(self, info):
+        return self.Idup(info)
 
     def Free(self):
         """Free the communicator; it becomes COMM_NULL."""

@@ -51,10 +51,10 @@ class Intercomm(Comm):
     _local = None
     _low = True
 
-    def __init__(self, comm=None):
+    def _construct(self, comm=None):
         if isinstance(comm, Comm) and comm._ranks is not None and not isinstance(comm, Intercomm):
             raise TypeError("expecting an intercommunicator")
-        super().__init__(comm)
+        super()._construct(comm)
 
     def _share(self, comm):
         super()._share(comm)

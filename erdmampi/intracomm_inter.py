@@ -17,11 +17,11 @@ class IntracommInter:
 
     __slots__ = ()
 
-    def __init__(self, comm=None):
+    def _construct(self, comm=None):
         # an inter-communicator is the communicator with a remote group
         if getattr(comm, "_rgroup", None) is not None and comm._ranks is not None:
             raise TypeError("expecting an intracommunicator")
-        super().__init__(comm)
+        super()._construct(comm)
 
     def Create_intercomm(self, local_leader, peer_comm, remote_leader, tag=0):
         """Inter-communicator between this group and the group whose leader is

@@ -31,12 +31,12 @@ class Topocomm(Intracomm):
     _kinds = ("cart", "graph", "dist")
     _expect = "expecting a topology communicator"
 
-    def __init__(self, comm=None):
+    def _construct(self, comm=None):
         if (isinstance(comm, Comm) and comm._ranks is not None
                 and (comm._topo if isinstance(comm, Topocomm) else (None,))[0]
                 not in self._kinds):
             raise TypeError(self._expect)
-        super().__init__(comm)
+        super()._construct(comm)
 
     def _share(self, comm):
         super()._share(comm)
