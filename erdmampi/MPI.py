@@ -312,6 +312,7 @@ def Compute_dims(nnodes, dims):
     return dims
 
 
+from .dpm import Close_port, Open_port  # noqa: E402,F401
 from .errorcode import (Add_error_class, Add_error_code, Add_error_string,  # noqa: E402,F401
                         Remove_error_class, Remove_error_code, Remove_error_string)
 

@@ -72,7 +72,7 @@ class _Runtime:
         self.engine = None
         self.initialized = False
         self.finalized = False
-        self.next_ctx = 4           # 0/1 COMM_WORLD, 2/3 COMM_SELF
+        self.next_ctx = 6           # 0/1 COMM_WORLD, 2/3 COMM_SELF, 4/5 ports (dpm.py)
         self.thread_level = 3
         self.main_thread = threading.main_thread()
         self.lock = threading.Lock()

@@ -400,6 +400,12 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
 
     info = property(Get_info, Set_info)
 
+    @classmethod
+    def Join(cls, fd):
+        """Inter-communicator with the rank at the other end of socket ``fd``."""
+        from .dpm import join
+        return join(fd)
+
     def Is_inter(self):
         self._check()
         return False
@@ -480,7 +486,10 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         os._exit(int(errorcode) & 0xFF if int(errorcode) else 0)
 
 
-class Intracomm(IntracommInter, IntracommTopo, Comm):
+from .dpm import IntracommDPM  # noqa: E402
+
+
+class Intracomm(IntracommInter, IntracommTopo, IntracommDPM, Comm):
     """Intra-communicator, as ``MPI.Intracomm``."""
 
     # -- Constructors ---------------------------------------------------------
