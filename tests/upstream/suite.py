@@ -194,20 +194,26 @@ def table(results, command):
     for n in ranks:
         mods = sorted({m for impl in results.values() for m in impl.get(n, {})})
         lines += [f"### {n} rank{'s' if n != '1' else ''}", "",
-                  "| module | MPICH passes | erdmampi passes of those | share | erdmampi pass/fail/skip | crash | timeout |",
-                  "|---|---:|---:|---:|---|---:|---:|"]
+                  "| module | MPICH passes | erdmampi passes of those | share | "
+                  "MPICH pass/fail/skip | erdmampi pass/fail/skip | crash | timeout |",
+                  "|---|---:|---:|---:|---|---|---:|---:|"]
         tw = tg = tcrash = tto = 0
         for mod in mods:
             want, got = compare(results, n, mod)
             mine = results.get("erdmampi", {}).get(n, {}).get(mod)
+            ref = results.get("mpi4py", {}).get(n, {}).get(mod)
             c = _counts(mine["tests"]) if mine else _counts({})
+            rc_ = _counts(ref["tests"]) if ref else None
+            refcol = (f"{rc_['pass']}/{rc_['fail']}/{rc_['skip']}"
+                      + (f" ({rc_['timeout']} timeout)" if rc_["timeout"] else "")
+                      if rc_ else "–")
             share = f"{100.0 * got / want:.1f}%" if want else "–"
-            lines.append(f"| {mod} | {want} | {got} | {share} | "
+            lines.append(f"| {mod} | {want} | {got} | {share} | {refcol} | "
                          f"{c['pass']}/{c['fail']}/{c['skip']} | {c['crash']} | {c['timeout']} |")
             tw, tg = tw + want, tg + got
             tcrash, tto = tcrash + c["crash"], tto + c["timeout"]
         share = f"{100.0 * tg / tw:.1f}%" if tw else "–"
-        lines += [f"| **all** | {tw} | {tg} | {share} | | {tcrash} | {tto} |", ""]
+        lines += [f"| **all** | {tw} | {tg} | {share} | | | {tcrash} | {tto} |", ""]
     return "\n".join(lines)
 
 
@@ -222,17 +228,31 @@ def main(argv=None):
     ap.add_argument("--table", default="", help="write the markdown table here")
     ap.add_argument("--details", action="store_true", help="keep failure tracebacks in the JSON")
     ap.add_argument("--version", default=VERSION, help="mpi4py sdist version")
+    ap.add_argument("--merge", default="",
+                    help="comma-separated JSON files of earlier runs: table of their "
+                         "union, running nothing")
     ap.add_argument("--write-floor", default="",
                     help="write erdmampi's pass count per module at the first rank "
                          "count here (the CI floor, tests/upstream/floor_2.json)")
     opts = ap.parse_args(argv)
+    command = "python -m tests.upstream.suite " + " ".join(argv if argv is not None else sys.argv[1:])
+    if opts.merge:
+        results = {}
+        for path in opts.merge.split(","):
+            for impl, by_n in json.loads(Path(path).read_text()).items():
+                for n, mods in by_n.items():
+                    results.setdefault(impl, {}).setdefault(n, {}).update(mods)
+        text = table(results, command.strip())
+        if opts.table:
+            Path(opts.table).write_text(text + "\n")
+        print(text)
+        return
     testdir = fetch(opts.version)
     mods = opts.modules.split(",") if opts.modules else modules(testdir)
     mods = [m for m in mods if m not in set(opts.exclude.split(","))]
     ranks = [int(x) for x in opts.ranks.split(",")]
     impls = opts.impl.split(",")
     results = run_matrix(ranks, impls, mods, opts.timeout, testdir, details=opts.details)
-    command = "python -m tests.upstream.suite " + " ".join(argv if argv is not None else sys.argv[1:])
     if opts.write_floor:
         mine = results.get("erdmampi", {}).get(str(ranks[0]), {})
         floor = {m: _counts(r["tests"])["pass"] for m, r in mine.items()}
