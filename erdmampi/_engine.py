@@ -908,3 +908,36 @@ class Schedule:
         if getattr(self, "_s", None) is not None and self._state == 0:
             lib.erdma_sched_free(self._s)
             self._s = None
+
+
+# -- derived-datatype pack/unpack (erdma_pack.c) ------------------------------
+
+def int64_array(arr):
+    """A ``const int64_t *`` over the int64 ndarray ``arr`` (kept alive by it)."""
+    return ffi.from_buffer("int64_t[]", arr)
+
+
+def writable_pointer(obj):
+    """Like :data:`buffer_pointer`, refusing a read-only buffer (BufferError)."""
+    return ffi.from_buffer(obj, require_writable=True)
+
+
+def pack_runs(dst, src, count: int, extent: int, off, ln, nruns: int) -> None:
+    """Gather ``count`` items (runs ``off``/``ln`` of :func:`int64_array`, item
+    ``i`` at ``src + i * extent``) into ``dst``; ``dst``/``src`` are pointers
+    (:data:`buffer_pointer`, possibly offset).  Bounds are the caller's."""
+    rc = lib.erdma_pack_runs(dst, src, count, extent, off, ln, nruns)
+    if rc:
+        raise EngineError(rc, "pack_runs")
+
+
+def unpack_runs(dst, src, count: int, extent: int, off, ln, nruns: int) -> None:
+    """Scatter packed bytes at ``src`` into the runs at ``dst`` (see pack_runs)."""
+    rc = lib.erdma_unpack_runs(dst, src, count, extent, off, ln, nruns)
+    if rc:
+        raise EngineError(rc, "unpack_runs")
+
+
+def address(ptr) -> int:
+    """The address a cffi pointer (e.g. from :data:`buffer_pointer`) holds."""
+    return int(ffi.cast("uintptr_t", ptr))

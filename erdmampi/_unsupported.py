@@ -13,6 +13,6 @@ CLASSES = ()
 
 METHODS = {
     'Comm': ('Attach_buffer', 'Create', 'Detach_buffer', 'Flush_buffer', 'Iflush_buffer', 'Split', 'Split_type'),
-    'Datatype': ('Create_keyval', 'Delete_attr', 'Free_keyval', 'Get_attr', 'Set_attr', 'f2py', 'fromhandle', 'fromint', 'py2f', 'toint'),
+    'Datatype': ('Create_keyval', 'Delete_attr', 'Free_keyval', 'Get_attr', 'Set_attr'),
     'Intracomm': ('Spawn', 'Spawn_multiple'),
 }

@@ -31,6 +31,7 @@ import numpy as np
 
 from . import bf16 as _bf16
 from . import dlpack as _dlpack
+from . import typemap as _tm
 
 from .datatype import DATATYPE_NULL, Datatype, asdatatype, from_format, PREDEFINED
 
@@ -232,7 +233,11 @@ def _from_dlpack(obj, readonly):
     device_type, device_id = dlpack_device()
     if int(device_type) not in _CPU_DEVICES:
         return _from_dlpack_device(obj, readonly, int(device_type), int(device_id))
-    view = _dlpack.read(obj, readonly)
+    return _dlpack_host(obj, _dlpack.read(obj, readonly))
+
+
+def _dlpack_host(obj, view):
+    """The bytes of a DLPack export that the CPU can address directly."""
     if view.nbytes:
         raw = np.frombuffer((ctypes.c_uint8 * view.nbytes).from_address(view.addr),
                             dtype=np.uint8)
@@ -574,6 +579,11 @@ def _from_dlpack_device(obj, readonly, device_type, device_id):
             f"dlpack: buffer on device type {device_type} ({name}) is not "
             f"supported: only CPU memory, and CUDA or ROCm memory staged "
             f"through the host, can be communicated")
+    # pinned host memory, or any pointer when no driver could have made
+    # device memory (or the driver says host): read in place, as MPI would
+    view = _dlpack.read(obj, readonly)
+    if device_type in (3, 11) or not view.nbytes or _cai_is_host(view.addr):
+        return _dlpack_host(obj, view)
     if hasattr(obj, "__cuda_array_interface__") and device_type in (2, 13):
         # torch / CuPy / Numba arrays export both: the CAI path can also
         # stage with Numba or libcudart
@@ -597,6 +607,32 @@ def _from_dlpack_device(obj, readonly, device_type, device_id):
     download, upload = _cupy_copier(cupy, flat, None)
     return _Raw((obj, darr), np.empty(darr.nbytes, np.uint8), fmt, device=True,
                 download=download, upload=None if readonly else upload)
+
+
+def export_for_membuf(obj, writable):
+    """(owner, address, nbytes, readonly, device) of a DLPack or CAI exporter in host
+    memory, for ``MPI.buffer(obj)`` (ext/python/membuf.c); NotImplementedError
+    when ``obj`` exports neither."""
+    for path in (_from_dlpack, _from_cai):
+        try:
+            try:
+                raw = path(obj, False)
+                readonly = False
+            except BufferError:
+                if writable:
+                    raise
+                raw = path(obj, True)
+                readonly = True
+        except NotImplementedError:
+            continue
+        if raw.device:
+            raise BufferError("buffer: device memory has no host address")
+        arr = raw.raw
+        # a device exporter's memory (here host memory without a GPU) is
+        # still not for the CPU to touch through MPI.buffer, as in mpi4py
+        device = path is _from_cai or int(obj.__dlpack_device__()[0]) not in _CPU_DEVICES
+        return raw, (arr.ctypes.data if arr.size else 0), arr.nbytes, readonly, device
+    raise NotImplementedError("no DLPack or CUDA array interface")
 
 
 def getbuffer(obj, readonly):
@@ -855,10 +891,8 @@ def _message_simple(msg, readonly, blocks):
 
 
 def _packed_message(o_buf, raw, offset, count, nblocks, datatype, readonly):
-    from . import exceptions as _exc
-    from .packing import pack_into, unpack_from
-
     if not datatype._is_committed():
+        from . import exceptions as _exc
         raise _exc.Exception(_exc.ERR_TYPE, "datatype has not been committed")
     total = count * nblocks
     ext = datatype._extent
@@ -871,25 +905,129 @@ def _packed_message(o_buf, raw, offset, count, nblocks, datatype, readonly):
         span = (ctypes.c_uint8 * (hi - lo)).from_address(lo)
         raw = _Raw(span, np.frombuffer(span, np.uint8), None)
         offset, lo, hi = -lo, 0, hi - lo
-    if lo < 0 or hi > raw.raw.size:
+    rawbytes = raw.raw
+    if lo < 0 or hi > rawbytes.size:
         raise ValueError(
             f"message: {total} datatype entries at byte {offset} reach bytes "
-            f"[{lo}, {hi}), buffer has {raw.raw.size}")
-    raw.stage_in(lo, hi)
-    wire = datatype._wire()
-    tmp = np.empty(total * datatype._size, np.uint8)
-    pack_into(datatype, total, raw.raw, offset, tmp, 0)
+            f"[{lo}, {hi}), buffer has {rawbytes.size}")
+    if raw.device:
+        raw.stage_in(lo, hi)
+    wire = datatype._wiretype
+    if wire is None:
+        wire = datatype._wire()
+    layout = datatype._get_layout()
+    size = total * datatype._size
+    # sends and receives alike start from the packed user bytes (a short
+    # receive then leaves the rest of the buffer as it was)
+    tmp, addr = _tm.pack_new(layout, total, ext, rawbytes, offset, size)
     npd = wire.np_dtype
-    array = tmp.view(npd) if npd is not None and tmp.size % npd.itemsize == 0 else tmp
-    msg = BufMsg(o_buf, None, 0, tmp.size, count, wire, array, nblocks)
+    array = tmp.view(npd) if npd is not None and size % npd.itemsize == 0 else tmp
+    msg = BufMsg.__new__(BufMsg)
+    msg.obj = o_buf
+    msg.blocks = nblocks
     msg._raw = raw      # keep-alive of the user buffer
-    msg.addr = tmp.ctypes.data if tmp.size else 0
-    if not readonly:
-        def unpack():
-            unpack_from(datatype, total, tmp, 0, raw.raw, offset)
-            raw.stage_out(lo, hi)
-        msg._unpack = unpack
+    msg._offset = 0
+    msg.nbytes = size
+    msg.count = count
+    msg.datatype = wire
+    msg.array = array
+    msg.device = False
+    msg.addr = addr
+    msg._unpack = None if readonly else _Unpacker(layout, total, ext, tmp, raw, offset, lo, hi)
     return msg
+
+
+# ``[array, count, datatype]`` with ``array`` an exact C-contiguous
+# ``numpy.ndarray`` (writable unless sent) and ``datatype`` a committed type
+# that packs: the same message as above without the generic parse.  What a
+# datatype needs is looked up once (by identity, checked against its record,
+# which Free replaces); anything unusual (bounds, flags, count) goes the
+# generic way, which raises the right error.
+_PACKED_TYPES = {}        # id(datatype) -> (datatype, record, layout, wire, npd, ext, lo, hi, size)
+_PACKED_TYPES_MAX = 256
+_operator_index = operator.index
+
+
+def _packed_type(dt):
+    ent = _PACKED_TYPES.get(id(dt))
+    if ent is not None and ent[0] is dt and ent[1] is dt._r:
+        return ent
+    if not isinstance(dt, Datatype) or not dt._is_committed() or not dt._packs():
+        return None
+    if len(_PACKED_TYPES) >= _PACKED_TYPES_MAX:
+        _PACKED_TYPES.clear()
+    wire = dt._wire()
+    ent = (dt, dt._r, dt._get_layout(), wire, wire.np_dtype, dt._extent, dt._tlb,
+           dt._tlb + dt._textent, dt._size)
+    _PACKED_TYPES[id(dt)] = ent
+    return ent
+
+
+def packed_spec(spec, readonly):
+    """The :class:`BufMsg` of a ``[array, count, datatype]`` spec of the shape
+    above, else ``None``.  ``spec`` must be an exact 3-item list or tuple."""
+    arr, count, dt = spec
+    if type(arr) is not _ndarray or type(count) is not int or count <= 0:
+        return None
+    ent = _packed_type(dt)
+    if ent is None or not dt._is_committed():
+        return None
+    flags = arr.flags
+    if not flags.c_contiguous or not (readonly or flags.writeable):
+        return None
+    _, _, layout, wire, npd, ext, tlb, tub, isize = ent
+    length = arr.nbytes
+    lo = tlb + min(0, (count - 1) * ext)
+    hi = tub + max(0, (count - 1) * ext)
+    if count * ext > length or lo < 0 or hi > length:
+        return None
+    size = count * isize
+    tmp, addr = _tm.pack_new(layout, count, ext, arr, 0, size)
+    msg = BufMsg.__new__(BufMsg)
+    msg.obj = arr
+    msg.blocks = 1
+    msg._raw = None
+    msg._offset = 0
+    msg.nbytes = size
+    msg.count = count
+    msg.datatype = wire
+    msg.array = tmp.view(npd) if npd is not None and size % npd.itemsize == 0 else tmp
+    msg.device = False
+    msg.addr = addr
+    msg._unpack = None if readonly else _ArrayUnpacker(layout, count, ext, tmp, arr)
+    return msg
+
+
+class _ArrayUnpacker:
+    """:func:`packed_spec`'s receive ``finish()``: into the array."""
+
+    __slots__ = ("layout", "count", "extent", "tmp", "arr")
+
+    def __init__(self, layout, count, extent, tmp, arr):
+        self.layout, self.count, self.extent, self.tmp, self.arr = layout, count, extent, tmp, arr
+
+    def __call__(self):
+        if self.tmp.size:
+            _tm.unpack_array(self.layout, self.count, self.extent, self.tmp, self.arr)
+
+
+class _Unpacker:
+    """A packed receive's ``finish()``: scatter the temporary into the user
+    buffer (and on to the device)."""
+
+    __slots__ = ("layout", "count", "extent", "tmp", "raw", "offset", "lo", "hi")
+
+    def __init__(self, layout, count, extent, tmp, raw, offset, lo, hi):
+        self.layout, self.count, self.extent, self.tmp = layout, count, extent, tmp
+        self.raw, self.offset, self.lo, self.hi = raw, offset, lo, hi
+
+    def __call__(self):
+        raw = self.raw
+        if self.tmp.size:
+            _tm.unpack(self.layout, self.count, self.extent, self.tmp, 0, raw.raw,
+                       self.offset)
+        if raw.device:
+            raw.stage_out(self.lo, self.hi)
 
 
 # -- fast path: a plain NumPy array -------------------------------------------
@@ -971,11 +1109,16 @@ def _learn_plain(arr, msg):
 
 def message_p2p(spec, readonly):
     """Resolve a point-to-point message spec (``readonly``: a send buffer)."""
-    if type(spec) is _ndarray:
+    t = type(spec)
+    if t is _ndarray:
         datatype = plain_datatype(spec, readonly)
         if datatype is not None:
             return BufMsg._plain(spec, datatype)
         return _message_simple(spec, readonly, 1)
+    if (t is list or t is tuple) and len(spec) == 3:
+        msg = packed_spec(spec, readonly)
+        if msg is not None:
+            return msg
     return _message_simple(spec, readonly, 1)
 
 

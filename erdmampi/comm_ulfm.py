@@ -14,6 +14,10 @@ from .exceptions import ERR_ARG, ERR_REVOKED, raise_error
 
 __all__ = ["CommULFM"]
 
+# agreement's tags, on the point-to-point context: clear of user tags (up to
+# 2**28 - 1) and of Create_group's (from 2**29, 2**26 wide)
+_AGREE_TAG_BASE = (1 << 29) + (1 << 28)
+
 
 class CommULFM:
     _revoked = False
@@ -44,23 +48,48 @@ class CommULFM:
             raise_error(ERR_ARG, "negative number of failures to acknowledge")
         return 0
 
+    def _agree_run(self, buf):
+        """AND ``buf`` (one C int) over the communicator, on tags of its own:
+        agreement does not take a place in the order of the collectives
+        (a rank may call it between two others), as MPI's does not."""
+        from . import collectives as coll
+        from ._commrt import _CollTransport
+        seq = self.__dict__.get("_agree_seq", 0)
+        self._agree_seq = seq + 1
+        t = _CollTransport(self, self._ctx, _AGREE_TAG_BASE + (seq % 1024) * 1024)
+
+        def run():
+            coll.allreduce(t, None, buf, lambda a, io: np.bitwise_and(a, io, out=io))
+        return run
+
     def Agree(self, flag):
         from .op import BAND
         from .datatype import INT
         self._check_revoked()
         buf = np.array([int(flag)], dtype=np.intc)
-        self.Allreduce(_in_place(), [buf, INT], BAND)
+        if self.Is_inter():
+            # an intercomm Allreduce gives the other group's AND; a second
+            # one brings back this group's: both together are everyone's
+            theirs, mine = np.empty_like(buf), np.empty_like(buf)
+            self.Allreduce([buf, INT], [theirs, INT], BAND)
+            self.Allreduce([theirs, INT], [mine, INT], BAND)
+            return int(theirs[0] & mine[0])
+        self._agree_run(buf)()
         return int(buf[0])
 
     def Iagree(self, flag):
-        from .op import BAND
-        from .datatype import INT
         self._check_revoked()
         mv = memoryview(flag)   # TypeError for a non-buffer, as mpi4py
         if mv.nbytes != np.dtype(np.intc).itemsize:
             raise ValueError(f"expecting buffer of size {np.dtype(np.intc).itemsize}, "
                              f"got {mv.nbytes}")
-        return self.Iallreduce(_in_place(), [flag, 1, INT], BAND)
+        value = np.frombuffer(mv.cast("B"), dtype=np.intc)
+        if self.Is_inter():
+            from .request import Request, _DoneOp
+            value[0] = self.Agree(int(value[0]))
+            return Request._new(_DoneOp())
+        from ._commrt import _icoll
+        return _icoll(self._agree_run(value))
 
     def Shrink(self):
         self._check()

@@ -103,6 +103,8 @@ def _arg_error(msg):
 
 # handles of derived datatypes not committed yet (communication with them: ERR_TYPE)
 _UNCOMMITTED = set()
+# live handles -> their records (fromhandle/f2py find derived types again)
+_records = {}
 # names set with Set_name, per handle (the type itself may be shared)
 _NAMES = {}
 
@@ -180,6 +182,7 @@ class Datatype:
         rec.__dict__.update(kw)
         self._handle = _new_handle() if handle is None else handle
         self._r = rec
+        _records[self._handle] = rec
         if rec._base is None:
             # a private reference: the user freeing ``self`` leaves it alone
             rec._base = self if rec._predefined else Datatype(self)
@@ -190,6 +193,7 @@ class Datatype:
         new = object.__new__(Datatype)
         new._handle = _new_handle()
         new._r = self._r
+        _records[new._handle] = new._r
         if not self._is_committed():
             _UNCOMMITTED.add(new._handle)
         return new
@@ -217,8 +221,10 @@ class Datatype:
             if name is not None:
                 if PREDEFINED[name] is self:
                     return name
-                return (Datatype, (PREDEFINED[name],))
+                return (type(self), (PREDEFINED[name],))
         basetype, combiner, params = self.decode()
+        if type(self) is not Datatype:
+            return (type(self), (_datatype_create(basetype, combiner, params, True),))
         return (_datatype_create, (basetype, combiner, params, True))
 
     def __repr__(self):
@@ -236,6 +242,31 @@ class Datatype:
     def tohandle(self):
         """Return MPI handle."""
         return self._handle
+
+    @classmethod
+    def fromhandle(cls, handle):
+        """The datatype of a handle (predefined, or derived and not freed)."""
+        handle = int(handle)
+        name = _NAME_OF.get(handle)
+        if name is not None and cls is Datatype:
+            return PREDEFINED[name]
+        rec = _records.get(handle)
+        if rec is None:
+            raise _type_error(f"unknown datatype handle {handle:#x}")
+        new = object.__new__(cls)
+        new._handle, new._r = handle, rec
+        return new
+
+    def toint(self):
+        return self._handle
+
+    py2f = toint
+
+    @classmethod
+    def fromint(cls, arg):
+        return cls.fromhandle(arg)
+
+    f2py = fromint
 
     def _check(self):
         if self._handle == _NULL_HANDLE:
@@ -719,13 +750,21 @@ class Datatype:
         self._check()
         if self._combiner == COMBINER_NAMED:
             raise _type_error("Cannot free permanent data type")
+        _records.pop(self._handle, None)
         self._handle = _NULL_HANDLE
         self._r = DATATYPE_NULL._r
 
     def free(self):
-        """Call `Free` if not null or predefined."""
-        if self._handle != _NULL_HANDLE and not self._predefined:
-            self.Free()
+        """Free if not null; an object naming a predefined type (not the
+        constant itself) just becomes null, as in mpi4py."""
+        if self._handle == _NULL_HANDLE:
+            return
+        if self._predefined:
+            if PREDEFINED.get(_NAME_OF.get(self._handle)) is not self:
+                self._handle = _NULL_HANDLE
+                self._r = DATATYPE_NULL._r
+            return
+        self.Free()
 
     # -- naming ----------------------------------------------------------
 
@@ -1000,11 +1039,6 @@ def _f90_float(combiner, p, r, what):
         _exc.ERR_OTHER, f"No {what} type with both {p} digits of precision and an "
         f"exponent range of {r} is available")
 
-
-def _index(value):
-    import operator
-
-    return operator.index(value)
 
 
 # -----------------------------------------------------------------------------

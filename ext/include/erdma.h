@@ -440,4 +440,16 @@ void erdma_pyfast_invalidate(void);
 int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
                        uint32_t ctx);
 
+/* ---- derived-datatype pack/unpack (erdma_pack.c) ---- */
+/* Gather `count` items from `src` into the packed buffer `dst`: item i's
+ * runs are the len[j] bytes at src + i * extent + off[j] (j < nruns),
+ * packed back to back in that order.  A vector is count blocks of one run
+ * (nruns == 1, extent = the stride).  No bounds are checked (the caller
+ * has); ERDMA_ERR_INVAL for a NULL pointer or a negative length. */
+int erdma_pack_runs(void *dst, const void *src, uint64_t count, int64_t extent,
+                    const int64_t *off, const int64_t *len, uint64_t nruns);
+/* The inverse: scatter the packed bytes at `src` into the runs at `dst`. */
+int erdma_unpack_runs(void *dst, const void *src, uint64_t count, int64_t extent,
+                      const int64_t *off, const int64_t *len, uint64_t nruns);
+
 #endif

@@ -14,6 +14,7 @@
 typedef struct {
     PyObject_HEAD
     Py_buffer view;
+    int device;     /* memory of a device exporter: no CPU access (as mpi4py) */
 } MembufObject;
 
 static PyTypeObject Membuf_Type;
@@ -28,7 +29,45 @@ static MembufObject *membuf_alloc(void)
 {
     MembufObject *self = PyObject_New(MembufObject, &Membuf_Type);
     if (self != NULL)
+        self->device = 0;
+    if (self != NULL)
         view_empty(&self->view);
+    return self;
+}
+
+static MembufObject *membuf_over(PyObject *owner, void *base, Py_ssize_t size, int readonly);
+
+/* DLPack and CUDA-array-interface exporters (host memory), through
+ * erdmampi.buffers.export_for_membuf: NULL with the original error kept when
+ * `obj` has neither. */
+static MembufObject *membuf_from_exporter(PyObject *obj, int writable)
+{
+    PyObject *etype, *evalue, *etb, *mod, *res;
+    PyObject *owner;
+    Py_ssize_t addr, size;
+    int readonly, device;
+    MembufObject *self;
+    PyErr_Fetch(&etype, &evalue, &etb);
+    mod = PyImport_ImportModule("erdmampi.buffers");
+    res = mod ? PyObject_CallMethod(mod, "export_for_membuf", "Oi", obj, writable) : NULL;
+    Py_XDECREF(mod);
+    if (res == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
+            PyErr_Restore(etype, evalue, etb);   /* no exporter at all */
+            return NULL;
+        }
+        Py_XDECREF(etype); Py_XDECREF(evalue); Py_XDECREF(etb);
+        return NULL;
+    }
+    Py_XDECREF(etype); Py_XDECREF(evalue); Py_XDECREF(etb);
+    if (!PyArg_ParseTuple(res, "Onnpp", &owner, &addr, &size, &readonly, &device)) {
+        Py_DECREF(res);
+        return NULL;
+    }
+    self = membuf_over(owner, (void *)addr, size, readonly);
+    if (self != NULL)
+        self->device = device;
+    Py_DECREF(res);
     return self;
 }
 
@@ -38,9 +77,12 @@ static MembufObject *membuf_from(PyObject *obj, int flags)
     MembufObject *self = PyObject_New(MembufObject, &Membuf_Type);
     if (self == NULL)
         return NULL;
+    self->device = 0;
     if (PyObject_GetBuffer(obj, &self->view, flags) < 0) {
         view_empty(&self->view);
         Py_DECREF(self);
+        if (PyErr_ExceptionMatches(PyExc_TypeError))
+            return membuf_from_exporter(obj, (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE);
         return NULL;
     }
     return self;
@@ -223,6 +265,14 @@ static PyObject *Membuf_get_itemsize(MembufObject *self, void *c)
 
 /* ---- methods ------------------------------------------------------------- */
 
+static int no_cpu(MembufObject *self)
+{
+    if (!self->device)
+        return 0;
+    PyErr_SetString(PyExc_BufferError, "buffer: not a CPU buffer");
+    return -1;
+}
+
 static PyObject *Membuf_cast(MembufObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"format", "shape", NULL};
@@ -245,6 +295,8 @@ static PyObject *Membuf_tobytes(MembufObject *self, PyObject *args, PyObject *kw
     static char *kwlist[] = {"order", NULL};
     PyObject *order = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:tobytes", kwlist, &order))
+        return NULL;
+    if (no_cpu(self) < 0)
         return NULL;
     return PyBytes_FromStringAndSize((const char *)self->view.buf, self->view.len);
 }
@@ -273,6 +325,8 @@ static PyObject *Membuf_release(MembufObject *self, PyObject *unused)
 
 static int Membuf_getbuffer(MembufObject *self, Py_buffer *view, int flags)
 {
+    if (no_cpu(self) < 0)
+        return -1;
     return PyBuffer_FillInfo(view, (PyObject *)self, self->view.buf, self->view.len,
                              self->view.readonly, flags);
 }
@@ -361,7 +415,7 @@ static PyObject *Membuf_subscript(MembufObject *self, PyObject *item)
     Py_ssize_t start, len;
     unsigned char *base = (unsigned char *)self->view.buf;
     if (PyIndex_Check(item)) {
-        if (byte_index(self, item, &start) < 0)
+        if (no_cpu(self) < 0 || byte_index(self, item, &start) < 0)
             return NULL;
         return PyLong_FromLong(base[start]);
     }
@@ -386,6 +440,8 @@ static int Membuf_ass_subscript(MembufObject *self, PyObject *item, PyObject *va
                      Py_TYPE(self)->tp_name);
         return -1;
     }
+    if (no_cpu(self) < 0)
+        return -1;
     if (self->view.readonly) {
         PyErr_SetString(PyExc_TypeError, "buffer is read-only");
         return -1;
