@@ -1,5 +1,6 @@
 """``python -m erdmampi script.py``: run a script, aborting the job on an uncaught exception."""
 
-from .run import main
+if __name__ == "__main__":
+    from .run import main
 
-main()
+    main()

@@ -153,7 +153,14 @@ def render_page(functions, values, classes, methods):
             "  `_handleof` work for all). `BOTTOM` and `IN_PLACE` do not export the",
             "  buffer protocol.",
             "- `hash()` of a communicator, request or message works (mpi4py's",
-            "  raise TypeError).", ""]
+            "  raise TypeError).",
+            "- The package has no Cython or C API files (`.pxd`, `mpi4py.h`,",
+            "  `.pyi` stubs, `_mpiabi`) and its names are not C symbols, so checks",
+            "  of those (mpi4py's `test_package`, `test_mpiapi`, `test_cffi`,",
+            "  `test_ctypes`) do not apply; `test_doc` expects mpi4py's docstrings.",
+            "- `MPI.get_vendor()` names erdmampi, so code that branches on \"MPICH\"",
+            "  takes its generic path (mpi4py's suite renames `FLOAT16_T` only for",
+            "  MPICH).", ""]
     return "\n".join(out)
 
 
