@@ -238,6 +238,8 @@ def _from_dlpack(obj, readonly):
 
 def _dlpack_host(obj, view):
     """The bytes of a DLPack export that the CPU can address directly."""
+    if view.nbytes and not view.addr:
+        raise BufferError(f"dlpack: NULL data pointer with {view.nbytes} bytes")
     if view.nbytes:
         raw = np.frombuffer((ctypes.c_uint8 * view.nbytes).from_address(view.addr),
                             dtype=np.uint8)
@@ -329,6 +331,9 @@ def _from_cai(obj, readonly):
                           "(use 1 for the legacy or 2 for the per-thread default stream)")
     if nbytes == 0:
         return _Raw(obj, np.empty(0, np.uint8), fmt, device=True)
+    if not dev_ptr:
+        raise BufferError("__cuda_array_interface__: NULL data pointer with "
+                          f"{nbytes} bytes")
     if _cai_is_host(dev_ptr):
         # a CAI pointer into host memory (no GPU here, or pinned/pageable host
         # memory): the bytes are read and written in place, as MPI would
@@ -582,6 +587,8 @@ def _from_dlpack_device(obj, readonly, device_type, device_id):
     # pinned host memory, or any pointer when no driver could have made
     # device memory (or the driver says host): read in place, as MPI would
     view = _dlpack.read(obj, readonly)
+    if view.nbytes and not view.addr:
+        raise BufferError(f"dlpack: NULL data pointer with {view.nbytes} bytes")
     if device_type in (3, 11) or not view.nbytes or _cai_is_host(view.addr):
         return _dlpack_host(obj, view)
     if hasattr(obj, "__cuda_array_interface__") and device_type in (2, 13):
