@@ -153,7 +153,9 @@ def _read_detail(outdir, nprocs):
     return out
 
 
-def run_matrix(ranks, impls, mods, timeout, testdir, log=print, details=False):
+def run_matrix(ranks, impls, mods, timeout, testdir, log=print, details=False, save=None):
+    """Run every (rank count, module, implementation); ``save(results)`` is
+    called after each run so that an interrupted matrix keeps what it did."""
     results = {}
     for n in ranks:
         for mod in mods:
@@ -169,6 +171,8 @@ def run_matrix(ranks, impls, mods, timeout, testdir, log=print, details=False):
                 counts = _counts(tests)
                 log(f"[suite] {impl:8s} n={n} {mod:24s} {secs:6.1f}s rc={rc} "
                     + " ".join(f"{k}={v}" for k, v in counts.items() if v))
+                if save is not None:
+                    save(results)
     return results
 
 
@@ -252,7 +256,12 @@ def main(argv=None):
     mods = [m for m in mods if m not in set(opts.exclude.split(","))]
     ranks = [int(x) for x in opts.ranks.split(",")]
     impls = opts.impl.split(",")
-    results = run_matrix(ranks, impls, mods, opts.timeout, testdir, details=opts.details)
+    save = None
+    if opts.json:
+        def save(res):
+            Path(opts.json).write_text(json.dumps(res, indent=1, sort_keys=True))
+    results = run_matrix(ranks, impls, mods, opts.timeout, testdir, details=opts.details,
+                         save=save)
     if opts.write_floor:
         mine = results.get("erdmampi", {}).get(str(ranks[0]), {})
         floor = {m: _counts(r["tests"])["pass"] for m, r in mine.items()}
