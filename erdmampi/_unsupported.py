@@ -13,6 +13,5 @@ CLASSES = ()
 
 METHODS = {
     'Comm': ('Attach_buffer', 'Create', 'Detach_buffer', 'Flush_buffer', 'Iflush_buffer', 'Split', 'Split_type'),
-    'Datatype': ('Create_keyval', 'Delete_attr', 'Free_keyval', 'Get_attr', 'Set_attr'),
     'Intracomm': ('Spawn', 'Spawn_multiple'),
 }

@@ -30,6 +30,7 @@ import operator
 
 import numpy as np
 
+from . import attributes as _attributes
 from . import exceptions as _exc
 from . import typemap as _tm
 
@@ -449,9 +450,44 @@ class Datatype:
             _mult=self._mult, _base=self._base, _contents=((), (), (), (_ref(self),)),
             _build=functools.partial(_lay, self._r), _layout=self._layout,
         )
+        attrs = self._r.__dict__.get("_attrs")
+        if attrs:
+            try:
+                new._r._attrs = _attributes.copy_all(self, attrs)
+            except BaseException:
+                new.Free()
+                raise
         return new      # MPICH: a duplicate is usable without Commit
 
     Create_dup = Dup
+
+    # -- attributes (erdmampi/attributes.py: mpi4py's callback rules) --------
+
+    def _attr_table(self):
+        table = self._r.__dict__.get("_attrs")
+        if table is None:
+            table = self._r._attrs = {}
+        return table
+
+    @classmethod
+    def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython=False):
+        return _attributes.create_keyval("Datatype", copy_fn, delete_fn, nopython)
+
+    @classmethod
+    def Free_keyval(cls, keyval):
+        return _attributes.free_keyval("Datatype", keyval)
+
+    def Get_attr(self, keyval):
+        self._check()
+        return _attributes.get("Datatype", self._attr_table(), keyval)
+
+    def Set_attr(self, keyval, attrval):
+        self._check()
+        _attributes.set("Datatype", self, self._attr_table(), keyval, attrval)
+
+    def Delete_attr(self, keyval):
+        self._check()
+        _attributes.delete("Datatype", self, self._attr_table(), keyval)
 
     def Create_contiguous(self, count):
         """Create a contiguous datatype."""
@@ -750,6 +786,9 @@ class Datatype:
         self._check()
         if self._combiner == COMBINER_NAMED:
             raise _type_error("Cannot free permanent data type")
+        attrs = self._r.__dict__.get("_attrs")
+        if attrs:
+            _attributes.delete_all(self, attrs)
         _records.pop(self._handle, None)
         self._handle = _NULL_HANDLE
         self._r = DATATYPE_NULL._r

@@ -131,8 +131,14 @@ class Info:
         return cls.fromhandle(arg)
 
     def free(self):
-        if self and self._h != _ENV_HANDLE:
-            self.Free()
+        """Free if not null; an object naming INFO_ENV (not the constant
+        itself) just becomes null, as in mpi4py."""
+        if not self or self is INFO_ENV:
+            return
+        if self._h == _ENV_HANDLE:
+            self._h = _NULL_HANDLE
+            return
+        self.Free()
 
     # -- MPI calls -----------------------------------------------------------
 

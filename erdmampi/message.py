@@ -165,6 +165,7 @@ class Message:
         if not self._predef:
             self._emsg = None
             self._comm = None
+            self._noproc = False
 
 
 MESSAGE_NULL = Message()

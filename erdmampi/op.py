@@ -350,9 +350,16 @@ class Op:
         self._fn = None
 
     def free(self):
-        """Call `Free` if not null or predefined."""
-        if self._handle != _OP_NULL_HANDLE and not self._predefined:
-            self.Free()
+        """Free if not null; an object naming a predefined op (not the
+        constant itself) just becomes null, as in mpi4py."""
+        if self._handle == _OP_NULL_HANDLE:
+            return
+        if self._predefined:
+            if PREDEFINED_OPS.get(self._name) is not self:
+                self._handle = _OP_NULL_HANDLE
+                self._name, self._fn = "OP_NULL", None
+            return
+        self.Free()
 
     def Is_commutative(self):
         """Query reduction operations for their commutativity."""

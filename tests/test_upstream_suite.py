@@ -42,8 +42,11 @@ def test_module(module, testdir):
     assert not died, f"{module}: {counts['crash']} crash(es), {counts['timeout']} " \
                      f"timeout(s) around {died}"
     failed = sorted(t for t, r in tests.items() if r == "fail")
-    assert counts["pass"] >= FLOOR[module], \
-        f"{module}: {counts['pass']} passed, floor {FLOOR[module]}; failing: {failed[:10]}"
+    # one test of slack in large modules: a few of mpi4py's tests time
+    # things or count references, which a loaded machine can upset
+    floor = FLOOR[module] - (1 if FLOOR[module] >= 20 else 0)
+    assert counts["pass"] >= floor, \
+        f"{module}: {counts['pass']} passed, floor {floor}; failing: {failed[:10]}"
 
 
 def test_differences_page_current():
