@@ -96,19 +96,12 @@ def classify(outdir, nprocs, rc, timed_out):
     """Per-test outcome across ranks: pass, fail, skip, crash or timeout."""
     per_rank = []
     for r in range(nprocs):
-        seen, started = {}, []
-        path = Path(outdir) / f"rank{r}.jsonl"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec["outcome"] == "start":
-                    started.append(rec["test"])
-                    seen.setdefault(rec["test"], None)
-                elif seen.get(rec["test"]) in (None, "pass", "skip", "xfail"):
-                    seen[rec["test"]] = rec["outcome"]
+        seen = {}
+        for rec in _records(outdir, r):
+            if rec["outcome"] == "start":
+                seen.setdefault(rec["test"], None)
+            elif seen.get(rec["test"]) in (None, "pass", "skip", "xfail"):
+                seen[rec["test"]] = rec["outcome"]
         per_rank.append(seen)
     died = "timeout" if timed_out else "crash"
     tests = {}
@@ -138,18 +131,24 @@ def classify(outdir, nprocs, rc, timed_out):
     return tests
 
 
+def _records(outdir, rank):
+    """The JSON records rank ``rank`` wrote (a line cut by a crash is skipped)."""
+    path = Path(outdir) / f"rank{rank}.jsonl"
+    if not path.exists():
+        return
+    for line in path.read_text().splitlines():
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
+
+
 def _read_detail(outdir, nprocs):
     out = {}
     for r in range(nprocs):
-        path = Path(outdir) / f"rank{r}.jsonl"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("detail") and rec["outcome"] in ("fail", "error"):
-                    out.setdefault(rec["test"], rec["detail"])
+        for rec in _records(outdir, r):
+            if rec.get("detail") and rec["outcome"] in ("fail", "error"):
+                out.setdefault(rec["test"], rec["detail"])
     return out
 
 
