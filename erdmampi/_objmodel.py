@@ -6,7 +6,7 @@ with ValueError.  Classes using this set ``__module__ = "erdmampi.MPI"`` so
 that names resolve in the module that exports them.
 """
 
-__all__ = ["reduce_predefined"]
+__all__ = ["reduce_predefined", "IntHandle"]
 
 
 def reduce_predefined(obj, constants):
@@ -19,3 +19,35 @@ def reduce_predefined(obj, constants):
             return (type(obj), (const,))
     raise ValueError(f"cannot serialize '{type(obj).__module__}."
                      f"{type(obj).__name__}' instance")
+
+
+class IntHandle:
+    """mpi4py's handle calls for a class keeping its handle in ``_h``, whose
+    predefined objects are listed by ``_predefined_objects()``."""
+
+    __slots__ = ()
+
+    @property
+    def handle(self):
+        return self._h
+
+    @classmethod
+    def fromhandle(cls, handle):
+        handle = int(handle)
+        for pre in cls._predefined_objects():
+            if pre._h == handle:
+                return pre
+        obj = object.__new__(cls)
+        obj._h = handle
+        return obj
+
+    def toint(self):
+        return self._h
+
+    py2f = toint
+
+    @classmethod
+    def fromint(cls, arg):
+        return cls.fromhandle(arg)
+
+    f2py = fromint

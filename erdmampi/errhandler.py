@@ -18,6 +18,7 @@ import itertools
 import threading
 
 from . import exceptions as _exc
+from ._objmodel import IntHandle
 
 __all__ = ["Errhandler", "ERRHANDLER_NULL", "ERRORS_RETURN", "ERRORS_ARE_FATAL",
            "ERRORS_ABORT", "HasErrhandler"]
@@ -36,7 +37,7 @@ _handles = itertools.count(0x94000000)
 _user = {}          # handle -> [kind, fn, refs]
 
 
-class Errhandler:
+class Errhandler(IntHandle):
     """Error handler."""
 
     __slots__ = ("_h", "__weakref__")
@@ -77,33 +78,9 @@ class Errhandler:
                              f"{type(self).__name__}' instance")
         return name
 
-    @property
-    def handle(self):
-        return self._h
-
-    @classmethod
-    def fromhandle(cls, handle):
-        handle = int(handle)
-        for pre in (ERRHANDLER_NULL, ERRORS_ARE_FATAL, ERRORS_RETURN, ERRORS_ABORT):
-            if pre._h == handle:
-                return pre
-        eh = object.__new__(cls)
-        eh._h = handle
-        return eh
-
-    def toint(self):
-        return self._h
-
-    @classmethod
-    def fromint(cls, arg):
-        return cls.fromhandle(arg)
-
-    def py2f(self):
-        return self._h
-
-    @classmethod
-    def f2py(cls, arg):
-        return cls.fromhandle(arg)
+    @staticmethod
+    def _predefined_objects():
+        return (ERRHANDLER_NULL, ERRORS_ARE_FATAL, ERRORS_RETURN, ERRORS_ABORT)
 
     def Free(self):
         """Drop this reference (MPI_Errhandler_free)."""

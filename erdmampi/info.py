@@ -12,6 +12,7 @@ import sys
 import threading
 
 from . import exceptions as _exc
+from ._objmodel import IntHandle
 
 __all__ = ["Info", "INFO_NULL", "INFO_ENV"]
 
@@ -50,7 +51,7 @@ def _value(value):
     return value
 
 
-class Info:
+class Info(IntHandle):
     """Info object."""
 
     __slots__ = ("_h", "__weakref__")
@@ -102,33 +103,9 @@ class Info:
             return (type(self), (INFO_ENV,))
         return (type(self).Create, (self.items(),))
 
-    @property
-    def handle(self):
-        return self._h
-
-    @classmethod
-    def fromhandle(cls, handle):
-        handle = int(handle)
-        for pre in (INFO_NULL, INFO_ENV):
-            if pre._h == handle:
-                return pre
-        info = object.__new__(cls)
-        info._h = handle
-        return info
-
-    def toint(self):
-        return self._h
-
-    @classmethod
-    def fromint(cls, arg):
-        return cls.fromhandle(arg)
-
-    def py2f(self):
-        return self._h
-
-    @classmethod
-    def f2py(cls, arg):
-        return cls.fromhandle(arg)
+    @staticmethod
+    def _predefined_objects():
+        return (INFO_NULL, INFO_ENV)
 
     def free(self):
         """Free if not null; an object naming INFO_ENV (not the constant
