@@ -131,19 +131,24 @@ class CommP2P:
 
     __slots__ = ()
 
+    def _peers(self):
+        """World ranks that point-to-point ranks index, and how to name them
+        in errors (an inter-communicator's are its remote group's)."""
+        return self._check(), "communicator size"
+
     def _dest(self, dest):
-        ranks = self._check()
+        ranks, what = self._peers()
         if self._revoked:
             self._check_revoked()
         dest = int(dest)
         if dest == PROC_NULL:
             return None
         if dest < 0 or dest >= len(ranks):
-            raise_error(ERR_RANK, f"invalid rank {dest} (communicator size {len(ranks)})")
+            raise_error(ERR_RANK, f"invalid rank {dest} ({what} {len(ranks)})")
         return ranks[dest]
 
     def _source(self, source):
-        ranks = self._check()
+        ranks, what = self._peers()
         if self._revoked:
             self._check_revoked()
         source = int(source)
@@ -152,8 +157,7 @@ class CommP2P:
         if source == ANY_SOURCE:
             return _engine.ANY_SOURCE
         if source < 0 or source >= len(ranks):
-            raise_error(ERR_RANK, f"invalid source rank {source} "
-                        f"(communicator size {len(ranks)})")
+            raise_error(ERR_RANK, f"invalid source rank {source} ({what} {len(ranks)})")
         return ranks[source]
 
     @staticmethod

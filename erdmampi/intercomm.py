@@ -17,8 +17,8 @@ contributions in rank order.
 import numpy as np
 
 from . import _p2pcoll as _px
-from ._commrt import (ANY_SOURCE, PROC_NULL, ROOT, UNDEFINED, _COLL_TAGS, _CollTransport,
-                      _GROUP_TAG_BASE, _check_op, _engine, _icoll, _message_vector_bytes,
+from ._commrt import (PROC_NULL, ROOT, UNDEFINED, _COLL_TAGS, _CollTransport,
+                      _GROUP_TAG_BASE, _check_op, _icoll, _message_vector_bytes,
                       _op_arg, _py_op, _reduce_fn, _rt, _sum, _u8, _u8_of, coll, message_cco)
 from ._commrt import _SUM
 from .comm import COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, \
@@ -66,26 +66,8 @@ class Intercomm(Comm):
         self._check()
         return self._rgroup._ranks
 
-    def _dest(self, dest):
-        ranks = self._remote()
-        dest = int(dest)
-        if dest == PROC_NULL:
-            return None
-        if dest < 0 or dest >= len(ranks):
-            raise_error(ERR_RANK, f"invalid rank {dest} (remote group size {len(ranks)})")
-        return ranks[dest]
-
-    def _source(self, source):
-        ranks = self._remote()
-        source = int(source)
-        if source == PROC_NULL:
-            return None
-        if source == ANY_SOURCE:
-            return _engine.ANY_SOURCE
-        if source < 0 or source >= len(ranks):
-            raise_error(ERR_RANK, f"invalid source rank {source} "
-                                  f"(remote group size {len(ranks)})")
-        return ranks[source]
+    def _peers(self):
+        return self._remote(), "remote group size"
 
     def _comm_rank(self, world):
         if world < 0:
