@@ -3,7 +3,7 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 REQUIRED_PKGCONFIG = {
     "libngtcp2": "libngtcp2-dev",
@@ -24,6 +24,16 @@ def check_system_libraries():
                  + " ".join(missing))
 
 
+def packages():
+    """Every package under erdmampi/, plus kernels/ and launcher/ installed as
+    erdmampi.kernels and erdmampi.launcher: discovered, so a new subpackage
+    cannot be left out of a wheel."""
+    found = ["erdmampi"] + ["erdmampi." + p for p in find_packages("erdmampi")]
+    for top in ("kernels", "launcher"):
+        found += ["erdmampi." + top] + [f"erdmampi.{top}.{p}" for p in find_packages(top)]
+    return found
+
+
 if not any(a in sys.argv for a in ("egg_info", "dist_info", "--help", "clean", "sdist")):
     check_system_libraries()
 
@@ -32,13 +42,13 @@ setup(
     version="0.1.0",
     description="MPI for GPUs across the Internet: mpi4py-compatible API over QUIC",
     python_requires=">=3.9",
-    packages=["erdmampi", "erdmampi.util", "erdmampi.collectives",
-              "erdmampi.kernels", "erdmampi.launcher", "erdmampi.testing"],
+    packages=packages(),
     package_dir={"erdmampi.kernels": "kernels", "erdmampi.launcher": "launcher"},
     # the WAN test bed compiles its delay line from source on first use
     package_data={"erdmampi.testing": ["*.c"]},
     setup_requires=["cffi>=1.15"],
-    install_requires=["cffi>=1.15", "numpy", "cryptography"],
+    # numba: the compression codecs (kernels/), used by default across hosts
+    install_requires=["cffi>=1.15", "numpy", "cryptography", "numba"],
     cffi_modules=["ext/build_engine.py:ffibuilder", "ext/build_engine.py:dpdk_ffibuilder"],
     ext_package="erdmampi",
     # MPI.buffer: a C type because it must export the buffer protocol
