@@ -41,6 +41,7 @@ APT_PACKAGES=(
     mpich libmpich-dev ngtcp2-client ngtcp2-server
     openssh-server openssh-client coturn iproute2 nftables iperf3 conntrack ethtool
     dpdk dpdk-dev libdpdk-dev
+    clang libclang-rt-14-dev  # fuzz/: libFuzzer's runtime is only a Recommends of clang
 )
 
 missing=()
@@ -94,7 +95,7 @@ else
 fi
 
 # --- 3. Python dependencies ---------------------------------------------------
-PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic numba cryptography)
+PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic numba cryptography atheris)
 if "$VPY" - "${PY_PACKAGES[@]}" >/dev/null 2>&1 <<'EOF'
 import sys
 from importlib.metadata import version

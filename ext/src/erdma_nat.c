@@ -70,6 +70,17 @@ static int channel_data(const uint8_t *d, size_t len, uint16_t *ch, size_t *plen
   return *plen + 4 <= len && len <= *plen + 4 + 3;
 }
 
+/* What nat_rx does with a datagram, from its bytes alone and whether it came
+ * from a registered TURN server: QUIC (plain), RAW (for raw_recv), CHANNEL
+ * (ChannelData: *ch and the payload's length *plen, which lies within the
+ * datagram behind its 4-byte header; the caller looks the channel up) or
+ * DROP.  No sockets: fuzz/c/fuzz_nat_demux.c drives it and nat_rx. */
+int nat_classify(const uint8_t *d, size_t len, int from_turn, uint16_t *ch, size_t *plen) {
+  if (len == 0) return NAT_DROP; /* nothing for anyone (ngtcp2 asserts on empty input) */
+  if (from_turn) return channel_data(d, len, ch, plen) ? NAT_CHANNEL : NAT_RAW;
+  return is_stun(d, len) ? NAT_RAW : NAT_QUIC;
+}
+
 /* -------------------------------------------------------------- raw queue */
 static void raw_push(erdma_engine *e, const uint8_t *data, size_t len,
                      const struct sockaddr_storage *from, socklen_t fromlen) {
@@ -230,23 +241,21 @@ static void relay_rx(erdma_engine *e, int rank, const uint8_t *data, size_t len)
 int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
            const struct sockaddr_storage *from, socklen_t fromlen) {
   nat_state *s = &e->nat;
-  if (len == 0) return 1; /* nothing for anyone (ngtcp2 asserts on empty input) */
   int t = s->nturn ? turn_index(s, from) : -1;
-  if (t >= 0) {
-    uint16_t ch;
-    size_t plen;
-    if (channel_data(data, len, &ch, &plen))
-      for (int i = 0; i < s->nrelay; i++) {
-        nat_relay *r = &s->relay[s->relay_ranks[i]];
-        if (r->turn == t && r->channel == ch) {
-          if (plen) relay_rx(e, s->relay_ranks[i], data + 4, plen);
-          return 1;
-        }
+  uint16_t ch = 0;
+  size_t plen = 0;
+  int kind = nat_classify(data, len, t >= 0, &ch, &plen);
+  if (kind == NAT_DROP) return 1;
+  if (kind == NAT_CHANNEL)
+    for (int i = 0; i < s->nrelay; i++) {
+      nat_relay *r = &s->relay[s->relay_ranks[i]];
+      if (r->turn == t && r->channel == ch) {
+        if (plen) relay_rx(e, s->relay_ranks[i], data + 4, plen);
+        return 1;
       }
-    raw_push(e, data, len, from, fromlen); /* STUN responses, Data indications, unbound channels */
-    return 1;
-  }
-  if (is_stun(data, len)) {
+    }
+  if (kind != NAT_QUIC) {
+    /* STUN; from a TURN server also Data indications and unbound channels */
     raw_push(e, data, len, from, fromlen);
     return 1;
   }
