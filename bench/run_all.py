@@ -9,7 +9,7 @@ erdmampi runs under erdmarun, mpi4py (Debian MPICH) under mpiexec.mpich and
 gloo under ``python -m bench.gloorun``. Each job (ping-pong with 2 ranks; the
 collectives with each --np; with --group op one job per collective) runs once
 per stack per round, the stacks in turn, and the order rotates every round
-(A B C, B C A, C A B, ...), because this machine's speed drifts by about 2x
+(A B C, B C A, C A B, ...), because a shared machine's speed drifts by about 2x
 over hours: compare ratios from one run, not absolute numbers across runs.
 A stack whose module is missing (torch, mpi4py) is skipped with a note.
 

@@ -1,4 +1,4 @@
-"""erdmampi against gloo and MPICH over emulated wide-area links (issue 5).
+"""erdmampi against gloo and MPICH over emulated wide-area links.
 
     python -m bench.wan --quick                      # smoke run, ~30 s here
     python -m bench.wan --sites 2 --rates 100mbit --rtts 20,100 --losses 0,0.01 \\
@@ -10,7 +10,7 @@ result) on ``erdmampi.testing.wan.WanBed`` for the matrix sites x rate x RTT x
 loss x collective x size x stack.  One bed is built per (sites, rate, RTT,
 loss) cell and every run of that cell happens inside it; within a cell the
 stacks take turns, the order rotating from one (size, collective, repetition)
-to the next, because this machine's speed drifts: compare stacks within a
+to the next, because a shared machine's speed drifts: compare stacks within a
 cell, not across runs.
 
 Stacks: ``erdmampi`` (the engine's default congestion control; ``erdmampi-bbr``

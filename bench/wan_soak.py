@@ -1,6 +1,6 @@
 """Soak: an erdmampi job loops collectives over a lossy emulated WAN link and
-checks every result exactly (issue 5: "a 30-minute soak at 3% loss completes
-with checksummed results").
+checks every result exactly (a 30-minute soak at 3% loss must complete with
+checksummed results).
 
     python -m bench.wan_soak --minutes 30 --loss 0.03 --rate 100mbit --rtt 20 \\
         --sites 2 --ranks-per-site 1 --json bench/results/wan_soak.json

@@ -43,7 +43,7 @@ def test_sixteen_ranks_connect_quickly():
     assert res.returncode == 0, res.stdout + res.stderr
     times = [float(l.split()[2]) for l in res.stdout.splitlines() if l.startswith("setup")]
     assert len(times) == 16
-    # the bound: a 16-rank mesh on one machine forms in a few seconds
+    # the bound: a 16-rank mesh on one machine forms in a few seconds
     assert max(times) < 5.0, times
     assert wall < 30, wall
 

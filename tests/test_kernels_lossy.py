@@ -193,7 +193,7 @@ def test_bf16_nonfinite_raise_and_residual():
     assert np.isfinite(ef.residual).all()
 
 
-# -- gradients: the issue's targets -----------------------------------------
+# -- gradients: the codecs' targets -----------------------------------------
 
 def test_gradients_ratio_and_rms():
     g = make("gradients", 1 << 20)

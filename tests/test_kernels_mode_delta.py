@@ -156,7 +156,7 @@ def test_smooth_benchmark_field_bits():
         assert M.decode_block(dst[:k], 4, True, out) == 0
         assert out.tobytes() == b[i:i + 8192].tobytes()
         total += k
-    assert total * 8 / x.size < 22.0       # issue 4 needs <= 24 for the codec
+    assert total * 8 / x.size < 22.0       # the codec's target is <= 24
 
 
 # -- decoder validation -------------------------------------------------------

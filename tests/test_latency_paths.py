@@ -4,7 +4,7 @@ Allreduce, Alltoall / Allgather / Reduce_scatter_block and Gather / Scatter /
 Reduce run in one engine call (erdma_coll_*, the bulk ones for large
 blocks), and shared-memory waiters
 sleep on a futex bell instead of the progress thread's doorbell (nobody may
-sleep through a message: stress with 4 ranks on this 2-core machine)."""
+sleep through a message: stress with more ranks than cores)."""
 import numpy as np
 import pytest
 

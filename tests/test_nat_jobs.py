@@ -1,4 +1,4 @@
-"""Whole erdmampi jobs across NATs (issue 6): sites in network namespaces behind
+"""Whole erdmampi jobs across NATs: sites in network namespaces behind
 nftables NAT routers (erdmampi.testing.natbed), a rendezvous server and coturn in
 the 'public' namespace, one `erdmarun --rendezvous --job-id` per site.
 

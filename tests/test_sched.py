@@ -160,7 +160,7 @@ def _run(mode, nprocs, env):
     return run_mpi(nprocs, str(SCRIPTS / "sched.py"), args=[mode], timeout=150, env=env)
 
 
-#: rank script: the algorithms added for issue 3 on the real engine.  The
+#: rank script: the schedule algorithms on the real engine.  The
 #: hierarchical ones get fake host labels through a wrapping transport, and
 #: their phases run on sub-transports whose schedules (sched_ring,
 #: sched_chain) are renumbered to the parent's ranks.
