@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 
 from ._engine import Engine
@@ -80,6 +81,7 @@ _TUNING_ENV = {
     "max_stream_window": "ERDMA_MAX_STREAM_WINDOW", "max_conn_window": "ERDMA_MAX_CONN_WINDOW",
     "sock_buf": "ERDMA_SOCK_BUF", "data_streams": "ERDMA_DATA_STREAMS", "lanes": "ERDMA_LANES",
     "chunk_size": "ERDMA_CHUNK", "shm_eager_limit": "ERDMA_SHM_EAGER_LIMIT",
+    "unexpected_max": "ERDMA_UNEXPECTED_MAX", "recv_alloc_max": "ERDMA_RECV_ALLOC_MAX",
 }
 _SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -141,6 +143,28 @@ def _route_addr(host: str, port: int) -> str:
         return "127.0.0.1"
 
 
+def _require_secret(env, rank: int, size: int) -> None:
+    """Fail closed: bootstrapping through a rendezvous without a job secret lets
+    anyone who reaches it forge the records (and pin its own certificate as a
+    rank), so it needs an explicit opt-out."""
+    from . import jobauth
+    if jobauth.load_secret(env) is not None:
+        return
+    if not jobauth.insecure(env):
+        raise RuntimeError(
+            f"rank {rank} of {size}: no job secret. Without one, anyone who reaches the "
+            f"rendezvous can read and forge this job's records and join it as a rank. Give "
+            f"every rank the same secret: ERDMA_JOB_SECRET=<hex> or ERDMA_JOB_SECRET_FILE="
+            f"<file> (make one with: python -m erdmampi.jobauth; erdmarun does this for its "
+            f"own jobs), or set ERDMA_INSECURE=1 (erdmarun --insecure) to run without "
+            f"authentication")
+    if rank == 0:
+        sys.stderr.write("erdmampi: warning: ERDMA_INSECURE=1: bootstrapping without a job "
+                         "secret; anyone who reaches the rendezvous can read and forge the "
+                         "job's records\n")
+        sys.stderr.flush()
+
+
 def init_world() -> Engine:
     """Create and connect COMM_WORLD's engine (idempotent)."""
     global _world
@@ -172,6 +196,7 @@ def init_world() -> Engine:
                 f"rank {rank} of {size}: no rendezvous address. Start the job with erdmarun, "
                 "or set ERDMA_RENDEZVOUS=host:port of a running store "
                 "(erdmarun --serve-rendezvous HOST:PORT) or ERDMA_DHT=host:port of DHT peers")
+        _require_secret(env, rank, size)
         from .discovery import job_id, open_store
         jobid = job_id(env)
         nat = _nat_config(env)

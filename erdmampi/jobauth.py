@@ -9,7 +9,9 @@ or write records that the job accepts:
 * **derived keys** (HKDF-SHA256, salt ``erdmampi-job/1``, info
   ``LABEL \\0 JOBID``): ``names`` hides key names, ``records`` seals values,
   ``store-auth`` seeds the Ed25519 key that proves the job to a store server,
-  ``store-ns`` names the job's space on a server. Keys for another job id
+  ``store-ns`` names the job's space on a server; ``store-admit`` (info
+  ``store-admit \\0``, no job id) admits the job to a store that was given
+  the secret (``--admit-file``). Keys for another job id
   (same secret) are unrelated.
 * **opaque key names** -- a record ``KEY`` is stored under
   ``hex(HMAC-SHA256(k_names, JOBID "/" KEY))``: a stranger reading the store
@@ -35,10 +37,12 @@ import secrets
 import sys
 
 __all__ = ["RecordAuthError", "JobKeys", "SealedStore", "generate_secret", "parse_secret",
-           "load_secret", "SECRET_ENV", "SECRET_FILE_ENV", "MIN_SECRET_BYTES"]
+           "load_secret", "SECRET_ENV", "SECRET_FILE_ENV", "MIN_SECRET_BYTES", "INSECURE_ENV",
+           "insecure", "admission_key", "admit_tag"]
 
 SECRET_ENV = "ERDMA_JOB_SECRET"
 SECRET_FILE_ENV = "ERDMA_JOB_SECRET_FILE"
+INSECURE_ENV = "ERDMA_INSECURE"
 MIN_SECRET_BYTES = 16            # 128 bits
 _SALT = b"erdmampi-job/1"
 _AAD = b"erdma-record/1\0"
@@ -46,6 +50,7 @@ _VERSION = 1
 _NONCE = 12
 _TAG = 16
 _STORE_AUTH_CONTEXT = b"erdma-store-auth/1\0"
+_STORE_ADMIT_CONTEXT = b"erdma-store-admit/1\0"
 
 log = logging.getLogger("erdmampi.discovery")
 
@@ -103,6 +108,12 @@ def load_secret(env=os.environ) -> bytes | None:
     return None
 
 
+def insecure(env=os.environ) -> bool:
+    """``ERDMA_INSECURE`` is set to a true value (1, yes, true, on): the job
+    opted out of authentication (erdmarun ``--insecure``)."""
+    return env.get(INSECURE_ENV, "").strip().lower() in ("1", "yes", "true", "on")
+
+
 # -- keys --------------------------------------------------------------------
 
 def _hkdf(secret: bytes, label: str, jobid: bytes, length: int = 32) -> bytes:
@@ -134,6 +145,7 @@ class JobKeys:
         self._names = _hkdf(secret, "names", self.jobid)
         self._records = _hkdf(secret, "records", self.jobid)
         self._auth_seed = _hkdf(secret, "store-auth", self.jobid)
+        self._admit = admission_key(secret)
         #: the job's space on a store server (hex, reveals nothing about the job id)
         self.namespace = _hkdf(secret, "store-ns", self.jobid, 16).hex().encode()
         self._aead = None
@@ -187,6 +199,11 @@ class JobKeys:
     def sign_challenge(self, namespace: bytes, nonce: bytes) -> bytes:
         return self._sign_key().sign(_STORE_AUTH_CONTEXT + namespace + b"\0" + nonce)
 
+    def admit_tag(self, namespace: bytes, nonce: bytes) -> bytes:
+        """Proves to a store given this secret (``--admit-file``) that the job may
+        create its space there."""
+        return admit_tag(self._admit, namespace, nonce, self.public_key)
+
     def store_auth(self):
         """The ``auth`` object :class:`erdmampi.rendezvous.Store` takes."""
         return StoreAuth(self)
@@ -221,6 +238,22 @@ class StoreAuth:
 
     def sign(self, nonce: bytes) -> bytes:
         return self._keys.sign_challenge(self.namespace, nonce)
+
+    def admit_tag(self, nonce: bytes) -> bytes:
+        return self._keys.admit_tag(self.namespace, nonce)
+
+
+def admission_key(secret) -> bytes:
+    """The key a store derives from a secret it admits (independent of the job id:
+    one secret given to a store admits every job id that uses it)."""
+    if isinstance(secret, str):
+        secret = parse_secret(secret)
+    return _hkdf(secret, "store-admit", b"")
+
+
+def admit_tag(k_admit: bytes, namespace: bytes, nonce: bytes, public_key: bytes) -> bytes:
+    return hmac.new(k_admit, _STORE_ADMIT_CONTEXT + bytes(namespace) + b"\0" + bytes(nonce)
+                    + b"\0" + bytes(public_key), hashlib.sha256).digest()
 
 
 def verify_challenge(namespace: bytes, nonce: bytes, public_key: bytes, signature: bytes) -> bool:

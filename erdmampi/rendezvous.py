@@ -42,6 +42,22 @@ that connection acts on the job's space only, which no other connection can
 read or write. A failed PROVE answers ERROR and closes the connection. A
 server started with ``require_auth`` refuses every data operation from a
 connection that has not authenticated.
+
+Admission. A server given admission secrets (``admit=``, ``--admit-file``)
+lets a PROVE create a *new* job space only when it carries a third field,
+``HMAC-SHA256(k_admit, "erdma-store-admit/1" \0 namespace \0 nonce \0
+public_key)`` with ``k_admit`` derived from one of those secrets
+(:meth:`erdmampi.jobauth.JobKeys.admit_tag`; a job's own secret admits it).
+A stranger can then neither create a space nor store anything.
+
+Limits. A frame is refused (and the connection closed) above
+:data:`MAX_FRAME_UNAUTH` (64 KiB) before the connection authenticated and
+above :data:`MAX_FRAME` (16 MiB) after; the client refuses replies above
+:data:`MAX_FRAME` too. Neither side allocates a claimed length up front: a
+frame's buffer grows as its bytes arrive. Every client call has one overall
+deadline (the store's ``timeout``; for a blocking GET/WAIT its own timeout
+plus :data:`REPLY_SLACK` seconds at most), which a server trickling bytes
+cannot extend.
 """
 import socket
 import struct
@@ -49,7 +65,7 @@ import threading
 import time
 
 __all__ = ["Store", "StoreError", "encode_frame", "read_frame", "pack_fields",
-           "unpack_fields", "OP_NAMES"]
+           "unpack_fields", "frame_length", "OP_NAMES", "MAX_FRAME", "MAX_FRAME_UNAUTH"]
 
 OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_CHECK, OP_DELETE, OP_PING, OP_AUTH, OP_PROVE = range(1, 10)
 OP_NAMES = {OP_SET: "SET", OP_GET: "GET", OP_ADD: "ADD", OP_WAIT: "WAIT",
@@ -57,8 +73,13 @@ OP_NAMES = {OP_SET: "SET", OP_GET: "GET", OP_ADD: "ADD", OP_WAIT: "WAIT",
             OP_PROVE: "PROVE"}
 ST_OK, ST_TIMEOUT, ST_ERROR = 0, 1, 2
 
-#: Largest frame either side accepts (protects against garbage on the port).
-MAX_FRAME = 1 << 30
+#: Largest frame either side accepts from an authenticated peer.
+MAX_FRAME = 16 << 20
+#: Largest frame the server accepts before a connection has authenticated.
+MAX_FRAME_UNAUTH = 64 << 10
+#: Most seconds a blocking GET/WAIT's reply may come after its own timeout.
+REPLY_SLACK = 10.0
+_CHUNK = 64 << 10
 
 _U32 = struct.Struct(">I")
 
@@ -104,29 +125,53 @@ def encode_frame(code, fields=()):
     return _U32.pack(len(body)) + body
 
 
-def _recv_exact(sock, n):
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            return None if got == 0 else b""
-        got += k
+def frame_length(head, limit=MAX_FRAME):
+    """Body length from a 4-byte frame header; :class:`StoreError` outside 1..limit."""
+    (n,) = _U32.unpack(head)
+    if n == 0 or n > limit:
+        raise StoreError(f"bad frame length {n} (at most {limit})")
+    return n
+
+
+def _recv_exact(sock, n, deadline=None, what="reply"):
+    """n bytes, the buffer growing as they arrive (never a claimed length up front).
+
+    ``None`` on EOF before the first byte; ``b""`` on EOF after some. With a
+    ``deadline`` (monotonic) the whole read must end by then, however the
+    bytes trickle in: :class:`TimeoutError` otherwise.
+    """
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no complete {what} in time")
+            sock.settimeout(left)
+        try:
+            chunk = sock.recv(min(n - len(buf), _CHUNK))
+        except socket.timeout:
+            raise TimeoutError(f"no complete {what} in time") from None
+        if not chunk:
+            return None if not buf else b""
+        buf += chunk
     return bytes(buf)
 
 
-def read_frame(sock):
-    """Read one frame; returns ``(code, fields)`` or ``None`` on a clean EOF."""
-    head = _recv_exact(sock, 4)
+def read_frame(sock, deadline=None, limit=MAX_FRAME):
+    """Read one frame; returns ``(code, fields)`` or ``None`` on a clean EOF.
+
+    :param deadline: ``time.monotonic()`` value by which the whole frame must
+        have arrived (:class:`TimeoutError` otherwise); None: the socket's own timeout.
+    :param limit: largest body accepted (:class:`StoreError` above it, before
+        reading the body).
+    """
+    head = _recv_exact(sock, 4, deadline)
     if head is None:
         return None
     if len(head) != 4:
         raise StoreError("connection closed inside a frame header")
-    (n,) = _U32.unpack(head)
-    if n == 0 or n > MAX_FRAME:
-        raise StoreError(f"bad frame length {n}")
-    body = _recv_exact(sock, n)
+    n = frame_length(head, limit)
+    body = _recv_exact(sock, n, deadline)
     if body is None or len(body) != n:
         raise StoreError("connection closed inside a frame")
     return unpack_fields(body)
@@ -233,7 +278,10 @@ class Store:
         if not isinstance(n, int):
             raise TypeError(f"add() needs an int, not {type(n).__name__}")
         _, fields = self._call(OP_ADD, [self._k(key), str(n).encode()])
-        return int(fields[0])
+        try:
+            return int(fields[0])
+        except ValueError:
+            raise StoreError(f"{self._where()}: ADD answered a non-integer") from None
 
     def wait(self, keys, timeout=None):
         """Block until all ``keys`` exist.
@@ -282,6 +330,9 @@ class Store:
     def _name(key):
         return key.decode(errors="replace") if isinstance(key, (bytes, bytearray)) else key
 
+    def _where(self):
+        return f"rendezvous store {self.host}:{self.port}"
+
     def _connect(self, timeout):
         deadline = time.monotonic() + timeout
         delay = 0.05
@@ -299,25 +350,33 @@ class Store:
                 continue
             if self.auth is not None:
                 try:
-                    s.settimeout(max(5.0, timeout))
-                    self._authenticate(s)
+                    # the handshake shares the connect deadline (at least a few seconds)
+                    self._authenticate(s, max(deadline, time.monotonic() + 5.0))
                 except BaseException:
                     s.close()
                     raise
             s.settimeout(None)
             return s
 
-    def _authenticate(self, sock):
-        """AUTH + PROVE on a fresh connection."""
-        where = f"rendezvous store {self.host}:{self.port}"
+    def _authenticate(self, sock, deadline):
+        """AUTH + PROVE on a fresh connection, all before ``deadline``."""
+        where = self._where()
         try:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
             sock.sendall(encode_frame(OP_AUTH, [self.auth.namespace]))
-            reply = read_frame(sock)
+            reply = read_frame(sock, deadline)
             if reply is not None and reply[0] == ST_OK and reply[1]:
                 nonce = reply[1][0]
-                sock.sendall(encode_frame(OP_PROVE, [self.auth.public_key,
-                                                     self.auth.sign(nonce)]))
-                reply = read_frame(sock)
+                proof = [self.auth.public_key, self.auth.sign(nonce)]
+                admit = getattr(self.auth, "admit_tag", None)
+                if admit is not None:
+                    proof.append(admit(nonce))
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                sock.sendall(encode_frame(OP_PROVE, proof))
+                reply = read_frame(sock, deadline)
+        except TimeoutError:
+            raise StoreError(f"{where}: no answer to job authentication within the "
+                             f"timeout ({self.timeout:g} s)") from None
         except OSError as e:
             raise StoreError(f"{where}: authentication failed: {e}") from e
         if reply is None:
@@ -337,11 +396,16 @@ class Store:
             self._idle.append(sock)
 
     def _take(self):
-        with self._lock:
-            if self._closed:
-                raise StoreError("store client is closed")
-            if self._idle:
-                return self._idle.pop()
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise StoreError("store client is closed")
+                if not self._idle:
+                    break
+                s = self._idle.pop()
+            if _alive(s):
+                return s
+            self._drop(s)        # the server closed it while idle (e.g. its idle timeout)
         s = self._connect(self.timeout)
         with self._lock:
             self._all.add(s)
@@ -356,22 +420,39 @@ class Store:
             pass
 
     def _call(self, op, fields, timeout=0.0):
+        """One request; the reply must be complete by one deadline: the store's
+        timeout, or for a blocking op its own ``timeout`` plus :data:`REPLY_SLACK`."""
         frame = encode_frame(op, fields)
+        limit = MAX_FRAME if self.auth is not None else MAX_FRAME_UNAUTH
+        if len(frame) - 4 > limit:
+            raise StoreError(f"{self._where()}: {OP_NAMES[op]} request of {len(frame) - 4} "
+                             f"bytes is over the store's limit of {limit} bytes"
+                             + ("" if self.auth is not None else
+                                " for jobs without a secret (a job secret raises it to "
+                                f"{MAX_FRAME} bytes)"))
+        wait = None if timeout is None or timeout == float("inf") else max(timeout, 0.0)
+        budget = None if wait is None else (self.timeout if not wait
+                                            else wait + min(REPLY_SLACK, self.timeout))
         sock = self._take()
+        deadline = None if budget is None else time.monotonic() + budget
         try:
-            # the server answers a blocking op at its deadline; allow slack for the wire
-            sock.settimeout(None if timeout is None or timeout == float("inf")
-                            else max(timeout, 0) + max(30.0, self.timeout))
+            sock.settimeout(None if deadline is None else max(0.01, deadline - time.monotonic()))
             sock.sendall(frame)
-            reply = read_frame(sock)
+            reply = read_frame(sock, deadline)
             if reply is None:
-                raise StoreError(f"rendezvous store {self.host}:{self.port} closed the connection")
-        except (OSError, StoreError) as e:
+                raise StoreError(f"{self._where()} closed the connection")
+        except TimeoutError:
             self._drop(sock)
-            if isinstance(e, StoreError):
+            raise StoreError(f"{self._where()}: no complete answer to {OP_NAMES[op]} within "
+                             f"{budget:g} s (server too slow or not a rendezvous store)") from None
+        except StoreError as e:
+            self._drop(sock)
+            if str(e).startswith("rendezvous store"):
                 raise
-            raise StoreError(f"rendezvous store {self.host}:{self.port}: "
-                             f"{OP_NAMES[op]} failed: {e}") from e
+            raise StoreError(f"{self._where()}: {OP_NAMES[op]}: {e}") from None
+        except OSError as e:
+            self._drop(sock)
+            raise StoreError(f"{self._where()}: {OP_NAMES[op]} failed: {e}") from e
         except BaseException:
             self._drop(sock)     # e.g. KeyboardInterrupt mid-frame: stream state unknown
             raise
@@ -379,5 +460,24 @@ class Store:
         status, rfields = reply
         if status == ST_ERROR:
             msg = rfields[0].decode(errors="replace") if rfields else "unknown error"
-            raise StoreError(f"rendezvous store {self.host}:{self.port}: {msg}")
+            raise StoreError(f"{self._where()}: {msg}")
+        if status not in (ST_OK, ST_TIMEOUT) or (status == ST_OK and op in _NEED_FIELD
+                                                 and not rfields):
+            raise StoreError(f"{self._where()}: malformed answer to {OP_NAMES[op]}")
         return status, rfields
+
+
+_NEED_FIELD = {OP_GET, OP_ADD, OP_CHECK, OP_DELETE}
+
+
+def _alive(sock):
+    """False when an idle connection was closed (or written to) by the server."""
+    try:
+        sock.settimeout(0)
+        try:
+            sock.recv(1, socket.MSG_PEEK)     # data or EOF: unusable either way
+            return False
+        except (BlockingIOError, InterruptedError):
+            return True
+    except OSError:
+        return False

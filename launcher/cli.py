@@ -64,7 +64,7 @@ examples:
   erdmarun -n 4 python train.py --epochs 3
   erdmarun -n 8 -H node1:4,node2:4 --tag-output python -m mypkg.job
   erdmarun -n 2 --timeout 600 --env ERDMA_CC=bbr -- ./a.out -x
-  erdmarun --serve-rendezvous 0.0.0.0:29500 --require-auth
+  erdmarun --serve-rendezvous 0.0.0.0:29500 --require-auth --admit-file job.key
   erdmarun --rendezvous rdv.example.org:29500 --job-id run42 --secret-file job.key \\
            -n 8 --local-n 4 python train.py              (on each of two sites)
   erdmarun --dht-listen 0.0.0.0:29600 --dht siteB:29600 --job-id run42 \\
@@ -76,7 +76,8 @@ _VALUE_OPTS = {"-n", "-np", "--np", "-H", "--host", "--hosts", "--hostfile", "-f
                "--machinefile", "--timeout", "--env", "-x", "--export", "--launcher-cmd",
                "--rendezvous-addr", "--wdir", "--kill-grace", "--rendezvous", "--dht",
                "--dht-listen", "--job-id", "--local-n", "--ranks", "--secret-file",
-               "--connect-timeout", "--serve-rendezvous", "--serve-dht", "--job-ttl"}
+               "--connect-timeout", "--serve-rendezvous", "--serve-dht", "--job-ttl",
+               "--admit-file"}
 
 
 def build_parser():
@@ -134,8 +135,10 @@ def build_parser():
                    help="file holding the job secret as hex (default $ERDMA_JOB_SECRET, "
                         "$ERDMA_JOB_SECRET_FILE)")
     j.add_argument("--insecure", action="store_true",
-                   help="join without a job secret: records in clear, anyone who reaches "
-                        "the rendezvous can read and forge them")
+                   help="run without authentication: sets ERDMA_INSECURE=1 in the ranks "
+                        "(they bootstrap without a job secret, with a warning) and lets a "
+                        "join go without one; anyone who reaches the rendezvous can then "
+                        "read and forge the job's records")
     j.add_argument("--connect-timeout", type=float, metavar="SEC",
                    help="seconds the other sites have to join, also the ranks' "
                         "ERDMA_CONNECT_TIMEOUT (default $ERDMA_CONNECT_TIMEOUT, else 60)")
@@ -144,7 +147,12 @@ def build_parser():
                    help="run a standalone rendezvous store for any number of jobs until "
                         "SIGINT/SIGTERM (prints host:port once listening)")
     s.add_argument("--require-auth", action="store_true",
-                   help="with --serve-rendezvous: serve only jobs that prove a secret")
+                   help="with --serve-rendezvous: serve only jobs that prove a secret "
+                        "given with --admit-file")
+    s.add_argument("--admit-file", action="append", default=[], metavar="FILE",
+                   help="with --serve-rendezvous: hex job secrets, one a line; only jobs "
+                        "with one of them may create a job space (repeatable; see "
+                        "python -m erdmampi.launcher.store_server --help for the limits)")
     s.add_argument("--job-ttl", type=float, default=24 * 3600.0, metavar="SEC",
                    help="with --serve-rendezvous: forget a job's records after SEC idle "
                         "seconds (default 86400)")
@@ -350,10 +358,15 @@ def main(argv=None):
     parser = build_parser()
     a = parser.parse_args(opts)
     if a.serve_rendezvous:
-        from .store_server import serve
+        from .store_server import serve, server_options
         host, port = _hostport(a.serve_rendezvous, "--serve-rendezvous", parser)
+        try:
+            admit, limits = server_options(a)
+        except ValueError as e:
+            parser.error(str(e))
         return serve(host, port, require_auth=a.require_auth,
-                     job_ttl=a.job_ttl if a.job_ttl and a.job_ttl > 0 else None)
+                     job_ttl=a.job_ttl if a.job_ttl and a.job_ttl > 0 else None,
+                     admit=admit, **limits)
     if a.serve_dht:
         return _serve_dht(a, parser)
     if a.rendezvous and a.dht:
@@ -374,6 +387,9 @@ def main(argv=None):
     if a.kill_grace < 0:
         parser.error("--kill-grace must not be negative")
     env = _parse_env(a.env, parser)
+    if a.insecure:
+        from erdmampi.jobauth import INSECURE_ENV
+        env[INSECURE_ENV] = "1"
     try:
         hosts = None
         if a.hosts:

@@ -3,6 +3,7 @@
 Pure Python; imports :mod:`erdmampi.rendezvous` (through the store server) only.
 The launcher and the ranks talk through environment variables (docs/launcher.md).
 """
+import errno
 import functools
 import os
 import queue
@@ -432,7 +433,6 @@ class Job:
             else:
                 advertise = self.rendezvous_addr.strip("[]")
         if remote:
-            bind = "0.0.0.0"
             if not advertise:
                 try:
                     advertise = route_address(remote[0].address)
@@ -443,6 +443,8 @@ class Job:
                         raise e from None
                     self._say(f"{e}; advertising the rendezvous store at {advertise} "
                               f"(choose another with --rendezvous-addr)")
+            # only the interface the ranks use, not every address of this machine
+            bind = advertise
         elif advertise:
             # local ranks that reach the store by an address of ours (e.g. ranks
             # started in other network namespaces by a wrapper): listen on it
@@ -452,10 +454,26 @@ class Job:
             advertise = "127.0.0.1"
         if ":" in advertise and bind in ("0.0.0.0", "127.0.0.1"):
             bind = "::" if bind == "0.0.0.0" else "::1"
+        # only this job's ranks (they hold its secret) may create a space or store
+        # anything; room for every rank's connections even from one address
+        n = self.nprocs
+        opts = dict(require_auth=bool(self.secret), admit=[self.secret] if self.secret else [],
+                    max_conns_per_source=max(256, 4 * n + 16), max_conns=max(4096, 4 * n + 64))
         try:
-            server = StoreServer(bind, bind_port).start()
+            server = StoreServer(bind, bind_port, **opts).start()
         except OSError as e:
-            raise JobError(f"cannot start the rendezvous store on {bind}:{bind_port}: {e.strerror}")
+            if e.errno != errno.EADDRNOTAVAIL or not remote:
+                raise JobError(f"cannot start the rendezvous store on {bind}:{bind_port}: "
+                               f"{e.strerror}")
+            # the advertised address is not this machine's (e.g. forwarded to it)
+            self._say(f"{bind} is not an address of this machine; the rendezvous store "
+                      f"listens on all addresses (it requires the job's secret)")
+            bind = "::" if ":" in bind else "0.0.0.0"
+            try:
+                server = StoreServer(bind, bind_port, **opts).start()
+            except OSError as e2:
+                raise JobError(f"cannot start the rendezvous store on {bind}:{bind_port}: "
+                               f"{e2.strerror}")
         host = f"[{advertise}]" if ":" in advertise else advertise
         self.rendezvous = f"{host}:{server.port}"
         if self.verbose:

@@ -25,7 +25,8 @@ def _spawn_ranks(n, rank_env, extra=None, code=ALLREDUCE, timeout=60):
         for r in range(n):
             env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
             env.update(rank_env(r, n))
-            env.update(ERDMA_RENDEZVOUS=store.address, ERDMA_JOBID="handmade")
+            env.update(ERDMA_RENDEZVOUS=store.address, ERDMA_JOBID="handmade",
+                       ERDMA_JOB_SECRET="5e" * 32)
             env.update(extra or {})
             procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -177,7 +177,7 @@ def test_forged_records_are_refused_and_logged(server, caplog):
 
 
 def test_require_auth_and_many_jobs_on_one_server():
-    with StoreServer("127.0.0.1", 0, require_auth=True) as server:
+    with StoreServer("127.0.0.1", 0, require_auth=True, admit=[SECRET]) as server:
         with Store("127.0.0.1", server.port, timeout=2) as raw:
             raw.ping()
             with pytest.raises(StoreError, match="only serves authenticated jobs"):

@@ -194,8 +194,19 @@ def test_join_usage_errors(rdv_server, secret_env, tmp_path):
     assert p.returncode == 124 and "cannot reach the rendezvous store" in p.stderr
 
 
-def test_standalone_server_command():
-    p, addr = _start_server("127.0.0.1:0", "--require-auth")
+def _admit_file(tmp_path, secret_env):
+    f = tmp_path / "admit.key"
+    f.write_text(secret_env["ERDMA_JOB_SECRET"] + "\n")
+    f.chmod(0o600)
+    return str(f)
+
+
+def test_standalone_server_command(tmp_path, secret_env):
+    # --require-auth without the secrets to admit would let strangers create spaces
+    with pytest.raises(AssertionError, match="--require-auth needs --admit-file"):
+        _start_server("127.0.0.1:0", "--require-auth")
+    p, addr = _start_server("127.0.0.1:0", "--require-auth", "--admit-file",
+                            _admit_file(tmp_path, secret_env))
     try:
         host, port = addr.split(":")
         with Store(host, int(port), timeout=5) as raw:
@@ -285,12 +296,14 @@ def three_namespaces():
             _ip("netns", "del", ns, check=False)
 
 
-def test_two_sites_in_namespaces_join_one_job(three_namespaces, secret_env, program):
+def test_two_sites_in_namespaces_join_one_job(three_namespaces, secret_env, program, tmp_path):
     (pub, a, b), (ip_pub, ip_a, ip_b) = three_namespaces
     # once the ranks' bootstrap goes through discovery.open_store (sealed, authenticated)
     # the server can refuse unauthenticated clients altogether
     sealed = "open_store" in (REPO / "erdmampi" / "bootstrap.py").read_text()
-    server, addr = _start_server(f"{ip_pub}:0", *(["--require-auth"] if sealed else []),
+    server, addr = _start_server(f"{ip_pub}:0", *(["--require-auth", "--admit-file",
+                                                   _admit_file(tmp_path, secret_env)]
+                                                  if sealed else []),
                                  prefix=["ip", "netns", "exec", pub])
     try:
         assert addr.startswith(ip_pub)
@@ -333,7 +346,8 @@ print(f"OK rank={rank} size={size} sum=6", flush=True)
 def test_ranks_exchange_sealed_records_at_a_strict_server(secret_env, tmp_path):
     prog = tmp_path / "exchange.py"
     prog.write_text(EXCHANGE)
-    server, addr = _start_server("127.0.0.1:0", "--require-auth")
+    server, addr = _start_server("127.0.0.1:0", "--require-auth", "--admit-file",
+                                 _admit_file(tmp_path, secret_env))
     try:
         jid = "job-" + secrets.token_hex(4)
         common = ["--rendezvous", addr, "--job-id", jid, "-n", 4, "--local-n", 2, "-l",

@@ -149,11 +149,11 @@ def test_timeout_kills_the_job():
 def test_env_contract():
     script = (
         "import json, os\n"
-        "from erdmampi.rendezvous import Store\n"
+        "from erdmampi.discovery import open_store\n"
         "e = {k: v for k, v in os.environ.items() if k.startswith(('ERDMA_', 'MY_'))}\n"
-        "st = Store.from_address(e['ERDMA_RENDEZVOUS'], prefix=e['ERDMA_JOBID'] + '/', timeout=20)\n"
+        "st = open_store(os.environ, timeout=20)\n"
         "st.set('rank/' + e['ERDMA_RANK'], e['ERDMA_RANK'])\n"
-        "st.wait(['rank/%d' % i for i in range(int(e['ERDMA_SIZE']))])\n"
+        "[st.get('rank/%d' % i) for i in range(int(e['ERDMA_SIZE']))]\n"
         "e['count'] = st.add('count', 1)\n"
         "print('ENV', json.dumps(e), flush=True)\n")
     r = run_mpi(3, script, env={"MY_PARENT": "p"}, extra=["--env", "MY_EXTRA=x=y"])
@@ -259,10 +259,10 @@ def test_remote_path_with_fake_ssh(fake_ssh):
               "print('R', os.environ['ERDMA_RANK'], os.environ['FAKE_SSH_HOST'], "
               "os.environ['ERDMA_LOCAL_RANK'], os.environ['ERDMA_LOCAL_SIZE'], "
               "os.environ.get('MY_EXPORTED'), os.environ.get('MY_NOT_EXPORTED'), os.getcwd(), flush=True)\n"
-              "from erdmampi.rendezvous import Store\n"
-              "st = Store.from_address(os.environ['ERDMA_RENDEZVOUS'], prefix=os.environ['ERDMA_JOBID'])\n"
+              "from erdmampi.discovery import open_store\n"
+              "st = open_store(os.environ, timeout=20)\n"
               "if os.environ['ERDMA_RANK'] == '2':\n"
-              "    st.wait(['printed0', 'printed1'], timeout=30); sys.exit(4)\n"
+              "    st.get('printed0', 30); st.get('printed1', 30); sys.exit(4)\n"
               "st.set('printed' + os.environ['ERDMA_RANK'], b'')\n"
               "import time; time.sleep(60)\n")
     with tempfile.TemporaryDirectory() as wdir:
@@ -372,8 +372,8 @@ def shlex_split(s):
 @pytest.mark.slow
 def test_ssh_ranks_run_remotely(sshd):
     script = ("import os\n"
-              "from erdmampi.rendezvous import Store\n"
-              "st = Store.from_address(os.environ['ERDMA_RENDEZVOUS'], prefix=os.environ['ERDMA_JOBID'] + '/')\n"
+              "from erdmampi.discovery import open_store\n"
+              "st = open_store(os.environ, timeout=20)\n"
               "n = st.add('n', 1)\n"
               "print('R', os.environ['ERDMA_RANK'], os.environ['ERDMA_LOCAL_RANK'], "
               "bool(os.environ.get('SSH_CONNECTION')), os.getcwd() == os.environ['WANT_CWD'], flush=True)\n")
@@ -401,8 +401,8 @@ def test_ssh_failing_rank_tears_down_remote_ranks(sshd):
 
 @pytest.mark.slow
 def test_unresolvable_remote_host_falls_back_to_default_route(fake_ssh):
-    r = run_mpi(1, "import os\nfrom erdmampi.rendezvous import Store\n"
-                   "Store.from_address(os.environ['ERDMA_RENDEZVOUS'], timeout=20).set('k', b'v')\n"
+    r = run_mpi(1, "import os\nfrom erdmampi.discovery import open_store\n"
+                   "open_store(os.environ, timeout=20).set('k', b'v')\n"
                    "print('stored')\n",
                 extra=["-H", "alias-known-only-to-ssh.invalid", "--launcher-cmd", fake_ssh])
     if r.returncode == 2 and "cannot resolve" in r.stderr:

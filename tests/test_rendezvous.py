@@ -149,12 +149,19 @@ def test_many_keys(store):
     assert all(store.get(f"k/{i}") == str(i * i).encode() for i in range(0, 2000, 7))
 
 
-def test_large_values(store):
+def test_large_values(server, store):
+    from erdmampi.jobauth import JobKeys
     blob = os.urandom(1 << 20)
-    store.set("big", blob)
-    assert store.get("big") == blob
-    store.set("big2", blob * 3)
-    assert store.get("big2") == blob * 3
+    with Store("127.0.0.1", server.port, auth=JobKeys(bytes(32), "j").store_auth()) as job:
+        job.set("big", blob)
+        assert job.get("big") == blob
+        job.set("big2", blob * 3)
+        assert job.get("big2") == blob * 3
+    # the open space (no job secret) takes frames up to 64 KiB only
+    store.set("small", blob[:60000])
+    with pytest.raises(StoreError, match="job secret"):
+        store.set("big", blob)
+    assert store.get("small") == blob[:60000]
 
 
 def test_bad_key_type(store):

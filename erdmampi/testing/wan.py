@@ -731,9 +731,11 @@ class WanBed:
         rdv = f"{self.router_addr(0)}:{m.group(1)}"
         sites = self.placement(ranks_per_site)
         jobid = secrets.token_hex(8)
+        secret = secrets.token_hex(32)      # ranks refuse to bootstrap without one
         runs = []
         for r, s in enumerate(sites):
             e = self._base_env(env)
+            e.setdefault("ERDMA_JOB_SECRET", secret)
             e.update(ERDMA_RANK=str(r), ERDMA_SIZE=str(len(sites)), ERDMA_RENDEZVOUS=rdv,
                      ERDMA_JOBID=jobid, ERDMA_LOCAL_RANK=str(r % ranks_per_site),
                      ERDMA_LOCAL_SIZE=str(ranks_per_site), ERDMA_BIND=self.addr(s),
