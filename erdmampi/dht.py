@@ -3,26 +3,59 @@
 Used for serverless discovery: each site's ``erdmarun --dht`` runs a node,
 bootstrapped from any node already known; the job's rendezvous records are
 stored on the ``K`` nodes whose ids are closest (XOR metric) to the key's id.
-Values are opaque bytes: erdmampi stores only sealed records
-(:mod:`erdmampi.jobauth`), so a node that forges or alters a value is found
-out by the reader, and a key may hold several values (a forger cannot hide
-the real one by overwriting it: the reader tries each).
+
+Every node may be hostile, and so may anyone who can send it a datagram:
+
+* **Values are signed and keys bound to the signer** (as BEP 44 does for
+  mutable items): a key's id is ``SHA-1(PK || SHA-256(key))`` for the
+  publisher's Ed25519 public key ``PK`` (:class:`DhtKey`), and each value
+  carries ``Ed25519(SK, "erdma-dht/1" \\0 KEYID VALUE)``. A node stores only
+  values that verify under a key id bound to their key; a reader checks every
+  value it is given. Nobody without the publisher's key can put a value where
+  readers look, so forged values cannot push out the genuine one. erdmampi
+  derives the key from the job secret (:mod:`erdmampi.discovery`).
+* **Write tokens** (as BEP 5 does): every answer carries ``"tok"``, an HMAC of
+  the asker's address (IP and port) under a secret that rotates every
+  ``TOKEN_ROTATE`` s (the current and the previous secret are accepted). A
+  ``store`` is refused without a valid token, so it comes from the address
+  that got the token: nobody stores with a forged source address.
+* **No amplification**: until a source presents a valid token (``"token"`` in
+  the query arguments) its answers are at most ``AMPLIFICATION`` (3) times the
+  bytes of its query, as in QUIC: values are left out first, then contacts;
+  the answer says ``"trunc": 1`` and the asker repeats the query with the
+  token it just got. Only nodes that presented a token or answered a query
+  of ours (a ping, for a node that asked without a token) enter the routing table.
+* **Rate limits**: a token bucket per source address (``rate`` queries/s,
+  ``burst``), in a table of at most ``MAX_SOURCES`` sources; queries over the
+  limit are dropped.
+* **Bounded storage**: at most ``MAX_VALUES_PER_KEY`` values and
+  ``max_key_bytes`` per key (a signer's new value pushes out its own oldest),
+  ``max_source_bytes`` per source IP and ``max_bytes`` in all; a store over a
+  cap is refused, values expire after ``ttl`` s unless republished.
+* Malformed datagrams raise :class:`DhtProtocolError` in :func:`decode` and
+  are dropped; addresses in answers must be IP literals (no name lookups).
+
+Values are opaque bytes; erdmampi stores only sealed records
+(:mod:`erdmampi.jobauth`), which readers authenticate again.
 
 Protocol: one JSON object per UDP datagram (never pickle)::
 
     query     {"y": "q", "t": TXID, "q": NAME, "id": NODEID, "a": {...}, "c": 0|1}
-    response  {"y": "r", "t": TXID, "id": NODEID, "r": {...}}
-    error     {"y": "e", "t": TXID, "id": NODEID, "e": "message"}
+    response  {"y": "r", "t": TXID, "id": NODEID, "r": {...}, "tok": TOKEN}
+    error     {"y": "e", "t": TXID, "id": NODEID, "e": "message", "tok": TOKEN}
 
     ping        {}                             -> {}
-    find_node   {"target": ID}                 -> {"nodes": [[ID, host, port], ...]}
-    find_value  {"key": ID}                    -> {"values": [b64, ...]} and/or {"nodes": ...}
-    store       {"key": ID, "value": b64}      -> {}
+    find_node   {"target": ID}                 -> {"nodes": [[ID, ip, port], ...]}
+    find_value  {"key": ID}                    -> {"values": [[b64, SIG], ...], "nodes": ...}
+    store       {"key": ID, "value": b64, "pk": PK, "kh": KH, "sig": SIG} -> {}
 
-Ids are 160-bit, hex; a key's id is SHA-1 of the key. ``"c": 1`` marks a
-client node (it queries and stores but is never put into routing tables, e.g.
-a short-lived rank process). Contacts are learnt with the address a datagram
-came from, so nodes behind a NAT are reached through their mapping.
+Each query's arguments may carry ``"token"`` (the asker's token from an
+earlier answer of this node; ``store`` must). Ids are 160-bit hex, ``PK``
+(32 bytes), ``KH`` (SHA-256 of the key) and ``SIG`` (64 bytes) hex.
+``"c": 1`` marks a client node (it queries and stores but is never put into
+routing tables, e.g. a short-lived rank process). Contacts are learnt with the
+address a datagram came from, so nodes behind a NAT are reached through their
+mapping.
 
 Kademlia parts: 160 k-buckets of ``K`` contacts (least recently seen first; a
 full bucket pings its oldest contact and replaces it only if it is dead),
@@ -34,7 +67,11 @@ seconds and re-replicates what it holds, so values survive nodes leaving.
 from __future__ import annotations
 
 import base64
+import binascii
+import collections
 import hashlib
+import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -42,7 +79,8 @@ import socket
 import threading
 import time
 
-__all__ = ["DhtNode", "DhtStore", "DhtError", "key_id", "K", "ALPHA"]
+__all__ = ["DhtNode", "DhtStore", "DhtKey", "DhtError", "DhtProtocolError", "decode",
+           "key_id", "K", "ALPHA"]
 
 K = 8                     # bucket size and replication factor
 ALPHA = 3                 # parallel queries per lookup round
@@ -51,8 +89,19 @@ MAX_DATAGRAM = 60000
 MAX_VALUE = 8192          # bytes of one value
 MAX_REPLY_VALUES = 40000  # base64 bytes of values in one reply (it must fit a datagram)
 MAX_VALUES_PER_KEY = 16
-MAX_KEYS = 100000
+MAX_KEY_BYTES = 64 * 1024           # stored bytes per key (values and their overhead)
+MAX_SOURCE_BYTES = 2 * 1024 * 1024  # stored bytes per source IP
+MAX_BYTES = 32 * 1024 * 1024        # stored bytes in all
+VALUE_OVERHEAD = 192      # bytes a stored value is charged beyond its own (signature, books)
+AMPLIFICATION = 3         # answer bytes per query byte for a source without a token
+RATE = 200.0              # queries/s per source address
+BURST = 400               # queries a source may send at once
+MAX_SOURCES = 4096        # rate-limit buckets (and remembered tokens)
+TOKEN_ROTATE = 300.0      # seconds between write-token secrets
 DEAD_FOR = 30.0           # seconds a node that did not answer is skipped in lookups
+_SIG_CONTEXT = b"erdma-dht/1\0"
+_OPEN_CONTEXT = b"erdma-dht-open/1\0"
+_QUERIES = ("ping", "find_node", "find_value", "store")
 
 log = logging.getLogger("erdmampi.discovery")
 
@@ -61,11 +110,200 @@ class DhtError(RuntimeError):
     """The DHT could not be joined or used."""
 
 
-def key_id(key) -> bytes:
-    """The 160-bit id of a key (SHA-1)."""
+class DhtProtocolError(ValueError):
+    """A datagram is not a well-formed DHT message."""
+
+
+# -- keys and signatures --------------------------------------------------------
+
+def key_id(key, public_key) -> bytes:
+    """The 160-bit id of ``key`` published by ``public_key``: SHA-1(PK || SHA-256(key))."""
+    return _bound_id(_pk_bytes(public_key), _key_hash(key))
+
+
+def _key_hash(key) -> bytes:
     if isinstance(key, str):
         key = key.encode("utf-8")
-    return hashlib.sha1(bytes(key)).digest()
+    return hashlib.sha256(bytes(key)).digest()
+
+
+def _bound_id(pk: bytes, kh: bytes) -> bytes:
+    return hashlib.sha1(pk + kh).digest()
+
+
+def _pk_bytes(public_key) -> bytes:
+    pk = public_key.public if isinstance(public_key, DhtKey) else bytes(public_key)
+    if len(pk) != 32:
+        raise ValueError("a DHT public key is 32 bytes (Ed25519)")
+    return pk
+
+
+def _verify(pk: bytes, kid: bytes, value: bytes, sig: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    try:
+        Ed25519PublicKey.from_public_bytes(pk).verify(sig, _SIG_CONTEXT + kid + value)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+class DhtKey:
+    """The Ed25519 key that signs a publisher's values (its public half names its keys).
+
+    :param seed: 32 bytes (the same seed gives the same key); None: a fresh random key.
+    """
+
+    def __init__(self, seed=None):
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        if seed is None:
+            self._sk = Ed25519PrivateKey.generate()
+        else:
+            seed = bytes(seed)
+            if len(seed) != 32:
+                raise ValueError("a DHT key seed is 32 bytes")
+            self._sk = Ed25519PrivateKey.from_private_bytes(seed)
+        self.public = self._sk.public_key().public_bytes(serialization.Encoding.Raw,
+                                                         serialization.PublicFormat.Raw)
+
+    @classmethod
+    def open(cls, name) -> "DhtKey":
+        """A key anyone who knows ``name`` can derive (and so forge values with):
+        for jobs without a secret, which are unauthenticated anyway."""
+        name = name.encode() if isinstance(name, str) else bytes(name)
+        return cls(hashlib.sha256(_OPEN_CONTEXT + name).digest())
+
+    def sign(self, kid: bytes, value: bytes) -> bytes:
+        return self._sk.sign(_SIG_CONTEXT + kid + value)
+
+    def __repr__(self):
+        return f"DhtKey({self.public.hex()[:16]}...)"
+
+
+# -- the wire codec ----------------------------------------------------------------
+
+def _hexbytes(x, n, what):
+    if not isinstance(x, str) or len(x) != 2 * n:
+        raise DhtProtocolError(f"{what} must be {n} bytes of hex")
+    try:
+        return bytes.fromhex(x)
+    except ValueError:
+        raise DhtProtocolError(f"{what} is not hex") from None
+
+
+def _b64(x, limit, what):
+    if not isinstance(x, str) or len(x) > (limit + 2) // 3 * 4:
+        raise DhtProtocolError(f"{what} must be base64 of at most {limit} bytes")
+    try:
+        out = base64.b64decode(x, validate=True)
+    except (binascii.Error, ValueError):
+        raise DhtProtocolError(f"{what} is not base64") from None
+    if len(out) > limit:
+        raise DhtProtocolError(f"{what} is longer than {limit} bytes")
+    return out
+
+
+def _short_str(x, limit, what):
+    if not isinstance(x, str) or len(x) > limit:
+        raise DhtProtocolError(f"{what} must be a string of at most {limit} characters")
+    return x
+
+
+def _contact(n):
+    if not isinstance(n, list) or len(n) != 3:
+        raise DhtProtocolError("a contact is [id, ip, port]")
+    nid = _hexbytes(n[0], ID_BYTES, "contact id")
+    host = _short_str(n[1], 45, "contact address")
+    try:
+        ipaddress.ip_address(host)             # a literal: never a name to resolve
+    except ValueError:
+        raise DhtProtocolError("contact address is not an IP address") from None
+    port = n[2]
+    if type(port) is not int or not 0 < port < 65536:
+        raise DhtProtocolError("contact port out of range")
+    return nid, (host, port)
+
+
+def _args(q, a):
+    if not isinstance(a, dict):
+        raise DhtProtocolError("query arguments must be an object")
+    out = {}
+    if "token" in a and a["token"] is not None:
+        out["token"] = _short_str(a["token"], 64, "token")
+    if q == "find_node":
+        out["target"] = _hexbytes(a.get("target"), ID_BYTES, "target")
+    elif q == "find_value":
+        out["key"] = _hexbytes(a.get("key"), ID_BYTES, "key")
+    elif q == "store":
+        out["key"] = _hexbytes(a.get("key"), ID_BYTES, "key")
+        out["value"] = _b64(a.get("value"), MAX_VALUE, "value")
+        out["pk"] = _hexbytes(a.get("pk"), 32, "pk")
+        out["kh"] = _hexbytes(a.get("kh"), 32, "kh")
+        out["sig"] = _hexbytes(a.get("sig"), 64, "sig")
+    return out
+
+
+def _result(r):
+    if not isinstance(r, dict):
+        raise DhtProtocolError("a response's result must be an object")
+    out = {"trunc": bool(r.get("trunc"))}
+    nodes = r.get("nodes", [])
+    if not isinstance(nodes, list) or len(nodes) > 2 * K:
+        raise DhtProtocolError(f"nodes must be a list of at most {2 * K} contacts")
+    out["nodes"] = [_contact(n) for n in nodes]
+    values = r.get("values", [])
+    if not isinstance(values, list) or len(values) > MAX_VALUES_PER_KEY:
+        raise DhtProtocolError(f"values must be a list of at most {MAX_VALUES_PER_KEY}")
+    vals = []
+    for v in values:
+        if not isinstance(v, list) or len(v) != 2:
+            raise DhtProtocolError("a value is [base64, signature]")
+        vals.append((_b64(v[0], MAX_VALUE, "value"), _hexbytes(v[1], 64, "signature")))
+    out["values"] = vals
+    return out
+
+
+def decode(data: bytes) -> dict:
+    """Parse and check one datagram.
+
+    Returns ``{"y", "t", "id"(bytes), ...}`` with, for a query, ``"q"``, ``"a"``
+    (arguments as bytes: ``target``/``key``/``value``/``pk``/``kh``/``sig``,
+    ``token`` str) and ``"c"`` (bool); for a response ``"r"`` (``nodes`` as
+    ``[(id, (ip, port))]``, ``values`` as ``[(value, sig)]``, ``trunc``); for an
+    error ``"e"``; and ``"tok"`` (str or None) on both.
+
+    :raises DhtProtocolError: anything malformed (never another exception).
+    """
+    if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_DATAGRAM:
+        raise DhtProtocolError("a DHT datagram is at most 60000 bytes")
+    try:
+        msg = json.loads(bytes(data))
+    except (ValueError, RecursionError) as e:      # UnicodeDecodeError is a ValueError
+        raise DhtProtocolError(f"not JSON: {e}") from None
+    if not isinstance(msg, dict):
+        raise DhtProtocolError("a DHT message is a JSON object")
+    y = msg.get("y")
+    out = {"y": y, "t": _short_str(msg.get("t", ""), 32, "transaction id"),
+           "id": _hexbytes(msg.get("id"), ID_BYTES, "node id")}
+    if y == "q":
+        q = out["q"] = _short_str(msg.get("q"), 32, "query name")
+        out["a"] = _args(q, msg.get("a") or {})
+        out["c"] = bool(msg.get("c"))
+        return out
+    if y not in ("r", "e"):
+        raise DhtProtocolError("y must be q, r or e")
+    tok = msg.get("tok")
+    out["tok"] = None if tok is None else _short_str(tok, 64, "token")
+    if y == "r":
+        out["r"] = _result(msg.get("r"))
+    else:
+        out["e"] = _short_str(msg.get("e", ""), 200, "error")
+    return out
+
+
+def _encode(msg) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode()
 
 
 def _int(b: bytes) -> int:
@@ -109,11 +347,26 @@ class _Contact:
 
 
 class _Pending:
-    __slots__ = ("event", "reply")
+    __slots__ = ("event", "reply", "addr")
 
-    def __init__(self):
+    def __init__(self, addr):
         self.event = threading.Event()
         self.reply = None
+        self.addr = addr
+
+
+class _Item:
+    """The values held under one key id, all signed by the key bound to it."""
+    __slots__ = ("pk", "kh", "vals", "nbytes")
+
+    def __init__(self, pk, kh):
+        self.pk, self.kh = pk, kh
+        self.vals = {}            # value -> [sig, stored_at, source ip]; oldest first
+        self.nbytes = 0
+
+
+def _cost(value):
+    return len(value) + VALUE_OVERHEAD
 
 
 class DhtNode:
@@ -124,15 +377,25 @@ class DhtNode:
     :param rpc_timeout: seconds to wait for one answer.
     :param republish: seconds between republishing rounds.
     :param ttl: seconds a stored value lives without being republished.
+    :param max_bytes, max_source_bytes, max_key_bytes: storage caps (all values,
+        values stored from one IP address, values of one key), each value charged
+        its length plus ``VALUE_OVERHEAD``.
+    :param rate, burst: queries per second (and at once) answered per source address.
     """
 
     def __init__(self, host="0.0.0.0", port=0, client=False, rpc_timeout=1.0,
-                 republish=30.0, ttl=3600.0, node_id=None):
+                 republish=30.0, ttl=3600.0, node_id=None, max_bytes=MAX_BYTES,
+                 max_source_bytes=MAX_SOURCE_BYTES, max_key_bytes=MAX_KEY_BYTES,
+                 rate=RATE, burst=BURST):
         self.id = node_id or os.urandom(ID_BYTES)
         self.client = client
         self.rpc_timeout = rpc_timeout
         self.republish = republish
         self.ttl = ttl
+        self.max_bytes = max_bytes
+        self.max_source_bytes = max_source_bytes
+        self.max_key_bytes = max_key_bytes
+        self.rate, self.burst = float(rate), float(burst)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self._sock.bind((host, port))
@@ -142,12 +405,20 @@ class DhtNode:
         self._sock.settimeout(0.5)
         self._lock = threading.Lock()
         self._buckets = [[] for _ in range(ID_BYTES * 8)]
-        self._data = {}           # key id -> {value: stored_at}
-        self._own = {}            # key id -> set(values) this node published
+        self._data = {}           # key id -> _Item
+        self._bytes = 0           # charged bytes of all values held
+        self._by_source = {}      # source ip -> charged bytes of the values it stored
+        self._own = {}            # key id -> (DhtKey, key hash, set(values)) this node published
         self._pending = {}        # txid -> _Pending
+        self._tokens = collections.OrderedDict()   # addr -> our token at that node
+        self._buckets_rl = collections.OrderedDict()  # source addr -> [allowance, last]
+        self._rl_swept = 0.0
+        self._secrets = [os.urandom(32), os.urandom(32)]   # current, previous
+        self._rotated = time.monotonic()
         self._closed = False
         self._stop = threading.Event()
         self._checking = set()    # contacts being pinged for eviction
+        self._probing = set()     # nodes being pinged before they enter the table
         self._dead = {}           # node id -> when it last failed to answer
         self._threads = [threading.Thread(target=self._recv_loop, name="erdma-dht-recv",
                                           daemon=True),
@@ -197,26 +468,32 @@ class DhtNode:
         self._lookup(self.id)
         return answered
 
-    def put(self, key, value) -> int:
-        """Store ``value`` under ``key`` on the K closest nodes; returns how many took it."""
+    def put(self, key, value, signer) -> int:
+        """Store ``value`` under ``key``, signed by ``signer`` (a :class:`DhtKey`), on the
+        K closest nodes; returns how many took it."""
         value = bytes(value)
         if len(value) > MAX_VALUE:
             raise ValueError(f"DHT values are limited to {MAX_VALUE} bytes")
-        kid = key_id(key)
+        if not isinstance(signer, DhtKey):
+            raise TypeError("put needs the DhtKey that signs the value")
+        kh = _key_hash(key)
+        kid = _bound_id(signer.public, kh)
         with self._lock:
-            self._own.setdefault(kid, set()).add(value)
-        return self._publish(kid, value)
+            self._own.setdefault(kid, (signer, kh, set()))[2].add(value)
+        return self._publish(kid, signer.public, kh, value, signer.sign(kid, value))
 
-    def get_all(self, key, timeout=0.0) -> list:
-        """Every value stored under ``key`` (newest first), waiting up to ``timeout`` s.
+    def get_all(self, key, public_key, timeout=0.0) -> list:
+        """Every value that ``public_key``'s holder stored under ``key`` (newest first),
+        waiting up to ``timeout`` s; values whose signature does not verify are dropped.
 
         :raises TimeoutError: when none was found in time.
         """
-        kid = key_id(key)
+        pk = _pk_bytes(public_key)
+        kid = _bound_id(pk, _key_hash(key))
         deadline = time.monotonic() + (timeout or 0.0)
         delay = 0.05
         while True:
-            values = self._find_values(kid)
+            values = self._find_values(kid, pk)
             if values:
                 return values
             left = deadline - time.monotonic()
@@ -225,8 +502,8 @@ class DhtNode:
             time.sleep(min(delay, left))
             delay = min(delay * 2, 0.5)
 
-    def get(self, key, timeout=0.0) -> bytes:
-        return self.get_all(key, timeout)[0]
+    def get(self, key, public_key, timeout=0.0) -> bytes:
+        return self.get_all(key, public_key, timeout)[0]
 
     def contacts(self) -> list:
         """``[(id, (host, port)), ...]`` of the routing table."""
@@ -238,18 +515,37 @@ class DhtNode:
         with self._lock:
             return len(self._data)
 
+    def stored_bytes(self) -> int:
+        """Bytes of the values held (the storage caps count these plus overhead)."""
+        with self._lock:
+            return sum(len(v) for item in self._data.values() for v in item.vals)
+
+    def held_values(self) -> list:
+        """Every value this node holds (for inspection)."""
+        with self._lock:
+            return [v for item in self._data.values() for v in item.vals]
+
+    def forget(self, key, public_key) -> bool:
+        """Stop republishing ``key`` and drop this node's copy; True if it published it."""
+        kid = key_id(key, public_key)
+        with self._lock:
+            found = self._own.pop(kid, None) is not None
+            item = self._data.pop(kid, None)
+            if item is not None:
+                for v in list(item.vals):
+                    self._unkeep(item, v)
+        return found
+
     def republish_now(self):
         """One republish round (also run every ``republish`` seconds)."""
+        self._expire()
         with self._lock:
-            own = [(k, list(v)) for k, v in self._own.items()]
-            now = time.monotonic()
-            for kid in [k for k, vals in self._data.items()
-                        if all(now - t > self.ttl for t in vals.values())]:
-                del self._data[kid]
-            held = [(k, list(v)) for k, v in self._data.items() if k not in self._own]
-        for kid, values in own + held:
-            for v in values:
-                self._publish(kid, v)
+            own = [(kid, signer.public, kh, v, signer.sign(kid, v))
+                   for kid, (signer, kh, vals) in self._own.items() for v in vals]
+            held = [(kid, item.pk, item.kh, v, s[0]) for kid, item in self._data.items()
+                    if kid not in self._own for v, s in item.vals.items()]
+        for args in own + held:
+            self._publish(*args)
 
     def close(self):
         if self._closed:
@@ -271,52 +567,149 @@ class DhtNode:
 
     # Private: storage
 
-    def _keep(self, kid, value):
+    def _keep(self, kid, pk, kh, value, sig, source=None):
+        """Hold a verified value; None if kept, else why not. ``source``: the IP it
+        came from (None: this node), charged against its cap."""
+        cost = _cost(value)
+        now = time.monotonic()
         with self._lock:
-            vals = self._data.get(kid)
-            if vals is None:
-                if len(self._data) >= MAX_KEYS:
-                    return False
-                vals = self._data[kid] = {}
-            vals.pop(value, None)
-            vals[value] = time.monotonic()       # dicts keep insertion order: newest last
-            while len(vals) > MAX_VALUES_PER_KEY:
-                del vals[next(iter(vals))]
-        return True
+            item = self._data.get(kid)
+            if item is not None and value in item.vals:
+                rec = item.vals.pop(value)
+                rec[1] = now
+                item.vals[value] = rec           # dicts keep insertion order: newest last
+                return None
+            if cost > self.max_key_bytes:
+                return "value too large for a key"
+            evict, freed = [], 0                  # the signer's own oldest values
+            if item is not None:
+                for v in item.vals:
+                    if (len(item.vals) - len(evict) < MAX_VALUES_PER_KEY
+                            and item.nbytes - freed + cost <= self.max_key_bytes):
+                        break
+                    evict.append(v)
+                    freed += _cost(v)
+            if self._bytes - freed + cost > self.max_bytes:
+                return "storage full"
+            if source is not None and \
+                    self._by_source.get(source, 0) + cost > self.max_source_bytes:
+                return "storage quota of this source used up"
+            if item is None:
+                item = self._data[kid] = _Item(pk, kh)
+            for v in evict:
+                self._unkeep(item, v)
+            item.vals[value] = [sig, now, source]
+            item.nbytes += cost
+            self._bytes += cost
+            if source is not None:
+                self._by_source[source] = self._by_source.get(source, 0) + cost
+        return None
+
+    def _unkeep(self, item, value):
+        """Drop one value (lock held)."""
+        rec = item.vals.pop(value)
+        cost = _cost(value)
+        item.nbytes -= cost
+        self._bytes -= cost
+        src = rec[2]
+        if src is not None:
+            left = self._by_source.get(src, 0) - cost
+            if left > 0:
+                self._by_source[src] = left
+            else:
+                self._by_source.pop(src, None)
+
+    def _expire(self):
+        cut = time.monotonic() - self.ttl
+        with self._lock:
+            for kid in list(self._data):
+                item = self._data[kid]
+                for v in [v for v, rec in item.vals.items() if rec[1] < cut]:
+                    self._unkeep(item, v)
+                if not item.vals:
+                    del self._data[kid]
 
     def _local_values(self, kid):
+        """``[(value, sig)]`` held under ``kid``, newest first, not expired."""
+        cut = time.monotonic() - self.ttl
         with self._lock:
-            vals = self._data.get(kid)
-            return list(reversed(list(vals))) if vals else []
+            item = self._data.get(kid)
+            if item is None:
+                return []
+            return [(v, rec[0]) for v, rec in reversed(item.vals.items()) if rec[1] >= cut]
 
-    def _publish(self, kid, value):
+    def _publish(self, kid, pk, kh, value, sig):
         nodes = self._lookup(kid)
         stored = 0
         targets = nodes[:K]
         mine = len(nodes) < K or _dist(self.id, kid) < _dist(nodes[K - 1].id, kid)
         if not self.client and mine:
-            self._keep(kid, value)          # this node is one of the K closest itself
+            self._keep(kid, pk, kh, value, sig)  # this node is one of the K closest itself
             stored += 1
             targets = nodes[:K - 1]
-        b64 = base64.b64encode(value).decode()
+        args = {"key": kid.hex(), "value": base64.b64encode(value).decode(), "pk": pk.hex(),
+                "kh": kh.hex(), "sig": sig.hex()}
         for _ in range(2):        # they answered the lookup just now: a silence is a lost packet
-            replies = self._rpc_many([(c.addr, "store", {"key": kid.hex(), "value": b64})
-                                      for c in targets])
+            replies = self._rpc_many([(c.addr, "store", args) for c in targets])
             stored += sum(r is not None for r in replies)
             targets = [c for c, r in zip(targets, replies) if r is None]
             if not targets:
                 break
         if not stored:
-            self._keep(kid, value)        # alone so far: hold it, republish spreads it
+            self._keep(kid, pk, kh, value, sig)  # alone so far: hold it, republish spreads it
         return stored
 
-    def _find_values(self, kid):
-        _, values = self._lookup(kid, want_value=True)
-        out = self._local_values(kid)
+    def _find_values(self, kid, pk):
+        _, values = self._lookup(kid, want_value=True, pk=pk)
+        out = [v for v, _ in self._local_values(kid)]
         for v in values:
             if v not in out:
                 out.append(v)
         return out
+
+    # Private: write tokens and rate limits
+
+    def _token(self, addr, secret=None):
+        with self._lock:
+            if time.monotonic() - self._rotated > TOKEN_ROTATE:
+                self._secrets = [os.urandom(32), self._secrets[0]]
+                self._rotated = time.monotonic()
+            secret = secret or self._secrets[0]
+        return hmac.new(secret, f"{addr[0]}|{addr[1]}".encode(),
+                        hashlib.sha256).hexdigest()[:32]
+
+    def _valid_token(self, addr, token):
+        if not token:
+            return False
+        current = self._token(addr)
+        return (hmac.compare_digest(current, token)
+                or hmac.compare_digest(self._token(addr, self._secrets[1]), token))
+
+    def _allow(self, addr):
+        """Token bucket per source address; the table holds at most MAX_SOURCES, and
+        sources beyond share one bucket until idle ones (full again) are swept out."""
+        now = time.monotonic()
+        with self._lock:
+            table = self._buckets_rl
+            b = table.get(addr)
+            if b is None:
+                if len(table) >= MAX_SOURCES and now - self._rl_swept > 1.0:
+                    self._rl_swept = now
+                    for a in [a for a, (allow, last) in table.items()
+                              if allow + (now - last) * self.rate >= self.burst]:
+                        del table[a]
+                if len(table) >= MAX_SOURCES:
+                    addr = None                  # the overflow bucket
+                    b = table.get(None)
+                if b is None:
+                    b = table[addr] = [self.burst, now]
+            allow = min(self.burst, b[0] + (now - b[1]) * self.rate)
+            b[1] = now
+            if allow < 1.0:
+                b[0] = allow
+                return False
+            b[0] = allow - 1.0
+            return True
 
     # Private: routing table
 
@@ -355,6 +748,24 @@ class DhtNode:
             threading.Thread(target=self._evict_check, args=(ping_old, nid, addr),
                              daemon=True).start()
 
+    def _probe(self, nid, addr):
+        """A node without a token asked us something: ping it, and its answer (to our
+        txid, so from its real address) puts it in the routing table. A few at a time."""
+        with self._lock:
+            b = self._bucket(nid)
+            if (b is None or len(b) >= K or any(c.id == nid for c in b)
+                    or len(self._probing) >= 2 * ALPHA or nid in self._probing):
+                return
+            self._probing.add(nid)
+        threading.Thread(target=self._probe_run, args=(nid, addr), daemon=True).start()
+
+    def _probe_run(self, nid, addr):
+        try:
+            self._rpc(addr, "ping", {})
+        finally:
+            with self._lock:
+                self._probing.discard(nid)
+
     def _evict_check(self, oldest, nid, addr):
         alive = self._rpc(oldest.addr, "ping", {}) is not None
         with self._lock:
@@ -388,8 +799,9 @@ class DhtNode:
         allc.sort(key=lambda c: _dist(c.id, target))
         return allc[:n]
 
-    def _lookup(self, target, want_value=False):
-        """Iterative FIND_NODE (or FIND_VALUE): the K closest live nodes (and values)."""
+    def _lookup(self, target, want_value=False, pk=None):
+        """Iterative FIND_NODE (or FIND_VALUE): the K closest live nodes (and the values
+        that verify under ``pk``)."""
         short = {c.id: c for c in self._closest(target)}
         queried, alive, values = set(), {}, []
         while True:
@@ -408,20 +820,12 @@ class DhtNode:
                     continue
                 alive[c.id] = c
                 if want_value:
-                    for v in r.get("values", [])[:MAX_VALUES_PER_KEY]:
-                        try:
-                            v = base64.b64decode(v, validate=True)
-                        except (ValueError, TypeError):
-                            continue
-                        if v not in values:
+                    for v, sig in r["values"]:
+                        if v not in values and _verify(pk, target, v, sig):
                             values.append(v)
-                for n in r.get("nodes", [])[:K]:
-                    try:
-                        nid, addr = bytes.fromhex(n[0]), (str(n[1]), int(n[2]))
-                    except (ValueError, TypeError, IndexError):
-                        continue
-                    if len(nid) == ID_BYTES and nid != self.id and nid not in short \
-                            and nid not in queried and not self._recently_dead(nid):
+                for nid, addr in r["nodes"][:K]:
+                    if nid != self.id and nid not in short and nid not in queried \
+                            and not self._recently_dead(nid):
                         short[nid] = _Contact(nid, addr)
             if want_value and values:
                 break
@@ -432,7 +836,7 @@ class DhtNode:
 
     def _send(self, addr, msg):
         try:
-            self._sock.sendto(json.dumps(msg, separators=(",", ":")).encode(), addr)
+            self._sock.sendto(_encode(msg), addr)
         except OSError:
             pass
 
@@ -440,14 +844,26 @@ class DhtNode:
         return self._rpc_many([(addr, q, args)])[0]
 
     def _rpc_many(self, calls):
-        """Send the queries together, wait for the answers (None for no answer)."""
+        """Send the queries together, wait for the answers (None for no answer or an
+        error). An answer cut short for want of a token is asked again with it."""
+        out = self._rpc_round(calls)
+        again = [i for i, r in enumerate(out) if r is not None and r["trunc"]]
+        if again:
+            for i, r in zip(again, self._rpc_round([calls[i] for i in again])):
+                out[i] = r
+        return out
+
+    def _rpc_round(self, calls):
         waits = []
         for addr, q, args in calls:
             tx = os.urandom(6).hex()
-            p = _Pending()
+            p = _Pending(addr)
             with self._lock:
                 self._pending[tx] = p
+                token = self._tokens.get(addr)
             waits.append((tx, p))
+            if token:
+                args = dict(args, token=token)
             self._send(addr, {"y": "q", "t": tx, "q": q, "id": self.id.hex(), "a": args,
                               "c": 1 if self.client else 0})
         deadline = time.monotonic() + self.rpc_timeout
@@ -462,7 +878,7 @@ class DhtNode:
     def _recv_loop(self):
         while not self._closed:
             try:
-                data, addr = self._sock.recvfrom(MAX_DATAGRAM)
+                data, addr = self._sock.recvfrom(MAX_DATAGRAM + 1)
             except socket.timeout:
                 continue
             except OSError:
@@ -470,67 +886,104 @@ class DhtNode:
                     return
                 continue
             try:
-                self._handle(data, addr)
-            except Exception as e:      # a stranger's garbage must not stop the node
+                self._handle(data, addr[:2])
+            except DhtProtocolError as e:    # a stranger's garbage must not stop the node
                 log.debug("DHT: dropped a bad datagram from %s: %s", addr, e)
+            except Exception as e:
+                log.warning("DHT: error handling a datagram from %s: %r", addr, e)
 
     def _handle(self, data, addr):
-        msg = json.loads(data)
-        if not isinstance(msg, dict):
-            return
-        nid = bytes.fromhex(msg["id"])
-        if len(nid) != ID_BYTES:
-            return
-        y, tx = msg.get("y"), str(msg.get("t", ""))
+        msg = decode(data)
+        nid, y, tx = msg["id"], msg["y"], msg["t"]
         if y in ("r", "e"):
             with self._lock:
                 p = self._pending.get(tx)
+                if p is not None and msg["tok"]:
+                    self._tokens[addr] = msg["tok"]
+                    self._tokens.move_to_end(addr)
+                    while len(self._tokens) > MAX_SOURCES:
+                        self._tokens.popitem(last=False)
             if p is not None:
-                if y == "r" and isinstance(msg.get("r"), dict):
+                if y == "r":
                     p.reply = msg["r"]
                 p.event.set()
-                self._seen(nid, addr)
+                self._seen(nid, addr)      # it answered our txid: its address is real
             return
-        if y != "q":
-            return
-        if not msg.get("c"):
+        if self.client or not self._allow(addr):
+            return                      # clients answer nothing; over the rate: dropped
+        q, a = msg["q"], msg["a"]
+        proven = self._valid_token(addr, a.get("token"))
+        if proven and not msg["c"]:
             self._seen(nid, addr)
-        if self.client:
-            return                      # clients answer nothing
-        q, a = msg.get("q"), msg.get("a") or {}
+        elif not msg["c"]:
+            self._probe(nid, addr)
+        head = {"t": tx, "id": self.id.hex(), "tok": self._token(addr)}
         reply = {}
         if q == "ping":
             pass
         elif q == "find_node":
-            reply["nodes"] = [c.wire() for c in self._closest(bytes.fromhex(a["target"]))
-                              if c.id != nid]
+            reply["nodes"] = [c.wire() for c in self._closest(a["target"]) if c.id != nid]
         elif q == "find_value":
-            kid = bytes.fromhex(a["key"])
+            kid = a["key"]
             values, room = [], MAX_REPLY_VALUES
-            for v in self._local_values(kid):          # newest first, as many as fit
+            for v, sig in self._local_values(kid):          # newest first, as many as fit
                 enc = base64.b64encode(v).decode()
                 if len(enc) > room:
                     break
-                values.append(enc)
+                values.append([enc, sig.hex()])
                 room -= len(enc)
             if values:
                 reply["values"] = values
             reply["nodes"] = [c.wire() for c in self._closest(kid) if c.id != nid]
         elif q == "store":
-            kid = bytes.fromhex(a["key"])
-            value = base64.b64decode(a["value"], validate=True)
-            if len(kid) != ID_BYTES or len(value) > MAX_VALUE or not self._keep(kid, value):
-                self._send(addr, {"y": "e", "t": tx, "id": self.id.hex(), "e": "refused"})
+            why = self._store(a, addr, proven)
+            if why:
+                self._reply(addr, dict(head, y="e", e=why), len(data), proven)
                 return
         else:
-            self._send(addr, {"y": "e", "t": tx, "id": self.id.hex(), "e": "unknown query"})
+            self._reply(addr, dict(head, y="e", e="unknown query"), len(data), proven)
             return
-        self._send(addr, {"y": "r", "t": tx, "id": self.id.hex(), "r": reply})
+        self._reply(addr, dict(head, y="r", r=reply), len(data), proven)
+
+    def _store(self, a, addr, proven):
+        """Check and keep a stored value; None if kept, else why it was refused."""
+        if not proven:
+            return "store needs a valid token (from an answer of this node)"
+        kid, pk, kh = a["key"], a["pk"], a["kh"]
+        if _bound_id(pk, kh) != kid:
+            return "key id is not bound to the signer's key"
+        if not _verify(pk, kid, a["value"], a["sig"]):
+            return "bad signature"
+        return self._keep(kid, pk, kh, a["value"], a["sig"], source=addr[0])
+
+    def _reply(self, addr, msg, asked, proven):
+        """Send an answer; to a source without a token, at most AMPLIFICATION times the
+        query's bytes: values go first, then contacts (the answer says trunc)."""
+        data = _encode(msg)
+        limit = AMPLIFICATION * asked
+        if not proven and len(data) > limit and msg["y"] == "r":
+            r = msg["r"] = {"trunc": 1, "nodes": list(msg["r"].get("nodes", ()))}
+            data = _encode(msg)
+            while len(data) > limit and r["nodes"]:
+                # drop about as many contacts as the excess needs, then one at a time
+                r["nodes"] = r["nodes"][:-max(1, (len(data) - limit) // 70)]
+                data = _encode(msg)
+        if not proven and len(data) > limit:
+            return
+        try:
+            self._sock.sendto(data, addr)
+        except OSError:
+            pass
 
     def _maintain(self):
         next_round = time.monotonic() + self.republish
+        next_expiry = time.monotonic() + min(10.0, self.ttl)
         while not self._stop.wait(0.2):
-            if time.monotonic() >= next_round and not self._closed:
+            now = time.monotonic()
+            if now >= next_expiry and not self._closed:
+                self._expire()
+                next_expiry = now + min(10.0, self.ttl)
+            if now >= next_round and not self._closed:
                 try:
                     self.republish_now()
                 except Exception as e:
@@ -545,16 +998,20 @@ class DhtStore:
     :param prefix: prepended to every key.
     :param timeout: default seconds for ``get``.
     :param owns_node: close the node with the store.
+    :param signer: the :class:`DhtKey` that signs (and names) the values; the
+        readers of the same records need the same key. None: ``DhtKey.open(prefix)``,
+        which anyone who knows the prefix can derive (no protection from forgers).
 
     There is no atomic ``add`` (a DHT has no single owner of a key): it raises
     :class:`DhtError`; ``delete`` forgets only what this node published.
     """
 
-    def __init__(self, node, prefix="", timeout=60.0, owns_node=False):
+    def __init__(self, node, prefix="", timeout=60.0, owns_node=False, signer=None):
         self.node = node
         self.prefix = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
         self.timeout = timeout
         self.owns_node = owns_node
+        self.signer = signer if signer is not None else DhtKey.open(self.prefix)
 
     def __repr__(self):
         return f"DhtStore({self.node!r})"
@@ -565,10 +1022,11 @@ class DhtStore:
     def set(self, key, value):
         if isinstance(value, str):
             value = value.encode()
-        self.node.put(self._k(key), value)
+        self.node.put(self._k(key), value, self.signer)
 
     def get_all(self, key, timeout=None):
-        return self.node.get_all(self._k(key), self.timeout if timeout is None else timeout)
+        return self.node.get_all(self._k(key), self.signer.public,
+                                 self.timeout if timeout is None else timeout)
 
     def get(self, key, timeout=None):
         return self.get_all(key, timeout)[0]
@@ -577,7 +1035,7 @@ class DhtStore:
         keys = [keys] if isinstance(keys, (str, bytes)) else list(keys)
         try:
             for k in keys:
-                self.node.get_all(self._k(k), 0)
+                self.get_all(k, 0)
         except TimeoutError:
             return False
         return True
@@ -587,11 +1045,7 @@ class DhtStore:
                        "(erdmarun --ranks A-B)")
 
     def delete(self, key):
-        kid = key_id(self._k(key))
-        with self.node._lock:
-            found = self.node._own.pop(kid, None) is not None
-            self.node._data.pop(kid, None)
-        return found
+        return self.node.forget(self._k(key), self.signer)
 
     def close(self):
         if self.owns_node:

@@ -14,7 +14,11 @@ Contract used by :mod:`erdmampi.bootstrap`::
   (:mod:`erdmampi.rendezvous`); otherwise ``ERDMA_DHT=host:port[,host:port...]``
   -> a client node of the Kademlia DHT (:mod:`erdmampi.dht`) bootstrapped from
   those peers (``ERDMA_DHT_BIND`` picks its UDP address, default
-  ``0.0.0.0:0``). Neither -> :class:`ValueError`.
+  ``0.0.0.0:0``). Neither -> :class:`ValueError`. In the DHT the records are
+  signed with an Ed25519 key derived from the job secret (HKDF label
+  ``dht-sign``) that also names their keys: DHT nodes refuse values it did not
+  sign, so a forger cannot crowd out the job's records (without a secret the
+  key follows from the job id: no protection).
 * With a job secret (``ERDMA_JOB_SECRET`` hex or ``ERDMA_JOB_SECRET_FILE``,
   see :mod:`erdmampi.jobauth`) the store is a :class:`~erdmampi.jobauth.SealedStore`:
   record names are opaque, values sealed (ChaCha20-Poly1305 bound to the
@@ -86,9 +90,14 @@ def store_for(jobid, secret, rendezvous=None, dht_node=None, timeout=60.0, owns_
             return Store.from_address(rendezvous, prefix=f"{jobid}/", timeout=timeout)
         raw = Store.from_address(rendezvous, timeout=timeout, auth=keys.store_auth())
         return jobauth.SealedStore(raw, keys)
-    from .dht import DhtStore
+    from .dht import DhtKey, DhtStore
+    # values in the DHT are signed with a key only the job's secret gives (nodes refuse
+    # the rest); without a secret the key follows from the job id, so anyone can forge
+    if keys and isinstance(secret, str):
+        secret = jobauth.parse_secret(secret)
+    signer = DhtKey(jobauth._hkdf(bytes(secret), "dht-sign", keys.jobid)) if keys else None
     raw = DhtStore(dht_node, prefix="" if keys else f"{jobid}/", timeout=timeout,
-                   owns_node=owns_node)
+                   owns_node=owns_node, signer=signer)
     return jobauth.SealedStore(raw, keys) if keys else raw
 
 

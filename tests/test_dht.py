@@ -4,7 +4,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from erdmampi.dht import K, DhtError, DhtNode, DhtStore, key_id, parse_peers
+from erdmampi.dht import K, DhtError, DhtKey, DhtNode, DhtStore, key_id, parse_peers
+
+KEY = DhtKey()
 
 
 def _dist(a, b):
@@ -46,24 +48,24 @@ def test_bootstrap_fills_routing_tables(nodes):
 def test_store_on_the_k_closest_and_find_from_anywhere(nodes):
     net = _network(nodes, 12)
     assert K < len(net)
-    stored = net[5].put(b"job/ep/0", b"record-0")
+    stored = net[5].put(b"job/ep/0", b"record-0", KEY)
     assert stored == K
-    kid = key_id(b"job/ep/0")
+    kid = key_id(b"job/ep/0", KEY)
     closest = sorted(net, key=lambda n: _dist(n.id, kid))[:K]
     holders = [n for n in net if n.stored()]
     assert set(holders) == set(closest)                  # XOR metric: the K closest hold it
     for node in net:
-        assert node.get_all(b"job/ep/0", timeout=2) == [b"record-0"]
+        assert node.get_all(b"job/ep/0", KEY.public, timeout=2) == [b"record-0"]
     with pytest.raises(TimeoutError, match="not found"):
-        net[0].get_all(b"job/ep/9", timeout=0.3)
+        net[0].get_all(b"job/ep/9", KEY.public, timeout=0.3)
 
 
 def test_values_survive_churn(nodes):
     net = _network(nodes, 10)
     origin = net[0]
-    origin.put(b"k", b"v1")
+    origin.put(b"k", b"v1", KEY)
     # half the nodes leave, holders among them; newcomers join through a survivor
-    kid = key_id(b"k")
+    kid = key_id(b"k", KEY)
     leaving = sorted(net[1:], key=lambda n: _dist(n.id, kid))[:5]
     for n in leaving:
         n.close()
@@ -77,7 +79,7 @@ def test_values_survive_churn(nodes):
         list(pool.map(lambda n: n.republish_now(), alive))
     # every survivor still finds it (lookups skip the dead nodes once they time out)
     with ThreadPoolExecutor(len(newcomers + alive)) as pool:
-        found = list(pool.map(lambda n: n.get_all(b"k", timeout=5), newcomers + alive))
+        found = list(pool.map(lambda n: n.get_all(b"k", KEY.public, timeout=5), newcomers + alive))
     assert found == [[b"v1"]] * len(found)
     # the newcomers that are now among the closest hold a copy themselves
     live = alive + newcomers
@@ -88,19 +90,19 @@ def test_values_survive_churn(nodes):
 
 def test_several_values_per_key_newest_first(nodes):
     net = _network(nodes, 5)
-    net[1].put(b"k", b"first")
-    net[2].put(b"k", b"second")
-    got = net[3].get_all(b"k", timeout=2)
+    net[1].put(b"k", b"first", KEY)
+    net[2].put(b"k", b"second", KEY)
+    got = net[3].get_all(b"k", KEY.public, timeout=2)
     assert set(got) == {b"first", b"second"}
-    assert net[4].get(b"k", timeout=2) in (b"first", b"second")
+    assert net[4].get(b"k", KEY.public, timeout=2) in (b"first", b"second")
 
 
 def test_client_nodes_are_not_routed_to(nodes):
     net = _network(nodes, 4)
     client = nodes(1, client=True)[0]
     client.bootstrap([net[0].address], timeout=5)
-    client.put(b"k", b"from client")
-    assert net[2].get_all(b"k", timeout=2) == [b"from client"]
+    client.put(b"k", b"from client", KEY)
+    assert net[2].get_all(b"k", KEY.public, timeout=2) == [b"from client"]
     assert client.stored() == 0
     for n in net:
         assert client.id not in {nid for nid, _ in n.contacts()}
@@ -114,8 +116,8 @@ def test_garbage_does_not_stop_a_node(nodes):
                      b'{"y":"q","t":"1","q":"store","id":"' + b"00" * 20
                      + b'","a":{"key":"00","value":"x"}}'):
             s.sendto(junk, net[0].address)
-    net[1].put(b"k", b"v")
-    assert net[2].get_all(b"k", timeout=2) == [b"v"]
+    net[1].put(b"k", b"v", KEY)
+    assert net[2].get_all(b"k", KEY.public, timeout=2) == [b"v"]
 
 
 def test_bootstrap_timeout_and_bad_peers(nodes):
@@ -129,7 +131,7 @@ def test_bootstrap_timeout_and_bad_peers(nodes):
     assert parse_peers("a:1, [::1]:2") == [("a", 1), ("::1", 2)]
     assert node.bootstrap([]) == 0 and node.bootstrap([node.address]) == 0   # alone is fine
     with pytest.raises(ValueError, match="limited"):
-        node.put(b"k", b"x" * 10000)
+        node.put(b"k", b"x" * 10000, KEY)
 
 
 def test_dht_store_interface(nodes):
@@ -147,8 +149,8 @@ def test_large_values_fit_in_replies(nodes):
     net = _network(nodes, 3)
     big = [bytes([i]) * 8000 for i in range(12)]      # more than one datagram could carry
     for v in big:
-        net[1].put(b"k", v)
+        net[1].put(b"k", v, KEY)
     reader = nodes(1, client=True)[0]                  # holds nothing: reads from replies
     reader.bootstrap([net[0].address], timeout=5)
-    got = reader.get_all(b"k", timeout=2)
+    got = reader.get_all(b"k", KEY.public, timeout=2)
     assert got and set(got) <= set(big) and big[-1] in got

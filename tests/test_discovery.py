@@ -1,11 +1,12 @@
 """open_store (TCP store or DHT, sealed with a job secret), the DHT-backed local store."""
+import hashlib
 import json
 import logging
 
 import pytest
 
 from erdmampi import discovery
-from erdmampi.dht import DhtNode
+from erdmampi.dht import DhtKey, DhtNode, key_id
 from erdmampi.jobauth import JobKeys, RecordAuthError, SealedStore
 from erdmampi.launcher.store_server import StoreServer
 from erdmampi.rendezvous import Store, StoreError
@@ -101,7 +102,7 @@ def test_dht_store_through_open_store(dht):
         b.close()
     # nothing a DHT node holds says what it is
     keys = JobKeys(SECRET, "d1")
-    held = [v for n in dht for vals in n._data.values() for v in vals]
+    held = [v for n in dht for v in n.held_values()]
     assert held and all(b"10.0.0.7" not in v for v in held)
     assert keys.open("ep/0", held[0]) == RECORD
 
@@ -110,25 +111,34 @@ def test_dht_forger_is_refused_and_logged(dht, caplog):
     caplog.set_level(logging.WARNING, logger="erdmampi.discovery")
     keys = JobKeys(SECRET, "d1")
     name = keys.opaque("ep/2")
-    # a DHT node (no secret) forges the record: plain JSON, then one sealed for another job
-    forger = dht[1]
-    forger.put(name, b'{"addr": "6.6.6.6", "port": 1, "fp": "00"}')
     env = {"ERDMA_DHT": _peers(dht[:1]), "ERDMA_DHT_BIND": "127.0.0.1:0",
            "ERDMA_JOBID": "d1", "ERDMA_JOB_SECRET": SECRET}
     with discovery.open_store(env, timeout=5) as st:
-        with pytest.raises(RecordAuthError, match="ep/2"):
-            st.get("ep/2", 2)
-        logged = [r for r in caplog.records if "refused rendezvous record" in r.getMessage()]
-        assert len(logged) == 1 and "'ep/2'" in logged[0].getMessage()
-        forger.put(name, JobKeys(OTHER, "d1").seal("ep/2", RECORD))
-        # the real record arrives as well: the reader takes it and refuses the forgeries
-        # (each logged once: the first one was already)
-        caplog.clear()
+        signer = st.raw.signer
+        # a DHT node (no secret) forges the record: under its own key it lands where the
+        # job never looks; claiming the job's key, the nodes refuse it (bad signature)
+        forger = dht[1]
+        forger.put(name, b'{"addr": "6.6.6.6", "port": 1, "fp": "00"}', DhtKey())
+        forged = JobKeys(OTHER, "d1").seal("ep/2", RECORD)
+        kid = key_id(name, signer)
+        sig = DhtKey().sign(kid, forged)
+        assert forger._publish(kid, signer.public, hashlib.sha256(name).digest(), forged,
+                               sig) == 1                  # only the forger's own copy
+        with pytest.raises(TimeoutError, match="ep/2"):
+            st.get("ep/2", 0.5)
+        held = [v for n in dht[::2] for v in n.held_values()]
+        assert forged not in held
         st.set("ep/2", RECORD)
         assert st.get("ep/2", 2) == RECORD
-        assert st.get("ep/2", 2) == RECORD
+        assert not [r for r in caplog.records if "refused rendezvous record" in r.getMessage()]
+    # signed with the job's DHT key but sealed for another job (only a holder of the
+    # secret could do that): the sealed layer still refuses it, logged once
+    with discovery.open_store(env, timeout=5) as st:
+        st.raw.node.put(keys.opaque("ep/3"), forged, st.raw.signer)
+        with pytest.raises(RecordAuthError, match="ep/3"):
+            st.get("ep/3", 2)
         logged = [r for r in caplog.records if "refused rendezvous record" in r.getMessage()]
-        assert len(logged) == 1 and "does not authenticate" in logged[0].getMessage()
+        assert len(logged) == 1 and "'ep/3'" in logged[0].getMessage()
 
 
 def test_dht_backed_local_store(dht):
@@ -150,7 +160,7 @@ def test_dht_backed_local_store(dht):
         for s in (plain, plain_b, sealed_a, sealed_b):
             s.close()
         # what went into the DHT is sealed with the job's keys
-        held = [v for n in dht for vals in n._data.values() for v in vals]
+        held = [v for n in dht for v in n.held_values()]
         assert held and all(RECORD not in v for v in held)
     finally:
         site_a.close()
