@@ -7,6 +7,7 @@ modules it re-exports.  Importing this module starts the engine unless
 """
 
 import atexit as _atexit
+import os as _os
 import socket as _socket
 import sys as _sys
 import threading as _threading
@@ -397,8 +398,42 @@ def _install_unsupported():
 _install_unsupported()
 
 
+# An uncaught exception on one rank ends the job, as under ``python -m
+# mpi4py``: Finalize would wait in a barrier for ranks that may be waiting for
+# this one, so the rank aborts instead (the launcher then ends the others).
+# The traceback is printed first; atexit handlers registered after the import
+# of MPI still run.  ERDMA_ABORT_ON_EXCEPTION=0 keeps Python's plain exit.
+_UNCAUGHT = []
+
+
+def _abort_on_exception_enabled():
+    text = _os.environ.get("ERDMA_ABORT_ON_EXCEPTION", "1").strip().lower()
+    if text in ("1", "yes", "true", "on", ""):
+        return True
+    if text in ("0", "no", "false", "off"):
+        return False
+    _sys.stderr.write(f"erdmampi: ERDMA_ABORT_ON_EXCEPTION={text!r} is not one of "
+                      "1/0, yes/no, true/false, on/off; using 1\n")
+    return True
+
+
+def _install_excepthook():
+    if not _abort_on_exception_enabled():
+        return
+    previous = _sys.excepthook
+
+    def excepthook(etype, value, tb):
+        if not issubclass(etype, (SystemExit, KeyboardInterrupt)):
+            _UNCAUGHT.append(etype)
+        previous(etype, value, tb)
+
+    _sys.excepthook = excepthook
+
+
 def _atexit_finalize():
     if _comm._rt.initialized and not _comm._rt.finalized:
+        if _UNCAUGHT and COMM_WORLD.Get_size() > 1:
+            COMM_WORLD.Abort(1)
         try:
             Finalize()
         except BaseException:
@@ -413,6 +448,7 @@ def _startup():
         _comm.init(level if _rc.threads else THREAD_SINGLE)
         if _rc.finalize is None or _rc.finalize:
             _atexit.register(_atexit_finalize)
+            _install_excepthook()
 
 
 _startup()

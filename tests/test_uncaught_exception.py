@@ -1,0 +1,64 @@
+"""An uncaught exception on one rank ends the job, with its traceback and a
+non-zero exit status, instead of leaving the other ranks waiting (as
+``python -m mpi4py`` does for mpi4py); ERDMA_ABORT_ON_EXCEPTION=0 opts out."""
+import time
+
+import pytest
+
+from harness import run_mpi
+
+# rank 1 fails before sending what rank 0 waits for
+FAILS_ON_RANK_1 = """
+import atexit
+from erdmampi import MPI
+c = MPI.COMM_WORLD
+atexit.register(lambda: print("user atexit ran on", c.rank, flush=True))
+if c.rank == 1:
+    raise ValueError("boom on rank 1")
+c.recv(source=1)
+print("rank", c.rank, "received", flush=True)
+"""
+
+
+def test_exception_on_one_rank_ends_the_job():
+    t0 = time.monotonic()
+    r = run_mpi(2, FAILS_ON_RANK_1, timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert took < 20, took
+    assert "ValueError: boom on rank 1" in r.stderr
+    assert "Traceback" in r.stderr
+    assert "MPI_Abort" in r.stderr
+    assert "received" not in r.stdout
+    # handlers the program registered after importing MPI still run
+    assert "user atexit ran on 1" in r.stdout
+
+
+@pytest.mark.slow
+def test_opt_out_keeps_the_plain_exit():
+    # without the abort rank 1 waits in Finalize and rank 0 in its receive,
+    # until erdmarun's --timeout
+    r = run_mpi(2, FAILS_ON_RANK_1, timeout=8, env={"ERDMA_ABORT_ON_EXCEPTION": "0"})
+    assert r.returncode == 124, (r.returncode, r.stdout, r.stderr)
+    assert "ValueError: boom on rank 1" in r.stderr
+    assert "MPI_Abort" not in r.stderr
+
+
+def test_single_rank_exits_with_python_status():
+    r = run_mpi(1, "from erdmampi import MPI\nraise KeyError('k')\n", timeout=60)
+    assert r.returncode == 1
+    assert "KeyError: 'k'" in r.stderr
+
+
+def test_systemexit_is_not_an_error():
+    r = run_mpi(2, "from erdmampi import MPI\nimport sys\nMPI.COMM_WORLD.Barrier()\n"
+                   "sys.exit(0)\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "MPI_Abort" not in r.stderr
+
+
+def test_a_bad_setting_is_named():
+    r = run_mpi(1, "from erdmampi import MPI\n", timeout=60,
+                env={"ERDMA_ABORT_ON_EXCEPTION": "maybe"})
+    assert r.returncode == 0
+    assert "ERDMA_ABORT_ON_EXCEPTION='maybe'" in r.stderr
