@@ -31,7 +31,9 @@ Every node may be hostile, and so may anyone who can send it a datagram:
 * **Bounded storage**: at most ``MAX_VALUES_PER_KEY`` values and
   ``max_key_bytes`` per key (a signer's new value pushes out its own oldest),
   ``max_source_bytes`` per source IP and ``max_bytes`` in all; a store over a
-  cap is refused, values expire after ``ttl`` s unless republished.
+  cap is refused, values expire after ``ttl`` s unless their publisher
+  republishes them; a republish round copies at most ``REPLICATE_PER_ROUND``
+  values held for others.
 * Malformed datagrams raise :class:`DhtProtocolError` in :func:`decode` and
   are dropped; addresses in answers must be IP literals (no name lookups).
 
@@ -47,12 +49,14 @@ Protocol: one JSON object per UDP datagram (never pickle)::
     ping        {}                             -> {}
     find_node   {"target": ID}                 -> {"nodes": [[ID, ip, port], ...]}
     find_value  {"key": ID}                    -> {"values": [[b64, SIG], ...], "nodes": ...}
-    store       {"key": ID, "value": b64, "pk": PK, "kh": KH, "sig": SIG} -> {}
+    store       {"key": ID, "value": b64, "pk": PK, "kh": KH, "sig": SIG,
+                 "rep": 0|1}                   -> {}
 
 Each query's arguments may carry ``"token"`` (the asker's token from an
 earlier answer of this node; ``store`` must). Ids are 160-bit hex, ``PK``
 (32 bytes), ``KH`` (SHA-256 of the key) and ``SIG`` (64 bytes) hex.
-``"c": 1`` marks a client node (it queries and stores but is never put into
+``"rep": 1`` marks a holder's copy (it does not restart the value's ttl, only
+the publisher's own stores do). ``"c": 1`` marks a client node (it queries and stores but is never put into
 routing tables, e.g. a short-lived rank process). Contacts are learnt with the
 address a datagram came from, so nodes behind a NAT are reached through their
 mapping.
@@ -98,6 +102,7 @@ RATE = 200.0              # queries/s per source address
 BURST = 400               # queries a source may send at once
 MAX_SOURCES = 4096        # rate-limit buckets (and remembered tokens)
 TOKEN_ROTATE = 300.0      # seconds between write-token secrets
+REPLICATE_PER_ROUND = 64  # values held for others that one republish round copies on
 DEAD_FOR = 30.0           # seconds a node that did not answer is skipped in lookups
 _SIG_CONTEXT = b"erdma-dht/1\0"
 _OPEN_CONTEXT = b"erdma-dht-open/1\0"
@@ -241,6 +246,7 @@ def _args(q, a):
         out["pk"] = _hexbytes(a.get("pk"), 32, "pk")
         out["kh"] = _hexbytes(a.get("kh"), 32, "kh")
         out["sig"] = _hexbytes(a.get("sig"), 64, "sig")
+        out["rep"] = bool(a.get("rep"))
     return out
 
 
@@ -537,15 +543,26 @@ class DhtNode:
         return found
 
     def republish_now(self):
-        """One republish round (also run every ``republish`` seconds)."""
+        """One republish round (also run every ``republish`` seconds): what this node
+        published, and up to ``REPLICATE_PER_ROUND`` of the values it holds for others
+        (those copied least recently), so that what strangers store costs it bounded work."""
         self._expire()
+        now = time.monotonic()
         with self._lock:
             own = [(kid, signer.public, kh, v, signer.sign(kid, v))
                    for kid, (signer, kh, vals) in self._own.items() for v in vals]
-            held = [(kid, item.pk, item.kh, v, s[0]) for kid, item in self._data.items()
-                    if kid not in self._own for v, s in item.vals.items()]
-        for args in own + held:
+            held = sorted(((rec[3], kid, v) for kid, item in self._data.items()
+                           if kid not in self._own for v, rec in item.vals.items()),
+                          key=lambda x: x[0])[:REPLICATE_PER_ROUND]
+            copies = []
+            for _, kid, v in held:
+                item = self._data[kid]
+                item.vals[v][3] = now
+                copies.append((kid, item.pk, item.kh, v, item.vals[v][0]))
+        for args in own:
             self._publish(*args)
+        for args in copies:
+            self._publish(*args, replica=True)
 
     def close(self):
         if self._closed:
@@ -567,17 +584,19 @@ class DhtNode:
 
     # Private: storage
 
-    def _keep(self, kid, pk, kh, value, sig, source=None):
+    def _keep(self, kid, pk, kh, value, sig, source=None, refresh=True):
         """Hold a verified value; None if kept, else why not. ``source``: the IP it
-        came from (None: this node), charged against its cap."""
+        came from (None: this node), charged against its cap; ``refresh``: a store
+        from the publisher (not a replica) restarts the value's ttl."""
         cost = _cost(value)
         now = time.monotonic()
         with self._lock:
             item = self._data.get(kid)
             if item is not None and value in item.vals:
-                rec = item.vals.pop(value)
-                rec[1] = now
-                item.vals[value] = rec           # dicts keep insertion order: newest last
+                if refresh:                      # a replica does not extend a value's life
+                    rec = item.vals.pop(value)
+                    rec[1] = now
+                    item.vals[value] = rec       # dicts keep insertion order: newest last
                 return None
             if cost > self.max_key_bytes:
                 return "value too large for a key"
@@ -598,7 +617,7 @@ class DhtNode:
                 item = self._data[kid] = _Item(pk, kh)
             for v in evict:
                 self._unkeep(item, v)
-            item.vals[value] = [sig, now, source]
+            item.vals[value] = [sig, now, source, now]   # ..., last copied to others
             item.nbytes += cost
             self._bytes += cost
             if source is not None:
@@ -638,17 +657,19 @@ class DhtNode:
                 return []
             return [(v, rec[0]) for v, rec in reversed(item.vals.items()) if rec[1] >= cut]
 
-    def _publish(self, kid, pk, kh, value, sig):
+    def _publish(self, kid, pk, kh, value, sig, replica=False):
         nodes = self._lookup(kid)
         stored = 0
         targets = nodes[:K]
         mine = len(nodes) < K or _dist(self.id, kid) < _dist(nodes[K - 1].id, kid)
         if not self.client and mine:
-            self._keep(kid, pk, kh, value, sig)  # this node is one of the K closest itself
+            self._keep(kid, pk, kh, value, sig, refresh=not replica)  # one of the K closest
             stored += 1
             targets = nodes[:K - 1]
         args = {"key": kid.hex(), "value": base64.b64encode(value).decode(), "pk": pk.hex(),
                 "kh": kh.hex(), "sig": sig.hex()}
+        if replica:
+            args["rep"] = 1
         for _ in range(2):        # they answered the lookup just now: a silence is a lost packet
             replies = self._rpc_many([(c.addr, "store", args) for c in targets])
             stored += sum(r is not None for r in replies)
@@ -656,7 +677,7 @@ class DhtNode:
             if not targets:
                 break
         if not stored:
-            self._keep(kid, pk, kh, value, sig)  # alone so far: hold it, republish spreads it
+            self._keep(kid, pk, kh, value, sig, refresh=not replica)  # alone: hold it
         return stored
 
     def _find_values(self, kid, pk):
@@ -954,7 +975,8 @@ class DhtNode:
             return "key id is not bound to the signer's key"
         if not _verify(pk, kid, a["value"], a["sig"]):
             return "bad signature"
-        return self._keep(kid, pk, kh, a["value"], a["sig"], source=addr[0])
+        return self._keep(kid, pk, kh, a["value"], a["sig"], source=addr[0],
+                          refresh=not a["rep"])
 
     def _reply(self, addr, msg, asked, proven):
         """Send an answer; to a source without a token, at most AMPLIFICATION times the

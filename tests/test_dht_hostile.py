@@ -310,3 +310,27 @@ def test_malformed_answers_do_not_break_a_lookup(nodes, junk):
         stop.set()
         t.join(1)
         s.close()
+
+
+def test_what_strangers_store_costs_bounded_republishing(nodes, raw):
+    """Before: a node re-stored every value it held on each republish round (a lookup
+    and K stores each, whoever stored them). Now at most REPLICATE_PER_ROUND per round,
+    and a copy does not restart a value's ttl."""
+    a, b = nodes(2)
+    r = raw("127.0.0.20")
+    r.ask(a.address, "ping", {})
+    signer = DhtKey()
+    for i in range(3 * dht.REPLICATE_PER_ROUND):
+        assert r.store(a.address, *_signed(signer, b"s/%d" % i, b"x"))["y"] == "r"
+    assert b.stored() == 0
+    a.republish_now()
+    assert b.stored() == dht.REPLICATE_PER_ROUND
+    a.republish_now()
+    assert b.stored() == 2 * dht.REPLICATE_PER_ROUND        # the next ones, not the same
+    with b._lock:
+        born = {kid: item.vals[b"x"][1] for kid, item in b._data.items()}
+    time.sleep(0.05)
+    for _ in range(2):
+        a.republish_now()
+    with b._lock:
+        assert {kid: b._data[kid].vals[b"x"][1] for kid in born} == born   # ttl not restarted
