@@ -449,6 +449,9 @@ def _startup():
         if _rc.finalize is None or _rc.finalize:
             _atexit.register(_atexit_finalize)
             _install_excepthook()
+        from . import stackdump as _stackdump
+        _stackdump.install(lambda: _comm._rt.engine, _comm._rt.engine.rank
+                           if _comm._rt.engine is not None else 0)
 
 
 _startup()

@@ -483,6 +483,14 @@ class Engine:
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)
 
+    def describe(self, limit: int = 20) -> str:
+        """The pending operations, one per line (for stack dumps)."""
+        if self._closed:
+            return "  engine closed\n"
+        buf = ffi.new("char[]", 16384)
+        lib.erdma_engine_describe(self._h, buf, len(buf), limit)
+        return ffi.string(buf).decode("utf-8", "replace")
+
     # -- NAT traversal (ext/src/erdma_nat.c; docs/wire.md, "Demultiplexing")
     def raw_send(self, data: bytes, host: str, port: int) -> None:
         """Send one datagram (STUN, TURN, ICE checks) from the engine's socket."""

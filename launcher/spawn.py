@@ -27,6 +27,7 @@ __all__ = ["Host", "Job", "JobError", "EXIT_JOIN", "parse_hosts", "parse_hostfil
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_CANNOT_EXEC = 126
+DUMP_WAIT = 2.0          # seconds the ranks get to print their stacks on --timeout
 EXIT_JOIN = 124          # another site's ranks did not join within the connect timeout
 DEFAULT_SSH = "ssh -o BatchMode=yes"
 
@@ -655,10 +656,22 @@ class Job:
             if deadline is not None and now >= deadline and status is None:
                 status = EXIT_TIMEOUT
                 deadline = None
-                self._say(f"job timed out after {self.timeout:g} s; terminating "
-                          f"{alive} rank(s)")
+                # first ask each rank where it is (erdmampi.stackdump), then end it
+                self._say(f"job timed out after {self.timeout:g} s; asking {alive} rank(s) "
+                          f"for their stacks (SIGUSR1), then terminating them")
+                self._teardown(signal.SIGUSR1)
+                dump_until = now + DUMP_WAIT
+                while alive and time.monotonic() < dump_until:
+                    try:
+                        kind, r, value = self._events.get(
+                            timeout=max(0.0, dump_until - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if kind == "exit":
+                        alive -= 1
+                        r.returncode = value
                 self._teardown(signal.SIGTERM)
-                kill_at = now + self.grace
+                kill_at = time.monotonic() + self.grace
             if kill_at is not None and now >= kill_at and alive:
                 self._teardown(signal.SIGKILL)
                 kill_at = None

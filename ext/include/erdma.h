@@ -151,6 +151,10 @@ void erdma_engine_free(erdma_engine *e);
 int erdma_engine_stats(erdma_engine *e, erdma_stats *st);
 /* Name of the peer failure, if any ("" if none). */
 int erdma_engine_peer_error(erdma_engine *e, int rank);
+/* A text list of the pending operations (posted receives, sends waiting for
+ * their receivers, unexpected messages, lost peers), at most `limit` of each,
+ * NUL-terminated in buf (truncated to cap); never blocks for long. */
+int erdma_engine_describe(erdma_engine *e, char *buf, size_t cap, int limit);
 
 /* Point to point.  buf must stay valid until the request completes. */
 int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest,

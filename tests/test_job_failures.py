@@ -62,3 +62,63 @@ def test_a_bad_setting_is_named():
                 env={"ERDMA_ABORT_ON_EXCEPTION": "maybe"})
     assert r.returncode == 0
     assert "ERDMA_ABORT_ON_EXCEPTION='maybe'" in r.stderr
+
+
+# -- where is each rank? -------------------------------------------------------
+DEADLOCK = """
+import numpy as np
+from erdmampi import MPI
+c = MPI.COMM_WORLD
+buf = np.zeros(10)
+print("ready", flush=True)
+if c.rank == 0:
+    c.Recv(buf, source=1, tag=5)
+else:
+    c.Recv(buf, source=0, tag=7)
+"""
+
+
+def test_timeout_prints_every_ranks_stack_and_pending_operations():
+    r = run_mpi(2, DEADLOCK, timeout=5)
+    assert r.returncode == 124, (r.stdout, r.stderr)
+    err = r.stderr
+    assert "asking 2 rank(s) for their stacks" in err
+    for rank, (src, tag) in ((0, (1, 5)), (1, (0, 7))):
+        mine = [ln for ln in err.splitlines() if ln.startswith(f"[rank {rank}] ")]
+        text = "\n".join(mine)
+        assert "erdmampi: stack dump of pid" in text, err
+        assert f"c.Recv(buf, source={src}, tag={tag})" in text, err
+        assert f"posted receive: source {src} tag {tag} ctx" in text, err
+        assert "stackdump.py" not in text  # the dump's own frames are left out
+
+
+def test_sigusr1_dumps_and_the_job_goes_on():
+    script = """
+import os, signal, time
+from erdmampi import MPI
+c = MPI.COMM_WORLD
+if c.rank == 0:
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.5)
+c.Barrier()
+print("done", c.rank, flush=True)
+"""
+    r = run_mpi(2, script, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("done") == 2
+    assert "[rank 0] erdmampi: stack dump of pid" in r.stderr
+    assert "[rank 0] pending operations:" in r.stderr
+
+
+def test_a_program_handler_for_sigusr1_is_kept():
+    script = """
+import os, signal, time
+signal.signal(signal.SIGUSR1, lambda *a: print("mine", flush=True))
+from erdmampi import MPI
+os.kill(os.getpid(), signal.SIGUSR1)
+time.sleep(0.2)
+"""
+    r = run_mpi(1, script, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "mine" in r.stdout
+    assert "stack dump" not in r.stderr
