@@ -162,7 +162,7 @@ class StoreServer:
                 except (ValueError, OSError):
                     pass
             if soft != resource.RLIM_INFINITY:
-                return max(16, min(want, soft - 128))
+                return min(want, max(16, soft - 128))
         except ImportError:
             pass
         return want
