@@ -1215,3 +1215,15 @@ def message_vector(spec, readonly, size):
     array = _array_view(raw_bytes[: nitems * (extent or 0)], datatype, nitems)
     msg = BufMsg(o_buf, raw, 0, nitems * (extent or 0), nitems, datatype, array)
     return msg, counts, displs
+
+
+def type_mismatch(smsg, rmsg):
+    """mpi4py's message, naming the two datatypes (e.g. a float32 array sent
+    into a float64 one)."""
+    def name(t):
+        try:
+            return t.Get_name() or "a derived datatype"
+        except Exception:
+            return "a derived datatype"
+    return ValueError(f"mismatch in send and receive MPI datatypes (send {name(smsg.datatype)}"
+                      f", receive {name(rmsg.datatype)})")

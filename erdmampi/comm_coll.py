@@ -6,6 +6,7 @@ nonblocking variant: ``_icoll``).
 """
 
 from . import _p2pcoll as _px
+from . import buffers
 from ._commrt import (
     _blocks, _buffer_pointer, _c_dtype, _C_OPS, _check_op, coll, _COLL_CACHE_MAX,
     _COLL_ENV, _collsched, _cz, _czcoll, _dev, _dev_addr, _dev_dtype_datatype, _dev_msg,
@@ -21,7 +22,7 @@ from ._commrt import (
 def _check_cro(smsg, rmsg):
     """mpi4py's checks of a reduction's send and receive messages."""
     if smsg.datatype != rmsg.datatype:
-        raise ValueError("mismatch in send and receive MPI datatypes")
+        raise buffers.type_mismatch(smsg, rmsg)
     if smsg.count != rmsg.count:
         raise _mismatch(smsg, rmsg)
 
@@ -255,7 +256,7 @@ class CommColl:
                 raise ValueError(f"expecting {size} items, got {len(counts)}")
         smsg = None if inplace else message_cco(sendbuf, True, 1)
         if smsg is not None and smsg.datatype != rmsg.datatype:
-            raise ValueError("mismatch in send and receive MPI datatypes")
+            raise buffers.type_mismatch(smsg, rmsg)
         if smsg is not None and not block and counts is not None:
             me = self._rank
             if smsg.count != sum(counts):

@@ -384,7 +384,7 @@ class Op:
         rmsg = buffers.message_p2p(inoutbuf, readonly=False)
         smsg = buffers.message_p2p(inbuf, readonly=True)
         if smsg.datatype != rmsg.datatype:
-            raise ValueError("mismatch in send and receive MPI datatypes")
+            raise buffers.type_mismatch(smsg, rmsg)
         if smsg.count != rmsg.count:
             raise ValueError(
                 f"mismatch in send count {smsg.count} "

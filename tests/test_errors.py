@@ -68,3 +68,12 @@ def test_run_usage():
     p = subprocess.run([sys.executable, "-m", "erdmampi", "--version"], cwd=REPO,
                        env=rank_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "erdmampi 0.1.0" in p.stdout
+
+
+def test_a_datatype_mismatch_names_both_types():
+    # mpi4py's ValueError text, then the two datatypes
+    with pytest.raises(ValueError, match=r"^mismatch in send and receive MPI datatypes "
+                                         r"\(send MPI_FLOAT, receive MPI_DOUBLE\)$"):
+        MPI.COMM_SELF.Allreduce(np.ones(4, np.float32), np.ones(4, np.float64))
+    with pytest.raises(ValueError, match=r"send MPI_INT, receive MPI_DOUBLE"):
+        MPI.SUM.Reduce_local(np.ones(4, np.int32), np.ones(4, np.float64))
