@@ -6,6 +6,7 @@ that for every call) and wait in slices so that Ctrl-C still works.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -350,7 +351,8 @@ class Engine:
                path_timeout: float = 5.0, pktio: str = "udp",
                dpdk_eal: str = "", dpdk_port: int = 0, dpdk_queue: int = 0,
                dpdk_prefix: int = 24, dpdk_gateway: str = "", dpdk_neigh: str = "",
-               dpdk_poll_us: int = 200, **tuning) -> "Engine":
+               dpdk_poll_us: int = 200, hello_timeout: float | None = None,
+               insecure: bool | None = None, **tuning) -> "Engine":
         """``cc``: "auto" (BBR to other hosts, CUBIC over loopback) or an algorithm.
         ``keepalive``: seconds of idleness before a QUIC PING (keeps NAT bindings
         open); None: idle_timeout / 4, 0: off.  ``path_timeout``: seconds a
@@ -363,7 +365,13 @@ class Engine:
         ``pktio``: "udp" (kernel socket) or "dpdk"; the ``dpdk_*`` keywords
         configure the latter (docs/dpdk.md): EAL arguments, port id, queue,
         prefix length of the subnet ``bind`` is on, gateway, static
-        neighbours "ip=mac,...", longest idle sleep of the poller (µs)."""
+        neighbours "ip=mac,...", longest idle sleep of the poller (µs).
+        ``hello_timeout``: seconds a connection this engine accepts has, from
+        its first packet, to finish the handshake and send its HELLO (None:
+        ``ERDMA_HELLO_TIMEOUT`` or 10).  ``insecure``: let :meth:`set_peer`
+        take an empty fingerprint, which accepts any certificate or none
+        (None: true only if ``ERDMA_INSECURE=1``); for tests and trusted
+        networks only."""
         if cc not in CC_ALGOS:
             raise ValueError(f"unknown congestion control {cc!r}; choose one of {sorted(CC_ALGOS)}")
         if pktio not in PKTIO_KINDS:
@@ -401,6 +409,14 @@ class Engine:
         if not path_timeout > 0:
             raise ValueError(f"path_timeout must be > 0 seconds, not {path_timeout!r}")
         cfg.path_timeout = path_timeout
+        if hello_timeout is None:
+            hello_timeout = float(os.environ.get("ERDMA_HELLO_TIMEOUT") or 10.0)
+        if not hello_timeout > 0:
+            raise ValueError(f"hello_timeout must be > 0 seconds, not {hello_timeout!r}")
+        cfg.hello_timeout = hello_timeout
+        if insecure is None:
+            insecure = os.environ.get("ERDMA_INSECURE") == "1"
+        cfg.insecure = int(bool(insecure))
         keep = []  # C strings the engine reads during erdma_engine_new
 
         def cstr(text):
@@ -437,8 +453,15 @@ class Engine:
         return ffi.string(buf).decode()
 
     def set_peer(self, rank: int, host: str, port: int, fingerprint: str | None = None) -> None:
-        _check(lib.erdma_engine_set_peer(self._h, rank, host.encode(), port,
-                                         (fingerprint or "").encode()), f"peer {rank}")
+        """``fingerprint``: SHA-256 (hex) of the certificate rank ``rank`` must
+        present; empty or None (any certificate) only in an insecure engine."""
+        rc = lib.erdma_engine_set_peer(self._h, rank, host.encode(), port,
+                                       (fingerprint or "").encode())
+        if rc == ERR_AUTH:
+            raise EngineError(rc, f"peer {rank}: no certificate fingerprint; only an insecure "
+                                  "engine (Engine.create(insecure=True), ERDMA_INSECURE=1) "
+                                  "accepts any certificate")
+        _check(rc, f"peer {rank}")
 
     def shm_setup(self, job: str, local_ranks, ring_bytes: int = 2 << 20,
                   cma: bool = True) -> None:
@@ -478,7 +501,8 @@ class Engine:
                                             "chunks_sent", "chunks_recv", "raw_queued",
                                             "raw_dropped", "relay_sent", "relay_recv",
                                             "lane_chunks_sent", "lane_chunks_recv",
-                                            "lanes_ready")}
+                                            "lanes_ready", "conns_pending", "retries_sent",
+                                            "pending_dropped")}
 
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)

@@ -67,7 +67,7 @@ PRELUDE = textwrap.dedent(f"""
     rank = int(sys.argv[1])
     ADDR, PORT = {ADDR!r}, {PORT!r}
     eng = E.Engine.create(rank, 2, bind=ADDR[rank], port=PORT[rank], connect_timeout=20.0,
-                          idle_timeout=20.0, **json.loads(sys.argv[2]))
+                          idle_timeout=20.0, insecure=True, **json.loads(sys.argv[2]))
     eng.set_peer(1 - rank, ADDR[1 - rank], PORT[1 - rank], "")
     eng.connect()
     P = E.buffer_pointer
@@ -263,7 +263,7 @@ def test_automatic_lanes_only_between_two_hosts(lossy_link, tmp_path):
         rank = int(sys.argv[1])
         ADDR, PORT = {addrs!r}, {ports!r}
         eng = E.Engine.create(rank, 3, bind=ADDR[rank], port=PORT[rank], connect_timeout=20.0,
-                              idle_timeout=20.0)
+                              idle_timeout=20.0, insecure=True)
         for p in range(3):
             if p != rank:
                 eng.set_peer(p, ADDR[p], PORT[p], "")

@@ -71,6 +71,10 @@ typedef struct erdma_config {
                                 cache-hot copies beat a CMA read up to about here), else RTS */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
+  double hello_timeout;      /* seconds an accepted connection has, from its first packet, to
+                                complete the handshake and send its HELLO before it is dropped */
+  int insecure;              /* 1: a peer given an empty fingerprint may present any
+                                certificate (or none); 0: set_peer refuses an empty one */
   size_t max_udp_payload;    /* 0 = automatic (65000 on loopback, route MTU to an on-link jumbo peer, else 1452) */
   uint64_t stream_window;    /* initial QUIC stream flow-control window, bytes */
   uint64_t conn_window;      /* initial QUIC connection flow-control window, bytes */
@@ -118,6 +122,9 @@ typedef struct erdma_stats {
   /* CHUNK frames that went over, or came in on, a peer's extra lanes; extra
    * lanes ready to carry chunks now (all peers) */
   uint64_t lane_chunks_sent, lane_chunks_recv, lanes_ready;
+  /* admission: accepted connections without a HELLO now; Retry packets
+   * sent; unnamed connections dropped (table full, or no HELLO in time) */
+  uint64_t conns_pending, retries_sent, pending_dropped;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);
@@ -131,8 +138,9 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out);
 /* "ip:port" of the bound socket; SHA-256 fingerprint (hex) of our certificate. */
 int erdma_engine_local_addr(erdma_engine *e, char *buf, size_t len);
 int erdma_engine_fingerprint(erdma_engine *e, char *buf, size_t len);
-/* Tell the engine where rank `rank` listens and which certificate it holds
- * (fingerprint may be NULL or "" to accept any). */
+/* Tell the engine where rank `rank` listens and which certificate it holds.
+ * A NULL or "" fingerprint (accept any certificate) is refused with
+ * ERDMA_ERR_AUTH unless cfg.insecure is set. */
 int erdma_engine_set_peer(erdma_engine *e, int rank, const char *host, int port,
                           const char *fingerprint);
 /* Ranks on this host (ascending world ranks, including this one) talk through

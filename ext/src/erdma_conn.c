@@ -43,6 +43,9 @@ void hdr_decode(frame_hdr *h, const uint8_t in[ERDMA_HDR_LEN]) {
 }
 
 /* ------------------------------------------------------------- helpers */
+/* The connection window of an accepted connection until its HELLO. */
+#define PENDING_WINDOW (64u << 10)
+
 static void make_cid(ngtcp2_cid *cid, uint32_t tag) {
   uint8_t d[ERDMA_CIDLEN];
   put32(d, tag); /* lets the receive path find the connection in O(1) */
@@ -124,10 +127,19 @@ static void conn_lost(erdma_conn *c, int rv) {
   }
 }
 
+/* Also closes accepted connections still without a HELLO after
+ * cfg.hello_timeout (a stranger's half-open handshake, or one that
+ * completed but never said who it is). */
 void conn_reap_pending(erdma_engine *e) {
   erdma_conn **pp = &e->pending;
+  uint64_t now = erdma_now(), limit = (uint64_t)(e->cfg.hello_timeout * 1e9);
   while (*pp) {
     erdma_conn *c = *pp;
+    if (!c->closed && e->cfg.hello_timeout > 0 && now - c->accepted_at > limit) {
+      log_conn(c, "no HELLO within hello_timeout", ERDMA_ERR_TIMEOUT);
+      conn_lost(c, ERDMA_ERR_TIMEOUT);
+      e->stats.pending_dropped++;
+    }
     if (c->closed) {
       *pp = c->next_pending;
       conn_free(c);
@@ -254,6 +266,10 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
     c->peer = rank;
     c->lane = lane;
     if (lane >= e->lanes_max) e->lanes_max = lane + 1;
+    /* a job member: open the connection window to its configured size */
+    if (e->cfg.conn_window > PENDING_WINDOW)
+      ngtcp2_conn_extend_max_offset(c->conn, e->cfg.conn_window - PENDING_WINDOW);
+    c->dirty = 1;
   }
   c->hello_recv = 1;
   pthread_cond_broadcast(&e->cv);
@@ -467,6 +483,10 @@ static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream
     c->e->stats.bytes_recv += datalen;
     if (rx_feed(c, x, data, datalen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   }
+  /* before its HELLO an accepted connection gets credit back on its control
+   * stream only (a HELLO, or it is dropped): bytes on streams we ignore
+   * cannot make ngtcp2 grow the small window of fill_settings */
+  if (!c->is_client && !c->hello_recv && stream_id != c->stream_id) return 0;
   /* every byte is consumed at once (copied to its destination) */
   ngtcp2_conn_extend_max_stream_offset(conn, stream_id, datalen);
   ngtcp2_conn_extend_max_offset(conn, datalen);
@@ -613,6 +633,11 @@ static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_pa
   p->initial_max_stream_data_bidi_remote = cfg->stream_window;
   p->initial_max_stream_data_uni = cfg->stream_window;
   p->initial_max_data = cfg->conn_window;
+  /* a connection we accept starts with a window just big enough for a
+   * HELLO and what follows it at once: until the HELLO names a job member
+   * (on_hello opens it up), that bounds the stream data, in order or not,
+   * a stranger can make ngtcp2 buffer */
+  if (!c->is_client && p->initial_max_data > PENDING_WINDOW) p->initial_max_data = PENDING_WINDOW;
   /* the most we take: our path's size (a peer on the same link with a larger
    * MTU than ours then sends no more than our link carries) */
   p->max_udp_payload_size = s->max_tx_udp_payload_size;
@@ -713,8 +738,11 @@ int conn_client_new(erdma_engine *e, int peer, int lane) {
   return 0;
 }
 
+/* odcid: the client's first Destination CID when hd carries our Retry token
+ * (hd->dcid is then the Retry's Source CID), else NULL. */
 static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
-                                   const struct sockaddr_storage *from, socklen_t fromlen) {
+                                   const struct sockaddr_storage *from, socklen_t fromlen,
+                                   const ngtcp2_cid *odcid) {
   ngtcp2_callbacks cb;
   ngtcp2_settings s;
   ngtcp2_transport_params p;
@@ -731,6 +759,13 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
   fill_callbacks(&cb, 0);
   fill_settings(c, &s, &p);
   p.original_dcid = hd->dcid;
+  if (odcid) { /* the address is validated: RFC 9000 7.3 */
+    p.original_dcid = *odcid;
+    p.retry_scid = hd->dcid;
+    p.retry_scid_present = 1;
+    s.token.base = (uint8_t *)hd->token.base;
+    s.token.len = hd->token.len;
+  }
   path_of(c, &path);
   if (ngtcp2_conn_server_new(&c->conn, &hd->scid, &scid, &path, hd->version, &cb, &s, &p,
                              NULL, c) != 0) {
@@ -741,9 +776,94 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
     conn_free(c);
     return NULL;
   }
+  c->accepted_at = erdma_now();
   c->next_pending = e->pending;
   e->pending = c;
   return c;
+}
+
+/* ------------------------------------------------------------ admission
+ * Connections accepted but not yet named by a HELLO are bounded in number
+ * (pending_cap), per source host, and in age (cfg.hello_timeout,
+ * conn_reap_pending).  A full table makes room by dropping its oldest
+ * connection that has not finished the handshake (a job member finishes it
+ * within a few round trips).  Past half the table, an Initial from a host no
+ * peer was published at must carry a Retry token, which proves that the
+ * source address receives our packets (RFC 9000 8.1): spoofed Initials then
+ * cost one stateless Retry each and take no slot. */
+#define PENDING_PER_HOST 8 /* pending connections from a host with no published peer */
+#define RETRY_TOKEN_TTL (10 * NGTCP2_SECONDS)
+
+static int pending_cap(const erdma_engine *e) { return (ERDMA_MAX_LANES + 1) * e->cfg.size + 16; }
+
+/* Ranks published (set_peer) at host a: each may open ERDMA_MAX_LANES + 1. */
+static int peers_at_host(const erdma_engine *e, const struct sockaddr_storage *a) {
+  int n = 0;
+  for (int i = 0; i < e->cfg.size; i++)
+    if (i != e->cfg.rank && e->peers[i].known && same_host(&e->peers[i].addr, a)) n++;
+  return n;
+}
+
+static void send_retry(erdma_engine *e, const ngtcp2_pkt_hd *hd,
+                       const struct sockaddr_storage *from, socklen_t fromlen) {
+  uint8_t token[NGTCP2_CRYPTO_MAX_RETRY_TOKENLEN];
+  ngtcp2_cid scid;
+  /* the same rank tag as the client's first DCID: see server_conn_new */
+  make_cid(&scid, hd->dcid.datalen >= 4 ? get32(hd->dcid.data) : 0xffffffffu);
+  ngtcp2_ssize tl = ngtcp2_crypto_generate_retry_token(
+      token, e->token_secret, sizeof e->token_secret, hd->version,
+      (const ngtcp2_sockaddr *)from, (ngtcp2_socklen)fromlen, &scid, &hd->dcid, erdma_now());
+  if (tl < 0) return;
+  ngtcp2_ssize n = ngtcp2_crypto_write_retry(e->txbuf, e->pkt_size, hd->version, &hd->scid,
+                                             &scid, &hd->dcid, token, (size_t)tl);
+  if (n <= 0) return;
+  size_t len = (size_t)n;
+  e->stats.pkts_sent++;
+  e->stats.retries_sent++;
+  e->io.send(e, from, fromlen, e->txbuf, e->pkt_size, &len, 1);
+}
+
+/* Decide on an Initial for no known connection: a new pending connection
+ * (room made if the table is full), a Retry, or nothing. */
+static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
+                         const struct sockaddr_storage *from, socklen_t fromlen) {
+  ngtcp2_pkt_hd hd;
+  ngtcp2_cid odcid;
+  int validated = 0, n = 0, from_host = 0;
+  erdma_conn *victim = NULL;
+  if (e->stopping || ngtcp2_accept(&hd, data, len) != 0) return NULL;
+  if (hd.token.len && hd.token.base[0] == NGTCP2_CRYPTO_TOKEN_MAGIC_RETRY) {
+    if (ngtcp2_crypto_verify_retry_token(&odcid, hd.token.base, hd.token.len, e->token_secret,
+                                         sizeof e->token_secret, hd.version,
+                                         (const ngtcp2_sockaddr *)from, (ngtcp2_socklen)fromlen,
+                                         &hd.dcid, RETRY_TOKEN_TTL, erdma_now()) != 0)
+      return NULL; /* forged, stale or for another address */
+    validated = 1;
+  }
+  for (erdma_conn *p = e->pending; p; p = p->next_pending) {
+    if (p->closed) continue; /* freed by conn_reap_pending this round */
+    n++;
+    from_host += same_host(&p->remote, from);
+    if (!victim || (victim->handshake_done && !p->handshake_done) ||
+        (victim->handshake_done == p->handshake_done && p->accepted_at < victim->accepted_at))
+      victim = p;
+  }
+  int peers = peers_at_host(e, from);
+  /* one host's own handshakes finish (or expire) before it gets more */
+  if (from_host >= PENDING_PER_HOST + (ERDMA_MAX_LANES + 1) * peers) return NULL;
+  if (!validated && !peers && n >= pending_cap(e) / 2) {
+    send_retry(e, &hd, from, fromlen);
+    return NULL;
+  }
+  if (n >= pending_cap(e) && victim) {
+    log_conn(victim, "table of unnamed connections full: dropped the oldest", ERDMA_ERR_NOMEM);
+    erdma_conn **pp = &e->pending;
+    while (*pp != victim) pp = &(*pp)->next_pending;
+    *pp = victim->next_pending;
+    conn_free(victim);
+    e->stats.pending_dropped++;
+  }
+  return server_conn_new(e, &hd, from, fromlen, validated ? &odcid : NULL);
 }
 
 static erdma_conn *find_conn(erdma_engine *e, const uint8_t *dcid, size_t n) {
@@ -771,16 +891,7 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
   if (len == 1 && data[0] == 0) return 0; /* shared-memory doorbell: just a wake-up */
   if (ngtcp2_pkt_decode_version_cid(&vc, data, len, ERDMA_CIDLEN) != 0) return 0;
   erdma_conn *c = find_conn(e, vc.dcid, vc.dcidlen);
-  if (!c) {
-    ngtcp2_pkt_hd hd;
-    int npending = 0;
-    for (erdma_conn *p = e->pending; p; p = p->next_pending) npending++;
-    /* strangers cannot make us hold unbounded handshake state */
-    if (e->stopping || npending >= (ERDMA_MAX_LANES + 1) * e->cfg.size + 16 ||
-        ngtcp2_accept(&hd, data, len) != 0)
-      return 0;
-    if (!(c = server_conn_new(e, &hd, from, fromlen))) return 0;
-  }
+  if (!c && !(c = admit(e, data, len, from, fromlen))) return 0;
   if (c->closed) return 0;
   c->dirty = 1;
   path_of(c, &path);

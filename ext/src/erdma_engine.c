@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <gnutls/crypto.h>
+
 #include "erdma_internal.h"
 
 uint64_t erdma_now(void) {
@@ -50,6 +52,10 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->shm_eager_limit = 256u << 10;
   cfg->idle_timeout = 60.0;
   cfg->handshake_timeout = 60.0;
+  /* a real peer sends its HELLO with its first 1-RTT packet: 10 s leaves room
+   * for a handshake over a lossy long path (several lost flights at 300 ms)
+   * while a stranger's half-open handshake is freed soon */
+  cfg->hello_timeout = 10.0;
   /* windows start at 16/32 MiB and double while a long fat path uses them
    * up, to 256 MiB per stream and 1 GiB per connection (10 Gbit/s x 100 ms
    * is 125 MB in flight); memory is only taken by data that arrives out of
@@ -331,6 +337,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   e->peers = calloc((size_t)cfg->size, sizeof *e->peers);
   if (e->evfd < 0 || !e->txbuf || !e->rxbuf || !e->peers) goto fail;
   if ((rv = tls_identity_new(e)) != 0) goto fail;
+  gnutls_rnd(GNUTLS_RND_KEY, e->token_secret, sizeof e->token_secret);
   *out = e;
   return 0;
 fail:
@@ -357,7 +364,11 @@ int erdma_engine_set_peer(erdma_engine *e, int rank, const char *host, int port,
   pthread_mutex_lock(&e->mu);
   peer_info *p = &e->peers[rank];
   int rv = addr_resolve(host, port, &p->addr, &p->addr_len);
-  if (rv == 0) {
+  if (rv == 0 && (!fingerprint || !fingerprint[0]) && !e->cfg.insecure) {
+    /* no fingerprint would let anyone claim the rank: only an engine
+     * created insecure (tests, a trusted network) may do without */
+    rv = ERDMA_ERR_AUTH;
+  } else if (rv == 0) {
     p->known = 1;
     snprintf(p->fingerprint, sizeof p->fingerprint, "%s", fingerprint ? fingerprint : "");
   }
@@ -512,6 +523,8 @@ int erdma_engine_stats(erdma_engine *e, erdma_stats *st) {
   pthread_mutex_lock(&e->mu);
   *st = e->stats;
   st->lanes_ready = conn_lanes_ready(e);
+  st->conns_pending = 0;
+  for (erdma_conn *c = e->pending; c; c = c->next_pending) st->conns_pending += !c->closed;
   pthread_mutex_unlock(&e->mu);
   return 0;
 }

@@ -162,6 +162,7 @@ typedef struct erdma_conn {
   int ds_rr;             /* next stream the writer serves */
   rx_state drx[ERDMA_MAX_DSTREAMS]; /* by the peer's uni stream index */
   struct erdma_conn *next_pending; /* server conns awaiting HELLO */
+  uint64_t accepted_at;  /* server conns: first packet (the HELLO deadline counts from it) */
   /* shared memory (erdma_shm.c): a conn without ngtcp2 */
   int shm;
   struct shm_ring *tx_ring, *rx_ring;
@@ -354,6 +355,7 @@ struct erdma_engine {
   int lanes_max;         /* connection slots of a peer in use: 1 + its highest lane
                             opened or filed (loops over lanes stop there) */
   erdma_conn *pending;   /* accepted, rank unknown */
+  uint8_t token_secret[32]; /* keys the Retry tokens this engine issues */
   /* matching */
   erdma_req *posted_head, *posted_tail;       /* posted receives */
   erdma_msg *unexp_head, *unexp_tail;         /* unexpected messages */

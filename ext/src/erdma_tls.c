@@ -35,6 +35,39 @@ static int fingerprint_der(const gnutls_datum_t *der, char out[65]) {
   return 0;
 }
 
+static ngtcp2_conn *get_conn(ngtcp2_crypto_conn_ref *ref) {
+  return ((erdma_conn *)ref->user_data)->conn;
+}
+
+/* Called by GnuTLS inside the handshake, as soon as the peer's certificate
+ * arrives (under e->mu, from ngtcp2_conn_read_pkt).  A client accepts only
+ * the fingerprint published for the rank it dials; a server only one of the
+ * fingerprints set_peer gave (which rank it is comes later, in the HELLO,
+ * and on_hello checks that the two agree).  Anyone else fails the handshake
+ * with a TLS alert and never reaches stream data.  An empty fingerprint
+ * matches anything only in an insecure engine (set_peer refuses it
+ * otherwise). */
+static int verify_peer(gnutls_session_t session) {
+  ngtcp2_crypto_conn_ref *ref = gnutls_session_get_ptr(session);
+  erdma_conn *c = ref ? ref->user_data : NULL;
+  char fp[65];
+  if (!c) return GNUTLS_E_CERTIFICATE_ERROR;
+  erdma_engine *e = c->e;
+  if (tls_peer_fingerprint(c, fp) != 0) return GNUTLS_E_CERTIFICATE_ERROR;
+  if (c->is_client) {
+    const char *want = e->peers[c->peer].fingerprint;
+    if (want[0] ? strcmp(fp, want) == 0 : e->cfg.insecure) return 0;
+  } else {
+    if (e->cfg.insecure) return 0;
+    for (int i = 0; i < e->cfg.size; i++)
+      if (i != e->cfg.rank && fp[0] && strcmp(fp, e->peers[i].fingerprint) == 0) return 0;
+  }
+  if (e->cfg.verbose)
+    fprintf(stderr, "erdma[%d]: refused a %s certificate in the TLS handshake (%s)\n",
+            e->cfg.rank, fp[0] ? "foreign" : "missing", fp[0] ? fp : "none presented");
+  return GNUTLS_E_CERTIFICATE_ERROR;
+}
+
 int tls_identity_new(erdma_engine *e) {
   gnutls_x509_privkey_t key = NULL;
   gnutls_x509_crt_t crt = NULL;
@@ -66,6 +99,7 @@ int tls_identity_new(erdma_engine *e) {
   if (fingerprint_der(&der, e->fingerprint) != 0) goto out;
   if (gnutls_certificate_allocate_credentials(&e->cred) < 0) goto out;
   if (gnutls_certificate_set_x509_key(e->cred, &crt, 1, key) < 0) goto out;
+  gnutls_certificate_set_verify_function(e->cred, verify_peer);
   if (gnutls_priority_init(&e->prio, PRIORITY, NULL) < 0) goto out;
   rv = 0;
 out:
@@ -82,9 +116,6 @@ void tls_identity_free(erdma_engine *e) {
   e->prio = NULL;
 }
 
-static ngtcp2_conn *get_conn(ngtcp2_crypto_conn_ref *ref) {
-  return ((erdma_conn *)ref->user_data)->conn;
-}
 
 int tls_session_new(erdma_engine *e, erdma_conn *c) {
   unsigned flags = (c->is_client ? GNUTLS_CLIENT : GNUTLS_SERVER) |
@@ -104,8 +135,9 @@ int tls_session_new(erdma_engine *e, erdma_conn *c) {
     return ERDMA_ERR_TLS;
   if (c->is_client)
     gnutls_server_name_set(c->tls, GNUTLS_NAME_DNS, "localhost", 9);
-  else
-    gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUEST);
+  else /* a client without a certificate fails the handshake (verify_peer) */
+    gnutls_certificate_server_set_request(c->tls, e->cfg.insecure ? GNUTLS_CERT_REQUEST
+                                                                  : GNUTLS_CERT_REQUIRE);
   return 0;
 }
 
