@@ -364,9 +364,19 @@ def _secs(timeout, raw):
 
 def main(argv=None):
     """``python -m erdmampi.jobauth [NBYTES]``: print a fresh job secret (hex)."""
-    argv = sys.argv[1:] if argv is None else argv
-    n = int(argv[0]) if argv else 32
-    print(generate_secret(n))
+    import argparse
+    p = argparse.ArgumentParser(
+        prog="python -m erdmampi.jobauth", allow_abbrev=False,
+        description="Print a fresh job secret as hex, for erdmarun --secret-file or "
+                    f"{SECRET_ENV}. Every site of a job uses the same secret; keep it as "
+                    "private as an ssh key.",
+        epilog="example: python -m erdmampi.jobauth > job.key && chmod 600 job.key")
+    p.add_argument("nbytes", nargs="?", type=int, default=32,
+                   help=f"random bytes in the secret (default 32; at least {MIN_SECRET_BYTES})")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.nbytes < MIN_SECRET_BYTES:
+        p.error(f"a job secret needs at least {MIN_SECRET_BYTES} bytes, got {a.nbytes}")
+    print(generate_secret(a.nbytes))
     return 0
 
 

@@ -64,7 +64,7 @@ import struct
 import threading
 import time
 
-__all__ = ["Store", "StoreError", "encode_frame", "read_frame", "pack_fields",
+__all__ = ["Store", "StoreError", "StoreAuthError", "encode_frame", "read_frame", "pack_fields",
            "unpack_fields", "frame_length", "OP_NAMES", "MAX_FRAME", "MAX_FRAME_UNAUTH"]
 
 OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_CHECK, OP_DELETE, OP_PING, OP_AUTH, OP_PROVE = range(1, 10)
@@ -86,6 +86,10 @@ _U32 = struct.Struct(">I")
 
 class StoreError(RuntimeError):
     """The store answered with an error, or the connection broke."""
+
+
+class StoreAuthError(StoreError):
+    """The store refused the job's proof of its secret (or refused to admit it)."""
 
 
 # -- encoding (shared with launcher/store_server.py) -------------------------
@@ -385,7 +389,7 @@ class Store:
             msg = reply[1][0].decode(errors="replace") if reply[1] else "refused"
             if "unknown store operation" in msg:
                 msg += " (a store without job authentication: upgrade it, or join without a secret)"
-            raise StoreError(f"{where}: job authentication refused: {msg}")
+            raise StoreAuthError(f"{where}: job authentication refused: {msg}")
 
     def _put(self, sock):
         with self._lock:

@@ -40,7 +40,8 @@ exit status:
   0 when every rank exits 0; otherwise the status of the first rank that
   failed (a rank killed by signal S counts as 128+S), after the others are
   sent SIGTERM and, --kill-grace seconds later, SIGKILL. 124 when --timeout
-  expires, 127 when PROGRAM is not found, 2 for bad usage.
+  expires, 127 when PROGRAM is not found, 2 for bad usage, 77 when the
+  rendezvous refuses the job's secret.
 
 joining one job from several sites (docs/internet.md):
   Run erdmarun on each site with the same --job-id, -n and secret. Each starts
@@ -71,17 +72,47 @@ examples:
            --secret-file job.key -n 8 --ranks 0-3 python train.py
 """
 
-# options that take a value (for splitting erdmarun's options from the program's)
-_VALUE_OPTS = {"-n", "-np", "--np", "-H", "--host", "--hosts", "--hostfile", "-f",
-               "--machinefile", "--timeout", "--env", "-x", "--export", "--launcher-cmd",
-               "--rendezvous-addr", "--wdir", "--kill-grace", "--rendezvous", "--dht",
-               "--dht-listen", "--job-id", "--local-n", "--ranks", "--secret-file",
-               "--connect-timeout", "--serve-rendezvous", "--serve-dht", "--job-ttl",
-               "--admit-file"}
+# Options of other launchers that erdmarun cannot honour, with what to do
+# instead (the value each takes, so the split still finds the program).
+_EXPLAINED = {
+    "--bind-to": (1, "erdmarun does not pin ranks to cores; start the program under "
+                     "taskset or numactl, e.g. erdmarun -n 2 numactl -N 0 python x.py"),
+    "-bind-to": (1, None),
+    "--mca": (2, "Open MPI's MCA parameters mean nothing to erdmampi; its settings are "
+                 "ERDMA_* variables (docs/guide/tuning.md), passed with --env K=V"),
+    "--report-bindings": (0, "erdmarun does not pin ranks to cores, so there are no "
+                             "bindings to report"),
+}
+_EXPLAINED["-bind-to"] = (1, _EXPLAINED["--bind-to"][1])
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations, naming the nearest option on a typo."""
+
+    def __init__(self, **kw):
+        super().__init__(allow_abbrev=False, **kw)
+
+    def error(self, message):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            import difflib
+            known = [s for a in self._actions for s in a.option_strings]
+            for word in message[len(prefix):].split():
+                opt = word.split("=", 1)[0]
+                if not opt.startswith("-"):
+                    continue
+                if opt in _EXPLAINED:
+                    message = f"{opt} is not supported: {_EXPLAINED[opt][1]}"
+                    break
+                near = difflib.get_close_matches(opt, known, n=1, cutoff=0.6)
+                if near:
+                    message = f"unrecognized option {opt} (did you mean {near[0]}?)"
+                    break
+        super().error(message)
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="erdmarun", description=DESCRIPTION, epilog=EPILOG,
         usage="erdmarun [-n N] [-H HOST[:SLOTS],... | --hostfile FILE] [options] [--] PROGRAM [ARGS...]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,11 +128,33 @@ def build_parser():
                    action="store_true",
                    help="prefix every output line with '[RANK] ' (stdout and stderr)")
     p.add_argument("--timeout", type=float, metavar="SEC",
-                   help="kill the job after SEC seconds and exit with status 124")
+                   help="after SEC seconds print every rank's stack and pending operations, "
+                        "end the job and exit with status 124 (default $MPIEXEC_TIMEOUT)")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="set K=V in every rank's environment (repeatable)")
-    p.add_argument("-x", "--export", action="append", default=[], metavar="NAME",
-                   help="also send erdmarun's variable NAME to remote ranks (repeatable)")
+    p.add_argument("-genv", dest="genv", action="append", default=[], nargs=2,
+                   metavar=("K", "V"), help="MPICH's form of --env K=V (repeatable)")
+    p.add_argument("-x", "--export", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="also send erdmarun's variable NAME to remote ranks; NAME=VALUE "
+                        "sets it in every rank, as Open MPI's -x does (repeatable)")
+    p.add_argument("-ppn", "-N", "--npernode", dest="ppn", type=int, metavar="N",
+                   help="ranks per host (MPICH -ppn, Open MPI -N): each host gets N slots; "
+                        "-n defaults to N times the number of hosts")
+    p.add_argument("--map-by", metavar="HOW",
+                   help="placement, as Open MPI names it: 'slot' (default: fill each host's "
+                        "slots in order), 'node' (one rank per host in turn) or 'ppr:N:node' "
+                        "(N ranks per host, as -ppn N)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="accepted for Open MPI's command lines: erdmarun always lets -n "
+                        "exceed the slots (placement wraps around the hosts)")
+    p.add_argument("--allow-run-as-root", action="store_true",
+                   help="accepted for Open MPI's command lines (erdmarun runs as any user)")
+    for opt, (nvals, why) in _EXPLAINED.items():
+        dest = "explained_" + opt.strip("-").replace("-", "_")
+        if nvals:
+            p.add_argument(opt, dest=dest, nargs=nvals, action="append", help=argparse.SUPPRESS)
+        else:
+            p.add_argument(opt, dest=dest, action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--launcher-cmd", metavar="CMD",
                    help="command that starts remote ranks, e.g. 'ssh -p 2222 -i KEY' "
                         "(default: $ERDMA_SSH, else 'ssh -o BatchMode=yes'; "
@@ -173,12 +226,25 @@ def _version():
         return "erdmarun (erdmampi, version unknown)"
 
 
-def split_argv(argv):
+def _value_counts(parser):
+    """How many words each of the parser's options takes (None: optional value)."""
+    counts = {}
+    for act in parser._actions:
+        n = act.nargs
+        k = 0 if n == 0 else 1 if n is None else n if isinstance(n, int) else None
+        for opt in act.option_strings:
+            counts[opt] = k
+    return counts
+
+
+def split_argv(argv, parser=None):
     """Split ``argv`` into erdmarun's options and ``[PROGRAM, ARGS...]``.
 
     erdmarun's options end at ``--`` or at the first word that is not an option
     (or an option's value), so the program's own options are never parsed here.
+    Which options take values comes from the parser itself.
     """
+    counts = _value_counts(parser or build_parser())
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -186,10 +252,11 @@ def split_argv(argv):
             return argv[:i], argv[i + 1:]
         if not a.startswith("-") or a == "-":
             return argv[:i], argv[i:]
-        if a in _VALUE_OPTS:
-            i += 2
+        if "=" in a and a.startswith("--"):
+            i += 1
             continue
-        i += 1
+        n = counts.get(a, 0)
+        i += 1 + (n or 0)
     return argv, []
 
 
@@ -258,7 +325,7 @@ def _connect_timeout(a, parser):
 def _join(a, program, env, hosts, parser):
     """erdmarun --rendezvous/--dht --job-id: start this site's share of a job."""
     from erdmampi import discovery, jobauth
-    from erdmampi.rendezvous import StoreError
+    from erdmampi.rendezvous import StoreAuthError, StoreError
     if a.nprocs is None:
         parser.error("joining a job needs -n N (the job's total number of ranks, the same "
                      "on every site)")
@@ -339,6 +406,8 @@ def _join(a, program, env, hosts, parser):
         job.join = join = discovery.JoinWatch(store, n, first, count, timeout, jobid=a.job_id)
         store = None                      # the JoinWatch closes it
         return job.run()
+    except StoreAuthError as e:
+        raise spawn.JobError(f"job {a.job_id}: {e}", spawn.EXIT_AUTH) from None
     except (ConnectionError, StoreError) as e:
         raise spawn.JobError(f"job {a.job_id}: {e}", spawn.EXIT_JOIN) from None
     finally:
@@ -352,11 +421,41 @@ def _join(a, program, env, hosts, parser):
             node.close()
 
 
+def _placement(a, hosts, parser):
+    """Apply -ppn and --map-by to the host list (None: this host only)."""
+    how = (a.map_by or "slot").lower()
+    ppn = a.ppn
+    if how.startswith("ppr:"):
+        parts = how.split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or parts[2] != "node":
+            parser.error(f"--map-by {a.map_by}: erdmarun understands ppr:N:node only")
+        ppn = int(parts[1])
+        how = "slot"
+    if how not in ("slot", "node"):
+        parser.error(f"--map-by {a.map_by} is not supported: erdmarun places ranks by host "
+                     f"('slot', 'node' or 'ppr:N:node') and does not pin them to cores")
+    if ppn is not None and ppn < 1:
+        parser.error(f"ranks per host must be at least 1, got {ppn}")
+    a.ppn = ppn
+    if hosts and ppn:
+        hosts = [spawn.Host(h.name, ppn, True) for h in hosts]
+    if hosts and how == "node":
+        # one rank per host in turn: the fill of one-slot hosts wraps around
+        nslots = sum(h.slots for h in hosts)
+        if a.nprocs is None:
+            a.nprocs = nslots
+        hosts = [spawn.Host(h.name, 1, True) for h in hosts]
+    return hosts
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    opts, program = split_argv(argv)
     parser = build_parser()
+    opts, program = split_argv(argv, parser)
     a = parser.parse_args(opts)
+    for opt, (_, why) in _EXPLAINED.items():
+        if getattr(a, "explained_" + opt.strip("-").replace("-", "_"), None):
+            parser.error(f"{opt} is not supported: {why}")
     if a.serve_rendezvous:
         from .store_server import serve, server_options
         host, port = _hostport(a.serve_rendezvous, "--serve-rendezvous", parser)
@@ -386,7 +485,23 @@ def main(argv=None):
         parser.error(f"--timeout must be positive, got {a.timeout:g}")
     if a.kill_grace < 0:
         parser.error("--kill-grace must not be negative")
-    env = _parse_env(a.env, parser)
+    if a.timeout is None and os.environ.get("MPIEXEC_TIMEOUT"):
+        text = os.environ["MPIEXEC_TIMEOUT"]
+        try:
+            a.timeout = float(text)
+        except ValueError:
+            parser.error(f"MPIEXEC_TIMEOUT={text!r} is not a number of seconds")
+        if a.timeout <= 0:
+            a.timeout = None            # MPICH: 0 means no limit
+    env = _parse_env(a.env + [f"{k}={v}" for k, v in a.genv], parser)
+    exports = []
+    for item in a.export:               # Open MPI: -x NAME=VALUE sets it too
+        name, eq, value = item.partition("=")
+        if not name:
+            parser.error(f"-x needs NAME or NAME=VALUE, got {item!r}")
+        if eq:
+            env[name] = value
+        exports.append(name)
     if a.insecure:
         from erdmampi.jobauth import INSECURE_ENV
         env[INSECURE_ENV] = "1"
@@ -396,14 +511,18 @@ def main(argv=None):
             hosts = spawn.parse_hosts(a.hosts)
         elif a.hostfile:
             hosts = spawn.parse_hostfile(a.hostfile)
+        hosts = _placement(a, hosts, parser)
         nprocs = a.nprocs
         if nprocs is None:
-            nprocs = sum(h.slots for h in hosts) if hosts else 1
+            nprocs = sum(h.slots for h in hosts) if hosts else (a.ppn or 1)
+        elif not hosts and a.ppn and nprocs > a.ppn:
+            parser.error(f"-n {nprocs} ranks do not fit {a.ppn} per host on this one host "
+                         f"(add hosts with -H, or drop -ppn)")
         if a.wdir and not hosts and not os.path.isdir(a.wdir):
             raise spawn.JobError(f"--wdir {a.wdir!r} is not a directory")
         if joining:
             return _join(a, program, env, hosts, parser)
-        job = spawn.Job(program, nprocs, hosts=hosts, env=env, exports=a.export,
+        job = spawn.Job(program, nprocs, hosts=hosts, env=env, exports=exports,
                         tag_output=a.tag_output, timeout=a.timeout, grace=a.kill_grace,
                         launcher_cmd=a.launcher_cmd, rendezvous_addr=a.rendezvous_addr,
                         wdir=a.wdir, verbose=a.verbose)

@@ -29,6 +29,7 @@ EXIT_NOT_FOUND = 127
 EXIT_CANNOT_EXEC = 126
 DUMP_WAIT = 2.0          # seconds the ranks get to print their stacks on --timeout
 EXIT_JOIN = 124          # another site's ranks did not join within the connect timeout
+EXIT_AUTH = 77           # the rendezvous refused the job's secret (sysexits' EX_NOPERM)
 DEFAULT_SSH = "ssh -o BatchMode=yes"
 
 #: Parent variables handed to remote ranks (besides every ERDMA_* variable and --export NAME).
