@@ -95,7 +95,8 @@ else
 fi
 
 # --- 3. Python dependencies ---------------------------------------------------
-PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic numba cryptography atheris)
+PY_PACKAGES=(setuptools wheel cffi numpy pytest pytest-timeout aioquic numba cryptography atheris
+             sphinx myst-parser)
 if "$VPY" - "${PY_PACKAGES[@]}" >/dev/null 2>&1 <<'EOF'
 import sys
 from importlib.metadata import version
