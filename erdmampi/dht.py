@@ -215,6 +215,13 @@ def _short_str(x, limit, what):
     return x
 
 
+def _token_str(x):
+    if (not isinstance(x, str) or len(x) > 64 or not x.isascii()
+            or not all(c in "0123456789abcdef" for c in x)):
+        raise DhtProtocolError("a token is at most 64 lowercase hex digits")
+    return x
+
+
 def _contact(n):
     if not isinstance(n, list) or len(n) != 3:
         raise DhtProtocolError("a contact is [id, ip, port]")
@@ -235,7 +242,7 @@ def _args(q, a):
         raise DhtProtocolError("query arguments must be an object")
     out = {}
     if "token" in a and a["token"] is not None:
-        out["token"] = _short_str(a["token"], 64, "token")
+        out["token"] = _token_str(a["token"])
     if q == "find_node":
         out["target"] = _hexbytes(a.get("target"), ID_BYTES, "target")
     elif q == "find_value":
@@ -300,7 +307,7 @@ def decode(data: bytes) -> dict:
     if y not in ("r", "e"):
         raise DhtProtocolError("y must be q, r or e")
     tok = msg.get("tok")
-    out["tok"] = None if tok is None else _short_str(tok, 64, "token")
+    out["tok"] = None if tok is None else _token_str(tok)
     if y == "r":
         out["r"] = _result(msg.get("r"))
     else:

@@ -33,6 +33,46 @@ def test_channel_framing():
     assert issubclass(TurnError, NatError)
 
 
+def test_malformed_answers_raise_turn_error():
+    """A 'server' (a UDP socket on loopback) answers with attributes that do not parse:
+    the client raises TurnError (before: StunError escaped, e.g. a 3-byte ERROR-CODE)."""
+    import socket
+    import threading
+
+    from erdmampi.nat import stun
+    from erdmampi.nat.port import SocketPort
+    from erdmampi.nat.stun import ATTR, Message
+
+    answers = [
+        lambda m: Message(m.method, stun.ERROR, m.tid).add(ATTR.ERROR_CODE, b"\0\0\4"),
+        lambda m: Message(m.method, stun.ERROR, m.tid).add_error(401)
+        .add(ATTR.REALM, b"\xff\xfe").add_text(ATTR.NONCE, "n"),
+        lambda m: Message(m.method, stun.SUCCESS, m.tid).add(ATTR.XOR_RELAYED_ADDRESS, b"\0\1"),
+        lambda m: Message(m.method, stun.SUCCESS, m.tid)
+        .add_address(ATTR.XOR_RELAYED_ADDRESS, ("198.18.0.1", 5)).add(ATTR.LIFETIME, b"\0"),
+    ]
+    for answer in answers:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as srv:
+            srv.bind(("127.0.0.1", 0))
+            srv.settimeout(3)
+
+            def serve():
+                data, addr = srv.recvfrom(2048)
+                srv.sendto(answer(stun.decode(data)).encode(), addr)
+
+            t = threading.Thread(target=serve, daemon=True)
+            t.start()
+            port = SocketPort("127.0.0.1", 0)
+            try:
+                c = TurnClient(port, srv.getsockname(), "u", "p", timeout=2)
+                with pytest.raises(TurnError, match="malformed Allocate response"):
+                    c.allocate()
+                assert c.relayed is None
+            finally:
+                port.close()
+                t.join(3)
+
+
 # ---- against coturn -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")

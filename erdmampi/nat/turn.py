@@ -128,13 +128,16 @@ class TurnClient:
                 m.add_u32(ATTR.LIFETIME, self.requested_lifetime)
                 return m
             resp = self._request(build, "Allocate")
-            relayed = resp.address(ATTR.XOR_RELAYED_ADDRESS)
+            try:
+                relayed = resp.address(ATTR.XOR_RELAYED_ADDRESS)
+                mapped = resp.address(ATTR.XOR_MAPPED_ADDRESS)
+            except StunError as e:
+                raise self._malformed("Allocate", e) from None
             if relayed is None:
                 raise TurnError(f"TURN server {self._srv()}: Allocate success without "
                                 "XOR-RELAYED-ADDRESS")
-            self.relayed = relayed
-            self.mapped = resp.address(ATTR.XOR_MAPPED_ADDRESS)
-            self._set_lifetime(resp)
+            self._set_lifetime(resp, "Allocate")
+            self.relayed, self.mapped = relayed, mapped
             return relayed
 
     def refresh(self, lifetime: "int | None" = None) -> int:
@@ -144,7 +147,7 @@ class TurnClient:
             want = self.requested_lifetime if lifetime is None else int(lifetime)
             resp = self._request(lambda: Message(stun.REFRESH).add_u32(ATTR.LIFETIME, want),
                                  "Refresh")
-            self._set_lifetime(resp)
+            self._set_lifetime(resp, "Refresh")
             if want == 0:
                 self._forget()
             return self.lifetime
@@ -297,8 +300,14 @@ class TurnClient:
         self.peer_of_channel.clear()
         self._channel_time.clear()
 
-    def _set_lifetime(self, resp):
-        lt = resp.u32(ATTR.LIFETIME)
+    def _malformed(self, what, e):
+        return TurnError(f"TURN server {self._srv()}: malformed {what} response: {e}")
+
+    def _set_lifetime(self, resp, what):
+        try:
+            lt = resp.u32(ATTR.LIFETIME)
+        except StunError as e:
+            raise self._malformed(what, e) from None
         if lt is not None:
             self.lifetime = lt
             self.expires_at = time.monotonic() + lt
@@ -314,38 +323,47 @@ class TurnClient:
                 msg.add_text(ATTR.USERNAME, self.username).add_text(ATTR.REALM, self.realm)
                 msg.add_text(ATTR.NONCE, self.nonce)
             resp = self._transact(msg, what)
-            if resp.cls == stun.SUCCESS:
-                if self._key is not None and not stun.check_integrity(resp, self._key):
-                    raise TurnError(f"TURN server {self._srv()}: {what} response failed "
-                                    "the MESSAGE-INTEGRITY check")
-                return resp
-            code, reason = resp.error() or (0, "no ERROR-CODE")
-            if code == 401 and self._key is None and attempt == 0:
-                self._take_challenge(resp, what)
-                continue
-            if code == 438:
-                nonce = resp.text(ATTR.NONCE)
-                if nonce and attempt < 2:
-                    self.nonce = nonce
-                    realm = resp.text(ATTR.REALM)
-                    if realm and realm != self.realm:
-                        self._take_challenge(resp, what)
-                    continue
-            if code == 401:
-                raise TurnError(f"TURN server {self._srv()} refused the credentials of user "
-                                f"{self.username!r} in realm {self.realm!r} "
-                                f"(401 {reason.strip() or 'Unauthorized'})", code)
-            hint = ""
-            if code == 437 and what != "Allocate":
-                hint = (" (the allocation is gone: it expired, or our NAT mapping toward "
-                        "the server changed)")
-            elif code == 403:
-                hint = " (the server forbids this peer address)"
-            elif code == 486:
-                hint = " (the server's allocation quota for this user is used up)"
-            raise TurnError(f"TURN server {self._srv()}: {what} failed: {code} "
-                            f"{reason.strip()}{hint}", code)
+            try:
+                done = self._answer(resp, what, attempt)
+            except StunError as e:          # an attribute the server sent is malformed
+                raise self._malformed(what, e) from None
+            if done is not None:
+                return done
         raise TurnError(f"TURN server {self._srv()}: {what} failed: nonce kept going stale")
+
+    def _answer(self, resp, what, attempt):
+        """The success response; None to send the request again; else raises."""
+        if resp.cls == stun.SUCCESS:
+            if self._key is not None and not stun.check_integrity(resp, self._key):
+                raise TurnError(f"TURN server {self._srv()}: {what} response failed "
+                                "the MESSAGE-INTEGRITY check")
+            return resp
+        code, reason = resp.error() or (0, "no ERROR-CODE")
+        if code == 401 and self._key is None and attempt == 0:
+            self._take_challenge(resp, what)
+            return None
+        if code == 438:
+            nonce = resp.text(ATTR.NONCE)
+            if nonce and attempt < 2:
+                self.nonce = nonce
+                realm = resp.text(ATTR.REALM)
+                if realm and realm != self.realm:
+                    self._take_challenge(resp, what)
+                return None
+        if code == 401:
+            raise TurnError(f"TURN server {self._srv()} refused the credentials of user "
+                            f"{self.username!r} in realm {self.realm!r} "
+                            f"(401 {reason.strip() or 'Unauthorized'})", code)
+        hint = ""
+        if code == 437 and what != "Allocate":
+            hint = (" (the allocation is gone: it expired, or our NAT mapping toward "
+                    "the server changed)")
+        elif code == 403:
+            hint = " (the server forbids this peer address)"
+        elif code == 486:
+            hint = " (the server's allocation quota for this user is used up)"
+        raise TurnError(f"TURN server {self._srv()}: {what} failed: {code} "
+                        f"{reason.strip()}{hint}", code)
 
     def _take_challenge(self, resp, what):
         realm, nonce = resp.text(ATTR.REALM), resp.text(ATTR.NONCE)
