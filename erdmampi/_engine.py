@@ -370,8 +370,8 @@ class Engine:
         its first packet, to finish the handshake and send its HELLO (None:
         ``ERDMA_HELLO_TIMEOUT`` or 10).  ``insecure``: let :meth:`set_peer`
         take an empty fingerprint, which accepts any certificate or none
-        (None: true only if ``ERDMA_INSECURE=1``); for tests and trusted
-        networks only."""
+        (None: true if ``ERDMA_INSECURE`` is 1, yes, true or on); for tests
+        and trusted networks only."""
         if cc not in CC_ALGOS:
             raise ValueError(f"unknown congestion control {cc!r}; choose one of {sorted(CC_ALGOS)}")
         if pktio not in PKTIO_KINDS:
@@ -415,7 +415,9 @@ class Engine:
             raise ValueError(f"hello_timeout must be > 0 seconds, not {hello_timeout!r}")
         cfg.hello_timeout = hello_timeout
         if insecure is None:
-            insecure = os.environ.get("ERDMA_INSECURE") == "1"
+            # the same rule as erdmampi.jobauth.insecure (erdmarun --insecure)
+            insecure = os.environ.get("ERDMA_INSECURE", "").strip().lower() in (
+                "1", "yes", "true", "on")
         cfg.insecure = int(bool(insecure))
         keep = []  # C strings the engine reads during erdma_engine_new
 
