@@ -143,6 +143,9 @@ def Init_thread(required=THREAD_MULTIPLE):
 
 def Finalize():
     """Synchronise and shut the engine down (MPI_Finalize)."""
+    if _comm._rt.initialized and not _comm._rt.finalized:
+        from . import diagnostics as _diag
+        _diag.report_stats(_comm._rt.engine)
     _comm.finalize()
 
 
@@ -449,6 +452,8 @@ def _startup():
         if _rc.finalize is None or _rc.finalize:
             _atexit.register(_atexit_finalize)
             _install_excepthook()
+        from . import diagnostics as _diag
+        _diag.report_startup(_comm._rt.engine, _comm._rt.info)
         from . import stackdump as _stackdump
         _stackdump.install(lambda: _comm._rt.engine, _comm._rt.engine.rank
                            if _comm._rt.engine is not None else 0)

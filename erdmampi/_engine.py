@@ -509,6 +509,14 @@ class Engine:
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)
 
+    def peer_stat(self, rank: int) -> dict:
+        """QUIC figures towards ``rank`` (see erdma_peer_stat)."""
+        st = ffi.new("erdma_peer_stat *")
+        _check(lib.erdma_engine_peer_stat(self._h, rank, st), f"statistics of rank {rank}")
+        return {k: getattr(st, k) for k in ("connections", "lost", "srtt_us", "min_rtt_us",
+                                            "rttvar_us", "cwnd", "bytes_in_flight",
+                                            "pto_count", "delivery_rate_bps")}
+
     def describe(self, limit: int = 20) -> str:
         """The pending operations, one per line (for stack dumps)."""
         if self._closed:

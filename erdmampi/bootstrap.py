@@ -225,6 +225,7 @@ def init_world() -> Engine:
                 rec = json.loads(store.get(f"ep/{r}", timeout=opts["connect_timeout"]))
                 hosts.append(rec["host"])
                 fps[r] = rec["fp"]
+                _info.setdefault("endpoints", {})[r] = f"{rec['addr']}:{rec['port']}"
                 if r != rank and nat is None:
                     eng.set_peer(r, rec["addr"], rec["port"], rec["fp"])
             if nat is not None:

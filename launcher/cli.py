@@ -60,6 +60,19 @@ environment of each rank (also):
   ERDMA_JOB_SECRET                 the job secret (a fresh one for local/ssh
                                    jobs; ssh ranks read it from stdin, never
                                    from the command line)
+  ERDMA_INSECURE                   1 with --insecure: ranks may bootstrap without a
+                                   secret (they refuse to otherwise)
+
+diagnostics:
+  --env ERDMA_VERBOSE=1   each rank prints one start-up line: version, bind
+                          address, congestion control, compression, and its
+                          route to each peer (shm / direct / relay); 2: per peer
+  --env ERDMA_STATS=1     each rank prints its traffic counters and per-peer
+                          RTT/congestion figures when it finalizes
+  kill -USR1 <pid of erdmarun>, or --timeout expiring: every rank prints its
+                          Python stacks and pending operations (peer, tag, size)
+  an uncaught exception on one rank ends the job (ERDMA_ABORT_ON_EXCEPTION=0:
+                          keep Python's plain exit)
 
 examples:
   erdmarun -n 4 python train.py --epochs 3

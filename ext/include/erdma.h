@@ -163,6 +163,17 @@ int erdma_engine_peer_error(erdma_engine *e, int rank);
  * their receivers, unexpected messages, lost peers), at most `limit` of each,
  * NUL-terminated in buf (truncated to cap); never blocks for long. */
 int erdma_engine_describe(erdma_engine *e, char *buf, size_t cap, int limit);
+/* QUIC path figures towards one peer, for diagnostics (erdma_diag.c). */
+typedef struct erdma_peer_stat {
+  int connections;           /* open QUIC connections (main + lanes); 0: none (shm/self) */
+  int lost;                  /* the peer failed */
+  double srtt_us, min_rtt_us, rttvar_us;  /* of the main connection */
+  uint64_t cwnd;             /* congestion windows, summed over connections */
+  uint64_t bytes_in_flight;
+  uint64_t pto_count;        /* probe timeouts in a row (loss recovery in progress) */
+  double delivery_rate_bps;  /* ngtcp2's delivery-rate estimate, bits per second */
+} erdma_peer_stat;
+int erdma_engine_peer_stat(erdma_engine *e, int rank, erdma_peer_stat *out);
 
 /* Point to point.  buf must stay valid until the request completes. */
 int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest,

@@ -111,3 +111,33 @@ int erdma_engine_describe(erdma_engine *e, char *buf, size_t cap, int limit) {
   if (t.len == 0) put(&t, "  no pending operations\n");
   return 0;
 }
+
+/* QUIC path figures of every connection to `rank` (its lanes summed; RTTs of
+ * the main connection).  Zeros for a peer without a QUIC connection (self,
+ * shared memory only). */
+int erdma_engine_peer_stat(erdma_engine *e, int rank, erdma_peer_stat *out) {
+  if (!e || !out) return ERDMA_ERR_INVAL;
+  if (rank < 0 || rank >= e->cfg.size) return ERDMA_ERR_RANK;
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&e->mu);
+  peer_info *p = &e->peers[rank];
+  for (int k = 0; k < e->lanes_max; k++) {
+    erdma_conn *c = peer_conn(p, k);
+    if (!c || !c->conn || c->closed) continue;
+    ngtcp2_conn_stat cs;
+    ngtcp2_conn_get_conn_stat(c->conn, &cs);
+    out->connections++;
+    if (k == 0) {
+      out->srtt_us = cs.smoothed_rtt / 1000.0;
+      out->min_rtt_us = cs.min_rtt == UINT64_MAX ? 0.0 : cs.min_rtt / 1000.0;
+      out->rttvar_us = cs.rttvar / 1000.0;
+    }
+    out->cwnd += cs.cwnd;
+    out->bytes_in_flight += cs.bytes_in_flight;
+    out->pto_count += cs.pto_count;
+    out->delivery_rate_bps += (double)cs.delivery_rate_sec * 8.0;
+  }
+  out->lost = p->error != 0;
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
