@@ -264,6 +264,33 @@ def test_spoofed_initials_get_retry_not_slots(engines):
             s.close()
 
 
+def test_one_host_gets_a_bounded_share(engines):
+    """30 half-open handshakes from one host no rank was published at take 8
+    slots (the rest are dropped, no Retry: the table is not half full);
+    another host still gets in.  Before: all 30 took a slot."""
+    a = engines(0, insecure=True, connect_timeout=3.0)
+    a.set_peer(1, "127.0.0.1", 9, "")
+    host, port = host_port(a)
+    rank0 = in_thread(a.connect)
+    socks = []
+    try:
+        for i in range(31):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.5.1" if i < 30 else "127.0.5.2", 0))
+            socks.append(s)
+            s.sendto(initial_datagram(host, port), (host, port))
+            time.sleep(0.002)
+        assert wait_until(lambda: a.stats()["conns_pending"] == 9, 3.0)
+        time.sleep(0.2)
+        st = a.stats()
+        assert (st["conns_pending"], st["retries_sent"]) == (9, 0), st
+    finally:
+        for s in socks:
+            s.close()
+    with pytest.raises(EngineError):
+        rank0(15)
+
+
 def test_retry_then_connect_from_unknown_host(engines):
     """Under load a client from a host no peer was published at gets a Retry,
     answers it, and completes the handshake (RFC 9000 8.1)."""
