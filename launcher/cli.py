@@ -416,7 +416,8 @@ def _join(a, program, env, hosts, parser):
         if a.verbose:
             say(f"job {a.job_id}: this site runs ranks {first}-{first + count - 1} of {n}")
         job.first_rank = first
-        job.join = join = discovery.JoinWatch(store, n, first, count, timeout, jobid=a.job_id)
+        job.join = join = discovery.JoinWatch(store, n, first, count, timeout, jobid=a.job_id,
+                                              progress=say)
         store = None                      # the JoinWatch closes it
         return job.run()
     except StoreAuthError as e:
@@ -515,6 +516,7 @@ def main(argv=None):
         if eq:
             env[name] = value
         exports.append(name)
+    a.export = exports
     if a.insecure:
         from erdmampi.jobauth import INSECURE_ENV
         env[INSECURE_ENV] = "1"
@@ -535,7 +537,7 @@ def main(argv=None):
             raise spawn.JobError(f"--wdir {a.wdir!r} is not a directory")
         if joining:
             return _join(a, program, env, hosts, parser)
-        job = spawn.Job(program, nprocs, hosts=hosts, env=env, exports=exports,
+        job = spawn.Job(program, nprocs, hosts=hosts, env=env, exports=a.export,
                         tag_output=a.tag_output, timeout=a.timeout, grace=a.kill_grace,
                         launcher_cmd=a.launcher_cmd, rendezvous_addr=a.rendezvous_addr,
                         wdir=a.wdir, verbose=a.verbose)

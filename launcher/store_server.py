@@ -759,7 +759,8 @@ authenticated and 16 MiB after; a frame must arrive whole within --read-timeout;
 idle connections close after --idle-timeout (unauthenticated ones on a
 --require-auth store after --auth-timeout); at most --max-conns connections,
 --max-conns-per-source from one address; each job space holds at most
---max-keys keys and --max-bytes bytes, the store --max-total-bytes in all.
+--max-keys keys and --max-bytes bytes, the store --max-spaces job spaces
+and --max-total-bytes bytes in all.
 """
 
 SERVE_EPILOG = """\
@@ -799,10 +800,13 @@ def add_server_options(p):
             ("max_conns_per_source", int, "connections from one IP address"),
             ("max_keys", int, "keys in one job space"),
             ("max_bytes", int, "bytes (keys and values) in one job space"),
+            ("max_spaces", int, "job spaces"),
             ("max_total_bytes", int, "bytes in all spaces together")):
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=LIMITS[name],
+        default = LIMITS[name]
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
                        metavar="N" if kind is int else "SEC",
-                       help=f"{what} (default {LIMITS[name]:g})")
+                       help=f"{what} (default {default:g})" if kind is float
+                       else f"{what} (default {default})")
 
 
 def server_options(a):
