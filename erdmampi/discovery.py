@@ -246,7 +246,10 @@ class JoinWatch:
     :param timeout: seconds the other sites have to join.
     """
 
-    def __init__(self, store, size, first, count, timeout, jobid="", poll=0.25):
+    def __init__(self, store, size, first, count, timeout, jobid="", poll=0.25,
+                 progress=None, progress_every=10.0):
+        self.progress = progress          # called with a line: who joined, who is awaited
+        self.progress_every = progress_every
         self.store = store
         self.size = size
         self.mine = range(first, first + count)
@@ -287,10 +290,27 @@ class JoinWatch:
                 out.append(r)
         return out
 
+    def _say_progress(self, missing):
+        if self.progress is None:
+            return
+        joined = self.size - len(missing)
+        if missing:
+            self.progress(f"job {self.jobid}: {joined} of {self.size} ranks joined; waiting "
+                          f"for ranks {_ranges(missing)}")
+        else:
+            self.progress(f"job {self.jobid}: all {self.size} ranks joined")
+
     def _watch(self, report):
         deadline = time.monotonic() + self.timeout
+        last, said_at = None, time.monotonic()
         while not self._stop.is_set():
             missing = self.missing()
+            now = time.monotonic()
+            # a line when the set changes (at most every poll) or every progress_every s
+            if missing != last and (last is not None or missing) or \
+                    (missing and now - said_at >= self.progress_every):
+                self._say_progress(missing)
+                last, said_at = missing, now
             if not missing:
                 self.joined = True
                 return

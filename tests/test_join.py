@@ -112,6 +112,19 @@ def test_two_sites_form_one_job_at_a_rendezvous(rdv_server, secret_env, program)
     assert sorted([a, b]) == [[0, 1], [2, 3]], (oa, ob)
 
 
+def test_a_waiting_site_says_who_joined_and_who_is_awaited(rdv_server, secret_env, program):
+    jid = "job-" + secrets.token_hex(4)
+    common = ["--rendezvous", rdv_server, "--job-id", jid, "-n", 4, "--local-n", 2,
+              "--connect-timeout", 30, "--timeout", 60]
+    first = _site(common + [PY, program], secret_env)
+    time.sleep(3)  # the second site comes late
+    (ra, oa, ea), (rb, ob, eb) = _finish([first, _site(common + [PY, program], secret_env)])
+    assert ra == 0 and rb == 0, ea + eb
+    assert f"erdmarun: job {jid}: 2 of 4 ranks joined; waiting for ranks 2-3" in ea, ea
+    assert f"erdmarun: job {jid}: all 4 ranks joined" in ea, ea
+    assert ea.index("waiting for ranks 2-3") < ea.index("all 4 ranks joined")
+
+
 def test_a_missing_site_fails_every_site_in_bounded_time(rdv_server, secret_env, program):
     jid = "job-" + secrets.token_hex(4)
     t0 = time.monotonic()
