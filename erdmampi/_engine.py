@@ -34,6 +34,7 @@ TUNING = {
     "max_stream_window": (1 << 16, 1 << 40), "max_conn_window": (1 << 16, 1 << 40),
     "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16), "lanes": (0, 8),
     "chunk_size": (4096, 1 << 30), "shm_eager_limit": (0, 1 << 30),
+    "unexpected_max": (1 << 16, 1 << 44), "recv_alloc_max": (1, 1 << 50),
 }
 
 PKTIO_KINDS = {"udp": lib.ERDMA_PKTIO_UDP, "dpdk": lib.ERDMA_PKTIO_DPDK}
@@ -360,8 +361,10 @@ class Engine:
         ``tuning`` (None or absent: the engine's default): stream_window,
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
         data_streams (count), chunk_size (bytes), lanes (QUIC connections per
-        peer on another host, 0: automatic), shm_eager_limit (bytes); see
-        docs/design.md.
+        peer on another host, 0: automatic), shm_eager_limit,
+        unexpected_max (unexpected-message bytes held per peer before its
+        sending is held back), recv_alloc_max (largest message an allocating
+        receive takes) (bytes); see docs/design.md.
         ``pktio``: "udp" (kernel socket) or "dpdk"; the ``dpdk_*`` keywords
         configure the latter (docs/dpdk.md): EAL arguments, port id, queue,
         prefix length of the subnet ``bind`` is on, gateway, static

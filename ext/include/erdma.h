@@ -85,6 +85,12 @@ typedef struct erdma_config {
   int lanes;                 /* QUIC connections to each peer on another host (1-8; 0:
                                 automatic); lanes after the first carry only payload */
   uint64_t chunk_size;       /* bytes of payload per CHUNK frame on a data stream */
+  uint64_t unexpected_max;   /* bytes of unexpected messages held per peer; beyond, its
+                                control stream gets no more QUIC flow-control credit
+                                until the application receives some (0: default 64 MiB) */
+  uint64_t recv_alloc_max;   /* the largest message a receive without a buffer (object,
+                                Mrecv) allocates; larger fail with ERDMA_ERR_NOMEM (0:
+                                the machine's physical memory) */
   int spin_us;               /* a waiter polls the socket this long before sleeping */
   int verbose;
   /* NAT traversal (erdma_nat.c) */

@@ -119,7 +119,8 @@ static void conn_lost(erdma_conn *c, int rv) {
   } else if (c->peer >= 0 && !e->stopping) {
     /* always said: the user needs to know why their job failed */
     fprintf(stderr, "erdma[%d]: connection to rank %d lost: %s\n", e->cfg.rank, c->peer,
-            rv == NGTCP2_ERR_IDLE_CLOSE ? "no reply within ERDMA_TIMEOUT"
+            c->violation ? "it broke the wire protocol"
+            : rv == NGTCP2_ERR_IDLE_CLOSE ? "no reply within ERDMA_TIMEOUT"
             : rv < -200 ? ngtcp2_strerror(rv) : erdma_strerror(rv));
     engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
   } else {
@@ -150,47 +151,71 @@ void conn_reap_pending(erdma_engine *e) {
 }
 
 /* ----------------------------------------------------------- rx framing */
+/* A peer broke the wire protocol (docs/wire.md, "Protocol violations"): say
+ * how; the caller drops the connection, which fails what involves the peer. */
+static int violation(erdma_conn *c, const char *what) {
+  if (!c->violation) {
+    c->violation = what;
+    fprintf(stderr, "erdma[%d]: rank %d broke the wire protocol: %s; dropping it\n",
+            c->e->cfg.rank, c->peer, what);
+  }
+  return ERDMA_ERR_AUTH;
+}
+
+/* An rx state fills a receive only while counted in r->rx_refs, so that
+ * whatever completes the receive (its last byte, another frame, a cancel, a
+ * failed peer) detaches every rx state still pointing at it first. */
+static void rx_attach(rx_state *x, erdma_req *r, uint8_t *dst, uint64_t room) {
+  x->req = r;
+  r->rx_refs++;
+  x->dst = dst;
+  x->room = room;
+}
+
+void rx_detach(rx_state *x) {
+  if (x->req && x->req->rx_refs > 0) x->req->rx_refs--;
+  x->req = NULL;
+  x->dst = NULL; /* the rest of the frame's payload is discarded */
+  x->room = 0;
+}
+
+void conn_detach_req(erdma_engine *e, erdma_req *r) {
+  erdma_conn *c;
+  if (!e->peers) {
+    r->rx_refs = 0;
+    return;
+  }
+  FOR_PEER_CONNS(e, i, k, c)
+    for (int j = 0; j < CONN_RX_COUNT && r->rx_refs > 0; j++) {
+      rx_state *x = conn_rx_at(c, j);
+      if (x->req == r) rx_detach(x);
+    }
+  r->rx_refs = 0;
+}
+
 static void rx_reset(rx_state *x) {
+  rx_detach(x);
   x->hdr_got = 0;
   x->remaining = 0;
-  x->dst = NULL;
-  x->room = 0;
-  x->req = NULL;
   x->msg = NULL;
 }
 
 rx_state *conn_rx_at(erdma_conn *c, int i) { return i == 0 ? &c->rx : &c->drx[i - 1]; }
 
-static int list_has(erdma_req *head, erdma_req *r) {
-  for (; head; head = head->next)
-    if (head == r) return 1;
-  return 0;
-}
-
 static void payload_done(erdma_conn *c, rx_state *x) {
   erdma_engine *e = c->e;
   erdma_req *r = x->req;
   erdma_msg *m = x->msg;
-  if (x->cur.type == FR_CHUNK) {
+  int chunk = x->cur.type == FR_CHUNK;
+  rx_reset(x); /* before completing r: completion may free it */
+  if (chunk) {
     e->stats.chunks_recv++;
     e->stats.lane_chunks_recv += c->lane > 0;
   }
-  if (r && x->cur.type == FR_CHUNK) {
+  if (r && chunk) {
     r->got += x->cur.len;
     if (r->got >= r->nbytes) { /* the last chunk of the message */
-      if (list_has(e->rndv_recv_head, r)) DL_REMOVE(e->rndv_recv_head, e->rndv_recv_tail, r);
-      /* (only a lying peer leaves other streams, of any lane, filling it) */
-      for (int k = 0; k < e->lanes_max; k++) {
-        erdma_conn *o = peer_conn(&e->peers[c->peer], k);
-        for (int i = 0; o && i < CONN_RX_COUNT; i++) {
-          rx_state *y = conn_rx_at(o, i);
-          if (y != x && y->req == r) {
-            y->req = NULL;
-            y->dst = NULL;
-            y->room = 0;
-          }
-        }
-      }
+      rndv_recv_unlink(e, r);
       recv_finish(r);
     }
   } else if (r) {
@@ -207,7 +232,6 @@ static void payload_done(erdma_conn *c, rx_state *x) {
     }
     pthread_cond_broadcast(&e->cv);
   }
-  rx_reset(x);
 }
 
 /* The request with this id that belongs to `peer` (ids are guessable: a peer
@@ -276,6 +300,20 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
   return 0;
 }
 
+/* A message from c's peer for the unexpected queue, counted against the
+ * peer's bound (cfg.unexpected_max: recv_stream_data_cb withholds credit). */
+static erdma_msg *msg_from_peer(erdma_conn *c, const frame_hdr *h, uint64_t held) {
+  erdma_msg *m = msg_new(c->peer, h->tag, h->ctx, h->len);
+  if (!m) return NULL;
+  m->acct_e = c->e;
+  m->acct = sizeof *m + held;
+  c->e->peers[c->peer].unexp_bytes += m->acct;
+  return m;
+}
+
+/* A receive id we never issued (ids count up from 1). */
+static int id_unissued(const erdma_engine *e, uint64_t id) { return id == 0 || id > e->next_id; }
+
 static int on_header(erdma_conn *c, rx_state *x) {
   erdma_engine *e = c->e;
   frame_hdr *h = &x->cur;
@@ -283,11 +321,14 @@ static int on_header(erdma_conn *c, rx_state *x) {
   erdma_msg *m;
   hdr_decode(h, x->hdr);
   if (!c->hello_recv) return x->data ? ERDMA_ERR_AUTH : on_hello(c, h);
-  if (x->data && h->type != FR_CHUNK) return ERDMA_ERR_AUTH;
-  if (c->lane && !x->data) return ERDMA_ERR_AUTH; /* a lane's control stream: HELLO only */
+  if (x->data && h->type != FR_CHUNK) return violation(c, "a frame other than CHUNK on a data stream");
+  if (c->lane && !x->data) return violation(c, "a frame after HELLO on a lane's control stream");
   int src = c->peer;
   switch (h->type) {
-  case FR_EAGER:
+  case FR_EAGER: {
+    uint64_t lim = c->shm ? e->cfg.shm_eager_limit : e->cfg.eager_limit;
+    if (h->len > (lim > ERDMA_EAGER_FRAME_MAX ? lim : ERDMA_EAGER_FRAME_MAX))
+      return violation(c, "an EAGER frame longer than any eager limit");
     e->stats.msgs_recv++;
     r = posted_take(e, src, h->tag, h->ctx);
     if (r) {
@@ -296,13 +337,11 @@ static int on_header(erdma_conn *c, rx_state *x) {
         x->remaining = h->len; /* the payload is skipped, not parsed as frames */
         break;
       }
-      x->req = r;
-      x->dst = r->buf;
-      x->room = h->len < r->cap ? h->len : r->cap;
+      rx_attach(x, r, r->buf, h->len < r->cap ? h->len : r->cap);
     } else {
-      m = msg_new(src, h->tag, h->ctx, h->len);
+      m = msg_from_peer(c, h, h->len);
       if (!m || !(m->data = malloc(h->len ? h->len : 1))) {
-        free(m);
+        if (m) msg_free(m);
         return ERDMA_ERR_NOMEM;
       }
       m->queued = 1;
@@ -315,14 +354,17 @@ static int on_header(erdma_conn *c, rx_state *x) {
     }
     x->remaining = h->len;
     break;
+  }
   case FR_RTS:
+    if ((h->flags & FR_FLAG_CMA) && !c->shm)
+      return violation(c, "an RTS for a shared-memory read over QUIC");
     e->stats.msgs_recv++;
-    m = msg_new(src, h->tag, h->ctx, h->len);
+    m = msg_from_peer(c, h, 0);
     if (!m) return ERDMA_ERR_NOMEM;
     m->rndv = 1;
     m->sync = h->flags & FR_FLAG_SYNC;
     m->sender_id = h->id;
-    if ((h->flags & FR_FLAG_CMA) && c->shm) {
+    if (h->flags & FR_FLAG_CMA) {
       m->cma = 1;
       m->cma_addr = h->id;
       m->sender_id = h->aux;
@@ -338,6 +380,10 @@ static int on_header(erdma_conn *c, rx_state *x) {
     }
     break;
   case FR_CTS:
+    if ((h->flags & FR_FLAG_CMA) && !c->shm)
+      return violation(c, "a CTS for a shared-memory read over QUIC");
+    if (h->id > e->next_id) return violation(c, "a CTS for a send id never issued");
+    /* (an unknown id: a send cancelled meanwhile) */
     r = list_take_id(&e->rndv_send_head, &e->rndv_send_tail, h->id, src);
     if (r && (h->flags & FR_FLAG_CMA)) {
       req_complete(r, 0); /* the receiver copied it out of our memory */
@@ -346,33 +392,42 @@ static int on_header(erdma_conn *c, rx_state *x) {
     }
     break;
   case FR_DATA:
-    r = list_take_id(&e->rndv_recv_head, &e->rndv_recv_tail, h->id, src);
+    if (id_unissued(e, h->id)) return violation(c, "DATA for a receive id never issued");
+    r = list_find_id(e->rndv_recv_head, h->id, src);
     if (r) {
-      x->req = r;
-      x->dst = r->buf;
-      x->room = h->len < r->cap ? h->len : r->cap;
+      if (r->chunked) return violation(c, "DATA for a receive already taking CHUNKs");
+      if (h->len != r->nbytes) return violation(c, "DATA of another length than its RTS");
+      rndv_recv_unlink(e, r);
+      rx_attach(x, r, r->buf, h->len < r->cap ? h->len : r->cap);
     }
-    x->remaining = h->len; /* unknown receiver: the bytes are discarded */
+    x->remaining = h->len; /* a completed or cancelled receive: the bytes are discarded */
     break;
   case FR_CHUNK:
     /* one piece of a rendezvous payload, on any stream, in any order */
+    if (id_unissued(e, h->id)) return violation(c, "a CHUNK for a receive id never issued");
+    if (h->len > ERDMA_CHUNK_FRAME_MAX) return violation(c, "a CHUNK longer than any chunk size");
     r = list_find_id(e->rndv_recv_head, h->id, src);
     if (r) {
-      if (h->len > r->nbytes || h->off > r->nbytes - h->len) return ERDMA_ERR_AUTH;
-      x->req = r;
-      x->dst = h->off < r->cap ? (uint8_t *)r->buf + h->off : NULL;
-      x->room = h->off < r->cap ? (h->len < r->cap - h->off ? h->len : r->cap - h->off) : 0;
+      if (h->len > r->nbytes || h->off > r->nbytes - h->len)
+        return violation(c, "a CHUNK beyond the end of its message");
+      if (h->len > r->nbytes - r->claimed)
+        return violation(c, "CHUNKs that overlap (more bytes than the message)");
+      r->claimed += h->len;
+      r->chunked = 1;
+      rx_attach(x, r, h->off < r->cap ? (uint8_t *)r->buf + h->off : NULL,
+                h->off < r->cap ? (h->len < r->cap - h->off ? h->len : r->cap - h->off) : 0);
     }
-    x->remaining = h->len; /* unknown or aborted receive: discarded */
+    x->remaining = h->len; /* a completed or cancelled receive: discarded */
     break;
   default:
-    return ERDMA_ERR_AUTH;
+    return violation(c, "an unknown frame type");
   }
   return 0;
 }
 
 static int rx_feed(erdma_conn *c, rx_state *x, const uint8_t *data, size_t len) {
   while (len > 0) {
+    if (c->closed) return ERDMA_ERR_PEER; /* (a frame above failed the peer) */
     if (x->hdr_got < ERDMA_HDR_LEN) {
       size_t n = ERDMA_HDR_LEN - x->hdr_got;
       if (n > len) n = len;
@@ -400,6 +455,16 @@ static int rx_feed(erdma_conn *c, rx_state *x, const uint8_t *data, size_t len) 
     if (x->remaining == 0) payload_done(c, x);
   }
   return 0;
+}
+
+int conn_rx_feed_at(erdma_conn *c, int i, const uint8_t *data, size_t len, int fin) {
+  if (i < 0 || i >= CONN_RX_COUNT) return ERDMA_ERR_INVAL;
+  rx_state *x = conn_rx_at(c, i);
+  x->data = i > 0;
+  int rv = rx_feed(c, x, data, len);
+  if (rv == 0 && fin && c->hello_recv && (i == 0 || x->hdr_got > 0))
+    rv = violation(c, i == 0 ? "its control stream ended" : "a data stream ended inside a frame");
+  return rv;
 }
 
 int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len) {
@@ -464,32 +529,82 @@ static int stream_open_cb(ngtcp2_conn *conn, int64_t stream_id, void *user_data)
   return 0;
 }
 
+/* Credit control-stream bytes back to the peer, except (while the peer's
+ * unexpected messages exceed cfg.unexpected_max) the excess: a peer that
+ * sends faster than the application receives is held back by QUIC flow
+ * control instead of filling our memory.  1: credit was given. */
+static int credit_release(erdma_conn *c) {
+  erdma_engine *e = c->e;
+  uint64_t held = 0;
+  if (c->peer >= 0 && e->peers[c->peer].unexp_bytes > e->cfg.unexpected_max)
+    held = e->peers[c->peer].unexp_bytes - e->cfg.unexpected_max;
+  if (c->credit_owed <= held) return 0;
+  ngtcp2_conn_extend_max_stream_offset(c->conn, c->stream_id, c->credit_owed - held);
+  c->credit_owed = held;
+  return 1;
+}
+
+void unexp_release(erdma_engine *e, int peer, uint64_t n) {
+  if (!e->peers || peer < 0 || peer >= e->cfg.size) return;
+  peer_info *p = &e->peers[peer];
+  erdma_conn *c = p->conn;
+  p->unexp_bytes = p->unexp_bytes > n ? p->unexp_bytes - n : 0;
+  if (c && c->conn && !c->closed && c->credit_owed && credit_release(c)) {
+    c->dirty = 1; /* the progress thread sends the MAX_STREAM_DATA */
+    engine_wake(e);
+  }
+}
+
+/* The peer's control stream or one of its data streams: its rx state index
+ * (conn_rx_at), else -1 (other streams are read and ignored). */
+static int rx_index(const erdma_conn *c, int64_t stream_id) {
+  if (stream_id == c->stream_id) return 0;
+  if ((stream_id & 2) && (stream_id & 1) == (c->is_client ? 1 : 0) &&
+      (stream_id >> 2) < ERDMA_MAX_DSTREAMS)
+    return 1 + (int)(stream_id >> 2);
+  return -1;
+}
+
 static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream_id,
                                uint64_t offset, const uint8_t *data, size_t datalen,
                                void *user_data, void *stream_user_data) {
   erdma_conn *c = user_data;
-  (void)flags;
   (void)offset;
   (void)stream_user_data;
-  rx_state *x = NULL;
-  if (stream_id == c->stream_id) {
-    x = &c->rx;
-  } else if ((stream_id & 2) && (stream_id & 1) == (c->is_client ? 1 : 0) &&
-             (stream_id >> 2) < ERDMA_MAX_DSTREAMS) {
-    x = &c->drx[stream_id >> 2]; /* one of the peer's data streams */
-    x->data = 1;
-  }
-  if (x) {
+  int i = rx_index(c, stream_id);
+  if (i >= 0) {
     c->e->stats.bytes_recv += datalen;
-    if (rx_feed(c, x, data, datalen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
+    if (conn_rx_feed_at(c, i, data, datalen, (flags & NGTCP2_STREAM_DATA_FLAG_FIN) != 0) != 0)
+      return NGTCP2_ERR_CALLBACK_FAILURE;
   }
   /* before its HELLO an accepted connection gets credit back on its control
    * stream only (a HELLO, or it is dropped): bytes on streams we ignore
    * cannot make ngtcp2 grow the small window of fill_settings */
   if (!c->is_client && !c->hello_recv && stream_id != c->stream_id) return 0;
-  /* every byte is consumed at once (copied to its destination) */
-  ngtcp2_conn_extend_max_stream_offset(conn, stream_id, datalen);
+  /* every byte is consumed at once (copied to its destination); the
+   * control stream's credit may wait for the application (credit_release) */
   ngtcp2_conn_extend_max_offset(conn, datalen);
+  if (i == 0) {
+    c->credit_owed += datalen;
+    credit_release(c);
+  } else {
+    ngtcp2_conn_extend_max_stream_offset(conn, stream_id, datalen);
+  }
+  return 0;
+}
+
+/* The peer reset its control stream or a data stream: frames on it are lost. */
+static int stream_reset_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t final_size,
+                           uint64_t app_error_code, void *user_data, void *stream_user_data) {
+  erdma_conn *c = user_data;
+  (void)conn;
+  (void)final_size;
+  (void)app_error_code;
+  (void)stream_user_data;
+  if (c->hello_recv && rx_index(c, stream_id) >= 0) {
+    violation(c, "it reset a stream");
+    return NGTCP2_ERR_CALLBACK_FAILURE;
+  }
   return 0;
 }
 
@@ -583,6 +698,7 @@ static void fill_callbacks(ngtcp2_callbacks *cb, int client) {
   cb->handshake_completed = handshake_completed_cb;
   cb->stream_open = stream_open_cb;
   cb->recv_stream_data = recv_stream_data_cb;
+  cb->stream_reset = stream_reset_cb;
   cb->acked_stream_data_offset = acked_cb;
 }
 

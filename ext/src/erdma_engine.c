@@ -67,6 +67,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->sock_buf = 16 << 20;
   cfg->data_streams = 4;
   cfg->chunk_size = 512u << 10;
+  cfg->unexpected_max = 64u << 20;
   cfg->spin_us = 50;
   cfg->keepalive = -1;     /* idle_timeout / 4 */
   cfg->path_timeout = 5.0;
@@ -306,6 +307,11 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
   e->cfg.bind_addr = e->bind_addr;
   if (e->cfg.shm_eager_limit < e->cfg.eager_limit) e->cfg.shm_eager_limit = e->cfg.eager_limit;
+  if (!e->cfg.unexpected_max) e->cfg.unexpected_max = 64u << 20;
+  if (!e->cfg.recv_alloc_max) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    e->cfg.recv_alloc_max = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 1ull << 34;
+  }
   e->evfd = e->fd = e->io.fd = -1;
   e->lanes_max = 1;
   pthread_mutex_init(&e->mu, NULL);

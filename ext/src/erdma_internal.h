@@ -58,6 +58,10 @@ struct erdma_req {
   int flags;
   uint64_t got;          /* chunked receive: payload bytes arrived so far */
   uint64_t chunks_left;  /* chunked send: chunks not yet acknowledged */
+  uint64_t claimed;      /* chunked receive: payload bytes announced by CHUNK headers */
+  int chunked;           /* a CHUNK arrived for it: a DATA frame is refused */
+  int rndv_listed;       /* in e->rndv_recv (waiting for DATA or CHUNKs) */
+  int rx_refs;           /* rx states (erdma_conn.c) filling it */
   struct erdma_req *prev, *next; /* posted-receive queue / pending-send list */
 };
 
@@ -78,6 +82,8 @@ struct erdma_msg {
   int error;             /* its sender failed before the payload was complete */
   erdma_req *bound;      /* receive waiting for the rest of the payload */
   erdma_req *sreq;       /* local synchronous send completed on match */
+  erdma_engine *acct_e;  /* acct bytes count against peer `source`'s unexpected bound */
+  uint64_t acct;
   struct erdma_msg *prev, *next;
 };
 
@@ -117,6 +123,12 @@ typedef struct rx_state {
   frame_hdr cur;
   int data;              /* a data stream: CHUNK frames only */
 } rx_state;
+
+/* The longest EAGER frame taken (a sender's eager limit may differ from
+ * ours): larger is a protocol violation unless our own limit is larger. */
+#define ERDMA_EAGER_FRAME_MAX (16u << 20)
+/* The longest CHUNK frame (the largest chunk_size a sender can configure). */
+#define ERDMA_CHUNK_FRAME_MAX (1u << 30)
 
 /* A unidirectional stream we opened to carry CHUNK frames. */
 #define ERDMA_MAX_DSTREAMS 16
@@ -161,6 +173,9 @@ typedef struct erdma_conn {
   int ds_next;           /* next stream a chunk goes to */
   int ds_rr;             /* next stream the writer serves */
   rx_state drx[ERDMA_MAX_DSTREAMS]; /* by the peer's uni stream index */
+  uint64_t credit_owed;  /* control-stream bytes consumed but not yet credited back to
+                            the peer (held while its unexpected messages exceed the bound) */
+  const char *violation; /* how the peer broke the wire protocol (NULL: it did not) */
   struct erdma_conn *next_pending; /* server conns awaiting HELLO */
   uint64_t accepted_at;  /* server conns: first packet (the HELLO deadline counts from it) */
   /* shared memory (erdma_shm.c): a conn without ngtcp2 */
@@ -189,6 +204,7 @@ typedef struct peer_info {
   tx_item *lazy_head, *lazy_tail;
   int error;             /* ERDMA_ERR_PEER once lost */
   int closed_by_peer;
+  uint64_t unexp_bytes;  /* unexpected messages from it held here (cfg.unexpected_max) */
 } peer_info;
 
 /* connection k of a peer: 0 the main one, 1.. its lanes (NULL: none) */
@@ -402,6 +418,13 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m);
 int recv_prepare(erdma_req *r, int src, int tag, uint64_t len);
 void recv_finish(erdma_req *r);
 void engine_fail_peer(erdma_engine *e, int peer, int error);
+void rndv_recv_unlink(erdma_engine *e, erdma_req *r); /* off e->rndv_recv, if on it */
+
+/* ulfm.c (under e->mu) */
+void ulfm_note_failure(erdma_engine *e, int peer);
+int req_failure_pending(erdma_req *r); /* ANY_SOURCE receive with an unacked failure */
+int reqs_failure_pending(erdma_req *const *reqs, int n);
+void ulfm_free(erdma_engine *e);
 
 /* shm.c (all under e->mu) */
 int shm_attach_peers(erdma_engine *e);  /* 0 when all attached, 1 if some not yet */
@@ -432,6 +455,14 @@ int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64
 /* conn.c (all under e->mu) */
 erdma_conn *conn_alloc(erdma_engine *e, int client);
 int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len);
+/* stream bytes of rx state i (0: control stream, 1..: the peer's data streams)
+ * into the frame parser; fin: the stream ends after them.  Nonzero: the peer
+ * broke the protocol (c->violation says how); drop the connection. */
+int conn_rx_feed_at(erdma_conn *c, int i, const uint8_t *data, size_t len, int fin);
+void rx_detach(rx_state *x);                     /* forget the receive x fills */
+void conn_detach_req(erdma_engine *e, erdma_req *r); /* ... every rx state filling r */
+void unexp_release(erdma_engine *e, int peer, uint64_t n); /* n bytes of peer's unexpected
+                                                              messages are gone */
 void conn_acked(erdma_conn *c, uint64_t upto);
 void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks_ok);
 /* every rx state (control stream and data streams) of c */

@@ -2,6 +2,7 @@
  * unexpected-message queue, and binding a receive to a message.  Pure
  * bookkeeping: every function runs under e->mu and does no I/O itself
  * (a rendezvous match queues a CTS frame on the peer's connection). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,9 @@ static void req_destroy(erdma_req *r) {
 /* The engine references a request only while it is not done; the user's
  * reference lasts until erdma_req_free. */
 void req_complete(erdma_req *r, int error) {
+  /* nothing that could still write into it may keep pointing at it */
+  if (r->rx_refs) conn_detach_req(r->e, r);
+  if (r->kind == REQ_RECV) rndv_recv_unlink(r->e, r);
   if (r->done) return;
   if (error && !r->st.error) r->st.error = error;
   r->done = 1;
@@ -68,6 +72,7 @@ erdma_msg *msg_new(int src, int tag, uint32_t ctx, uint64_t len) {
 }
 
 void msg_free(erdma_msg *m) {
+  if (m->acct) unexp_release(m->acct_e, m->source, m->acct);
   free(m->data);
   free(m);
 }
@@ -78,7 +83,16 @@ int recv_prepare(erdma_req *r, int src, int tag, uint64_t len) {
   r->st.tag = tag;
   r->nbytes = len;
   if (r->alloc) {
-    r->buf = malloc(len ? len : 1);
+    /* a peer's claimed length: capped, and zeroed (pages are taken as the
+     * payload arrives; a lying sender's gaps read as zeros) */
+    if (len > r->e->cfg.recv_alloc_max) {
+      fprintf(stderr, "erdma[%d]: a message of %llu bytes from rank %d exceeds "
+                      "ERDMA_RECV_ALLOC_MAX (%llu bytes); its receive fails\n",
+              r->e->cfg.rank, (unsigned long long)len, src,
+              (unsigned long long)r->e->cfg.recv_alloc_max);
+      return ERDMA_ERR_NOMEM;
+    }
+    r->buf = calloc(len ? len : 1, 1);
     if (!r->buf) return ERDMA_ERR_NOMEM;
     r->cap = len;
   }
@@ -96,10 +110,20 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
   if (m->rndv) {
     frame_hdr h = {0};
     peer_info *p = &e->peers[m->source];
-    int rv = recv_prepare(r, m->source, m->tag, m->len);
-    if (rv == 0 && (p->error || !p->conn)) rv = p->error ? p->error : ERDMA_ERR_PEER;
+    int dead = p->error || !p->conn;
+    int rv = dead ? (p->error ? p->error : ERDMA_ERR_PEER)
+                  : recv_prepare(r, m->source, m->tag, m->len);
     if (rv) {
       req_complete(r, rv);
+      if (!dead && !m->cma) {
+        /* the payload is refused, not awaited: a receive id no receive
+         * holds lets the sender finish while we discard its bytes */
+        h.type = FR_CTS;
+        h.flags = p->conn->shm ? 0 : FR_FLAG_CHUNKS;
+        h.id = m->sender_id;
+        h.len = ++e->next_id;
+        conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
+      }
     } else if (m->cma && shm_cma_read(e, m->source, r->buf, m->cma_addr,
                                       m->len < r->cap ? m->len : r->cap) == 0) {
       h.type = FR_CTS; /* single copy done: tell the sender it may complete */
@@ -110,6 +134,7 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
     } else {
       r->id = ++e->next_id;
       DL_APPEND(e->rndv_recv_head, e->rndv_recv_tail, r);
+      r->rndv_listed = 1;
       h.type = FR_CTS;
       h.flags = p->conn->shm ? 0 : FR_FLAG_CHUNKS; /* we take CHUNKs on any stream */
       h.id = m->sender_id;
@@ -150,6 +175,12 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
   msg_free(m);
 }
 
+void rndv_recv_unlink(erdma_engine *e, erdma_req *r) {
+  if (!r->rndv_listed) return;
+  DL_REMOVE(e->rndv_recv_head, e->rndv_recv_tail, r);
+  r->rndv_listed = 0;
+}
+
 /* Peer `peer` is gone: fail everything that depends on it. */
 void engine_fail_peer(erdma_engine *e, int peer, int error) {
   erdma_req *r, *nx;
@@ -163,10 +194,9 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
      * below), a DATA one only here */
     for (int i = 0; c && i < CONN_RX_COUNT; i++) {
       rx_state *x = conn_rx_at(c, i);
-      if (x->req && x->cur.type != FR_CHUNK) req_complete(x->req, error);
-      x->req = NULL;
-      x->dst = NULL;
-      x->room = 0;
+      erdma_req *xr = x->req;
+      rx_detach(x);
+      if (xr && x->cur.type != FR_CHUNK) req_complete(xr, error);
     }
   }
   for (r = e->posted_head; r; r = nx) {
@@ -186,7 +216,7 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
   for (r = e->rndv_recv_head; r; r = nx) {
     nx = r->next;
     if (r->st.source == peer) {
-      DL_REMOVE(e->rndv_recv_head, e->rndv_recv_tail, r);
+      rndv_recv_unlink(e, r);
       req_complete(r, error);
     }
   }
@@ -236,8 +266,7 @@ int erdma_req_abort(erdma_req *r) {
   pthread_mutex_lock(&e->mu);
   if (!r->done) {
     if (r->kind == REQ_RECV) {
-      if (!list_remove(&e->posted_head, &e->posted_tail, r))
-        list_remove(&e->rndv_recv_head, &e->rndv_recv_tail, r);
+      if (!list_remove(&e->posted_head, &e->posted_tail, r)) rndv_recv_unlink(e, r);
     } else {
       list_remove(&e->rndv_send_head, &e->rndv_send_tail, r);
     }
@@ -245,11 +274,7 @@ int erdma_req_abort(erdma_req *r) {
     FOR_PEER_CONNS(e, i, lane, c) {
       for (int k = 0; k < CONN_RX_COUNT; k++) {
         rx_state *x = conn_rx_at(c, k);
-        if (x->req == r) { /* the rest of its payload is discarded */
-          x->req = NULL;
-          x->dst = NULL;
-          x->room = 0;
-        }
+        if (x->req == r) rx_detach(x); /* the rest of its payload is discarded */
       }
       if (c->rx.msg && c->rx.msg->bound == r) c->rx.msg->bound = NULL; /* now an orphan */
       /* (the peer's chunks not yet on a lane: with its main connection) */
