@@ -49,6 +49,10 @@ def cdef_from_header(path):
 
 
 DPDK_SOURCE = "erdma_pktio_dpdk.c"
+# a header change rebuilds both modules: the DPDK plugin refuses an engine
+# whose struct layout differs from the one it was built with
+HEADERS = [_rel(p) for p in sorted(glob.glob(os.path.join(HERE, "src", "*.h"))
+                                   + glob.glob(os.path.join(HERE, "include", "*.h")))]
 
 ffibuilder = FFI()
 ffibuilder.cdef(cdef_from_header(os.path.join(HERE, "include", "erdma.h")))
@@ -59,6 +63,7 @@ ffibuilder.set_source(
     sources=[_rel(p) for p in sorted(glob.glob(os.path.join(HERE, "src", "*.c")))
              if os.path.basename(p) != DPDK_SOURCE],
     include_dirs=[_rel(os.path.join(HERE, "include")), _rel(os.path.join(HERE, "src"))],
+    depends=HEADERS,
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function"]
     + [f for f in _pkgconfig("--cflags")],
     extra_link_args=_pkgconfig("--libs") + ["-lpthread"],
@@ -87,6 +92,7 @@ def dpdk_ffibuilder():
         "int erdma_dpdk_built(void);",
         sources=[_rel(os.path.join(HERE, "src", DPDK_SOURCE))],
         include_dirs=[_rel(os.path.join(HERE, "include")), _rel(os.path.join(HERE, "src"))],
+        depends=HEADERS,
         extra_compile_args=cflags,
         extra_link_args=libs,
     )

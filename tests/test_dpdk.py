@@ -349,6 +349,141 @@ def test_bad_checksums_are_dropped(bed, tmp_path):
     assert c and c["bad"] == 10, res["outs"][1][1]
 
 
+SPOOF = """
+import socket, struct, sys, time
+dev, src_mac, dst_mac, src_ip, dst_ip, sport, dport, secs = sys.argv[1:9]
+def csum(b):
+    if len(b) % 2: b += b"\\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+mac = lambda m: bytes(int(x, 16) for x in m.split(":"))
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((dev, 0))
+src, dst = socket.inet_aton(src_ip), socket.inet_aton(dst_ip)
+t_end, k = time.monotonic() + float(secs), 0
+while time.monotonic() < t_end:
+    payload = bytes([0x40]) + bytes((k + i) & 0xff for i in range(60))  # nothing decrypts
+    udp = struct.pack("!HHHH", int(sport), int(dport), 8 + len(payload), 0) + payload
+    c = csum(src + dst + struct.pack("!BBH", 0, 17, len(udp)) + udp) or 0xffff
+    udp = udp[:6] + struct.pack("!H", c) + udp[8:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), k & 0xffff, 0x4000, 64, 17, 0,
+                     src, dst)
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    s.send(mac(dst_mac) + mac(src_mac) + b"\\x08\\x00" + ip + udp)
+    k += 1
+    time.sleep(0.0005)
+print("sent", k, flush=True)
+"""
+FAKE_MAC = "02:00:00:5e:00:99"
+
+
+@needs_dpdk
+@pytest.mark.slow
+def test_spoofed_frames_do_not_redirect_a_dpdk_rank(bed, tmp_path):
+    """While the ranks exchange round trips, frames with the peer's exact UDP
+    4-tuple and valid checksums, but a garbage QUIC payload and another
+    source MAC, stream into the DPDK rank.  It learns a MAC only from a packet
+    that authenticated as the peer's (or by ARP), so nothing it sends goes to
+    the forged MAC.  (Before: each forged frame moved the peer's MAC until
+    the peer's next packet; a few hundred frames went to the forged MAC.)"""
+    import threading
+    import time
+    subprocess.run(bed.ns_cmd("a", ["nft", "-f", "-"]), check=True, text=True, input=(
+        f"table netdev erdmaspoof {{\n  chain in {{\n    type filter hook ingress device "
+        f"{bed.dev_a} priority 0;\n    ether daddr {FAKE_MAC} counter\n  }}\n}}\n"))
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    res = {}
+    t = threading.Thread(target=lambda: res.update(outs=run_pair(
+        bed, dpdk_b=bed.eal_args("b"), sizes=[1],
+        extra=["--ready-file", str(ready), "--wait-file", str(done), "--pingpong", "200",
+               "--gap", "0.005"])))
+    t.start()
+    spoof = None
+    try:
+        t_end = time.monotonic() + 60
+        while not ready.exists() and t.is_alive() and time.monotonic() < t_end:
+            time.sleep(0.05)
+        assert ready.exists(), "the pair did not connect"
+        spoof = subprocess.Popen(bed.ns_cmd("a", [
+            sys.executable, "-c", SPOOF, bed.dev_a, FAKE_MAC, _mac(bed.ns_b, bed.dev_b),
+            bed.kernel_a, bed.dpdk_addr, str(PORT_A), str(PORT_B), "4"]),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.3)
+    finally:
+        done.touch()
+        t.join(120)
+        if spoof:
+            sent = spoof.communicate(timeout=30)[0]
+    redirected = dpdkbed.nft_counted(bed, "erdmaspoof")
+    assert "sent" in sent and int(sent.split()[-1]) > 500, sent
+    for rc, out in res["outs"]:
+        assert rc == 0, out
+    assert redirected == 0, f"{redirected} frames went to the forged MAC"
+
+
+ARP_FLOOD = """
+import socket, struct, sys
+dev, net, tip = sys.argv[1:4]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((dev, 0))
+for i in range(100):  # strangers asking for our address, none of them a peer
+    sha = bytes([2, 0, 0, 0x5f, 0, i])
+    sip = socket.inet_aton(f"{net}.{100 + i}")
+    arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1) + sha + sip + bytes(6) + socket.inet_aton(tip)
+    s.send(b"\\xff" * 6 + sha + b"\\x08\\x06" + arp)
+print("sent", flush=True)
+"""
+
+
+@needs_dpdk
+@pytest.mark.slow
+def test_arp_from_strangers_does_not_fill_the_neighbour_table(bed, tmp_path):
+    """100 hosts ask the DPDK rank for its MAC; none is a peer.  The rank then
+    still reaches its peer (a STUN echo through ARP resolution): ARP makes no
+    neighbour entry for a stranger.  (Before: each asker took one of the 64
+    entries for good, and every packet to the peer was dropped.)"""
+    import time
+    echo = subprocess.Popen(bed.ns_cmd("a", [sys.executable, "-c",
+        "import socket; s = socket.socket(2, 2); "
+        f"s.bind(({bed.kernel_a!r}, 3478)); s.settimeout(60); "
+        "d, a = s.recvfrom(2048); s.sendto(d, a); print('echoed', a[0], flush=True)"]),
+        stdout=subprocess.PIPE, text=True)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    code = ("import os, time\nfrom erdmampi._engine import Engine\n"
+            f"e = Engine.create(pktio='dpdk', bind={bed.dpdk_addr!r}, port={PORT_B}, "
+            f"dpdk_eal={bed.eal_args('b')!r})\n"
+            f"open({str(ready)!r}, 'w').close()\n"
+            "t = time.monotonic() + 30\n"
+            f"while not os.path.exists({str(go)!r}) and time.monotonic() < t:\n"
+            "    e.raw_recv(0.05)\n"  # the port is read meanwhile
+            "msg = bytes([0, 1, 0, 0, 0x21, 0x12, 0xa4, 0x42]) + os.urandom(12)\n"
+            "for _ in range(25):\n"
+            f"    e.raw_send(msg, {bed.kernel_a!r}, 3478)\n"
+            "    r = e.raw_recv(0.2)\n"
+            "    if r: break\n"
+            "print('echo', bool(r and r[0] == msg), flush=True)\n")
+    p = subprocess.Popen(bed.ns_cmd("b", [sys.executable, "-c", code]), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=_env(), cwd=REPO)
+    try:
+        t_end = time.monotonic() + 60
+        while not ready.exists() and p.poll() is None and time.monotonic() < t_end:
+            time.sleep(0.05)
+        f = subprocess.run(bed.ns_cmd("a", [sys.executable, "-c", ARP_FLOOD, bed.dev_a, bed.net,
+                                            bed.dpdk_addr]), capture_output=True, text=True,
+                           timeout=30)
+        assert "sent" in f.stdout, f.stderr
+        time.sleep(0.3)  # read by the rank (it polls every 50 ms here)
+        go.touch()
+        out = p.communicate(timeout=60)[0]
+        assert "echo True" in out, out
+        assert f"echoed {bed.dpdk_addr}" in echo.communicate(timeout=30)[0]
+    finally:
+        for q in (p, echo):
+            q.kill()
+            q.wait()
+
+
 @needs_dpdk
 @pytest.mark.slow
 def test_stun_datagrams_are_demultiplexed_as_on_the_kernel_path(bed):

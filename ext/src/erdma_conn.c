@@ -660,8 +660,10 @@ static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint6
 
 /* Packets that passed AEAD authentication, counted per thread: the relay
  * code (erdma_nat.c) tells a live path from spoofed or garbled datagrams by
- * whether handing one to ngtcp2 moved this count. */
-static __thread uint64_t decrypted_ok;
+ * whether handing one to ngtcp2 moved this count.  decrypted_1rtt counts
+ * those with a short header: 1-RTT keys come only out of a completed
+ * handshake, whereas anyone can make a valid Initial packet. */
+static __thread uint64_t decrypted_ok, decrypted_1rtt;
 
 static int decrypt_cb(uint8_t *dest, const ngtcp2_crypto_aead *aead,
                       const ngtcp2_crypto_aead_ctx *aead_ctx, const uint8_t *ciphertext,
@@ -669,7 +671,10 @@ static int decrypt_cb(uint8_t *dest, const ngtcp2_crypto_aead *aead,
                       const uint8_t *aad, size_t aadlen) {
   int rv = ngtcp2_crypto_decrypt_cb(dest, aead, aead_ctx, ciphertext, ciphertextlen, nonce,
                                     noncelen, aad, aadlen);
-  if (rv == 0) decrypted_ok++;
+  if (rv == 0) {
+    decrypted_ok++;
+    decrypted_1rtt += aadlen > 0 && !(aad[0] & 0x80);
+  }
   return rv;
 }
 
@@ -1013,12 +1018,17 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
   path_of(c, &path);
   path.remote.addr = (ngtcp2_sockaddr *)from;
   path.remote.addrlen = fromlen;
+  uint64_t before = decrypted_1rtt;
   int rv = ngtcp2_conn_read_pkt(c->conn, &path, &pi, data, len, erdma_now());
+  /* authentic: a 1-RTT packet of a connection to a known rank, from the
+   * address that connection has (not another peer's, spoofing it) */
+  int authentic = rv == 0 && decrypted_1rtt != before && c->peer >= 0 &&
+                  addr_equal(&c->remote, from);
   if (rv != 0) {
     if (rv == NGTCP2_ERR_DRAINING && c->peer >= 0) e->peers[c->peer].closed_by_peer = 1;
     conn_lost(c, rv);
   }
-  return 0;
+  return authentic;
 }
 
 /* ------------------------------------------------------------------ tx */

@@ -194,12 +194,13 @@ size_t engine_write_room(erdma_engine *e, const erdma_conn *c) {
 
 /* Every datagram the backend receives comes through here: STUN and TURN
  * go to erdma_nat.c (relayed QUIC comes back through conn_handle_datagram),
- * the rest is QUIC (or the shared-memory doorbell). */
-void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
-                        const struct sockaddr_storage *from, socklen_t fromlen) {
+ * the rest is QUIC (or the shared-memory doorbell).  1: it authenticated as
+ * a peer's (conn_handle_datagram), so the backend may trust its headers. */
+int engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
+                       const struct sockaddr_storage *from, socklen_t fromlen) {
   e->stats.pkts_recv++;
-  if (nat_rx(e, data, len, from, fromlen)) return;
-  conn_handle_datagram(e, data, len, from, fromlen);
+  if (nat_rx(e, data, len, from, fromlen)) return 0;
+  return conn_handle_datagram(e, data, len, from, fromlen);
 }
 
 /* A backend without a file descriptor (io.fd < 0: DPDK) is polled.  While

@@ -311,6 +311,8 @@ typedef struct nat_state {
 /* nat_classify: the demultiplexer's verdict on a datagram's bytes (no state) */
 enum { NAT_QUIC = 0, NAT_RAW, NAT_CHANNEL, NAT_DROP };
 int nat_classify(const uint8_t *d, size_t len, int from_turn, uint16_t *ch, size_t *plen);
+/* same family, address and port (IPv4, IPv6) */
+int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
 /* All under e->mu.  nat_rx: 1 if the datagram was STUN/TURN (consumed);
  * nat_sendv: 1 if the packets went through a relay tunnel. */
 int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
@@ -329,17 +331,44 @@ void nat_free(erdma_engine *e);
  * cfg.pktio is ERDMA_PKTIO_DPDK: `import erdmampi` never loads DPDK.  The
  * plugin cannot see the engine's symbols (Python loads modules RTLD_LOCAL),
  * so the engine hands it what it calls. */
-#define ERDMA_PKTIO_ABI 2
+#define ERDMA_PKTIO_ABI 3
 typedef struct erdma_pktio_host {
   int abi;                         /* ERDMA_PKTIO_ABI */
   size_t engine_size;              /* sizeof(erdma_engine): both built from one tree */
-  void (*rx_datagram)(erdma_engine *e, const uint8_t *data, size_t len,
-                      const struct sockaddr_storage *from, socklen_t fromlen);
+  /* engine_rx_datagram: 1 when the datagram authenticated as its sender's
+   * (what a backend may learn from the packet's headers: only then) */
+  int (*rx_datagram)(erdma_engine *e, const uint8_t *data, size_t len,
+                     const struct sockaddr_storage *from, socklen_t fromlen);
   char *err;                       /* the plugin explains a failure here */
   size_t errlen;
 } erdma_pktio_host;
 typedef int (*erdma_pktio_open_fn)(erdma_engine *e, const erdma_pktio_host *host);
 #define ERDMA_PKTIO_DPDK_OPEN "erdma_pktio_dpdk_open"
+/* The DPDK backend's parser of received Ethernet frames (erdma_pktio_dpdk.c),
+ * on plain bytes: no DPDK needed (fuzz/c/fuzz_dpdk_parse.c).  Addresses and
+ * ports in network order; pointers point into the frame. */
+enum {
+  FRAME_IGNORED = 0, /* IPv4 not for our address and UDP port, runt, fragment, options */
+  FRAME_OTHER,       /* not for our MAC (nor broadcast), or neither IPv4 nor ARP */
+  FRAME_BAD_CSUM,    /* an IPv4 header or UDP checksum that does not verify */
+  FRAME_UDP,         /* a UDP datagram for us: src_*, payload, len, partial */
+  FRAME_ARP,         /* an Ethernet/IPv4 ARP packet: op, sha, sip, tip */
+};
+#define FRAME_HW_IP_CSUM_GOOD 1u /* the port verified the IPv4 header checksum */
+#define FRAME_HW_L4_CSUM_GOOD 2u /* ... and the UDP checksum */
+typedef struct dpdk_frame {
+  const uint8_t *src_mac;    /* the Ethernet source (6 bytes) */
+  uint32_t src_ip;           /* UDP */
+  uint16_t src_port;
+  const uint8_t *payload;
+  size_t len;
+  int partial;               /* the UDP checksum held only the pseudo-header sum */
+  uint16_t op;               /* ARP: host order */
+  const uint8_t *sha;        /* sender hardware address (6 bytes) */
+  uint32_t sip, tip;
+} dpdk_frame;
+int dpdk_parse_frame(const uint8_t *f, size_t n, const uint8_t mac[6], uint32_t ip,
+                     uint16_t udp_port, unsigned hw, dpdk_frame *out);
 
 /* ---- the engine ---- */
 #define ERDMA_BATCH 32     /* datagrams per recvmmsg */
@@ -398,8 +427,8 @@ void engine_wake(erdma_engine *e);
 /* bufs: n packets at a stride of e->pkt_size; NULL: the first n buffers of
  * the backend's zero-copy batch (e->io.tx_buf), which it releases (n >= 0) */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);
-void engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
-                        const struct sockaddr_storage *from, socklen_t fromlen);
+int engine_rx_datagram(erdma_engine *e, const uint8_t *data, size_t len,
+                       const struct sockaddr_storage *from, socklen_t fromlen);
 /* the packet size of connection c (its settings' max_tx_udp_payload_size) */
 size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c);
 /* bytes conn_flush lets ngtcp2 write into one packet buffer */
@@ -471,6 +500,8 @@ rx_state *conn_rx_at(erdma_conn *c, int i);
 int conn_client_new(erdma_engine *e, int peer, int lane);
 int conn_lanes_wanted(erdma_engine *e, int peer); /* connections to open to a QUIC peer */
 uint64_t conn_lanes_ready(erdma_engine *e);       /* extra lanes that carry chunks now */
+/* 1: the datagram carried a 1-RTT packet that authenticated for a connection
+ * to a known rank whose address is `from` (it came from that peer) */
 int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen);
 int conn_flush(erdma_conn *c);

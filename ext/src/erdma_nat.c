@@ -31,7 +31,7 @@
 #define CHANNEL_MAX 0x4FFF
 
 /* ---------------------------------------------------------- addresses */
-static int addr_eq(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
   if (a->ss_family != b->ss_family) return 0;
   if (a->ss_family == AF_INET) {
     const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
@@ -47,7 +47,7 @@ static int addr_eq(const struct sockaddr_storage *a, const struct sockaddr_stora
 
 static int turn_index(const nat_state *s, const struct sockaddr_storage *a) {
   for (int i = 0; i < s->nturn; i++)
-    if (addr_eq(&s->turn[i], a)) return i;
+    if (addr_equal(&s->turn[i], a)) return i;
   return -1;
 }
 
@@ -133,7 +133,7 @@ static int relay_of_conn(erdma_engine *e, const erdma_conn *c) {
   if (c->peer >= 0) return s->relay[c->peer].mode != ERDMA_RELAY_OFF ? c->peer : -1;
   for (int i = 0; i < s->nrelay; i++) { /* a server connection before its HELLO */
     socklen_t l;
-    if (addr_eq(quic_addr(e, s->relay_ranks[i], &l), &c->remote)) return s->relay_ranks[i];
+    if (addr_equal(quic_addr(e, s->relay_ranks[i], &l), &c->remote)) return s->relay_ranks[i];
   }
   return -1;
 }
@@ -213,7 +213,7 @@ static int fallback_of_addr(erdma_engine *e, const struct sockaddr_storage *a) {
     nat_relay *r = &s->relay[s->relay_ranks[i]];
     socklen_t l;
     if (r->mode == ERDMA_RELAY_FALLBACK && !r->active &&
-        addr_eq(quic_addr(e, s->relay_ranks[i], &l), a))
+        addr_equal(quic_addr(e, s->relay_ranks[i], &l), a))
       return s->relay_ranks[i];
   }
   return -1;
@@ -261,8 +261,10 @@ int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
   }
   int rank = s->nrelay ? fallback_of_addr(e, from) : -1;
   if (rank < 0) return 0; /* plain QUIC: the caller hands it on */
-  /* the direct path of a fallback relay: alive while authentic packets come */
-  if (quic_rx(e, data, len, from, fromlen) && s->relay) s->relay[rank].quiet_since = 0;
+  /* the direct path of a fallback relay: alive while the peer's own 1-RTT
+   * packets come (anyone can send a valid Initial from its address) */
+  if (conn_handle_datagram(e, data, len, from, fromlen) && s->relay)
+    s->relay[rank].quiet_since = 0;
   return 1;
 }
 

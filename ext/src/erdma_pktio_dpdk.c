@@ -28,6 +28,84 @@
 /* What the Python wrapper asks before it passes the plugin's path on. */
 int erdma_dpdk_built(void);
 
+/* ------------------------------------------------------------ rx parser */
+/* dpdk_parse_frame (erdma_internal.h) reads only the bytes it was given and
+ * needs no DPDK: the fuzz harness builds this file without ERDMA_HAVE_DPDK. */
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+
+/* RFC 1071: the ones' complement sum of big-endian 16-bit words (an odd last
+ * byte padded with a zero), added to sum; folded by csum_fold */
+static uint32_t csum_add(uint32_t sum, const uint8_t *p, size_t n) {
+  for (; n > 1; p += 2, n -= 2) sum += rd16(p);
+  if (n) sum += (uint32_t)p[0] << 8;
+  return sum;
+}
+
+static uint16_t csum_fold(uint32_t sum) {
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return (uint16_t)sum;
+}
+
+static int parse_arp(const uint8_t *a, size_t n, dpdk_frame *out) {
+  /* Ethernet/IPv4 ARP: 28 bytes; the fixed offsets hold only for these lengths */
+  if (n < 28 || rd16(a) != 1 || rd16(a + 2) != 0x0800 || a[4] != 6 || a[5] != 4)
+    return FRAME_IGNORED;
+  out->op = rd16(a + 6);
+  out->sha = a + 8;
+  memcpy(&out->sip, a + 14, 4);
+  memcpy(&out->tip, a + 24, 4);
+  return FRAME_ARP;
+}
+
+/* A UDP checksum that does not verify is still accepted when it holds just
+ * the pseudo-header sum: a Linux sender with checksum offload (a veth peer)
+ * leaves it so (CHECKSUM_PARTIAL), trusting that the frame never leaves the
+ * host.  QUIC's AEAD protects the payload either way. */
+static int parse_ipv4(const uint8_t *ip, size_t n, uint32_t our_ip, uint16_t udp_port,
+                      unsigned hw, dpdk_frame *out) {
+  if (n < 20 + 8) return FRAME_IGNORED;
+  size_t ihl = (size_t)(ip[0] & 0xf) * 4;
+  if ((ip[0] >> 4) != 4 || ihl < 20 || memcmp(ip + 16, &our_ip, 4) != 0 || ip[9] != 17)
+    return FRAME_IGNORED;
+  size_t tot = rd16(ip + 2);
+  if (tot < ihl + 8 || tot > n) return FRAME_IGNORED;
+  if (rd16(ip + 6) & 0x3fff) return FRAME_IGNORED; /* fragments (MF, offset): our peers send DF */
+  if (!(hw & FRAME_HW_IP_CSUM_GOOD) && csum_fold(csum_add(0, ip, ihl)) != 0xffff)
+    return FRAME_BAD_CSUM;
+  const uint8_t *uh = ip + ihl;
+  size_t ulen = rd16(uh + 4);
+  if (memcmp(uh + 2, &udp_port, 2) != 0 || ulen < 8 || ulen > tot - ihl) return FRAME_IGNORED;
+  if (ihl != 20) return FRAME_IGNORED; /* options: no peer of ours sends them */
+  uint16_t ck = rd16(uh + 6);
+  if (ck != 0 && !(hw & FRAME_HW_L4_CSUM_GOOD)) { /* 0: the sender sent none (IPv4) */
+    uint16_t phdr = csum_fold(csum_add(17 + (uint32_t)(tot - ihl), ip + 12, 8));
+    if (ck == phdr) /* partial: checked first, it spares a pass over the data */
+      out->partial = 1;
+    else if (csum_fold(csum_add(phdr, uh, ulen)) != 0xffff)
+      return FRAME_BAD_CSUM;
+  }
+  memcpy(&out->src_ip, ip + 12, 4);
+  memcpy(&out->src_port, uh, 2);
+  out->payload = uh + 8;
+  out->len = ulen - 8;
+  return FRAME_UDP;
+}
+
+int dpdk_parse_frame(const uint8_t *f, size_t n, const uint8_t mac[6], uint32_t ip,
+                     uint16_t udp_port, unsigned hw, dpdk_frame *out) {
+  static const uint8_t bcast[6] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  memset(out, 0, sizeof *out);
+  if (n < 14) return FRAME_IGNORED;
+  if (memcmp(f, mac, 6) != 0 && memcmp(f, bcast, 6) != 0)
+    return FRAME_OTHER; /* the kernel's own traffic on this interface, multicast */
+  out->src_mac = f + 6;
+  switch (rd16(f + 12)) {
+  case 0x0800: return parse_ipv4(f + 14, n - 14, ip, udp_port, hw, out);
+  case 0x0806: return parse_arp(f + 14, n - 14, out);
+  default: return FRAME_OTHER; /* IPv6 among them: this backend speaks IPv4 */
+  }
+}
+
 #ifndef ERDMA_HAVE_DPDK
 int erdma_dpdk_built(void) { return 0; }
 #else
@@ -68,8 +146,8 @@ typedef struct neigh {
 
 typedef struct dpdk_state {
   erdma_engine *e;
-  void (*rx_datagram)(erdma_engine *e, const uint8_t *data, size_t len,
-                      const struct sockaddr_storage *from, socklen_t fromlen);
+  int (*rx_datagram)(erdma_engine *e, const uint8_t *data, size_t len,
+                     const struct sockaddr_storage *from, socklen_t fromlen);
   uint16_t port, queue;
   struct rte_ether_addr mac;
   uint32_t ip, mask, gw;    /* network order; gw 0: none */
@@ -347,85 +425,42 @@ static void dpdk_tx_commit(erdma_engine *e, const struct sockaddr_storage *to, s
 }
 
 /* ------------------------------------------------------------------ rx */
-static void rx_arp(dpdk_state *d, struct rte_mbuf *m) {
-  if (m->data_len < RTE_ETHER_HDR_LEN + sizeof(struct rte_arp_hdr)) return;
-  struct rte_arp_hdr *a = rte_pktmbuf_mtod_offset(m, struct rte_arp_hdr *, RTE_ETHER_HDR_LEN);
-  if (a->arp_hardware != rte_cpu_to_be_16(RTE_ARP_HRD_ETHER) ||
-      a->arp_protocol != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) || a->arp_plen != 4)
-    return;
-  uint16_t op = rte_be_to_cpu_16(a->arp_opcode);
-  uint32_t sip = a->arp_data.arp_sip;
+static void rx_arp(dpdk_state *d, const dpdk_frame *f) {
+  struct rte_ether_addr sha;
+  memcpy(&sha, f->sha, sizeof sha);
   d->arp_rx++;
-  if (a->arp_data.arp_tip == d->ip && sip != 0) {
-    /* as a host does: whoever asks us or answers us is a neighbour */
-    neigh *n = neigh_find(d, sip, 1);
-    if (n) neigh_resolved(d, n, &a->arp_data.arp_sha);
-    if (op == RTE_ARP_OP_REQUEST) arp_send(d, RTE_ARP_OP_REPLY, &a->arp_data.arp_sha, sip);
-  } else {
-    neigh *n = neigh_find(d, sip, 0); /* gratuitous or someone else's: refresh only */
-    if (n && n->state == NB_KNOWN) rte_ether_addr_copy(&a->arp_data.arp_sha, &n->mac);
+  /* only for neighbours we talk to (an entry exists): strangers' requests
+   * would fill the table and leave no room for a peer */
+  neigh *n = neigh_find(d, f->sip, 0);
+  if (f->tip == d->ip && f->sip != 0) {
+    if (n) neigh_resolved(d, n, &sha); /* whoever asks or answers us is there */
+    if (f->op == RTE_ARP_OP_REQUEST) arp_send(d, RTE_ARP_OP_REPLY, &sha, f->sip);
+  } else if (n && n->state == NB_KNOWN) { /* gratuitous or someone else's: refresh only */
+    rte_ether_addr_copy(&sha, &n->mac);
   }
 }
 
-/* A UDP checksum that does not verify is still accepted when it holds just
- * the pseudo-header sum: a Linux sender with checksum offload (a veth peer)
- * leaves it so (CHECKSUM_PARTIAL), trusting that the frame never leaves the
- * host.  QUIC's AEAD protects the payload either way. */
-static int udp_csum_ok(dpdk_state *d, struct rte_mbuf *m, const struct rte_ipv4_hdr *ip,
-                       const struct rte_udp_hdr *uh) {
-  if (uh->dgram_cksum == 0) return 1; /* sender sent none (allowed in IPv4) */
-  if ((m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK) == RTE_MBUF_F_RX_L4_CKSUM_GOOD) return 1;
-  uint16_t phdr = rte_ipv4_phdr_cksum(ip, 0);
-  if (uh->dgram_cksum == phdr) { /* partial: checked first, it spares a pass over the data */
-    d->rx_partial++;
-    return 1;
-  }
-  uint32_t sum = (uint32_t)rte_raw_cksum(uh, rte_be_to_cpu_16(uh->dgram_len)) + phdr;
-  sum = (sum & 0xffff) + (sum >> 16);
-  sum = (sum & 0xffff) + (sum >> 16);
-  return sum == 0xffff;
-}
-
-static void rx_ipv4(dpdk_state *d, struct rte_mbuf *m) {
-  size_t have = m->data_len;
-  if (have < HDRS) return;
-  struct rte_ether_hdr *eh = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
-  struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eh + 1);
-  size_t ihl = (size_t)(ip->version_ihl & 0xf) * 4;
-  if ((ip->version_ihl >> 4) != 4 || ihl < sizeof *ip || ip->dst_addr != d->ip ||
-      ip->next_proto_id != IPPROTO_UDP)
-    return;
-  size_t tot = rte_be_to_cpu_16(ip->total_length);
-  if (tot < ihl + sizeof(struct rte_udp_hdr) || RTE_ETHER_HDR_LEN + tot > have) return;
-  if (rte_be_to_cpu_16(ip->fragment_offset) & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))
-    return; /* fragments: our peers send DF packets that fit the MTU */
-  if ((m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) != RTE_MBUF_F_RX_IP_CKSUM_GOOD &&
-      rte_raw_cksum(ip, ihl) != 0xffff) {
-    d->rx_bad_csum++;
-    return;
-  }
-  struct rte_udp_hdr *uh = (struct rte_udp_hdr *)((uint8_t *)ip + ihl);
-  size_t ulen = rte_be_to_cpu_16(uh->dgram_len);
-  if (uh->dst_port != d->udp_port || ulen < sizeof *uh || ulen > tot - ihl) return;
-  if (ihl != sizeof *ip) return; /* options: no peer of ours sends them */
-  if (!udp_csum_ok(d, m, ip, uh)) {
-    d->rx_bad_csum++;
-    return;
-  }
-  if (on_link(d, ip->src_addr)) { /* learn the sender's MAC, as ARP would tell */
-    neigh *n = neigh_find(d, ip->src_addr, 0);
-    if (n && n->state == NB_ASKING) neigh_resolved(d, n, &eh->src_addr);
-    else if (n && n->state == NB_KNOWN && !rte_is_same_ether_addr(&n->mac, &eh->src_addr))
-      rte_ether_addr_copy(&eh->src_addr, &n->mac); /* the peer moved */
-  }
+static void rx_udp(dpdk_state *d, const dpdk_frame *f) {
   struct sockaddr_storage from;
   struct sockaddr_in *sin = (struct sockaddr_in *)&from;
   memset(&from, 0, sizeof from);
   sin->sin_family = AF_INET;
-  sin->sin_addr.s_addr = ip->src_addr;
-  sin->sin_port = uh->src_port;
+  sin->sin_addr.s_addr = f->src_ip;
+  sin->sin_port = f->src_port;
   d->rx_udp++;
-  d->rx_datagram(d->e, (const uint8_t *)(uh + 1), ulen - sizeof *uh, &from, sizeof *sin);
+  d->rx_partial += (uint64_t)f->partial;
+  /* Learn the sender's MAC, as ARP would tell, only from a datagram the
+   * engine authenticated as its peer's: the headers of anything else may be
+   * forged, and a spoofed frame (the peer's address, garbage inside) would
+   * redirect what we send the peer. */
+  if (!d->rx_datagram(d->e, f->payload, f->len, &from, sizeof *sin) || !on_link(d, f->src_ip))
+    return;
+  struct rte_ether_addr mac;
+  memcpy(&mac, f->src_mac, sizeof mac);
+  neigh *n = neigh_find(d, f->src_ip, 0);
+  if (n && n->state == NB_ASKING) neigh_resolved(d, n, &mac);
+  else if (n && n->state == NB_KNOWN && !rte_is_same_ether_addr(&n->mac, &mac))
+    rte_ether_addr_copy(&mac, &n->mac); /* the peer moved */
 }
 
 static void dpdk_report(erdma_engine *e);
@@ -444,17 +479,20 @@ static void dpdk_recv(erdma_engine *e) {
       struct rte_mbuf *p = m[i];
       d->rx_frames++;
       if (p->nb_segs > 1 && rte_pktmbuf_linearize(p) != 0) continue;
-      if (p->data_len < RTE_ETHER_HDR_LEN) continue;
-      struct rte_ether_hdr *eh = rte_pktmbuf_mtod(p, struct rte_ether_hdr *);
-      if (!rte_is_same_ether_addr(&eh->dst_addr, &d->mac) &&
-          !rte_is_broadcast_ether_addr(&eh->dst_addr)) {
-        d->rx_other++; /* the kernel's own traffic on this interface, multicast */
-        continue;
+      unsigned hw = 0;
+      if ((p->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) == RTE_MBUF_F_RX_IP_CKSUM_GOOD)
+        hw |= FRAME_HW_IP_CSUM_GOOD;
+      if ((p->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK) == RTE_MBUF_F_RX_L4_CKSUM_GOOD)
+        hw |= FRAME_HW_L4_CSUM_GOOD;
+      dpdk_frame f;
+      switch (dpdk_parse_frame(rte_pktmbuf_mtod(p, const uint8_t *), p->data_len,
+                               d->mac.addr_bytes, d->ip, d->udp_port, hw, &f)) {
+      case FRAME_UDP: rx_udp(d, &f); break;
+      case FRAME_ARP: rx_arp(d, &f); break;
+      case FRAME_BAD_CSUM: d->rx_bad_csum++; break;
+      case FRAME_OTHER: d->rx_other++; break;
+      default: break;
       }
-      uint16_t type = rte_be_to_cpu_16(eh->ether_type);
-      if (type == RTE_ETHER_TYPE_IPV4) rx_ipv4(d, p);
-      else if (type == RTE_ETHER_TYPE_ARP) rx_arp(d, p);
-      else d->rx_other++;
     }
     if (n) rte_pktmbuf_free_bulk(m, n);
     if (n < RX_BURST) return;

@@ -27,8 +27,9 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
   if (len == 0 || fromlen == 0 || fromlen > sizeof(struct sockaddr_storage)) abort();
   volatile uint8_t sum = 0;
   for (size_t i = 0; i < len; i++) sum ^= data[i];
-  if (data[0] == 0x5a) authentic++; /* as if it decrypted: the relay's switches */
-  return 0;
+  if (data[0] != 0x5a) return 0;
+  authentic++; /* as if it decrypted: the relay's switches */
+  return 1;
 }
 
 uint64_t conn_decrypted_count(void) { return authentic; }
