@@ -233,7 +233,8 @@ def test_hello_flood_does_not_stop_job_start(engines, mode):
 def test_spoofed_initials_get_retry_not_slots(engines):
     """Initials from 200 source hosts that never read a reply (as spoofed
     ones): past half the table each gets a stateless Retry and no slot, and
-    a real job starts at once.  Before: 34 of them filled the table."""
+    a real job starts at once, its rank 1 (an engine, ngtcp2) following a
+    Retry too.  Before: 34 of them filled the table."""
     a, b = job_pair(engines)
     host, port = host_port(a)
     rank0 = in_thread(a.connect)
@@ -255,10 +256,12 @@ def test_spoofed_initials_get_retry_not_slots(engines):
             except BlockingIOError:
                 pass
         assert retries >= 200 - TABLE // 2
+        before = a.stats()["retries_sent"]
         t0 = time.monotonic()
         b.connect()
         rank0(JOB_START_BOUND)
         assert time.monotonic() - t0 < JOB_START_BOUND
+        assert a.stats()["retries_sent"] > before
     finally:
         for s in socks:
             s.close()

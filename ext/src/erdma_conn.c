@@ -908,10 +908,10 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
  * (pending_cap), per source host, and in age (cfg.hello_timeout,
  * conn_reap_pending).  A full table makes room by dropping its oldest
  * connection that has not finished the handshake (a job member finishes it
- * within a few round trips).  Past half the table, an Initial from a host no
- * peer was published at must carry a Retry token, which proves that the
- * source address receives our packets (RFC 9000 8.1): spoofed Initials then
- * cost one stateless Retry each and take no slot. */
+ * within a few round trips).  Past half the table, an Initial must carry a
+ * Retry token, which proves that the source address receives our packets
+ * (RFC 9000 8.1): spoofed Initials then cost one stateless Retry each and
+ * take no slot, so only validated clients can fill the rest (and evict). */
 #define PENDING_PER_HOST 8 /* pending connections from a host with no published peer */
 #define RETRY_TOKEN_TTL (10 * NGTCP2_SECONDS)
 
@@ -938,10 +938,16 @@ static void send_retry(erdma_engine *e, const ngtcp2_pkt_hd *hd,
   ngtcp2_ssize n = ngtcp2_crypto_write_retry(e->txbuf, e->pkt_size, hd->version, &hd->scid,
                                              &scid, &hd->dcid, token, (size_t)tl);
   if (n <= 0) return;
+  /* a connection-less stand-in, so that it goes back the way the Initial
+   * came: through a peer's TURN relay when from is one (engine_sendv) */
+  erdma_conn *t = conn_alloc(e, 0);
+  if (!t) return;
+  memcpy(&t->remote, from, fromlen);
+  t->remote_len = fromlen;
   size_t len = (size_t)n;
-  e->stats.pkts_sent++;
+  engine_sendv(e, t, e->txbuf, &len, 1);
+  free(t);
   e->stats.retries_sent++;
-  e->io.send(e, from, fromlen, e->txbuf, e->pkt_size, &len, 1);
 }
 
 /* Decide on an Initial for no known connection: a new pending connection
@@ -972,7 +978,7 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
   int peers = peers_at_host(e, from);
   /* one host's own handshakes finish (or expire) before it gets more */
   if (from_host >= PENDING_PER_HOST + (ERDMA_MAX_LANES + 1) * peers) return NULL;
-  if (!validated && !peers && n >= pending_cap(e) / 2) {
+  if (!validated && n >= pending_cap(e) / 2) {
     send_retry(e, &hd, from, fromlen);
     return NULL;
   }
