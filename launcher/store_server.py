@@ -49,9 +49,11 @@ LIMITS = dict(
     max_bytes=64 << 20,       # bytes (keys + values) in one space
     max_spaces=4096,          # authenticated job spaces
     max_total_bytes=1 << 30,  # bytes in all spaces together
+    max_waiting=1 << 18,      # keys that blocked GET/WAITs wait for, all connections together
 )
 _KEY_OVERHEAD = 64            # bytes charged per key on top of its name and value
 _ADD_MAX_DIGITS = 64          # an ADD counter and delta fit in this many digits
+_MAX_WAIT_KEYS = 4096         # keys in one WAIT
 _SWEEP = 0.1                  # seconds between deadline sweeps
 
 
@@ -124,6 +126,7 @@ class StoreServer:
         self._spaces = {}               # namespace -> {"data", "key", "used", "bytes"}
         self._total = 0                 # bytes in all spaces
         self._waiters = {}              # (namespace, key) -> set of _Conn
+        self._nwaiting = 0              # keys registered in _waiters, all connections
         self._lock = threading.RLock()
         self._closed = False
         self._conns = set()
@@ -568,6 +571,7 @@ class StoreServer:
         w, conn.wait = conn.wait, None
         if w is None:
             return
+        self._nwaiting -= len(w[0])
         for k in w[0]:
             pk = (w[3], k)
             s = self._waiters.get(pk)
@@ -597,9 +601,13 @@ class StoreServer:
             return rz.ST_OK, ([data[keys[0]]] if op == rz.OP_GET else [])
         if timeout_ms == 0 or self._closed:
             return rz.ST_TIMEOUT, missing
+        keys = list(dict.fromkeys(keys))
+        if self._nwaiting + len(keys) > self.limits["max_waiting"]:
+            raise MemoryError("the rendezvous store has too many blocked requests")
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
-        conn.wait = (list(keys), deadline, op, ns)
-        for k in set(keys):
+        conn.wait = (keys, deadline, op, ns)
+        self._nwaiting += len(keys)
+        for k in keys:
             self._waiters.setdefault((ns, k), set()).add(conn)
         return None
 
@@ -695,6 +703,8 @@ class StoreServer:
         if op == rz.OP_WAIT:
             if not f:
                 raise ValueError("WAIT needs a timeout field")
+            if len(f) - 1 > _MAX_WAIT_KEYS:
+                raise ValueError(f"WAIT takes at most {_MAX_WAIT_KEYS} keys")
             return self._block(conn, f[1:], _int(f[0], "WAIT timeout"), op, ns)
         if op == rz.OP_CHECK:
             return rz.ST_OK, [b"1" if all(k in data for k in f) else b"0"]

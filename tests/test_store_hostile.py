@@ -284,6 +284,29 @@ def test_per_job_quotas():
         b.close()
 
 
+def test_blocked_requests_are_bounded():
+    # before: a WAIT could name ~13000 keys per 64 KiB frame on every connection,
+    # each an entry of the server's waiter table (hundreds of MB from one address)
+    with StoreServer("127.0.0.1", 0, max_waiting=10) as server:
+        a, b = _connect(server.port), _connect(server.port)
+        a.sendall(rz.encode_frame(rz.OP_WAIT, [b"-1"] + [b"a%d" % i for i in range(8)]))
+        time.sleep(0.3)
+        assert len(server.pending()) == 8
+        b.sendall(rz.encode_frame(rz.OP_WAIT, [b"-1"] + [b"b%d" % i for i in range(5)]))
+        st, (msg,) = rz.read_frame(b)
+        assert st == rz.ST_ERROR and b"too many blocked" in msg
+        a.close()
+        time.sleep(0.3)
+        assert server.pending() == []             # a hang-up frees its waiters
+        b.sendall(rz.encode_frame(rz.OP_WAIT, [b"100"] + [b"b%d" % i for i in range(5)]))
+        st, missing = rz.read_frame(b)
+        assert st == rz.ST_TIMEOUT and len(missing) == 5
+        b.sendall(rz.encode_frame(rz.OP_WAIT, [b"0"] + [b"k%d" % i for i in range(4097)]))
+        st, (msg,) = rz.read_frame(b)
+        assert st == rz.ST_ERROR and b"at most 4096 keys" in msg
+        b.close()
+
+
 # -- the client against a hostile server --------------------------------------------------
 
 class _HostileServer:

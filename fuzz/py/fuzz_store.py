@@ -114,7 +114,7 @@ def _serve(srv, data, authenticated):
         srv._close(conn)
         b.close()
     with srv._lock:
-        assert not srv._conns and not srv._per_ip and not srv._waiters
+        assert not srv._conns and not srv._per_ip and not srv._waiters and not srv._nwaiting
         assert srv._total <= _LIMITS["max_total_bytes"]
         for sp in list(srv._spaces.values()) + [{"data": srv._data, "bytes": srv._open_bytes}]:
             assert len(sp["data"]) <= _LIMITS["max_keys"]
