@@ -429,12 +429,16 @@ def main(argv=None):
     jobs = build_jobs(args)
     t_start = time.time()
     runs, failures = [], []
+    from erdmampi.testing.progress import Progress
+    bar = Progress(args.rounds * len(jobs) * len(stacks), "run_all")
     for rnd in range(args.rounds):
         k = rnd % len(stacks)
         order = stacks[k:] + stacks[:k]
         for job in jobs:
             for stack in order:
+                bar.step("round %d: %s np=%d on %s" % (rnd, job["name"], job["np"], stack))
                 doc = run_job(stack, job, args.outdir, "r%d" % rnd, args.timeout, log)
+                bar.advance()
                 if doc is None:
                     failures.append({"stack": stack, "job": job["name"], "np": job["np"],
                                      "round": rnd})
@@ -442,6 +446,7 @@ def main(argv=None):
                     doc["round"] = rnd
                     runs.append(doc)
 
+    bar.close()
     rows = summarize(runs, stacks)
     libraries = {}
     for doc in runs:

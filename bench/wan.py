@@ -679,8 +679,10 @@ def main(argv=None):
     runs = []
     t_start = time.time()
     rot = itertools.count()
-    for sites, (rate, rate_bps), rtt, loss in itertools.product(
-            a.sites, zip(a.rates, a.rate_bps), a.rtts, a.losses):
+    from erdmampi.testing.progress import Progress
+    cells = list(itertools.product(a.sites, zip(a.rates, a.rate_bps), a.rtts, a.losses))
+    bar = Progress(len(cells) * a.reps * len(a.colls) * len(a.sizes) * len(a.stacks), "bench.wan")
+    for sites, (rate, rate_bps), rtt, loss in cells:
         key = "%d-%s-%g-%g" % (sites, rate, rtt, loss)
         cell = {"key": key, "sites": sites, "rate": rate, "rate_bps": rate_bps, "rtt_ms": rtt,
                 "loss": loss, "stacks": a.stacks, "load_start": os.getloadavg()[0]}
@@ -697,7 +699,9 @@ def main(argv=None):
                 for rep, coll, nbytes in itertools.product(range(a.reps), a.colls, a.sizes):
                     k = next(rot) % len(a.stacks)
                     for stack in a.stacks[k:] + a.stacks[:k]:
+                        bar.step("%s: %s %d bytes on %s" % (key, coll, nbytes, stack))
                         rec = run_one(bed, stack, coll, nbytes, a.time_cap, a.iters, log)
+                        bar.advance()
                         rec.update(cell=key, rep=rep)
                         runs.append(rec)
                         meta["elapsed_s"] = round(time.time() - t_start, 1)
@@ -706,6 +710,7 @@ def main(argv=None):
             log("  bed failed: %s" % e)
             meta["bed_errors"].append("%s: %s" % (key, str(e)[:300]))
         cell["load_end"] = os.getloadavg()[0]
+    bar.close()
     meta["loadavg"].append(os.getloadavg()[0])
     meta["elapsed_s"] = round(time.time() - t_start, 1)
     md, png = write_outputs(a, meta, runs, log)

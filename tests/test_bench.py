@@ -119,6 +119,9 @@ def test_run_all_writes_json_and_table(tmp_path):
     for row in doc["summary"]:
         assert row["rounds"] == {"erdmampi": 2} and row["best_peer"] is None
     assert "### bcast float32" in (tmp_path / "results.md").read_text()
+    # progress on stderr (a log, not a terminal): the first step and the end
+    assert "run_all: [" in r.stderr and "] 0/4   0%: round 0:" in r.stderr, r.stderr
+    assert "] 4/4 100%" in r.stderr, r.stderr
 
 
 def test_smallcalls_driver_writes_every_call(tmp_path):
