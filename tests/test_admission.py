@@ -172,7 +172,6 @@ def test_stranger_fails_inside_tls_handshake(engines, presented):
 FLOOD = 100
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["secure", "insecure"])
 def test_hello_flood_does_not_stop_job_start(engines, mode):
     """FLOOD anonymous clients that never send a HELLO, then a real job starts.
@@ -375,7 +374,6 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.slow
 def test_stranger_cannot_make_rank_buffer_out_of_order_data():
     """An anonymous client (in an insecure engine, where the handshake lets it
     in) that never sends HELLO writes stream data with a hole at offset 0 on
