@@ -16,6 +16,8 @@ Every line goes to stderr, tagged ``[rank N]``.
 import os
 import sys
 
+from .discovery import format_ranks
+
 __all__ = ["startup_lines", "stats_lines", "report_startup", "report_stats", "verbosity"]
 
 
@@ -26,22 +28,6 @@ def verbosity(env=os.environ) -> int:
 
 def _stats_wanted(env=os.environ) -> bool:
     return env.get("ERDMA_STATS", "").strip().lower() not in ("", "0", "no", "false", "off")
-
-
-def _ranges(ranks):
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    out, start, prev = [], None, None
-    for r in sorted(ranks):
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            out.append(f"{start}-{prev}" if prev > start else str(start))
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(out)
 
 
 def _routes(eng):
@@ -70,7 +56,7 @@ def startup_lines(eng, info, env=os.environ, level=1):
     by_route = {}
     for r, how in routes.items():
         by_route.setdefault(how, []).append(r)
-    peers = "; ".join(f"{how} {_ranges(rs)}" for how, rs in sorted(by_route.items())) or "none"
+    peers = "; ".join(f"{how} {format_ranks(rs)}" for how, rs in sorted(by_route.items())) or "none"
     lines = [f"erdmampi {__version__}: rank {eng.rank} of {eng.size}, pid {os.getpid()}, "
              f"host {info.get('host', '?')}, bind {eng.local_addr}, "
              f"cc {env.get('ERDMA_CC', 'auto')}, compression {_compress_mode()}, "

@@ -296,7 +296,7 @@ class JoinWatch:
         joined = self.size - len(missing)
         if missing:
             self.progress(f"job {self.jobid}: {joined} of {self.size} ranks joined; waiting "
-                          f"for ranks {_ranges(missing)}")
+                          f"for ranks {format_ranks(missing)}")
         else:
             self.progress(f"job {self.jobid}: all {self.size} ranks joined")
 
@@ -315,14 +315,15 @@ class JoinWatch:
                 self.joined = True
                 return
             if time.monotonic() >= deadline:
-                report(f"job {self.jobid}: ranks {_ranges(missing)} of {self.size} did not "
+                report(f"job {self.jobid}: ranks {format_ranks(missing)} of {self.size} did not "
                        f"join within {self.timeout:g} s (is erdmarun running on the other "
                        f"site(s) with the same --job-id, secret and -n?)")
                 return
             self._stop.wait(self.poll)
 
 
-def _ranges(ranks):
+def format_ranks(ranks):
+    """[0, 1, 2, 5] -> "0-2,5"."""
     out, start, prev = [], None, None
     for r in sorted(ranks):
         if start is None:

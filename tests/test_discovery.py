@@ -183,4 +183,4 @@ def test_claim_ranks_and_parse(server):
     for bad in ("5-2", "0-8", "a-b", "-1"):
         with pytest.raises(ValueError):
             discovery.parse_ranks(bad, 8)
-    assert discovery._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert discovery.format_ranks([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
