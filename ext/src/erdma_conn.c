@@ -917,11 +917,20 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
 
 static int pending_cap(const erdma_engine *e) { return (ERDMA_MAX_LANES + 1) * e->cfg.size + 16; }
 
-/* Ranks published (set_peer) at host a: each may open ERDMA_MAX_LANES + 1. */
+/* One source for the per-host share: an IPv4 address, or an IPv6 /64 (one
+ * host commonly holds a whole /64, so single IPv6 addresses cost nothing). */
+static int same_source(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+  if (a->ss_family == AF_INET6 && b->ss_family == AF_INET6)
+    return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                  &((const struct sockaddr_in6 *)b)->sin6_addr, 8) == 0;
+  return same_host(a, b);
+}
+
+/* Ranks published (set_peer) at source a: each may open ERDMA_MAX_LANES + 1. */
 static int peers_at_host(const erdma_engine *e, const struct sockaddr_storage *a) {
   int n = 0;
   for (int i = 0; i < e->cfg.size; i++)
-    if (i != e->cfg.rank && e->peers[i].known && same_host(&e->peers[i].addr, a)) n++;
+    if (i != e->cfg.rank && e->peers[i].known && same_source(&e->peers[i].addr, a)) n++;
   return n;
 }
 
@@ -970,7 +979,7 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
   for (erdma_conn *p = e->pending; p; p = p->next_pending) {
     if (p->closed) continue; /* freed by conn_reap_pending this round */
     n++;
-    from_host += same_host(&p->remote, from);
+    from_host += same_source(&p->remote, from);
     if (!victim || (victim->handshake_done && !p->handshake_done) ||
         (victim->handshake_done == p->handshake_done && p->accepted_at < victim->accepted_at))
       victim = p;
