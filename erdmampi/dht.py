@@ -35,7 +35,9 @@ Every node may be hostile, and so may anyone who can send it a datagram:
   republishes them; a republish round copies at most ``REPLICATE_PER_ROUND``
   values held for others.
 * Malformed datagrams raise :class:`DhtProtocolError` in :func:`decode` and
-  are dropped; addresses in answers must be IP literals (no name lookups).
+  are dropped; addresses in answers must be IP literals (no name lookups); a
+  lookup sends at most ``LOOKUP_QUERIES`` queries, however many ever closer
+  contacts the answers name.
 
 Values are opaque bytes; erdmampi stores only sealed records
 (:mod:`erdmampi.jobauth`), which readers authenticate again.
@@ -98,8 +100,9 @@ MAX_SOURCE_BYTES = 2 * 1024 * 1024  # stored bytes per source IP
 MAX_BYTES = 32 * 1024 * 1024        # stored bytes in all
 VALUE_OVERHEAD = 192      # bytes a stored value is charged beyond its own (signature, books)
 AMPLIFICATION = 3         # answer bytes per query byte for a source without a token
-RATE = 200.0              # queries/s per source address
-BURST = 400               # queries a source may send at once
+RATE = 500.0              # queries/s per source address
+BURST = 1000              # queries a source may send at once
+LOOKUP_QUERIES = 64       # queries one lookup may send (hostile answers cannot prolong it)
 MAX_SOURCES = 4096        # rate-limit buckets (and remembered tokens)
 TOKEN_ROTATE = 300.0      # seconds between write-token secrets
 REPLICATE_PER_ROUND = 64  # values held for others that one republish round copies on
@@ -832,7 +835,7 @@ class DhtNode:
         that verify under ``pk``)."""
         short = {c.id: c for c in self._closest(target)}
         queried, alive, values = set(), {}, []
-        while True:
+        while len(queried) < LOOKUP_QUERIES:
             ranked = sorted(short.values(), key=lambda c: _dist(c.id, target))[:K]
             batch = [c for c in ranked if c.id not in queried][:ALPHA]
             if not batch:

@@ -334,3 +334,33 @@ def test_what_strangers_store_costs_bounded_republishing(nodes, raw):
         a.republish_now()
     with b._lock:
         assert {kid: b._data[kid].vals[b"x"][1] for kid in born} == born   # ttl not restarted
+
+
+def test_a_lookup_ends_however_many_closer_contacts_it_is_given(nodes):
+    """Before: a node naming ever closer (made-up) contacts, all at its own address,
+    kept a lookup going as long as it liked. Now a lookup sends at most LOOKUP_QUERIES."""
+    asked = []
+
+    def answer(q):
+        asked.append(q["q"])
+        target = int(q["a"].get("target") or q["a"].get("key") or "00" * 20, 16)
+        # ids each closer to the target than any named before
+        close = [target ^ ((1 << 150) - len(asked) * dht.K - i) for i in range(dht.K)]
+        return {"nodes": [[c.to_bytes(20, "big").hex(), "127.0.0.1", port] for c in close]}
+
+    s, stop, t = _hostile_node(answer)
+    port = s.getsockname()[1]
+    reader = DhtNode("127.0.0.1", 0, client=True, rpc_timeout=0.5)
+    try:
+        reader.bootstrap([s.getsockname()], timeout=5)
+        asked.clear()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            reader.get_all(b"k", KEY.public, timeout=0)
+        assert time.monotonic() - start < 10
+        assert 0 < len([q for q in asked if q == "find_value"]) <= dht.LOOKUP_QUERIES
+    finally:
+        reader.close()
+        stop.set()
+        t.join(1)
+        s.close()
