@@ -15,7 +15,9 @@ names the caller.  These tests attack that window with real QUIC clients
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -291,6 +293,58 @@ def test_one_host_gets_a_bounded_share(engines):
             s.close()
     with pytest.raises(EngineError):
         rank0(15)
+
+
+V6_SHARE = textwrap.dedent("""
+    import json, socket, sys, time
+    sys.path.insert(0, sys.argv[1])
+    sys.path.insert(0, sys.argv[1] + "/tests")
+    from erdmampi._engine import Engine
+    from test_admission import initial_datagram, in_thread, wait_until
+    eng = Engine.create(0, 2, bind="fd00::1", connect_timeout=3.0, insecure=True)
+    eng.set_peer(1, "fd00:0:0:1::1", 9, "")
+    host, port = eng.local_addr.rsplit(":", 1)
+    host, port = host.strip("[]"), int(port)
+    rank0 = in_thread(eng.connect)
+    socks = []
+    for i in range(30):  # 30 addresses of one /64
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        s.bind((f"fd00::{i + 0x100:x}", 0))
+        socks.append(s)
+        s.sendto(initial_datagram(host, port), (host, port))
+        time.sleep(0.002)
+    wait_until(lambda: eng.stats()["conns_pending"] >= 8, 3.0)
+    time.sleep(0.3)
+    print(json.dumps(eng.stats()), flush=True)
+    try:
+        rank0(10)
+    except Exception:
+        pass
+    eng.shutdown(1.0)
+""")
+
+
+def test_ipv6_slash64_is_one_source(tmp_path):
+    """30 addresses of one IPv6 /64 share one host's 8 pending connections
+    (in a network namespace with those addresses on its loopback).  Before:
+    each address was a host of its own (17 took slots, the rest got Retry)."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2 for a network namespace")
+    ns = f"erdma-adm-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        def ip(*args):
+            subprocess.run(["ip", "-n", ns, *args], check=True)
+        ip("link", "set", "lo", "up")
+        for i in [1] + list(range(0x100, 0x100 + 30)):
+            ip("-6", "addr", "add", f"fd00::{i:x}/64", "dev", "lo", "nodad")
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", V6_SHARE,
+                              str(ROOT)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        st = json.loads(out.stdout.splitlines()[0])
+        assert (st["conns_pending"], st["retries_sent"]) == (8, 0), st
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def test_retry_then_connect_from_unknown_host(engines):
