@@ -13,7 +13,6 @@ anyone spoofing it) sends (erdmampi.nat.turn).
     python fuzz/py/fuzz_turn.py -max_total_time=60 /tmp/new fuzz/corpus/turn
 """
 import os
-import struct
 import sys
 
 import atheris
