@@ -347,6 +347,32 @@ def test_ipv6_slash64_is_one_source(tmp_path):
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def test_spoofed_share_does_not_grow_with_job_size(engines):
+    """A rank of a 200-rank job (a table of 1816): 300 Initials from as many
+    hosts take 64 slots (about 90 KiB each), the rest get a Retry.  Before:
+    half the table, 908 slots, about 80 MiB."""
+    a = engines(0, size=200, insecure=True, connect_timeout=3.0)
+    for r in range(1, 200):
+        a.set_peer(r, "127.0.9.9", 9, "")
+    host, port = host_port(a)
+    rank0 = in_thread(a.connect)
+    socks = []
+    try:
+        for i in range(300):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((f"127.0.{6 + i // 200}.{1 + i % 200}", 0))
+            socks.append(s)
+            s.sendto(initial_datagram(host, port), (host, port))
+        assert wait_until(lambda: a.stats()["retries_sent"] >= 300 - 64, 5.0)
+        st = a.stats()
+        assert (st["conns_pending"], st["retries_sent"]) == (64, 300 - 64), st
+    finally:
+        for s in socks:
+            s.close()
+    with pytest.raises(EngineError):
+        rank0(15)
+
+
 def test_retry_then_connect_from_unknown_host(engines):
     """Under load a client from a host no peer was published at gets a Retry,
     answers it, and completes the handshake (RFC 9000 8.1)."""

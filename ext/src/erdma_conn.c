@@ -908,7 +908,7 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
  * (pending_cap), per source host, and in age (cfg.hello_timeout,
  * conn_reap_pending).  A full table makes room by dropping its oldest
  * connection that has not finished the handshake (a job member finishes it
- * within a few round trips).  Past half the table, an Initial must carry a
+ * within a few round trips).  Past retry_threshold, an Initial must carry a
  * Retry token, which proves that the source address receives our packets
  * (RFC 9000 8.1): spoofed Initials then cost one stateless Retry each and
  * take no slot, so only validated clients can fill the rest (and evict). */
@@ -916,6 +916,15 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
 #define RETRY_TOKEN_TTL (10 * NGTCP2_SECONDS)
 
 static int pending_cap(const erdma_engine *e) { return (ERDMA_MAX_LANES + 1) * e->cfg.size + 16; }
+
+/* Pending connections past which an Initial needs a Retry token: half the
+ * table, at most 64 (a half-open connection holds about 90 KiB of ngtcp2
+ * and GnuTLS state: spoofed sources get at most ~6 MiB whatever the job's
+ * size; a large job starting up pays one round trip more) */
+static int retry_threshold(const erdma_engine *e) {
+  int half = pending_cap(e) / 2;
+  return half < 64 ? half : 64;
+}
 
 /* One source for the per-host share: an IPv4 address, or an IPv6 /64 (one
  * host commonly holds a whole /64, so single IPv6 addresses cost nothing). */
@@ -987,7 +996,7 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
   int peers = peers_at_host(e, from);
   /* one host's own handshakes finish (or expire) before it gets more */
   if (from_host >= PENDING_PER_HOST + (ERDMA_MAX_LANES + 1) * peers) return NULL;
-  if (!validated && n >= pending_cap(e) / 2) {
+  if (!validated && n >= retry_threshold(e)) {
     send_retry(e, &hd, from, fromlen);
     return NULL;
   }
