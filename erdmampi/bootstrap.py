@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 
+from . import config as _config
 from ._engine import Engine
 
 _RANK_SIZE_VARS = [
@@ -39,17 +40,9 @@ def _first_server(cfg):
     return first_server(cfg)
 
 
-def _env_float(name: str, default: float) -> float:
-    v = os.environ.get(name)
-    if not v:
-        return default
-    try:
-        f = float(v)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} is not a number of seconds") from None
-    if f <= 0:
-        raise ValueError(f"{name}={v!r} must be positive")
-    return f
+def _cfg(name: str, default=None, env=None):
+    """A declared variable (erdmampi/config.py), parsed and validated."""
+    return _config.get(name, env, default)
 
 
 def rank_and_size(env=os.environ) -> tuple[int, int]:
@@ -83,52 +76,28 @@ _TUNING_ENV = {
     "chunk_size": "ERDMA_CHUNK", "shm_eager_limit": "ERDMA_SHM_EAGER_LIMIT",
     "unexpected_max": "ERDMA_UNEXPECTED_MAX", "recv_alloc_max": "ERDMA_RECV_ALLOC_MAX",
 }
-_SCALE = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-def _env_size(name: str, env=os.environ):
-    """An integer variable that may end in K, M or G (binary); None if unset."""
-    text = env.get(name, "").strip().upper().removesuffix("IB").removesuffix("B")
-    if not text:
-        return None
-    scale = _SCALE.get(text[-1:], 1)
-    try:
-        return int(float(text[:-1] if scale > 1 else text) * scale)
-    except ValueError:
-        raise ValueError(f"{name}={env[name]!r} is not a size (e.g. 64M, 1G, 4096)") from None
-
-
-def _env_int(name: str, default: int, env=os.environ) -> int:
-    v = env.get(name, "").strip()
-    if not v:
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} is not an integer") from None
+def _env_size(name: str, env=None):
+    """A size variable (K/M/G suffixes); None if unset."""
+    return _cfg(name, None, env)
 
 
 def _pktio_opts(env) -> dict:
     """Packet I/O backend keywords (ERDMA_PKTIO=udp|dpdk, ERDMA_DPDK_*; docs/dpdk.md)."""
-    kind = env.get("ERDMA_PKTIO", "").strip().lower()
-    if not kind or kind == "udp":
+    kind = _cfg("ERDMA_PKTIO", env=env)
+    if kind == "udp":
         return {}
     if kind == "dpdk" and not env.get("ERDMA_BIND"):
         raise ValueError("ERDMA_PKTIO=dpdk needs ERDMA_BIND: the DPDK endpoint's own IPv4 "
                          "address (one the kernel does not have, on the port's subnet)")
     return dict(pktio=kind, dpdk_eal=env.get("ERDMA_DPDK_EAL", ""),
-                dpdk_port=_env_int("ERDMA_DPDK_PORT", 0, env),
-                dpdk_queue=_env_int("ERDMA_DPDK_QUEUE", 0, env),
-                dpdk_prefix=_env_int("ERDMA_DPDK_PREFIX", 24, env),
-                dpdk_poll_us=_env_int("ERDMA_DPDK_POLL_US", 200, env),
+                dpdk_port=_cfg("ERDMA_DPDK_PORT", env=env),
+                dpdk_queue=_cfg("ERDMA_DPDK_QUEUE", env=env),
+                dpdk_prefix=_cfg("ERDMA_DPDK_PREFIX", env=env),
+                dpdk_poll_us=_cfg("ERDMA_DPDK_POLL_US", env=env),
                 dpdk_gateway=env.get("ERDMA_DPDK_GATEWAY", ""),
                 dpdk_neigh=env.get("ERDMA_DPDK_NEIGH", ""))
-
-
-def _verbosity(text: str) -> int:
-    """ERDMA_VERBOSE: "" or 0 quiet, 1 diagnostics, 2 also path statistics each second."""
-    text = text.strip()
-    return int(text) if text.isdigit() else (1 if text else 0)
 
 
 def _route_addr(host: str, port: int) -> str:
@@ -172,18 +141,21 @@ def init_world() -> Engine:
         return _world
     env = os.environ
     t_start = time.monotonic()
+    errors, _ = _config.validate(env)
+    if errors:
+        raise _config.ConfigError("; ".join(errors))
     rank, size = rank_and_size(env)
     rdv = env.get("ERDMA_RENDEZVOUS")
     host_id = env.get("ERDMA_HOST") or _host_id()
     opts = dict(
-        cc=env.get("ERDMA_CC", "auto").lower(),
-        eager_limit=int(env.get("ERDMA_EAGER_LIMIT", 65536)),
-        idle_timeout=_env_float("ERDMA_TIMEOUT", 60.0),
-        connect_timeout=_env_float("ERDMA_CONNECT_TIMEOUT", 60.0),
-        max_udp_payload=int(env.get("ERDMA_MAX_UDP_PAYLOAD", 0)),
-        spin_us=int(env.get("ERDMA_SPIN_US", 50)),
-        verbose=_verbosity(env.get("ERDMA_VERBOSE", "")),
-        **{name: _env_size(var) for name, var in _TUNING_ENV.items()},
+        cc=_cfg("ERDMA_CC", env=env),
+        eager_limit=_cfg("ERDMA_EAGER_LIMIT", env=env),
+        idle_timeout=_cfg("ERDMA_TIMEOUT", env=env),
+        connect_timeout=_cfg("ERDMA_CONNECT_TIMEOUT", env=env),
+        max_udp_payload=_cfg("ERDMA_MAX_UDP_PAYLOAD", env=env),
+        spin_us=_cfg("ERDMA_SPIN_US", env=env),
+        verbose=_cfg("ERDMA_VERBOSE", env=env),
+        **{name: _cfg(var, env=env) for name, var in _TUNING_ENV.items()},
         **_pktio_opts(env),
     )
     hosts = [host_id]
@@ -214,9 +186,9 @@ def init_world() -> Engine:
             else:
                 bind = "0.0.0.0"
             if nat is not None:
-                opts.update(keepalive=_env_float("ERDMA_KEEPALIVE", 15.0),
-                            path_timeout=_env_float("ERDMA_PATH_TIMEOUT", 5.0))
-            eng = Engine.create(rank, size, bind=bind, port=int(env.get("ERDMA_PORT", 0)), **opts)
+                opts.update(keepalive=_cfg("ERDMA_KEEPALIVE", 15.0, env),
+                            path_timeout=_cfg("ERDMA_PATH_TIMEOUT", env=env))
+            eng = Engine.create(rank, size, bind=bind, port=_cfg("ERDMA_PORT", env=env), **opts)
             addr, _, port = eng.local_addr.rpartition(":")
             store.set(f"ep/{rank}", json.dumps({"addr": addr.strip("[]"), "port": int(port),
                                                 "fp": eng.fingerprint, "host": host_id}).encode())
@@ -238,17 +210,17 @@ def init_world() -> Engine:
                 if res.turn is not None:
                     _turn_keeper = TurnKeeper(res.turn)
             local = [r for r in range(size) if hosts[r] == host_id]
-            if len(local) > 1 and env.get("ERDMA_SHM", "1") != "0":
-                eng.shm_setup(jobid, local, int(env.get("ERDMA_SHM_RING", 2 << 20)),
-                              cma=env.get("ERDMA_SHM_CMA", "1") != "0")
+            if len(local) > 1 and _cfg("ERDMA_SHM", env=env):
+                eng.shm_setup(jobid, local, _cfg("ERDMA_SHM_RING", env=env),
+                              cma=_cfg("ERDMA_SHM_CMA", env=env))
             eng.connect()
         finally:
             store.close()
     local = [r for r in range(size) if hosts[r] == host_id]
     _info.update(
         host=host_id, hosts=hosts, local_rank=local.index(rank), local_size=len(local),
-        appnum=int(env.get("ERDMA_APPNUM", 0)),
-        universe_size=int(env.get("ERDMA_UNIVERSE_SIZE", size)),
+        appnum=_cfg("ERDMA_APPNUM", env=env),
+        universe_size=_cfg("ERDMA_UNIVERSE_SIZE", size, env),
         bootstrap_seconds=time.monotonic() - t_start,
     )
     _world = eng

@@ -435,6 +435,16 @@ def _join(a, program, env, hosts, parser):
             node.close()
 
 
+def _check_config(env, parser):
+    """Every ERDMA_* value the ranks will see, checked before any rank starts."""
+    from erdmampi import config
+    errors, warnings = config.validate({**os.environ, **env})
+    for w in warnings:
+        sys.stderr.write(f"erdmarun: warning: {w}\n")
+    if errors:
+        parser.error("; ".join(errors) + " (docs/config.md lists every variable)")
+
+
 def _placement(a, hosts, parser):
     """Apply -ppn and --map-by to the host list (None: this host only)."""
     how = (a.map_by or "slot").lower()
@@ -508,6 +518,7 @@ def main(argv=None):
         if a.timeout <= 0:
             a.timeout = None            # MPICH: 0 means no limit
     env = _parse_env(a.env + [f"{k}={v}" for k, v in a.genv], parser)
+    _check_config(env, parser)
     exports = []
     for item in a.export:               # Open MPI: -x NAME=VALUE sets it too
         name, eq, value = item.partition("=")
