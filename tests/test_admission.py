@@ -231,6 +231,45 @@ def test_hello_flood_does_not_stop_job_start(engines, mode):
         assert st["retries_sent"] > 0 and st["pending_dropped"] > 0
 
 
+def test_full_table_evicts_strangers_before_a_peer_host(engines):
+    """A handshake from the published host of rank 1 (a raw Initial, left
+    half-open) survives while 60 validated strangers from other hosts churn
+    the full table: its retransmitted Initial still finds its connection
+    (no Retry comes back, as it would for a new one).  Before: it was the
+    oldest connection in its handshake, the first one dropped."""
+    a = engines(0, insecure=True, connect_timeout=3.0)
+    a.set_peer(1, "127.0.0.1", 9, "")
+    host, port = host_port(a)
+    rank0 = in_thread(a.connect)
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    raw.bind(("127.0.0.1", 0))
+    raw.settimeout(0.5)
+    first = initial_datagram(host, port)
+    try:
+        raw.sendto(first, (host, port))
+        raw.recv(65536)  # the server's first flight: the connection exists
+
+        async def main():
+            return [await asyncio.wait_for(open_client(f"127.0.8.{i + 1}", host, port), 10)
+                    for i in range(60)]
+        clients = asyncio.run(main())
+        st = a.stats()
+        assert st["pending_dropped"] >= 60 - TABLE + 1 and st["retries_sent"] > 0, st
+        raw.sendto(first, (host, port))
+        got = []
+        try:
+            while True:
+                got.append(raw.recv(65536)[0])
+        except socket.timeout:
+            pass
+        assert not any(b & 0xf0 == 0xf0 for b in got), "a Retry: the connection was dropped"
+        del clients
+    finally:
+        raw.close()
+    with pytest.raises(EngineError):
+        rank0(15)
+
+
 def test_spoofed_initials_get_retry_not_slots(engines):
     """Initials from 200 source hosts that never read a reply (as spoofed
     ones): past half the table each gets a stateless Retry and no slot, and

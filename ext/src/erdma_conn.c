@@ -906,9 +906,8 @@ static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
 /* ------------------------------------------------------------ admission
  * Connections accepted but not yet named by a HELLO are bounded in number
  * (pending_cap), per source host, and in age (cfg.hello_timeout,
- * conn_reap_pending).  A full table makes room by dropping its oldest
- * connection that has not finished the handshake (a job member finishes it
- * within a few round trips).  Past retry_threshold, an Initial must carry a
+ * conn_reap_pending).  A full table makes room by dropping one
+ * (evict_before).  Past retry_threshold, an Initial must carry a
  * Retry token, which proves that the source address receives our packets
  * (RFC 9000 8.1): spoofed Initials then cost one stateless Retry each and
  * take no slot, so only validated clients can fill the rest (and evict). */
@@ -968,6 +967,15 @@ static void send_retry(erdma_engine *e, const ngtcp2_pkt_hd *hd,
   e->stats.retries_sent++;
 }
 
+/* Which pending connection a full table drops first: one from a source
+ * where no rank was published, then one still in its handshake (a job
+ * member's takes a round trip or two), then the oldest. */
+static int evict_before(const erdma_conn *p, const erdma_conn *v) {
+  if (p->from_peer_host != v->from_peer_host) return p->from_peer_host < v->from_peer_host;
+  if (p->handshake_done != v->handshake_done) return p->handshake_done < v->handshake_done;
+  return p->accepted_at < v->accepted_at;
+}
+
 /* Decide on an Initial for no known connection: a new pending connection
  * (room made if the table is full), a Retry, or nothing. */
 static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
@@ -989,9 +997,7 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
     if (p->closed) continue; /* freed by conn_reap_pending this round */
     n++;
     from_host += same_source(&p->remote, from);
-    if (!victim || (victim->handshake_done && !p->handshake_done) ||
-        (victim->handshake_done == p->handshake_done && p->accepted_at < victim->accepted_at))
-      victim = p;
+    if (!victim || evict_before(p, victim)) victim = p;
   }
   int peers = peers_at_host(e, from);
   /* one host's own handshakes finish (or expire) before it gets more */
@@ -1008,7 +1014,9 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
     conn_free(victim);
     e->stats.pending_dropped++;
   }
-  return server_conn_new(e, &hd, from, fromlen, validated ? &odcid : NULL);
+  erdma_conn *c = server_conn_new(e, &hd, from, fromlen, validated ? &odcid : NULL);
+  if (c) c->from_peer_host = peers > 0;
+  return c;
 }
 
 static erdma_conn *find_conn(erdma_engine *e, const uint8_t *dcid, size_t n) {

@@ -178,6 +178,7 @@ typedef struct erdma_conn {
   const char *violation; /* how the peer broke the wire protocol (NULL: it did not) */
   struct erdma_conn *next_pending; /* server conns awaiting HELLO */
   uint64_t accepted_at;  /* server conns: first packet (the HELLO deadline counts from it) */
+  int from_peer_host;    /* server conns: from a source where a rank was published */
   /* shared memory (erdma_shm.c): a conn without ngtcp2 */
   int shm;
   struct shm_ring *tx_ring, *rx_ring;
