@@ -1,0 +1,650 @@
+"""The ``erdma`` process group: torch.distributed collectives over erdmampi.
+
+A :class:`ProcessGroup` written in Python (a subclass of torch's
+``ProcessGroup``, as torch's own Python process groups are).  Each group owns
+a duplicate of an erdmampi communicator and one worker thread that runs its
+collectives in the order they were issued (every rank issues them in the
+same order, as torch requires), so a collective issued with
+``async_op=True`` progresses while the caller computes.  The erdmampi calls
+release the GIL while they wait.  Point-to-point operations are posted
+straight away as nonblocking erdmampi requests on a second communicator, and
+a poller thread completes them, so a send and a receive issued in any order
+never wait for each other.
+
+Tensors go to erdmampi as they are (DLPack: no copy for contiguous CPU
+tensors, bfloat16 included); a non-contiguous tensor is copied into a
+contiguous one and the result copied back.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import datetime
+import threading
+import time
+import weakref
+import zlib
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from erdmampi import MPI
+
+__all__ = ["ProcessGroupErdma", "ErdmaWork", "create_backend"]
+
+_RED = {int(v): k for k, v in dist.ReduceOp.RedOpType.__members__.items()}
+_MPI_OP = {"SUM": MPI.SUM, "AVG": MPI.SUM, "PRODUCT": MPI.PROD, "MIN": MPI.MIN,
+           "MAX": MPI.MAX, "BAND": MPI.BAND, "BOR": MPI.BOR, "BXOR": MPI.BXOR}
+_BITWISE = ("BAND", "BOR", "BXOR")
+
+
+def _opname(op) -> str:
+    """The name (SUM, AVG, ...) of a torch ReduceOp (or RedOpType)."""
+    if isinstance(op, dist.ReduceOp):
+        op = op.op
+    return _RED.get(int(op), str(op))
+
+
+def _seconds(timeout, default: float) -> float:
+    """A torch timeout (timedelta, or milliseconds) in seconds; ``default``
+    for "none given" (torch's kNoTimeout is 0 and its option default -1 ms)."""
+    if timeout is None:
+        return default
+    if isinstance(timeout, datetime.timedelta):
+        s = timeout.total_seconds()
+    else:
+        s = float(timeout) / 1000.0
+    return default if s <= 0 else s
+
+
+def _backend_error(msg: str, cause: Optional[BaseException] = None) -> dist.DistBackendError:
+    e = dist.DistBackendError(f"erdma: {msg}")
+    e.__cause__ = cause
+    return e
+
+
+class _Contig:
+    """A contiguous stand-in for ``t`` (``t`` itself when it already is);
+    :meth:`back` copies results into ``t`` when a copy was made."""
+
+    __slots__ = ("t", "buf")
+
+    def __init__(self, t: torch.Tensor, fill: bool = True):
+        self.t = t
+        if t.is_contiguous():
+            self.buf = t
+        else:
+            self.buf = t.contiguous() if fill else torch.empty(t.shape, dtype=t.dtype,
+                                                               device=t.device)
+
+    def back(self):
+        if self.buf is not self.t:
+            with torch.no_grad():
+                self.t.copy_(self.buf)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor (data movement of any dtype)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+class ErdmaWork(dist.Work):
+    """An operation in flight: :meth:`wait` blocks (GIL released) until it is
+    done, raises :class:`torch.distributed.DistBackendError` when it failed
+    or did not finish within the timeout; :meth:`get_future` gives a
+    ``torch.futures.Future`` completed with the output tensors."""
+
+    def __init__(self, pg: "ProcessGroupErdma", what: str, result: List[torch.Tensor]):
+        super().__init__()
+        self._pg = pg
+        self._what = what
+        self._result = result
+        self._event = threading.Event()
+        self._exc: Optional[BaseException] = None
+        self._future = torch.futures.Future()
+        self._source = -1
+        self._timeout_s = pg._timeout_s
+
+    # completion, from the worker or poller thread
+    def _finish(self, exc: Optional[BaseException] = None):
+        if self._event.is_set():
+            return
+        self._exc = exc
+        self._event.set()
+        try:
+            if exc is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(exc)
+        except RuntimeError:        # already completed by a timeout
+            pass
+
+    def wait(self, timeout=None) -> bool:
+        secs = _seconds(timeout, self._timeout_s)
+        if not self._event.wait(secs):
+            exc = _backend_error(f"{self._what} did not complete within {secs:g} s "
+                                 f"(rank {self._pg._rank} of {self._pg._size}); the group "
+                                 "is unusable from now on")
+            self._pg._fail(exc)
+            raise exc
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        return self._result
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def synchronize(self):
+        pass
+
+
+def _world_base():
+    """A private duplicate of COMM_WORLD from which groups are made (made
+    when the world group is, collectively over all ranks)."""
+    global _BASE
+    if _BASE is None:
+        _BASE = MPI.COMM_WORLD.Dup()
+        _BASE.Set_errhandler(MPI.ERRORS_RETURN)
+    return _BASE
+
+
+_BASE = None
+
+
+class ProcessGroupErdma(dist.ProcessGroup):
+    """torch.distributed process group over an erdmampi communicator.
+
+    Made by torch through the registered creator (``init_process_group`` and
+    ``new_group`` with backend ``"erdma"``); ``comm`` is the erdmampi
+    intracommunicator whose ranks are the group's ranks (duplicated here).
+    """
+
+    def __init__(self, comm, rank: int, size: int, timeout: datetime.timedelta,
+                 name: str = ""):
+        super().__init__(rank, size)
+        if comm.Get_rank() != rank or comm.Get_size() != size:
+            raise ValueError(f"erdma: communicator rank {comm.Get_rank()} of "
+                             f"{comm.Get_size()} is not torch's rank {rank} of {size}")
+        self._rank, self._size = rank, size
+        self._timeout_s = _seconds(timeout, 1800.0)
+        self._comm = comm.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._p2p = comm.Dup()
+        self._p2p.Set_errhandler(MPI.ERRORS_RETURN)
+        self._name = name
+        self._error: Optional[BaseException] = None
+        self._lock = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._pending: list = []          # (request, work, on_done) of p2p operations
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name=f"erdma-pg-{name}", daemon=True)
+        self._poller = threading.Thread(target=self._poll, name=f"erdma-p2p-{name}", daemon=True)
+        self._worker.start()
+        self._poller.start()
+        _LIVE.add(self)
+
+    def getBackendName(self) -> str:
+        return "erdma"
+
+    def _get_backend_name(self) -> str:
+        return "erdma"
+
+    @property
+    def comm(self):
+        """The erdmampi communicator the collectives run on."""
+        return self._comm
+
+    def __repr__(self):
+        return f"ProcessGroupErdma(rank={self._rank}, size={self._size})"
+
+    # -- collectives --------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        mpi_op = self._mpi_op(op, tensors)
+        bufs = [_Contig(t) for t in tensors]
+
+        def run():
+            for b in bufs:
+                self._comm.Allreduce(MPI.IN_PLACE, b.buf, op=mpi_op)
+                if op == "AVG":
+                    self._avg(b.buf)
+                b.back()
+        return self._submit("allreduce", list(tensors), run, opts)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def _allreduce_compressed(self, tensor: torch.Tensor, compress: Optional[str]) -> ErdmaWork:
+        """SUM allreduce of one tensor with erdmampi's collective compression
+        (``compress``: "lossless", "bf16", "int8", "int4", "off" or None for
+        the process default, ``ERDMA_COMPRESS``)."""
+        b = _Contig(tensor)
+
+        def run():
+            self._comm.Allreduce(MPI.IN_PLACE, b.buf, op=MPI.SUM, compress=compress)
+            b.back()
+        return self._submit(f"allreduce (compress={compress})", [tensor], run, None)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        bufs = [_Contig(t, fill=self._rank == root) for t in tensors]
+
+        def run():
+            for b in bufs:
+                self._comm.Bcast(b.buf, root=root)
+                if self._rank != root:
+                    b.back()
+        return self._submit("broadcast", list(tensors), run, opts)
+
+    def reduce(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        mpi_op = self._mpi_op(op, tensors)
+        bufs = [_Contig(t) for t in tensors]
+
+        def run():
+            for b in bufs:
+                if self._rank == root:
+                    self._comm.Reduce(MPI.IN_PLACE, b.buf, op=mpi_op, root=root)
+                    if op == "AVG":
+                        self._avg(b.buf)
+                    b.back()
+                else:
+                    self._comm.Reduce(b.buf, None, op=mpi_op, root=root)
+        return self._submit("reduce", list(tensors), run, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        pairs = list(zip(output_tensors, input_tensors))
+        self._check_lists(pairs, "allgather")
+
+        def run():
+            for outs, inp in pairs:
+                src = inp.contiguous()
+                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
+                self._comm.Allgather(_bytes(src), _bytes(tmp))
+                with torch.no_grad():
+                    for o, r in zip(outs, tmp):
+                        o.copy_(r.view(o.shape))
+        return self._submit("allgather", [t for outs in output_tensors for t in outs], run, opts)
+
+    def all_gather_single(self, output_tensor, input_tensor, opts=None):
+        out = _Contig(output_tensor, fill=False)
+        self._check_numel(out.buf, input_tensor, self._size, "all_gather_into_tensor")
+
+        def run():
+            self._comm.Allgather(_bytes(input_tensor.contiguous()), _bytes(out.buf))
+            out.back()
+        return self._submit("all_gather_into_tensor", [output_tensor], run, opts)
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self._chain([lambda o=o, i=i: self.allgather([o], [i], opts)
+                            for o, i in zip(output_lists, input_list)])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._chain([lambda o=o, i=i: self.all_gather_single(o, i, opts)
+                            for o, i in zip(outputs, inputs)])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        mpi_op = self._mpi_op(op, output_tensors)
+        pairs = list(zip(output_tensors, input_tensors))
+        self._check_lists([(ins, out) for out, ins in pairs], "reduce_scatter")
+
+        def run():
+            for out, ins in pairs:
+                send = torch.stack([t.reshape(out.shape) for t in ins])
+                o = _Contig(out, fill=False)
+                self._comm.Reduce_scatter_block(send, o.buf, op=mpi_op)
+                if op == "AVG":
+                    self._avg(o.buf)
+                o.back()
+        return self._submit("reduce_scatter", list(output_tensors), run, opts)
+
+    def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
+        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        mpi_op = self._mpi_op(op, [input_tensor])
+        out = _Contig(output_tensor, fill=False)
+        self._check_numel(input_tensor, out.buf, self._size, "reduce_scatter_tensor")
+
+        def run():
+            self._comm.Reduce_scatter_block(input_tensor.contiguous(), out.buf, op=mpi_op)
+            if op == "AVG":
+                self._avg(out.buf)
+            out.back()
+        return self._submit("reduce_scatter_tensor", [output_tensor], run, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self._chain([lambda o=o, i=i: self.reduce_scatter_single(o, i, opts)
+                            for o, i in zip(outputs, inputs)])
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            raise ValueError(f"erdma: all_to_all needs {self._size} input and output tensors")
+
+        def run():
+            send = torch.cat([_bytes(t.contiguous()) for t in input_tensors])
+            scounts = [t.numel() * t.element_size() for t in input_tensors]
+            rcounts = [t.numel() * t.element_size() for t in output_tensors]
+            recv = torch.empty(sum(rcounts), dtype=torch.uint8)
+            self._comm.Alltoallv([send.numpy(), scounts, _displs(scounts), MPI.BYTE],
+                                 [recv.numpy(), rcounts, _displs(rcounts), MPI.BYTE])
+            with torch.no_grad():
+                for o, chunk in zip(output_tensors, torch.split(recv, rcounts)):
+                    o.copy_(chunk.view(o.dtype).view(o.shape))
+        return self._submit("all_to_all", list(output_tensors), run, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        out = _Contig(output, fill=False)
+        src = input.contiguous()
+        scounts = self._splits(src, input_split_sizes, "input")
+        rcounts = self._splits(out.buf, output_split_sizes, "output")
+
+        def run():
+            self._comm.Alltoallv([_bytes(src).numpy(), scounts, _displs(scounts), MPI.BYTE],
+                                 [_bytes(out.buf).numpy(), rcounts, _displs(rcounts), MPI.BYTE])
+            out.back()
+        return self._submit("all_to_all_single", [output], run, opts)
+
+    alltoall_base = all_to_all_single
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        inp = input_tensors[0]
+        outs = output_tensors[0] if self._rank == root else []
+        if self._rank == root and len(outs) != self._size:
+            raise ValueError(f"erdma: gather needs {self._size} output tensors on the root")
+
+        def run():
+            src = inp.contiguous()
+            if self._rank == root:
+                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
+                self._comm.Gather(_bytes(src), _bytes(tmp), root=root)
+                with torch.no_grad():
+                    for o, r in zip(outs, tmp):
+                        o.copy_(r.view(o.shape))
+            else:
+                self._comm.Gather(_bytes(src), None, root=root)
+        return self._submit("gather", list(outs), run, opts)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        out = _Contig(output_tensors[0], fill=False)
+        ins = input_tensors[0] if self._rank == root else []
+        if self._rank == root and len(ins) != self._size:
+            raise ValueError(f"erdma: scatter needs {self._size} input tensors on the root")
+
+        def run():
+            send = None
+            if self._rank == root:
+                send = _bytes(torch.stack([t.reshape(out.buf.shape) for t in ins]))
+            self._comm.Scatter(send, _bytes(out.buf), root=root)
+            out.back()
+        return self._submit("scatter", [output_tensors[0]], run, opts)
+
+    def barrier(self, opts=None):
+        return self._submit("barrier", [], self._comm.Barrier, opts)
+
+    # -- point to point -----------------------------------------------------
+
+    def send(self, tensors, dst, tag=0):
+        src = tensors[0].contiguous()
+        self._check_ok()
+        req = self._p2p.Isend(_bytes(src), dest=dst, tag=tag)
+        return self._post("send", [tensors[0]], req, None, keep=src)
+
+    def recv(self, tensors, src, tag=0):
+        return self._recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._recv(tensors, MPI.ANY_SOURCE, tag)
+
+    def _recv(self, tensors, src, tag):
+        out = _Contig(tensors[0], fill=False)
+        self._check_ok()
+        status = MPI.Status()
+        req = self._p2p.Irecv(_bytes(out.buf), source=src, tag=tag)
+
+        def done(work):
+            out.back()
+            work._source = status.Get_source()
+        return self._post("recv", [tensors[0]], req, done, status=status)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def abort(self):
+        self._fail(_backend_error("the process group was aborted"))
+
+    def shutdown(self):
+        """Stop the worker and poller threads once the queued operations ran
+        (destroy_process_group and interpreter exit call this)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        for t in (self._worker, self._poller):
+            if t is not threading.current_thread():
+                t.join(5.0)
+
+    # Private
+
+    def _mpi_op(self, op, tensors):
+        if op not in _MPI_OP:
+            raise ValueError(f"erdma: reduction {op} is not supported")
+        if op in _BITWISE and any(t.is_floating_point() or t.is_complex() for t in tensors):
+            raise ValueError(f"erdma: {op} needs integer tensors")
+        return _MPI_OP[op]
+
+    def _avg(self, t):
+        with torch.no_grad():
+            if t.is_floating_point() or t.is_complex():
+                t.div_(self._size)
+            else:
+                t.copy_(torch.div(t, self._size, rounding_mode="floor"))
+
+    def _check_lists(self, pairs, what):
+        for outs, _ in pairs:
+            if len(outs) != self._size:
+                raise ValueError(f"erdma: {what} needs {self._size} tensors per list, "
+                                 f"got {len(outs)}")
+
+    @staticmethod
+    def _check_numel(big, small, n, what):
+        if big.numel() != small.numel() * n or big.dtype != small.dtype:
+            raise ValueError(f"erdma: {what}: the output must hold {n} x the input "
+                             f"({big.numel()} vs {small.numel()} elements, "
+                             f"{big.dtype} vs {small.dtype})")
+
+    def _splits(self, t, sizes, what):
+        rows = t.shape[0] if t.dim() else 1
+        row_bytes = (t.numel() // rows if rows else 0) * t.element_size()
+        if not sizes:
+            if rows % self._size:
+                raise ValueError(f"erdma: all_to_all_single: {what} of {rows} rows does "
+                                 f"not split evenly over {self._size} ranks")
+            sizes = [rows // self._size] * self._size
+        if len(sizes) != self._size or sum(sizes) != rows:
+            raise ValueError(f"erdma: all_to_all_single: {what} split sizes {list(sizes)} "
+                             f"do not match {rows} rows over {self._size} ranks")
+        return [int(s) * row_bytes for s in sizes]
+
+    def _chain(self, starts: List[Callable[[], ErdmaWork]]) -> ErdmaWork:
+        """Submit several operations; the last one's Work completes after all
+        of them (the worker runs them in order)."""
+        works = [s() for s in starts]
+        return works[-1] if works else self._submit("coalesced", [], lambda: None, None)
+
+    def _check_ok(self):
+        if self._error is not None:
+            raise self._error
+
+    def _fail(self, exc):
+        """Fail every queued and pending operation and refuse new ones."""
+        with self._lock:
+            if self._error is None:
+                self._error = exc
+            queued, self._queue = list(self._queue), collections.deque()
+            pending, self._pending = self._pending, []
+            self._lock.notify_all()
+        for _, w in queued:
+            w._finish(self._error)
+        for _, w, _, _ in pending:
+            w._finish(self._error)
+
+    def _submit(self, what, result, fn, opts) -> ErdmaWork:
+        work = ErdmaWork(self, what, result)
+        if opts is not None and getattr(opts, "timeout", None) is not None:
+            t = _seconds(opts.timeout, 0.0)
+            if t > 0:
+                work._timeout_s = t
+        self._check_ok()
+        with self._lock:
+            self._queue.append((fn, work))
+            self._lock.notify_all()
+        return work
+
+    def _run(self):
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if not self._queue:
+                    return
+                fn, work = self._queue.popleft()
+            if self._error is not None:
+                work._finish(self._error)
+                continue
+            try:
+                fn()
+            except MPI.Exception as e:
+                exc = _backend_error(f"{work._what} failed: {e}", e)
+                work._finish(exc)
+                self._fail(exc)
+            except Exception as e:          # wrong arguments: this operation only
+                work._finish(e)
+            else:
+                work._finish()
+
+    def _post(self, what, result, req, on_done, keep=None, status=None) -> ErdmaWork:
+        work = ErdmaWork(self, what, result)
+        work._keep = keep
+        with self._lock:
+            self._pending.append((req, work, on_done, status))
+            self._lock.notify_all()
+        return work
+
+    def _poll(self):
+        delay = 0.0
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    delay = 0.0
+                    self._lock.wait()
+                if not self._pending:
+                    return
+                pending = list(self._pending)
+            finished = []
+            for entry in pending:
+                req, work, on_done, status = entry
+                try:
+                    done = req.Test(status) if status is not None else req.Test()
+                except MPI.Exception as e:
+                    finished.append(entry)
+                    exc = _backend_error(f"{work._what} failed: {e}", e)
+                    work._finish(exc)
+                    continue
+                if done:
+                    finished.append(entry)
+                    try:
+                        if on_done is not None:
+                            on_done(work)
+                    except Exception as e:
+                        work._finish(e)
+                    else:
+                        work._finish()
+            if finished:
+                with self._lock:
+                    self._pending = [p for p in self._pending if p not in finished]
+                delay = 0.0
+            else:
+                # back off from a busy poll to 1 ms while nothing completes
+                delay = min(0.001, delay * 2 or 2e-5)
+                time.sleep(delay)
+
+
+_LIVE: "weakref.WeakSet[ProcessGroupErdma]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all():
+    # threads still running while the interpreter and torch's C++ objects
+    # are torn down can abort the process at exit
+    for pg in list(_LIVE):
+        pg.shutdown()
+
+
+def _displs(counts):
+    out, acc = [], 0
+    for c in counts:
+        out.append(acc)
+        acc += c
+    return out
+
+
+def create_backend(dist_opts, backend_opts=None):
+    """The creator torch calls (extended API) for ``init_process_group`` and
+    ``new_group`` with backend ``"erdma"``.
+
+    The ranks of the job are erdmampi's ``COMM_WORLD`` (started by
+    ``erdmarun``); the world group must have the same rank and size as
+    ``COMM_WORLD`` and a subgroup is made from the global ranks torch lists.
+    The ``store`` torch passes is not needed for erdmampi's own traffic.
+    """
+    rank, size = dist_opts.group_rank, dist_opts.group_size
+    timeout = dist_opts.timeout
+    ranks = list(dist_opts.global_ranks_in_group or [])
+    world = MPI.COMM_WORLD
+    name = str(getattr(dist_opts, "group_id", "") or "")
+    if not ranks or ranks == list(range(world.Get_size())):
+        if world.Get_rank() != rank or world.Get_size() != size:
+            raise ValueError(
+                f"erdma: torch's rank {rank} of {size} is not erdmampi's rank "
+                f"{world.Get_rank()} of {world.Get_size()}: start the job with erdmarun "
+                "(the erdma backend runs on the job erdmarun made; RANK and WORLD_SIZE "
+                "must be the ones it sets)")
+        return ProcessGroupErdma(_world_base(), rank, size, timeout, name)
+    base = _world_base()
+    if base.Get_rank() not in ranks:
+        raise ValueError(f"erdma: rank {base.Get_rank()} is not in the group {ranks}")
+    # all members (and only they) make the group: same name, same tag
+    tag = zlib.crc32(name.encode()) & 0x7FFF
+    sub = base.Create_group(base.Get_group().Incl(ranks), tag)
+    sub.Set_errhandler(MPI.ERRORS_RETURN)
+    try:
+        return ProcessGroupErdma(sub, rank, size, timeout, name)
+    finally:
+        sub.Free()
