@@ -495,7 +495,43 @@ class Job:
             "ERDMA_LOCAL_SIZE": str(local_size),
             "ERDMA_APPNUM": "0",
             "ERDMA_UNIVERSE_SIZE": str(universe),
+            # torchrun's names, so unmodified torch.distributed scripts find
+            # their rank, device and env:// store
+            "RANK": str(rank),
+            "WORLD_SIZE": str(size),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_size),
+            **self._torch_master(),
         }
+
+    def _torch_master(self):
+        """MASTER_ADDR/MASTER_PORT for torch's env:// store (rank 0 hosts it):
+        as given to erdmarun or its environment, else rank 0's host and a
+        port free here (rank 0 local) or derived from the job id (the same in
+        every erdmarun of a job)."""
+        if getattr(self, "_master", None) is None:
+            given = {**os.environ, **self.extra_env}
+            addr, port = given.get("MASTER_ADDR"), given.get("MASTER_PORT")
+            first = self._placement_cache[0] if self.first_rank == 0 else None
+            rank0_here = self.first_rank == 0 and (first is None or is_local_host(first.name))
+            if not addr:
+                if self.first_rank == 0 and not rank0_here:
+                    addr = first.address
+                else:
+                    addr = self.rendezvous.rpartition(":")[0].strip("[]") or "127.0.0.1"
+            if not port:
+                port = None
+                if rank0_here:
+                    try:
+                        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+                            s.bind(("::" if ":" in addr else "", 0))
+                            port = s.getsockname()[1]
+                    except OSError:
+                        pass
+                if port is None:
+                    port = 20000 + int.from_bytes(self.jobid.encode()[-4:], "big") % 20000
+            self._master = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+        return self._master
 
     def _remote_env(self, contract):
         env = {}
@@ -513,6 +549,7 @@ class Job:
         return env
 
     def _spawn(self, placement):
+        self._placement_cache = placement
         keys = ["" if h is None or is_local_host(h.name) else h.name for h in placement]
         counts = {}
         for k in keys:
