@@ -463,6 +463,74 @@ def test_relay_fallback_when_direct_path_is_cut(bed):
             e.shutdown(5.0)
 
 
+def _quic_initial(host, port):
+    """A valid QUIC Initial datagram (aioquic's ClientHello): anyone can make
+    one whose protection the receiver's AEAD accepts."""
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+    c = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=["x"]))
+    c.connect((host, port), now=time.time())
+    return c.datagrams_to_send(now=time.time())[0][0]
+
+
+SPOOF_MARK = 0x5E
+
+
+@needs_bed
+@pytest.mark.slow
+def test_spoofed_initials_do_not_hold_a_dead_direct_path_open(bed):
+    """The direct path between two FALLBACK ranks is cut; a third party sends
+    each rank valid QUIC Initials with the other rank's address and port as
+    their source.  Only the peer's own 1-RTT packets count as signs of life,
+    so both still move to the relay within path_timeout and the message goes
+    through.  (Before: every Initial counted, neither rank ever fell back and
+    the message never arrived.)"""
+    (a, b), turns = setup_relay(bed, fallback=True, path_timeout=1.0, keepalive=0.5,
+                                max_udp_payload=1452)
+    raw = in_netns(bed.ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW,
+                                                  socket.IPPROTO_RAW))
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, SPOOF_MARK)
+    stop, sent = threading.Event(), [0]
+
+    def spoof():
+        pa, pb = host_port(a), host_port(b)
+        while not stop.is_set():
+            for src, dst in ((pa, pb), (pb, pa)):
+                q = _quic_initial(*dst)
+                udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(q), 0) + q
+                ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0,
+                                 socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+                raw.sendto(ip + udp, (dst[0], 0))
+                sent[0] += 1
+            stop.wait(0.3)  # more often than path_timeout, fewer than the pending caps
+
+    t = threading.Thread(target=spoof, daemon=True)
+    try:
+        connect_all(a, b)
+        exchange(a, b, [10], seed=9)
+        assert a.peer_route(1) == b.peer_route(0) == "direct"
+        # the cut drops the ranks' own datagrams, not the forged ones
+        bed.sh("nft", "insert", "rule", "inet", "natc", "out", "meta", "mark", SPOOF_MARK,
+               "accept")
+        bed.cut(host_port(a)[1], host_port(b)[1])
+        t.start()
+        r = b.irecv_alloc(0, 77, CTX)
+        s = post_send(a, payload(5000, 1), 1, 77)
+        st = r.wait(15.0)
+        assert st.error == 0 and bytes(r.take()) == payload(5000, 1)
+        r.free()
+        assert s.wait(WAIT).error == 0
+        assert sent[0] >= 4 and bed.dropped() > 0
+        assert a.peer_route(1) == "relay" and b.peer_route(0) == "relay"
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join(5)
+        raw.close()
+        for e in (a, b):
+            e.shutdown(5.0)
+
+
 @needs_bed
 @pytest.mark.slow
 def test_relay_fallback_between_namespaces():

@@ -172,7 +172,10 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   int rank = relay_of_conn(e, c);
   if (rank < 0) return 0;
   nat_relay *r = &s->relay[rank];
-  if (!r->active && r->mode == ERDMA_RELAY_FALLBACK) fallback_check(e, c, r, rank);
+  /* only the peer's own connections tell whether its direct path lives: an
+   * unnamed one may be anyone's, sending as the peer's address */
+  if (!r->active && r->mode == ERDMA_RELAY_FALLBACK && c->peer >= 0)
+    fallback_check(e, c, r, rank);
   if (!r->active) return 0;
   size_t stride = e->pkt_size + 4, rlens[ERDMA_TX_BATCH];
   if (!bufs) { /* zero-copy batch: each header goes in the room in front of its packet */
