@@ -109,6 +109,14 @@ else
     say "python packages: installing ${PY_PACKAGES[*]}"
     "$VPY" -m pip install -q "${PY_PACKAGES[@]}"
 fi
+# torch for the "erdma" torch.distributed backend (erdmampi.torch) and its
+# tests against gloo; 2.13.0 is the CPU wheel (other versions pull CUDA)
+if "$VPY" -c "import torch" >/dev/null 2>&1; then
+    say "torch present"
+else
+    say "python packages: installing torch==2.13.0"
+    "$VPY" -m pip install -q torch==2.13.0
+fi
 
 # --- 4. mpi4py built against Debian's MPICH (the reference implementation) ---
 mpi4py_ok() {

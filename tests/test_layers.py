@@ -150,3 +150,35 @@ def test_launcher_never_starts_mpi():
 def test_only_the_engine_wrapper_imports_the_cffi_module(ext):
     importers = sorted(m for m, deps in GRAPH.items() if ext in deps)
     assert importers and set(importers) <= {"erdmampi._engine"}, importers
+
+
+def _imports_torch(name):
+    """Whether module ``name`` itself imports torch (absolute imports)."""
+    path, _ = MODS[name]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
+
+
+def test_only_erdmampi_torch_imports_torch():
+    """torch is optional: nothing outside erdmampi.torch imports it (but the
+    benchmark workloads of erdmampi.testing, which time torch's gloo as a
+    reference stack), nor reaches erdmampi.torch through the import graph."""
+    inside = _under("erdmampi.torch")
+    direct = sorted(m for m in MODS if _imports_torch(m))
+    assert "erdmampi.torch.process_group" in direct, direct
+    assert all(inside(m) or _under("erdmampi.testing")(m) for m in direct), direct
+    for start in sorted(m for m in MODS if not inside(m)):
+        seen, frontier = {start}, [start]
+        while frontier:
+            frontier = [d for m in frontier for d in GRAPH.get(m, ()) if d not in seen]
+            seen.update(frontier)
+        reached = sorted(m for m in seen if inside(m))
+        assert not reached, f"{start} reaches {reached}"
