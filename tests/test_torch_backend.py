@@ -251,3 +251,22 @@ def test_cuda_tensors():
     res = _run(2, code)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 3.0 cuda" in res.stdout and "1 3.0 cuda" in res.stdout, res.stdout
+
+
+_COMPRESS = r"""
+import torch, torch.distributed as dist
+import erdmampi.torch
+dist.init_process_group("erdma")
+t = torch.full((1 << 16,), 1.0 + 2.0 ** -12)      # not a bfloat16 value
+dist.all_reduce(t)
+print(f"{dist.get_rank()} {t[0].item()!r}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode,want", [("off", 2.0 + 2.0 ** -11), ("bf16", 2.0)])
+def test_erdma_compress_applies_to_the_backend(mode, want):
+    res = _run(2, _COMPRESS, env={"ERDMA_COMPRESS": mode})
+    assert res.returncode == 0, res.stdout + res.stderr
+    vals = sorted(res.stdout.split())
+    assert vals == sorted(["0", "1", repr(want), repr(want)]), res.stdout
