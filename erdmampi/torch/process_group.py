@@ -587,8 +587,9 @@ class ProcessGroupErdma(dist.ProcessGroup):
                     else:
                         work._finish()
             if finished:
+                gone = {id(e) for e in finished}     # by identity: completed requests compare equal
                 with self._lock:
-                    self._pending = [p for p in self._pending if p not in finished]
+                    self._pending = [p for p in self._pending if id(p) not in gone]
                 delay = 0.0
             else:
                 # back off from a busy poll to 1 ms while nothing completes
