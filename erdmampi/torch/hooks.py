@@ -98,7 +98,7 @@ def _allreduce_mode(state, group, buf, size):
 
 def _quantized(state, group, index, buf, size):
     codec = kernels.get(state.mode)
-    src = buf.detach().to(torch.float32).contiguous()
+    src = buf.detach().to("cpu", torch.float32).contiguous()   # the codecs run on the host
     fb = None
     if state.error_feedback:
         fb = state.feedback.get(index)

@@ -85,6 +85,19 @@ class _Contig:
                 self.t.copy_(self.buf)
 
 
+def _spec(t: torch.Tensor):
+    """The buffer of a flat uint8 tensor in a [buf, counts, displs, type] spec:
+    a numpy view on the host, the tensor itself (DLPack) on a device."""
+    return t.numpy() if t.device.type == "cpu" else t
+
+
+def _cuda_sync():
+    """Let the kernels queued on the current CUDA stream finish before the
+    worker thread reads or writes the tensors (a no-op without CUDA)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.current_stream().synchronize()
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a contiguous tensor (data movement of any dtype)."""
     return t.reshape(-1).view(torch.uint8)
@@ -278,7 +291,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
         def run():
             for outs, inp in pairs:
                 src = inp.contiguous()
-                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
+                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype,
+                                  device=src.device)
                 self._comm.Allgather(_bytes(src), _bytes(tmp))
                 with torch.no_grad():
                     for o, r in zip(outs, tmp):
@@ -351,9 +365,9 @@ class ProcessGroupErdma(dist.ProcessGroup):
             send = torch.cat([_bytes(t.contiguous()) for t in input_tensors])
             scounts = [t.numel() * t.element_size() for t in input_tensors]
             rcounts = [t.numel() * t.element_size() for t in output_tensors]
-            recv = torch.empty(sum(rcounts), dtype=torch.uint8)
-            self._comm.Alltoallv([send.numpy(), scounts, _displs(scounts), MPI.BYTE],
-                                 [recv.numpy(), rcounts, _displs(rcounts), MPI.BYTE])
+            recv = torch.empty(sum(rcounts), dtype=torch.uint8, device=send.device)
+            self._comm.Alltoallv([_spec(send), scounts, _displs(scounts), MPI.BYTE],
+                                 [_spec(recv), rcounts, _displs(rcounts), MPI.BYTE])
             with torch.no_grad():
                 for o, chunk in zip(output_tensors, torch.split(recv, rcounts)):
                     o.copy_(chunk.view(o.dtype).view(o.shape))
@@ -366,8 +380,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
         rcounts = self._splits(out.buf, output_split_sizes, "output")
 
         def run():
-            self._comm.Alltoallv([_bytes(src).numpy(), scounts, _displs(scounts), MPI.BYTE],
-                                 [_bytes(out.buf).numpy(), rcounts, _displs(rcounts), MPI.BYTE])
+            self._comm.Alltoallv([_spec(_bytes(src)), scounts, _displs(scounts), MPI.BYTE],
+                                 [_spec(_bytes(out.buf)), rcounts, _displs(rcounts), MPI.BYTE])
             out.back()
         return self._submit("all_to_all_single", [output], run, opts)
 
@@ -383,7 +397,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
         def run():
             src = inp.contiguous()
             if self._rank == root:
-                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype)
+                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype,
+                                  device=src.device)
                 self._comm.Gather(_bytes(src), _bytes(tmp), root=root)
                 with torch.no_grad():
                     for o, r in zip(outs, tmp):
@@ -415,6 +430,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
     def send(self, tensors, dst, tag=0):
         src = tensors[0].contiguous()
         self._check_ok()
+        _cuda_sync()
         req = self._p2p.Isend(_bytes(src), dest=dst, tag=tag)
         return self._post("send", [tensors[0]], req, None, keep=src)
 
@@ -427,6 +443,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
     def _recv(self, tensors, src, tag):
         out = _Contig(tensors[0], fill=False)
         self._check_ok()
+        _cuda_sync()
         status = MPI.Status()
         req = self._p2p.Irecv(_bytes(out.buf), source=src, tag=tag)
 
@@ -522,6 +539,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
             if t > 0:
                 work._timeout_s = t
         self._check_ok()
+        _cuda_sync()
         with self._lock:
             self._queue.append((fn, work))
             self._lock.notify_all()
