@@ -193,8 +193,17 @@ def init_world() -> Engine:
             store.set(f"ep/{rank}", json.dumps({"addr": addr.strip("[]"), "port": int(port),
                                                 "fp": eng.fingerprint, "host": host_id}).encode())
             hosts, fps = [], {}
+            # one deadline for all the records: a slow (or hostile) store cannot
+            # stretch the bootstrap to size x ERDMA_CONNECT_TIMEOUT
+            deadline = time.monotonic() + opts["connect_timeout"]
             for r in range(size):
-                rec = json.loads(store.get(f"ep/{r}", timeout=opts["connect_timeout"]))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"rank {rank} of {size}: the rendezvous records of ranks "
+                        f"{r}..{size - 1} did not all arrive within ERDMA_CONNECT_TIMEOUT="
+                        f"{opts['connect_timeout']:g} s (store {rdv or env.get('ERDMA_DHT')})")
+                rec = json.loads(store.get(f"ep/{r}", timeout=left))
                 hosts.append(rec["host"])
                 fps[r] = rec["fp"]
                 _info.setdefault("endpoints", {})[r] = f"{rec['addr']}:{rec['port']}"
