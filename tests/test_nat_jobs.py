@@ -38,13 +38,15 @@ class Job:
         self.bed = bed
         self.turn = bed.start_turn() if turn else None
         self.rdv = f"198.18.0.2:{RDV_PORT}"
-        p = bed.popen("pub", [*ERDMARUN, "--serve-rendezvous", self.rdv, "--require-auth"],
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = p.stdout.readline()
-        assert str(RDV_PORT) in line, f"rendezvous server did not start: {line!r}"
         self.secret_file = bed.tmpdir / "secret"
         self.secret_file.write_text(secrets.token_hex(16))
         self.secret_file.chmod(0o600)
+        # a strict store: it creates a job space only for this secret's jobs
+        p = bed.popen("pub", [*ERDMARUN, "--serve-rendezvous", self.rdv, "--require-auth",
+                              "--admit-file", str(self.secret_file)],
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = p.stdout.readline()
+        assert str(RDV_PORT) in line, f"rendezvous server did not start: {line!r}"
 
     def env(self, **extra):
         env = dict(os.environ)
