@@ -205,11 +205,22 @@ def test_erdmarun_sets_torchrun_variables():
 
 
 _INIT = r"""
-import os, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 import erdmampi.torch
-for k in ("MASTER_ADDR", "MASTER_PORT"):
-    os.environ.pop(k, None)           # no torch store server: erdma:// needs none
-dist.init_process_group("erdma", init_method="erdma://")
+how = sys.argv[1]
+if how == "erdma":
+    for k in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(k, None)       # no torch store server: erdma:// needs none
+    dist.init_process_group("erdma", init_method="erdma://")
+elif how == "tcp":
+    url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    dist.init_process_group("erdma", init_method=url, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+else:                                 # a store of the caller's
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=os.environ["RANK"] == "0")
+    dist.init_process_group("erdma", store=store, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t, op=dist.ReduceOp.AVG)
 print(f"{dist.get_rank()} {dist.get_backend()} {t.item()}", flush=True)
@@ -217,8 +228,9 @@ dist.destroy_process_group()
 """
 
 
-def test_erdma_init_method_without_master():
-    res = _run(2, _INIT)
+@pytest.mark.parametrize("how", ["erdma", "tcp", "store"])
+def test_init_methods(how):
+    res = _run(2, _INIT, args=[how])
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(res.stdout.split("\n")[:2]) == ["0 erdma 1.5", "1 erdma 1.5"], res.stdout
 
