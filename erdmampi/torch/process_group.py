@@ -205,7 +205,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         self._error: Optional[BaseException] = None
         self._lock = threading.Condition()
         self._queue: collections.deque = collections.deque()
-        self._pending: list = []          # (request, work, on_done) of p2p operations
+        self._pending: list = []          # (request, work, on_done, status) of p2p operations
         self._closed = False
         self._worker = threading.Thread(target=self._run, name=f"erdma-pg-{name}", daemon=True)
         self._poller = threading.Thread(target=self._poll, name=f"erdma-p2p-{name}", daemon=True)
