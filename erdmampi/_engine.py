@@ -24,6 +24,7 @@ ERR_RANK = lib.ERDMA_ERR_RANK
 ERR_STATE = lib.ERDMA_ERR_STATE
 ERR_AUTH = lib.ERDMA_ERR_AUTH
 ERR_PKTIO = lib.ERDMA_ERR_PKTIO
+ERR_PEER_PENDING = lib.ERDMA_ERR_PEER_PENDING
 
 CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
             "cubic": lib.ERDMA_CC_CUBIC, "bbr": lib.ERDMA_CC_BBR, "bbr2": lib.ERDMA_CC_BBR2}
@@ -110,8 +111,10 @@ class EngineRequest:
         if self._status is None:
             done = ffi.new("int *")
             st = ffi.new("erdma_status *")
-            lib.erdma_req_test(self._req, done, st)
+            rc = lib.erdma_req_test(self._req, done, st)
             if not done[0]:
+                if rc:  # ERR_PEER_PENDING: still posted
+                    raise EngineError(rc, "test")
                 return None
             self._status = RawStatus(st)
         return self._status
@@ -141,6 +144,18 @@ class EngineRequest:
                 left -= step
                 if left <= 0:
                     raise EngineError(ERR_TIMEOUT, "wait")
+
+    def wait_blocking(self) -> RawStatus:
+        """wait() for a blocking call: a receive from ANY_SOURCE whose
+        communicator lost a member is withdrawn and fails (ERR_PEER) instead
+        of staying posted (ERR_PEER_PENDING)."""
+        while True:
+            try:
+                return self.wait()
+            except EngineError as e:
+                if e.code != ERR_PEER_PENDING:
+                    raise
+                lib.erdma_req_withdraw_failed(self._req)
 
     def cancel(self) -> None:
         if self._req is not None:
@@ -247,7 +262,9 @@ def _wait_free(req, keep):
     try:
         rc = _req_wait(req, _SLICE, st)
         while rc:
-            if rc != ERR_TIMEOUT:
+            if rc == ERR_PEER_PENDING:  # blocking: withdrawn, fails with ERR_PEER
+                lib.erdma_req_withdraw_failed(req)
+            elif rc != ERR_TIMEOUT:
                 raise EngineError(rc, "wait")
             rc = _req_wait(req, _SLICE, st)
     except BaseException:
@@ -319,7 +336,7 @@ def fast_rest_bytes(r, what):
         raise EngineError(rc, what)
     req = EngineRequest(None, _cast("erdma_req *", left), None)
     try:
-        raw = req.wait()
+        raw = req.wait_blocking()
         return (None if raw.error else req.take()), raw.error
     finally:
         req.free()
@@ -527,6 +544,27 @@ class Engine:
         buf = ffi.new("char[]", 16384)
         lib.erdma_engine_describe(self._h, buf, len(buf), limit)
         return ffi.string(buf).decode("utf-8", "replace")
+
+    # -- failures and ANY_SOURCE receives (ext/src/erdma_ulfm.c)
+    def ctx_group(self, ctx: int, ranks) -> None:
+        """The world ranks a receive on context ``ctx`` can match (empty: forget ctx)."""
+        arr = ffi.new("int[]", list(ranks) or [0])
+        _check(lib.erdma_ctx_group(self._h, ctx, arr, len(ranks)), "communicator group")
+
+    def ctx_failed(self, ctx: int):
+        """``(failed world ranks of ctx in failure order, how many are acknowledged)``."""
+        nacked = ffi.new("int *")
+        n = lib.erdma_ctx_failed(self._h, ctx, ffi.NULL, 0, nacked)
+        cap = max(n, 1)
+        out = ffi.new("int[]", cap)
+        n = lib.erdma_ctx_failed(self._h, ctx, out, cap, nacked)
+        return [out[i] for i in range(min(n, cap))], nacked[0]
+
+    def ctx_ack(self, ctx: int, upto: int) -> int:
+        """Acknowledge the first ``upto`` failures of ctx; how many are acknowledged."""
+        rc = lib.erdma_ctx_ack(self._h, ctx, min(int(upto), (1 << 31) - 1))
+        _check(min(rc, 0), "acknowledging failures")
+        return rc
 
     # -- NAT traversal (ext/src/erdma_nat.c; docs/wire.md, "Demultiplexing")
     def raw_send(self, data: bytes, host: str, port: int) -> None:

@@ -165,6 +165,14 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         if self._handle == _NULL_HANDLE:
             self._handle = _new_handle()
         _by_handle[self._handle] = self
+        self._tell_members(group._ranks)
+
+    def _tell_members(self, ranks):
+        """The engine learns which world ranks a receive from ANY_SOURCE on
+        this communicator could match (its failure notification, comm_ulfm)."""
+        eng = _rt.engine
+        if eng is not None and self._ctx >= 0:
+            eng.ctx_group(self._ctx, ranks)
 
     @classmethod
     def _from_group(cls, group, ctx):
@@ -311,6 +319,11 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         try:
             _attributes.delete_all(self, self._attrs)
         finally:
+            if _rt.engine is not None and self._ctx >= 0:
+                try:
+                    _rt.engine.ctx_group(self._ctx, ())
+                except Exception:
+                    pass
             self._ranks = None
             self._group = None
             self._rank = UNDEFINED

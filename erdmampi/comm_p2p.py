@@ -647,7 +647,7 @@ class CommP2P:
                 if err:
                     raise_status_code(err)
                 return self._pkl._decode(data)
-        return Request._new(self._irecv_obj_op(source, tag, buf)).wait(status)
+        return _wait_blocking(self._irecv_obj_op(source, tag, buf), status)
 
     def _fast_obj_state(self):
         """The communicator's _engine.fast state, made now if it has none yet."""
@@ -675,12 +675,12 @@ class CommP2P:
             if not _fast_send_bytes(self._fast or self._fast_obj_state(), data, dest, sendtag):
                 return self.recv(None, source, recvtag)
             sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
-            obj = Request._new(self._irecv_obj_op(source, recvtag)).wait()
+            obj = _wait_blocking(self._irecv_obj_op(source, recvtag))
             sreq.wait()
             return obj
-        rreq = Request._new(self._irecv_obj_op(source, recvtag))
+        rop = self._irecv_obj_op(source, recvtag)
         sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag))
-        obj = rreq.wait(status)
+        obj = _wait_blocking(rop, status)
         sreq.wait()
         return obj
 
@@ -703,3 +703,16 @@ def _is_buffer(obj):
     except TypeError:
         return False
     return True
+
+
+def _wait_blocking(op, status=None):
+    """``Request(op).wait(status)`` for a blocking receive: from ANY_SOURCE,
+    when a member of the communicator has failed (unacknowledged), it is
+    withdrawn and raises ERR_PROC_FAILED rather than staying pending."""
+    ereq = getattr(op, "ereq", None)
+    if ereq is not None:
+        try:
+            ereq.wait_blocking()
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+    return Request._new(op).wait(status)

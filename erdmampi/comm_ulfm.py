@@ -1,11 +1,18 @@
 """Fault-tolerance calls of MPI 5's ULFM chapter (Comm mixin).
 
-erdmampi ends a job when a rank dies (the launcher tears it down), so a
-live communicator never has failed members here: ``Get_failed`` is empty,
-``Ack_failed`` acknowledges nothing, ``Shrink`` duplicates and ``Agree`` is
-a bitwise-AND reduction.  ``Revoke`` marks the communicator revoked in
-this process (later communication on it raises ``ERR_REVOKED``); the
-notice is not propagated to other members.
+The engine fails a peer that exits, stops answering for ``ERDMA_TIMEOUT``
+seconds (QUIC idle timeout; shared-memory heartbeat), or loses its
+connection; erdmarun then ends the job, but until then the survivors see
+ULFM's errors: operations with the failed rank raise ``ERR_PROC_FAILED``,
+and receives from ``ANY_SOURCE`` on a communicator with a failed member
+raise ``ERR_PROC_FAILED`` (blocking) or ``ERR_PROC_FAILED_PENDING`` (a
+nonblocking one's ``Wait``/``Test``; the request stays pending) until
+``Ack_failed`` acknowledges the failure.  ``Get_failed`` is the group of
+failed members known here, in the order they failed.  ``Shrink``
+duplicates and ``Agree`` is a bitwise-AND reduction (neither leaves failed
+members out).  ``Revoke`` marks the communicator revoked in this process
+(later communication on it raises ``ERR_REVOKED``); the notice is not
+propagated to other members.
 """
 
 import numpy as np
@@ -37,16 +44,32 @@ class CommULFM:
         self._check()
         return bool(self._revoked)
 
-    def Get_failed(self):
+    def _failed(self):
+        """(failed world ranks of the peers, in failure order; how many acked)."""
+        from ._commrt import _rt
         self._check()
+        if _rt.engine is None:
+            return [], 0
+        return _rt.engine.ctx_failed(self._ctx)
+
+    def Get_failed(self):
         from .group import Group
-        return Group._from_ranks(())
+        failed, _ = self._failed()
+        return Group._from_ranks(failed)
 
     def Ack_failed(self, num_to_ack=None):
+        """Acknowledge the first ``num_to_ack`` failed members (all: None);
+        returns how many are acknowledged.  Receives from ANY_SOURCE then
+        proceed until another member fails."""
+        from ._commrt import _rt
         self._check()
         if num_to_ack is not None and int(num_to_ack) < 0:
             raise_error(ERR_ARG, "negative number of failures to acknowledge")
-        return 0
+        failed, nacked = self._failed()
+        upto = len(failed) if num_to_ack is None else int(num_to_ack)
+        if not failed or upto <= nacked:
+            return nacked
+        return _rt.engine.ctx_ack(self._ctx, upto)
 
     def _agree_run(self, buf):
         """AND ``buf`` (one C int) over the communicator, on tags of its own:

@@ -39,6 +39,7 @@ def _new_intercomm(local_ranks, remote_ranks, ctx, low):
     c = Intercomm()
     c._setup(Group._from_ranks(local_ranks), ctx)
     c._rgroup = Group._from_ranks(remote_ranks)
+    c._tell_members(c._rgroup._ranks)   # receives match the remote group
     c._local = Intracomm._from_group(Group._from_ranks(local_ranks), ctx + 2)
     c._low = low
     return c

@@ -17,7 +17,8 @@ import weakref
 
 from . import _engine
 from .exceptions import (ERR_ARG, ERR_IN_STATUS, ERR_NO_MEM, ERR_OTHER, ERR_PENDING,
-                         ERR_PROC_FAILED, ERR_RANK, ERR_REQUEST, ERR_TRUNCATE,
+                         ERR_PROC_FAILED, ERR_PROC_FAILED_PENDING, ERR_RANK, ERR_REQUEST,
+                         ERR_TRUNCATE,
                          Exception as MPIException, raise_error)
 from .status import Status
 
@@ -28,6 +29,9 @@ ANY_TAG = -1
 _ENGINE_ERRORS = {
     _engine.ERR_TRUNCATE: (ERR_TRUNCATE, "message truncated"),
     _engine.ERR_PEER: (ERR_PROC_FAILED, "peer process failed or is unreachable"),
+    _engine.ERR_PEER_PENDING: (ERR_PROC_FAILED_PENDING,
+                               "a process of the communicator failed; this receive from "
+                               "ANY_SOURCE stays pending (Comm.Ack_failed acknowledges)"),
     _engine.ERR_RANK: (ERR_RANK, "invalid rank"),
     _engine.ERR_INVAL: (ERR_ARG, "invalid argument"),
     _engine.ERR_TIMEOUT: (ERR_OTHER, "timed out"),

@@ -564,6 +564,9 @@ class Job:
                 env = dict(os.environ)
                 env.update(self.extra_env)
                 env.update(contract)
+                # the ranks' common ancestor: they let it and its descendants
+                # (each other) read them with CMA under Yama, nobody else
+                env["ERDMA_LAUNCHER_PID"] = str(os.getpid())
                 if self.secret:
                     env.pop(SECRET_FILE_ENV, None)
                     env[SECRET_ENV] = self.secret

@@ -38,6 +38,8 @@
 #define ERDMA_ERR_STATE (-11)     /* call not valid in this engine state */
 #define ERDMA_ERR_AUTH (-12)      /* peer failed authentication */
 #define ERDMA_ERR_PKTIO (-13)     /* packet I/O backend unavailable (erdma_last_error says why) */
+#define ERDMA_ERR_PEER_PENDING (-14) /* an ANY_SOURCE receive's communicator lost a member
+                                       (failure not acknowledged); the receive is still posted */
 #define ERDMA_ERR_FATAL (-100)
 
 /* Congestion control (values of ngtcp2_cc_algo); AUTO: BBR towards peers on
@@ -200,7 +202,24 @@ int erdma_mprobe(erdma_engine *e, int source, int tag, uint32_t ctx,
 int erdma_imrecv(erdma_engine *e, erdma_msg *msg, void *buf, uint64_t cap,
                  int alloc, erdma_req **out);
 
-/* Requests. */
+/* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
+ * world ranks a receive on context ctx can match (n = 0: forget ctx; a
+ * context never named counts every rank).  While a failed member's failure
+ * is not acknowledged, waits and tests of a pending ANY_SOURCE receive on
+ * ctx return ERDMA_ERR_PEER_PENDING. */
+int erdma_ctx_group(erdma_engine *e, uint32_t ctx, const int *ranks, int n);
+/* The failed members of ctx in the order they failed (up to cap into out);
+ * returns how many, *nacked how many of the first are acknowledged. */
+int erdma_ctx_failed(erdma_engine *e, uint32_t ctx, int *out, int cap, int *nacked);
+/* Acknowledge the first `upto` failed members of ctx; returns how many are. */
+int erdma_ctx_ack(erdma_engine *e, uint32_t ctx, int upto);
+/* A blocking receive gave up on ERDMA_ERR_PEER_PENDING: if r is still an
+ * unmatched ANY_SOURCE receive with an unacknowledged failure, withdraw it
+ * and complete it with ERDMA_ERR_PEER (returns 1); else 0 (wait on). */
+int erdma_req_withdraw_failed(erdma_req *r);
+
+/* Requests.  A pending ANY_SOURCE receive may answer ERDMA_ERR_PEER_PENDING
+ * (see erdma_ctx_group). */
 int erdma_req_test(erdma_req *r, int *done, erdma_status *st);
 /* timeout < 0 waits forever; returns ERDMA_ERR_TIMEOUT when it runs out. */
 int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st);

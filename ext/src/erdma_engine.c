@@ -419,7 +419,8 @@ int erdma_engine_connect(erdma_engine *e) {
   uint64_t deadline = deadline_of(e->cfg.handshake_timeout);
   while (rv == 0) {
     int missing = -1;
-    if (e->shm.seg && shm_attach_peers(e) < 0) rv = ERDMA_ERR_NOMEM;
+    int att = e->shm.seg ? shm_attach_peers(e) : 0;
+    if (att < 0) rv = att; /* out of memory, or a segment refused (AUTH) */
     for (int i = 0; i < e->cfg.size && missing < 0; i++) {
       if (i == e->cfg.rank) continue;
       if (e->peers[i].error) rv = ERDMA_ERR_PEER;
@@ -514,6 +515,7 @@ void erdma_engine_free(erdma_engine *e) {
   }
   pthread_mutex_unlock(&e->mu);
   shm_teardown(e);
+  ulfm_free(e);
   nat_free(e);
   tls_identity_free(e);
   if (e->io.close) e->io.close(e);
@@ -607,7 +609,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
       h.type = FR_RTS;
       h.flags = (flags & ERDMA_SEND_SYNC) ? FR_FLAG_SYNC : 0;
       h.id = r->id = ++e->next_id & 0xffffffffu; /* fits the CMA RTS's aux field */
-      if (p->conn->shm && e->shm.cma && nbytes) {
+      if (p->conn->shm && e->shm.cma && nbytes && shm_cma_publish(e, r)) {
         h.flags |= FR_FLAG_CMA; /* the receiver reads buf straight from us */
         h.aux = (uint32_t)r->id;
         h.id = (uint64_t)(uintptr_t)buf;
@@ -751,8 +753,9 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
   pthread_mutex_lock(&e->mu);
   *done = r->done;
   if (r->done && st) *st = r->st;
+  int rv = r->done || !req_failure_pending(r) ? 0 : ERDMA_ERR_PEER_PENDING;
   pthread_mutex_unlock(&e->mu);
-  return 0;
+  return rv;
 }
 
 static inline void cpu_relax(void) {
@@ -881,13 +884,17 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
   uint64_t deadline = deadline_of(timeout);
   int rv = 0;
   pthread_mutex_lock(&e->mu);
-  if (!r->done) {
+  if (!r->done && !req_failure_pending(r)) {
     if (all_shm(e))
       wait_shm(e, &r, 1, deadline);
     else
       spin_progress(e, &r, 1);
   }
   while (!r->done) {
+    if (req_failure_pending(r)) {
+      rv = ERDMA_ERR_PEER_PENDING;
+      break;
+    }
     if (erdma_now() >= deadline) {
       rv = ERDMA_ERR_TIMEOUT;
       break;
@@ -905,6 +912,11 @@ int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st) {
 static int wait_blocking(erdma_req *r, double timeout, erdma_blocking *out) {
   erdma_status st;
   int rv = erdma_req_wait(r, timeout, &st);
+  /* a blocking receive from ANY_SOURCE fails (ULFM: ERR_PROC_FAILED) */
+  while (rv == ERDMA_ERR_PEER_PENDING) {
+    erdma_req_withdraw_failed(r); /* unless it matched meanwhile */
+    rv = erdma_req_wait(r, timeout, &st);
+  }
   if (rv == ERDMA_ERR_TIMEOUT) {
     out->left = r;
     return rv;
@@ -950,6 +962,13 @@ int erdma_req_waitany(erdma_req **reqs, int n, double timeout, int *index) {
         break;
       }
     if (*index >= 0) break;
+    for (int i = 0; i < n && e->ulfm; i++)
+      if (reqs[i] && req_failure_pending(reqs[i])) {
+        *index = i;
+        rv = ERDMA_ERR_PEER_PENDING;
+        break;
+      }
+    if (rv) break;
     if (!spun) {
       spun = 1;
       if (all_shm(e))

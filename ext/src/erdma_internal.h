@@ -58,6 +58,7 @@ struct erdma_req {
   int flags;
   uint64_t got;          /* chunked receive: payload bytes arrived so far */
   uint64_t chunks_left;  /* chunked send: chunks not yet acknowledged */
+  uint32_t cma_sid;      /* send readable with CMA under this id (erdma_shm.c) */
   uint64_t claimed;      /* chunked receive: payload bytes announced by CHUNK headers */
   int chunked;           /* a CHUNK arrived for it: a DATA frame is refused */
   int rndv_listed;       /* in e->rndv_recv (waiting for DATA or CHUNKs) */
@@ -184,6 +185,7 @@ typedef struct erdma_conn {
   struct shm_ring *tx_ring, *rx_ring;
   struct shm_seg *peer_seg;
   size_t peer_map_len;
+  uint64_t beat_seen, beat_at; /* the peer's heartbeat, and when it last moved */
 } erdma_conn;
 
 #define ERDMA_MAX_LANES 8
@@ -415,6 +417,7 @@ struct erdma_engine {
   shm_state shm;
   nat_state nat;         /* erdma_nat.c */
   void *plugin;          /* dlopen handle of the packet I/O plugin (dpdk) */
+  struct ulfm_state *ulfm; /* erdma_ulfm.c: failure order, contexts' members */
 };
 
 /* engine.c */
@@ -476,7 +479,10 @@ void shm_app_idle(erdma_engine *e);     /* ... or sleeps on e->cv */
 uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
 void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
-int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n);
+int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n,
+                 uint32_t sid);          /* 0, -1: use the ring, -2: send withdrawn */
+int shm_cma_publish(erdma_engine *e, erdma_req *r); /* 1: r may be read with CMA */
+void shm_cma_release(erdma_req *r);
 /* bulk copies for the one-host collectives (no lock needed) */
 int shm_cma_ok(erdma_engine *e, int peer);
 int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64_t n,

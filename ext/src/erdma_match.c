@@ -30,6 +30,7 @@ void req_complete(erdma_req *r, int error) {
   if (r->rx_refs) conn_detach_req(r->e, r);
   if (r->kind == REQ_RECV) rndv_recv_unlink(r->e, r);
   if (r->done) return;
+  if (r->cma_sid) shm_cma_release(r); /* its buffer goes back to the application */
   if (error && !r->st.error) r->st.error = error;
   r->done = 1;
   pthread_cond_broadcast(&r->e->cv);
@@ -110,6 +111,7 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
   if (m->rndv) {
     frame_hdr h = {0};
     peer_info *p = &e->peers[m->source];
+    int cma = -1;
     int dead = p->error || !p->conn;
     int rv = dead ? (p->error ? p->error : ERDMA_ERR_PEER)
                   : recv_prepare(r, m->source, m->tag, m->len);
@@ -124,8 +126,11 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
         h.len = ++e->next_id;
         conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
       }
-    } else if (m->cma && shm_cma_read(e, m->source, r->buf, m->cma_addr,
-                                      m->len < r->cap ? m->len : r->cap) == 0) {
+    } else if (m->cma && (cma = shm_cma_read(e, m->source, r->buf, m->cma_addr,
+                                             m->len < r->cap ? m->len : r->cap,
+                                             (uint32_t)m->sender_id)) == -2) {
+      req_complete(r, ERDMA_ERR_PEER); /* the sender withdrew it (its operation failed) */
+    } else if (m->cma && cma == 0) {
       h.type = FR_CTS; /* single copy done: tell the sender it may complete */
       h.flags = FR_FLAG_CMA;
       h.id = m->sender_id;
@@ -188,6 +193,7 @@ void engine_fail_peer(erdma_engine *e, int peer, int error) {
   peer_info *p = &e->peers[peer];
   if (p->error) return;
   p->error = error;
+  ulfm_note_failure(e, peer);
   for (int k = 0; k < e->lanes_max; k++) {
     erdma_conn *c = peer_conn(p, k);
     /* receives being filled: a chunked one is still in rndv_recv (failed

@@ -500,6 +500,10 @@ static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
   erdma_status st;
   PyThreadState *ts = PyEval_SaveThread();
   rc = erdma_req_wait(req, s->slice, &st);
+  while (rc == ERDMA_ERR_PEER_PENDING) { /* blocking from ANY_SOURCE: fails (ULFM) */
+    erdma_req_withdraw_failed(req);
+    rc = erdma_req_wait(req, s->slice, &st);
+  }
   PyEval_RestoreThread(ts);
   if (rc == ERDMA_ERR_TIMEOUT) return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req);
   if (rc) {

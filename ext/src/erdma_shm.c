@@ -8,7 +8,21 @@
  * `sleeping`; a producer that sees it rings a doorbell: a 1-byte UDP
  * datagram to the consumer's QUIC socket, which the progress thread already
  * polls.  A producer blocked on a full ring sets `prod_waiting` and the
- * consumer rings it back.  All functions run under e->mu. */
+ * consumer rings it back.  All functions run under e->mu.
+ *
+ * Liveness: whoever polls our rings (the progress thread at least every
+ * 200 ms, whatever the application does) bumps `beat` in our segment.  A
+ * local peer whose beat stands still for cfg.idle_timeout (ERDMA_TIMEOUT,
+ * the QUIC idle timeout) is failed as a silent QUIC peer would be; a process
+ * that exited is failed at once.  The failing side marks the peer's ring
+ * `dropped`, so that a peer that wakes up later fails us in turn.
+ *
+ * Segments are attached only when they are regular files of our uid without
+ * group/other access, of the size and header we expect.  CMA reads need
+ * ptrace access: under Yama (ptrace_scope 1) a rank lets the job's launcher
+ * (ERDMA_LAUNCHER_PID when it is our ancestor, else our parent) and its
+ * descendants read it, never everyone; without such a grant large messages
+ * go through the rings. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +44,12 @@
 
 #define SHM_MAGIC 0x3130736d616d6465ull /* "edmams01" */
 #define SHM_HDR 128
+/* After the header: the ids of our sends whose buffers local peers may read
+ * with CMA right now (slot id % SHM_CMA_SLOTS; 0: free).  A reader checks
+ * the id before and after process_vm_readv: a send withdrawn meanwhile (its
+ * buffer handed back to the application) is never delivered. */
+#define SHM_CMA_SLOTS 512
+#define SHM_RINGS (SHM_HDR + SHM_CMA_SLOTS * sizeof(uint32_t))
 /* An application thread that just left an engine call (between a send and
  * the wait for the reply, say) will poll the rings itself soon: producers
  * skip the doorbell for this long after it left, and the owner's progress
@@ -41,6 +61,7 @@ struct shm_ring {
   _Alignas(64) _Atomic uint64_t head;   /* bytes produced */
   _Alignas(64) _Atomic uint64_t tail;   /* bytes consumed */
   _Alignas(64) _Atomic uint32_t prod_waiting;
+  _Atomic uint32_t dropped;            /* the consumer failed the producer */
   _Alignas(64) uint8_t data[];
 };
 
@@ -59,6 +80,7 @@ struct shm_seg {
   uint64_t ring_bytes;
   _Atomic int32_t cpu;       /* CPU the owner's application thread last ran an
                               * engine call on (shm_shares_cpu) */
+  _Atomic uint64_t beat;     /* bumped by the owner's polling (liveness) */
 };
 
 _Static_assert(sizeof(struct shm_seg) <= SHM_HDR, "shm header too large");
@@ -68,7 +90,29 @@ static size_t ring_stride(uint64_t ring_bytes) {
 }
 
 static struct shm_ring *ring_at(struct shm_seg *s, int i) {
-  return (struct shm_ring *)((uint8_t *)s + SHM_HDR + (size_t)i * ring_stride(s->ring_bytes));
+  return (struct shm_ring *)((uint8_t *)s + SHM_RINGS + (size_t)i * ring_stride(s->ring_bytes));
+}
+
+static _Atomic uint32_t *cma_slot(struct shm_seg *s, uint32_t sid) {
+  return (_Atomic uint32_t *)((uint8_t *)s + SHM_HDR) + sid % SHM_CMA_SLOTS;
+}
+
+/* A send of ours may be read with CMA (r->id is its id on the wire): 1 when
+ * its slot was free and now names it (the caller sends a CMA RTS). */
+int shm_cma_publish(erdma_engine *e, erdma_req *r) {
+  uint32_t sid = (uint32_t)r->id, none = 0;
+  if (!e->shm.seg || !sid) return 0;
+  if (!atomic_compare_exchange_strong(cma_slot(e->shm.seg, sid), &none, sid)) return 0;
+  r->cma_sid = sid;
+  return 1;
+}
+
+/* The send completed, failed or was withdrawn: no reader may use its buffer. */
+void shm_cma_release(erdma_req *r) {
+  erdma_engine *e = r->e;
+  uint32_t sid = r->cma_sid;
+  r->cma_sid = 0;
+  if (e->shm.seg) atomic_compare_exchange_strong(cma_slot(e->shm.seg, sid), &sid, 0);
 }
 
 /* Map the pages of a ring (in our segment: we read it; in a peer's: we
@@ -89,6 +133,61 @@ static void ring_prefault(const erdma_engine *e, struct shm_ring *r) {
   (void)e;
   (void)r;
 #endif
+}
+
+/* The parent of pid (0 when unknown), from /proc/<pid>/stat. */
+static pid_t parent_of(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* the command name may hold anything */
+  int ppid = 0;
+  if (!p || sscanf(p + 1, " %*c %d", &ppid) != 1) return 0;
+  return (pid_t)ppid;
+}
+
+/* Is `anc` (> 1) an ancestor of this process? */
+static int is_ancestor(pid_t anc) {
+  pid_t p = getpid();
+  for (int depth = 0; depth < 64 && p > 1; depth++) {
+    p = parent_of(p);
+    if (p == anc) return 1;
+  }
+  return 0;
+}
+
+/* CMA lets a local peer read our memory, which Yama (ptrace_scope 1)
+ * allows only to a tracer we declare and its descendants.  The narrowest
+ * grant that covers the job's local ranks is their common ancestor: the
+ * launcher (ERDMA_LAUNCHER_PID, when it is an ancestor of ours) or else our
+ * parent; never PR_SET_PTRACER_ANY, which would let any process of the
+ * user read and write the rank.  Returns whether to try CMA at all: a
+ * sibling outside the grant is refused and falls back to the ring. */
+static int cma_grant(erdma_engine *e) {
+  FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+  int scope = 0;
+  if (!f) return 1; /* no Yama: the usual same-user ptrace rules */
+  if (fscanf(f, "%d", &scope) != 1) scope = 0;
+  fclose(f);
+  if (scope >= 3) return 0; /* no ptrace at all */
+  if (scope != 1) return 1; /* 0: no restriction; 2: only CAP_SYS_PTRACE (tried, else refused) */
+  const char *v = getenv("ERDMA_LAUNCHER_PID");
+  pid_t tracer = 0;
+  if (v && *v) {
+    long l = strtol(v, NULL, 10);
+    if (l > 1 && is_ancestor((pid_t)l)) tracer = (pid_t)l;
+  }
+  if (!tracer) tracer = getppid();
+  if (tracer <= 1) return 0; /* orphaned: declaring init would grant everyone */
+  if (prctl(PR_SET_PTRACER, (unsigned long)tracer, 0, 0, 0) != 0) return 0;
+  if (e->cfg.verbose)
+    fprintf(stderr, "erdma[%d]: local peers under pid %d may read this rank (CMA)\n",
+            e->cfg.rank, (int)tracer);
+  return 1;
 }
 
 static void seg_name(const erdma_engine *e, int rank, char *out, size_t n) {
@@ -129,9 +228,8 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   s->oversub = nlocal > ncpu;
-  /* under Yama ptrace_scope=1 a sibling may only read us if we allow it */
-  if (use_cma) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  s->map_len = SHM_HDR + (size_t)nlocal * ring_stride(rb);
+  if (use_cma) s->cma = cma_grant(e);
+  s->map_len = SHM_RINGS + (size_t)nlocal * ring_stride(rb);
   seg_name(e, e->cfg.rank, s->name, sizeof s->name);
   fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0 && errno == EEXIST) { /* left over by a crashed job with this id */
@@ -156,6 +254,7 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
     if (i != me) ring_prefault(e, ring_at(s->seg, i));
   s->seg->owner = e->cfg.rank;
   s->seg->nlocal = nlocal;
+  s->next_liveness = 0;
   s->seg->pid = (int32_t)getpid();
   s->seg->ring_bytes = rb;
   atomic_store_explicit(&s->seg->cpu, -1, memory_order_relaxed);
@@ -163,7 +262,17 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
   return 0;
 }
 
-/* Map every local peer's segment that exists by now; 1 while some are missing. */
+/* A local peer's segment that is not what its rank would have made
+ * (another user's, readable by others, a symlink, the wrong size): the job
+ * cannot trust it. */
+static int seg_refused(erdma_engine *e, const char *name, const char *why) {
+  fprintf(stderr, "erdma[%d]: refusing shared-memory segment /dev/shm%s: %s\n", e->cfg.rank,
+          name, why);
+  return ERDMA_ERR_AUTH;
+}
+
+/* Map every local peer's segment that exists by now; 1 while some are missing,
+ * < 0 on an error (ERDMA_ERR_AUTH: a segment refused). */
 int shm_attach_peers(erdma_engine *e) {
   shm_state *s = &e->shm;
   int missing = 0;
@@ -172,14 +281,22 @@ int shm_attach_peers(erdma_engine *e) {
     if (p == e->cfg.rank || e->peers[p].conn) continue;
     char name[128];
     seg_name(e, p, name, sizeof name);
-    int fd = shm_open(name, O_RDWR, 0600);
+    int fd = shm_open(name, O_RDWR | O_NOFOLLOW, 0600);
     if (fd < 0) {
+      if (errno != ENOENT) return seg_refused(e, name, strerror(errno));
       missing = 1;
       continue;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != s->map_len) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 077)) {
       close(fd);
+      return seg_refused(e, name, "not a regular file of our uid with mode 0600");
+    }
+    if ((size_t)st.st_size != s->map_len) {
+      close(fd);
+      if (st.st_size != 0) /* 0: its owner has not sized it yet */
+        return seg_refused(e, name, "unexpected size");
       missing = 1;
       continue;
     }
@@ -190,6 +307,11 @@ int shm_attach_peers(erdma_engine *e) {
       munmap(ps, s->map_len);
       missing = 1;
       continue;
+    }
+    if (ps->owner != p || ps->nlocal != s->nlocal || ps->ring_bytes != s->ring_bytes ||
+        ps->pid <= 0) {
+      munmap(ps, s->map_len);
+      return seg_refused(e, name, "its header does not describe this job's rank");
     }
     erdma_conn *c = conn_alloc(e, 0);
     if (!c) {
@@ -207,6 +329,8 @@ int shm_attach_peers(erdma_engine *e) {
     c->tx_ring = ring_at(ps, s->my_index);
     ring_prefault(e, c->tx_ring);
     c->rx_ring = ring_at(s->seg, i);
+    c->beat_seen = atomic_load_explicit(&ps->beat, memory_order_relaxed);
+    c->beat_at = erdma_now();
     e->peers[p].conn = c;
     atomic_fetch_add(&ps->attached, 1);
   }
@@ -376,22 +500,47 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
   return rv ? -1 : 0;
 }
 
-static void check_alive(erdma_engine *e, erdma_conn *c) {
+/* A local peer is failed: it may wake up later (SIGSTOP, a swapped-out
+ * host): mark its ring so that it fails us too rather than waiting on us. */
+static void shm_fail(erdma_engine *e, erdma_conn *c) {
+  c->closed = 1;
+  atomic_store(&c->rx_ring->dropped, 1);
+  if (!e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+}
+
+static void check_alive(erdma_engine *e, erdma_conn *c, uint64_t now) {
   struct shm_seg *ps = c->peer_seg;
   int total = 0;
   if (c->closed) return;
-  if (atomic_load(&ps->closed)) {
+  uint64_t beat = atomic_load_explicit(&ps->beat, memory_order_relaxed);
+  if (beat != c->beat_seen) {
+    c->beat_seen = beat;
+    c->beat_at = now;
+  }
+  if (atomic_load(&c->tx_ring->dropped)) {
+    c->closed = 1; /* it failed us: we were too slow for it */
+    if (!e->stopping) {
+      fprintf(stderr, "erdma[%d]: rank %d (same host) has declared this rank failed\n",
+              e->cfg.rank, c->peer);
+      engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+    }
+  } else if (e->cfg.idle_timeout > 0 && now - c->beat_at > (uint64_t)(e->cfg.idle_timeout * 1e9) &&
+             !atomic_load(&ps->closed)) {
+    if (!e->stopping)
+      fprintf(stderr, "erdma[%d]: rank %d (pid %d, same host) has not responded for %.1f s "
+                      "(stopped or hung)\n", e->cfg.rank, c->peer, ps->pid,
+              (double)(now - c->beat_at) / 1e9);
+    shm_fail(e, c);
+  } else if (atomic_load(&ps->closed)) {
     drain_ring(e, c, &total); /* its last messages, published before `closed` */
     c->closed = 1; /* a goodbye: later use of the peer fails quietly */
     if (!e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
   } else if (kill(ps->pid, 0) != 0 && errno == ESRCH) {
     drain_ring(e, c, &total);
-    c->closed = 1;
-    if (!e->stopping) {
+    if (!e->stopping)
       fprintf(stderr, "erdma[%d]: rank %d (pid %d, same host) has exited\n", e->cfg.rank,
               c->peer, ps->pid);
-      engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
-    }
+    shm_fail(e, c);
   }
 }
 
@@ -399,8 +548,19 @@ int shm_poll(erdma_engine *e) {
   shm_state *s = &e->shm;
   int total = 0;
   if (!s->seg) return 0;
-  int check = erdma_now() >= s->next_liveness;
-  if (check) s->next_liveness = erdma_now() + 200000000ull;
+  uint64_t now = erdma_now();
+  int check = now >= s->next_liveness;
+  if (check) {
+    atomic_fetch_add_explicit(&s->seg->beat, 1, memory_order_relaxed);
+    /* we ourselves did not run for a while (stopped, starved): the peers'
+     * silence over that time says nothing about them */
+    int stalled = s->next_liveness && now - s->next_liveness > 1000000000ull;
+    for (int i = 0; stalled && i < s->nlocal; i++) {
+      erdma_conn *c = s->local[i] == e->cfg.rank ? NULL : e->peers[s->local[i]].conn;
+      if (c && c->shm) c->beat_at = now;
+    }
+    s->next_liveness = now + 200000000ull;
+  }
   if (!s->unlinked && atomic_load(&s->seg->attached) == (uint32_t)(s->nlocal - 1)) {
     shm_unlink(s->name);
     s->unlinked = 1;
@@ -416,7 +576,7 @@ int shm_poll(erdma_engine *e) {
       engine_fail_peer(e, p, ERDMA_ERR_PEER);
       continue;
     }
-    if (check) check_alive(e, c);
+    if (check) check_alive(e, c, now);
   }
   return total;
 }
@@ -581,6 +741,7 @@ int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) 
       done = 1;
       break;
     }
+    if (reqs_failure_pending(reqs, n)) break; /* the caller reports it */
     uint64_t now = erdma_now();
     if (now >= deadline || !e->running) break;
     uint64_t ns = deadline - now;
@@ -609,29 +770,36 @@ void shm_sleep_done(erdma_engine *e) {
 }
 
 /* Copy n bytes at addr in local peer `peer` into dst with one copy
- * (process_vm_readv).  Refused (no ptrace access): switch to the ring. */
-int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n) {
+ * (process_vm_readv), for its send `sid`.  0: done; -1: not possible (no
+ * ptrace access: CMA off from now on; a bad address): use the ring; -2: the
+ * peer withdrew that send (its buffer is no longer the message): what was
+ * read is discarded. */
+int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n,
+                 uint32_t sid) {
   erdma_conn *c = e->peers[peer].conn;
   uint64_t done = 0;
-  if (!c || !c->shm || !e->shm.cma) return -1;
+  if (!c || !c->shm || !e->shm.cma || !c->peer_seg) return -1;
+  _Atomic uint32_t *live = cma_slot(c->peer_seg, sid);
+  if (atomic_load(live) != sid) return -2;
   while (done < n) {
     struct iovec l = {(uint8_t *)dst + done, (size_t)(n - done)};
     struct iovec r = {(void *)(uintptr_t)(addr + done), (size_t)(n - done)};
     ssize_t got = process_vm_readv(c->peer_seg->pid, &l, 1, &r, 1, 0);
     if (got <= 0) {
-      if (done == 0) {
+      if (atomic_load(live) != sid) return -2; /* freed under us */
+      if (done == 0 && got < 0 && (errno == EPERM || errno == EACCES || errno == ENOSYS)) {
         if (e->cfg.verbose)
           fprintf(stderr, "erdma[%d]: process_vm_readv from rank %d refused (%s); "
                           "large messages go through the ring\n", e->cfg.rank, peer,
                   strerror(errno));
         e->shm.cma = 0;
-        return -1;
       }
       return -1;
     }
     done += (uint64_t)got;
   }
-  return 0;
+  atomic_thread_fence(memory_order_seq_cst);
+  return atomic_load(live) == sid ? 0 : -2;
 }
 
 /* ---- bulk copies of the one-host collectives (erdma_bulk.c) ----
