@@ -125,6 +125,11 @@ if rank == 0:
         print("object: no error", flush=True)
     except MPI.Exception as e:
         print(f"object: PROC_FAILED={e.Get_error_class() == MPI.ERR_PROC_FAILED}", flush=True)
+    try:
+        comm.Probe(source=MPI.ANY_SOURCE, tag=4)
+        print("probe: no error", flush=True)
+    except MPI.Exception as e:
+        print(f"probe: PROC_FAILED={e.Get_error_class() == MPI.ERR_PROC_FAILED}", flush=True)
     for call in ("Test", "Wait"):
         try:
             getattr(req, call)()
@@ -168,6 +173,7 @@ def test_any_source_receive_when_a_sender_died(transport):
     m = re.search(r"blocking: PROC_FAILED=True after ([\d.]+) s", res.stdout)
     assert m and float(m.group(1)) < TIMEOUT + 3, out
     assert "object: PROC_FAILED=True" in res.stdout, out
+    assert "probe: PROC_FAILED=True" in res.stdout, out
     assert "Test: PENDING=True still=True" in res.stdout, out
     assert "Wait: PENDING=True still=True" in res.stdout, out
     assert "sub Test: 0 False" in res.stdout, out       # 1 is no member: no error

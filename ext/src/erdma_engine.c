@@ -691,6 +691,10 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
       rv = e->peers[source].error;
       break;
     }
+    if (source == ERDMA_ANY_SOURCE && !flag && ctx_failure_unacked(e, ctx)) {
+      rv = ERDMA_ERR_PEER; /* a blocking probe from ANY_SOURCE fails as its receive would */
+      break;
+    }
     if (flag && timeout == 0) {
       *flag = 0;
       break;

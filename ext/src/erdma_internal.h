@@ -455,6 +455,7 @@ void rndv_recv_unlink(erdma_engine *e, erdma_req *r); /* off e->rndv_recv, if on
 
 /* ulfm.c (under e->mu) */
 void ulfm_note_failure(erdma_engine *e, int peer);
+int ctx_failure_unacked(erdma_engine *e, uint32_t ctx); /* a member failed, unacknowledged */
 int req_failure_pending(erdma_req *r); /* ANY_SOURCE receive with an unacked failure */
 int reqs_failure_pending(erdma_req *const *reqs, int n);
 void ulfm_free(erdma_engine *e);

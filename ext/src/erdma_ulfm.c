@@ -73,13 +73,18 @@ static int failed_members(erdma_engine *e, const ctx_group *g, int *out, int cap
   return n;
 }
 
+int ctx_failure_unacked(erdma_engine *e, uint32_t ctx) {
+  if (!e->ulfm || !e->ulfm->nfailed) return 0;
+  const ctx_group *g = group_find(e, ctx);
+  return failed_members(e, g, NULL, 0) > (g ? g->nacked : 0);
+}
+
 int req_failure_pending(erdma_req *r) {
   erdma_engine *e = r->e;
   if (!e->ulfm || !e->ulfm->nfailed || r->kind != REQ_RECV || r->done ||
       r->source != ERDMA_ANY_SOURCE || r->st.source >= 0) /* matched: no longer "any" */
     return 0;
-  const ctx_group *g = group_find(e, r->ctx);
-  return failed_members(e, g, NULL, 0) > (g ? g->nacked : 0);
+  return ctx_failure_unacked(e, r->ctx);
 }
 
 int reqs_failure_pending(erdma_req *const *reqs, int n) {
