@@ -185,6 +185,34 @@ def test_any_source_receive_when_a_sender_died(transport):
     assert "sub matched: 44" in res.stdout, out
 
 
+_BUSY = r"""
+import time
+import numpy as np
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+a = np.zeros(1, "i")
+comm.Barrier()
+t0 = time.monotonic()
+if comm.rank == 1:
+    x = 0
+    while time.monotonic() - t0 < 2.5 * float(__import__("os").environ["ERDMA_TIMEOUT"]):
+        x += 1                      # pure Python: holds the GIL throughout
+    comm.Send(np.array([5], "i"), dest=0)
+else:
+    comm.Recv(a, source=1)
+    print(f"busy peer: got {a[0]} after {time.monotonic() - t0:.1f} s", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_busy_peer_is_not_failed():
+    # the heartbeat comes from the progress thread, not from Python: a rank
+    # computing for longer than ERDMA_TIMEOUT stays a live peer
+    res = run_mpi(2, _BUSY, timeout=60, env={"ERDMA_TIMEOUT": "2", "ERDMA_SHM": "1"})
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "busy peer: got 5 after" in res.stdout, out
+
+
 # ---- a withdrawn CMA send ---------------------------------------------------
 
 # Rank 0 posts a large send (a CMA RTS: rank 1 is to read the buffer in
