@@ -410,14 +410,8 @@ _UNCAUGHT = []
 
 
 def _abort_on_exception_enabled():
-    text = _os.environ.get("ERDMA_ABORT_ON_EXCEPTION", "1").strip().lower()
-    if text in ("1", "yes", "true", "on", ""):
-        return True
-    if text in ("0", "no", "false", "off"):
-        return False
-    _sys.stderr.write(f"erdmampi: ERDMA_ABORT_ON_EXCEPTION={text!r} is not one of "
-                      "1/0, yes/no, true/false, on/off; using 1\n")
-    return True
+    from . import config
+    return config.get("ERDMA_ABORT_ON_EXCEPTION")
 
 
 def _install_excepthook():

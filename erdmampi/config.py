@@ -63,7 +63,8 @@ VARS_LIST = (
        ("ERDMA_SSH", "str", "ssh -o BatchMode=yes", "command erdmarun starts remote ranks with",
         {"read": "launcher"})),
     _v("start-up and failure detection",
-       ("ERDMA_TIMEOUT", "seconds", 60.0, "seconds without traffic before a peer counts as dead"),
+       ("ERDMA_TIMEOUT", "seconds", 60.0, "seconds without traffic (QUIC) or heartbeat "
+        "(shared memory) before a peer counts as dead"),
        ("ERDMA_CONNECT_TIMEOUT", "seconds", 60.0, "seconds for the rendezvous and the QUIC "
         "handshakes (and, with erdmarun joining, for the other sites)"),
        ("ERDMA_HELLO_TIMEOUT", "seconds", 10.0, "seconds an accepted connection has to finish "

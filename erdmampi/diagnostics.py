@@ -16,18 +16,18 @@ Every line goes to stderr, tagged ``[rank N]``.
 import os
 import sys
 
+from . import config
 from .discovery import format_ranks
 
 __all__ = ["startup_lines", "stats_lines", "report_startup", "report_stats", "verbosity"]
 
 
 def verbosity(env=os.environ) -> int:
-    text = env.get("ERDMA_VERBOSE", "").strip()
-    return int(text) if text.isdigit() else (1 if text else 0)
+    return config.get("ERDMA_VERBOSE", env)
 
 
 def _stats_wanted(env=os.environ) -> bool:
-    return env.get("ERDMA_STATS", "").strip().lower() not in ("", "0", "no", "false", "off")
+    return config.get("ERDMA_STATS", env)
 
 
 def _routes(eng):

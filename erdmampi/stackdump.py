@@ -46,8 +46,8 @@ def dump(file=None, engine=None, rank=None):
 
 
 def _enabled():
-    text = os.environ.get("ERDMA_STACK_DUMP", "1").strip().lower()
-    return text not in ("0", "no", "false", "off")
+    from . import config
+    return config.get("ERDMA_STACK_DUMP")
 
 
 def install(engine_of, rank):

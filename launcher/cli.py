@@ -69,8 +69,9 @@ diagnostics:
                           route to each peer (shm / direct / relay); 2: per peer
   --env ERDMA_STATS=1     each rank prints its traffic counters and per-peer
                           RTT/congestion figures when it finalizes
-  kill -USR1 <pid of erdmarun>, or --timeout expiring: every rank prints its
-                          Python stacks and pending operations (peer, tag, size)
+  erdmarun --dump <pid of erdmarun> (or kill -USR1 it), or --timeout expiring:
+                          every rank prints its Python stacks and pending
+                          operations (peer, tag, size)
   an uncaught exception on one rank ends the job (ERDMA_ABORT_ON_EXCEPTION=0:
                           keep Python's plain exit)
 
@@ -222,6 +223,9 @@ def build_parser():
     s.add_argument("--job-ttl", type=float, default=24 * 3600.0, metavar="SEC",
                    help="with --serve-rendezvous: forget a job's records after SEC idle "
                         "seconds (default 86400)")
+    s.add_argument("--dump", type=int, metavar="PID",
+                   help="ask the running job of erdmarun PID where its ranks are: each rank "
+                        "prints its Python stacks and pending operations (the job goes on)")
     s.add_argument("--serve-dht", metavar="HOST:PORT",
                    help="run a standalone DHT node (a bootstrap peer for --dht) until "
                         "SIGINT/SIGTERM; --dht adds peers to join")
@@ -435,6 +439,25 @@ def _join(a, program, env, hosts, parser):
             node.close()
 
 
+def _dump(pid):
+    """erdmarun --dump PID: SIGUSR1 to a running erdmarun, which forwards it to
+    its ranks (erdmampi.stackdump prints where each one is)."""
+    import signal
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        sys.stderr.write(f"erdmarun: error: no process {pid}\n")
+        return 1
+    if "erdmarun" not in cmd and "erdmampi.launcher" not in cmd:
+        sys.stderr.write(f"erdmarun: error: process {pid} is not erdmarun ({cmd.strip()[:80]})\n")
+        return 1
+    os.kill(pid, signal.SIGUSR1)
+    sys.stderr.write(f"erdmarun: asked the job of erdmarun {pid} for its ranks' stacks "
+                     f"(they print on that job's stderr)\n")
+    return 0
+
+
 def _check_config(env, parser):
     """Every ERDMA_* value the ranks will see, checked before any rank starts."""
     from erdmampi import config
@@ -492,6 +515,8 @@ def main(argv=None):
                      admit=admit, **limits)
     if a.serve_dht:
         return _serve_dht(a, parser)
+    if a.dump is not None:
+        return _dump(a.dump)
     if a.rendezvous and a.dht:
         parser.error("give either --rendezvous or --dht, not both")
     joining = bool(a.rendezvous) or a.dht is not None or a.dht_listen is not None

@@ -648,6 +648,11 @@ class StoreServer:
             if len(self._spaces) >= self.limits["max_spaces"]:
                 raise _AuthFailed("the rendezvous store holds too many jobs")
             sp = self._spaces[ns] = {"data": {}, "key": bytes(pub), "used": now, "bytes": 0}
+            log.info("store: job space %s created by %s (%d spaces)",
+                     ns.decode(errors="replace")[:16], _show_peer(conn.peer), len(self._spaces))
+        else:
+            log.info("store: %s joined job space %s", _show_peer(conn.peer),
+                     ns.decode(errors="replace")[:16])
         sp["used"] = now
         conn.space = ns
         return rz.ST_OK, []
@@ -845,7 +850,8 @@ def serve(host, port, require_auth=False, job_ttl=None, out=sys.stdout, admit=()
         sys.stderr.write(f"cannot listen on {host}:{port}: {e.strerror}\n")
         return 1
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        # a standalone store logs joins (INFO) as well as refusals (WARNING)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     def stop(signum, frame):
         server.close()

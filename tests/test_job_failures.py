@@ -60,8 +60,8 @@ def test_systemexit_is_not_an_error():
 def test_a_bad_setting_is_named():
     r = run_mpi(1, "from erdmampi import MPI\n", timeout=60,
                 env={"ERDMA_ABORT_ON_EXCEPTION": "maybe"})
-    assert r.returncode == 0
-    assert "ERDMA_ABORT_ON_EXCEPTION='maybe'" in r.stderr
+    assert r.returncode == 2  # erdmarun checks the ranks' environment first
+    assert "ERDMA_ABORT_ON_EXCEPTION='maybe' is not valid" in r.stderr
 
 
 # -- where is each rank? -------------------------------------------------------
@@ -122,3 +122,29 @@ time.sleep(0.2)
     assert r.returncode == 0, r.stderr
     assert "mine" in r.stdout
     assert "stack dump" not in r.stderr
+
+
+def test_erdmarun_dump_asks_a_running_job():
+    import os
+    import subprocess
+    import sys
+    from harness import erdmarun_cmd, rank_env
+    job = subprocess.Popen(erdmarun_cmd() + ["-n", "2", "--timeout", "60", sys.executable, "-c",
+                                             DEADLOCK], env=rank_env(None), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert job.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        d = subprocess.run(erdmarun_cmd() + ["--dump", str(job.pid)], env=rank_env(None),
+                           capture_output=True, text=True, timeout=30)
+        assert d.returncode == 0, d.stderr
+        time.sleep(2.0)
+        bad = subprocess.run(erdmarun_cmd() + ["--dump", str(os.getpid())], env=rank_env(None),
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 1 and "is not erdmarun" in bad.stderr
+    finally:
+        job.terminate()
+        out, err = job.communicate(timeout=30)
+    for rank, (src, tag) in ((0, (1, 5)), (1, (0, 7))):
+        assert f"[rank {rank}] erdmampi: stack dump of pid" in err, err
+        assert f"[rank {rank}]   posted receive: source {src} tag {tag}" in err, err

@@ -239,6 +239,29 @@ def test_standalone_server_command(tmp_path, secret_env):
     assert "any number of jobs" in h.stdout.replace("\n", " ")
 
 
+def test_the_standalone_server_logs_joins_and_refusals(tmp_path, secret_env, program):
+    p, addr = _start_server("127.0.0.1:0", "--require-auth", "--admit-file",
+                            _admit_file(tmp_path, secret_env))
+    try:
+        jid = "job-" + secrets.token_hex(4)
+        common = ["--rendezvous", addr, "--job-id", jid, "-n", 2, "--connect-timeout", 20,
+                  "--timeout", 60, PY, program]
+        [(rc, out, err)] = _finish([_site(common, secret_env)])
+        assert rc == 0, err
+        stranger = dict(secret_env, ERDMA_JOB_SECRET=secrets.token_hex(32))
+        [(rc, out, err)] = _finish([_site(common, stranger)])
+        assert rc == 77, err
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(10)
+        log = p.stderr.read()
+        p.stdout.close()
+        p.stderr.close()
+    assert re.search(r"store: job space \S+ created by 127\.0\.0\.1:\d+", log), log
+    assert re.search(r"store: 127\.0\.0\.1:\d+ joined job space", log), log
+    assert "refused to admit a new job space from 127.0.0.1" in log, log
+
+
 def _free_udp_ports(n):
     import socket
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
