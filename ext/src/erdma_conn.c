@@ -548,10 +548,14 @@ void unexp_release(erdma_engine *e, int peer, uint64_t n) {
   if (!e->peers || peer < 0 || peer >= e->cfg.size) return;
   peer_info *p = &e->peers[peer];
   erdma_conn *c = p->conn;
+  uint64_t before = p->unexp_bytes;
   p->unexp_bytes = p->unexp_bytes > n ? p->unexp_bytes - n : 0;
   if (c && c->conn && !c->closed && c->credit_owed && credit_release(c)) {
     c->dirty = 1; /* the progress thread sends the MAX_STREAM_DATA */
     engine_wake(e);
+  } else if (c && c->shm && before > e->cfg.unexpected_max &&
+             p->unexp_bytes <= e->cfg.unexpected_max) {
+    engine_wake(e); /* drain_ring left the peer's bytes in its ring: read on */
   }
 }
 

@@ -480,7 +480,11 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
   uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
   int rv = 0;
   if (head - tail > cap) return -1; /* a producer that broke the protocol */
-  while (tail != head && rv == 0) {
+  /* Unexpected messages from this peer beyond cfg.unexpected_max: leave its
+   * bytes in the ring, so its sends wait for room (the back-pressure QUIC
+   * gets from withheld flow-control credit); unexp_release wakes us. */
+  const peer_info *p = &e->peers[c->peer];
+  while (tail != head && rv == 0 && p->unexp_bytes <= e->cfg.unexpected_max) {
     uint64_t off = tail & (cap - 1), n = head - tail;
     if (n > cap - off) n = cap - off;
     rv = conn_rx_feed(c, r->data + off, (size_t)n);
@@ -588,7 +592,8 @@ int shm_sleep_prepare(erdma_engine *e) {
   for (int i = 0; i < s->nlocal; i++) {
     int p = s->local[i];
     erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
-    if (c && c->shm && !c->closed &&
+    /* bytes a held-back peer left in its ring are no reason to stay awake */
+    if (c && c->shm && !c->closed && e->peers[p].unexp_bytes <= e->cfg.unexpected_max &&
         atomic_load_explicit(&c->rx_ring->head, memory_order_seq_cst) !=
             atomic_load_explicit(&c->rx_ring->tail, memory_order_relaxed)) {
       atomic_store_explicit(&s->seg->sleeping, 0, memory_order_relaxed);
