@@ -46,7 +46,7 @@ typedef struct bulk_hdr {
 #define BULK_LLC_DEFAULT ((uint64_t)32 << 20)
 
 /* The L3 size as the kernel reports it (sysfs; glibc's sysconf reads CPUID,
- * which in this VM claims 320 MiB for a 32 MiB L3), else a guess. */
+ * which on some virtual machines claims 320 MiB for a 32 MiB L3), else a guess. */
 static uint64_t bulk_llc(void) {
   static uint64_t llc; /* racy but idempotent */
   uint64_t v = __atomic_load_n(&llc, __ATOMIC_RELAXED);
