@@ -535,7 +535,8 @@ class Engine:
         _check(lib.erdma_engine_peer_stat(self._h, rank, st), f"statistics of rank {rank}")
         return {k: getattr(st, k) for k in ("connections", "lost", "srtt_us", "min_rtt_us",
                                             "rttvar_us", "cwnd", "bytes_in_flight",
-                                            "pto_count", "delivery_rate_bps")}
+                                            "pto_count", "lost_packets",
+                                            "delivery_rate_bps")}
 
     def describe(self, limit: int = 20) -> str:
         """The pending operations, one per line (for stack dumps)."""

@@ -8,7 +8,8 @@ peer (address, NAT candidate pair, RTT).
 
 ``ERDMA_STATS=1``: when the rank finalizes it prints the engine's counters
 (bytes, messages, packets, chunks), each peer's route and QUIC figures
-(smoothed/min RTT, congestion window, probe timeouts, delivery rate), and the
+(smoothed/min RTT, congestion window, packets lost and resent, probe
+timeouts, delivery rate), and the
 compression counters (bytes in, bytes out, ratio).
 
 Every line goes to stderr, tagged ``[rank N]``.
@@ -86,7 +87,8 @@ def stats_lines(eng):
         if p["connections"]:
             lines.append(f"  peer {r}: {how}, {p['connections']} QUIC connection(s), srtt "
                          f"{p['srtt_us'] / 1000:.3f} ms, min rtt {p['min_rtt_us'] / 1000:.3f} ms,"
-                         f" cwnd {p['cwnd']} bytes, {p['pto_count']} probe timeouts, delivery "
+                         f" cwnd {p['cwnd']} bytes, {p['lost_packets']} packets lost and resent,"
+                         f" {p['pto_count']} probe timeouts, delivery "
                          f"{p['delivery_rate_bps'] / 1e6:.1f} Mbit/s"
                          + (", lost" if p["lost"] else ""))
         else:

@@ -1,5 +1,6 @@
 """ERDMA_VERBOSE=1 start-up lines and the ERDMA_STATS=1 dump, on shared memory
 and over QUIC."""
+import os
 import re
 
 import pytest
@@ -59,5 +60,44 @@ def test_stats_dump_at_exit():
         assert sent >= 8 * (1 << 18) // 2, head[0]   # at least half the vector went out
         peer = [ln for ln in mine if ln.startswith(f"  peer {1 - rank}: direct")]
         assert peer and re.search(r"srtt [\d.]+ ms, min rtt [\d.]+ ms, cwnd \d+ bytes, "
-                                  r"\d+ probe timeouts", peer[0]), r.stderr
+                                  r"\d+ packets lost and resent, \d+ probe timeouts",
+                                  peer[0]), r.stderr
         assert any(ln.startswith("  compression:") for ln in mine)
+
+
+def _netns_with_loss(percent):
+    """A network namespace whose loopback drops ``percent`` % of UDP packets."""
+    import shutil
+    import subprocess
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        pytest.skip("needs root and nft")
+    ns = f"erdmadiag{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    rules = ("table inet loss {\n  chain out {\n    type filter hook output priority 0;\n"
+             f"    meta l4proto udp numgen random mod 100 < {percent} drop\n  }}\n}}\n")
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True,
+                       check=True)
+    except BaseException:
+        subprocess.run(["ip", "netns", "del", ns])
+        raise
+    return ns
+
+
+def test_stats_count_lost_packets():
+    import subprocess
+    import sys
+    from harness import erdmarun_cmd, rank_env
+    ns = _netns_with_loss(3)
+    try:
+        prog = PROG.replace("1 << 18", "1 << 22")
+        r = subprocess.run(["ip", "netns", "exec", ns] + erdmarun_cmd()
+                           + ["-n", "2", "--timeout", "120", sys.executable, "-c", prog],
+                           env=rank_env({"ERDMA_STATS": "1", "ERDMA_SHM": "0"}),
+                           capture_output=True, text=True, timeout=180)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
+    assert r.returncode == 0, r.stderr
+    lost = [int(m) for m in re.findall(r"(\d+) packets lost and resent", r.stderr)]
+    assert len(lost) == 2 and sum(lost) > 0, r.stderr

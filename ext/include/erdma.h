@@ -179,6 +179,7 @@ typedef struct erdma_peer_stat {
   uint64_t cwnd;             /* congestion windows, summed over connections */
   uint64_t bytes_in_flight;
   uint64_t pto_count;        /* probe timeouts in a row (loss recovery in progress) */
+  uint64_t lost_packets;     /* our packets with stream data declared lost (resent) */
   double delivery_rate_bps;  /* ngtcp2's delivery-rate estimate, bits per second */
 } erdma_peer_stat;
 int erdma_engine_peer_stat(erdma_engine *e, int rank, erdma_peer_stat *out);

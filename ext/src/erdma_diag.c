@@ -135,6 +135,11 @@ int erdma_engine_peer_stat(erdma_engine *e, int rank, erdma_peer_stat *out) {
     out->cwnd += cs.cwnd;
     out->bytes_in_flight += cs.bytes_in_flight;
     out->pto_count += cs.pto_count;
+    /* packets with STREAM frames declared lost (and so resent), ours only */
+    if (c->stream_id >= 0)
+      out->lost_packets += ngtcp2_conn_get_stream_loss_count(c->conn, c->stream_id);
+    for (int j = 0; j < c->nds; j++)
+      out->lost_packets += ngtcp2_conn_get_stream_loss_count(c->conn, c->ds[j].id);
     out->delivery_rate_bps += (double)cs.delivery_rate_sec * 8.0;
   }
   out->lost = p->error != 0;
