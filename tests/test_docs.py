@@ -26,15 +26,16 @@ def _markdown_files():
     return sorted(DOCS.rglob("*.md")) + [REPO / "README.md"]
 
 
-def _prose_lines(path):
-    """(line number, text) of the lines outside fenced code, code spans blanked."""
+def _prose_lines(path, keep_code=False):
+    """(line number, text) of the lines outside fenced code; code spans blanked
+    unless keep_code (headings' anchors use their text)."""
     fenced = False
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if FENCE.match(line):
             fenced = not fenced
             continue
         if not fenced:
-            yield n, CODE_SPAN.sub("", line)
+            yield n, line if keep_code else CODE_SPAN.sub("", line)
 
 
 def _slug(heading):
@@ -47,7 +48,7 @@ def _slug(heading):
 
 def _anchors(path):
     seen, out = {}, set()
-    for _, line in _prose_lines_keep_code(path):
+    for _, line in _prose_lines(path, keep_code=True):
         m = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
         if m:
             base = _slug(m.group(2))
@@ -55,17 +56,6 @@ def _anchors(path):
             seen[base] = k + 1
             out.add(base if k == 0 else f"{base}-{k}")
     return out
-
-
-def _prose_lines_keep_code(path):
-    """Like _prose_lines, but with code spans kept (headings' anchors use their text)."""
-    fenced = False
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if FENCE.match(line):
-            fenced = not fenced
-            continue
-        if not fenced:
-            yield n, line
 
 
 def _broken_links():
