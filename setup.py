@@ -49,6 +49,8 @@ setup(
     setup_requires=["cffi>=1.15"],
     # numba: the compression codecs (kernels/), used by default across hosts
     install_requires=["cffi>=1.15", "numpy", "cryptography", "numba"],
+    # erdmampi.torch, the torch.distributed backend "erdma"
+    extras_require={"torch": ["torch"]},
     cffi_modules=["ext/build_engine.py:ffibuilder", "ext/build_engine.py:dpdk_ffibuilder"],
     ext_package="erdmampi",
     # MPI.buffer: a C type because it must export the buffer protocol
