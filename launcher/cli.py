@@ -88,16 +88,16 @@ examples:
 
 # Options of other launchers that erdmarun cannot honour, with what to do
 # instead (the value each takes, so the split still finds the program).
+_NO_PINNING = ("erdmarun does not pin ranks to cores; start the program under taskset or "
+               "numactl, e.g. erdmarun -n 2 numactl -N 0 python x.py")
 _EXPLAINED = {
-    "--bind-to": (1, "erdmarun does not pin ranks to cores; start the program under "
-                     "taskset or numactl, e.g. erdmarun -n 2 numactl -N 0 python x.py"),
-    "-bind-to": (1, None),
+    "--bind-to": (1, _NO_PINNING),
+    "-bind-to": (1, _NO_PINNING),
     "--mca": (2, "Open MPI's MCA parameters mean nothing to erdmampi; its settings are "
                  "ERDMA_* variables (docs/guide/tuning.md), passed with --env K=V"),
     "--report-bindings": (0, "erdmarun does not pin ranks to cores, so there are no "
                              "bindings to report"),
 }
-_EXPLAINED["-bind-to"] = (1, _EXPLAINED["--bind-to"][1])
 
 
 class _Parser(argparse.ArgumentParser):

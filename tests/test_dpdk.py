@@ -285,9 +285,11 @@ def test_dpdk_with_hugepages(bed, hugepages, pmd):
     assert "xdp" not in link, link
 
 
-CRAFT = """
-import socket, struct, sys
-dev, src_mac, dst_mac, src_ip, dst_ip, dport = sys.argv[1:7]
+# Raw Ethernet frames sent from a namespace (argv[1] is the device): an
+# Internet checksum, MAC text to bytes, and an AF_PACKET socket on the device.
+_RAW_FRAMES = """
+import socket, struct, sys, time
+dev = sys.argv[1]
 def csum(b):
     if len(b) % 2: b += b"\\0"
     s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
@@ -296,6 +298,10 @@ def csum(b):
 mac = lambda m: bytes(int(x, 16) for x in m.split(":"))
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((dev, 0))
+"""
+
+CRAFT = _RAW_FRAMES + """
+dev, src_mac, dst_mac, src_ip, dst_ip, dport = sys.argv[1:7]
 payload = b"\\x40" + bytes(40)  # a QUIC short header would start so
 for bad_ip in (0, 1):
     for k in range(5):
@@ -349,17 +355,8 @@ def test_bad_checksums_are_dropped(bed, tmp_path):
     assert c and c["bad"] == 10, res["outs"][1][1]
 
 
-SPOOF = """
-import socket, struct, sys, time
+SPOOF = _RAW_FRAMES + """
 dev, src_mac, dst_mac, src_ip, dst_ip, sport, dport, secs = sys.argv[1:9]
-def csum(b):
-    if len(b) % 2: b += b"\\0"
-    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    while s >> 16: s = (s & 0xffff) + (s >> 16)
-    return ~s & 0xffff
-mac = lambda m: bytes(int(x, 16) for x in m.split(":"))
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-s.bind((dev, 0))
 src, dst = socket.inet_aton(src_ip), socket.inet_aton(dst_ip)
 t_end, k = time.monotonic() + float(secs), 0
 while time.monotonic() < t_end:
