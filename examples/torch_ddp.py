@@ -3,6 +3,7 @@
     erdmarun -n 2 python examples/torch_ddp.py
     erdmarun -n 2 python examples/torch_ddp.py --hooks none,int8,bf16
     erdmarun -n 2 python examples/torch_ddp.py --backend gloo   # the same with torch's gloo
+    erdmarun -n 2 python examples/torch_ddp.py --device cuda    # on GPUs (LOCAL_RANK picks one)
 
 A plain torch.distributed script: erdmarun sets RANK, WORLD_SIZE, MASTER_ADDR
 and MASTER_PORT as torchrun does, and ``import erdmampi.torch`` registers the
@@ -13,6 +14,7 @@ feedback) from the same initial weights and prints the final loss of each;
 rank 0 prints one line per run.
 """
 import argparse
+import os
 import time
 
 import torch
@@ -37,10 +39,11 @@ def make_model(dim=32, hidden=64, seed=1):
                                torch.nn.Linear(hidden, 1))
 
 
-def train(hook, steps, lr, batch, group=None):
+def train(hook, steps, lr, batch, device, group=None):
     rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = make_data(rank, world)
-    model = DDP(make_model(), process_group=group)
+    x, y = (v.to(device) for v in make_data(rank, world))
+    model = DDP(make_model().to(device), process_group=group,
+                device_ids=[device.index] if device.type == "cuda" else None)
     if hook != "none":
         model.register_comm_hook(hooks.CompressionState(hook, process_group=group),
                                  hooks.compress_hook)
@@ -55,7 +58,7 @@ def train(hook, steps, lr, batch, group=None):
     with torch.no_grad():                   # loss over every rank's shard
         full = loss_fn(model(x), y).detach().reshape(1)
     dist.all_reduce(full)
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     return full.item() / world, params
 
 
@@ -66,11 +69,19 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: rank r trains on GPU LOCAL_RANK %% device_count")
     args = ap.parse_args()
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))
+                              % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     dist.init_process_group(args.backend)
     for hook in args.hooks.split(","):
         t0 = time.perf_counter()
-        loss, params = train(hook, args.steps, args.lr, args.batch)
+        loss, params = train(hook, args.steps, args.lr, args.batch, device)
         if dist.get_rank() == 0:
             print(f"backend={args.backend} hook={hook} steps={args.steps} final_loss={loss:.6f} "
                   f"param_sum={params.double().sum().item():.9f} "

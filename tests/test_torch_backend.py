@@ -252,9 +252,12 @@ def test_outside_erdmarun_is_refused_clearly():
     assert "refused:" in res.stdout and "erdmarun" in res.stdout, res.stdout + res.stderr
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: none found on this machine")
+
+
+@needs_cuda
 def test_cuda_tensors():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     code = ("import torch, torch.distributed as dist, erdmampi.torch\n"
             "dist.init_process_group('erdma')\n"
             "t = torch.ones(1 << 16, device='cuda') * (dist.get_rank() + 1)\n"
@@ -263,6 +266,43 @@ def test_cuda_tensors():
     res = _run(2, code)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 3.0 cuda" in res.stdout and "1 3.0 cuda" in res.stdout, res.stdout
+
+
+@needs_cuda
+@pytest.mark.parametrize("n", [2, 3])
+def test_ops_on_cuda_match_gloo_on_cpu(n):
+    """Every operation of torch_ops.py on CUDA tensors gives the values gloo
+    gives on CPU tensors (gloo's own CUDA support lacks several operations)."""
+    got = _run(n, OPS, args=["erdma", "cuda"], timeout=240)
+    assert got.returncode == 0, got.stdout + got.stderr
+    want = _run(n, OPS, args=["gloo"])
+    assert want.returncode == 0, want.stdout + want.stderr
+    g, w = _results(got.stdout), _results(want.stdout)
+    assert all(g[(r, "device")] == "cuda" for r in range(n)), g
+    errors = {k: v for k, v in g.items() if v.startswith("ERROR")}
+    assert not errors, errors
+    compared = 0
+    for key, val in w.items():
+        if val.startswith("ERROR") or key[1] == "device":
+            continue
+        assert g.get(key) == val, (key, g.get(key), val)
+        compared += 1
+    assert compared >= 140 * n, compared
+
+
+@needs_cuda
+def test_ddp_on_cuda_matches_gloo():
+    lines = {}
+    for backend in ("erdma", "gloo"):
+        res = _run(2, EXAMPLE, args=["--backend", backend, "--steps", "60", "--device", "cuda"],
+                   timeout=240)
+        assert res.returncode == 0, res.stdout + res.stderr
+        m = re.search(r"final_loss=(\S+) param_sum=(\S+)", res.stdout)
+        assert m, res.stdout
+        lines[backend] = (float(m.group(1)), float(m.group(2)))
+    (le, pe), (lg, pg) = lines["erdma"], lines["gloo"]
+    assert abs(le - lg) <= 1e-5 * max(1.0, abs(lg)), lines
+    assert abs(pe - pg) <= 1e-5 * max(1.0, abs(pg)), lines
 
 
 _COMPRESS = r"""

@@ -2,6 +2,8 @@
 result, ``<rank> <key> <values>``, so that a run with the erdma backend can
 be compared line by line with a run with gloo (argv[1]).  A line
 ``<rank> <key> ERROR <type>`` marks an operation the backend refused.
+argv[2] ``cuda`` makes every tensor a CUDA tensor (rank r on GPU
+``r % device_count``); the printed values do not change.
 
 Inputs are small integers, so every sum, product and mean is exact in every
 dtype and any reduction order gives the same bits."""
@@ -14,8 +16,14 @@ backend = sys.argv[1]
 if backend == "erdma":
     import erdmampi.torch  # noqa: F401  (registers the backend)
 
+if sys.argv[2:3] == ["cuda"]:
+    import os
+    gpu = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    torch.cuda.set_device(gpu)
+    torch.set_default_device(gpu)
 dist.init_process_group(backend)
 r, n = dist.get_rank(), dist.get_world_size()
+print(f"{r} device {torch.zeros(1).device.type}", flush=True)
 R = dist.ReduceOp
 
 
