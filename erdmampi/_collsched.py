@@ -10,7 +10,6 @@ algorithm tags become the call's engine tags on the collective context id.
 the pipelining chunk.
 """
 
-import os
 import threading
 
 from . import _engine
@@ -23,10 +22,8 @@ _WHOLE = 1 << 62
 
 
 def _chunk_from_env():
-    try:
-        return max(int(os.environ.get("ERDMA_SCHED_CHUNK", "0")), 0)
-    except ValueError:
-        return 0
+    from . import config
+    return config.get("ERDMA_SCHED_CHUNK")
 
 
 _CHUNK = _chunk_from_env()
@@ -36,11 +33,9 @@ BULK_TAGS = _engine.lib.ERDMA_BULK_TAGS
 
 
 def _part_from_env(name):
-    try:
-        part = float(os.environ.get(name, "-1"))
-    except ValueError:
-        return -1.0
-    return part if 0.0 <= part <= 1.0 else -1.0
+    from . import config
+    part = config.get(name)
+    return -1.0 if part is None else part
 
 
 #: two-rank bulk Bcast: the root's fixed share (``ERDMA_BULK_ROOT_PART``, the

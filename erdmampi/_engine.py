@@ -6,10 +6,10 @@ that for every call) and wait in slices so that Ctrl-C still works.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
+from . import config
 from ._erdma import ffi, lib
 
 ANY_SOURCE = lib.ERDMA_ANY_SOURCE
@@ -430,14 +430,12 @@ class Engine:
             raise ValueError(f"path_timeout must be > 0 seconds, not {path_timeout!r}")
         cfg.path_timeout = path_timeout
         if hello_timeout is None:
-            hello_timeout = float(os.environ.get("ERDMA_HELLO_TIMEOUT") or 10.0)
+            hello_timeout = config.get("ERDMA_HELLO_TIMEOUT")
         if not hello_timeout > 0:
             raise ValueError(f"hello_timeout must be > 0 seconds, not {hello_timeout!r}")
         cfg.hello_timeout = hello_timeout
         if insecure is None:
-            # the same rule as erdmampi.jobauth.insecure (erdmarun --insecure)
-            insecure = os.environ.get("ERDMA_INSECURE", "").strip().lower() in (
-                "1", "yes", "true", "on")
+            insecure = config.get("ERDMA_INSECURE")
         cfg.insecure = int(bool(insecure))
         keep = []  # C strings the engine reads during erdma_engine_new
 

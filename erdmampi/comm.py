@@ -373,7 +373,8 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         if keyval == APPNUM:
             return int(_rt.info.get("appnum", 0))
         if keyval == UNIVERSE_SIZE:
-            if "ERDMA_UNIVERSE_SIZE" in os.environ:
+            from . import config
+            if config.get("ERDMA_UNIVERSE_SIZE") is not None:
                 return int(_rt.info.get("universe_size", len(self._ranks)))
             return None
         return _attributes.get("Comm", self._attrs, keyval)

@@ -25,7 +25,6 @@ registry (Numba loads only when a codec is first used) and never the engine.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any, Optional
@@ -53,10 +52,8 @@ KiB = 1024
 
 
 def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        raise ValueError(f"{name}={os.environ[name]!r} is not an integer") from None
+    from . import config
+    return config.get(name, default=default)
 
 
 #: input bytes per chunk: compressing chunk k+1 overlaps sending chunk k
@@ -109,8 +106,9 @@ _config = _Config()
 def configure(rc=None) -> str:
     """Set the process default from ``ERDMA_COMPRESS`` (wins) or
     ``rc.compress``; called when MPI is initialised.  Returns the mode."""
-    env = os.environ.get("ERDMA_COMPRESS")
-    if env is not None and env.strip():
+    from . import config
+    env = config.get("ERDMA_COMPRESS", default="")
+    if env:
         _config.mode, _config.source = parse_mode(env, "ERDMA_COMPRESS value"), "env"
     elif rc is not None and getattr(rc, "compress", None) is not None:
         _config.mode, _config.source = parse_mode(rc.compress, "rc.compress value"), "rc"
@@ -235,7 +233,8 @@ def _parse_bw(text: str) -> float:
 def link_bandwidth() -> float:
     """Bytes/s of a link to another host: ``ERDMA_LINK_BW`` (bits/s, e.g.
     ``10G``), else the estimate from recent compressed calls, else 1 Gbit/s."""
-    env = os.environ.get("ERDMA_LINK_BW")
+    from . import config
+    env = config.get("ERDMA_LINK_BW")
     if env:
         return _parse_bw(env)
     return _link["bw"] or _DEFAULT_LINK_BW

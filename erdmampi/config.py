@@ -10,7 +10,7 @@ start-up).  ``python -m erdmampi.config`` prints the reference table of
 here.
 
 Kinds: ``int``; ``size`` (bytes, ``K``/``M``/``G`` suffixes, binary);
-``seconds`` (a positive number); ``bool`` (1/0, yes/no, true/false, on/off);
+``seconds`` (a positive number); ``fraction`` (a number in [0, 1]); ``bool`` (1/0, yes/no, true/false, on/off);
 ``choice``; ``str`` (free text: addresses, lists, paths).
 """
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Var:
     lo: "float | None" = None
     hi: "float | None" = None
     prefix: bool = False          # the name is a prefix (ERDMA_COLL_<NAME>)
+    aliases: tuple = ()           # choice: (other spelling, the choice it means), ...
     topic: str = "other"
 
 
@@ -128,13 +129,16 @@ VARS_LIST = (
         "same on every rank", {"read": "per call", "lo": 0}),
        ("ERDMA_SCHED_CHUNK", "size", 0, "chunk bytes of those schedules (0: automatic); same "
         "on every rank", {"read": "per call", "lo": 0}),
-       ("ERDMA_BULK_ROOT_PART", "str", None, "fixed work share of the two-rank shared-memory "
+       ("ERDMA_BULK_ROOT_PART", "fraction", None, "fixed work share of the two-rank shared-memory "
         "Bcast (for measurements)", {"read": "import"}),
-       ("ERDMA_BULK_PULL_PART", "str", None, "fixed work share of the two-rank shared-memory "
+       ("ERDMA_BULK_PULL_PART", "fraction", None, "fixed work share of the two-rank shared-memory "
         "Alltoall (for measurements)", {"read": "import"})),
     _v("compression",
        ("ERDMA_COMPRESS", "choice", "auto", "compression of collective traffic",
-        {"choices": ("off", "auto", "lossless", "bf16", "int8", "int4"), "read": "import"}),
+        {"choices": ("off", "auto", "lossless", "bf16", "int8", "int4"), "read": "import",
+         "aliases": (("0", "off"), ("none", "off"), ("no", "off"), ("false", "off"),
+                     ("1", "lossless"), ("on", "lossless"), ("yes", "lossless"),
+                     ("true", "lossless"))}),
        ("ERDMA_COMPRESS_CHUNK", "size", 1 << 20, "input bytes per pipelined chunk; same on "
         "every rank", {"read": "import", "lo": 64}),
        ("ERDMA_COMPRESS_MIN", "size", 64 << 10, "auto: smallest vector compressed; same on "
@@ -217,7 +221,13 @@ def _accepts(v: Var) -> str:
     if v.kind == "bool":
         return _BOOL
     if v.kind == "choice":
-        return ", ".join(v.choices)
+        same = {}
+        for alias, choice in v.aliases:
+            same.setdefault(choice, []).append(alias)
+        also = ", ".join("/".join(a) + " = " + c for c, a in same.items())
+        return ", ".join(v.choices) + (f" (also {also})" if also else "")
+    if v.kind == "fraction":
+        return "a number from 0 to 1"
     if v.kind == "size":
         base = "a size in bytes (4096, 64K, 16M, 1G)"
     elif v.kind == "seconds":
@@ -253,8 +263,9 @@ def parse(v: Var, text: str, name: "str | None" = None):
             return False
         raise bad()
     if v.kind == "choice":
-        if text.lower() in v.choices:
-            return text.lower()
+        t = dict(v.aliases).get(text.lower(), text.lower())
+        if t in v.choices:
+            return t
         raise bad()
     if v.kind == "str":
         return text
@@ -268,6 +279,10 @@ def parse(v: Var, text: str, name: "str | None" = None):
             val = int(val)
         elif v.kind == "int":
             val = int(text)
+        elif v.kind == "fraction":
+            val = float(text)
+            if not 0.0 <= val <= 1.0:
+                raise ValueError
         elif v.kind == "seconds":
             val = float(text)
             if not (val > 0 or (val == 0 and v.lo == 0)):   # lo=0: 0 turns it off

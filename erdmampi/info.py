@@ -273,7 +273,8 @@ def _env_items(args=None):
         items["command"] = argv[0]
         if len(argv) > 1:
             items["argv"] = " ".join(argv[1:])
-    items["maxprocs"] = os.environ.get("ERDMA_SIZE", "1")
+    from . import config
+    items["maxprocs"] = str(config.get("ERDMA_SIZE", default=1))
     items["wdir"] = os.getcwd()
     items["thread_level"] = "MPI_THREAD_MULTIPLE"
     return items.items()

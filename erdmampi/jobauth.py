@@ -111,7 +111,8 @@ def load_secret(env=os.environ) -> bytes | None:
 def insecure(env=os.environ) -> bool:
     """``ERDMA_INSECURE`` is set to a true value (1, yes, true, on): the job
     opted out of authentication (erdmarun ``--insecure``)."""
-    return env.get(INSECURE_ENV, "").strip().lower() in ("1", "yes", "true", "on")
+    from . import config
+    return config.get(INSECURE_ENV, env)
 
 
 # -- keys --------------------------------------------------------------------

@@ -3,6 +3,8 @@ import argparse
 import os
 import sys
 
+from erdmampi import config
+
 from . import spawn
 
 __all__ = ["main", "build_parser", "split_argv"]
@@ -329,11 +331,10 @@ def _serve_dht(a, parser):
 def _connect_timeout(a, parser):
     t = a.connect_timeout
     if t is None:
-        text = os.environ.get("ERDMA_CONNECT_TIMEOUT", "")
         try:
-            t = float(text) if text else 60.0
-        except ValueError:
-            parser.error(f"ERDMA_CONNECT_TIMEOUT={text!r} is not a number of seconds")
+            t = config.get("ERDMA_CONNECT_TIMEOUT")
+        except config.ConfigError as e:
+            parser.error(str(e))
     if t <= 0:
         parser.error("--connect-timeout must be positive")
     return t
@@ -397,7 +398,7 @@ def _join(a, program, env, hosts, parser):
             except TimeoutError as e:
                 raise spawn.JobError(f"cannot join the DHT: {e}", spawn.EXIT_JOIN) from None
             proxy = discovery.DhtStoreServer(node, a.job_id, secret).start()
-            if "ERDMA_BIND" not in env and "ERDMA_BIND" not in os.environ:
+            if config.get("ERDMA_BIND", {**os.environ, **env}) is None:
                 # the ranks' store is on loopback: bind them where the other sites are
                 peers = parse_peers(a.dht or "")
                 if host not in ("0.0.0.0", ""):
@@ -460,7 +461,6 @@ def _dump(pid):
 
 def _check_config(env, parser):
     """Every ERDMA_* value the ranks will see, checked before any rank starts."""
-    from erdmampi import config
     errors, warnings = config.validate({**os.environ, **env})
     for w in warnings:
         sys.stderr.write(f"erdmarun: warning: {w}\n")

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from erdmampi import config
 from erdmampi.jobauth import SECRET_ENV, SECRET_FILE_ENV, generate_secret
 
 from .store_server import StoreServer
@@ -334,7 +335,7 @@ class Job:
         self.grace = grace
         self.verbose = verbose
         self.wdir = os.path.abspath(wdir) if wdir else os.getcwd()
-        cmd = launcher_cmd or os.environ.get("ERDMA_SSH") or DEFAULT_SSH
+        cmd = launcher_cmd or config.get("ERDMA_SSH", default=DEFAULT_SSH)
         self.launcher_argv = shlex.split(cmd)
         if not self.launcher_argv:
             raise JobError("the launcher command (--launcher-cmd / ERDMA_SSH) is empty")

@@ -47,6 +47,51 @@ def test_every_variable_the_code_reads_is_declared():
     assert not missing, f"declare these in erdmampi/config.py: {missing}"
 
 
+def _is_environ(node):
+    return (isinstance(node, ast.Attribute) and node.attr == "environ"
+            and isinstance(node.value, ast.Name) and node.value.id == "os")
+
+
+def _direct_reads(tree):
+    """(line, name) of each os.environ.get/os.getenv/os.environ[...]/``in
+    os.environ`` of a literal ERDMA_* name: reads that bypass config.get."""
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            fn = node.func
+            if isinstance(fn, ast.Attribute) and (
+                    (fn.attr in ("get", "pop") and _is_environ(fn.value)) or fn.attr == "getenv"):
+                name = node.args[0].value
+        elif (isinstance(node, ast.Subscript) and _is_environ(node.value)
+              and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant)):
+            name = node.slice.value
+        elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant)
+              and any(_is_environ(c) for c in node.comparators)):
+            name = node.left.value
+        if isinstance(name, str) and NAME.fullmatch(name):
+            yield node.lineno, name
+
+
+def test_python_reads_variables_only_through_config():
+    bypass = []
+    for top in ("erdmampi", "launcher", "kernels"):
+        for f in (REPO / top).rglob("*.py"):
+            if f == REPO / "erdmampi" / "config.py":
+                continue
+            tree = ast.parse(f.read_text(), str(f))
+            bypass += [f"{f.relative_to(REPO)}:{line} {name}" for line, name in _direct_reads(tree)]
+    assert not bypass, "read these with erdmampi.config.get: " + ", ".join(bypass)
+    planted = ast.parse('import os\nx = os.environ.get("ERDMA_TIMEOUT", "1")\n')
+    assert list(_direct_reads(planted)) == [(2, "ERDMA_TIMEOUT")]     # the scan finds one
+
+
+@pytest.mark.parametrize("text, mode", [("1", "lossless"), ("none", "off"), ("INT8", "int8")])
+def test_compress_spellings_agree_with_the_codec(text, mode):
+    from erdmampi import compression
+    assert config.parse(config.VARS["ERDMA_COMPRESS"], text) == mode
+    assert compression.parse_mode(text) == mode
+
+
 def test_the_reference_page_is_current():
     page = (REPO / "docs" / "config.md").read_text()
     assert page == config.markdown(), "run: python -m erdmampi.config > docs/config.md"

@@ -186,10 +186,8 @@ KiB = 1024
 
 
 def _sched_min() -> int:
-    try:
-        return int(os.environ.get("ERDMA_SCHED_MIN", 256 * KiB))
-    except ValueError:
-        return 256 * KiB
+    from erdmampi import config
+    return config.get("ERDMA_SCHED_MIN")
 
 
 #: bytes from which the ``sched_*`` algorithms are the default

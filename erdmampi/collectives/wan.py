@@ -35,7 +35,6 @@ there).
 
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -65,10 +64,8 @@ def exchange_pieces(nbytes: int) -> int:
 
 
 def _env_bytes(name: str, default: int) -> int:
-    try:
-        return max(0, int(os.environ.get(name, default)))
-    except ValueError:
-        return default
+    from erdmampi import config
+    return max(0, config.get(name, default=default))
 
 
 def _eager_pieces(count: int, itemsize: int) -> Optional[List[Tuple[int, int]]]:

@@ -5,7 +5,6 @@ allreduce 1 MiB erdmampi``.  Elsewhere (CI logs, files) it prints a plain line
 when a step starts, at most every ``every`` seconds, so logs stay short.
 ``ERDMA_PROGRESS=0`` turns it off.
 """
-import os
 import sys
 import time
 
@@ -34,7 +33,8 @@ class Progress:
         self.done = 0
         self.t0 = clock()
         self._last_plain = None
-        self.enabled = os.environ.get("ERDMA_PROGRESS", "1").strip() not in ("0", "no", "off")
+        from erdmampi import config
+        self.enabled = config.get("ERDMA_PROGRESS")
         try:
             self.tty = self.file.isatty()
         except Exception:

@@ -42,6 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+from erdmampi import config
+
 __all__ = ["WanBed", "Job", "parse_rate", "delayline_binary", "cleanup_stale",
            "bed_available", "WanBedError"]
 
@@ -53,7 +55,7 @@ _CC_SYSCTL = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 _cc_lock = threading.Lock()
 # Which beds (by tag, across processes) rely on an algorithm the beds added to the
 # global allowed list: the last one to close removes it again.
-_CC_STATE = Path(os.environ.get("ERDMA_WAN_STATE", "/run/erdmampi-wan-cc.json"))
+_CC_STATE = Path(config.get("ERDMA_WAN_STATE"))
 
 
 
@@ -125,7 +127,7 @@ def bed_available() -> "str | None":
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("ERDMA_CACHE_DIR")
+    base = config.get("ERDMA_CACHE_DIR")
     if base:
         return Path(base)
     xdg = os.environ.get("XDG_CACHE_HOME")
