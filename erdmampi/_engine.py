@@ -422,6 +422,13 @@ class Engine:
         cfg.max_udp_payload = max_udp_payload
         cfg.spin_us = spin_us
         cfg.verbose = int(verbose)  # 2: path statistics (cwnd, RTT, rates) every second
+        # diagnostics and test switches: the C engine reads no environment
+        if config.get("ERDMA_CC_LOG"):
+            cfg.cc_log = 2 if config.get("ERDMA_CC_LOG_ALL") else 1
+        cfg.path_log_ms = config.get("ERDMA_PATH_LOG_MS")
+        cfg.launcher_pid = config.get("ERDMA_LAUNCHER_PID") or 0
+        cfg.dpdk_copy = int(config.get("ERDMA_DPDK_COPY"))
+        cfg.dpdk_nobuf_every = config.get("ERDMA_DPDK_TEST_NOBUF_EVERY")
         if keepalive is not None:
             if not keepalive >= 0:
                 raise ValueError(f"keepalive must be >= 0 seconds, not {keepalive!r}")

@@ -33,7 +33,7 @@ class Var:
     kind: str
     default: object
     meaning: str
-    read: str = "start-up"        # start-up, import, launcher, per call, engine (C)
+    read: str = "start-up"        # start-up, import, launcher, per call
     choices: tuple = ()
     lo: "float | None" = None
     hi: "float | None" = None
@@ -59,8 +59,7 @@ VARS_LIST = (
        ("ERDMA_APPNUM", "int", 0, "MPI_APPNUM", {"lo": 0}),
        ("ERDMA_UNIVERSE_SIZE", "int", None, "MPI_UNIVERSE_SIZE (total slots)", {"lo": 1}),
        ("ERDMA_LAUNCHER_PID", "int", None, "pid of the ranks' launcher: the one process (with "
-        "its descendants) a rank lets read its memory for shared-memory copies", {"lo": 1,
-                                                                                "read": "engine (C)"}),
+        "its descendants) a rank lets read its memory for shared-memory copies", {"lo": 1}),
        ("ERDMA_SSH", "str", "ssh -o BatchMode=yes", "command erdmarun starts remote ranks with",
         {"read": "launcher"})),
     _v("start-up and failure detection",
@@ -121,7 +120,7 @@ VARS_LIST = (
        ("ERDMA_WAN_EAGER_HEAD", "size", 1 << 20, "two-host Allreduce/Bcast up to this size go "
         "as eager pieces; same on every rank", {"read": "per call", "lo": 0}),
        ("ERDMA_PATH_LOG_MS", "int", 1000, "with ERDMA_VERBOSE=2: milliseconds between path "
-        "reports", {"read": "engine (C)", "lo": 1})),
+        "reports", {"lo": 1})),
     _v("collectives",
        ("ERDMA_COLL_", "str", None, "ERDMA_COLL_<NAME>=<algorithm> forces an algorithm, e.g. "
         "ERDMA_COLL_ALLREDUCE=ring; same on every rank", {"prefix": True, "read": "per call"}),
@@ -169,17 +168,16 @@ VARS_LIST = (
        ("ERDMA_DPDK_GATEWAY", "str", "", "IPv4 gateway of the DPDK endpoint"),
        ("ERDMA_DPDK_NEIGH", "str", "", "static neighbours ip=mac,... of the DPDK endpoint"),
        ("ERDMA_DPDK_COPY", "bool", False, "copy each packet into an mbuf instead of writing "
-        "in place", {"read": "engine (C)"}),
+        "in place"),
        ("ERDMA_DPDK_TEST_NOBUF_EVERY", "int", 0, "tests only: fail every Nth mbuf allocation",
-        {"read": "engine (C)", "lo": 0})),
+        {"lo": 0})),
     _v("diagnostics",
        ("ERDMA_VERBOSE", "int", 0, "1: a start-up line per rank and the engine's diagnostics; "
         "2: also per peer, and path reports", {"lo": 0}),
        ("ERDMA_STATS", "bool", False, "print each rank's traffic counters when it finalizes",
         {"read": "MPI.Finalize"}),
-       ("ERDMA_CC_LOG", "bool", False, "log ngtcp2's congestion-control events",
-        {"read": "engine (C)"}),
-       ("ERDMA_CC_LOG_ALL", "bool", False, "log every ngtcp2 line", {"read": "engine (C)"}),
+       ("ERDMA_CC_LOG", "bool", False, "log ngtcp2's congestion-control events"),
+       ("ERDMA_CC_LOG_ALL", "bool", False, "with ERDMA_CC_LOG: log every ngtcp2 line"),
        ("ERDMA_PROGRESS", "bool", True, "progress bars of benchmarks and test beds",
         {"read": "per call"})),
     _v("test beds and tools",

@@ -92,6 +92,13 @@ def test_compress_spellings_agree_with_the_codec(text, mode):
     assert compression.parse_mode(text) == mode
 
 
+def test_the_engine_reads_no_environment():
+    """The C engine gets every setting in erdma_config (parsed by config.py)."""
+    calls = [f"{f.name}: {m.group(0)}" for f in (REPO / "ext" / "src").glob("*.c")
+             for m in re.finditer(r"\b(secure_)?getenv\s*\([^)]*\)", f.read_text())]
+    assert not calls, calls
+
+
 def test_the_reference_page_is_current():
     page = (REPO / "docs" / "config.md").read_text()
     assert page == config.markdown(), "run: python -m erdmampi.config > docs/config.md"

@@ -110,6 +110,14 @@ typedef struct erdma_config {
   const char *dpdk_gateway;  /* next hop towards peers off the subnet ("" none) */
   const char *dpdk_neigh;    /* static neighbours "ip=mac,ip=mac" ("" none: ARP) */
   int dpdk_poll_us;          /* longest sleep of the idle polling thread (microseconds) */
+  int dpdk_copy;             /* 1: copy each packet into an mbuf (no zero-copy transmit) */
+  int dpdk_nobuf_every;      /* tests: fail every Nth mbuf allocation (0: never) */
+  /* diagnostics; the engine reads no environment variable (erdmampi/config.py does) */
+  int cc_log;                /* ngtcp2's log on stderr: 0 off, 1 congestion-control events,
+                                2 every line */
+  int path_log_ms;           /* verbose >= 2: milliseconds between path reports (0: 1000) */
+  int launcher_pid;          /* the ranks' launcher: it and its descendants may read this
+                                rank's memory (CMA) under Yama scope 1; 0: the parent */
 } erdma_config;
 
 typedef struct erdma_status {

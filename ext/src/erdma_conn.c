@@ -720,7 +720,7 @@ static void cc_log_printf(void *user_data, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  if (getenv("ERDMA_CC_LOG_ALL") == NULL && !strstr(line, "bbr") && !strstr(line, "cubic")) return;
+  if (c->e->cfg.cc_log < 2 && !strstr(line, "bbr") && !strstr(line, "cubic")) return;
   if (strstr(line, "RTprop")) return; /* every ACK */
   fprintf(stderr, "erdma[%d] %.3f peer %d: %s\n", c->e->cfg.rank, erdma_now() / 1e9, c->peer,
           line);
@@ -751,8 +751,7 @@ static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_pa
                                                                       : cfg->stream_window;
   s->handshake_timeout = (ngtcp2_duration)(cfg->handshake_timeout * NGTCP2_SECONDS);
   s->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
-  const char *cclog = getenv("ERDMA_CC_LOG");
-  if (cclog && *cclog && strcmp(cclog, "0") != 0) s->log_printf = cc_log_printf;
+  if (cfg->cc_log > 0) s->log_printf = cc_log_printf;
   ngtcp2_transport_params_default(p);
   p->initial_max_stream_data_bidi_local = cfg->stream_window;
   p->initial_max_stream_data_bidi_remote = cfg->stream_window;

@@ -32,15 +32,9 @@ void engine_wake(erdma_engine *e) {
   if (write(e->evfd, &one, sizeof one) < 0) { /* counter full: already awake */ }
 }
 
-/* ERDMA_VERBOSE=2: the per-peer path report every ERDMA_PATH_LOG_MS (1000) ms */
-static uint64_t path_log_period(void) {
-  static uint64_t ns;
-  if (!ns) {
-    const char *v = getenv("ERDMA_PATH_LOG_MS");
-    double ms = v && *v ? atof(v) : 1000.0;
-    ns = (uint64_t)((ms >= 1.0 ? ms : 1.0) * 1e6);
-  }
-  return ns;
+/* verbose >= 2: the per-peer path report every path_log_ms (1000) ms */
+static uint64_t path_log_period(const erdma_engine *e) {
+  return (uint64_t)(e->cfg.path_log_ms > 0 ? e->cfg.path_log_ms : 1000) * 1000000u;
 }
 
 void erdma_config_default(erdma_config *cfg) {
@@ -251,7 +245,7 @@ static void *progress_main(void *arg) {
       if (now < busy_until) idle_ns = 0;
       else idle_ns = idle_ns ? (idle_ns * 2 < max_idle ? idle_ns * 2 : max_idle) : 1000;
     }
-    if (e->cfg.verbose >= 2 && erdma_now() - e->last_log > path_log_period()) {
+    if (e->cfg.verbose >= 2 && erdma_now() - e->last_log > path_log_period(e)) {
       e->last_log = erdma_now();
       conn_log_paths(e);
     }

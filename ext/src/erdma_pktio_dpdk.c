@@ -883,15 +883,12 @@ int erdma_pktio_dpdk_open(erdma_engine *e, const erdma_pktio_host *host) {
   /* zero-copy transmit where an mbuf holds headers and a whole packet behind its
    * headroom (which has room for a prefix)
    * (ERDMA_DPDK_COPY=1 turns it off: a comparison for bench/pktio.py) */
-  const char *copy = getenv("ERDMA_DPDK_COPY");
-  int copy_on = copy && *copy && strcmp(copy, "0") != 0;
-  if (!copy_on && RTE_PKTMBUF_HEADROOM >= ERDMA_TX_PREFIX &&
+  if (!e->cfg.dpdk_copy && RTE_PKTMBUF_HEADROOM >= ERDMA_TX_PREFIX &&
       rte_pktmbuf_data_room_size(pool) >= RTE_PKTMBUF_HEADROOM + HDRS + e->pkt_size) {
     e->io.tx_buf = dpdk_tx_buf;
     e->io.tx_commit = dpdk_tx_commit;
   }
-  const char *nobuf = getenv("ERDMA_DPDK_TEST_NOBUF_EVERY");
-  if (nobuf) d->nobuf_every = (unsigned)strtoul(nobuf, NULL, 10);
+  if (e->cfg.dpdk_nobuf_every > 0) d->nobuf_every = (unsigned)e->cfg.dpdk_nobuf_every;
   e->io.fd = -1;
   e->io.state = d;
   in_use = 1;

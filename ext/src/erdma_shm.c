@@ -175,12 +175,9 @@ static int cma_grant(erdma_engine *e) {
   fclose(f);
   if (scope >= 3) return 0; /* no ptrace at all */
   if (scope != 1) return 1; /* 0: no restriction; 2: only CAP_SYS_PTRACE (tried, else refused) */
-  const char *v = getenv("ERDMA_LAUNCHER_PID");
   pid_t tracer = 0;
-  if (v && *v) {
-    long l = strtol(v, NULL, 10);
-    if (l > 1 && is_ancestor((pid_t)l)) tracer = (pid_t)l;
-  }
+  if (e->cfg.launcher_pid > 1 && is_ancestor((pid_t)e->cfg.launcher_pid))
+    tracer = (pid_t)e->cfg.launcher_pid;
   if (!tracer) tracer = getppid();
   if (tracer <= 1) return 0; /* orphaned: declaring init would grant everyone */
   if (prctl(PR_SET_PTRACER, (unsigned long)tracer, 0, 0, 0) != 0) return 0;
