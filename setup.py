@@ -53,9 +53,15 @@ setup(
     extras_require={"torch": ["torch"]},
     cffi_modules=["ext/build_engine.py:ffibuilder", "ext/build_engine.py:dpdk_ffibuilder"],
     ext_package="erdmampi",
-    # MPI.buffer: a C type because it must export the buffer protocol
+    # MPI.buffer: a C type because it must export the buffer protocol; on the
+    # 3.11 limited API, so one _membuf.abi3.so serves 3.11 and later
     ext_modules=[Extension("_membuf", ["ext/python/membuf.c"],
+                           py_limited_api=True,
+                           define_macros=[("Py_LIMITED_API", "0x030B0000")],
                            extra_compile_args=["-O2", "-Wall"])],
     entry_points={"console_scripts": ["erdmarun=erdmampi.launcher.cli:main"]},
+    # every extension is abi3 (cffi's and _membuf), so the wheel is tagged
+    # cp311-abi3 and installs on any later Python too
+    options={"bdist_wheel": {"py_limited_api": "cp311"}} if sys.version_info >= (3, 11) else {},
     zip_safe=False,
 )

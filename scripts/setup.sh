@@ -143,6 +143,9 @@ fi
 
 # --- 5. erdmampi itself (editable; compiles the cffi C engine) ---------------
 say "erdmampi: pip install -e . (compiling the C engine)"
+# _membuf was once built per Python version; a leftover would shadow the
+# _membuf.abi3.so built now (the import system prefers the versioned name)
+rm -f "$ROOT"/erdmampi/_membuf.cpython-*.so "$ROOT"/build/lib.*/erdmampi/_membuf.cpython-*.so
 if ! "$VPY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"; then
     die "building erdmampi failed (see the compiler output above)"
 fi

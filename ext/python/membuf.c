@@ -6,7 +6,11 @@
  * on Python < 3.12, hence C.  Semantics and error types follow mpi4py's
  * asbuffer.pxi: the held Py_buffer keeps the exporter's view (so `itemsize`
  * reports the exporter's item size) while the exported view is plain bytes.
+ *
+ * Limited API (3.11: the first with Py_buffer and the buffer slots), so one
+ * _membuf.abi3.so serves Python 3.11 and every later version.
  */
+#define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
@@ -17,7 +21,11 @@ typedef struct {
     int device;     /* memory of a device exporter: no CPU access (as mpi4py) */
 } MembufObject;
 
-static PyTypeObject Membuf_Type;
+/* the heap type, made at module init (the limited API has no static types) */
+static PyTypeObject *Membuf_Type;
+/* its tp_name, as mpi4py's "mpi4py.MPI.buffer"; the type is final, so this
+   is also Py_TYPE(self)'s name for every instance */
+#define MEMBUF_NAME "erdmampi.MPI.buffer"
 
 static void view_empty(Py_buffer *view)
 {
@@ -27,7 +35,7 @@ static void view_empty(Py_buffer *view)
 
 static MembufObject *membuf_alloc(void)
 {
-    MembufObject *self = PyObject_New(MembufObject, &Membuf_Type);
+    MembufObject *self = PyObject_New(MembufObject, Membuf_Type);
     if (self != NULL)
         self->device = 0;
     if (self != NULL)
@@ -74,7 +82,7 @@ static MembufObject *membuf_from_exporter(PyObject *obj, int writable)
 /* A new buffer over `obj`'s exported memory (mpi4py's getbuffer). */
 static MembufObject *membuf_from(PyObject *obj, int flags)
 {
-    MembufObject *self = PyObject_New(MembufObject, &Membuf_Type);
+    MembufObject *self = PyObject_New(MembufObject, Membuf_Type);
     if (self == NULL)
         return NULL;
     self->device = 0;
@@ -116,20 +124,23 @@ static void membuf_release_view(MembufObject *self)
 
 static void Membuf_dealloc(MembufObject *self)
 {
+    /* instances of a heap type own a reference to it (PyObject_New took it) */
+    PyTypeObject *tp = Py_TYPE((PyObject *)self);
     PyBuffer_Release(&self->view);
     PyObject_Free(self);
+    Py_DECREF((PyObject *)tp);
 }
 
 /* buffer(obj=None): extra positional arguments are ignored, as in mpi4py */
 static PyObject *Membuf_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     (void)type;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
+    if (kwds != NULL && PyDict_Size(kwds) > 0) {
         PyErr_SetString(PyExc_TypeError, "buffer() takes no keyword arguments");
         return NULL;
     }
-    if (PyTuple_GET_SIZE(args) > 0)
-        return (PyObject *)membuf_from(PyTuple_GET_ITEM(args, 0), PyBUF_SIMPLE);
+    if (PyTuple_Size(args) > 0)
+        return (PyObject *)membuf_from(PyTuple_GetItem(args, 0), PyBUF_SIMPLE);
     return (PyObject *)membuf_alloc();
 }
 
@@ -168,7 +179,7 @@ static PyObject *Membuf_allocate(PyObject *unused, PyObject *args, PyObject *kwd
     if (store == NULL)
         return NULL;
     if (clear && size > 0)
-        memset(PyByteArray_AS_STRING(store), 0, (size_t)size);
+        memset(PyByteArray_AsString(store), 0, (size_t)size);
     buf = membuf_from(store, PyBUF_SIMPLE | PyBUF_WRITABLE);
     Py_DECREF(store);
     return (PyObject *)buf;
@@ -331,11 +342,6 @@ static int Membuf_getbuffer(MembufObject *self, Py_buffer *view, int flags)
                              self->view.readonly, flags);
 }
 
-static PyBufferProcs Membuf_as_buffer = {
-    (getbufferproc)Membuf_getbuffer,
-    NULL,
-};
-
 /* ---- sequence interface -------------------------------------------------- */
 
 static Py_ssize_t Membuf_length(MembufObject *self)
@@ -376,28 +382,26 @@ static int byte_slice(MembufObject *self, PyObject *item, Py_ssize_t *start, Py_
 static int as_uchar(PyObject *value, unsigned char *out)
 {
     PyObject *num;
+    unaryfunc nb_int;
     long v;
+    int overflow;
     if (PyLong_Check(value)) {
         Py_INCREF(value);
         num = value;
-    } else if (Py_TYPE(value)->tp_as_number && Py_TYPE(value)->tp_as_number->nb_int) {
-        num = Py_TYPE(value)->tp_as_number->nb_int(value);
+    } else if ((nb_int = (unaryfunc)PyType_GetSlot(Py_TYPE(value), Py_nb_int)) != NULL) {
+        num = nb_int(value);
         if (num == NULL)
             return -1;
     } else {
         PyErr_SetString(PyExc_TypeError, "an integer is required");
         return -1;
     }
-    v = PyLong_AsLong(num);
-    if (v == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            Py_DECREF(num);
-            return -1;
-        }
-        PyErr_Clear();
-        v = _PyLong_Sign(num) < 0 ? -1 : 256;  /* out of range: reported below */
-    }
+    v = PyLong_AsLongAndOverflow(num, &overflow);
     Py_DECREF(num);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow)
+        v = overflow < 0 ? -1 : 256;  /* out of range: reported below */
     if (v < 0) {
         PyErr_SetString(PyExc_OverflowError, "can't convert negative value to unsigned char");
         return -1;
@@ -436,8 +440,8 @@ static int Membuf_ass_subscript(MembufObject *self, PyObject *item, PyObject *va
     unsigned char byte;
     Py_buffer src;
     if (value == NULL) {
-        PyErr_Format(PyExc_NotImplementedError, "Subscript deletion not supported by %.200s",
-                     Py_TYPE(self)->tp_name);
+        PyErr_SetString(PyExc_NotImplementedError,
+                        "Subscript deletion not supported by " MEMBUF_NAME);
         return -1;
     }
     if (no_cpu(self) < 0)
@@ -478,12 +482,6 @@ static int Membuf_ass_subscript(MembufObject *self, PyObject *item, PyObject *va
     return -1;
 }
 
-static PyMappingMethods Membuf_as_mapping = {
-    (lenfunc)Membuf_length,
-    (binaryfunc)Membuf_subscript,
-    (objobjargproc)Membuf_ass_subscript,
-};
-
 /* sq_item makes the buffer iterable, as Cython's __getitem__ does */
 static PyObject *Membuf_item(MembufObject *self, Py_ssize_t i)
 {
@@ -494,11 +492,6 @@ static PyObject *Membuf_item(MembufObject *self, Py_ssize_t i)
     Py_DECREF(index);
     return res;
 }
-
-static PySequenceMethods Membuf_as_sequence = {
-    .sq_length = (lenfunc)Membuf_length,
-    .sq_item = (ssizeargfunc)Membuf_item,
-};
 
 /* ---- type ---------------------------------------------------------------- */
 
@@ -539,19 +532,27 @@ static PyGetSetDef Membuf_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject Membuf_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "erdmampi.MPI.buffer",
-    .tp_basicsize = sizeof(MembufObject),
-    .tp_dealloc = (destructor)Membuf_dealloc,
-    .tp_as_sequence = &Membuf_as_sequence,
-    .tp_as_mapping = &Membuf_as_mapping,
-    .tp_as_buffer = &Membuf_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT,  /* final, as in mpi4py */
-    .tp_doc = "buffer(obj=None)\n--\n\nBuffer.",
-    .tp_methods = Membuf_methods,
-    .tp_getset = Membuf_getset,
-    .tp_new = Membuf_new,
+/* No Py_bf_releasebuffer: exported views hold a reference to the buffer
+   (view->obj), which PyBuffer_Release drops; nothing else to undo. */
+static PyType_Slot Membuf_slots[] = {
+    {Py_tp_dealloc, (void *)Membuf_dealloc},
+    {Py_tp_new, (void *)Membuf_new},
+    {Py_tp_methods, Membuf_methods},
+    {Py_tp_getset, Membuf_getset},
+    {Py_tp_doc, (void *)"buffer(obj=None)\n--\n\nBuffer."},
+    {Py_sq_length, (void *)Membuf_length},
+    {Py_sq_item, (void *)Membuf_item},
+    {Py_mp_length, (void *)Membuf_length},
+    {Py_mp_subscript, (void *)Membuf_subscript},
+    {Py_mp_ass_subscript, (void *)Membuf_ass_subscript},
+    {Py_bf_getbuffer, (void *)Membuf_getbuffer},
+    {0, NULL},
+};
+
+/* final, as in mpi4py (no BASETYPE); immutable, as a static type was */
+static PyType_Spec Membuf_spec = {
+    MEMBUF_NAME, sizeof(MembufObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE, Membuf_slots,
 };
 
 /* asbuffer(obj, readonly): `obj` itself when it is a buffer (checking that a
@@ -564,7 +565,7 @@ static PyObject *mod_asbuffer(PyObject *mod, PyObject *args)
     (void)mod;
     if (!PyArg_ParseTuple(args, "O|p:asbuffer", &obj, &readonly))
         return NULL;
-    if (Py_TYPE(obj) == &Membuf_Type) {
+    if (Py_TYPE(obj) == Membuf_Type) {
         if (((MembufObject *)obj)->view.readonly && !readonly) {
             PyErr_SetString(PyExc_BufferError, "Object is not writable");
             return NULL;
@@ -587,19 +588,23 @@ static struct PyModuleDef membuf_module = {
     NULL, NULL, NULL, NULL,
 };
 
+/* single-phase init: the type lives in a static; should init run again (a
+   subinterpreter), the newest type replaces it */
 PyMODINIT_FUNC PyInit__membuf(void)
 {
-    PyObject *m;
-    if (PyType_Ready(&Membuf_Type) < 0)
+    PyObject *m, *type;
+    PyTypeObject *old;
+    type = PyType_FromSpec(&Membuf_spec);
+    if (type == NULL)
         return NULL;
     m = PyModule_Create(&membuf_module);
-    if (m == NULL)
-        return NULL;
-    Py_INCREF(&Membuf_Type);
-    if (PyModule_AddObject(m, "buffer", (PyObject *)&Membuf_Type) < 0) {
-        Py_DECREF(&Membuf_Type);
-        Py_DECREF(m);
+    if (m == NULL || PyModule_AddObjectRef(m, "buffer", type) < 0) {
+        Py_XDECREF(m);
+        Py_DECREF(type);
         return NULL;
     }
+    old = Membuf_Type;
+    Membuf_Type = (PyTypeObject *)type;   /* the static's own reference */
+    Py_XDECREF((PyObject *)old);
     return m;
 }
