@@ -36,7 +36,8 @@ __all__ = ["ProcessGroupErdma", "ErdmaWork", "create_backend"]
 
 _RED = {int(v): k for k, v in dist.ReduceOp.RedOpType.__members__.items()}
 _MPI_OP = {"SUM": MPI.SUM, "AVG": MPI.SUM, "PRODUCT": MPI.PROD, "MIN": MPI.MIN,
-           "MAX": MPI.MAX, "BAND": MPI.BAND, "BOR": MPI.BOR, "BXOR": MPI.BXOR}
+           "MAX": MPI.MAX, "BAND": MPI.BAND, "BOR": MPI.BOR, "BXOR": MPI.BXOR,
+           "PREMUL_SUM": MPI.SUM}
 _BITWISE = ("BAND", "BOR", "BXOR")
 
 
@@ -45,6 +46,28 @@ def _opname(op) -> str:
     if isinstance(op, dist.ReduceOp):
         op = op.op
     return _RED.get(int(op), str(op))
+
+
+class _Red:
+    """A reduction of the options of a call: its name (SUM, AVG, ...), the
+    erdmampi operation and, for PREMUL_SUM, the factor (a number or a
+    tensor) each rank multiplies its input by before the sum, as NCCL does."""
+
+    __slots__ = ("name", "mpi", "factor")
+
+    def __init__(self, name, mpi, factor=None):
+        self.name, self.mpi, self.factor = name, mpi, factor
+
+    def scaled(self, t: torch.Tensor, inplace: bool) -> torch.Tensor:
+        """``t`` times the PREMUL_SUM factor (in place when ``inplace``, else a
+        new tensor); ``t`` itself for the other reductions."""
+        if self.factor is None:
+            return t
+        f = self.factor
+        if isinstance(f, torch.Tensor):
+            f = f.to(device=t.device).reshape(())
+        with torch.no_grad():
+            return t.mul_(f) if inplace else torch.mul(t, f).to(t.dtype)
 
 
 def _seconds(timeout, default: float) -> float:
@@ -201,7 +224,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._p2p = comm.Dup()
         self._p2p.Set_errhandler(MPI.ERRORS_RETURN)
-        self._name = name
+        self._name = name               # torch's group name (its _set_group_name)
+        self._desc = ""
         self._error: Optional[BaseException] = None
         self._lock = threading.Condition()
         self._queue: collections.deque = collections.deque()
@@ -219,6 +243,40 @@ class ProcessGroupErdma(dist.ProcessGroup):
     def _get_backend_name(self) -> str:
         return "erdma"
 
+    # torch keeps the group name on the C++ backends a ProcessGroup holds; this
+    # group holds none (it is its own backend), so it keeps name and
+    # description itself.  DeviceMesh, DTensor and the functional collectives
+    # find a group by this name.
+    @property
+    def group_name(self) -> str:
+        if not self._name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = str(name)
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc or "undefined"
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = str(desc)
+
+    # torch asks a group for its backend on a device (FSDP2's allocation
+    # from the process group, split_group, the time estimator): this group
+    # is its own backend on every device, one that allocates no tensors of
+    # its own and cannot split.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device):
+        return self
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
     @property
     def comm(self):
         """The erdmampi communicator the collectives run on."""
@@ -230,14 +288,14 @@ class ProcessGroupErdma(dist.ProcessGroup):
     # -- collectives --------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        mpi_op = self._mpi_op(op, tensors)
+        red = self._red(opts, tensors)
         bufs = [_Contig(t) for t in tensors]
 
         def run():
             for b in bufs:
-                self._comm.Allreduce(MPI.IN_PLACE, b.buf, op=mpi_op)
-                if op == "AVG":
+                red.scaled(b.buf, inplace=True)
+                self._comm.Allreduce(MPI.IN_PLACE, b.buf, op=red.mpi)
+                if red.name == "AVG":
                     self._avg(b.buf)
                 b.back()
         return self._submit("allreduce", list(tensors), run, opts)
@@ -269,19 +327,20 @@ class ProcessGroupErdma(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        mpi_op = self._mpi_op(op, tensors)
+        red = self._red(opts, tensors)
         bufs = [_Contig(t) for t in tensors]
 
         def run():
             for b in bufs:
                 if self._rank == root:
-                    self._comm.Reduce(MPI.IN_PLACE, b.buf, op=mpi_op, root=root)
-                    if op == "AVG":
+                    red.scaled(b.buf, inplace=True)
+                    self._comm.Reduce(MPI.IN_PLACE, b.buf, op=red.mpi, root=root)
+                    if red.name == "AVG":
                         self._avg(b.buf)
                     b.back()
-                else:
-                    self._comm.Reduce(b.buf, None, op=mpi_op, root=root)
+                else:       # a non-root's tensor is left as it was
+                    self._comm.Reduce(red.scaled(b.buf, inplace=False), None, op=red.mpi,
+                                      root=root)
         return self._submit("reduce", list(tensors), run, opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -321,30 +380,29 @@ class ProcessGroupErdma(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        mpi_op = self._mpi_op(op, output_tensors)
+        red = self._red(opts, output_tensors)
         pairs = list(zip(output_tensors, input_tensors))
         self._check_lists([(ins, out) for out, ins in pairs], "reduce_scatter")
 
         def run():
             for out, ins in pairs:
-                send = torch.stack([t.reshape(out.shape) for t in ins])
+                send = red.scaled(torch.stack([t.reshape(out.shape) for t in ins]), inplace=True)
                 o = _Contig(out, fill=False)
-                self._comm.Reduce_scatter_block(send, o.buf, op=mpi_op)
-                if op == "AVG":
+                self._comm.Reduce_scatter_block(send, o.buf, op=red.mpi)
+                if red.name == "AVG":
                     self._avg(o.buf)
                 o.back()
         return self._submit("reduce_scatter", list(output_tensors), run, opts)
 
     def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
-        op = _opname(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        mpi_op = self._mpi_op(op, [input_tensor])
+        red = self._red(opts, [input_tensor])
         out = _Contig(output_tensor, fill=False)
         self._check_numel(input_tensor, out.buf, self._size, "reduce_scatter_tensor")
 
         def run():
-            self._comm.Reduce_scatter_block(input_tensor.contiguous(), out.buf, op=mpi_op)
-            if op == "AVG":
+            send = red.scaled(input_tensor.contiguous(), inplace=False)
+            self._comm.Reduce_scatter_block(send, out.buf, op=red.mpi)
+            if red.name == "AVG":
                 self._avg(out.buf)
             out.back()
         return self._submit("reduce_scatter_tensor", [output_tensor], run, opts)
@@ -469,12 +527,23 @@ class ProcessGroupErdma(dist.ProcessGroup):
 
     # Private
 
-    def _mpi_op(self, op, tensors):
-        if op not in _MPI_OP:
-            raise ValueError(f"erdma: reduction {op} is not supported")
-        if op in _BITWISE and any(t.is_floating_point() or t.is_complex() for t in tensors):
-            raise ValueError(f"erdma: {op} needs integer tensors")
-        return _MPI_OP[op]
+    def _red(self, opts, tensors) -> _Red:
+        """The reduction the options ask for, checked against the tensors."""
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        name = _opname(op)
+        if name not in _MPI_OP:
+            raise ValueError(f"erdma: reduction {name} is not supported")
+        if name in _BITWISE and any(t.is_floating_point() or t.is_complex() for t in tensors):
+            raise ValueError(f"erdma: {name} needs integer tensors")
+        factor = None
+        if name == "PREMUL_SUM":
+            if not all(t.is_floating_point() or t.is_complex() for t in tensors):
+                raise ValueError("erdma: PREMUL_SUM needs floating-point tensors")
+            factor = op.factor
+            if isinstance(factor, torch.Tensor) and factor.numel() != 1:
+                raise ValueError("erdma: PREMUL_SUM needs a factor of one element, "
+                                 f"got {factor.numel()}")
+        return _Red(name, _MPI_OP[name], factor)
 
     def _avg(self, t):
         with torch.no_grad():
