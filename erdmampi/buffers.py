@@ -208,22 +208,6 @@ def _from_buffer_protocol(obj, readonly):
     return _raw_from_memoryview(mv), mv.format
 
 
-def _dlpack_format(dtype):
-    """Format string mpi4py derives from a DLPack dtype (dlpack_get_format)."""
-    kind, size = dtype.kind, dtype.itemsize
-    if kind == "b" and size == 1:
-        return "?"
-    if kind == "i":
-        return {1: "b", 2: "h", 4: "i", 8: "l"}.get(size, None)
-    if kind == "u":
-        return {1: "B", 2: "H", 4: "I", 8: "L"}.get(size, None)
-    if kind == "f":
-        return {2: "e", 4: "f", 8: "d", 16: "g"}.get(size, None)
-    if kind == "c":
-        return {4: "Ze", 8: "Zf", 16: "Zd", 32: "Zg"}.get(size, None)
-    return None  # -> BYTE
-
-
 def _from_dlpack(obj, readonly):
     try:
         dlpack_device = obj.__dlpack_device__
@@ -247,10 +231,15 @@ def _dlpack_host(obj, view):
         raw = np.empty(0, np.uint8)
     # the capsule stays referenced as long as the bytes are: its destructor,
     # the producer's, releases the tensor
-    fmt = view.fmt
+    return _Raw((obj, view.capsule), raw, _view_format(view))
+
+
+def _view_format(view):
+    """The format of a DLPack view; bfloat16 (kDLBfloat) too: moved as 2-byte
+    elements and reducible."""
     if view.dtype_code == 4 and view.dtype_bits == 16 and view.itemsize == 2:
-        fmt = _bf16.FORMAT          # kDLBfloat: moved as 2-byte elements, reducible
-    return _Raw((obj, view.capsule), raw, fmt)
+        return _bf16.FORMAT
+    return view.fmt
 
 
 def _cai_format(typekind, itemsize):
@@ -378,6 +367,14 @@ def _from_cai(obj, readonly):
 # are host memory exported as CPU DLPack), else ``libcudart`` via ctypes.
 
 
+def _pointer_attributes():
+    """Room for a ``cudaPointerAttributes``: {int type; int device; void *dptr,
+    *hptr; ...}.  The runtime writes the whole struct of its own version
+    (CUDA 12+ appends reserved words), so the buffer is far larger than the
+    four fields read: a tight one gets its neighbours on the heap overwritten."""
+    return (ctypes.c_int * 256)()
+
+
 class _CudaRuntime:
     """The CUDA runtime through ctypes (no Python GPU package needed)."""
 
@@ -425,7 +422,7 @@ class _CudaRuntime:
         ver = ctypes.c_int(0)
         if lib.cudaRuntimeGetVersion(ctypes.byref(ver)) != 0 or ver.value < 11000:
             return None  # cudaPointerAttributes has this layout from CUDA 11
-        attrs = (ctypes.c_int * 16)()  # {int type; int device; void *dptr, *hptr}
+        attrs = _pointer_attributes()
         if lib.cudaPointerGetAttributes(attrs, ptr) != 0:
             return None
         return attrs[1] if attrs[0] == 2 else None  # cudaMemoryTypeDevice
@@ -444,7 +441,7 @@ class _CudaRuntime:
         ver = ctypes.c_int(0)
         if lib.cudaRuntimeGetVersion(ctypes.byref(ver)) != 0 or ver.value < 11000:
             return False
-        attrs = (ctypes.c_int * 16)()  # {int type; int device; void *dptr, *hptr}
+        attrs = _pointer_attributes()
         if lib.cudaPointerGetAttributes(attrs, ptr) != 0:
             lib.cudaGetLastError()
             return True   # memory the driver does not know: host
@@ -512,7 +509,7 @@ def _numba_cuda():
     """``numba.cuda`` if it can reach a real GPU, else None."""
     try:
         from numba import cuda  # noqa: PLC0415
-    except ImportError:
+    except Exception:  # noqa: BLE001  (missing, or broken against this numpy)
         return None
     if not hasattr(cuda, "from_cuda_array_interface"):
         return None  # the CUDA simulator: no device memory to stage
@@ -584,17 +581,23 @@ def _from_dlpack_device(obj, readonly, device_type, device_id):
             f"dlpack: buffer on device type {device_type} ({name}) is not "
             f"supported: only CPU memory, and CUDA or ROCm memory staged "
             f"through the host, can be communicated")
-    # pinned host memory, or any pointer when no driver could have made
-    # device memory (or the driver says host): read in place, as MPI would
+    # __dlpack__(stream=-1), as mpi4py asks: no stream ordering, the caller
+    # has synchronised the producer's work (as with CUDA-aware MPI)
     view = _dlpack.read(obj, readonly)
     if view.nbytes and not view.addr:
         raise BufferError(f"dlpack: NULL data pointer with {view.nbytes} bytes")
+    # pinned host memory, or any pointer when no driver could have made
+    # device memory (or the driver says host): read in place, as MPI would
     if device_type in (3, 11) or not view.nbytes or _cai_is_host(view.addr):
         return _dlpack_host(obj, view)
-    if hasattr(obj, "__cuda_array_interface__") and device_type in (2, 13):
-        # torch / CuPy / Numba arrays export both: the CAI path can also
-        # stage with Numba or libcudart
-        return _from_cai(obj, readonly)
+    if device_type in (2, 13):
+        # staged from the capsule's pointer with CuPy, Numba or libcudart;
+        # the format comes from the DLPack dtype (bfloat16 included, which
+        # has no __cuda_array_interface__ typestr)
+        keep = (obj, view.capsule)
+        download, upload = _device_copier(keep, view.addr, view.nbytes)
+        return _Raw(keep, np.empty(view.nbytes, np.uint8), _view_format(view), device=True,
+                    download=download, upload=None if readonly else upload)
     try:
         import cupy  # noqa: PLC0415
     except ImportError:
@@ -607,13 +610,39 @@ def _from_dlpack_device(obj, readonly, device_type, device_id):
         darr = cupy.from_dlpack(obj)
     if not (darr.flags.c_contiguous or darr.flags.f_contiguous):
         raise BufferError("dlpack: buffer is not contiguous")
-    fmt = _dlpack_format(np.dtype(darr.dtype.str))
+    fmt = _view_format(view)
     if darr.nbytes == 0:
         return _Raw(obj, np.empty(0, np.uint8), fmt, device=True)
     flat = cupy.ndarray((darr.nbytes,), cupy.uint8, darr.data)
     download, upload = _cupy_copier(cupy, flat, None)
     return _Raw((obj, darr), np.empty(darr.nbytes, np.uint8), fmt, device=True,
                 download=download, upload=None if readonly else upload)
+
+
+def _device_memory(obj, path, readonly):
+    """``(keep, address, nbytes)`` when ``obj`` exports, through ``path``,
+    non-empty memory that the CUDA driver says is device memory; else None.
+    Nothing is staged: this only describes."""
+    if path is _from_dlpack:
+        try:
+            device_type = int(obj.__dlpack_device__()[0])
+            obj.__dlpack__  # noqa: B018
+        except AttributeError:
+            raise NotImplementedError("dlpack: missing support") from None
+        if device_type in _CPU_DEVICES or device_type in (3, 11):
+            return None
+        view = _dlpack.read(obj, readonly)
+        if view.nbytes and view.addr and not _cai_is_host(view.addr):
+            return (obj, view.capsule), view.addr, view.nbytes
+        return None
+    try:
+        obj.__cuda_array_interface__  # noqa: B018
+    except AttributeError:
+        raise NotImplementedError("missing CUDA array interface") from None
+    dev_ptr, nbytes, _ = _cai_describe(obj, readonly)
+    if nbytes and dev_ptr and not _cai_is_host(dev_ptr):
+        return obj, dev_ptr, nbytes
+    return None
 
 
 def export_for_membuf(obj, writable):
@@ -623,17 +652,21 @@ def export_for_membuf(obj, writable):
     for path in (_from_dlpack, _from_cai):
         try:
             try:
-                raw = path(obj, False)
                 readonly = False
+                dev = _device_memory(obj, path, readonly)
+                raw = None if dev else path(obj, readonly)
             except BufferError:
                 if writable:
                     raise
-                raw = path(obj, True)
                 readonly = True
+                dev = _device_memory(obj, path, readonly)
+                raw = None if dev else path(obj, readonly)
         except NotImplementedError:
             continue
-        if raw.device:
-            raise BufferError("buffer: device memory has no host address")
+        if dev:
+            # device memory: the buffer holds its address, and the CPU never
+            # touches it through MPI.buffer (cast, indexing, tobytes refuse)
+            return dev[0], dev[1], dev[2], readonly, True
         arr = raw.raw
         # a device exporter's memory (here host memory without a GPU) is
         # still not for the CPU to touch through MPI.buffer, as in mpi4py

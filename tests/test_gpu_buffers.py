@@ -186,6 +186,30 @@ def test_cai_pointer_without_gpu_is_used_in_place():
     assert arr.tolist() == [3.0] * 4
 
 
+def test_pointer_attributes_hold_the_cuda13_struct():
+    """cudaPointerGetAttributes writes its whole struct (CUDA 13: 4 fields and
+    8 reserved longs, 88 bytes); a smaller buffer corrupts the heap."""
+    import ctypes
+    assert ctypes.sizeof(B._pointer_attributes()) >= 4 + 4 + 8 + 8 + 8 * 8
+
+
+def test_mpi_buffer_of_device_memory_holds_the_address(monkeypatch):
+    """MPI.buffer over device memory (the driver says so) keeps the device
+    address and refuses CPU access, as mpi4py's buffer does; nothing is
+    staged.  The driver's answer is simulated here: the pointer is never
+    dereferenced."""
+    from erdmampi import MPI
+    monkeypatch.setattr(B, "_cai_is_host", lambda ptr: False)
+    arr = np.arange(4, dtype="f8")
+    buf = MPI.buffer.frombuffer(CAIDescription(data=(arr.ctypes.data, False)))
+    assert (buf.address, buf.nbytes, buf.readonly) == (arr.ctypes.data, 32, False)
+    for touch in (lambda: buf.cast("B"), lambda: buf.tobytes(), lambda: buf[0]):
+        with pytest.raises(BufferError):
+            touch()
+    ro = MPI.buffer.frombuffer(CAIDescription(data=(arr.ctypes.data, True)), readonly=True)
+    assert ro.readonly and ro.address == arr.ctypes.data
+
+
 def test_null_device_pointer_is_refused():
     # a NULL pointer with bytes behind it is never read, GPU or not
     with pytest.raises(BufferError, match="NULL"):
@@ -220,4 +244,5 @@ def test_gpu_staging_copies_only_the_message():
     m.array[:] = -1
     m.finish()
     assert cp.asnumpy(a).tolist() == [0, 1, 2, 3, -1, -1, -1, 7, 8, 9]
-    np.testing.assert_array_equal(B.message_p2p(a, True).array, np.arange(10))
+    np.testing.assert_array_equal(B.message_p2p(a, True).array,
+                                  [0, 1, 2, 3, -1, -1, -1, 7, 8, 9])
