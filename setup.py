@@ -41,7 +41,7 @@ setup(
     name="erdmampi",
     version="0.1.0",
     description="MPI for GPUs across the Internet: mpi4py-compatible API over QUIC",
-    python_requires=">=3.9",
+    python_requires=">=3.11",
     packages=packages(),
     package_dir={"erdmampi.kernels": "kernels", "erdmampi.launcher": "launcher"},
     # the WAN test bed compiles its delay line from source on first use
