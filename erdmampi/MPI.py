@@ -6,15 +6,17 @@ modules it re-exports.  Importing this module starts the engine unless
 (``rc.finalize``: None means "if we initialized").
 """
 
-import atexit as _atexit
-import os as _os
-import socket as _socket
+# functions, not modules: the module's namespace holds no module object (as
+# mpi4py's; tools that walk it, like its documentation test, would recurse)
+from atexit import register as _atexit_register
+from socket import gethostname as _gethostname
 import sys as _sys
-import threading as _threading
-import time as _time
+from threading import current_thread as _current_thread, main_thread as _main_thread
+from time import perf_counter as _perf_counter
 
 from . import rc as _rc
-from . import comm as _comm
+from .comm import finalize as _comm_finalize, init as _comm_init
+from ._commrt import _rt
 from .buffers import (BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType,  # noqa: F401
                       BufferAutomaticType, InPlaceType)
 from .comm import (APPNUM, COMM_NULL, COMM_SELF, COMM_TYPE_HW_GUIDED,  # noqa: F401
@@ -132,48 +134,48 @@ memory = buffer
 
 def Init():
     """Start the engine (MPI_Init)."""
-    _comm.init(THREAD_MULTIPLE)
+    _comm_init(THREAD_MULTIPLE)
 
 
 def Init_thread(required=THREAD_MULTIPLE):
     """Start the engine; the engine is thread safe, so THREAD_MULTIPLE is provided."""
-    _comm.init(THREAD_MULTIPLE)
+    _comm_init(THREAD_MULTIPLE)
     return THREAD_MULTIPLE
 
 
 def Finalize():
     """Synchronise and shut the engine down (MPI_Finalize)."""
-    if _comm._rt.initialized and not _comm._rt.finalized:
+    if _rt.initialized and not _rt.finalized:
         from . import diagnostics as _diag
-        _diag.report_stats(_comm._rt.engine)
-    _comm.finalize()
+        _diag.report_stats(_rt.engine)
+    _comm_finalize()
 
 
 def Is_initialized():
-    return _comm._rt.initialized
+    return _rt.initialized
 
 
 def Is_finalized():
-    return _comm._rt.finalized
+    return _rt.finalized
 
 
 def Query_thread():
-    return _comm._rt.thread_level
+    return _rt.thread_level
 
 
 def Is_thread_main():
-    return _threading.current_thread() is _threading.main_thread()
+    return _current_thread() is _main_thread()
 
 
 # -----------------------------------------------------------------------------
 # Environment
 
-_T0 = _time.perf_counter()
+_T0 = _perf_counter()
 
 
 def Wtime():
     """Elapsed wall-clock time in seconds (monotonic)."""
-    return _time.perf_counter()
+    return _perf_counter()
 
 
 def Wtick():
@@ -182,7 +184,7 @@ def Wtick():
 
 
 def Get_processor_name():
-    return _socket.gethostname()
+    return _gethostname()
 
 
 def Get_version():
@@ -428,7 +430,7 @@ def _install_excepthook():
 
 
 def _atexit_finalize():
-    if _comm._rt.initialized and not _comm._rt.finalized:
+    if _rt.initialized and not _rt.finalized:
         if _UNCAUGHT and COMM_WORLD.Get_size() > 1:
             COMM_WORLD.Abort(1)
         try:
@@ -440,17 +442,17 @@ def _atexit_finalize():
 def _startup():
     if not _rc.initialize:
         return
-    if not _comm._rt.initialized:
+    if not _rt.initialized:
         level = _THREAD_LEVELS.get(str(_rc.thread_level).lower(), THREAD_MULTIPLE)
-        _comm.init(level if _rc.threads else THREAD_SINGLE)
+        _comm_init(level if _rc.threads else THREAD_SINGLE)
         if _rc.finalize is None or _rc.finalize:
-            _atexit.register(_atexit_finalize)
+            _atexit_register(_atexit_finalize)
             _install_excepthook()
         from . import diagnostics as _diag
-        _diag.report_startup(_comm._rt.engine, _comm._rt.info)
+        _diag.report_startup(_rt.engine, _rt.info)
         from . import stackdump as _stackdump
-        _stackdump.install(lambda: _comm._rt.engine, _comm._rt.engine.rank
-                           if _comm._rt.engine is not None else 0)
+        _stackdump.install(lambda: _rt.engine, _rt.engine.rank
+                           if _rt.engine is not None else 0)
 
 
 _startup()
