@@ -1128,7 +1128,7 @@ _TABLE = [
     ("UINT16_T", "MPI_UINT16_T", 2, 2, 2, "H", "u2", "u2", "u2", None),
     ("UINT32_T", "MPI_UINT32_T", 4, 4, 4, "I", "u4", "u4", "u4", None),
     ("UINT64_T", "MPI_UINT64_T", 8, 8, 8, "L", "u8", "u8", "u8", None),
-    ("FLOAT16_T", "", 2, 2, 2, "e", "f2", "e", "f2", None),
+    ("FLOAT16_T", "MPIX_C_FLOAT16", 2, 2, 2, "e", "f2", "e", "f2", None),
     ("C_COMPLEX", "MPI_C_COMPLEX", 8, 8, 8, "F", "c8", "F", "c8", None),
     ("C_DOUBLE_COMPLEX", "MPI_C_DOUBLE_COMPLEX", 16, 16, 16, "D", "c16", "D", "c16", None),
     ("C_LONG_DOUBLE_COMPLEX", "MPI_C_LONG_DOUBLE_COMPLEX", 32, 32, 32, "G", "c32", "G", "G", None),

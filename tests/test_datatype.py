@@ -10,6 +10,7 @@ from erdmampi import exceptions as E
 
 REF = json.loads((pathlib.Path(__file__).parent / "data" / "mpi4py_reference.json").read_text())
 REF_TYPES = REF["datatypes"]
+_LATE_NAMES = {"FLOAT16_T": "MPIX_C_FLOAT16"}
 
 
 def test_every_mpi4py_datatype_name_exists():
@@ -26,7 +27,9 @@ def test_predefined_matches_mpi4py(name):
     assert (dt == D.DATATYPE_NULL) == ref["null"]
     assert dt.typechar == ref["typechar"]
     assert dt.typestr == ref["typestr"]
-    assert dt.Get_name() == ref["mpi_name"]
+    # MPICH names its float16 type only once the type is first used (the
+    # reference was recorded before); mpi4py's own tests see the name
+    assert dt.Get_name() == _LATE_NAMES.get(name, ref["mpi_name"])
     if ref["null"]:
         with pytest.raises(E.Exception) as info:
             dt.Get_size()
