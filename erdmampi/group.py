@@ -84,7 +84,7 @@ class Group:
         result = self.__eq__(other)
         return result if result is NotImplemented else not result
 
-    __hash__ = object.__hash__
+    __hash__ = None  # unhashable, as mpi4py's
 
     def __bool__(self):
         return self._ranks is not None

@@ -52,7 +52,7 @@ class Message:
         result = self.__eq__(other)
         return result if result is NotImplemented else not result
 
-    __hash__ = object.__hash__
+    __hash__ = None  # unhashable, as mpi4py's
 
     def __bool__(self):
         return self._emsg is not None or self._noproc

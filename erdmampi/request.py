@@ -259,7 +259,7 @@ class Request:
         result = self.__eq__(other)
         return result if result is NotImplemented else not result
 
-    __hash__ = object.__hash__
+    __hash__ = None  # unhashable, as mpi4py's
 
     def __bool__(self):
         return self._key() is not None
