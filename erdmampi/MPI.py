@@ -236,9 +236,11 @@ def Free_mem(mem):
 
 
 def Get_address(location):
-    from .buffers import getbuffer, is_bottom
+    from .buffers import InPlaceType, BufferAutomaticType, getbuffer, is_bottom
     if location is None or is_bottom(location):
         return 0
+    if isinstance(location, (InPlaceType, BufferAutomaticType)):
+        return int(location)     # the constant's own address value, as MPI's
     if isinstance(location, buffer):
         return location.address
     return getbuffer(location, True).raw.ctypes.data

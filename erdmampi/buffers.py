@@ -31,6 +31,7 @@ import numpy as np
 
 from . import bf16 as _bf16
 from . import dlpack as _dlpack
+from ._membuf import empty_export as _EmptyExport
 from . import typemap as _tm
 
 from .datatype import DATATYPE_NULL, Datatype, asdatatype, from_format, PREDEFINED
@@ -46,7 +47,7 @@ __all__ = [
 # Sentinels
 
 
-class _Sentinel:
+class _Sentinel(_EmptyExport):
     __slots__ = ()
     _name = ""
     _value = 0

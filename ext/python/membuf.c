@@ -577,6 +577,29 @@ static PyObject *mod_asbuffer(PyObject *mod, PyObject *args)
                                                  : (PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE));
 }
 
+/* ---- empty exporter ------------------------------------------------------ */
+
+/* The base of MPI.BOTTOM, IN_PLACE and BUFFER_AUTOMATIC's types: like
+   mpi4py's constants they export an empty buffer owned by no object
+   (memoryview(BOTTOM).nbytes == 0, .obj is None); the buffer parser tests
+   for them by identity before it asks any object for its buffer. */
+static int EmptyExport_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    (void)self;
+    return PyBuffer_FillInfo(view, NULL, NULL, 0, 0, flags);
+}
+
+static PyType_Slot EmptyExport_slots[] = {
+    {Py_bf_getbuffer, (void *)EmptyExport_getbuffer},
+    {Py_tp_doc, "Base of the buffer constants: exports an empty buffer."},
+    {0, NULL},
+};
+
+static PyType_Spec EmptyExport_spec = {
+    "erdmampi._membuf.empty_export", sizeof(PyObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, EmptyExport_slots,
+};
+
 static PyMethodDef module_methods[] = {
     {"asbuffer", mod_asbuffer, METH_VARARGS,
      "asbuffer(obj, readonly=True)\n--\n\nBuffer object over a buffer-like object."},
@@ -606,5 +629,12 @@ PyMODINIT_FUNC PyInit__membuf(void)
     old = Membuf_Type;
     Membuf_Type = (PyTypeObject *)type;   /* the static's own reference */
     Py_XDECREF((PyObject *)old);
+    type = PyType_FromSpec(&EmptyExport_spec);
+    if (type == NULL || PyModule_AddObjectRef(m, "empty_export", type) < 0) {
+        Py_XDECREF(type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(type);
     return m;
 }
