@@ -427,6 +427,7 @@ class Engine:
             cfg.cc_log = 2 if config.get("ERDMA_CC_LOG_ALL") else 1
         cfg.path_log_ms = config.get("ERDMA_PATH_LOG_MS")
         cfg.launcher_pid = config.get("ERDMA_LAUNCHER_PID") or 0
+        cfg.trace_msgs = config.get("ERDMA_TRACE_MSGS")
         cfg.dpdk_copy = int(config.get("ERDMA_DPDK_COPY"))
         cfg.dpdk_nobuf_every = config.get("ERDMA_DPDK_TEST_NOBUF_EVERY")
         if keepalive is not None:
@@ -530,6 +531,32 @@ class Engine:
                                             "lane_chunks_sent", "lane_chunks_recv",
                                             "lanes_ready", "conns_pending", "retries_sent",
                                             "pending_dropped")}
+
+    # -- message trace (tests)
+    def trace_start(self, cap: int = 1 << 16) -> None:
+        """Record, afresh, the next ``cap`` point-to-point messages this
+        engine posts (its own and those of the C collectives); ``cap`` 0
+        stops.  ``ERDMA_TRACE_MSGS`` starts one with the engine."""
+        _check(lib.erdma_trace_start(self._h, int(cap)), "trace")
+
+    def trace_take(self) -> list:
+        """The records so far, oldest first, and forget them: tuples
+        ``("send" | "recv", world peer, tag, bytes, context id)`` (a
+        receive's bytes: its capacity).  Raises RuntimeError if some were
+        dropped on a full trace."""
+        out, recs = [], ffi.new("erdma_trace_rec[]", 1024)
+        dropped = ffi.new("uint64_t *")
+        lost = 0
+        while True:
+            k = lib.erdma_trace_take(self._h, recs, 1024, dropped)
+            lost += dropped[0]
+            out.extend(("send" if r.op == lib.ERDMA_TRACE_SEND else "recv", r.peer, r.tag,
+                        r.nbytes, r.ctx) for r in recs[0:k])
+            if k < 1024:
+                break
+        if lost:
+            raise RuntimeError(f"message trace full: {lost} records dropped")
+        return out
 
     def peer_error(self, rank: int) -> int:
         return lib.erdma_engine_peer_error(self._h, rank)

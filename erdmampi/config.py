@@ -183,6 +183,9 @@ VARS_LIST = (
     _v("test beds and tools",
        ("ERDMA_CACHE_DIR", "str", None, "where the WAN bed keeps what it builds",
         {"read": "per call"}),
+       ("ERDMA_TRACE_MSGS", "int", 0, "record the first N point-to-point messages each rank "
+        "posts (send/receive, peer, tag, bytes, context; Engine.trace_take reads them); "
+        "0: off", {"lo": 0, "hi": 1 << 32}),
        ("ERDMA_WAN_STATE", "str", "/run/erdmampi-wan-cc.json", "the WAN bed's saved "
         "congestion-control settings", {"read": "import"}),
        ("ERDMA_TEST_TIMEOUT", "seconds", 300.0, "scripts/test.sh: seconds per test",

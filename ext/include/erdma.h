@@ -118,6 +118,8 @@ typedef struct erdma_config {
   int path_log_ms;           /* verbose >= 2: milliseconds between path reports (0: 1000) */
   int launcher_pid;          /* the ranks' launcher: it and its descendants may read this
                                 rank's memory (CMA) under Yama scope 1; 0: the parent */
+  uint64_t trace_msgs;       /* > 0: record the first this many point-to-point messages
+                                posted (erdma_trace_start) from the start; 0: off */
 } erdma_config;
 
 typedef struct erdma_status {
@@ -210,6 +212,29 @@ int erdma_mprobe(erdma_engine *e, int source, int tag, uint32_t ctx,
                  double timeout, erdma_msg **msg, erdma_status *st);
 int erdma_imrecv(erdma_engine *e, erdma_msg *msg, void *buf, uint64_t cap,
                  int alloc, erdma_req **out);
+
+/* Message trace (tests): every send and receive posted on the engine
+ * (erdma_isend, erdma_irecv, erdma_imrecv, erdma_shm_try_send and all that
+ * post through them: the collectives of erdma_coll.c, erdma_bulk.c and the
+ * schedule executor), in the order they were posted, at the matching layer.
+ * Off (the default) it costs one branch per message. */
+#define ERDMA_TRACE_SEND 0
+#define ERDMA_TRACE_RECV 1
+typedef struct erdma_trace_rec {
+  int op;          /* ERDMA_TRACE_SEND or ERDMA_TRACE_RECV */
+  int peer;        /* world rank: destination, or source (ERDMA_ANY_SOURCE) */
+  int tag;         /* may be ERDMA_ANY_TAG (a receive) */
+  uint32_t ctx;    /* context id */
+  uint64_t nbytes; /* a send's bytes; a receive's capacity (0: allocated on match) */
+} erdma_trace_rec;
+/* Start recording afresh, room for `cap` records (later ones are counted as
+ * dropped); cap 0 stops and frees the trace. */
+int erdma_trace_start(erdma_engine *e, uint64_t cap);
+/* Move up to `max` of the oldest records into out (the rest stay); returns
+ * how many.  *dropped (if not NULL): records lost to a full trace since the
+ * last call, then zeroed. */
+uint64_t erdma_trace_take(erdma_engine *e, erdma_trace_rec *out, uint64_t max,
+                          uint64_t *dropped);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
  * world ranks a receive on context ctx can match (n = 0: forget ctx; a

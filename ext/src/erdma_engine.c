@@ -339,6 +339,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   if (e->evfd < 0 || !e->txbuf || !e->rxbuf || !e->peers) goto fail;
   if ((rv = tls_identity_new(e)) != 0) goto fail;
   gnutls_rnd(GNUTLS_RND_KEY, e->token_secret, sizeof e->token_secret);
+  if (cfg->trace_msgs && (rv = erdma_trace_start(e, cfg->trace_msgs)) != 0) goto fail;
   *out = e;
   return 0;
 fail:
@@ -518,8 +519,39 @@ void erdma_engine_free(erdma_engine *e) {
   free(e->txbuf);
   free(e->rxbuf);
   free(e->peers);
+  free(e->trace);
   /* requests still held by the user stay valid (they are never touched again) */
   free(e);
+}
+
+int erdma_trace_start(erdma_engine *e, uint64_t cap) {
+  if (!e || cap > ((uint64_t)1 << 32)) return ERDMA_ERR_INVAL;
+  erdma_trace_rec *t = NULL;
+  if (cap && !(t = malloc(cap * sizeof *t))) return ERDMA_ERR_NOMEM;
+  pthread_mutex_lock(&e->mu);
+  erdma_trace_rec *old = e->trace;
+  e->trace = t;
+  e->trace_cap = cap;
+  e->trace_n = e->trace_dropped = 0;
+  pthread_mutex_unlock(&e->mu);
+  free(old);
+  return 0;
+}
+
+uint64_t erdma_trace_take(erdma_engine *e, erdma_trace_rec *out, uint64_t max,
+                          uint64_t *dropped) {
+  if (!e) return 0;
+  pthread_mutex_lock(&e->mu);
+  uint64_t k = e->trace_n < max ? e->trace_n : max;
+  if (k) {
+    memcpy(out, e->trace, k * sizeof *out);
+    memmove(e->trace, e->trace + k, (e->trace_n - k) * sizeof *out);
+    e->trace_n -= k;
+  }
+  if (dropped) *dropped = e->trace_dropped;
+  e->trace_dropped = 0;
+  pthread_mutex_unlock(&e->mu);
+  return k;
 }
 
 int erdma_engine_stats(erdma_engine *e, erdma_stats *st) {
@@ -557,6 +589,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
   r->flags = flags;
   r->st.nbytes = nbytes;
   pthread_mutex_lock(&e->mu);
+  TRACE_MSG(e, ERDMA_TRACE_SEND, dest, tag, ctx, nbytes);
   if (dest == e->cfg.rank) {
     /* to ourselves: copy now (never blocks), match in place */
     erdma_msg *m = msg_new(dest, tag, ctx, nbytes);
@@ -639,6 +672,7 @@ int erdma_irecv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, u
   r->tag = tag;
   r->ctx = ctx;
   pthread_mutex_lock(&e->mu);
+  TRACE_MSG(e, ERDMA_TRACE_RECV, source, tag, ctx, r->cap);
   erdma_msg *m = unexp_find(e, source, tag, ctx);
   if (m) {
     DL_REMOVE(e->unexp_head, e->unexp_tail, m);
@@ -738,6 +772,7 @@ int erdma_imrecv(erdma_engine *e, erdma_msg *m, void *buf, uint64_t cap, int all
   r->tag = m->tag;
   r->ctx = m->ctx;
   pthread_mutex_lock(&e->mu);
+  TRACE_MSG(e, ERDMA_TRACE_RECV, r->source, r->tag, r->ctx, r->cap);
   m->taken = 0;
   bind_and_flush(e, r, m);
   pthread_mutex_unlock(&e->mu);

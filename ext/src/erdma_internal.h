@@ -418,7 +418,30 @@ struct erdma_engine {
   nat_state nat;         /* erdma_nat.c */
   void *plugin;          /* dlopen handle of the packet I/O plugin (dpdk) */
   struct ulfm_state *ulfm; /* erdma_ulfm.c: failure order, contexts' members */
+  /* message trace (erdma_trace_start; under mu) */
+  erdma_trace_rec *trace;
+  uint64_t trace_cap, trace_n, trace_dropped;
 };
+
+/* Record a posted message in the trace, if one is on (caller holds e->mu). */
+static inline void trace_msg(erdma_engine *e, int op, int peer, int tag, uint32_t ctx,
+                             uint64_t nbytes) {
+  if (e->trace_n == e->trace_cap) {
+    e->trace_dropped++;
+    return;
+  }
+  erdma_trace_rec *t = &e->trace[e->trace_n++];
+  t->op = op;
+  t->peer = peer;
+  t->tag = tag;
+  t->ctx = ctx;
+  t->nbytes = nbytes;
+}
+#define TRACE_MSG(e, op, peer, tag, ctx, nbytes) \
+  do {                                           \
+    if ((e)->trace) trace_msg(e, op, peer, tag, ctx, nbytes); \
+  } while (0)
+
 
 /* engine.c */
 uint64_t erdma_now(void);

@@ -462,7 +462,10 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
     h.tag = tag;
     h.len = nbytes;
     sent = shm_send_direct(c, &h, buf, nbytes);
-    if (sent) shm_app_active(e);
+    if (sent) {
+      TRACE_MSG(e, ERDMA_TRACE_SEND, dest, tag, ctx, nbytes);
+      shm_app_active(e);
+    }
   }
   pthread_mutex_unlock(&e->mu);
   return sent;
