@@ -178,14 +178,14 @@ VARS_LIST = (
         {"read": "MPI.Finalize"}),
        ("ERDMA_CC_LOG", "bool", False, "log ngtcp2's congestion-control events"),
        ("ERDMA_CC_LOG_ALL", "bool", False, "with ERDMA_CC_LOG: log every ngtcp2 line"),
+       ("ERDMA_TRACE_MSGS", "int", 0, "record the first N point-to-point messages each rank "
+        "posts (send/receive, peer, tag, bytes, context; Engine.trace_take reads them); "
+        "0: off", {"lo": 0, "hi": 1 << 32}),
        ("ERDMA_PROGRESS", "bool", True, "progress bars of benchmarks and test beds",
         {"read": "per call"})),
     _v("test beds and tools",
        ("ERDMA_CACHE_DIR", "str", None, "where the WAN bed keeps what it builds",
         {"read": "per call"}),
-       ("ERDMA_TRACE_MSGS", "int", 0, "record the first N point-to-point messages each rank "
-        "posts (send/receive, peer, tag, bytes, context; Engine.trace_take reads them); "
-        "0: off", {"lo": 0, "hi": 1 << 32}),
        ("ERDMA_WAN_STATE", "str", "/run/erdmampi-wan-cc.json", "the WAN bed's saved "
         "congestion-control settings", {"read": "import"}),
        ("ERDMA_TEST_TIMEOUT", "seconds", 300.0, "scripts/test.sh: seconds per test",
