@@ -4,6 +4,8 @@
     erdmarun -n 2 python examples/torch_ddp.py --hooks none,int8,bf16
     erdmarun -n 2 python examples/torch_ddp.py --backend gloo   # the same with torch's gloo
     erdmarun -n 2 python examples/torch_ddp.py --device cuda    # on GPUs (LOCAL_RANK picks one)
+    erdmarun --rendezvous HOST:PORT --job-id J --secret-file job.key -n 2 --local-n 1 \
+        python examples/torch_ddp.py --init-method erdma://      # one rank per site, across NATs
 
 A plain torch.distributed script: erdmarun sets RANK, WORLD_SIZE, MASTER_ADDR
 and MASTER_PORT as torchrun does, and ``import erdmampi.torch`` registers the
@@ -69,6 +71,8 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--init-method", default="env://",
+                    help="erdma:// across sites that cannot reach rank 0's TCP port (NATs)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: rank r trains on GPU LOCAL_RANK %% device_count")
     args = ap.parse_args()
@@ -78,7 +82,7 @@ def main():
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(args.backend)
+    dist.init_process_group(args.backend, init_method=args.init_method)
     for hook in args.hooks.split(","):
         t0 = time.perf_counter()
         loss, params = train(hook, args.steps, args.lr, args.batch, device)
