@@ -1,5 +1,5 @@
 """Collective bandwidth, reported as nccl-tests does: Allreduce, Bcast,
-Allgather, Alltoall and Reduce_scatter on float32 data.
+Allgather, Alltoall and Reduce_scatter on float32 (or --dtype) data.
 
 The same module runs on the three stacks (see bench/common.py):
 
@@ -20,6 +20,15 @@ is the median over repetitions. algbw = bytes / time and busbw = algbw * f,
 f = 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and
 alltoall, 1 for bcast (10^9 bytes/s).
 
+``--timing each`` times every call alone after a barrier (as OSU's
+benchmarks do) and reports the median call; ``--fresh`` (implies ``--timing
+each``) gives every timed call newly allocated buffers (the send buffer
+filled, the receive buffer untouched), so first-touch page faults and
+anything cached per buffer are part of the time.  ``--dtype`` (float32,
+float64, int32, int64, uint8) sets the element type; sizes stay in bytes.
+``--plain`` passes bare arrays to the MPI stacks instead of ``[array,
+datatype]``.
+
 Calls: MPI ``Allreduce``, ``Bcast`` (root 0), ``Allgather``, ``Alltoall``,
 ``Reduce_scatter_block`` (op SUM); gloo ``all_reduce`` (in place),
 ``broadcast``, ``all_gather_single``, ``all_to_all_single``,
@@ -32,9 +41,10 @@ import sys
 if __package__ in (None, ""):  # run as a file: python bench/collectives.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import (KIB, MIB, add_common_args, fail, open_stack, parse_size, say,  # noqa: E402
-                          sizes, time_calls, write_json)
+                          sizes, time_calls, time_each, write_json)
 
 OPS = ("allreduce", "bcast", "allgather", "alltoall", "reduce_scatter")
+DTYPES = ("float32", "float64", "int32", "int64", "uint8")
 
 
 def busbw_factor(op, n):
@@ -70,15 +80,27 @@ def parse_args(argv=None, default_ops=OPS):
                    help="largest size in bytes (default 256MiB)")
     p.add_argument("--warmup", type=int, default=5,
                    help="untimed calls per size, 1..iters (default 5)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="element type (default float32)")
+    p.add_argument("--timing", choices=("batch", "each"), default="batch",
+                   help="batch: repetitions of back-to-back calls (default); each: every "
+                        "call alone after a barrier, the median call (OSU style)")
+    p.add_argument("--plain", action="store_true",
+                   help="MPI stacks: pass bare arrays, not [array, datatype]")
+    p.add_argument("--fresh", action="store_true",
+                   help="new buffers for every timed call (implies --timing each)")
     p.add_argument("--budget", type=parse_size, default=64 * MIB,
                    help="bytes per repetition; sets iters = budget/size, clamped to "
                         "1..200 (default 64MiB)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.fresh:
+        args.timing = "each"
+    return args
 
 
-def layout(op, nbytes, n):
-    """(send elements, recv elements) of float32 for a reported size ``nbytes``."""
-    total = max(n, (nbytes // 4) // n * n)  # a multiple of n elements
+def layout(op, nbytes, n, itemsize=4):
+    """(send elements, recv elements) for a reported size ``nbytes``."""
+    total = max(n, (nbytes // itemsize) // n * n)  # a multiple of n elements
     if op in ("allreduce", "alltoall"):
         return total, total
     if op == "bcast":
@@ -89,8 +111,10 @@ def layout(op, nbytes, n):
 
 
 def fill_and_expect(op, rank, n, send, recv):
-    """Put known values in send; return a function checking recv afterwards."""
+    """Put known values in send; return a function checking recv afterwards
+    (values stay below 256: exact in every --dtype)."""
     import numpy as np
+    dt = send.dtype
     if op == "allreduce":
         send[:] = rank + 1
         if recv is not send:
@@ -102,31 +126,49 @@ def fill_and_expect(op, rank, n, send, recv):
     if op == "allgather":
         send[:] = rank + 1
         recv[:] = 0
-        want = np.repeat(np.arange(1, n + 1, dtype=np.float32), send.size)
+        want = np.repeat(np.arange(1, n + 1, dtype=dt), send.size)
         return lambda: bool(np.array_equal(recv, want))
     if op == "alltoall":
         block = send.size // n
-        send[:] = np.repeat(rank * n + np.arange(n, dtype=np.float32), block)
+        send[:] = np.repeat((rank * n + np.arange(n)) % 251, block)
         recv[:] = 0
-        want = np.repeat(np.arange(n, dtype=np.float32) * n + rank, block)
+        want = np.repeat(((np.arange(n) * n + rank) % 251).astype(dt), block)
         return lambda: bool(np.array_equal(recv, want))
     send[:] = rank + 1  # reduce_scatter
     recv[:] = 0
     return lambda: bool(np.all(recv == n * (n + 1) // 2))
 
 
+def _maker(stack, op, scount, rcount, dt, fn, fresh):
+    """The calls --timing each times: ``fn`` on the size's buffers, or with
+    --fresh the same collective on new buffers each time."""
+    if not fresh:
+        return lambda: fn
+
+    def make():
+        send, send_view = stack.alloc(scount, dt)
+        send_view[:] = 1                       # touched, as a program's data is
+        recv, _ = stack.alloc(rcount, dt) if rcount else (None, None)
+        if op == "allreduce" and stack.allreduce_in_place:
+            send = recv
+        return stack.op(op, send, recv)
+    return make
+
+
 def run(stack, args):
     import numpy as np
     n = stack.size
+    dt = np.dtype(args.dtype)
     results = []
     for op in args.ops:
-        say(args, stack, "# %s float32, %s, %d processes\n# %12s %8s %12s %12s %12s"
-            % (op, stack.library(), n, "bytes", "iters", "time_us", "algbw_GBps", "busbw_GBps"))
+        say(args, stack, "# %s %s, %s, %d processes, timing %s%s\n# %12s %8s %12s %12s %12s"
+            % (op, dt.name, stack.library(), n, args.timing, ", fresh buffers" if args.fresh
+               else "", "bytes", "iters", "time_us", "algbw_GBps", "busbw_GBps"))
         for nbytes in sizes(args.min_size, args.max_size):
-            scount, rcount = layout(op, nbytes, n)
-            send, send_view = stack.alloc(scount, np.float32)
+            scount, rcount = layout(op, nbytes, n, dt.itemsize)
+            send, send_view = stack.alloc(scount, dt)
             if rcount:
-                recv, recv_view = stack.alloc(rcount, np.float32)
+                recv, recv_view = stack.alloc(rcount, dt)
             else:
                 recv, recv_view = None, None
             if op == "allreduce" and stack.allreduce_in_place:
@@ -140,12 +182,18 @@ def run(stack, args):
             if recv_view is not None:
                 recv_view[:] = 0
             iters = max(1, min(200, args.budget // nbytes))
-            t, times, iters = time_calls(stack, fn, iters, min(args.warmup, iters), args.repeats,
-                                         args.target_time)
+            if args.timing == "batch":
+                t, times, iters = time_calls(stack, fn, iters, min(args.warmup, iters),
+                                             args.repeats, args.target_time)
+            else:
+                t, times, iters = time_each(stack, _maker(stack, op, scount, rcount, dt, fn,
+                                                          args.fresh),
+                                            max(5, min(iters, 50)), min(args.warmup, iters))
             real = (scount if op in ("allreduce", "bcast", "alltoall", "reduce_scatter")
-                    else rcount) * 4
+                    else rcount) * dt.itemsize
             algbw = real / t / 1e9
-            row = {"op": op, "bytes": real, "iters": iters, "repeats": args.repeats,
+            row = {"op": op, "bytes": real, "dtype": dt.name, "timing": args.timing,
+                   "fresh": args.fresh, "iters": iters, "repeats": args.repeats,
                    "time_us": t * 1e6, "algbw_GBps": algbw,
                    "busbw_GBps": algbw * busbw_factor(op, n), "correct": ok,
                    "time_us_all": [x * 1e6 for x in times]}
@@ -162,6 +210,7 @@ def main(argv=None, default_ops=OPS):
     if args.repeats < 1:
         return fail("--repeats must be at least 1")
     stack = open_stack(args.stack)
+    stack.plain = args.plain
     results = run(stack, args)
     if stack.rank == 0 and args.json:
         write_json(args.json, "collectives", stack, args, results)

@@ -128,9 +128,16 @@ class MPIStack(Stack):
     def all(self, flag):
         return bool(self.comm.allreduce(bool(flag), op=self.MPI.LAND))
 
+    #: pass bare arrays (the datatype from the array, as most programs do)
+    #: instead of [array, datatype]; set by a benchmark's --plain
+    plain = False
+    _TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INT", "int64": "INT64_T",
+              "uint8": "UNSIGNED_CHAR"}
+
     def _spec(self, a):
-        MPI = self.MPI
-        return [a, MPI.FLOAT if a.dtype.itemsize == 4 else MPI.BYTE]
+        if self.plain:
+            return a
+        return [a, getattr(self.MPI, self._TYPES.get(a.dtype.name, "BYTE"))]
 
     def send(self, buf, dest):
         spec = self._spec(buf)
@@ -260,6 +267,25 @@ def time_calls(stack, fn, max_calls, warmup, repeats, target=0.25):
             fn()
         t = (stack.wtime() - t0) / calls
         times.append(stack.max(t))
+    return statistics.median(times), times, calls
+
+
+def time_each(stack, make_fn, calls, warmup):
+    """Seconds per call, OSU style: every call timed alone after a barrier,
+    the slowest rank's time per call, the median over ``calls`` calls.
+    ``make_fn()`` gives the call to time (it may allocate fresh buffers:
+    that happens before the barrier, outside the timed region).  Returns
+    (median, [per-call values], calls)."""
+    for _ in range(max(1, warmup)):
+        make_fn()()
+    times = []
+    for _ in range(calls):
+        fn = make_fn()
+        stack.barrier()
+        t0 = stack.wtime()
+        fn()
+        times.append(stack.max(stack.wtime() - t0))
+        del fn
     return statistics.median(times), times, calls
 
 
