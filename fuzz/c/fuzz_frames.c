@@ -1,4 +1,4 @@
-// fuzz-sources: ext/src/erdma_conn.c ext/src/erdma_match.c
+// fuzz-sources: ext/src/erdma_conn.c ext/src/erdma_match.c tests/c/engine_stubs.c
 /* The engine's stream frame parser (erdma_conn.c, conn_rx_feed_at) with the
  * matching it drives (erdma_match.c), on an engine of two ranks whose peer
  * connection has no QUIC or socket below it.  One input is a conversation:
@@ -16,40 +16,10 @@
  * ASan/UBSan check every write and free; LeakSanitizer that nothing leaks. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "erdma_internal.h"
 
-/* ---- what erdma_conn.c / erdma_match.c call outside themselves ---- */
-uint64_t erdma_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
-  return a == b;
-}
-int addr_is_loopback(const struct sockaddr_storage *a) { (void)a; return 1; }
-void engine_wake(erdma_engine *e) { (void)e; }
-void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
-  (void)e; (void)c; (void)bufs; (void)lens; (void)n;
-}
-size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c) { (void)e; (void)c; return 1452; }
-size_t engine_write_room(erdma_engine *e, const erdma_conn *c) { (void)e; (void)c; return 1452; }
-const char *erdma_strerror(int rc) { (void)rc; return "error"; }
-uint64_t nat_keepalive_ns(erdma_engine *e) { (void)e; return 0; }
-void ulfm_note_failure(erdma_engine *e, int peer) { (void)e; (void)peer; }
-int shm_is_local(erdma_engine *e, int rank) { (void)e; (void)rank; return -1; }
-int shm_flush(erdma_conn *c) { (void)c; return 0; }
-void shm_wake_waiters(erdma_engine *e) { (void)e; }
-void shm_conn_release(erdma_conn *c) { (void)c; }
-int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
-  (void)e; (void)peer; (void)dst; (void)addr; (void)n; (void)sid;
-  return -1; /* refused: the receive falls back to the ring */
-}
-void shm_cma_release(erdma_req *r) { (void)r; }
-int tls_session_new(erdma_engine *e, erdma_conn *c) { (void)e; (void)c; return ERDMA_ERR_TLS; }
-int tls_peer_fingerprint(erdma_conn *c, char out[65]) { (void)c; out[0] = 0; return 0; }
+/* what erdma_conn.c / erdma_match.c call outside themselves: tests/c/engine_stubs.c */
 
 /* ---- the conversation ---- */
 #define MAXREQ 32
