@@ -7,6 +7,7 @@ nonblocking variant: ``_icoll``).
 
 from . import _p2pcoll as _px
 from . import buffers
+from .collectives import wan as _wan_algos
 from ._commrt import (
     _blocks, _buffer_pointer, _c_dtype, _C_OPS, _check_op, coll, _COLL_CACHE_MAX,
     _COLL_ENV, _collsched, _cz, _czcoll, _dev, _dev_addr, _dev_dtype_datatype, _dev_msg,
@@ -716,6 +717,10 @@ class CommColl:
             else:
                 return None
         else:
+            world_hosts = (_rt.info or {}).get("hosts")
+            if _wan_algos.prefer_allgather_direct(
+                    [world_hosts[w] for w in self._ranks] if world_hosts else None, n, whole):
+                return None         # ranks on hosts of their own: the pieces of collectives/wan.py
             choice = coll._default("allgatherv", whole, n, whole, True)
             if choice == "direct":
                 call = (_engine.coll_allgather, (saddr, raddr, blk))

@@ -132,6 +132,11 @@ VARS_LIST = (
         "Bcast (for measurements)", {"read": "import"}),
        ("ERDMA_BULK_PULL_PART", "fraction", None, "fixed work share of the two-rank shared-memory "
         "Alltoall (for measurements)", {"read": "import"})),
+    _v("torch backend (erdmampi.torch)",
+       ("ERDMA_TORCH_LANES", "int", 2, "communicators (each with its worker thread) an erdma "
+        "process group runs its collectives on: operation i on lane i % lanes, so independent "
+        "collectives (DDP's buckets) overlap; 1: all in issue order on one; same on every rank",
+        {"read": "process group creation", "lo": 1, "hi": 8})),
     _v("compression",
        ("ERDMA_COMPRESS", "choice", "auto", "compression of collective traffic",
         {"choices": ("off", "auto", "lossless", "bf16", "int8", "int4"), "read": "import",

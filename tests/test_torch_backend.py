@@ -104,6 +104,46 @@ def test_async_work_progresses_in_background():
         assert f"{r} completed=True spins=True value=2.0 future=True" in res.stdout, res.stdout
 
 
+_LANES = r"""
+import threading, torch, torch.distributed as dist
+import erdmampi.torch
+dist.init_process_group("erdma")
+r, n = dist.get_rank(), dist.get_world_size()
+lanes = sorted(t.name for t in threading.enumerate() if t.name.startswith("erdma-pg-"))
+# operations on one tensor keep their order across lanes; others run alongside
+t = torch.full((1 << 16,), float(r + 1))
+others = [torch.full((1 << 18,), float(r + k)) for k in range(5)]
+works = []
+for k in range(5):
+    works.append(dist.all_reduce(t, async_op=True))
+    works.append(dist.all_reduce(others[k], async_op=True))
+works.append(dist.broadcast(t, src=1, async_op=True))
+for w in works:
+    w.wait()
+s = sum(range(1, n + 1))
+ok = torch.all(t == s * n ** 4).item() and all(
+    torch.all(o == sum(range(k, k + n))).item() for k, o in enumerate(others))
+# a barrier waits for every earlier operation of the group
+big = [torch.ones(1 << 20) for _ in range(3)]
+ws = [dist.all_reduce(b, async_op=True) for b in big]
+dist.barrier()
+done = all(w.is_completed() for w in ws)
+sub = dist.new_group([0, 1])
+x = torch.ones(8)
+dist.all_reduce(x, group=sub)
+print(f"{r} lanes={len(lanes)} ordered={ok} barrier={done} sub={x[0].item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_lanes_keep_order_and_barrier(lanes):
+    res = _run(2, _LANES, env={"ERDMA_TORCH_LANES": str(lanes)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    for r in range(2):
+        assert f"{r} lanes={lanes} ordered=True barrier=True sub=2.0" in res.stdout, res.stdout
+
+
 def test_ddp_matches_gloo():
     lines = {}
     for backend in ("erdma", "gloo"):

@@ -223,3 +223,69 @@ def test_direct_on_engine_ranks(nprocs):
     p = run_mpi(nprocs, DIRECT, timeout=90, env={"ERDMA_SHM": "0"})
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("OK") == nprocs, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("hosts,nbytes,want", [
+    (["a", "b"], 1 << 20, True),
+    (list("abcdefgh"), 1 << 20, True),
+    (list("abcdefghi"), 1 << 20, False),      # many ranks: the ring
+    (["a", "a"], 1 << 20, False),             # one host: the bulk (CMA) allgather
+    (["a", "b", "b"], 1 << 20, False),
+    (None, 1 << 20, False),                   # no labels: as on one host
+    (["a", "b"], 1024, False),                # small: latency algorithms
+])
+def test_prefer_allgather_direct(hosts, nbytes, want):
+    size = len(hosts) if hosts else 2
+    assert wan.prefer_allgather_direct(hosts, size, nbytes) is want
+
+
+ALLGATHER = r"""
+import numpy as np
+from erdmampi import MPI
+from erdmampi import collectives as C
+
+world = MPI.COMM_WORLD
+r, n = world.Get_rank(), world.Get_size()
+fails = []
+
+
+class Hosts:
+    def __init__(self, t, hosts):
+        self._t, self.hosts, self.rank, self.size = t, hosts, t.rank, t.size
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+used = []
+orig = C.ALGORITHMS["allgatherv"]["sched_direct"]
+C.ALGORITHMS["allgatherv"]["sched_direct"] = lambda *a: (used.append(1), orig(*a))[1]
+
+t = Hosts(world._transport(), ["h%d" % i for i in range(n)])
+for per in (0, 1, 5, 65536, (1 << 18) + 3, (1 << 20) + 1, (3 << 20) + 11):
+    counts = [per + k for k in range(n)]         # unequal blocks (allgatherv)
+    displs = [sum(counts[:k]) for k in range(n)]
+    want = np.concatenate([(np.arange(c) * (k + 3)) % 251 for k, c in enumerate(counts)]
+                          ).astype(np.uint8)
+    mine = ((np.arange(counts[r]) * (r + 3)) % 251).astype(np.uint8)
+    out = np.zeros(sum(counts), np.uint8)
+    del used[:]
+    C.allgatherv(t, mine, out, counts, displs)
+    if not np.array_equal(out, want):
+        fails.append(("allgatherv", per))
+    if sum(counts) >= C.SCHED_MIN and not used:
+        fails.append(("not chosen", per))
+    inplace = np.zeros(sum(counts), np.uint8)
+    inplace[displs[r]:displs[r] + counts[r]] = mine
+    C.allgatherv(t, None, inplace, counts, displs)
+    if not np.array_equal(inplace, want):
+        fails.append(("in place", per))
+print("FAILS" if fails else "OK", r, fails, flush=True)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_allgather_direct_on_engine_ranks(nprocs):
+    p = run_mpi(nprocs, ALLGATHER, timeout=90, env={"ERDMA_SHM": "0"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("OK") == nprocs, p.stdout + p.stderr

@@ -39,7 +39,9 @@ gather,         binomial if n >= 4 and the whole vector is <= 256 KiB,
 scatter         else linear (equal blocks, the size known on every rank)
 gatherv         linear
 scatterv        linear
-allgatherv      N >= S: sched_ring; n <= 2, or n == 3 and N <= 32 KiB:
+allgatherv      sched_direct if 2 <= n <= 8 each on its own host and
+                N >= S (:mod:`erdmampi.collectives.wan`); else
+                N >= S: sched_ring; n <= 2, or n == 3 and N <= 32 KiB:
                 direct; N <= 32 KiB: recursive_doubling if n is a power
                 of two, else bruck; else ring
 alltoall        bruck if n >= 5 and a block is <= 1 KiB; else sched
@@ -97,8 +99,9 @@ from erdmampi.collectives.objects import (allgather_obj, allreduce_obj,
                                           alltoall_obj, bcast_obj, exscan_obj,
                                           gather_obj, reduce_obj, scan_obj,
                                           scatter_obj)
-from erdmampi.collectives.wan import (allreduce_sched_direct, allreduce_sched_exchange,
-                                      bcast_sched_pieces, prefer_direct, prefer_exchange)
+from erdmampi.collectives.wan import (allgatherv_sched_direct, allreduce_sched_direct,
+                                      allreduce_sched_exchange, bcast_sched_pieces,
+                                      prefer_allgather_direct, prefer_direct, prefer_exchange)
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_pair,
                                         allreduce_sched_ring,
                                         alltoall_sched, alltoallv_sched,
@@ -170,7 +173,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "allgatherv": {"ring": allgatherv_ring, "direct": allgatherv_direct,
                    "bruck": allgatherv_bruck,
                    "recursive_doubling": allgatherv_recursive_doubling,
-                   "sched_ring": allgatherv_sched_ring},
+                   "sched_ring": allgatherv_sched_ring,
+                   "sched_direct": allgatherv_sched_direct},
     "alltoall": {"bruck": alltoall_bruck,
                  "pairwise": _uniform_a2a(alltoallv_pairwise),
                  "direct": _uniform_a2a(alltoallv_direct),
@@ -384,7 +388,11 @@ def allgatherv(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
                algorithm: Optional[str] = None) -> None:
     """Gather blocks on every rank; ``sendbuf=None``: own block in place."""
     total = sum(int(c) for c in counts)
-    _run("allgatherv", (t, sendbuf, recvbuf, counts, displs), _nbytes(recvbuf, total),
+    nbytes = _nbytes(recvbuf, total)
+    if (algorithm is None and ENV_PREFIX + "ALLGATHERV" not in os.environ
+            and prefer_allgather_direct(getattr(t, "hosts", None), t.size, nbytes)):
+        algorithm = "sched_direct"            # hosts of their own: one phase (collectives/wan.py)
+    _run("allgatherv", (t, sendbuf, recvbuf, counts, displs), nbytes,
          t.size, total, True, algorithm)
 
 

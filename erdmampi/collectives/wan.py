@@ -21,6 +21,12 @@ in a single phase:
   allgather in which it sends its reduced block to every other rank, all
   pieces posted at once.  Each rank's uplink carries the same 2(n-1)/n of
   the vector as in the ring.
+* :func:`allgatherv_sched_direct` (2..8 ranks, each on its own host): every
+  rank sends its block to every other rank in :func:`wan_pieces` pieces,
+  all posted at once, and receives theirs in place: one phase, as the
+  exchange (the bulk allgather of one host trades a header round, a
+  "could not read" round and then one rendezvous message per block; the
+  ring forwards blocks in n-1 dependent steps).
 * :func:`bcast_sched_pieces`: the broadcast of two ranks as the same pieces,
   all posted at once (the chained schedule keeps a window of 8 chunks per
   step, each with its own rendezvous round trip, in flight).
@@ -43,7 +49,8 @@ from erdmampi.collectives.base import ReduceFn, Transport, even_blocks
 from erdmampi.collectives.sched import _can_schedule, _Out, _reduction_operands
 
 __all__ = ["allreduce_sched_exchange", "allreduce_sched_direct", "bcast_sched_pieces",
-           "prefer_exchange", "prefer_direct", "exchange_pieces", "wan_pieces",
+           "allgatherv_sched_direct", "prefer_exchange", "prefer_direct",
+           "prefer_allgather_direct", "exchange_pieces", "wan_pieces",
            "bcast_pieces"]
 
 #: most ranks for which :func:`allreduce_sched_direct` is chosen
@@ -284,5 +291,65 @@ def allreduce_sched_direct(t: Transport, sendbuf: Optional[np.ndarray],
                 if src is None:                         # in place: sent in the first phase
                     b.after(ri, rs_send[j, p], False)
     b.run()
+    out.done()
+    return True
+
+
+def prefer_allgather_direct(hosts, size: int, nbytes: int) -> bool:
+    """True when an allgather(v) of ``nbytes`` (the whole gathered vector)
+    over ``size`` ranks with host labels ``hosts`` should run
+    :func:`allgatherv_sched_direct`: 2..:data:`DIRECT_MAX` ranks, each on a
+    host of its own (known from the labels: without them, the one-host bulk
+    allgather stays), at least :data:`SCHED_MIN
+    <erdmampi.collectives.SCHED_MIN>` bytes.  Every rank computes the same
+    answer (the fast one-call Allgather of ``comm_coll`` asks it too, so
+    both paths send the same messages)."""
+    from erdmampi.collectives import SCHED_MIN
+    if not 2 <= size <= DIRECT_MAX or nbytes < SCHED_MIN:
+        return False
+    return hosts is not None and len(hosts) == size and len(set(hosts)) == size
+
+
+def allgatherv_sched_direct(t: Transport, sendbuf: Optional[np.ndarray],
+                            recvbuf: np.ndarray, counts, displs) -> Optional[bool]:
+    """Every rank sends its block straight to every other rank in
+    :func:`wan_pieces` pieces (piece p on tag p), all posted at once, and
+    receives each peer's block in place.  ``sendbuf=None``: own block already
+    in place.  Transports without schedules, or more ranks than
+    :data:`DIRECT_MAX`, return ``False``."""
+    from erdmampi.collectives.base import check_counts
+    n, r = t.size, t.rank
+    if n > DIRECT_MAX or not _can_schedule(t, MAX_PIECES):
+        return False
+    out = _Out(recvbuf)
+    rv = out.work.reshape(-1)
+    cnts, disps = check_counts("allgatherv", n, counts, displs, rv.size)
+    mine = rv[disps[r]:disps[r] + cnts[r]]
+    if sendbuf is not None:
+        src = np.ascontiguousarray(sendbuf).reshape(-1)[:cnts[r]]
+        if src.size != cnts[r]:
+            raise ValueError(f"allgatherv: send buffer has {src.size} elements, "
+                             f"counts[{r}] is {cnts[r]}")
+        if cnts[r]:
+            mine[...] = src
+    if n == 1:
+        out.done()
+        return True
+    isz = rv.itemsize
+    b = t.schedule(chunked=False)
+    posted = False
+    for j in range(1, n):
+        peer = (r + j) % n              # peers in a rotating order: no hot spot
+        for p, (lo, hi) in enumerate(wan_pieces(cnts[r], isz)):
+            if hi > lo:
+                b.send(mine[lo:hi], peer, p)
+                posted = True
+        blk = rv[disps[peer]:disps[peer] + cnts[peer]]
+        for p, (lo, hi) in enumerate(wan_pieces(cnts[peer], isz)):
+            if hi > lo:
+                b.recv(blk[lo:hi], peer, p)
+                posted = True
+    if posted:
+        b.run()
     out.done()
     return True

@@ -2,10 +2,15 @@
 
 A :class:`ProcessGroup` written in Python (a subclass of torch's
 ``ProcessGroup``, as torch's own Python process groups are).  Each group owns
-a duplicate of an erdmampi communicator and one worker thread that runs its
-collectives in the order they were issued (every rank issues them in the
-same order, as torch requires), so a collective issued with
-``async_op=True`` progresses while the caller computes.  The erdmampi calls
+``ERDMA_TORCH_LANES`` (2) lanes: duplicates of an erdmampi communicator, each
+with a worker thread that runs the collectives queued on it in order.  The
+i-th collective of the group goes to lane i % lanes (every rank issues them
+in the same order, as torch requires, so both ends of a collective are on
+the same lane), so a collective issued with ``async_op=True`` progresses
+while the caller computes, and independent collectives (DDP's gradient
+buckets) overlap, as on gloo's two worker threads.  An operation on a tensor
+that an unfinished operation of another lane uses waits for it, and a
+barrier waits for every earlier operation of the group.  The erdmampi calls
 release the GIL while they wait.  Point-to-point operations are posted
 straight away as nonblocking erdmampi requests on a second communicator, and
 a poller thread completes them, so a send and a receive issued in any order
@@ -30,7 +35,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from erdmampi import MPI
+from erdmampi import MPI, config
 
 __all__ = ["ProcessGroupErdma", "ErdmaWork", "create_backend"]
 
@@ -204,6 +209,19 @@ def _world_base():
 _BASE = None
 
 
+class _Lane:
+    """A communicator of the group, the operations queued on it and the
+    worker thread that runs them in order."""
+
+    __slots__ = ("comm", "queue", "thread", "last")
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.queue: collections.deque = collections.deque()
+        self.thread: Optional[threading.Thread] = None
+        self.last: Optional[ErdmaWork] = None   # the latest operation queued here
+
+
 class ProcessGroupErdma(dist.ProcessGroup):
     """torch.distributed process group over an erdmampi communicator.
 
@@ -220,20 +238,30 @@ class ProcessGroupErdma(dist.ProcessGroup):
                              f"{comm.Get_size()} is not torch's rank {rank} of {size}")
         self._rank, self._size = rank, size
         self._timeout_s = _seconds(timeout, 1800.0)
-        self._comm = comm.Dup()
-        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        # one lane (a duplicate communicator and its worker thread) per
+        # concurrent collective: operation i runs on lane i % lanes
+        self._lanes = []
+        for _ in range(max(1, int(config.get("ERDMA_TORCH_LANES")))):
+            c = comm.Dup()
+            c.Set_errhandler(MPI.ERRORS_RETURN)
+            self._lanes.append(_Lane(c))
+        self._comm = self._lanes[0].comm
+        self._rr = 0
+        self._pin: Optional[int] = None
+        self._users: dict = {}          # storage address -> (latest work, its lane)
         self._p2p = comm.Dup()
         self._p2p.Set_errhandler(MPI.ERRORS_RETURN)
         self._name = name               # torch's group name (its _set_group_name)
         self._desc = ""
         self._error: Optional[BaseException] = None
         self._lock = threading.Condition()
-        self._queue: collections.deque = collections.deque()
         self._pending: list = []          # (request, work, on_done, status) of p2p operations
         self._closed = False
-        self._worker = threading.Thread(target=self._run, name=f"erdma-pg-{name}", daemon=True)
+        for k, lane in enumerate(self._lanes):
+            lane.thread = threading.Thread(target=self._run, args=(lane,),
+                                           name=f"erdma-pg-{name}-{k}", daemon=True)
+            lane.thread.start()
         self._poller = threading.Thread(target=self._poll, name=f"erdma-p2p-{name}", daemon=True)
-        self._worker.start()
         self._poller.start()
         _LIVE.add(self)
 
@@ -291,10 +319,10 @@ class ProcessGroupErdma(dist.ProcessGroup):
         red = self._red(opts, tensors)
         bufs = [_Contig(t) for t in tensors]
 
-        def run():
+        def run(c):
             for b in bufs:
                 red.scaled(b.buf, inplace=True)
-                self._comm.Allreduce(MPI.IN_PLACE, b.buf, op=red.mpi)
+                c.Allreduce(MPI.IN_PLACE, b.buf, op=red.mpi)
                 if red.name == "AVG":
                     self._avg(b.buf)
                 b.back()
@@ -309,8 +337,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
         the process default, ``ERDMA_COMPRESS``)."""
         b = _Contig(tensor)
 
-        def run():
-            self._comm.Allreduce(MPI.IN_PLACE, b.buf, op=MPI.SUM, compress=compress)
+        def run(c):
+            c.Allreduce(MPI.IN_PLACE, b.buf, op=MPI.SUM, compress=compress)
             b.back()
         return self._submit(f"allreduce (compress={compress})", [tensor], run, None)
 
@@ -318,9 +346,9 @@ class ProcessGroupErdma(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         bufs = [_Contig(t, fill=self._rank == root) for t in tensors]
 
-        def run():
+        def run(c):
             for b in bufs:
-                self._comm.Bcast(b.buf, root=root)
+                c.Bcast(b.buf, root=root)
                 if self._rank != root:
                     b.back()
         return self._submit("broadcast", list(tensors), run, opts)
@@ -330,16 +358,16 @@ class ProcessGroupErdma(dist.ProcessGroup):
         red = self._red(opts, tensors)
         bufs = [_Contig(t) for t in tensors]
 
-        def run():
+        def run(c):
             for b in bufs:
                 if self._rank == root:
                     red.scaled(b.buf, inplace=True)
-                    self._comm.Reduce(MPI.IN_PLACE, b.buf, op=red.mpi, root=root)
+                    c.Reduce(MPI.IN_PLACE, b.buf, op=red.mpi, root=root)
                     if red.name == "AVG":
                         self._avg(b.buf)
                     b.back()
                 else:       # a non-root's tensor is left as it was
-                    self._comm.Reduce(red.scaled(b.buf, inplace=False), None, op=red.mpi,
+                    c.Reduce(red.scaled(b.buf, inplace=False), None, op=red.mpi,
                                       root=root)
         return self._submit("reduce", list(tensors), run, opts)
 
@@ -347,25 +375,27 @@ class ProcessGroupErdma(dist.ProcessGroup):
         pairs = list(zip(output_tensors, input_tensors))
         self._check_lists(pairs, "allgather")
 
-        def run():
+        def run(c):
             for outs, inp in pairs:
                 src = inp.contiguous()
                 tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype,
                                   device=src.device)
-                self._comm.Allgather(_bytes(src), _bytes(tmp))
+                c.Allgather(_bytes(src), _bytes(tmp))
                 with torch.no_grad():
                     for o, r in zip(outs, tmp):
                         o.copy_(r.view(o.shape))
-        return self._submit("allgather", [t for outs in output_tensors for t in outs], run, opts)
+        return self._submit("allgather", [t for outs in output_tensors for t in outs], run, opts,
+                            uses=input_tensors)
 
     def all_gather_single(self, output_tensor, input_tensor, opts=None):
         out = _Contig(output_tensor, fill=False)
         self._check_numel(out.buf, input_tensor, self._size, "all_gather_into_tensor")
 
-        def run():
-            self._comm.Allgather(_bytes(input_tensor.contiguous()), _bytes(out.buf))
+        def run(c):
+            c.Allgather(_bytes(input_tensor.contiguous()), _bytes(out.buf))
             out.back()
-        return self._submit("all_gather_into_tensor", [output_tensor], run, opts)
+        return self._submit("all_gather_into_tensor", [output_tensor], run, opts,
+                            uses=[input_tensor])
 
     _allgather_base = all_gather_single
 
@@ -384,28 +414,30 @@ class ProcessGroupErdma(dist.ProcessGroup):
         pairs = list(zip(output_tensors, input_tensors))
         self._check_lists([(ins, out) for out, ins in pairs], "reduce_scatter")
 
-        def run():
+        def run(c):
             for out, ins in pairs:
                 send = red.scaled(torch.stack([t.reshape(out.shape) for t in ins]), inplace=True)
                 o = _Contig(out, fill=False)
-                self._comm.Reduce_scatter_block(send, o.buf, op=red.mpi)
+                c.Reduce_scatter_block(send, o.buf, op=red.mpi)
                 if red.name == "AVG":
                     self._avg(o.buf)
                 o.back()
-        return self._submit("reduce_scatter", list(output_tensors), run, opts)
+        return self._submit("reduce_scatter", list(output_tensors), run, opts,
+                            uses=[t for ins in input_tensors for t in ins])
 
     def reduce_scatter_single(self, output_tensor, input_tensor, opts=None):
         red = self._red(opts, [input_tensor])
         out = _Contig(output_tensor, fill=False)
         self._check_numel(input_tensor, out.buf, self._size, "reduce_scatter_tensor")
 
-        def run():
+        def run(c):
             send = red.scaled(input_tensor.contiguous(), inplace=False)
-            self._comm.Reduce_scatter_block(send, out.buf, op=red.mpi)
+            c.Reduce_scatter_block(send, out.buf, op=red.mpi)
             if red.name == "AVG":
                 self._avg(out.buf)
             out.back()
-        return self._submit("reduce_scatter_tensor", [output_tensor], run, opts)
+        return self._submit("reduce_scatter_tensor", [output_tensor], run, opts,
+                            uses=[input_tensor])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -419,17 +451,17 @@ class ProcessGroupErdma(dist.ProcessGroup):
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
             raise ValueError(f"erdma: all_to_all needs {self._size} input and output tensors")
 
-        def run():
+        def run(c):
             send = torch.cat([_bytes(t.contiguous()) for t in input_tensors])
             scounts = [t.numel() * t.element_size() for t in input_tensors]
             rcounts = [t.numel() * t.element_size() for t in output_tensors]
             recv = torch.empty(sum(rcounts), dtype=torch.uint8, device=send.device)
-            self._comm.Alltoallv([_spec(send), scounts, _displs(scounts), MPI.BYTE],
+            c.Alltoallv([_spec(send), scounts, _displs(scounts), MPI.BYTE],
                                  [_spec(recv), rcounts, _displs(rcounts), MPI.BYTE])
             with torch.no_grad():
                 for o, chunk in zip(output_tensors, torch.split(recv, rcounts)):
                     o.copy_(chunk.view(o.dtype).view(o.shape))
-        return self._submit("all_to_all", list(output_tensors), run, opts)
+        return self._submit("all_to_all", list(output_tensors), run, opts, uses=input_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         out = _Contig(output, fill=False)
@@ -437,11 +469,11 @@ class ProcessGroupErdma(dist.ProcessGroup):
         scounts = self._splits(src, input_split_sizes, "input")
         rcounts = self._splits(out.buf, output_split_sizes, "output")
 
-        def run():
-            self._comm.Alltoallv([_spec(_bytes(src)), scounts, _displs(scounts), MPI.BYTE],
+        def run(c):
+            c.Alltoallv([_spec(_bytes(src)), scounts, _displs(scounts), MPI.BYTE],
                                  [_spec(_bytes(out.buf)), rcounts, _displs(rcounts), MPI.BYTE])
             out.back()
-        return self._submit("all_to_all_single", [output], run, opts)
+        return self._submit("all_to_all_single", [output], run, opts, uses=[input])
 
     alltoall_base = all_to_all_single
 
@@ -452,18 +484,18 @@ class ProcessGroupErdma(dist.ProcessGroup):
         if self._rank == root and len(outs) != self._size:
             raise ValueError(f"erdma: gather needs {self._size} output tensors on the root")
 
-        def run():
+        def run(c):
             src = inp.contiguous()
             if self._rank == root:
                 tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype,
                                   device=src.device)
-                self._comm.Gather(_bytes(src), _bytes(tmp), root=root)
+                c.Gather(_bytes(src), _bytes(tmp), root=root)
                 with torch.no_grad():
                     for o, r in zip(outs, tmp):
                         o.copy_(r.view(o.shape))
             else:
-                self._comm.Gather(_bytes(src), None, root=root)
-        return self._submit("gather", list(outs), run, opts)
+                c.Gather(_bytes(src), None, root=root)
+        return self._submit("gather", list(outs), run, opts, uses=[inp])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -472,16 +504,16 @@ class ProcessGroupErdma(dist.ProcessGroup):
         if self._rank == root and len(ins) != self._size:
             raise ValueError(f"erdma: scatter needs {self._size} input tensors on the root")
 
-        def run():
+        def run(c):
             send = None
             if self._rank == root:
                 send = _bytes(torch.stack([t.reshape(out.buf.shape) for t in ins]))
-            self._comm.Scatter(send, _bytes(out.buf), root=root)
+            c.Scatter(send, _bytes(out.buf), root=root)
             out.back()
-        return self._submit("scatter", [output_tensors[0]], run, opts)
+        return self._submit("scatter", [output_tensors[0]], run, opts, uses=list(ins))
 
     def barrier(self, opts=None):
-        return self._submit("barrier", [], self._comm.Barrier, opts)
+        return self._submit("barrier", [], lambda c: c.Barrier(), opts, barrier=True)
 
     # -- point to point -----------------------------------------------------
 
@@ -521,7 +553,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        for t in (self._worker, self._poller):
+        for t in [lane.thread for lane in self._lanes] + [self._poller]:
             if t is not threading.current_thread():
                 t.join(5.0)
 
@@ -579,10 +611,15 @@ class ProcessGroupErdma(dist.ProcessGroup):
         return [int(s) * row_bytes for s in sizes]
 
     def _chain(self, starts: List[Callable[[], ErdmaWork]]) -> ErdmaWork:
-        """Submit several operations; the last one's Work completes after all
-        of them (the worker runs them in order)."""
-        works = [s() for s in starts]
-        return works[-1] if works else self._submit("coalesced", [], lambda: None, None)
+        """Submit several operations, all on one lane; the last one's Work
+        completes after all of them (the lane's worker runs them in order)."""
+        with self._lock:
+            self._pin = self._next_lane()
+        try:
+            works = [s() for s in starts]
+        finally:
+            self._pin = None
+        return works[-1] if works else self._submit("coalesced", [], lambda c: None, None)
 
     def _check_ok(self):
         if self._error is not None:
@@ -593,15 +630,29 @@ class ProcessGroupErdma(dist.ProcessGroup):
         with self._lock:
             if self._error is None:
                 self._error = exc
-            queued, self._queue = list(self._queue), collections.deque()
+            queued = []
+            for lane in self._lanes:
+                queued += lane.queue
+                lane.queue.clear()
             pending, self._pending = self._pending, []
             self._lock.notify_all()
-        for _, w in queued:
+        for _, w, _ in queued:
             w._finish(self._error)
         for _, w, _, _ in pending:
             w._finish(self._error)
 
-    def _submit(self, what, result, fn, opts) -> ErdmaWork:
+    def _next_lane(self) -> int:
+        """The lane of the next operation (round robin in issue order: the
+        same on every rank, as the order of the operations is); lock held."""
+        i = self._rr
+        self._rr = (i + 1) % len(self._lanes)
+        return i
+
+    def _submit(self, what, result, fn, opts, uses=(), barrier=False) -> ErdmaWork:
+        """Queue ``fn(comm)`` on the next lane.  It first waits for the
+        earlier operations of other lanes that touch the same tensors
+        (``result`` and ``uses``), so operations on one tensor keep their
+        order; a barrier waits for every earlier operation of the group."""
         work = ErdmaWork(self, what, result)
         if opts is not None and getattr(opts, "timeout", None) is not None:
             t = _seconds(opts.timeout, 0.0)
@@ -610,23 +661,53 @@ class ProcessGroupErdma(dist.ProcessGroup):
         self._check_ok()
         _cuda_sync()
         with self._lock:
-            self._queue.append((fn, work))
+            i = self._pin if self._pin is not None else self._next_lane()
+            lane = self._lanes[i]
+            deps = []
+            if len(self._lanes) > 1:
+                if barrier:
+                    deps = [ln.last for ln in self._lanes
+                            if ln is not lane and ln.last is not None
+                            and not ln.last.is_completed()]
+                deps += self._conflicts(i, work, result, uses)
+            lane.last = work
+            lane.queue.append((fn, work, deps))
             self._lock.notify_all()
         return work
 
-    def _run(self):
+    def _conflicts(self, i, work, result, uses) -> list:
+        """Unfinished operations of lanes other than ``i`` on the storage of
+        these tensors; records ``work`` as their latest user (lock held)."""
+        deps, users = [], self._users
+        for t in (*result, *uses):
+            try:
+                key = t.untyped_storage().data_ptr()
+            except Exception:           # no storage to share (e.g. a meta tensor)
+                continue
+            prev = users.get(key)
+            if prev is not None and prev[1] != i and not prev[0].is_completed() \
+                    and prev[0] not in deps:
+                deps.append(prev[0])
+            users[key] = (work, i)
+        if len(users) > 512:
+            self._users = {k: v for k, v in users.items() if not v[0].is_completed()}
+        return deps
+
+    def _run(self, lane: "_Lane"):
         while True:
             with self._lock:
-                while not self._queue and not self._closed:
+                while not lane.queue and not self._closed:
                     self._lock.wait()
-                if not self._queue:
+                if not lane.queue:
                     return
-                fn, work = self._queue.popleft()
+                fn, work, deps = lane.queue.popleft()
+            for d in deps:                  # earlier operations of other lanes
+                d._event.wait()
             if self._error is not None:
                 work._finish(self._error)
                 continue
             try:
-                fn()
+                fn(lane.comm)
             except MPI.Exception as e:
                 exc = _backend_error(f"{work._what} failed: {e}", e)
                 work._finish(exc)
