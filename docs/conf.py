@@ -14,6 +14,14 @@ import erdmampi  # noqa: E402
 
 erdmampi.rc.initialize = False
 
+# erdmampi.MPI's docstrings start with a signature line, as mpi4py's (see
+# erdmampi/_docsig.py); autodoc reads the signatures from the code instead
+# (the names of the constants used as defaults, no ``self``)
+import erdmampi.MPI  # noqa: E402
+from erdmampi import _docsig  # noqa: E402
+
+_docsig.unsign()
+
 project = "erdmampi"
 author = "the erdmampi authors"
 release = version = erdmampi.__version__

@@ -168,8 +168,11 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         self._tell_members(group._ranks)
 
     def _tell_members(self, ranks):
-        """The engine learns which world ranks a receive from ANY_SOURCE on
-        this communicator could match (its failure notification, comm_ulfm)."""
+        """Tell the engine which world ranks are members of this communicator.
+
+        A receive from ANY_SOURCE on it could match them (its failure
+        notification, comm_ulfm).
+        """
         eng = _rt.engine
         if eng is not None and self._ctx >= 0:
             eng.ctx_group(self._ctx, ranks)
@@ -309,6 +312,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         return self.Dup(info), Request._new(_DoneOp())
 
     def Idup_with_info(self, info):
+        """Nonblocking duplicate of the communicator; the hints of ``info`` go to the new one."""
         return self.Idup(info)
 
     def Free(self):
@@ -339,11 +343,13 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     # -- Names and attributes -----------------------------------------------
 
     def Get_name(self):
+        """The name of the communicator (``MPI_COMM_NULL`` for a null one)."""
         if self._ranks is None:
             return "MPI_COMM_NULL"    # MPICH names the null handle
         return self._name
 
     def Set_name(self, name):
+        """Give the communicator a name (a string)."""
         self._check()
         if not isinstance(name, str):
             raise TypeError(f"expected str, got {type(name).__name__}")
@@ -380,31 +386,37 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         return _attributes.get("Comm", self._attrs, keyval)
 
     def Set_attr(self, keyval, attrval):
+        """Store an attribute value on the communicator under ``keyval``."""
         self._check()
         _attributes.set("Comm", self, self._attrs, keyval, attrval)
 
     def Delete_attr(self, keyval):
+        """Delete the attribute stored under ``keyval`` (its delete function runs)."""
         self._check()
         _attributes.delete("Comm", self, self._attrs, keyval)
 
     @classmethod
     def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython=False):
+        """Create a new attribute key for communicators (optional copy and delete functions)."""
         return _attributes.create_keyval("Comm", copy_fn, delete_fn, nopython)
 
     @classmethod
     def Free_keyval(cls, keyval):
+        """Free an attribute key for communicators; returns `KEYVAL_INVALID`."""
         return _attributes.free_keyval("Comm", keyval)
 
     def Get_info(self):
-        """A new Info object with the hints in use (``erdma_compress``), as
-        MPI_Comm_get_info."""
+        """A new Info object with the hints in use (``erdma_compress``)."""
         self._check()
         from .MPI import Info
         return Info.Create(self._chints)
 
     def Set_info(self, info):
-        """Take the hints erdmampi knows from ``info`` (``erdma_compress``:
-        see :mod:`erdmampi.compression`); other keys are ignored, as MPI allows."""
+        """Take the hints erdmampi knows from ``info``.
+
+        ``erdma_compress``: see :mod:`erdmampi.compression`; other keys are
+        ignored, as MPI allows.
+        """
         self._check()
         for k, v in _hints_of(info).items():
             if v is None:
@@ -421,10 +433,12 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         return join(fd)
 
     def Is_inter(self):
+        """Whether this is an inter-communicator (False)."""
         self._check()
         return False
 
     def Is_intra(self):
+        """Whether this is an intra-communicator (True)."""
         self._check()
         return True
 
@@ -437,6 +451,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         return self.Is_intra()
 
     def Get_topology(self):
+        """The type of topology attached (`UNDEFINED`: none)."""
         self._check()
         return UNDEFINED
 
@@ -451,6 +466,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     @classmethod
     def Get_parent(cls):
         # no process is spawned: a null inter-communicator, as mpi4py returns
+        """The parent inter-communicator (no process is spawned: a null one)."""
         return Intercomm()
 
     def __reduce__(self):
@@ -459,6 +475,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
                                         ("COMM_WORLD", COMM_WORLD)])
 
     def py2f(self):
+        """The Fortran integer handle of the communicator."""
         return self._handle if self._ranks is not None else _NULL_HANDLE
 
     toint = py2f
@@ -469,6 +486,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
 
     @classmethod
     def f2py(cls, arg):
+        """The communicator of a Fortran integer handle."""
         arg = int(arg)
         for c in (COMM_WORLD, COMM_SELF):
             if c._handle == arg:
@@ -587,29 +605,37 @@ class Intracomm(IntracommInter, IntracommTopo, IntracommDPM, Comm):
     # -- Prefix reductions ----------------------------------------------------
 
     def Scan(self, sendbuf, recvbuf, op=_SUM):
+        """Inclusive prefix reduction: rank i receives the reduction over ranks 0..i."""
         self._c_scan(sendbuf, recvbuf, _op_arg(op), False)()
 
     def Exscan(self, sendbuf, recvbuf, op=_SUM):
+        """Exclusive prefix reduction: rank i receives the reduction over ranks 0..i-1."""
         self._c_scan(sendbuf, recvbuf, _op_arg(op), True)()
 
     def Iscan(self, sendbuf, recvbuf, op=_SUM):
+        """Nonblocking inclusive prefix reduction; returns a `Request`."""
         return _icoll(self._c_scan(sendbuf, recvbuf, _op_arg(op), False))
 
     def Iexscan(self, sendbuf, recvbuf, op=_SUM):
+        """Nonblocking exclusive prefix reduction; returns a `Request`."""
         return _icoll(self._c_scan(sendbuf, recvbuf, _op_arg(op), True))
 
     def Scan_init(self, sendbuf, recvbuf, op=_SUM, info=None):
+        """Persistent inclusive prefix reduction; returns a `Prequest`."""
         return self._coll_init("Iscan", sendbuf, recvbuf, _op_arg(op))
 
     def Exscan_init(self, sendbuf, recvbuf, op=_SUM, info=None):
+        """Persistent exclusive prefix reduction; returns a `Prequest`."""
         return self._coll_init("Iexscan", sendbuf, recvbuf, _op_arg(op))
 
     def scan(self, sendobj, op=None):
+        """Inclusive prefix reduction of Python objects (default op: sum)."""
         fn = _py_op(_sum(op))
         t, d, l = self._obj_transport()
         return coll.scan_obj(t, sendobj, fn, d, l)
 
     def exscan(self, sendobj, op=None):
+        """Exclusive prefix reduction of Python objects (None on rank 0)."""
         fn = _py_op(_sum(op))
         t, d, l = self._obj_transport()
         return coll.exscan_obj(t, sendobj, fn, d, l)

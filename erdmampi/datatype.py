@@ -259,12 +259,14 @@ class Datatype:
         return new
 
     def toint(self):
+        """The integer handle of the datatype."""
         return self._handle
 
     py2f = toint
 
     @classmethod
     def fromint(cls, arg):
+        """The datatype of an integer handle."""
         return cls.fromhandle(arg)
 
     f2py = fromint
@@ -414,9 +416,11 @@ class Datatype:
     # -- constructors ----------------------------------------------------
 
     def _derived(self, combiner, contents, blocks, build, types=None):
-        """A new datatype made of ``blocks``: [(oldtype, byte displacement,
-        blocklength)] (bounds as MPICH computes them; zero-length blocks
-        count for nothing); ``build()`` makes its layout on demand."""
+        """A new datatype made of ``blocks``: [(oldtype, byte displacement, blocklength)].
+
+        Bounds are as MPICH computes them; zero-length blocks count for
+        nothing; ``build()`` makes its layout on demand.
+        """
         types = types or (self,)
         lb = ub = tlb = tub = None
         size = 0
@@ -471,21 +475,26 @@ class Datatype:
 
     @classmethod
     def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython=False):
+        """Create a new attribute key for datatypes, with optional copy and delete functions."""
         return _attributes.create_keyval("Datatype", copy_fn, delete_fn, nopython)
 
     @classmethod
     def Free_keyval(cls, keyval):
+        """Free an attribute key for datatypes; returns `KEYVAL_INVALID`."""
         return _attributes.free_keyval("Datatype", keyval)
 
     def Get_attr(self, keyval):
+        """The attribute value stored under ``keyval`` (None if not set)."""
         self._check()
         return _attributes.get("Datatype", self._attr_table(), keyval)
 
     def Set_attr(self, keyval, attrval):
+        """Store an attribute value on the datatype under ``keyval``."""
         self._check()
         _attributes.set("Datatype", self, self._attr_table(), keyval, attrval)
 
     def Delete_attr(self, keyval):
+        """Delete the attribute stored under ``keyval`` (its delete function runs)."""
         self._check()
         _attributes.delete("Datatype", self, self._attr_table(), keyval)
 
@@ -615,8 +624,11 @@ class Datatype:
         return new
 
     def _grid(self, combiner, contents, dims, total, size):
-        """Elements at sum(idx_d * stride_d) over the index sets ``dims``
-        [(indices, byte stride)] (slowest first), resized to (0, total)."""
+        """A datatype of the elements at sum(idx_d * stride_d) over ``dims``.
+
+        ``dims``: the index sets [(indices, byte stride)], slowest first; the
+        result is resized to (0, total).
+        """
         t = Datatype(self)   # unaffected by a later Free of self
         if any(not idx for idx, _ in dims) or self._size == 0:
             tlb = tub = 0
@@ -794,8 +806,11 @@ class Datatype:
         self._r = DATATYPE_NULL._r
 
     def free(self):
-        """Free if not null; an object naming a predefined type (not the
-        constant itself) just becomes null, as in mpi4py."""
+        """Free the datatype if it is not null.
+
+        An object naming a predefined type (not the constant itself) just
+        becomes null, as in mpi4py.
+        """
         if self._handle == _NULL_HANDLE:
             return
         if self._predefined:
@@ -918,8 +933,10 @@ class Datatype:
         return comb != COMBINER_NAMED and comb not in _F90 and not self._dense()
 
     def _wire(self):
-        """The contiguous datatype of this type's packed bytes: what a packed
-        message is, as far as transport and reductions see it."""
+        """The contiguous datatype of this type's packed bytes.
+
+        What a packed message is, as far as transport and reductions see it.
+        """
         w = self._wiretype
         if w is None:
             w = Datatype._make(
@@ -1034,8 +1051,10 @@ def _ref(t):
 
 
 def _datatype_create(datatype, combiner, params, free=False):
-    """Create a datatype from base datatype, combiner name and parameters
-    (what pickled derived datatypes are rebuilt with)."""
+    """Create a datatype from a base datatype, a combiner name and parameters.
+
+    Pickled derived datatypes are rebuilt with it.
+    """
     if "datatypes" in params:
         temps = list(params["datatypes"])
     elif "value" in params and "index" in params:

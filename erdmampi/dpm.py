@@ -63,6 +63,7 @@ def Open_port(info=None):
 
 
 def Close_port(port_name):
+    """Close a port opened with `Open_port`."""
     with _lock:
         if port_name not in _ports:
             raise_error(ERR_PORT, f"port {port_name!r} is not open")

@@ -92,6 +92,7 @@ class Errhandler(IntHandle):
         self._h = _NULL
 
     def free(self):
+        """Free the error handler if it is not null and not a predefined constant."""
         if self._h != _NULL and not any(self is c for c in _CONSTANTS):
             self.Free()
 

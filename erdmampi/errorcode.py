@@ -82,6 +82,7 @@ def Add_error_string(errorcode, string):
 
 
 def Remove_error_class(errorclass):
+    """Remove a user error class that has no string and no codes left."""
     errorclass = int(errorclass)
     with _lock:
         if errorclass not in _classes:
@@ -92,6 +93,7 @@ def Remove_error_class(errorclass):
 
 
 def Remove_error_code(errorcode):
+    """Remove a user error code that has no string left."""
     errorcode = int(errorcode)
     with _lock:
         if errorcode not in _codes:
@@ -102,6 +104,7 @@ def Remove_error_code(errorcode):
 
 
 def Remove_error_string(errorcode):
+    """Remove the string of a user error class or code."""
     errorcode = int(errorcode)
     with _lock:
         if errorcode in _classes:

@@ -60,12 +60,14 @@ class File(HandleObject, _eh.HasErrhandler):
 
     # ROMIO's integer for a file is an index in its table
     def py2f(self):
+        """The Fortran integer handle of the file."""
         return self._h - self._FIRST if self._h != self._NULL else 0
 
     toint = py2f
 
     @classmethod
     def f2py(cls, arg):
+        """The file of a Fortran integer handle."""
         arg = int(arg)
         return cls.fromhandle(cls._FIRST + arg if arg else cls._NULL)
 
@@ -77,11 +79,13 @@ class File(HandleObject, _eh.HasErrhandler):
             self.Close()
 
     def Get_errhandler(self):
+        """The error handler of the file (of `FILE_NULL`: the default for `Open`)."""
         if self._h == self._NULL:       # FILE_NULL holds the default for Open
             return _eh._new_ref(self._errh)
         return super().Get_errhandler()
 
     def Set_errhandler(self, errhandler):
+        """Set the error handler of the file (of `FILE_NULL`: the default for `Open`)."""
         if self._h == self._NULL:
             if not isinstance(errhandler, _eh.Errhandler):
                 raise TypeError(f"expected Errhandler, got {type(errhandler).__name__}")
@@ -159,6 +163,7 @@ class File(HandleObject, _eh.HasErrhandler):
 
     @classmethod
     def Delete(cls, filename, info=None):
+        """Delete a file by name."""
         path = os.fsdecode(os.fspath(filename))
         try:
             os.unlink(path)
@@ -168,6 +173,7 @@ class File(HandleObject, _eh.HasErrhandler):
     # -- size, mode, group, info ----------------------------------------------
 
     def Set_size(self, size):
+        """Truncate or extend the file to ``size`` bytes."""
         st = self._check()
         size = int(size)
         if size < 0:
@@ -176,6 +182,7 @@ class File(HandleObject, _eh.HasErrhandler):
         st.comm.Barrier()
 
     def Preallocate(self, size):
+        """Make sure the file holds at least ``size`` bytes."""
         st = self._check()
         size = int(size)
         if size < 0:
@@ -185,17 +192,20 @@ class File(HandleObject, _eh.HasErrhandler):
         st.comm.Barrier()
 
     def Get_size(self):
+        """The size of the file in bytes."""
         st = self._check()
         return os.fstat(st.fd).st_size
 
     size = property(Get_size)
 
     def Get_amode(self):
+        """The access mode the file was opened with."""
         return self._check().amode
 
     amode = property(Get_amode)
 
     def Get_group(self):
+        """The group of the processes that opened the file."""
         return self._check().comm.Get_group()
 
     group = property(Get_group)
@@ -209,9 +219,11 @@ class File(HandleObject, _eh.HasErrhandler):
         return self._check().comm.Get_rank()
 
     def Set_info(self, info):
+        """Set the hints of the file."""
         self._check().hints.update(_info_items(info))
 
     def Get_info(self):
+        """An `Info` with the hints of the file."""
         st = self._check()
         from .info import Info
         return Info.Create(st.hints)
@@ -219,24 +231,29 @@ class File(HandleObject, _eh.HasErrhandler):
     info = property(Get_info, Set_info)
 
     def Set_atomicity(self, flag):
+        """Set the atomicity mode."""
         self._check().atomic = bool(flag)
 
     def Get_atomicity(self):
+        """The atomicity mode."""
         return self._check().atomic
 
     atomicity = property(Get_atomicity, Set_atomicity)
 
     def Sync(self):
+        """Synchronize the processes of the file (a barrier: writes reach the file when made)."""
         st = self._check()
         st.comm.Barrier()
 
     def Get_type_extent(self, datatype):
+        """The extent of a datatype in the file."""
         self._check()
         return datatype.Get_extent()[1]
 
     # -- views and positions --------------------------------------------------
 
     def Set_view(self, disp=0, etype=None, filetype=None, datarep="native", info=None):
+        """Set the view: displacement, elementary type, file type and data representation."""
         st = self._check()
         from .datatype import PREDEFINED
         etype = PREDEFINED["BYTE"] if etype is None else etype
@@ -261,20 +278,25 @@ class File(HandleObject, _eh.HasErrhandler):
         st.comm.Barrier()
 
     def Get_view(self):
+        """The view: (displacement, etype, filetype, datarep)."""
         v = self._check().view
         return (v.disp, v.etype, v.filetype, v.datarep)
 
     def Seek(self, offset, whence=SEEK_SET):
+        """Move the individual file pointer (``whence``: `SEEK_SET`, `SEEK_CUR` or `SEEK_END`)."""
         st = self._check()
         st.pos = st.seek(st.pos, int(offset), int(whence))
 
     def Get_position(self):
+        """The individual file pointer, in etypes."""
         return self._check().pos
 
     def Get_byte_offset(self, offset):
+        """The absolute byte position of an offset in the view."""
         return self._check().byte_offset(int(offset))
 
     def Seek_shared(self, offset, whence=SEEK_SET):
+        """Move the shared file pointer (collective)."""
         st = self._check()
         if st.comm.Get_rank() == 0:
             with st.shared_lock():
@@ -282,6 +304,7 @@ class File(HandleObject, _eh.HasErrhandler):
         st.comm.Barrier()
 
     def Get_position_shared(self):
+        """The shared file pointer, in etypes."""
         st = self._check()
         with st.shared_lock():
             return st.get_shared()
@@ -338,62 +361,78 @@ class File(HandleObject, _eh.HasErrhandler):
         return n
 
     def Read_at(self, offset, buf, status=None):
+        """Read at an explicit offset."""
         self._read(int(offset), buf, status)
 
     def Write_at(self, offset, buf, status=None):
+        """Write at an explicit offset."""
         self._write(int(offset), buf, status)
 
     def Read_at_all(self, offset, buf, status=None):
+        """Collective read at explicit offsets."""
         self._read(int(offset), buf, status)
 
     def Write_at_all(self, offset, buf, status=None):
+        """Collective write at explicit offsets."""
         self._write(int(offset), buf, status)
 
     def Read(self, buf, status=None):
+        """Read at the individual file pointer."""
         self._individual(buf, False, status)
 
     def Write(self, buf, status=None):
+        """Write at the individual file pointer."""
         self._individual(buf, True, status)
 
     Read_all = Read
     Write_all = Write
 
     def Read_shared(self, buf, status=None):
+        """Read at the shared file pointer."""
         self._shared(buf, False, status)
 
     def Write_shared(self, buf, status=None):
+        """Write at the shared file pointer."""
         self._shared(buf, True, status)
 
     def Read_ordered(self, buf, status=None):
+        """Collective read at the shared file pointer, in rank order."""
         self._ordered(buf, False, status)
 
     def Write_ordered(self, buf, status=None):
+        """Collective write at the shared file pointer, in rank order."""
         self._ordered(buf, True, status)
 
     # nonblocking: done at once
 
     def Iread_at(self, offset, buf):
+        """Nonblocking read at an explicit offset; returns a `Request`."""
         return _done(self._read(int(offset), buf, None))
 
     def Iwrite_at(self, offset, buf):
+        """Nonblocking write at an explicit offset; returns a `Request`."""
         return _done(self._write(int(offset), buf, None))
 
     Iread_at_all = Iread_at
     Iwrite_at_all = Iwrite_at
 
     def Iread(self, buf):
+        """Nonblocking read at the individual file pointer; returns a `Request`."""
         return _done(self._individual(buf, False, None))
 
     def Iwrite(self, buf):
+        """Nonblocking write at the individual file pointer; returns a `Request`."""
         return _done(self._individual(buf, True, None))
 
     Iread_all = Iread
     Iwrite_all = Iwrite
 
     def Iread_shared(self, buf):
+        """Nonblocking read at the shared file pointer; returns a `Request`."""
         return _done(self._shared(buf, False, None))
 
     def Iwrite_shared(self, buf):
+        """Nonblocking write at the shared file pointer; returns a `Request`."""
         return _done(self._shared(buf, True, None))
 
     # split collectives: the transfer happens in *_begin
@@ -412,39 +451,51 @@ class File(HandleObject, _eh.HasErrhandler):
         _status(status, n)
 
     def Read_at_all_begin(self, offset, buf):
+        """Begin a split collective read at explicit offsets."""
         self._begin(self._read(int(offset), buf, None))
 
     def Read_at_all_end(self, buf, status=None):
+        """Complete a split collective read at explicit offsets."""
         self._end(status)
 
     def Write_at_all_begin(self, offset, buf):
+        """Begin a split collective write at explicit offsets."""
         self._begin(self._write(int(offset), buf, None))
 
     def Write_at_all_end(self, buf, status=None):
+        """Complete a split collective write at explicit offsets."""
         self._end(status)
 
     def Read_all_begin(self, buf):
+        """Begin a split collective read at the individual file pointer."""
         self._begin(self._individual(buf, False, None))
 
     def Read_all_end(self, buf, status=None):
+        """Complete a split collective read at the individual file pointer."""
         self._end(status)
 
     def Write_all_begin(self, buf):
+        """Begin a split collective write at the individual file pointer."""
         self._begin(self._individual(buf, True, None))
 
     def Write_all_end(self, buf, status=None):
+        """Complete a split collective write at the individual file pointer."""
         self._end(status)
 
     def Read_ordered_begin(self, buf):
+        """Begin a split collective read at the shared file pointer, in rank order."""
         self._begin(self._ordered(buf, False, None))
 
     def Read_ordered_end(self, buf, status=None):
+        """Complete a split collective ordered read."""
         self._end(status)
 
     def Write_ordered_begin(self, buf):
+        """Begin a split collective write at the shared file pointer, in rank order."""
         self._begin(self._ordered(buf, True, None))
 
     def Write_ordered_end(self, buf, status=None):
+        """Complete a split collective ordered write."""
         self._end(status)
 
 

@@ -139,17 +139,20 @@ class Group:
 
     @classmethod
     def Union(cls, group1, group2):
+        """The processes of ``group1`` followed by those of ``group2`` not in ``group1``."""
         a, b = group1._check(), group2._check()
         seen = set(a)
         return cls._from_ranks(list(a) + [w for w in b if w not in seen])
 
     @classmethod
     def Intersection(cls, group1, group2):
+        """The group of the processes of ``group1`` also in ``group2``, in ``group1``'s order."""
         a, b = group1._check(), set(group2._check())
         return cls._from_ranks([w for w in a if w in b])
 
     @classmethod
     def Difference(cls, group1, group2):
+        """The group of the processes of ``group1`` not in ``group2``."""
         a, b = group1._check(), set(group2._check())
         return cls._from_ranks([w for w in a if w not in b])
 
@@ -184,12 +187,15 @@ class Group:
         return out
 
     def Range_incl(self, ranks):
+        """The group of the ranks in ``(first, last, stride)`` ranges, in that order."""
         return self.Incl(self._expand(ranks))
 
     def Range_excl(self, ranks):
+        """The group without the ranks in ``(first, last, stride)`` ranges."""
         return self.Excl(self._expand(ranks))
 
     def Dup(self):
+        """A duplicate of the group."""
         self._check()
         return Group._from_ranks(self._ranks)
 
@@ -213,6 +219,7 @@ class Group:
 
     @classmethod
     def Intersect(cls, group1, group2):
+        """The intersection of two groups (same as `Intersection`)."""
         return cls.Intersection(group1, group2)
 
     # -- handles: groups are values here; a handle names the member list --
@@ -232,6 +239,7 @@ class Group:
 
     @classmethod
     def fromhandle(cls, handle):
+        """The group of an integer handle."""
         handle = int(handle)
         if handle == _NULL_HANDLE:
             return GROUP_NULL
@@ -243,17 +251,21 @@ class Group:
         return cls._from_ranks(ranks)
 
     def toint(self):
+        """The integer handle of the group."""
         return self.handle
 
     @classmethod
     def fromint(cls, arg):
+        """The group of an integer handle."""
         return cls.fromhandle(arg)
 
     def py2f(self):
+        """The Fortran integer handle of the group."""
         return self.handle
 
     @classmethod
     def f2py(cls, arg):
+        """The group of a Fortran integer handle."""
         return cls.fromhandle(arg)
 
 

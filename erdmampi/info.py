@@ -108,8 +108,11 @@ class Info(IntHandle):
         return (INFO_NULL, INFO_ENV)
 
     def free(self):
-        """Free if not null; an object naming INFO_ENV (not the constant
-        itself) just becomes null, as in mpi4py."""
+        """Free the info object if it is not null.
+
+        An object naming INFO_ENV (not the constant itself) just becomes
+        null, as in mpi4py.
+        """
         if not self or self is INFO_ENV:
             return
         if self._h == _ENV_HANDLE:
@@ -149,6 +152,7 @@ class Info(IntHandle):
         return info
 
     def Free(self):
+        """Free the info object (a predefined one cannot be freed)."""
         if self._h in (_NULL_HANDLE, _ENV_HANDLE) and (self is INFO_NULL or
                                                        self is INFO_ENV or
                                                        self._h == _NULL_HANDLE):
@@ -159,16 +163,20 @@ class Info(IntHandle):
         self._h = _NULL_HANDLE
 
     def Dup(self):
+        """A new info object with the same key/value pairs."""
         return _new(type(self), dict(self._table()))
 
     def Get(self, key):
+        """The value stored under ``key`` (None if not set)."""
         value = self._table().get(_key(key))
         return value
 
     def Set(self, key, value):
+        """Store ``value`` under ``key`` (both strings)."""
         self._table()[_key(key)] = _value(value)
 
     def Delete(self, key):
+        """Delete ``key`` (an error if it is not set)."""
         table = self._table()
         key = _key(key)
         if key not in table:
@@ -176,9 +184,11 @@ class Info(IntHandle):
         del table[key]
 
     def Get_nkeys(self):
+        """The number of keys set."""
         return len(self._table())
 
     def Get_nthkey(self, n):
+        """The ``n``-th key, in the order of insertion."""
         keys = list(self._table())
         n = int(n)
         if not 0 <= n < len(keys):
@@ -215,21 +225,26 @@ class Info(IntHandle):
         self.Delete(key)
 
     def get(self, key, default=None):
+        """The value of ``key``, or ``default`` if it is not set."""
         if not self:
             return default
         value = self.Get(key)
         return default if value is None else value
 
     def keys(self):
+        """A list of the keys."""
         return list(self._table()) if self else []
 
     def values(self):
+        """A list of the values."""
         return list(self._table().values()) if self else []
 
     def items(self):
+        """A list of the (key, value) pairs."""
         return list(self._table().items()) if self else []
 
     def update(self, items=(), **kwds):
+        """Set the pairs of a mapping or iterable of pairs and of keyword arguments."""
         if not self:
             raise KeyError
         pairs = items.items() if hasattr(items, "items") else items
@@ -239,6 +254,7 @@ class Info(IntHandle):
             self.Set(k, v)
 
     def pop(self, key, *default):
+        """Remove ``key`` and return its value (or ``default``; KeyError without one)."""
         if self and key in self:
             value = self.Get(key)
             self.Delete(key)
@@ -248,17 +264,20 @@ class Info(IntHandle):
         raise KeyError(key)
 
     def popitem(self):
+        """Remove the last key set and return its (key, value) pair."""
         if not self or not len(self):
             raise KeyError
         key = list(self._table())[-1]
         return key, self.pop(key)
 
     def copy(self):
+        """A copy of the info object (as `Dup`; a null one gives a new null one)."""
         if not self:
             return type(self)()
         return self.Dup()
 
     def clear(self):
+        """Remove all the keys."""
         if self:
             self._table().clear()
 

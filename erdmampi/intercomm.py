@@ -88,17 +88,21 @@ class Intercomm(Comm):
     # -- Accessors ----------------------------------------------------------------
 
     def Is_inter(self):
+        """Whether this is an inter-communicator (True)."""
         self._check()
         return True
 
     def Is_intra(self):
+        """Whether this is an intra-communicator (False)."""
         self._check()
         return False
 
     def Get_remote_group(self):
+        """The group of the remote processes."""
         return Group._from_ranks(self._remote())
 
     def Get_remote_size(self):
+        """The number of remote processes."""
         return len(self._remote())
 
     @property
@@ -112,8 +116,10 @@ class Intercomm(Comm):
     # -- Constructors -------------------------------------------------------------
 
     def _swap(self, obj):
-        """Leaders exchange ``obj`` over the inter-communicator; every member
-        gets the remote leader's."""
+        """Leaders exchange ``obj`` over the inter-communicator.
+
+        Every member gets the remote leader's.
+        """
         t = _px.transport(self, self._remote())
         t._pkl = self._pkl
         got = None
@@ -125,6 +131,7 @@ class Intercomm(Comm):
         return self._local.allreduce(_rt.next_ctx, op=MAX)
 
     def Dup(self, info=None):
+        """Duplicate the inter-communicator: same groups, a new context."""
         self._check()
         mine = self._propose()
         ctx = max(mine, self._swap(mine))
@@ -138,8 +145,11 @@ class Intercomm(Comm):
     Dup_with_info = Dup
 
     def Split(self, color=0, key=0):
-        """Split both groups by ``color``; a process is paired with the remote
-        processes of its color (a null one: none there, or UNDEFINED)."""
+        """Split both groups by ``color``.
+
+        A process is paired with the remote processes of its color (a null
+        communicator: none there, or UNDEFINED).
+        """
         self._check()
         color, key = int(color), int(key)
         table = self._local.allgather((color, key))
@@ -158,6 +168,7 @@ class Intercomm(Comm):
         return _new_intercomm(members(table, self._ranks), remote, ctx, self._low)
 
     def Split_type(self, split_type, key=0, info=None):
+        """Split both groups by type (`COMM_TYPE_SHARED`: by host), as `Split`."""
         self._check()
         split_type = int(split_type)
         if split_type == UNDEFINED:
@@ -169,16 +180,21 @@ class Intercomm(Comm):
         return self.Split(ordered.index(hosts[_rt.engine.rank]), key)
 
     def Create(self, group):
-        """Inter-communicator of ``group`` (a local subgroup) and the
-        subgroup the remote processes pass."""
+        """Inter-communicator of ``group`` (a local subgroup) and the remote subgroup.
+
+        The remote processes pass the remote subgroup.
+        """
         self._check()
         group._check()
         r = group.Get_rank()
         return self.Split(0 if r != UNDEFINED else UNDEFINED, 0 if r == UNDEFINED else r)
 
     def Merge(self, high=False):
-        """Intra-communicator of both groups: the ``high=False`` group first
-        (both alike: the one created first in order)."""
+        """Intra-communicator of both groups, the ``high=False`` group first.
+
+        When both pass the same ``high``: the group whose leader has the lower
+        COMM_WORLD rank first.
+        """
         self._check()
         high = bool(high)
         mine = (high, self._propose())
@@ -193,8 +209,11 @@ class Intercomm(Comm):
     @classmethod
     def Create_from_groups(cls, local_group, local_leader, remote_group, remote_leader,
                            stringtag="org.mpi4py", info=None, errhandler=None):
-        """Inter-communicator of two disjoint groups, with no parent communicator
-        (over COMM_WORLD's point-to-point context, tags above the user's)."""
+        """Inter-communicator of two disjoint groups, with no parent communicator.
+
+        It works over COMM_WORLD's point-to-point context, with tags above
+        the user's.
+        """
         local_group._check()
         remote_group._check()
         local_leader, remote_leader = int(local_leader), int(remote_leader)
@@ -228,7 +247,7 @@ class Intercomm(Comm):
         return _px.transport(self, self._remote())
 
     def _role(self, root):
-        """"root", "none" (PROC_NULL) or the remote root's rank."""
+        """The role in a rooted collective: "root", "none" (PROC_NULL) or the remote root."""
         self._check()
         root = int(root)
         if root == ROOT:
@@ -348,8 +367,11 @@ class Intercomm(Comm):
                          [(j, rbl[j], 0) for j in range(n)], after=lambda: _px.finish_raw(rraw))
 
     def _reduce_into(self, t, n, arr, op, dt, sources):
-        """Receive one ``arr``-shaped contribution from each of ``sources``
-        (remote ranks, in order) and leave their reduction in ``arr``."""
+        """Reduce into ``arr`` one contribution from each of ``sources``.
+
+        ``sources``: remote ranks, in order; each contribution has the shape
+        of ``arr``.
+        """
         parts = [np.empty_like(arr) for _ in sources]
         recvs = [(j, _u8(p), 0) for j, p in zip(sources, parts)]
         fn = _reduce_fn(op, dt)
@@ -392,8 +414,11 @@ class Intercomm(Comm):
         return self._run(t, [(j, sb, 0) for j in range(n)], recvs, rmsg, combine)
 
     def _c_reduce_scatter(self, sendbuf, recvbuf, recvcounts, op):
-        """As MPICH: the remote group's send buffers (each the sum of this
-        group's counts) reduced at this group's rank 0, then scattered here."""
+        """Reduce-scatter across the groups, as MPICH does it.
+
+        The remote group's send buffers (each the sum of this group's counts)
+        are reduced at this group's rank 0, then scattered here.
+        """
         self._check()
         _check_op(op)
         t = self._t()
@@ -426,93 +451,123 @@ class Intercomm(Comm):
         return run
 
     def Barrier(self):
+        """Barrier over both groups: returns once every process of both has entered."""
         self._c_barrier()()
 
     def Bcast(self, buf, root=0):
+        """Broadcast from ``root`` (`ROOT` in the sending group) to the remote group."""
         self._c_bcast(buf, root)()
 
     def Gather(self, sendbuf, recvbuf, root=0):
+        """Gather to ``root`` (`ROOT` in the receiving group) the buffers of the remote group."""
         self._c_gather(sendbuf, recvbuf, root)()
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
+        """Gather with counts and displacements to ``root`` from the remote group."""
         self._c_gather(sendbuf, recvbuf, root, True)()
 
     def Scatter(self, sendbuf, recvbuf, root=0):
+        """Scatter from ``root`` (`ROOT` in the sending group) to the remote group."""
         self._c_scatter(sendbuf, recvbuf, root)()
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
+        """Scatter with counts and displacements from ``root`` to the remote group."""
         self._c_scatter(sendbuf, recvbuf, root, True)()
 
     def Allgather(self, sendbuf, recvbuf):
+        """Each group receives the buffers of all the processes of the remote group."""
         self._c_allgather(sendbuf, recvbuf)()
 
     def Allgatherv(self, sendbuf, recvbuf):
+        """Allgather with counts and displacements: each group gathers the remote group's."""
         self._c_allgather(sendbuf, recvbuf, True)()
 
     def Alltoall(self, sendbuf, recvbuf):
+        """All-to-all exchange: each process sends one block to each remote process."""
         self._c_alltoall(sendbuf, recvbuf)()
 
     def Alltoallv(self, sendbuf, recvbuf):
+        """All-to-all exchange with counts and displacements, across the groups."""
         self._c_alltoall(sendbuf, recvbuf, True)()
 
     def Alltoallw(self, sendbuf, recvbuf):
+        """All-to-all exchange with counts, displacements and datatypes, across the groups."""
         self._c_alltoallw(sendbuf, recvbuf)()
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
+        """Reduce the remote group's buffers to ``root`` (`ROOT` in the receiving group)."""
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
     def Allreduce(self, sendbuf, recvbuf, op=_SUM):
+        """Each group receives the reduction of the remote group's buffers."""
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op))()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
+        """Reduce the remote group's buffers and scatter equal blocks of the result."""
         self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op))()
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=_SUM):
+        """Reduce the remote group's buffers and scatter blocks of ``recvcounts`` elements."""
         self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op))()
 
     def Ibarrier(self):
+        """Nonblocking `Barrier` over both groups; returns a `Request`."""
         return _icoll(self._c_barrier())
 
     def Ibcast(self, buf, root=0):
+        """Nonblocking `Bcast` to the remote group; returns a `Request`."""
         return _icoll(self._c_bcast(buf, root))
 
     def Igather(self, sendbuf, recvbuf, root=0):
+        """Nonblocking `Gather` from the remote group; returns a `Request`."""
         return _icoll(self._c_gather(sendbuf, recvbuf, root))
 
     def Igatherv(self, sendbuf, recvbuf, root=0):
+        """Nonblocking `Gatherv` from the remote group; returns a `Request`."""
         return _icoll(self._c_gather(sendbuf, recvbuf, root, True))
 
     def Iscatter(self, sendbuf, recvbuf, root=0):
+        """Nonblocking `Scatter` to the remote group; returns a `Request`."""
         return _icoll(self._c_scatter(sendbuf, recvbuf, root))
 
     def Iscatterv(self, sendbuf, recvbuf, root=0):
+        """Nonblocking `Scatterv` to the remote group; returns a `Request`."""
         return _icoll(self._c_scatter(sendbuf, recvbuf, root, True))
 
     def Iallgather(self, sendbuf, recvbuf):
+        """Nonblocking `Allgather` across the groups; returns a `Request`."""
         return _icoll(self._c_allgather(sendbuf, recvbuf))
 
     def Iallgatherv(self, sendbuf, recvbuf):
+        """Nonblocking `Allgatherv` across the groups; returns a `Request`."""
         return _icoll(self._c_allgather(sendbuf, recvbuf, True))
 
     def Ialltoall(self, sendbuf, recvbuf):
+        """Nonblocking `Alltoall` across the groups; returns a `Request`."""
         return _icoll(self._c_alltoall(sendbuf, recvbuf))
 
     def Ialltoallv(self, sendbuf, recvbuf):
+        """Nonblocking `Alltoallv` across the groups; returns a `Request`."""
         return _icoll(self._c_alltoall(sendbuf, recvbuf, True))
 
     def Ialltoallw(self, sendbuf, recvbuf):
+        """Nonblocking `Alltoallw` across the groups; returns a `Request`."""
         return _icoll(self._c_alltoallw(sendbuf, recvbuf))
 
     def Ireduce(self, sendbuf, recvbuf, op=_SUM, root=0):
+        """Nonblocking `Reduce` of the remote group's buffers; returns a `Request`."""
         return _icoll(self._c_reduce(sendbuf, recvbuf, _op_arg(op), root))
 
     def Iallreduce(self, sendbuf, recvbuf, op=_SUM):
+        """Nonblocking `Allreduce` across the groups; returns a `Request`."""
         return _icoll(self._c_allreduce(sendbuf, recvbuf, _op_arg(op)))
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
+        """Nonblocking `Reduce_scatter_block` across the groups; returns a `Request`."""
         return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op)))
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=_SUM):
+        """Nonblocking `Reduce_scatter` across the groups; returns a `Request`."""
         return _icoll(self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op)))
 
     # -- Collectives: Python objects ---------------------------------------------------
@@ -525,9 +580,11 @@ class Intercomm(Comm):
                                 [(j, 0) for j in sources])
 
     def barrier(self):
+        """Barrier over both groups."""
         self.Barrier()
 
     def bcast(self, obj, root=0):
+        """Broadcast a Python object from ``root`` to the remote group."""
         role = self._role(root)
         n = len(self._remote())
         if role == "none":
@@ -539,6 +596,7 @@ class Intercomm(Comm):
         return self._objx([], [role])[0]
 
     def gather(self, sendobj, root=0):
+        """Gather to ``root`` the Python objects of the remote group (a list)."""
         role = self._role(root)
         if role == "none":
             self._objx([], [])
@@ -549,6 +607,7 @@ class Intercomm(Comm):
         return None
 
     def scatter(self, sendobj, root=0):
+        """Scatter a sequence of Python objects from ``root`` to the remote group."""
         role = self._role(root)
         n = len(self._remote())
         if role == "none":
@@ -563,11 +622,13 @@ class Intercomm(Comm):
         return self._objx([], [role])[0]
 
     def allgather(self, sendobj):
+        """Each process receives the list of the remote group's Python objects."""
         self._check()
         n = len(self._remote())
         return self._objx([(j, sendobj) for j in range(n)], range(n))
 
     def alltoall(self, sendobj):
+        """Send item j of ``sendobj`` to remote process j; returns the items received."""
         self._check()
         n = len(self._remote())
         items = list(sendobj) if sendobj is not None else [None] * n
@@ -576,6 +637,7 @@ class Intercomm(Comm):
         return self._objx(list(enumerate(items)), range(n))
 
     def reduce(self, sendobj, op=None, root=0):
+        """Reduce the remote group's Python objects to ``root`` (default op: sum)."""
         role = self._role(root)
         fn = _py_op(_sum(op))
         if role == "none":
@@ -587,6 +649,7 @@ class Intercomm(Comm):
         return None
 
     def allreduce(self, sendobj, op=None):
+        """Each process receives the reduction of the remote group's Python objects."""
         self._check()
         fn = _py_op(_sum(op))
         n = len(self._remote())

@@ -76,6 +76,7 @@ class Message:
 
     @classmethod
     def fromhandle(cls, handle):
+        """The message of an integer handle."""
         handle = int(handle)
         if handle == _NULL_HANDLE:
             return cls()
@@ -87,9 +88,11 @@ class Message:
         return cls(orig)
 
     def toint(self):
+        """The integer handle of the message."""
         return self.handle
 
     def py2f(self):
+        """The Fortran integer handle of the message."""
         return self.handle
 
     fromint = fromhandle
@@ -107,7 +110,10 @@ class Message:
     # Private
 
     def _take(self):
-        """(comm, engine message) and make this message null; None for NO_PROC."""
+        """The (comm, engine message) of this message, which becomes null.
+
+        None for NO_PROC.
+        """
         if self._noproc:
             if not self._predef:
                 self._noproc = False    # a copy of MESSAGE_NO_PROC becomes null
@@ -124,16 +130,23 @@ class Message:
 
     @classmethod
     def Probe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Blocking matched probe on ``comm``: the `Message` to receive (as `Comm.Mprobe`)."""
         return comm.Mprobe(source, tag, status)
 
     @classmethod
     def Iprobe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Nonblocking matched probe on ``comm``: a `Message`, or None if none is there."""
         return comm.Improbe(source, tag, status)
 
-    probe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None:
-                        comm.mprobe(source, tag, status))
-    iprobe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None:
-                         comm.improbe(source, tag, status))
+    @classmethod
+    def probe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Blocking matched probe on ``comm`` (as `Comm.mprobe`)."""
+        return comm.mprobe(source, tag, status)
+
+    @classmethod
+    def iprobe(cls, comm, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Nonblocking matched probe on ``comm``: a `Message`, or None (as `Comm.improbe`)."""
+        return comm.improbe(source, tag, status)
 
     # Receives
 
@@ -162,6 +175,7 @@ class Message:
         return Request._new(comm._mrecv_obj(emsg))
 
     def free(self):
+        """Reset the message to null (predefined constants stay as they are)."""
         if not self._predef:
             self._emsg = None
             self._comm = None

@@ -80,8 +80,11 @@ def attach(key, buf):
 
 
 def detach(key):
-    """Detach and return what ``attach`` got: the user's object when it had
-    one, else a buffer over the same memory; BUFFER_AUTOMATIC by default."""
+    """Detach and return what ``attach`` got.
+
+    The user's object when it had one, else a buffer over the same memory;
+    BUFFER_AUTOMATIC by default.
+    """
     with _lock:
         buf = _attached.pop(key, None)
         _exporters.pop(id(buf), None)

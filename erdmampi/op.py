@@ -305,17 +305,21 @@ class Op:
         return op
 
     def toint(self):
+        """The integer handle of the operation."""
         return self._handle
 
     @classmethod
     def fromint(cls, arg):
+        """The operation of an integer handle."""
         return cls.fromhandle(arg)
 
     def py2f(self):
+        """The Fortran integer handle of the operation."""
         return self._handle
 
     @classmethod
     def f2py(cls, arg):
+        """The operation of a Fortran integer handle."""
         return cls.fromhandle(arg)
 
     # -- user-defined operations ---------------------------------------
@@ -350,8 +354,11 @@ class Op:
         self._fn = None
 
     def free(self):
-        """Free if not null; an object naming a predefined op (not the
-        constant itself) just becomes null, as in mpi4py."""
+        """Free the operation if it is not null.
+
+        An object naming a predefined op (not the constant itself) just
+        becomes null, as in mpi4py.
+        """
         if self._handle == _OP_NULL_HANDLE:
             return
         if self._predefined:
@@ -418,7 +425,7 @@ class Op:
                 f"{self._name} is not defined for {datatype.Get_name() or 'datatype'}")
 
     def _apply(self, inarr, inoutarr, datatype):
-        """``inoutarr[:] = inarr OP inoutarr`` in place (MPI argument order).
+        """Compute ``inoutarr[:] = inarr OP inoutarr`` in place (MPI argument order).
 
         Arrays are contiguous; any dtype is reinterpreted as the element type
         of ``datatype``.  Returns ``inoutarr``.

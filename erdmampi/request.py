@@ -331,7 +331,7 @@ class Request:
         return self._done(status)
 
     def test(self, status=None):
-        """``(flag, obj)``: whether complete and the received object."""
+        """Test for completion: ``(flag, obj)``, whether complete and the object received."""
         op = self._op
         if op is None:
             self._empty(status)
@@ -341,6 +341,7 @@ class Request:
         return True, self._done(status)
 
     def get_status(self, status=None):
+        """Test for completion without freeing the request (as `Get_status`)."""
         return self.Get_status(status)
 
     def Cancel(self):
@@ -379,6 +380,7 @@ class Request:
 
     @classmethod
     def waitall(cls, requests, statuses=None):
+        """Wait for all the requests; returns the list of the objects received."""
         requests = list(requests)
         errors = []
         objs = []
@@ -407,10 +409,12 @@ class Request:
 
     @classmethod
     def Testall(cls, requests, statuses=None):
+        """Test for the completion of all the requests (True only if all are done)."""
         return cls.testall(requests, statuses)[0]
 
     @classmethod
     def testall(cls, requests, statuses=None):
+        """Test for the completion of all the requests: (flag, objects received or None)."""
         requests = list(requests)
         for req in requests:
             if req._op is not None and not req._op.test():
@@ -419,11 +423,15 @@ class Request:
 
     @classmethod
     def Waitany(cls, requests, status=None):
+        """Wait for any of the requests; returns its index (`UNDEFINED`: none active)."""
         return cls.waitany(requests, status)[0]
 
     @classmethod
     def waitany(cls, requests, status=None):
-        """``(index, obj)``; index UNDEFINED when every request is null."""
+        """Wait for any request: ``(index, obj)``.
+
+        The index is UNDEFINED when every request is null.
+        """
         requests = list(requests)
         _block_any(requests)
         index, _, obj = cls.testany(requests, status)
@@ -431,12 +439,13 @@ class Request:
 
     @classmethod
     def Testany(cls, requests, status=None):
+        """Test for the completion of any of the requests: (index, flag)."""
         index, flag, _ = cls.testany(requests, status)
         return index, flag
 
     @classmethod
     def testany(cls, requests, status=None):
-        """``(index, flag, obj)``."""
+        """Test for the completion of any request: ``(index, flag, obj)``."""
         requests = list(requests)
         active = [i for i, r in enumerate(requests) if r._op is not None]
         if not active:
@@ -450,21 +459,27 @@ class Request:
 
     @classmethod
     def Waitsome(cls, requests, statuses=None):
+        """Wait for some of the requests; returns the indices of those completed."""
         return cls.waitsome(requests, statuses)[0]
 
     @classmethod
     def waitsome(cls, requests, statuses=None):
-        """``(indices, objs)``; ``(None, None)`` when every request is null."""
+        """Wait for some requests: ``(indices, objs)``.
+
+        ``(None, None)`` when every request is null.
+        """
         requests = list(requests)
         _block_any(requests)
         return cls.testsome(requests, statuses)
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
+        """Test for the completion of some of the requests; returns the indices completed."""
         return cls.testsome(requests, statuses)[0]
 
     @classmethod
     def testsome(cls, requests, statuses=None):
+        """Test for some of the requests: (indices completed, objects received)."""
         requests = list(requests)
         if all(r._op is None for r in requests):
             return None, None
@@ -484,6 +499,7 @@ class Request:
 
     @classmethod
     def Get_status_all(cls, requests, statuses=None):
+        """Whether all the requests are complete, without freeing them."""
         sts = _statuses(statuses, len(requests))
         flags = [r.Get_status(sts[i] if sts is not None else None)
                  for i, r in enumerate(requests)]
@@ -491,6 +507,7 @@ class Request:
 
     @classmethod
     def Get_status_any(cls, requests, status=None):
+        """Test any of the requests without freeing it: (index, flag)."""
         requests = list(requests)
         if all(r._op is None for r in requests):
             if status is not None:
@@ -503,6 +520,7 @@ class Request:
 
     @classmethod
     def Get_status_some(cls, requests, statuses=None):
+        """The indices of the complete requests, without freeing them."""
         requests = list(requests)
         if all(r._op is None for r in requests):
             return None
@@ -515,6 +533,7 @@ class Request:
     get_status_some = Get_status_some
 
     def py2f(self):
+        """The Fortran integer handle of the request."""
         key = self._key()
         if key is None:
             return 0
@@ -540,6 +559,7 @@ class Request:
     fromint = f2py
 
     def toint(self):
+        """The integer handle of the request."""
         return self.py2f()
 
     @property
@@ -615,6 +635,7 @@ class Prequest(Request):
 
     @classmethod
     def Startall(cls, requests):
+        """Start a list of persistent requests."""
         for r in requests:
             r.Start()
 
@@ -627,18 +648,23 @@ class Prequest(Request):
         return op
 
     def Pready(self, partition):
+        """Mark a partition of a partitioned send as ready."""
         self._partitioned().pready((partition,))
 
     def Pready_range(self, partition_low, partition_high):
+        """Mark the partitions ``partition_low`` to ``partition_high`` (included) as ready."""
         self._partitioned().pready(range(int(partition_low), int(partition_high) + 1))
 
     def Pready_list(self, partitions):
+        """Mark a list of partitions as ready."""
         self._partitioned().pready(list(partitions))
 
     def Parrived(self, partition):
+        """Whether a partition of a partitioned receive has arrived."""
         return bool(self._partitioned().parrived(partition))
 
     def Free(self):
+        """Free the persistent request."""
         if self._op is not None:
             self._op.free()
         self._op = None

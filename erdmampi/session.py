@@ -52,14 +52,17 @@ class Session(HandleObject, _eh.HasErrhandler):
         return s
 
     def Finalize(self):
+        """Finalize the session; the object becomes null."""
         self._check()
         self._release()
 
     def Get_num_psets(self, info=None):
+        """The number of process sets the session knows."""
         self._check()
         return len(_PSETS)
 
     def Get_nth_pset(self, n, info=None):
+        """The name of the ``n``-th process set."""
         self._check()
         n = int(n)
         if n < 0 or n >= len(_PSETS):
@@ -67,6 +70,7 @@ class Session(HandleObject, _eh.HasErrhandler):
         return _PSETS[n]
 
     def Get_info(self):
+        """An `Info` with the session's hints (``thread_level``)."""
         st = self._check()
         from .info import Info
         return Info.Create({"thread_level": st.thread_level})
@@ -84,11 +88,13 @@ class Session(HandleObject, _eh.HasErrhandler):
         raise_error(ERR_ARG, f"invalid process set name {name!r}")
 
     def Get_pset_info(self, pset_name):
+        """An `Info` about a process set (``mpi_size``)."""
         ranks = self._pset_ranks(pset_name)
         from .info import Info
         return Info.Create({"mpi_size": str(len(ranks))})
 
     def Create_group(self, pset_name):
+        """The `Group` of the processes of a process set."""
         ranks = self._pset_ranks(pset_name)
         from .group import Group
         return Group._from_ranks(ranks)
@@ -96,15 +102,19 @@ class Session(HandleObject, _eh.HasErrhandler):
     # Session buffers are MPI 4.1; erdmampi implements MPI 4.0 (as MPICH 4.0)
 
     def Attach_buffer(self, buf):
+        """Attach a buffer for buffered sends (an MPI 4.1 call: NotImplementedError)."""
         raise NotImplementedError("MPI_Session_attach_buffer (MPI 4.1)")
 
     def Detach_buffer(self):
+        """Detach the buffer for buffered sends (an MPI 4.1 call: NotImplementedError)."""
         raise NotImplementedError("MPI_Session_detach_buffer (MPI 4.1)")
 
     def Flush_buffer(self):
+        """Flush the buffered sends (an MPI 4.1 call: NotImplementedError)."""
         raise NotImplementedError("MPI_Session_flush_buffer (MPI 4.1)")
 
     def Iflush_buffer(self):
+        """Nonblocking flush of the buffered sends (an MPI 4.1 call: NotImplementedError)."""
         raise NotImplementedError("MPI_Session_iflush_buffer (MPI 4.1)")
 
 

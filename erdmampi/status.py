@@ -113,6 +113,7 @@ class Status:
         return self._source
 
     def Set_source(self, source):
+        """Set the source rank."""
         self._source = int(source)
 
     def Get_tag(self):
@@ -120,6 +121,7 @@ class Status:
         return self._tag
 
     def Set_tag(self, tag):
+        """Set the tag."""
         self._tag = int(tag)
 
     def Get_error(self):
@@ -127,6 +129,7 @@ class Status:
         return self._error
 
     def Set_error(self, error):
+        """Set the error code."""
         self._error = int(error)
 
     def Get_count(self, datatype=None):
@@ -166,6 +169,7 @@ class Status:
         return self._cancelled
 
     def Set_cancelled(self, flag):
+        """Set whether the request was cancelled."""
         self._cancelled = bool(flag)
 
     def py2f(self):
@@ -174,6 +178,7 @@ class Status:
 
     @classmethod
     def f2py(cls, arg):
+        """A status from a sequence of Fortran integers."""
         st = cls()
         values = [int(v) for v in arg]
         if len(values) != len(st._mem):

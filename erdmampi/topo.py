@@ -43,18 +43,20 @@ class Topocomm(Intracomm):
         self._topo = getattr(comm, "_topo", None)
 
     def Dup(self, info=None):
+        """Duplicate the communicator, its topology included."""
         c = super().Dup(info)
         c._topo = self._topo
         return c
 
     def Get_topology(self):
+        """The type of topology attached (`CART`, `GRAPH` or `DIST_GRAPH`)."""
         self._check()
         return {"cart": CART, "graph": GRAPH, "dist": DIST_GRAPH}[self._topo[0]]
 
     # -- Neighbours -----------------------------------------------------------
 
     def _edges(self):
-        """``(in, out)``: lists of (rank or PROC_NULL, tag)."""
+        """The neighbors ``(in, out)``: lists of (rank or PROC_NULL, tag)."""
         kind = self._topo[0]
         if kind == "cart":
             ins, outs = [], []
@@ -174,33 +176,43 @@ class Topocomm(Intracomm):
         return runw
 
     def Neighbor_allgather(self, sendbuf, recvbuf):
+        """Gather a block from each in-neighbor; send the same block to each out-neighbor."""
         self._c_nallgather(sendbuf, recvbuf)()
 
     def Neighbor_allgatherv(self, sendbuf, recvbuf):
+        """Neighbor allgather with counts and displacements of the receive buffer."""
         self._c_nallgatherv(sendbuf, recvbuf)()
 
     def Neighbor_alltoall(self, sendbuf, recvbuf):
+        """Send a distinct block to each out-neighbor, receive one from each in-neighbor."""
         self._c_nalltoall(sendbuf, recvbuf)()
 
     def Neighbor_alltoallv(self, sendbuf, recvbuf):
+        """Neighbor all-to-all with counts and displacements."""
         self._c_nalltoallv(sendbuf, recvbuf)()
 
     def Neighbor_alltoallw(self, sendbuf, recvbuf):
+        """Neighbor all-to-all with counts, displacements and datatypes."""
         self._c_nalltoallw(sendbuf, recvbuf)()
 
     def Ineighbor_allgather(self, sendbuf, recvbuf):
+        """Nonblocking `Neighbor_allgather`; returns a `Request`."""
         return _icoll(self._c_nallgather(sendbuf, recvbuf))
 
     def Ineighbor_allgatherv(self, sendbuf, recvbuf):
+        """Nonblocking `Neighbor_allgatherv`; returns a `Request`."""
         return _icoll(self._c_nallgatherv(sendbuf, recvbuf))
 
     def Ineighbor_alltoall(self, sendbuf, recvbuf):
+        """Nonblocking `Neighbor_alltoall`; returns a `Request`."""
         return _icoll(self._c_nalltoall(sendbuf, recvbuf))
 
     def Ineighbor_alltoallv(self, sendbuf, recvbuf):
+        """Nonblocking `Neighbor_alltoallv`; returns a `Request`."""
         return _icoll(self._c_nalltoallv(sendbuf, recvbuf))
 
     def Ineighbor_alltoallw(self, sendbuf, recvbuf):
+        """Nonblocking `Neighbor_alltoallw`; returns a `Request`."""
         return _icoll(self._c_nalltoallw(sendbuf, recvbuf))
 
     # persistent: each Start runs the exchange again (a new collective call)
@@ -210,23 +222,29 @@ class Topocomm(Intracomm):
         return Prequest._persistent(lambda: _icoll(build(sendbuf, recvbuf))._op)
 
     def Neighbor_allgather_init(self, sendbuf, recvbuf, info=None):
+        """Persistent `Neighbor_allgather`; returns a `Prequest`."""
         return self._persistent(self._c_nallgather, sendbuf, recvbuf)
 
     def Neighbor_allgatherv_init(self, sendbuf, recvbuf, info=None):
+        """Persistent `Neighbor_allgatherv`; returns a `Prequest`."""
         return self._persistent(self._c_nallgatherv, sendbuf, recvbuf)
 
     def Neighbor_alltoall_init(self, sendbuf, recvbuf, info=None):
+        """Persistent `Neighbor_alltoall`; returns a `Prequest`."""
         return self._persistent(self._c_nalltoall, sendbuf, recvbuf)
 
     def Neighbor_alltoallv_init(self, sendbuf, recvbuf, info=None):
+        """Persistent `Neighbor_alltoallv`; returns a `Prequest`."""
         return self._persistent(self._c_nalltoallv, sendbuf, recvbuf)
 
     def Neighbor_alltoallw_init(self, sendbuf, recvbuf, info=None):
+        """Persistent `Neighbor_alltoallw`; returns a `Prequest`."""
         return self._persistent(self._c_nalltoallw, sendbuf, recvbuf)
 
     # -- Neighbourhood collectives: Python objects ----------------------------
 
     def neighbor_allgather(self, sendobj):
+        """Send a Python object to each out-neighbor; returns the list of the in-neighbors'."""
         self._check()
         ins, outs = self._edges()
         t = _px.transport(self, self._ranks)
@@ -238,6 +256,7 @@ class Topocomm(Intracomm):
         return [None if r == PROC_NULL else next(it) for r, _ in ins]
 
     def neighbor_alltoall(self, sendobj):
+        """Send item j of ``sendobj`` to out-neighbor j; returns the in-neighbors' items."""
         self._check()
         ins, outs = self._edges()
         sendobj = list(sendobj) if sendobj is not None else [None] * len(outs)
@@ -259,6 +278,7 @@ class Cartcomm(Topocomm):
     _expect = "expecting a Cartesian communicator"
 
     def Get_dim(self):
+        """The number of dimensions of the grid."""
         self._check()
         return len(self._topo[1])
 
@@ -266,6 +286,7 @@ class Cartcomm(Topocomm):
     ndim = property(Get_dim)
 
     def Get_topo(self):
+        """The grid: (dims, periods, coordinates of this process)."""
         self._check()
         return (list(self._topo[1]), list(self._topo[2]), self.Get_coords(self._rank))
 
@@ -275,6 +296,7 @@ class Cartcomm(Topocomm):
     coords = property(lambda self: self.Get_topo()[2])
 
     def Get_cart_rank(self, coords):
+        """The rank of the process at the given coordinates."""
         self._check()
         dims, periods = self._topo[1], self._topo[2]
         coords = _checked(coords, len(dims))
@@ -289,6 +311,7 @@ class Cartcomm(Topocomm):
         return rank
 
     def Get_coords(self, rank):
+        """The coordinates of the process of rank ``rank``."""
         ranks = self._check()
         rank = operator.index(rank)
         if rank < 0 or rank >= len(ranks):
@@ -301,6 +324,7 @@ class Cartcomm(Topocomm):
         return coords[::-1]
 
     def Shift(self, direction, disp):
+        """The (source, dest) ranks of a shift by ``disp`` along ``direction``."""
         self._check()
         dims, periods = self._topo[1], self._topo[2]
         direction, disp = operator.index(direction), operator.index(disp)
@@ -341,6 +365,7 @@ class Cartcomm(Topocomm):
         return c
 
     def Map(self, dims, periods=None):
+        """The rank this process would have in a grid of ``dims`` (as `Intracomm.Cart_map`)."""
         return self.Cart_map(dims, periods)
 
 
@@ -351,6 +376,7 @@ class Graphcomm(Topocomm):
     _expect = "expecting a general graph communicator"
 
     def Get_dims(self):
+        """The (number of nodes, number of edges) of the graph."""
         self._check()
         return (len(self._topo[1]), len(self._topo[2]))
 
@@ -359,6 +385,7 @@ class Graphcomm(Topocomm):
     nedges = property(lambda self: self.Get_dims()[1])
 
     def Get_topo(self):
+        """The (index, edges) of the graph."""
         self._check()
         return (list(self._topo[1]), list(self._topo[2]))
 
@@ -367,6 +394,7 @@ class Graphcomm(Topocomm):
     edges = property(lambda self: self.Get_topo()[1])
 
     def Get_neighbors(self, rank):
+        """The neighbors of the process of rank ``rank``."""
         self._check()
         index, edges = self._topo[1], self._topo[2]
         rank = operator.index(rank)
@@ -376,12 +404,14 @@ class Graphcomm(Topocomm):
         return edges[index[rank - 1] if rank else 0:index[rank]]
 
     def Get_neighbors_count(self, rank):
+        """The number of neighbors of the process of rank ``rank``."""
         return len(self.Get_neighbors(rank))
 
     neighbors = property(lambda self: self.Get_neighbors(self.Get_rank()))
     nneighbors = property(lambda self: self.Get_neighbors_count(self.Get_rank()))
 
     def Map(self, index, edges):
+        """The rank this process would have in the graph (as `Intracomm.Graph_map`)."""
         return self.Graph_map(index, edges)
 
 
@@ -392,11 +422,13 @@ class Distgraphcomm(Topocomm):
     _expect = "expecting a distributed graph communicator"
 
     def Get_dist_neighbors_count(self):
+        """The (in-degree, out-degree, weighted) of this process."""
         self._check()
         t = self._topo
         return (len(t[1]), len(t[3]), t[5])
 
     def Get_dist_neighbors(self):
+        """The (sources, destinations, weights) of this process (weights: None if unweighted)."""
         self._check()
         t = self._topo
         return (list(t[1]), list(t[3]), (list(t[2]), list(t[4])) if t[5] else None)

@@ -651,8 +651,11 @@ class Win(HandleObject, _eh.HasErrhandler):
 
     @classmethod
     def Allocate_shared(cls, size, disp_unit=1, info=None, comm=None):
-        """Create a window over memory the processes of ``comm`` share (one
-        mapping of a file in /dev/shm, each process's part after the previous)."""
+        """Create a window over memory the processes of ``comm`` share.
+
+        One mapping of a file in /dev/shm, each process's part after the
+        previous one's.
+        """
         comm = cls._comm_arg(comm)
         size = int(size)
         if size < 0:
@@ -688,12 +691,15 @@ class Win(HandleObject, _eh.HasErrhandler):
 
     @classmethod
     def Create_dynamic(cls, info=None, comm=None):
-        """Create a window whose memory is attached later (displacements are
-        absolute addresses)."""
+        """Create a window whose memory is attached later.
+
+        Displacements are absolute addresses.
+        """
         comm = cls._comm_arg(comm)
         return cls._new(comm, WIN_FLAVOR_DYNAMIC, None, 0, 0, 1, info)
 
     def Attach(self, memory):
+        """Attach memory to a dynamic window."""
         st = self._check()
         if st.flavor != WIN_FLAVOR_DYNAMIC:
             raise_error(ERR_RMA_FLAVOR, "Attach needs a dynamic window")
@@ -703,6 +709,7 @@ class Win(HandleObject, _eh.HasErrhandler):
                 st.regions[raw.ctypes.data] = (raw.nbytes, raw)
 
     def Detach(self, memory):
+        """Detach memory from a dynamic window."""
         st = self._check()
         if st.flavor != WIN_FLAVOR_DYNAMIC:
             raise_error(ERR_RMA_FLAVOR, "Detach needs a dynamic window")
@@ -728,6 +735,7 @@ class Win(HandleObject, _eh.HasErrhandler):
     # -- queries --------------------------------------------------------------
 
     def Get_group(self):
+        """The group of the processes of the window."""
         st = self._check()
         from .group import Group
         return Group._from_ranks(st.ranks)
@@ -745,6 +753,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         return self._check().rank
 
     def Get_attr(self, keyval):
+        """The value of an attribute (`WIN_BASE`, `WIN_SIZE`, ...; None if not set)."""
         st = self._check()
         keyval = int(keyval)
         if keyval == WIN_BASE:
@@ -762,6 +771,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         return st.attrs.get(keyval)
 
     def Set_attr(self, keyval, attrval):
+        """Store an attribute value on the window under ``keyval``."""
         st = self._check()
         keyval = int(keyval)
         if keyval not in _keyvals:
@@ -771,6 +781,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         st.attrs[keyval] = attrval
 
     def Delete_attr(self, keyval):
+        """Delete the attribute stored under ``keyval`` (its delete function runs)."""
         st = self._check()
         keyval = int(keyval)
         if keyval not in _keyvals:
@@ -797,6 +808,7 @@ class Win(HandleObject, _eh.HasErrhandler):
 
     @classmethod
     def Create_keyval(cls, copy_fn=None, delete_fn=None, nopython=False):
+        """Create a new attribute key for windows, with optional copy and delete functions."""
         with _kv_lock:
             k = _next_keyval[0]
             _next_keyval[0] += 1
@@ -805,6 +817,7 @@ class Win(HandleObject, _eh.HasErrhandler):
 
     @classmethod
     def Free_keyval(cls, keyval):
+        """Free an attribute key for windows; returns `KEYVAL_INVALID`."""
         if _keyvals.pop(int(keyval), None) is None:
             raise_error(ERR_KEYVAL, f"invalid keyval {keyval}")
         return KEYVAL_INVALID
@@ -831,7 +844,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         return buffer.frombuffer(st.raw)
 
     def Shared_query(self, rank):
-        """``(memory, disp_unit)`` of ``rank``'s part of a shared window."""
+        """The ``(memory, disp_unit)`` of ``rank``'s part of a shared window."""
         st = self._check()
         rank = int(rank)
         if st.flavor != WIN_FLAVOR_SHARED:
@@ -846,22 +859,26 @@ class Win(HandleObject, _eh.HasErrhandler):
         return buffer.frombuffer(whole[offsets[rank]:offsets[rank] + sizes[rank]]), units[rank]
 
     def Get_info(self):
+        """An `Info` with the hints of the window."""
         st = self._check()
         from .info import Info
         return Info.Create(st.hints)
 
     def Set_info(self, info):
+        """Set the hints of the window."""
         st = self._check()
         st.hints.update(self._info_items(info))
 
     info = property(Get_info, Set_info)
 
     def Get_name(self):
+        """The name of the window (``MPI_WIN_NULL`` for a null one)."""
         if self._h == self._NULL:
             return "MPI_WIN_NULL"
         return self._check().name
 
     def Set_name(self, name):
+        """Give the window a name (a string)."""
         st = self._check()
         if not isinstance(name, str):
             raise TypeError(f"expected str, got {type(name).__name__}")
@@ -884,8 +901,11 @@ class Win(HandleObject, _eh.HasErrhandler):
         return count * datatype.Get_size()
 
     def _op(self, st, target, header, payload, finish, reply=True):
-        """Run one operation on world rank ``target``: in place when it is
-        this process, else as a request; returns its _Pending or None."""
+        """Run one operation on world rank ``target``.
+
+        In place when it is this process, else as a request; returns its
+        _Pending or None.
+        """
         if target == st.me:
             out = st.apply(*header, payload)
             if finish is not None:
@@ -954,15 +974,19 @@ class Win(HandleObject, _eh.HasErrhandler):
                         data, self._into(res))
 
     def Put(self, origin, target_rank, target=None):
+        """Write the origin buffer into the window of ``target_rank``."""
         self._put(origin, target_rank, target, _PUT)
 
     def Get(self, origin, target_rank, target=None):
+        """Read from the window of ``target_rank`` into the origin buffer."""
         self._get(origin, target_rank, target)
 
     def Accumulate(self, origin, target_rank, target=None, op=_SUM):
+        """Combine the origin buffer with the target's window memory by ``op``."""
         self._put(origin, target_rank, target, _ACC, op)
 
     def Get_accumulate(self, origin, result, target_rank, target=None, op=_SUM):
+        """Fetch the target's window memory into ``result``, then accumulate the origin into it."""
         self._get_acc(origin, result, target_rank, target, op)
 
     @staticmethod
@@ -971,6 +995,7 @@ class Win(HandleObject, _eh.HasErrhandler):
             raise ValueError(f"{what}: expecting a single element, got {msg.count}")
 
     def Fetch_and_op(self, origin, result, target_rank, target_disp=0, op=_SUM):
+        """Fetch one element of the target window into ``result``, then combine ``origin`` in."""
         st = self._check()
         msg = _message(origin, True, target_rank)
         res = _message(result, False, target_rank)
@@ -989,6 +1014,7 @@ class Win(HandleObject, _eh.HasErrhandler):
                  data, self._into(res))
 
     def Compare_and_swap(self, origin, compare, result, target_rank, target_disp=0):
+        """Replace one element of the target's window by ``origin`` if it equals ``compare``."""
         st = self._check()
         msg = _message(origin, True, target_rank)
         cmp_ = _message(compare, True, target_rank)
@@ -1015,15 +1041,19 @@ class Win(HandleObject, _eh.HasErrhandler):
         return Request._new(_ReqOp(pending))
 
     def Rput(self, origin, target_rank, target=None):
+        """Like `Put`, returning a `Request` completed when the data has left the origin."""
         return self._request(self._put(origin, target_rank, target, _PUT))
 
     def Rget(self, origin, target_rank, target=None):
+        """Like `Get`, returning a `Request` completed when the data has arrived."""
         return self._request(self._get(origin, target_rank, target))
 
     def Raccumulate(self, origin, target_rank, target=None, op=_SUM):
+        """Like `Accumulate`, returning a `Request`."""
         return self._request(self._put(origin, target_rank, target, _ACC, op))
 
     def Rget_accumulate(self, origin, result, target_rank, target=None, op=_SUM):
+        """Like `Get_accumulate`, returning a `Request`."""
         return self._request(self._get_acc(origin, result, target_rank, target, op))
 
     # -- synchronisation ------------------------------------------------------
@@ -1036,6 +1066,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         return assertion
 
     def Fence(self, assertion=0):
+        """Synchronize the window's processes: the operations before the fence complete."""
         st = self._check()
         self._assert(assertion)
         st.flush()
@@ -1051,6 +1082,7 @@ class Win(HandleObject, _eh.HasErrhandler):
             st.request(wt, (_LOCK, ltype))
 
     def Lock(self, rank, lock_type=LOCK_EXCLUSIVE, assertion=0):
+        """Begin a passive target epoch at the process of rank ``rank``."""
         st = self._check()
         lock_type = int(lock_type)
         if lock_type not in (LOCK_EXCLUSIVE, LOCK_SHARED):
@@ -1080,6 +1112,7 @@ class Win(HandleObject, _eh.HasErrhandler):
             st.send(wt, _REQ, _encode((_UNLOCK, _NOREPLY)))
 
     def Unlock(self, rank):
+        """End the passive target epoch at the process of rank ``rank``."""
         st = self._check()
         wt = self._world(st, rank)
         if wt is None:
@@ -1089,6 +1122,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         self._unlock(st, wt)
 
     def Lock_all(self, assertion=0):
+        """Begin a shared passive target epoch at all the processes."""
         st = self._check()
         self._assert(assertion)
         if st.locked or st.lock_all:
@@ -1098,6 +1132,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         st.lock_all = True
 
     def Unlock_all(self):
+        """End the passive target epoch begun by `Lock_all`."""
         st = self._check()
         if not st.lock_all:
             raise_error(ERR_RMA_SYNC, "no Lock_all epoch is open")
@@ -1106,23 +1141,27 @@ class Win(HandleObject, _eh.HasErrhandler):
             self._unlock(st, wt)
 
     def Flush(self, rank):
+        """Complete the operations issued to the process of rank ``rank``."""
         st = self._check()
         wt = self._world(st, rank)
         if wt is not None:
             st.flush(wt)
 
     def Flush_all(self):
+        """Complete the operations issued to all the processes."""
         self._check().flush()
 
     Flush_local = Flush
     Flush_local_all = Flush_all
 
     def Sync(self):
+        """Synchronize the public and private copies of the window (one copy: nothing to do)."""
         self._check()
 
     # general active target (PSCW)
 
     def Post(self, group, assertion=0):
+        """Begin an exposure epoch for the processes of ``group``."""
         st = self._check()
         self._assert(assertion)
         if st.post_reqs is not None:
@@ -1139,6 +1178,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         st.post_reqs = reqs
 
     def Start(self, group, assertion=0):
+        """Begin an access epoch to the processes of ``group``."""
         st = self._check()
         self._assert(assertion)
         if st.start_group is not None:
@@ -1155,6 +1195,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         st.start_group = ranks
 
     def Complete(self):
+        """End the access epoch begun by `Start`."""
         st = self._check()
         if st.start_group is None:
             raise_error(ERR_RMA_SYNC, "no access epoch is open")
@@ -1165,6 +1206,7 @@ class Win(HandleObject, _eh.HasErrhandler):
             st.send(w, _DONE, b"")
 
     def Wait(self):
+        """End the exposure epoch begun by `Post`, once the accessing processes completed."""
         st = self._check()
         if st.post_reqs is None:
             raise_error(ERR_RMA_SYNC, "no exposure epoch is open")
@@ -1177,6 +1219,7 @@ class Win(HandleObject, _eh.HasErrhandler):
         st.post_reqs = None
 
     def Test(self):
+        """Whether the exposure epoch begun by `Post` could end (and end it if so)."""
         st = self._check()
         if st.post_reqs is None:
             raise_error(ERR_RMA_SYNC, "no exposure epoch is open")

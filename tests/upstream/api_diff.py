@@ -161,7 +161,7 @@ def render_page(functions, values, classes, methods):
             "- The package has no Cython or C API files (`.pxd`, `mpi4py.h`,",
             "  `.pyi` stubs, `_mpiabi`) and its names are not C symbols, so checks",
             "  of those (mpi4py's `test_package`, `test_mpiapi`, `test_cffi`,",
-            "  `test_ctypes`) do not apply; `test_doc` expects mpi4py's docstrings.",
+            "  `test_ctypes`) do not apply.",
             "- MPI-IO works on local file systems; views with the `internal` and",
             "  `external32` data representations store data natively (no",
             "  conversion), and `Register_datarep` is not available.",
