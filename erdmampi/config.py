@@ -157,7 +157,13 @@ VARS_LIST = (
        ("ERDMA_INSECURE", "bool", False, "run without a job secret (with a warning) and let an "
         "empty fingerprint accept any certificate"),
        ("ERDMA_STUN", "str", None, "STUN servers, host:port,..."),
-       ("ERDMA_TURN", "str", None, "a TURN relay: turn:user:password@host:port"),
+       ("ERDMA_TURN", "str", None, "a TURN relay: user:password@host:port (UDP), "
+        "turn:user:password@host:port[?transport=tcp] or turns:user:password@host:port "
+        "(TLS over TCP, default port 5349)"),
+       ("ERDMA_TURN_CA", "str", None, "CA file the turns: server's certificate must chain "
+        "to (default: the system's CAs)"),
+       ("ERDMA_TURN_INSECURE", "bool", False, "accept any certificate from the turns: "
+        "server (no verification)"),
        ("ERDMA_NAT", "str", None, "NAT traversal: 1 host candidates only, 0 off"),
        ("ERDMA_NAT_TIMEOUT", "seconds", 15.0, "seconds for the connectivity checks with one "
         "peer"),

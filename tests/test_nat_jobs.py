@@ -34,9 +34,9 @@ def _engine_has_nat():
 class Job:
     """A bed with a rendezvous server (and coturn) in the public namespace."""
 
-    def __init__(self, bed, turn=True):
+    def __init__(self, bed, turn=True, tls_port=None):
         self.bed = bed
-        self.turn = bed.start_turn() if turn else None
+        self.turn = bed.start_turn(tls_port=tls_port) if turn else None
         self.rdv = f"198.18.0.2:{RDV_PORT}"
         self.secret_file = bed.tmpdir / "secret"
         self.secret_file.write_text(secrets.token_hex(16))
@@ -64,15 +64,16 @@ class Job:
 
     def run(self, layout, n, args=(), timeout=120, env=None, expect_ok=True, script=SCRIPT):
         """layout: [(site, host_index, ranks there)], ranks numbered in layout order;
+        env: one environment for all, or a list of one per layout entry;
         returns (output, exit codes, per-rank records)."""
         jobid = "nat" + secrets.token_hex(4)
         procs, first = [], 0
-        for site, j, k in layout:
+        for i, (site, j, k) in enumerate(layout):
             argv = [*ERDMARUN, "--rendezvous", self.rdv, "--job-id", jobid, "-n", str(n),
                     "--ranks", f"{first}-{first + k - 1}", "--secret-file", str(self.secret_file),
                     "--tag-output", "--connect-timeout", "40", "--timeout", str(timeout),
                     sys.executable, script, *map(str, args)]
-            e = dict(env or self.env())
+            e = dict((env[i] if isinstance(env, list) else env) or self.env())
             e["ERDMA_HOST"] = f"natbed-site{site}-{j}"  # one machine: tell sites apart
             procs.append(self.bed.popen((site, j), argv, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, env=e, cwd=ROOT))
@@ -175,6 +176,42 @@ def test_udp_blocked_fails_with_the_cause():
         assert codes[0] != 0 and codes[1] != 0, text
         assert "UDP" in text and "blocked" in text, text
         assert time.monotonic() - t0 < 90, "the failure must come within the timeouts"
+
+
+def _turn_uri(job, scheme="turn", port=None, query="?transport=tcp"):
+    h, p = job.turn
+    return f"{scheme}:{TURN_USER}:{TURN_PASSWORD}@{h}:{port or p}{query}"
+
+
+@needs_nat_engine
+@pytest.mark.parametrize("kinds", [("udp_blocked", "full_cone"), ("udp_blocked", "udp_blocked")])
+def test_udp_blocked_site_joins_through_turn_over_tcp(kinds):
+    """A site that drops all UDP reaches coturn over TCP, gets a UDP relayed
+    address, and its peer (a full cone site on plain UDP TURN, or another
+    UDP-blocked site) reaches it there; QUIC runs through the relay."""
+    with NatBed(list(kinds)) as bed:
+        job = Job(bed)
+        envs = [job.env(ERDMA_TURN=_turn_uri(job)) if kind == "udp_blocked" else job.env()
+                for kind in kinds]
+        text, _, recs = job.run([(0, 0, 1), (1, 0, 1)], 2, env=envs)
+        _assert_relayed(recs, 0, 1)
+        # the UDP-blocked rank sends nothing but through its TCP allocation
+        assert recs[0]["routes"]["1"] == "relay", recs
+        if kinds[1] == "udp_blocked":
+            assert recs[1]["routes"]["0"] == "relay", recs
+
+
+@needs_nat_engine
+def test_udp_blocked_site_joins_through_turn_over_tls():
+    """turns: -- TLS over TCP on port 443, the server's self-signed certificate
+    verified against ERDMA_TURN_CA."""
+    with NatBed(["udp_blocked", "full_cone"]) as bed:
+        job = Job(bed, tls_port=443)
+        cert, _ = bed.tls_cert()
+        blocked = job.env(ERDMA_TURN=_turn_uri(job, "turns", 443, ""), ERDMA_TURN_CA=cert)
+        _, _, recs = job.run([(0, 0, 1), (1, 0, 1)], 2, env=[blocked, job.env()])
+        _assert_relayed(recs, 0, 1)
+        assert recs[0]["routes"]["1"] == "relay", recs
 
 
 @needs_nat_engine

@@ -27,7 +27,7 @@ from erdmampi.nat import NatError, stun
 from erdmampi.nat.ice import IceSession, PairResult, gather, validate_record
 from erdmampi.nat.stun import ATTR, StunError
 
-__all__ = ["establish", "recheck", "NatConfig", "NatResult", "PairResult"]
+__all__ = ["establish", "recheck", "open_turn", "NatConfig", "NatResult", "PairResult"]
 
 
 @dataclass
@@ -62,6 +62,14 @@ class NatConfig:
     #: keep the TURN allocation even when every peer is reached directly, so that
     #: direct paths can fall back to the relay later (``NatResult.turn``)
     keep_turn: bool = False
+    #: how the TURN server is reached: "udp", "tcp" or "tls" (TLS over TCP); over
+    #: TCP/TLS a :class:`~erdmampi.nat.turn_stream.TurnStreamShim` carries the
+    #: datagrams and the relayed address is still UDP
+    turn_transport: str = "udp"
+    #: CA file that the TLS server's certificate must chain to (default: the system's)
+    turn_tls_ca: "str | None" = None
+    #: check the TLS server's certificate (False: accept any, e.g. self-signed)
+    turn_tls_verify: bool = True
 
     @classmethod
     def of(cls, cfg) -> "NatConfig":
@@ -82,6 +90,8 @@ class NatConfig:
                 raise ValueError("turn must be (host, port, user, password)")
             h, p, u, pw = c.turn
             c.turn = (str(h), int(p), str(u), str(pw))
+        if c.turn_transport not in ("udp", "tcp", "tls"):
+            raise ValueError(f"turn_transport must be udp, tcp or tls, not {c.turn_transport!r}")
         return c
 
 
@@ -114,7 +124,6 @@ def establish(port, rank: int, size: int, publish, fetch, cfg=None) -> NatResult
     :param cfg: :class:`NatConfig` or a dict of its fields.
     :raises NatError: a peer is unreachable; the message names the cause.
     """
-    from erdmampi.nat.turn import TurnClient
     cfg = NatConfig.of(cfg)
     rank, size = int(rank), int(size)
     if not 0 <= rank < size:
@@ -124,20 +133,57 @@ def establish(port, rank: int, size: int, publish, fetch, cfg=None) -> NatResult
         res = NatResult()
         res.timings = {"total": 0.0}
         return res
-    turn = None
+    turn, turn_error = None, None
     if cfg.turn is not None:
-        h, p, u, pw = cfg.turn
-        turn = TurnClient(port, (h, p), u, pw, timeout=cfg.turn_timeout)
+        try:
+            turn = open_turn(port, cfg)
+        except NatError as e:       # e.g. TCP to the server blocked: direct paths may do
+            turn_error = str(e)
     try:
-        return _establish(port, rank, size, publish, fetch, cfg, turn, t0)
+        return _establish(port, rank, size, publish, fetch, cfg, turn, t0, turn_error)
     except BaseException:
         if turn is not None:
             turn.close(timeout=0.5)
         raise
 
 
-def _establish(port, rank, size, publish, fetch, cfg, turn, t0):
+def open_turn(port, cfg):
+    """A :class:`~erdmampi.nat.turn.TurnClient` for ``cfg.turn`` on ``port`` (not yet
+    allocated).  Over TCP/TLS it talks to a :class:`TurnStreamShim` bound next to
+    the port (its own address, or loopback for a wildcard bind), which the port
+    is told about (``port.add_turn_server``, when it has one: the engine must
+    know the address its relay traffic comes from).  Raises NatError when the
+    server's TCP/TLS listener cannot be reached."""
+    from erdmampi.nat.turn import TurnClient
+    cfg = NatConfig.of(cfg)
+    h, p, u, pw = cfg.turn
+    if cfg.turn_transport == "udp":
+        return TurnClient(port, (h, p), u, pw, timeout=cfg.turn_timeout)
+    from erdmampi.nat.turn_stream import TurnStreamShim, tls_context
+    local = port.local_address()[0]
+    if local in ("", "0.0.0.0"):
+        local = "127.0.0.1"
+    elif local == "::":
+        local = "::1"
+    tls = (tls_context(cfg.turn_tls_ca, cfg.turn_tls_verify)
+           if cfg.turn_transport == "tls" else None)
+    shim = TurnStreamShim((h, p), cfg.turn_transport, local, tls=tls,
+                          connect_timeout=cfg.turn_timeout)
+    try:
+        register = getattr(port, "add_turn_server", None)
+        if register is not None:
+            register(shim.address)
+        return TurnClient(port, shim.address, u, pw, timeout=cfg.turn_timeout,
+                          transport=cfg.turn_transport, shim=shim)
+    except BaseException:
+        shim.close()
+        raise
+
+
+def _establish(port, rank, size, publish, fetch, cfg, turn, t0, turn_error=None):
     local = gather(port, cfg.stun_servers, turn, cfg.gather_timeout, cfg.host_addresses)
+    if turn_error is not None:
+        local.turn_error = turn_error
     t_gather = time.monotonic()
     record = local.record(rank)
     publish(record)
@@ -276,6 +322,11 @@ def _explain(rank, peer, s: IceSession, local, remote, cfg) -> str:
         why.append(f"TURN relay unusable ({local.turn_error})")
     elif not remote.get("turn"):
         why.append(f"rank {peer} has no TURN allocation")
+    if local.stun_asked and not local.stun_answered and local.turn is None \
+            and cfg.turn_transport == "udp":
+        why.append("where UDP is blocked, reach a TURN server over TCP or TLS: "
+                   "ERDMA_TURN=turn:USER:PASS@HOST:PORT?transport=tcp or "
+                   "turns:USER:PASS@HOST:443")
     return head + "; ".join(why) + f" (tried {tried})"
 
 

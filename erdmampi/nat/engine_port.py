@@ -36,6 +36,11 @@ class EnginePort:
         data, host, port = got
         return data, (host, port)
 
+    def add_turn_server(self, addr: "tuple[str, int]") -> None:
+        """Tell the engine that datagrams from ``addr`` come from a TURN server
+        (ChannelData from there is relay traffic): a TCP/TLS shim's address."""
+        self.engine.add_turn_server(str(addr[0]), int(addr[1]))
+
     def close(self) -> None:
         """The engine owns the socket: nothing to close."""
 

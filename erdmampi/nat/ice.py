@@ -252,7 +252,8 @@ def gather(port, stun_servers=(), turn=None, timeout=1.5, host_addresses=None) -
     if turn is not None:
         err = binding_many.last_turn_error
         if turn.relayed is not None:
-            if turn.mapped is not None:
+            # over TCP/TLS the mapped address is a TCP mapping: no UDP candidate
+            if turn.mapped is not None and getattr(turn, "transport", "udp") == "udp":
                 add("srflx", turn.mapped, 65535 - len(la.stun_asked))
             add("relay", turn.relayed)
             la.turn = turn

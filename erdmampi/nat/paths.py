@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 
 from erdmampi.nat import NatError
 from erdmampi.nat.agent import NatConfig, establish
 
-__all__ = ["nat_config", "install_paths", "TurnKeeper", "parse_hostport"]
+__all__ = ["nat_config", "install_paths", "TurnKeeper", "parse_hostport", "parse_turn"]
 
 log = logging.getLogger("erdmampi.nat")
 
@@ -44,14 +45,80 @@ def parse_hostport(text: str, var: str, default_port: int = STUN_PORT) -> tuple[
     return host, p
 
 
-def _parse_turn(text: str) -> tuple[str, int, str, str]:
-    """``user:password@host[:port]`` (the password may itself contain ':')."""
-    cred, at, addr = text.strip().rpartition("@")
+TURNS_PORT = 5349
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def parse_turn(text: str, var: str = "ERDMA_TURN") -> tuple[str, int, str, str, str]:
+    """A TURN server setting -> ``(host, port, user, password, transport)``.
+
+    * ``user:password@host[:port]`` -- UDP (the password may contain ':');
+    * ``turn:user:password@host[:port][?transport=udp|tcp]`` -- as WebRTC users
+      write TURN URIs (RFC 7065) with the credentials in front; default port 3478;
+    * ``turns:user:password@host[:port][?transport=tcp]`` -- TLS over TCP; default
+      port 5349 (often 443, where only HTTPS leaves a network).
+
+    User and password may be percent-encoded (``%40`` for '@').  ``transport``
+    is ``udp``, ``tcp`` or ``tls``.  Raises ValueError naming what is wrong.
+    """
+    from urllib.parse import unquote
+    raw = text.strip()
+    scheme, rest = "", raw
+    head, colon, tail = raw.partition(":")
+    if colon and head.lower() in ("turn", "turns"):
+        cred = tail.partition("?")[0].rpartition("@")[0]
+        # "turn:PASS@host" is the old form with the user "turn": a URI needs user:password
+        if ":" in cred or "@" not in tail or head.lower() == "turns":
+            scheme, rest = head.lower(), tail
+    elif colon and "@" not in head and head.lower() in ("stun", "stuns", "http", "https",
+                                                         "tcp", "udp", "tls"):
+        raise ValueError(f"{var}={text!r}: scheme {head!r}: want turn: or turns:")
+    rest, q, query = rest.partition("?")
+    if rest.startswith("//"):
+        raise ValueError(f"{var}={text!r}: no '//' after {scheme or 'the scheme'}: "
+                         f"want {scheme or 'turn'}:user:password@host[:port]")
+    if q and not scheme:
+        raise ValueError(f"{var}={text!r}: ?{query} needs a turn: or turns: URI")
+    transport = "tls" if scheme == "turns" else "udp"
+    if q:
+        for item in query.split("&"):
+            key, eq, val = item.partition("=")
+            if key.lower() != "transport" or not eq:
+                raise ValueError(f"{var}={text!r}: unknown parameter {item!r} "
+                                 "(only ?transport=udp or ?transport=tcp)")
+            val = val.lower()
+            if val not in ("udp", "tcp"):
+                raise ValueError(f"{var}={text!r}: transport={val!r}: want udp or tcp")
+            if scheme == "turns" and val == "udp":
+                raise ValueError(f"{var}={text!r}: turns: with transport=udp is DTLS, "
+                                 "which is not supported (use turns: over TCP, or turn:)")
+            if scheme == "turn":
+                transport = val
+    cred, at, addr = rest.rpartition("@")
     user, colon, password = cred.partition(":")
+    form = f"{scheme}:user:password@host[:port]" if scheme else "user:password@host[:port]"
     if not at or not colon or not user:
-        raise ValueError(f"ERDMA_TURN={text!r}: want user:password@host[:port]")
-    host, port = parse_hostport(addr, "ERDMA_TURN")
-    return host, port, user, password
+        raise ValueError(f"{var}={text!r}: want {form} (TURN needs a user and a password)")
+    if not addr.strip():
+        raise ValueError(f"{var}={text!r}: no host after '@'")
+    host, port = parse_hostport(addr, var, TURNS_PORT if scheme == "turns" else STUN_PORT)
+    if "/" in host or "@" in host:
+        raise ValueError(f"{var}={text!r}: bad host {host!r}")
+    return host, port, unquote(user), unquote(password), transport
+
+
+def _parse_turn(text: str) -> tuple[str, int, str, str]:
+    """``(host, port, user, password)`` of an ERDMA_TURN setting (any form)."""
+    return parse_turn(text)[:4]
+
+
+def _flag(env, var) -> bool:
+    v = env.get(var, "").strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"{var}={v!r}: want 1 or 0")
 
 
 def nat_config(env) -> NatConfig | None:
@@ -65,7 +132,13 @@ def nat_config(env) -> NatConfig | None:
         return None
     cfg = NatConfig()
     cfg.stun_servers = [parse_hostport(s, "ERDMA_STUN") for s in stun.split(",") if s.strip()]
-    cfg.turn = _parse_turn(turn) if turn else None
+    if turn:
+        *cfg.turn, cfg.turn_transport = parse_turn(turn)
+        cfg.turn = tuple(cfg.turn)
+        cfg.turn_tls_ca = env.get("ERDMA_TURN_CA", "").strip() or None
+        cfg.turn_tls_verify = not _flag(env, "ERDMA_TURN_INSECURE")
+        if cfg.turn_tls_ca and not os.path.isfile(cfg.turn_tls_ca):
+            raise ValueError(f"ERDMA_TURN_CA={cfg.turn_tls_ca!r}: no such file")
     t = env.get("ERDMA_NAT_TIMEOUT", "").strip()
     if t:
         try:
@@ -97,8 +170,8 @@ def install_paths(eng, store, rank: int, size: int, cfg: NatConfig, fingerprints
     """
     from erdmampi.nat.engine_port import EnginePort
 
-    if cfg.turn is not None:
-        eng.add_turn_server(cfg.turn[0], cfg.turn[1])
+    if cfg.turn is not None and cfg.turn_transport == "udp":
+        eng.add_turn_server(cfg.turn[0], cfg.turn[1])  # over TCP/TLS: the shim's address
 
     def publish(rec):
         store.set(f"nat/{rank}", json.dumps(rec).encode())

@@ -91,9 +91,13 @@ class TurnClient:
     """
 
     def __init__(self, port, server, username, password, *, lifetime=600, rto=0.2,
-                 timeout=5.0, software="erdmampi"):
+                 timeout=5.0, software="erdmampi", transport="udp", shim=None):
         self.port = port
         self.server = _peer_key(server)
+        #: how the server is reached: "udp", or "tcp"/"tls" through ``shim`` (a
+        #: :class:`~erdmampi.nat.turn_stream.TurnStreamShim` whose address is ``server``)
+        self.transport = str(transport)
+        self.shim = shim
         self.username, self.password = str(username), str(password)
         self.requested_lifetime = int(lifetime)
         self.rto, self.timeout = float(rto), float(timeout)
@@ -220,18 +224,23 @@ class TurnClient:
         return done
 
     def close(self, timeout: float = 1.0) -> None:
-        """Delete the allocation (Refresh with lifetime 0); errors are ignored."""
+        """Delete the allocation (Refresh with lifetime 0); errors are ignored.  A
+        TCP/TLS shim is closed too."""
         with self._lock:
-            if self.relayed is None:
-                return
-            saved = self.timeout
-            self.timeout = timeout
             try:
-                self.refresh(0)
-            except (TurnError, OSError):
-                self._forget()
+                if self.relayed is None:
+                    return
+                saved = self.timeout
+                self.timeout = timeout
+                try:
+                    self.refresh(0)
+                except (TurnError, OSError):
+                    self._forget()
+                finally:
+                    self.timeout = saved
             finally:
-                self.timeout = saved
+                if self.shim is not None:
+                    self.shim.close()
 
     # -- data
     def send(self, data: bytes, peer) -> None:
@@ -285,6 +294,8 @@ class TurnClient:
 
     # -- private
     def _srv(self):
+        if self.shim is not None:
+            return self.shim.label
         return f"{self.server[0]}:{self.server[1]}"
 
     def _need_alloc(self):
@@ -377,14 +388,20 @@ class TurnClient:
         data = msg.encode(key=self._key)
         start = time.monotonic()
         deadline = start + self.timeout
-        rto = self.rto
+        # over TCP/TLS the stream is reliable: one send, no retransmissions
+        rto = self.rto if self.shim is None else float("inf")
         next_send = start
         while True:
             now = time.monotonic()
             if now >= deadline:
+                if self.shim is None:
+                    why = "UDP to the server blocked or the server down?"
+                elif self.shim.error:
+                    why = f"the {self.transport.upper()} connection: {self.shim.error}"
+                else:
+                    why = "the server down?"
                 raise TurnError(f"TURN server {self._srv()}: no answer to {what} within "
-                                f"{self.timeout:g} s (UDP to the server blocked or the "
-                                "server down?)")
+                                f"{self.timeout:g} s ({why})")
             if now >= next_send:
                 self.port.send(data, self.server)
                 next_send = now + rto

@@ -396,19 +396,26 @@ class NatBed:
 
     # -- services
     def start_turn(self, port=3478, user=TURN_USER, password=TURN_PASSWORD, realm=TURN_REALM,
-                   extra=(), timeout=15.0) -> "tuple[str, int]":
+                   extra=(), timeout=15.0, tls_port=None) -> "tuple[str, int]":
         """Start coturn in the public namespace, listening on both service addresses
-        (two STUN servers for mapping tests) and relaying from the first one.
+        (two STUN servers for mapping tests) and relaying from the first one; UDP
+        and TCP on ``port``, and with ``tls_port`` TLS over TCP there too (a
+        self-signed certificate for the service addresses: :meth:`tls_cert`).
         Returns ``(host, port)`` of the TURN server; ready when this returns.  The
         first server started becomes :attr:`turn_server` (and :attr:`stun_servers`)."""
         if shutil.which("turnserver") is None:
             raise NatBedError("turnserver not found (apt-get install -y coturn)")
         pidfile = self.tmpdir / "turnserver.pid"
         log = self.tmpdir / "turnserver.log"
+        if tls_port:
+            cert, key = self.tls_cert()
+            tls = [f"--tls-listening-port={tls_port}", f"--cert={cert}", f"--pkey={key}"]
+        else:
+            tls = ["--no-tls"]
         argv = ["turnserver", "-n", *[f"--listening-ip={ip}" for ip in SERVICE_IPS],
                 f"--relay-ip={SERVICE_IPS[0]}", f"--listening-port={port}",
                 "--lt-cred-mech", f"--user={user}:{password}", f"--realm={realm}",
-                "--no-cli", "--no-tls", "--no-dtls", "--log-file=stdout", "--simple-log",
+                "--no-cli", *tls, "--no-dtls", "--log-file=stdout", "--simple-log",
                 "--min-port=49160", "--max-port=49999", f"--pidfile={pidfile}",
                 f"--userdb={self.tmpdir / 'turndb'}", "--fingerprint",
                 f"--allowed-peer-ip={PUBLIC_NET}.0-{PUBLIC_NET}.255", *extra]
@@ -446,6 +453,22 @@ class NatBed:
         finally:
             s.close()
         return server
+
+    def tls_cert(self) -> "tuple[str, str]":
+        """``(certificate, key)`` files of a self-signed certificate for the service
+        addresses (IP subjectAltNames; made with openssl once per bed).  The
+        certificate is also its own CA file for clients."""
+        cert, key = self.tmpdir / "turn-cert.pem", self.tmpdir / "turn-key.pem"
+        if not cert.exists():
+            if shutil.which("openssl") is None:
+                raise NatBedError("openssl not found")
+            san = ",".join(f"IP:{ip}" for ip in SERVICE_IPS)
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+                            "-subj", "/CN=natbed-turn", "-addext", f"subjectAltName={san}",
+                            "-keyout", str(key), "-out", str(cert)],
+                           check=True, capture_output=True)
+        return str(cert), str(key)
 
     def turn_log(self) -> str:
         f = self.tmpdir / "turnserver.log" if self.tmpdir else None
