@@ -175,6 +175,7 @@ def test_udp_blocked_fails_with_the_cause():
         text, codes, _ = job.run([(0, 0, 1), (1, 0, 1)], 2, timeout=90, expect_ok=False)
         assert codes[0] != 0 and codes[1] != 0, text
         assert "UDP" in text and "blocked" in text, text
+        assert "transport=tcp" in text and "turns:" in text, text   # the way out
         assert time.monotonic() - t0 < 90, "the failure must come within the timeouts"
 
 
