@@ -236,7 +236,8 @@ class TurnStreamShim:
 
     def _from_server(self):
         tcp = self._tcp
-        while True:
+        tls = isinstance(tcp, ssl.SSLSocket)
+        for _ in range(64):             # TLS: one record (<= 16 KiB) per recv
             try:
                 got = tcp.recv(_CHUNK)
             except _WOULD_BLOCK:
@@ -247,16 +248,28 @@ class TurnStreamShim:
                 self._deliver()
                 raise _StreamClosed("the server closed the connection")
             self._in += got
-            if not (isinstance(tcp, ssl.SSLSocket) and tcp.pending()) and len(got) < _CHUNK:
+            if not tls and len(got) < _CHUNK:
                 break
         self._deliver()
 
     def _deliver(self):
         buf, off, n = self._in, 0, len(self._in)
         udp, client, st = self._udp, self.client, self.stats
+        view = memoryview(buf)              # slices without copies; released before del
+        try:
+            off = self._frames(buf, view, n, udp, client, st)
+        finally:
+            view.release()
+        if off:
+            del buf[:off]
+
+    @staticmethod
+    def _frames(buf, view, n, udp, client, st) -> int:
+        off = 0
+        unpack, sendto = struct.unpack_from, udp.sendto
         while n - off >= 4:
             b0 = buf[off]
-            length = struct.unpack_from("!H", buf, off + 2)[0]
+            length = unpack("!H", buf, off + 2)[0]
             if 0x40 <= b0 <= 0x4F:                   # ChannelData, padded on a stream
                 size, step = 4 + length, (4 + length + 3) & ~3
             elif b0 & 0xC0 == 0:                     # a STUN message
@@ -268,16 +281,13 @@ class TurnStreamShim:
                 break
             if client is not None:
                 try:
-                    udp.sendto(buf[off:off + size], client)
+                    sendto(view[off:off + size], client)
                     st["from_server"] += 1
                     st["from_server_bytes"] += size
-                except _WOULD_BLOCK:
-                    st["dropped"] += 1
-                except OSError:
+                except OSError:             # a full buffer (or ICMP error): a lost datagram
                     st["dropped"] += 1
             off += step
-        if off:
-            del buf[:off]
+        return off
 
 
 class _StreamClosed(Exception):

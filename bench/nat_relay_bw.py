@@ -1,0 +1,137 @@
+"""One QUIC connection's throughput between two NAT-bed sites: direct, through
+coturn over UDP, and from a UDP-blocked site through coturn over TCP and TLS
+(the datagram<->stream shim of erdmampi/nat/turn_stream.py).
+
+    sudo python -m bench.nat_relay_bw [--mib 64] [--msg-mib 4] [--runs 3]
+
+Each setting is a two-rank job (one `erdmarun --rendezvous` per site); rank
+``--sender`` (0) sends ``--mib`` MiB in ``--msg-mib`` MiB messages to the other
+(after a warm-up message), which answers with one byte; MB/s = bytes / time of the whole
+exchange.  Prints one line per run and a JSON summary.  Needs root, nft,
+coturn and openssl (the NAT bed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ERDMARUN = [sys.executable, "-m", "erdmampi.launcher"]
+RDV_PORT = 7412
+
+SETTINGS = {
+    # name: (site kinds, TURN URI per site ("udp" = the plain form), TLS port)
+    "direct": (("full_cone", "full_cone"), ("udp", "udp")),
+    "relay-udp": (("symmetric", "symmetric"), ("udp", "udp")),
+    "relay-tcp": (("udp_blocked", "full_cone"), ("tcp", "udp")),
+    "relay-tls": (("udp_blocked", "full_cone"), ("tls", "udp")),
+}
+
+
+def rank_main(mib: int, msg_mib: int, sender: int = 0):
+    import numpy as np
+
+    from erdmampi import MPI, bootstrap
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    other = 1 - sender
+    buf = np.ones(msg_mib << 20, np.uint8) if rank == sender else np.empty(msg_mib << 20, np.uint8)
+    n = max(1, mib // msg_mib)
+    one = np.zeros(1, np.uint8)
+    for it in range(2):                    # a warm-up message, then the timed run
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(1 if it == 0 else n):
+            if rank == sender:
+                comm.Send(buf, dest=other)
+            else:
+                comm.Recv(buf, source=sender)
+        if rank == sender:
+            comm.Recv(one, source=other)
+        else:
+            comm.Send(one, dest=sender)
+        dt = time.perf_counter() - t0
+    route = bootstrap._world.peer_route(1 - rank)
+    if rank == sender:
+        print("NATBW " + json.dumps({"mb_s": n * (msg_mib << 20) / dt / 1e6, "route": route,
+                                     "paths": bootstrap.world_info().get("paths", {})}),
+              flush=True)
+
+
+def run_setting(bed, name, mib, msg_mib, secret_file, rdv, sender=0):
+    from erdmampi.testing.natbed import TURN_PASSWORD, TURN_USER
+    (_, transports) = SETTINGS[name]
+    h, port = bed.turn_server
+    cert, _ = bed.tls_cert()
+    jobid = "bw" + secrets.token_hex(4)
+    procs = []
+    for site, tr in enumerate(transports):
+        env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                   ERDMA_HOST=f"bw-site{site}", ERDMA_CONNECT_TIMEOUT="40",
+                   ERDMA_STUN=",".join(f"{a}:{b}" for a, b in bed.stun_servers))
+        env.pop("ERDMA_JOB_SECRET", None)
+        env["ERDMA_TURN"] = {
+            "udp": f"{TURN_USER}:{TURN_PASSWORD}@{h}:{port}",
+            "tcp": f"turn:{TURN_USER}:{TURN_PASSWORD}@{h}:{port}?transport=tcp",
+            "tls": f"turns:{TURN_USER}:{TURN_PASSWORD}@{h}:443"}[tr]
+        if tr == "tls":
+            env["ERDMA_TURN_CA"] = cert
+        argv = [*ERDMARUN, "--rendezvous", rdv, "--job-id", jobid, "-n", "2", "--ranks",
+                f"{site}-{site}", "--secret-file", str(secret_file), "--connect-timeout", "40",
+                "--timeout", "180", sys.executable, "-m", "bench.nat_relay_bw", "--rank",
+                "--mib", str(mib), "--msg-mib", str(msg_mib),
+                "--sender", str(sender)]
+        procs.append(bed.popen((site, 0), argv, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT))
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    text = "\n".join(outs)
+    m = re.search(r"NATBW (\{.*\})", text)
+    if not m or any(p.returncode for p in procs):
+        raise RuntimeError(f"{name}: the job failed:\n{text[-3000:]}")
+    return json.loads(m.group(1))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--msg-mib", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--sender", type=int, default=0, choices=(0, 1),
+                    help="the sending rank: 0 (site 0: the UDP-blocked one where there is "
+                    "one; its data goes up the TCP/TLS stream) or 1 (down the stream)")
+    a = ap.parse_args(argv)
+    if a.rank:
+        return rank_main(a.mib, a.msg_mib, a.sender)
+    from erdmampi.testing.natbed import NatBed
+    results = {}
+    for rnd in range(a.runs):                 # settings alternated, one run each per round
+        for name in a.settings.split(","):
+            kinds, _ = SETTINGS[name]
+            with NatBed(list(kinds)) as bed:
+                bed.start_turn(tls_port=443)
+                rdv = f"198.18.0.2:{RDV_PORT}"
+                secret = bed.tmpdir / "secret"
+                secret.write_text(secrets.token_hex(16))
+                secret.chmod(0o600)
+                p = bed.popen("pub", [*ERDMARUN, "--serve-rendezvous", rdv, "--require-auth",
+                                      "--admit-file", str(secret)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                p.stdout.readline()
+                r = run_setting(bed, name, a.mib, a.msg_mib, secret, rdv, a.sender)
+            results.setdefault(name, []).append(round(r["mb_s"], 1))
+            print(f"round {rnd} {name:10s} {r['mb_s']:7.1f} MB/s  route={r['route']} "
+                  f"{r['paths']}", flush=True)
+    print(json.dumps({"mib": a.mib, "msg_mib": a.msg_mib, "sender": a.sender, "MB/s": results,
+                      "best": {k: max(v) for k, v in results.items()}}))
+
+
+if __name__ == "__main__":
+    main()
