@@ -149,9 +149,8 @@ def establish(port, rank: int, size: int, publish, fetch, cfg=None) -> NatResult
 
 def open_turn(port, cfg):
     """A :class:`~erdmampi.nat.turn.TurnClient` for ``cfg.turn`` on ``port`` (not yet
-    allocated).  Over TCP/TLS it talks to a :class:`TurnStreamShim` bound next to
-    the port (its own address, or loopback for a wildcard bind), which the port
-    is told about (``port.add_turn_server``, when it has one: the engine must
+    allocated).  Over TCP/TLS it talks to a :class:`TurnStreamShim` bound to
+    loopback, which the port is told about (``port.add_turn_server``, when it has one: the engine must
     know the address its relay traffic comes from).  Raises NatError when the
     server's TCP/TLS listener cannot be reached."""
     from erdmampi.nat.turn import TurnClient
@@ -160,11 +159,9 @@ def open_turn(port, cfg):
     if cfg.turn_transport == "udp":
         return TurnClient(port, (h, p), u, pw, timeout=cfg.turn_timeout)
     from erdmampi.nat.turn_stream import TurnStreamShim, tls_context
-    local = port.local_address()[0]
-    if local in ("", "0.0.0.0"):
-        local = "127.0.0.1"
-    elif local == "::":
-        local = "::1"
+    # on loopback: nothing outside this host can send to it (a socket bound to
+    # any local address reaches 127.0.0.1, and its answers come back from there)
+    local = "::1" if ":" in port.local_address()[0] else "127.0.0.1"
     tls = (tls_context(cfg.turn_tls_ca, cfg.turn_tls_verify)
            if cfg.turn_transport == "tls" else None)
     shim = TurnStreamShim((h, p), cfg.turn_transport, local, tls=tls,

@@ -6,8 +6,8 @@ peers send to (RFC 8656: the client-to-server leg is TCP or TLS, the relayed
 leg stays UDP).  The engine and :class:`~erdmampi.nat.turn.TurnClient` only
 speak datagrams, so :class:`TurnStreamShim` stands in for the server:
 
-* it binds a UDP socket on this host (:attr:`TurnStreamShim.address`) that the
-  client treats as the TURN server (``TurnClient(port, shim.address, ...)``,
+* it binds a UDP socket on this host (:attr:`TurnStreamShim.address`, on
+  loopback by default: unreachable from other hosts) that the client treats as the TURN server (``TurnClient(port, shim.address, ...)``,
   ``Engine.add_turn_server(*shim.address)``);
 * every datagram the client sends there (a STUN message or ChannelData) goes
   to the real server over one TCP/TLS connection, framed as RFC 8656 section 12.5
@@ -60,8 +60,8 @@ class TurnStreamShim:
 
     :param server: ``(host, port)`` of the TURN server's TCP (or TLS) listener.
     :param transport: ``"tcp"`` or ``"tls"``.
-    :param bind_host: the local address of the shim's UDP socket (the client's own
-        address, or 127.0.0.1).
+    :param bind_host: the local address of the shim's UDP socket (127.0.0.1: a
+        client socket bound to any local address reaches it).
     :param tls: an :class:`ssl.SSLContext` for ``"tls"`` (default: :func:`tls_context`).
     :param server_name: the name the server's certificate must carry (default:
         the host of ``server``).
