@@ -12,9 +12,12 @@ Modes:
 * ``"int8"``, ``"int4"``: each rank quantizes its bucket once (blocks with a
   scale each) with error feedback: what quantization lost this step is added
   to the bucket of the next step, so no gradient signal is dropped for good.
-  The encodings are all-gathered (each rank receives the others' compressed
-  buckets, about 4x or 8x smaller than float32) and every rank decodes and
-  sums them in the same order, so all replicas stay identical.
+  The encodings are all-gathered, one collective per bucket (each rank
+  receives the others' compressed buckets, about 4x or 8x smaller than
+  float32; between ranks on hosts of their own the all-gather is one phase
+  of pieces posted at once, ``allgatherv`` ``sched_direct``), and every rank
+  decodes and sums them in the same order, so all replicas stay identical.
+  The buckets' all-gathers run on the group's lanes, so they overlap.
 
 On a group of another backend (e.g. gloo) the lossless and bf16 hooks fall
 back to torch's allreduce (bf16: cast, allreduce, cast back).
