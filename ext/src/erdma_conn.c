@@ -1022,6 +1022,37 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
   return c;
 }
 
+/* The peer's address for this connection is now a (its NAT gave it a new
+ * external port, or ngtcp2 moved to a validated path or back): packets go
+ * there from now on, and so do new lanes to that rank. */
+static void set_remote(erdma_conn *c, const struct sockaddr_storage *a, socklen_t alen) {
+  erdma_engine *e = c->e;
+  if (addr_equal(&c->remote, a) || alen > (socklen_t)sizeof c->remote) return;
+  if (e->cfg.verbose) {
+    char h0[INET6_ADDRSTRLEN], h1[INET6_ADDRSTRLEN];
+    int p0, p1;
+    addr_format(&c->remote, h0, sizeof h0, &p0);
+    addr_format(a, h1, sizeof h1, &p1);
+    fprintf(stderr, "erdma[%d]: peer %d: address changed from %s:%d to %s:%d (NAT rebinding)\n",
+            e->cfg.rank, c->peer, h0, p0, h1, p1);
+  }
+  if (c->peer >= 0 && addr_equal(&e->peers[c->peer].addr, &c->remote)) {
+    memcpy(&e->peers[c->peer].addr, a, alen);
+    e->peers[c->peer].addr_len = alen;
+  }
+  memcpy(&c->remote, a, alen);
+  c->remote_len = alen;
+}
+
+/* A server connection sends along ngtcp2's current path, which moves when
+ * the client's address changes (see conn_handle_datagram). */
+static void follow_path(erdma_conn *c) {
+  if (c->is_client || c->shm || !c->conn || c->closed) return;
+  const ngtcp2_path *p = ngtcp2_conn_get_path(c->conn);
+  if (p && p->remote.addrlen)
+    set_remote(c, (const struct sockaddr_storage *)p->remote.addr, (socklen_t)p->remote.addrlen);
+}
+
 static erdma_conn *find_conn(erdma_engine *e, const uint8_t *dcid, size_t n) {
   if (n == ERDMA_CIDLEN) {
     uint32_t tag = get32(dcid);
@@ -1051,10 +1082,35 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
   if (c->closed) return 0;
   c->dirty = 1;
   path_of(c, &path);
-  path.remote.addr = (ngtcp2_sockaddr *)from;
-  path.remote.addrlen = fromlen;
+  /* NAT rebinding: a packet of a known connection (found by its DCID) from
+   * a new address.  A server connection hands ngtcp2 the real source: on a
+   * non-probing 1-RTT packet ngtcp2 makes it the current path and validates
+   * it (PATH_CHALLENGE there; back to the old path if that fails), and
+   * follow_path sends wherever ngtcp2's current path goes.  An ngtcp2 0.12
+   * client drops packets from any address but the server's (RFC 9000 has no
+   * server migration) and migrates only to a new local address, so a client
+   * connection hands ngtcp2 its unchanged path (the server's first address)
+   * and moves c->remote, where it sends, itself
+   * once a 1-RTT packet from the new address decrypted under the
+   * connection's keys (an off-path sender cannot make one). */
+  struct sockaddr_storage known;
+  int rebound = 0;
+  if (c->is_client && c->handshake_done) {
+    const ngtcp2_path *cur = ngtcp2_conn_get_path(c->conn);
+    memcpy(&known, cur->remote.addr, cur->remote.addrlen);
+    path.remote.addr = (ngtcp2_sockaddr *)&known;
+    path.remote.addrlen = cur->remote.addrlen;
+    rebound = !addr_equal(&c->remote, from);
+  } else {
+    path.remote.addr = (ngtcp2_sockaddr *)from;
+    path.remote.addrlen = fromlen;
+  }
   uint64_t before = decrypted_1rtt;
   int rv = ngtcp2_conn_read_pkt(c->conn, &path, &pi, data, len, erdma_now());
+  if (rv == 0 && decrypted_1rtt != before && rebound && c->peer >= 0)
+    set_remote(c, from, fromlen);
+  else if (rv == 0 && !c->is_client)
+    follow_path(c);
   /* authentic: a 1-RTT packet of a connection to a known rank, from the
    * address that connection has (not another peer's, spoofing it) */
   int authentic = rv == 0 && decrypted_1rtt != before && c->peer >= 0 &&
@@ -1336,6 +1392,7 @@ int conn_flush(erdma_conn *c) {
   c->dirty = 0;
   if (c->shm) return c->closed ? 0 : shm_flush(c);
   if (c->closed || !c->conn) return 0;
+  follow_path(c); /* a failed path validation may have moved it back */
   ngtcp2_path_storage_zero(&ps);
   int bursts = 0, done = 0;
   peer_info *lazy = c->peer >= 0 ? &e->peers[c->peer] : NULL;
