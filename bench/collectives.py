@@ -22,9 +22,10 @@ alltoall, 1 for bcast (10^9 bytes/s).
 
 ``--timing each`` times every call alone after a barrier (as OSU's
 benchmarks do) and reports the median call; ``--fresh`` (implies ``--timing
-each``) gives every timed call newly allocated buffers (the send buffer
-filled, the receive buffer untouched), so first-touch page faults and
-anything cached per buffer are part of the time.  ``--dtype`` (float32,
+each``) gives every timed call new buffers mapped from the kernel (the send
+buffer filled, the receive buffer untouched; malloc would hand back pages
+it kept), so first-touch page faults and anything cached per buffer are
+part of the time.  ``--dtype`` (float32,
 float64, int32, int64, uint8) sets the element type; sizes stay in bytes.
 ``--plain`` passes bare arrays to the MPI stacks instead of ``[array,
 datatype]``.
@@ -146,9 +147,9 @@ def _maker(stack, op, scount, rcount, dt, fn, fresh):
         return lambda: fn
 
     def make():
-        send, send_view = stack.alloc(scount, dt)
+        send, send_view = stack.alloc(scount, dt, fresh=True)
         send_view[:] = 1                       # touched, as a program's data is
-        recv, _ = stack.alloc(rcount, dt) if rcount else (None, None)
+        recv, _ = stack.alloc(rcount, dt, fresh=True) if rcount else (None, None)
         if op == "allreduce" and stack.allreduce_in_place:
             send = recv
         return stack.op(op, send, recv)

@@ -51,6 +51,21 @@ def sizes(lo, hi):
         s *= 2
 
 
+def _np():
+    import numpy
+    return numpy
+
+
+def fresh_array(count, dtype):
+    """A zero array on pages the kernel maps anew (an anonymous mmap): not
+    yet touched, unlike malloc's, which may come back already faulted in."""
+    import mmap
+    np = _np()
+    dtype = np.dtype(dtype)
+    buf = mmap.mmap(-1, max(1, count * dtype.itemsize))
+    return np.frombuffer(buf, dtype=dtype, count=count)
+
+
 def detect_stack():
     """Guess the stack from the launcher's environment variables."""
     env = os.environ
@@ -114,9 +129,8 @@ class MPIStack(Stack):
             lib = self.name
         return "%s (%s)" % (self.name, " ".join(lib.split()))
 
-    def alloc(self, count, dtype):
-        import numpy as np
-        a = np.zeros(count, dtype=dtype)
+    def alloc(self, count, dtype, fresh=False):
+        a = fresh_array(count, dtype) if fresh else _np().zeros(count, dtype=dtype)
         return a, a
 
     def barrier(self):
@@ -186,9 +200,9 @@ class GlooStack(Stack):
     def library(self):
         return "gloo (torch %s)" % self.torch.__version__
 
-    def alloc(self, count, dtype):
-        import numpy as np
-        t = self.torch.from_numpy(np.zeros(count, dtype=dtype))
+    def alloc(self, count, dtype, fresh=False):
+        a = fresh_array(count, dtype) if fresh else _np().zeros(count, dtype=dtype)
+        t = self.torch.from_numpy(a)
         return t, t.numpy()
 
     def barrier(self):
