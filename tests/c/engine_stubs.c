@@ -11,6 +11,7 @@
  * Behaviour: no connection is shared-memory local, a CMA read is refused
  * (the receive falls back to the ring), TLS sessions fail, and nothing is
  * ever sent on a socket: queued frames stay on the connection's tx lists. */
+#include <stdio.h>
 #include <time.h>
 
 #include "erdma_internal.h"
@@ -30,6 +31,11 @@ void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, i
 size_t engine_conn_payload(erdma_engine *e, const erdma_conn *c) { (void)e; (void)c; return 1452; }
 size_t engine_write_room(erdma_engine *e, const erdma_conn *c) { (void)e; (void)c; return 1452; }
 const char *erdma_strerror(int rc) { (void)rc; return "error"; }
+void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, int *port) {
+  (void)a;
+  snprintf(host, hostcap, "?");
+  *port = 0;
+}
 #endif
 
 /* ---- erdma_nat.c, erdma_ulfm.c, erdma_shm.c, erdma_tls.c ---- */
