@@ -303,6 +303,34 @@ def time_each(stack, make_fn, calls, warmup):
     return statistics.median(times), times, calls
 
 
+def git_head():
+    """Short commit id of the tree the benchmarks run from ("?" if unknown)."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip() or "?"
+    except Exception:
+        return "?"
+
+
+def write_between_markers(path, text, begin, end, required=False):
+    """Write ``text`` to ``path``; if the file exists and holds the ``begin`` and
+    ``end`` marker lines, replace only what lies between them (a hand-written
+    page around generated tables).  ``required``: a file without them is an
+    error rather than overwritten."""
+    if os.path.exists(path):
+        old = open(path).read()
+        if begin in old and end in old:
+            head, rest = old.split(begin, 1)
+            text = head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1]
+        elif required:
+            raise ValueError("%s has no markers %s ... %s" % (path, begin, end))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text if text.endswith("\n") else text + "\n")
+
+
 def write_json(path, benchmark, stack, args, results):
     doc = {"benchmark": benchmark, "stack": stack.name, "library": stack.library(),
            "nprocs": stack.size, "host": platform.node(), "python": platform.python_version(),

@@ -44,7 +44,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -52,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if __package__ in (None, ""):  # run as a file: python bench/torch_wan.py
     sys.path.insert(0, ROOT)
+from bench.common import git_head, write_between_markers  # noqa: E402
 
 STACKS = ("erdma", "erdma+int8", "gloo-bbr", "gloo-cubic")
 #: (erdma stack, gloo stack) pairs whose speedup the table shows
@@ -405,18 +405,6 @@ def markdown(rows, meta):
     return "\n".join(out)
 
 
-def write_markdown(path, text):
-    """Write ``text``, or only between the markers when ``path`` has them."""
-    if os.path.exists(path):
-        old = open(path).read()
-        if MD_BEGIN in old and MD_END in old:
-            head, rest = old.split(MD_BEGIN, 1)
-            text = head + MD_BEGIN + "\n" + text + "\n" + MD_END + rest.split(MD_END, 1)[1]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text if text.endswith("\n") else text + "\n")
-
-
 COLOR = {"erdma": "tab:red", "erdma+int8": "darkorange", "gloo-bbr": "tab:green",
          "gloo-cubic": "tab:blue"}
 STYLE = {"erdma": "-", "erdma+int8": "-", "gloo-bbr": "--", "gloo-cubic": ":"}
@@ -541,14 +529,6 @@ def parse_args(argv=None):
     return a
 
 
-def _git():
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5).stdout.strip() or "?"
-    except Exception:
-        return "?"
-
-
 def write_outputs(a, meta, runs, final=True):
     rows = summarize(runs, meta["cells"])
     meta["late_runs"] = sum(1 for r in runs if r.get("delayline", {}).get("late_p99_us_max", 0)
@@ -565,7 +545,7 @@ def write_outputs(a, meta, runs, final=True):
     if not final:
         return None, None
     md = markdown(rows, meta)
-    write_markdown(a.md, md)
+    write_between_markers(a.md, md, MD_BEGIN, MD_END)
     png = plot(runs, meta, a.png)
     return md, png
 
@@ -589,7 +569,7 @@ def main(argv=None):
         return 2
     meta = {"command": "python -m bench.torch_wan " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": _git(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git_head(),
             "host_cpus": os.cpu_count(), "loadavg": [os.getloadavg()[0]],
             "rate": a.rate, "rate_bps": a.rate_bps, "rtt_ms": a.rtt, "time_cap": a.time_cap,
             "reps": a.reps, "stacks": a.stacks,

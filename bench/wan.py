@@ -37,7 +37,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -45,7 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if __package__ in (None, ""):  # run as a file: python bench/wan.py
     sys.path.insert(0, ROOT)
-from bench.common import MIB, format_size, parse_size  # noqa: E402
+from bench.common import (MIB, format_size, git_head, parse_size,  # noqa: E402
+                          write_between_markers)
 
 BASE_STACKS = ("erdmampi", "gloo-cubic", "gloo-bbr", "mpich-cubic", "mpich-bbr")
 TCP_CCS = ("cubic", "bbr")
@@ -438,17 +438,7 @@ def write_markdown(path, text, section=None):
     begin, end = MD_BEGIN, MD_END
     if section:
         begin, end = (m.replace(" -->", ": %s -->" % section) for m in (begin, end))
-    if os.path.exists(path):
-        old = open(path).read()
-        if begin in old and end in old:
-            head, rest = old.split(begin, 1)
-            tail = rest.split(end, 1)[1]
-            text = head + begin + "\n" + text + "\n" + end + tail
-        elif section:
-            raise ValueError("%s has no markers %s ... %s" % (path, begin, end))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text if text.endswith("\n") else text + "\n")
+    write_between_markers(path, text, begin, end, required=bool(section))
 
 
 COLOR = {"erdmampi": "tab:red", "erdmampi-bbr": "darkorange", "erdmampi-cubic": "firebrick",
@@ -626,14 +616,6 @@ def parse_args(argv=None):
     return a
 
 
-def _git():
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5).stdout.strip() or "?"
-    except Exception:
-        return "?"
-
-
 def write_outputs(a, meta, runs, log):
     rows = summarize(runs, meta["cells"])
     meta["late_runs"] = sum(1 for r in runs if r.get("delayline", {}).get("late_p99_us_max", 0)
@@ -672,7 +654,7 @@ def main(argv=None):
         return 2
     meta = {"command": "python -m bench.wan " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": _git(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git_head(),
             "host_cpus": os.cpu_count(), "loadavg": [os.getloadavg()[0]],
             "time_cap": a.time_cap, "reps": a.reps, "iters": a.iters, "stacks": a.stacks,
             "warmup_bytes": WARMUP_BYTES, "cells": [], "bed_errors": [], "elapsed_s": 0.0}
