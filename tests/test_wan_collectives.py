@@ -171,7 +171,10 @@ def test_exchange_and_pieces_on_engine_ranks():
     assert p.stdout.count("OK") == 2, p.stdout + p.stderr
 
 
-DIRECT = r"""
+def _direct_prelude(coll):
+    """Rank-script head: each rank on a host of its own (``Hosts``), and
+    ``used`` records every call of ``coll``'s sched_direct algorithm."""
+    return r"""
 import numpy as np
 from erdmampi import MPI
 from erdmampi import collectives as C
@@ -190,8 +193,12 @@ class Hosts:
 
 
 used = []
-orig = C.ALGORITHMS["allreduce"]["sched_direct"]
-C.ALGORITHMS["allreduce"]["sched_direct"] = lambda *a: (used.append(1), orig(*a))[1]
+orig = C.ALGORITHMS["COLL"]["sched_direct"]
+C.ALGORITHMS["COLL"]["sched_direct"] = lambda *a: (used.append(1), orig(*a))[1]
+""".replace("COLL", coll)
+
+
+DIRECT = _direct_prelude("allreduce") + r"""
 
 
 def fsum(a, b):
@@ -239,28 +246,7 @@ def test_prefer_allgather_direct(hosts, nbytes, want):
     assert wan.prefer_allgather_direct(hosts, size, nbytes) is want
 
 
-ALLGATHER = r"""
-import numpy as np
-from erdmampi import MPI
-from erdmampi import collectives as C
-
-world = MPI.COMM_WORLD
-r, n = world.Get_rank(), world.Get_size()
-fails = []
-
-
-class Hosts:
-    def __init__(self, t, hosts):
-        self._t, self.hosts, self.rank, self.size = t, hosts, t.rank, t.size
-
-    def __getattr__(self, name):
-        return getattr(self._t, name)
-
-
-used = []
-orig = C.ALGORITHMS["allgatherv"]["sched_direct"]
-C.ALGORITHMS["allgatherv"]["sched_direct"] = lambda *a: (used.append(1), orig(*a))[1]
-
+ALLGATHER = _direct_prelude("allgatherv") + r"""
 t = Hosts(world._transport(), ["h%d" % i for i in range(n)])
 for per in (0, 1, 5, 65536, (1 << 18) + 3, (1 << 20) + 1, (3 << 20) + 11):
     counts = [per + k for k in range(n)]         # unequal blocks (allgatherv)
