@@ -10,7 +10,10 @@ import pytest
 
 from harness import REPO, run_mpi
 
-EXAMPLES = sorted((REPO / "hpc_examples").glob("*.py"))
+# ddp_train.py is a torch.distributed program, not an mpi4py one: its tests
+# are in test_torch_backend.py and test_nat_jobs.py
+EXAMPLES = sorted(p for p in (REPO / "hpc_examples").glob("*.py")
+                  if p.name != "ddp_train.py")
 IMPORT_LINE = "from erdmampi import MPI"
 
 try:

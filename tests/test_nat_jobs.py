@@ -141,7 +141,7 @@ def test_symmetric_nat_goes_through_the_relay(kinds):
         _assert_relayed(recs, 0, 1)
 
 
-EXAMPLE = os.path.join(ROOT, "examples", "torch_ddp.py")
+EXAMPLE = os.path.join(ROOT, "hpc_examples", "ddp_train.py")
 
 
 @needs_nat_engine

@@ -10,7 +10,7 @@ gloo backend: every rank is a real process under erdmarun.
   DistBackendError within the timeout given to init_process_group;
 * erdmarun sets torchrun's variables (RANK, WORLD_SIZE, ...);
 * the compression hooks: int8 with error feedback ends within 1% of the
-  uncompressed final loss of examples/torch_ddp.py.
+  uncompressed final loss of hpc_examples/ddp_train.py.
 """
 import ast
 import os
@@ -28,7 +28,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("torch without distributed/gloo", allow_module_level=True)
 
 OPS = REPO / "tests" / "scripts" / "torch_ops.py"
-EXAMPLE = REPO / "examples" / "torch_ddp.py"
+EXAMPLE = REPO / "hpc_examples" / "ddp_train.py"
 QUIET = {"PYTHONWARNINGS": "ignore"}
 
 

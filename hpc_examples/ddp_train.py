@@ -1,11 +1,11 @@
 """Train a small regression model with DistributedDataParallel over erdmampi.
 
-    erdmarun -n 2 python examples/torch_ddp.py
-    erdmarun -n 2 python examples/torch_ddp.py --hooks none,int8,bf16
-    erdmarun -n 2 python examples/torch_ddp.py --backend gloo   # the same with torch's gloo
-    erdmarun -n 2 python examples/torch_ddp.py --device cuda    # on GPUs (LOCAL_RANK picks one)
+    erdmarun -n 2 python hpc_examples/ddp_train.py
+    erdmarun -n 2 python hpc_examples/ddp_train.py --hooks none,int8,bf16
+    erdmarun -n 2 python hpc_examples/ddp_train.py --backend gloo   # the same with torch's gloo
+    erdmarun -n 2 python hpc_examples/ddp_train.py --device cuda    # on GPUs (LOCAL_RANK picks one)
     erdmarun --rendezvous HOST:PORT --job-id J --secret-file job.key -n 2 --local-n 1 \
-        python examples/torch_ddp.py --init-method erdma://      # one rank per site, across NATs
+        python hpc_examples/ddp_train.py --init-method erdma://      # one rank per site, across NATs
 
 A plain torch.distributed script: erdmarun sets RANK, WORLD_SIZE, MASTER_ADDR
 and MASTER_PORT as torchrun does, and ``import erdmampi.torch`` registers the
