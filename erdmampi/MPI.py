@@ -14,6 +14,7 @@ import sys as _sys
 from time import perf_counter as _perf_counter
 
 from . import rc as _rc
+from ._objmodel import HANDLE_SIZE as _HANDLE_SIZE, handle_address as _handle_address
 from .comm import finalize as _comm_finalize, init as _comm_init
 from ._commrt import _rt
 from .buffers import (BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType,  # noqa: F401
@@ -342,8 +343,12 @@ from .errorcode import (Add_error_class, Add_error_code, Add_error_string,  # no
 # Automatic initialization and finalization (mpi4py.rc)
 
 
-# Handle introspection (mpi4py's MPI._sizeof/_handleof/_addressof): handle
-# sizes are MPICH's (int handles; MPI_File a pointer; MPI_Status 5 ints).
+# Handle introspection (mpi4py's MPI._sizeof/_handleof/_addressof).  Every
+# handle object keeps its handle in C memory (_objmodel.HandleBase): one
+# unsigned 64-bit field, so every handle type is 8 bytes (the handle values
+# are MPICH's, sign-extended where MPICH's int is negative); MPI_Status is
+# MPICH's 5 ints.  Requests, groups and messages make their handle on demand:
+# _handleof and _addressof store the current one in the field first.
 
 def _handle_kind(arg):
     kinds = (Status, Datatype, Request, Message, Op, Group, Info, Errhandler,
@@ -357,32 +362,39 @@ def _handle_kind(arg):
 def _sizeof(arg):
     """Size in bytes of the underlying MPI handle."""
     kind = _handle_kind(arg)
-    return {Status: 20, File: 8}.get(kind, 4)
+    return 20 if kind is Status else _HANDLE_SIZE
+
+
+def _handle_field(arg):
+    """``arg`` (an MPI instance) with its current handle in its handle field."""
+    if isinstance(arg, type):
+        raise TypeError("expecting an MPI instance")
+    sync = getattr(type(arg), "_sync_handle", None)
+    if sync is not None:
+        sync(arg)
+    return arg
 
 
 def _handleof(arg):
     """Unsigned integer value of the underlying MPI handle (a Status: its address)."""
-    kind = _handle_kind(arg)
-    if isinstance(arg, type):
-        raise TypeError("expecting an MPI instance")
-    if kind is Status:
+    if _handle_kind(arg) is Status:
+        _handle_field(arg)
         return arg._mem.ctypes.data
-    return int(arg.handle) & 0xFFFFFFFFFFFFFFFF
+    return _handle_field(arg)._h
 
 
 def _addressof(arg):
     """Memory address of the underlying MPI handle.
 
-    A Status: the address of its fields; other objects keep no C handle to
-    point at (UnsupportedOperation).
+    A Status: the address of its fields; any other object: the address of
+    its handle field (``_sizeof`` bytes, the value ``_handleof`` returns).
+    A handle written there with ctypes or cffi makes a null object the MPI
+    object that handle designates.
     """
-    kind = _handle_kind(arg)
-    if isinstance(arg, type):
-        raise TypeError("expecting an MPI instance")
-    if kind is Status:
+    if _handle_kind(arg) is Status:
+        _handle_field(arg)
         return arg._mem.ctypes.data
-    from .exceptions import UnsupportedOperation
-    raise UnsupportedOperation(f"MPI._addressof of {kind.__name__}")
+    return _handle_address(_handle_field(arg))
 
 
 def _install_unsupported():

@@ -479,9 +479,12 @@ def _run_compressed(fn, t, smsg, rmsg, cd, *args):
 def _check_op(op):
     if not isinstance(op, Op):
         raise TypeError(f"expected MPI.Op, got {type(op).__name__}")
-    if op._predefined and op._name in ("REPLACE", "NO_OP"):
-        # MPICH: REPLACE and NO_OP are for one-sided accumulates only
-        raise_error(ERR_OP, f"MPI_{op._name} is not valid in a reduction collective")
+    if op._predefined and op._name in ("REPLACE", "NO_OP", "OP_NULL"):
+        if op._adopt():     # a handle written into a null object
+            return _check_op(op)
+        if op._name != "OP_NULL":
+            # MPICH: REPLACE and NO_OP are for one-sided accumulates only
+            raise_error(ERR_OP, f"MPI_{op._name} is not valid in a reduction collective")
     return op
 
 

@@ -4,9 +4,19 @@ A predefined object pickles by name (and unpickles as that very object), an
 equal copy of one pickles as ``Type(CONSTANT)``, any other object refuses
 with ValueError.  Classes using this set ``__module__ = "erdmampi.MPI"`` so
 that names resolve in the module that exports them.
+
+Every MPI handle class derives from :class:`HandleBase` (``_membuf.handle``,
+a C type): the object's MPI handle lives in C memory, in one unsigned 64-bit
+field read and written through the member descriptor ``_h``.  Classes that
+name their handle otherwise alias the descriptor (``_handle = HandleBase._h``),
+so a handle read is a plain slot read.  ``MPI._addressof(obj)`` is the
+field's address: C code (ctypes, cffi) may read the handle there, or write a
+handle into an object, which then designates that MPI object.
 """
 
-__all__ = ["reduce_predefined", "IntHandle"]
+from ._membuf import HANDLE_SIZE, addressof as handle_address, handle as HandleBase
+
+__all__ = ["reduce_predefined", "IntHandle", "HandleBase", "HANDLE_SIZE", "handle_address"]
 
 
 def reduce_predefined(obj, constants):
@@ -21,7 +31,7 @@ def reduce_predefined(obj, constants):
                      f"{type(obj).__name__}' instance")
 
 
-class IntHandle:
+class IntHandle(HandleBase):
     """mpi4py's handle calls for a class keeping its handle in ``_h``, whose
     predefined objects are listed by ``_predefined_objects()``."""
 
@@ -38,7 +48,7 @@ class IntHandle:
             if pre._h == handle:
                 return pre
         obj = object.__new__(cls)
-        obj._h = handle
+        obj._h = handle & 0xffffffffffffffff
         return obj
 
     def toint(self):

@@ -43,6 +43,7 @@ from .comm_p2p import CommP2P
 from .comm_coll import CommColl
 from .comm_objcoll import CommObjColl
 from .comm_ulfm import CommULFM
+from ._objmodel import HandleBase
 from .intracomm_inter import IntracommInter
 from .intracomm_topo import IntracommTopo
 
@@ -106,15 +107,19 @@ from .errhandler import _RETURN as _ERRH_RETURN  # noqa: E402
 _by_handle = weakref.WeakValueDictionary()
 
 
-class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
+class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
     """Communication context, as ``MPI.Comm``.
 
     ``_ranks`` is the tuple of COMM_WORLD ranks (None: null or freed),
     ``_ctx`` the point-to-point context id (collectives use ``_ctx + 1``).
     ``_fast``: the state of the one-call Send/Recv path (see ``_p2p_plain``).
+    ``_handle`` is the MPI handle, in C memory (``HandleBase``): a null
+    object into which a live handle was written (``MPI._addressof``) takes
+    the state of that communicator when first checked (``_adopt``).
     """
 
     _fast = None
+    _handle = HandleBase._h
     _csmall = _cranks = _arcache = _bccache = _bkcache = None
 
     def __new__(cls, comm=None, *args, **kwargs):
@@ -186,11 +191,24 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     # Private helpers
 
     def _check(self):
-        if self._ranks is None:
+        if self._ranks is None and not self._adopt():
             raise_error(ERR_COMM, "invalid communicator (COMM_NULL or freed)")
         if _rt.engine is None:
             _engine_or_raise()
         return self._ranks
+
+    def _adopt(self):
+        """Share the state of the live communicator whose handle this null
+        object holds (one written into its memory); False if none."""
+        h = self._handle
+        if h == _NULL_HANDLE:
+            return False
+        orig = _by_handle.get(h)
+        if orig is None or orig is self or orig._ranks is None:
+            return False
+        self._share(orig)
+        self._fast = None
+        return True
 
     def _next_seq(self):
         # an itertools.count: atomic under the GIL, and shared with the C
@@ -260,7 +278,10 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
         if not isinstance(other, Comm):
             return NotImplemented
         if self._ranks is None or other._ranks is None:
-            return self._ranks is None and other._ranks is None
+            a = self._ranks is None and not self._adopt()
+            b = other._ranks is None and not other._adopt()
+            if a or b:
+                return a and b
         return self._handle == other._handle
 
     def __ne__(self, other):
@@ -270,10 +291,10 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
     __hash__ = None  # unhashable, as mpi4py's
 
     def __bool__(self):
-        return self._ranks is not None
+        return self._ranks is not None or self._adopt()
 
     def __repr__(self):
-        if self._ranks is None:
+        if not self:
             return f"<{type(self).__name__} COMM_NULL>"
         return f"<{type(self).__name__} {self._name or hex(self._handle)} size={len(self._ranks)}>"
 
@@ -332,10 +353,11 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
             self._group = None
             self._rank = UNDEFINED
             self._fast = None
+            self._handle = _NULL_HANDLE
 
     def free(self):
         """Free the communicator if it is not null or predefined."""
-        if self._ranks is not None and not self._predef:
+        if self and not self._predef:
             self.Free()
 
     Disconnect = Free
@@ -344,7 +366,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
 
     def Get_name(self):
         """The name of the communicator (``MPI_COMM_NULL`` for a null one)."""
-        if self._ranks is None:
+        if not self:
             return "MPI_COMM_NULL"    # MPICH names the null handle
         return self._name
 
@@ -476,7 +498,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM):
 
     def py2f(self):
         """The Fortran integer handle of the communicator."""
-        return self._handle if self._ranks is not None else _NULL_HANDLE
+        return self._handle if self else _NULL_HANDLE
 
     toint = py2f
 

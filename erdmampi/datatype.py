@@ -27,12 +27,14 @@ Internal API used by the buffer parser and the reductions:
 import functools
 import itertools
 import operator
+import weakref
 
 import numpy as np
 
 from . import attributes as _attributes
 from . import exceptions as _exc
 from . import typemap as _tm
+from ._objmodel import HandleBase
 
 __all__ = [
     "Datatype",
@@ -163,17 +165,58 @@ class _Record:
 _FIELDS = [k for k in vars(_Record) if not k.startswith("__")]
 
 
-class Datatype:
-    """Datatype object (``MPI.Datatype``)."""
+class _ByHandle:
+    """The ``_r`` of a Datatype object holding the null handle: stands for
+    the record of whatever handle the object holds, looked up on each use,
+    so that a handle written into the object's memory (``MPI._addressof``)
+    makes it that datatype; once the handle is not null, the object keeps
+    that record in place of this one.  (A stand-in rather than a
+    ``Datatype.__getattr__``: that would slow every attribute read of every
+    datatype.)"""
 
-    __slots__ = ("_handle", "_r", "__weakref__")
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner):
+        object.__setattr__(self, "_owner", weakref.ref(owner))
+
+    def _record(self):
+        owner = self._owner()
+        h = _NULL_HANDLE if owner is None else owner._handle
+        rec = _records.get(h)
+        if rec is None:
+            raise _type_error(f"unknown datatype handle {h:#x}")
+        if h != _NULL_HANDLE:
+            owner._r = rec
+        return rec
+
+    def __getattr__(self, name):
+        return getattr(self._record(), name)
+
+    def __setattr__(self, name, value):
+        setattr(self._record(), name, value)
+
+
+class Datatype(HandleBase):
+    """Datatype object (``MPI.Datatype``).
+
+    ``_handle`` is the MPI handle (in C memory: ``HandleBase``), ``_r`` the
+    record it designates (for an object holding the null handle, a
+    ``_ByHandle`` that looks the record up by handle).
+    """
+
+    __slots__ = ("_r", "__weakref__")
+    _handle = HandleBase._h
 
     def __init__(self, datatype=None):
         src = DATATYPE_NULL if datatype is None else datatype
         if not isinstance(src, Datatype):
             raise TypeError(f"expecting Datatype, got {type(datatype).__name__}")
-        self._handle = src._handle
-        self._r = src._r
+        self._handle = h = src._handle
+        self._r = src._r if h != _NULL_HANDLE else _ByHandle(self)
+
+    def _set_null(self):
+        self._handle = _NULL_HANDLE
+        self._r = _ByHandle(self)
 
     @classmethod
     def _make(cls, **kw):
@@ -181,6 +224,8 @@ class Datatype:
         rec = _Record()
         handle = kw.pop("_handle", None)
         rec.__dict__.update(kw)
+        # in the record's own dict: _check reads it on every call
+        rec._isnull = handle == _NULL_HANDLE
         self._handle = _new_handle() if handle is None else handle
         self._r = rec
         _records[self._handle] = rec
@@ -272,7 +317,8 @@ class Datatype:
     f2py = fromint
 
     def _check(self):
-        if self._handle == _NULL_HANDLE:
+        # the record of the null handle (a null object's _ByHandle finds it)
+        if self._r._isnull:
             raise _type_error("Datatype for argument datatype is a null datatype")
 
     # -- accessors -------------------------------------------------------
@@ -802,8 +848,7 @@ class Datatype:
         if attrs:
             _attributes.delete_all(self, attrs)
         _records.pop(self._handle, None)
-        self._handle = _NULL_HANDLE
-        self._r = DATATYPE_NULL._r
+        self._set_null()
 
     def free(self):
         """Free the datatype if it is not null.
@@ -815,8 +860,7 @@ class Datatype:
             return
         if self._predefined:
             if PREDEFINED.get(_NAME_OF.get(self._handle)) is not self:
-                self._handle = _NULL_HANDLE
-                self._r = DATATYPE_NULL._r
+                self._set_null()
             return
         self.Free()
 

@@ -40,7 +40,7 @@ _user = {}          # handle -> [kind, fn, refs]
 class Errhandler(IntHandle):
     """Error handler."""
 
-    __slots__ = ("_h", "__weakref__")
+    __slots__ = ("__weakref__",)
 
     def __init__(self, errhandler=None):
         if errhandler is None:

@@ -3,6 +3,7 @@
 import itertools
 import threading
 
+from ._objmodel import HandleBase
 from .exceptions import (ERR_ARG, ERR_GROUP, ERR_RANK, raise_error)
 
 UNDEFINED = -32766
@@ -16,10 +17,15 @@ def _set_world_rank(rank):
     _world_rank[0] = rank
 
 
-class Group:
+class Group(HandleBase):
     """Process group, as ``MPI.Group``.
 
     ``_ranks`` is a tuple of COMM_WORLD ranks, or None for ``GROUP_NULL``.
+    A handle names a member list and is made on demand (``handle``), which
+    stores it in the object's C memory (``_h``, see ``HandleBase``; the null
+    handle or 0 until then).  A null object into which a group handle was
+    written (``MPI._addressof``) takes that member list when first checked
+    (``_adopt``).
     """
 
     __slots__ = ("_ranks", "_index", "_predef", "__weakref__")
@@ -29,6 +35,7 @@ class Group:
         if group is None:
             self._ranks = None
             self._index = None
+            self._h = _NULL_HANDLE
         elif isinstance(group, Group):
             self._ranks = group._ranks
             self._index = group._index
@@ -50,9 +57,22 @@ class Group:
     # Private
 
     def _check(self):
-        if self._ranks is None:
+        if self._ranks is None and not self._adopt():
             raise_error(ERR_GROUP, "invalid group (GROUP_NULL)")
         return self._ranks
+
+    def _adopt(self):
+        """Take the member list named by the handle in this null object's
+        memory (one written there); False if it names none."""
+        h = self._h
+        if h == 0 or h == _NULL_HANDLE:
+            return False
+        ranks = () if h == _EMPTY_HANDLE else _ranks_of.get(h)
+        if ranks is None:
+            return False
+        self._ranks = ranks
+        self._index = {w: i for i, w in enumerate(ranks)}
+        return True
 
     def _world(self, rank):
         """World rank of group rank ``rank``."""
@@ -77,7 +97,10 @@ class Group:
         if not isinstance(other, Group):
             return NotImplemented
         if self._ranks is None or other._ranks is None:
-            return self._ranks is None and other._ranks is None
+            a = self._ranks is None and not self._adopt()
+            b = other._ranks is None and not other._adopt()
+            if a or b:
+                return a and b
         return self is other or (self._ranks == other._ranks)
 
     def __ne__(self, other):
@@ -87,10 +110,10 @@ class Group:
     __hash__ = None  # unhashable, as mpi4py's
 
     def __bool__(self):
-        return self._ranks is not None
+        return self._ranks is not None or self._adopt()
 
     def __repr__(self):
-        if self._ranks is None:
+        if not self:
             return "<Group GROUP_NULL>"
         return f"<Group size={len(self._ranks)}>"
 
@@ -121,7 +144,7 @@ class Group:
         return out
 
     def _check_ranks_or_null(self, ranks):
-        size = len(self._ranks)
+        size = len(self._check())
         for r in ranks:
             r = int(r)
             if r != PROC_NULL and (r < 0 or r >= size):
@@ -206,10 +229,11 @@ class Group:
             raise_error(ERR_GROUP, "cannot free a predefined group")
         self._ranks = None
         self._index = None
+        self._h = _NULL_HANDLE
 
     def free(self):
         """Call Free if not null or predefined."""
-        if self._ranks is not None and not self._predef:
+        if self and not self._predef:
             self.Free()
 
     @classmethod
@@ -226,16 +250,21 @@ class Group:
 
     @property
     def handle(self):
-        if self._ranks is None:
-            return _NULL_HANDLE
-        if not self._ranks:
-            return _EMPTY_HANDLE
-        with _handles_lock:
-            h = _handle_of.get(self._ranks)
-            if h is None:
-                h = _handle_of[self._ranks] = next(_next_handle)
-                _ranks_of[h] = self._ranks
+        """MPI handle (also stored in the object's memory, ``_h``)."""
+        if not self:
+            h = _NULL_HANDLE
+        elif not self._ranks:
+            h = _EMPTY_HANDLE
+        else:
+            with _handles_lock:
+                h = _handle_of.get(self._ranks)
+                if h is None:
+                    h = _handle_of[self._ranks] = next(_next_handle)
+                    _ranks_of[h] = self._ranks
+        self._h = h
         return h
+
+    _sync_handle = handle.fget
 
     @classmethod
     def fromhandle(cls, handle):

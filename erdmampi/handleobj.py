@@ -1,6 +1,7 @@
 """Handle objects as mpi4py models them (Win, File, Session).
 
-An object holds only its integer handle ``_h``; the state behind a live handle
+An object holds only its integer handle ``_h`` (in C memory, see
+``_objmodel.HandleBase``); the state behind a live handle
 sits in the class's registry, so every copy (``Win(win)``, ``fromhandle``)
 sees the same state and a freed handle is stale in all of them.  Null objects
 compare equal to each other, are false, unhashable and unorderable; the
@@ -9,10 +10,11 @@ predefined null object pickles by name, other objects cannot be pickled.
 
 import copyreg
 
+from ._objmodel import HandleBase
 from .exceptions import raise_error
 
 
-class HandleObject:
+class HandleObject(HandleBase):
     """Base of one handle kind; subclasses set ``_NULL``, ``_ERR``, ``_NULL_NAME``."""
 
     _NULL = 0
@@ -116,7 +118,7 @@ class HandleObject:
     @classmethod
     def fromhandle(cls, handle):
         obj = object.__new__(cls._kind())
-        obj._h = int(handle)
+        obj._h = int(handle) & 0xffffffffffffffff   # a C int handle, sign-extended
         return obj
 
     def py2f(self):

@@ -54,7 +54,7 @@ def _value(value):
 class Info(IntHandle):
     """Info object."""
 
-    __slots__ = ("_h", "__weakref__")
+    __slots__ = ("__weakref__",)
 
     def __new__(cls, *args, **kwargs):
         # subclasses may override __new__ and pass the object to copy, as

@@ -1,5 +1,6 @@
 """Message: a message taken off the queue by a matched probe (Mprobe/Improbe)."""
 
+from ._objmodel import HandleBase
 from .exceptions import ERR_REQUEST, raise_error
 from .request import Request, _DoneOp
 
@@ -13,11 +14,16 @@ ANY_TAG = -1
 ANY_SOURCE = -2
 
 
-class Message:
+class Message(HandleBase):
     """Matched message, as ``MPI.Message``.
 
     ``_comm`` is the communicator it was probed on, ``_emsg`` the engine's
     handle; ``_noproc`` marks ``MESSAGE_NO_PROC`` (a probe of PROC_NULL).
+    The MPI handle is made on demand (``handle``), which stores it in the
+    object's C memory (``_h``, see ``HandleBase``; the null handle or 0
+    until then).  A null
+    object into which a message handle was written (``MPI._addressof``)
+    takes that message when first used (``_adopt``).
     """
 
     __slots__ = ("_comm", "_emsg", "_noproc", "_predef", "__weakref__")
@@ -27,6 +33,7 @@ class Message:
         self._emsg = None
         self._noproc = False
         self._predef = False
+        self._h = _NULL_HANDLE
         if message is not None:
             if not isinstance(message, Message):
                 raise TypeError(f"expected Message, got {type(message).__name__}")
@@ -39,9 +46,28 @@ class Message:
         m._emsg = emsg
         return m
 
+    def _adopt(self):
+        """Take the message named by the handle in this null object's memory
+        (one written there); False if it names none."""
+        h = self._h
+        if h == 0 or h == _NULL_HANDLE or self._emsg is not None or self._noproc:
+            return False
+        if h == _NO_PROC_HANDLE:
+            self._noproc = True
+            return True
+        orig = _by_handle.get(h)
+        if orig is None or orig is self or orig._emsg is None:
+            return False
+        self._comm, self._emsg = orig._comm, orig._emsg
+        return True
+
     def __eq__(self, other):
         if not isinstance(other, Message):
             return NotImplemented
+        if self._h:
+            self._adopt()
+        if other._h:
+            other._adopt()
         if self._noproc or other._noproc:
             return self._noproc == other._noproc
         if self._emsg is None or other._emsg is None:
@@ -55,9 +81,11 @@ class Message:
     __hash__ = None  # unhashable, as mpi4py's
 
     def __bool__(self):
-        return self._emsg is not None or self._noproc
+        return self._emsg is not None or self._noproc or self._adopt()
 
     def __repr__(self):
+        if self._h:
+            self._adopt()
         if self._noproc:
             return "<Message MESSAGE_NO_PROC>"
         return f"<Message {'null' if self._emsg is None else 'matched'}>"
@@ -66,13 +94,18 @@ class Message:
 
     @property
     def handle(self):
-        if self._noproc:
-            return _NO_PROC_HANDLE
-        if self._emsg is None:
-            return _NULL_HANDLE
-        h = id(self._emsg) & 0x0FFFFFFF | 0xAC000000
-        _by_handle[h] = self
+        """MPI handle (also stored in the object's memory, ``_h``)."""
+        if not self:
+            h = _NULL_HANDLE
+        elif self._noproc:
+            h = _NO_PROC_HANDLE
+        else:
+            h = id(self._emsg) & 0x0FFFFFFF | 0xAC000000
+            _by_handle[h] = self
+        self._h = h
         return h
+
+    _sync_handle = handle.fget
 
     @classmethod
     def fromhandle(cls, handle):
@@ -117,6 +150,7 @@ class Message:
         if self._noproc:
             if not self._predef:
                 self._noproc = False    # a copy of MESSAGE_NO_PROC becomes null
+                self._h = _NULL_HANDLE
             return None, None
         if self._emsg is None:
             raise_error(ERR_REQUEST, "invalid message (MESSAGE_NULL)")
@@ -124,6 +158,7 @@ class Message:
         if not self._predef:
             self._emsg = None
             self._comm = None
+            self._h = _NULL_HANDLE
         return comm, emsg
 
     # Probes
@@ -156,6 +191,8 @@ class Message:
 
     def Irecv(self, buf):
         """Start receiving the matched message into ``buf``."""
+        if self._h:
+            self._adopt()
         noproc = self._noproc
         comm, emsg = self._take()
         if noproc:
@@ -168,6 +205,8 @@ class Message:
 
     def irecv(self):
         """Start receiving the matched message as an object."""
+        if self._h:
+            self._adopt()
         noproc = self._noproc
         comm, emsg = self._take()
         if noproc:
@@ -180,6 +219,7 @@ class Message:
             self._emsg = None
             self._comm = None
             self._noproc = False
+            self._h = _NULL_HANDLE
 
 
 MESSAGE_NULL = Message()

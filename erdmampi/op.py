@@ -24,6 +24,7 @@ from . import bf16 as _bf16
 
 from . import exceptions as _exc
 from ._membuf import buffer as _buffer
+from ._objmodel import HandleBase
 from .datatype import DATATYPE_NULL, PREDEFINED, Datatype
 
 __all__ = [
@@ -224,19 +225,52 @@ MAX_USER_OP = 32
 _user_ops = {}      # handle -> weakref to an Op holding it
 
 
-class Op:
-    """Reduction operation (``MPI.Op``)."""
+class Op(HandleBase):
+    """Reduction operation (``MPI.Op``).
+
+    ``_handle`` is the MPI handle (in C memory: ``HandleBase``); the other
+    slots describe the operation it designates.  A null object has
+    ``OP_NULL``'s (``_name == "OP_NULL"``); one whose memory then received
+    a live handle (``MPI._addressof``) takes that operation's state where an
+    operation is checked before use (``_adopt``: ``_check``, ``_py``, the
+    methods), so reads of live operations stay plain slot reads.
+    """
 
     # _uid: the user function's registration; 0 for an op rebuilt from a
     # handle, which (as in mpi4py) cannot be pickled
-    __slots__ = ("_handle", "_name", "_fn", "_commute", "_predefined", "_uid", "__weakref__")
+    __slots__ = ("_name", "_fn", "_commute", "_predefined", "_uid", "__weakref__")
+    _STATE = __slots__[:-1]
+    _handle = HandleBase._h
 
     def __init__(self, op=None):
         src = OP_NULL if op is None else op
         if not isinstance(src, Op):
             raise TypeError(f"expecting Op, got {type(op).__name__}")
-        for slot in Op.__slots__[:-1]:
+        self._handle = src._handle
+        for slot in Op._STATE:
             object.__setattr__(self, slot, getattr(src, slot))
+
+    def _adopt(self):
+        """Take the state of the operation named by a handle written into
+        this null object's memory; False if it holds OP_NULL or a state."""
+        h = self._handle
+        if h == _OP_NULL_HANDLE or self._name != "OP_NULL":
+            return False
+        src = _PREDEFINED_BY_HANDLE.get(h)
+        if src is None:
+            with _lock:
+                live = _user_ops.get(h)
+            src = live() if live is not None else None
+            if src is None:
+                raise _op_error(f"unknown operation handle {h:#x}")
+        for slot in Op._STATE:
+            object.__setattr__(self, slot, getattr(src, slot))
+        return True
+
+    def _set_null(self):
+        self._handle = _OP_NULL_HANDLE
+        for slot in Op._STATE:
+            object.__setattr__(self, slot, getattr(OP_NULL, slot))
 
     @classmethod
     def _make(cls, handle, name, fn, commute, predefined):
@@ -265,6 +299,7 @@ class Op:
         return self._handle != _OP_NULL_HANDLE
 
     def __reduce__(self):
+        self._adopt()
         if self._predefined or self._handle == _OP_NULL_HANDLE:
             const = PREDEFINED_OPS.get(self._name or "OP_NULL")
             if self is const:
@@ -275,6 +310,7 @@ class Op:
         return (type(self).Create, (self._fn, self._commute))
 
     def __repr__(self):
+        self._adopt()
         name = self._name if self._predefined else "user-defined"
         return f"<erdmampi.MPI.Op {name}>"
 
@@ -346,12 +382,12 @@ class Op:
         """Free a user-defined reduction operation."""
         if self._handle == _OP_NULL_HANDLE:
             raise _op_error("Null MPI_Op")
+        self._adopt()
         if self._predefined:
             raise _op_error("Cannot free permanent MPI_Op")
         with _lock:
             _user_ops.pop(self._handle, None)
-        self._handle = _OP_NULL_HANDLE
-        self._fn = None
+        self._set_null()
 
     def free(self):
         """Free the operation if it is not null.
@@ -361,10 +397,10 @@ class Op:
         """
         if self._handle == _OP_NULL_HANDLE:
             return
+        self._adopt()
         if self._predefined:
             if PREDEFINED_OPS.get(self._name) is not self:
-                self._handle = _OP_NULL_HANDLE
-                self._name, self._fn = "OP_NULL", None
+                self._set_null()
             return
         self.Free()
 
@@ -372,6 +408,7 @@ class Op:
         """Query reduction operations for their commutativity."""
         if self._handle == _OP_NULL_HANDLE:
             raise _op_error("Null MPI_Op")
+        self._adopt()
         return self._commute
 
     @property
@@ -382,6 +419,7 @@ class Op:
     @property
     def is_predefined(self):
         """Is a predefined operation."""
+        self._adopt()
         return self._predefined or self._handle == _OP_NULL_HANDLE
 
     def Reduce_local(self, inbuf, inoutbuf):
@@ -396,6 +434,7 @@ class Op:
             raise ValueError(
                 f"mismatch in send count {smsg.count} "
                 f"and receive count {rmsg.count}")
+        self._adopt()
         if self._name in ("REPLACE", "NO_OP") or self._handle == _OP_NULL_HANDLE:
             raise _op_error("operation not valid for local reductions")
         if rmsg.count == 0:
@@ -408,7 +447,10 @@ class Op:
     def _py(self, x, y):
         """Python-object form: ``x OP y`` (mpi4py's ``Op.__call__``)."""
         if self._predefined and self._handle != _OP_NULL_HANDLE:
-            return _PY[self._name](x, y)
+            fn = _PY.get(self._name)
+            if fn is None and self._adopt():
+                return self._py(x, y)
+            return fn(x, y)
         if self._fn is not None:
             return self._fn(x, y, None)
         raise ValueError("cannot call user-defined operation")
@@ -420,7 +462,10 @@ class Op:
         kind = _kind_of(datatype)
         if not self._predefined or self._name in ("REPLACE", "NO_OP"):
             return
-        if kind not in _VALID[self._name]:
+        valid = _VALID.get(self._name)
+        if valid is None and self._adopt():
+            return self._check(datatype)
+        if kind not in valid:
             raise _op_error(
                 f"{self._name} is not defined for {datatype.Get_name() or 'datatype'}")
 
@@ -486,4 +531,5 @@ def _define():
 #: predefined operations by MPI name (for the facade)
 Op.__module__ = "erdmampi.MPI"
 PREDEFINED_OPS = _define()
+_PREDEFINED_BY_HANDLE = {op._handle: op for op in PREDEFINED_OPS.values()}
 globals().update(PREDEFINED_OPS)

@@ -9,6 +9,14 @@ Operations:
   object receives, unpickles the payload.
 * :class:`_DoneOp`: completed at creation (PROC_NULL, empty operations).
 * :class:`_ThreadOp`: a nonblocking collective running in a thread.
+
+The MPI handle of a request is made on demand (``py2f``/``handle``), which
+stores it in the object's C memory (``_h``, see ``_objmodel.HandleBase``);
+it is 0 until then, and again once the request is deallocated.  A null
+request object into which a live request's handle was written
+(``MPI._addressof``) takes that request's operation when next used
+(``_adopt``): the checks sit where a request is found null, off the paths
+of active requests.
 """
 
 import threading
@@ -16,6 +24,7 @@ import time
 import weakref
 
 from . import _engine
+from ._objmodel import HandleBase
 from .exceptions import (ERR_ARG, ERR_IN_STATUS, ERR_NO_MEM, ERR_OTHER, ERR_PENDING,
                          ERR_PROC_FAILED, ERR_PROC_FAILED_PENDING, ERR_RANK, ERR_REQUEST,
                          ERR_TRUNCATE,
@@ -208,7 +217,7 @@ def raise_status_code(code):
     _raise_status_error((None, None, error_class(code)))
 
 
-class Request:
+class Request(HandleBase):
     """Communication request, as ``MPI.Request``."""
 
     # _start: a persistent request's operation factory (see Prequest); any
@@ -245,7 +254,29 @@ class Request:
         # what identifies the MPI handle (None: null): a persistent request
         # stays allocated until Free, others until completed
         start = getattr(self, "_start", None)
-        return start if start is not None else self._op
+        if start is not None:
+            return start
+        op = self._op
+        if op is None and self._h and self._adopt():
+            return self._key()
+        return op
+
+    def _adopt(self):
+        """Take the request named by the handle in this null object's memory
+        (one written there, see the module docstring); False if none."""
+        h = self._h
+        if not h or self._op is not None or getattr(self, "_start", None) is not None:
+            return False
+        orig = _by_handle.get(h)
+        if orig is None or orig is self:
+            return False
+        start = getattr(orig, "_start", None)
+        key = start if start is not None else orig._op
+        if key is None or (id(key) & 0x7FFFFFFF) != h:
+            return False
+        self._op, self._start = orig._op, start
+        self._inactive = getattr(orig, "_inactive", True)
+        return True
 
     def __eq__(self, other):
         if not isinstance(other, Request):
@@ -289,6 +320,7 @@ class Request:
 
     def _release(self):
         self._op = None
+        self._h = 0
 
     def _empty(self, status):
         if status is not None:
@@ -300,6 +332,8 @@ class Request:
         """Wait for completion; the request becomes null."""
         op = self._op
         if op is None:
+            if self._h and self._adopt():
+                return self.Wait(status)
             self._empty(status)
         else:
             op.wait()
@@ -314,6 +348,8 @@ class Request:
         """Test for completion without deallocating."""
         op = self._op
         if op is None:
+            if self._h and self._adopt():
+                return self.Get_status(status)
             self._empty(status)
             return True
         if not op.test():
@@ -325,6 +361,8 @@ class Request:
         """Wait for completion and return the received object (or None)."""
         op = self._op
         if op is None:
+            if self._h and self._adopt():
+                return self.wait(status)
             self._empty(status)
             return None
         op.wait()
@@ -334,6 +372,8 @@ class Request:
         """Test for completion: ``(flag, obj)``, whether complete and the object received."""
         op = self._op
         if op is None:
+            if self._h and self._adopt():
+                return self.test(status)
             self._empty(status)
             return True, None
         if not op.test():
@@ -346,6 +386,8 @@ class Request:
 
     def Cancel(self):
         """Cancel a pending request; it must still be waited for."""
+        if self._op is None and self._h:
+            self._adopt()
         if self._op is None and self._predef:
             raise_error(ERR_REQUEST, "cannot cancel REQUEST_NULL")
         if self._op is not None:
@@ -357,13 +399,17 @@ class Request:
         """Deallocate; a pending operation still completes in the background."""
         op = self._op
         if op is None:
+            if self._h and self._adopt():
+                return self.Free()
             if self._predef:
                 raise_error(ERR_REQUEST, "cannot free REQUEST_NULL")
             self._start = None
+            self._h = 0
             return
         op.free()
         self._op = None
         self._start = None
+        self._h = 0
 
     def free(self):
         """Call Free if not null (safe on REQUEST_NULL and freed requests)."""
@@ -417,7 +463,10 @@ class Request:
         """Test for the completion of all the requests: (flag, objects received or None)."""
         requests = list(requests)
         for req in requests:
-            if req._op is not None and not req._op.test():
+            op = req._op
+            if op is None and req._h and req._adopt():
+                op = req._op
+            if op is not None and not op.test():
                 return False, None
         return True, cls.waitall(requests, statuses)
 
@@ -447,7 +496,8 @@ class Request:
     def testany(cls, requests, status=None):
         """Test for the completion of any request: ``(index, flag, obj)``."""
         requests = list(requests)
-        active = [i for i, r in enumerate(requests) if r._op is not None]
+        active = [i for i, r in enumerate(requests)
+                  if r._op is not None or (r._h and r._adopt())]
         if not active:
             if status is not None:
                 status._fill(ANY_SOURCE_, ANY_TAG, 0, 0, False)
@@ -481,8 +531,9 @@ class Request:
     def testsome(cls, requests, statuses=None):
         """Test for some of the requests: (indices completed, objects received)."""
         requests = list(requests)
-        if all(r._op is None for r in requests):
+        if all(r._op is None and not (r._h and r._adopt()) for r in requests):
             return None, None
+        _adopt_all(requests)
         indices, objs, done = [], [], []
         for i, req in enumerate(requests):
             if req._op is not None and req._op.test():
@@ -509,10 +560,11 @@ class Request:
     def Get_status_any(cls, requests, status=None):
         """Test any of the requests without freeing it: (index, flag)."""
         requests = list(requests)
-        if all(r._op is None for r in requests):
+        if all(r._op is None and not (r._h and r._adopt()) for r in requests):
             if status is not None:
                 status._fill(ANY_SOURCE_, ANY_TAG, 0, 0, False)
             return UNDEFINED, True
+        _adopt_all(requests)
         for i, r in enumerate(requests):
             if r._op is not None and r.Get_status(status):
                 return i, True
@@ -522,8 +574,9 @@ class Request:
     def Get_status_some(cls, requests, statuses=None):
         """The indices of the complete requests, without freeing them."""
         requests = list(requests)
-        if all(r._op is None for r in requests):
+        if all(r._op is None and not (r._h and r._adopt()) for r in requests):
             return None
+        _adopt_all(requests)
         sts = _statuses(statuses, len(requests))
         return [i for i, r in enumerate(requests)
                 if r._op is not None and r.Get_status(sts[i] if sts is not None else None)]
@@ -533,13 +586,20 @@ class Request:
     get_status_some = Get_status_some
 
     def py2f(self):
-        """The Fortran integer handle of the request."""
+        """The Fortran integer handle of the request.
+
+        Also stored in the object's memory (``_h``).
+        """
         key = self._key()
         if key is None:
+            self._h = 0
             return 0
         h = id(key) & 0x7FFFFFFF
         _by_handle[h] = self    # so that fromhandle finds the operation again
+        self._h = h
         return h
+
+    _sync_handle = py2f
 
     @classmethod
     def f2py(cls, arg):
@@ -571,8 +631,17 @@ class Request:
 _by_handle = weakref.WeakValueDictionary()
 
 
+def _adopt_all(requests):
+    """Null requests holding a written handle take their request (see the
+    module docstring): for the list calls that read ``_op`` directly."""
+    for r in requests:
+        if r._op is None and r._h:
+            r._adopt()
+
+
 def _block_any(requests):
     """Block until one active request has completed (or none is active)."""
+    _adopt_all(requests)
     while True:
         ops = [r._op for r in requests if r._op is not None]
         if not ops:
@@ -627,7 +696,7 @@ class Prequest(Request):
 
     def Start(self):
         """Start the persistent operation."""
-        if getattr(self, "_start", None) is None:
+        if getattr(self, "_start", None) is None and not (self._h and self._adopt()):
             raise_error(ERR_REQUEST, "invalid persistent request")
         if self._op is not None:
             raise_error(ERR_REQUEST, "persistent request is already active")
@@ -665,10 +734,13 @@ class Prequest(Request):
 
     def Free(self):
         """Free the persistent request."""
+        if self._op is None and getattr(self, "_start", None) is None and self._h:
+            self._adopt()
         if self._op is not None:
             self._op.free()
         self._op = None
         self._start = None
+        self._h = 0
 
     free = Free
 

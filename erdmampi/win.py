@@ -1238,6 +1238,8 @@ def _op_arg(op):
         return _SUM
     if not isinstance(op, Op):
         raise TypeError(f"expected Op, got {type(op).__name__}")
+    if op._name == "OP_NULL":
+        op._adopt()         # a handle written into a null object
     return op
 
 

@@ -7,12 +7,17 @@
  * asbuffer.pxi: the held Py_buffer keeps the exporter's view (so `itemsize`
  * reports the exporter's item size) while the exported view is plain bytes.
  *
+ * The module also holds `handle`, the base type of the MPI handle classes
+ * (the handle kept in C memory, see below).
+ *
  * Limited API (3.11: the first with Py_buffer and the buffer slots), so one
  * _membuf.abi3.so serves Python 3.11 and every later version.
  */
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef struct {
@@ -577,6 +582,63 @@ static PyObject *mod_asbuffer(PyObject *mod, PyObject *args)
                                                  : (PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE));
 }
 
+
+/* ---- MPI handle base ------------------------------------------------------ */
+
+/* The base of every MPI handle class (Datatype, Comm, Request, ...): one
+ * unsigned 64-bit field holding the object's MPI handle in C memory, as
+ * mpi4py's objects hold theirs (ob_mpi).  Python reads and writes it through
+ * the member descriptor `_h` (each class may alias it under its own name);
+ * `addressof(obj)` gives the field's address, so that C code (ctypes, cffi)
+ * can read a handle or write one into an object (MPI._addressof). */
+typedef struct {
+    PyObject_HEAD
+    uint64_t handle;
+} HandleObject;
+
+static PyTypeObject *Handle_Type;
+
+/* a heap base type's dealloc frees the object and drops the instance's
+   reference to its type (subtype_dealloc leaves that to the heap base) */
+static void Handle_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    tp_free(self);
+    Py_DECREF((PyObject *)tp);
+}
+
+static PyMemberDef Handle_members[] = {
+    {"_h", T_ULONGLONG, offsetof(HandleObject, handle), 0,
+     "The MPI handle, as stored in the object's C memory."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+/* no Py_tp_new: object's, so `object.__new__(cls)` still makes instances of
+   the Python subclasses (with the handle zeroed) */
+static PyType_Slot Handle_slots[] = {
+    {Py_tp_dealloc, (void *)Handle_dealloc},
+    {Py_tp_members, Handle_members},
+    {Py_tp_doc, (void *)"Base of the MPI handle classes: the handle in C memory."},
+    {0, NULL},
+};
+
+static PyType_Spec Handle_spec = {
+    "erdmampi._membuf.handle", sizeof(HandleObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, Handle_slots,
+};
+
+/* addressof(obj): the address of obj's handle field */
+static PyObject *mod_addressof(PyObject *mod, PyObject *obj)
+{
+    (void)mod;
+    if (Handle_Type == NULL || !PyObject_TypeCheck(obj, Handle_Type)) {
+        PyErr_SetString(PyExc_TypeError, "expecting an MPI handle object");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(&((HandleObject *)obj)->handle);
+}
+
 /* ---- empty exporter ------------------------------------------------------ */
 
 /* The base of MPI.BOTTOM, IN_PLACE and BUFFER_AUTOMATIC's types: like
@@ -603,11 +665,14 @@ static PyType_Spec EmptyExport_spec = {
 static PyMethodDef module_methods[] = {
     {"asbuffer", mod_asbuffer, METH_VARARGS,
      "asbuffer(obj, readonly=True)\n--\n\nBuffer object over a buffer-like object."},
+    {"addressof", mod_addressof, METH_O,
+     "addressof(obj)\n--\n\nAddress of the handle field of an MPI handle object."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef membuf_module = {
-    PyModuleDef_HEAD_INIT, "_membuf", "The MPI.buffer type.", -1, module_methods,
+    PyModuleDef_HEAD_INIT, "_membuf",
+    "The MPI.buffer type and the base of the MPI handle classes.", -1, module_methods,
     NULL, NULL, NULL, NULL,
 };
 
@@ -636,5 +701,15 @@ PyMODINIT_FUNC PyInit__membuf(void)
         return NULL;
     }
     Py_DECREF(type);
+    type = PyType_FromSpec(&Handle_spec);
+    if (type == NULL || PyModule_AddObjectRef(m, "handle", type) < 0
+            || PyModule_AddIntConstant(m, "HANDLE_SIZE", (long)sizeof(uint64_t)) < 0) {
+        Py_XDECREF(type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    old = Handle_Type;
+    Handle_Type = (PyTypeObject *)type;   /* the static's own reference */
+    Py_XDECREF((PyObject *)old);
     return m;
 }
