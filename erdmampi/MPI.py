@@ -14,7 +14,7 @@ import sys as _sys
 from time import perf_counter as _perf_counter
 
 from . import rc as _rc
-from ._objmodel import HANDLE_SIZE as _HANDLE_SIZE, handle_address as _handle_address
+from ._objmodel import HANDLE_SIZE as _HANDLE_SIZE
 from .comm import finalize as _comm_finalize, init as _comm_init
 from ._commrt import _rt
 from .buffers import (BOTTOM, BUFFER_AUTOMATIC, IN_PLACE, BottomType,  # noqa: F401
@@ -366,7 +366,7 @@ def _sizeof(arg):
 
 
 def _handle_field(arg):
-    """``arg`` (an MPI instance) with its current handle in its handle field."""
+    """Return an MPI instance with its current handle in its handle field."""
     if isinstance(arg, type):
         raise TypeError("expecting an MPI instance")
     sync = getattr(type(arg), "_sync_handle", None)
@@ -394,7 +394,10 @@ def _addressof(arg):
     if _handle_kind(arg) is Status:
         _handle_field(arg)
         return arg._mem.ctypes.data
-    return _handle_address(_handle_field(arg))
+    # imported here: a C function in this module's namespace would be walked
+    # by documentation tools as one of its functions
+    from ._objmodel import handle_address
+    return handle_address(_handle_field(arg))
 
 
 def _install_unsupported():

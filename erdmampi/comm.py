@@ -198,8 +198,11 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
         return self._ranks
 
     def _adopt(self):
-        """Share the state of the live communicator whose handle this null
-        object holds (one written into its memory); False if none."""
+        """Share the state of the communicator whose handle was written here.
+
+        The handle was written into this null object's memory; False when
+        it names no live communicator.
+        """
         h = self._handle
         if h == _NULL_HANDLE:
             return False

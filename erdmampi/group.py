@@ -62,8 +62,11 @@ class Group(HandleBase):
         return self._ranks
 
     def _adopt(self):
-        """Take the member list named by the handle in this null object's
-        memory (one written there); False if it names none."""
+        """Take the member list named by a handle written into this object.
+
+        The handle was written into this null object's memory; False when
+        it names no group.
+        """
         h = self._h
         if h == 0 or h == _NULL_HANDLE:
             return False

@@ -47,8 +47,11 @@ class Message(HandleBase):
         return m
 
     def _adopt(self):
-        """Take the message named by the handle in this null object's memory
-        (one written there); False if it names none."""
+        """Take the message named by a handle written into this object.
+
+        The handle was written into this null object's memory; False when
+        it names no matched message.
+        """
         h = self._h
         if h == 0 or h == _NULL_HANDLE or self._emsg is not None or self._noproc:
             return False

@@ -251,8 +251,11 @@ class Op(HandleBase):
             object.__setattr__(self, slot, getattr(src, slot))
 
     def _adopt(self):
-        """Take the state of the operation named by a handle written into
-        this null object's memory; False if it holds OP_NULL or a state."""
+        """Take the state of the operation named by a handle written here.
+
+        The handle was written into this null object's memory; False when
+        the object holds OP_NULL or already has its state.
+        """
         h = self._handle
         if h == _OP_NULL_HANDLE or self._name != "OP_NULL":
             return False

@@ -262,8 +262,11 @@ class Request(HandleBase):
         return op
 
     def _adopt(self):
-        """Take the request named by the handle in this null object's memory
-        (one written there, see the module docstring); False if none."""
+        """Take the request named by a handle written into this object.
+
+        The handle was written into this null object's memory (see the
+        module docstring); False when it names no live request.
+        """
         h = self._h
         if not h or self._op is not None or getattr(self, "_start", None) is not None:
             return False
