@@ -323,7 +323,8 @@ class Request(HandleBase):
 
     def _release(self):
         self._op = None
-        self._h = 0
+        if _named:
+            self._h = 0     # the null handle, in memory too (see _named)
 
     def _empty(self, status):
         if status is not None:
@@ -597,9 +598,11 @@ class Request(HandleBase):
         if key is None:
             self._h = 0
             return 0
+        global _named
         h = id(key) & 0x7FFFFFFF
         _by_handle[h] = self    # so that fromhandle finds the operation again
         self._h = h
+        _named = True
         return h
 
     _sync_handle = py2f
@@ -632,6 +635,10 @@ class Request(HandleBase):
 
 # requests whose handle was asked for (py2f/handle/toint), by handle
 _by_handle = weakref.WeakValueDictionary()
+# whether any request handle was made: until then every request's handle
+# memory holds 0 (null), so completion need not write it (a slot write
+# costs a completed request more than this test)
+_named = False
 
 
 def _adopt_all(requests):

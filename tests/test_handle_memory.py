@@ -194,6 +194,15 @@ def test_written_request_completes():
     new.Wait(status)
     assert buf.tolist() == [1.0, 1.0] and status.Get_source() == 0 and status.Get_tag() == 11
     assert not new and read(new) == 0       # deallocated: the null handle
+    # completion nulls the handle in memory: a completed request does not take
+    # back the request through a copy that shares its handle
+    req = MPI.COMM_SELF.Irecv(buf, 0, 14)
+    copy = MPI.Request(req)
+    assert req.py2f() == copy.py2f() != 0
+    MPI.COMM_SELF.Send(np.ones(2), 0, 14)
+    req.Wait()
+    assert read(req) == 0 and not req and req.py2f() == 0
+    copy.Wait()
     # the list calls see a written request too
     req = MPI.COMM_SELF.Irecv(buf, 0, 12)
     new = copy_through_memory(req)
