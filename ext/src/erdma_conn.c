@@ -1,6 +1,9 @@
-/* erdma_conn.c - one QUIC connection per peer rank (ngtcp2 + GnuTLS):
- * connection setup, the ngtcp2 callbacks, the stream framing parser
- * (frames -> matching) and the packet writer.  All under e->mu. */
+/* erdma_conn.c - the connections to peer ranks: the stream framing parser
+ * (frames -> matching), the tx queues of frames, lanes and data streams,
+ * admission of accepted connections, and the engine's side of each QUIC
+ * connection (erdma_quic.c: its settings from the configuration, its
+ * events, its packets through the packet I/O layer, erdma_now() as its
+ * clock).  All under e->mu. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,31 +49,6 @@ void hdr_decode(frame_hdr *h, const uint8_t in[ERDMA_HDR_LEN]) {
 /* The connection window of an accepted connection until its HELLO. */
 #define PENDING_WINDOW (64u << 10)
 
-static void make_cid(ngtcp2_cid *cid, uint32_t tag) {
-  uint8_t d[ERDMA_CIDLEN];
-  put32(d, tag); /* lets the receive path find the connection in O(1) */
-  gnutls_rnd(GNUTLS_RND_NONCE, d + 4, sizeof d - 4);
-  ngtcp2_cid_init(cid, d, sizeof d);
-}
-
-static void cid_add(erdma_conn *c, const ngtcp2_cid *cid) {
-  if (c->ncids < ERDMA_MAX_CIDS) c->cids[c->ncids++] = *cid;
-}
-
-static int cid_has(const erdma_conn *c, const uint8_t *d, size_t n) {
-  for (int i = 0; i < c->ncids; i++)
-    if (c->cids[i].datalen == n && memcmp(c->cids[i].data, d, n) == 0) return 1;
-  return 0;
-}
-
-static void path_of(erdma_conn *c, ngtcp2_path *path) {
-  path->local.addr = (ngtcp2_sockaddr *)&c->e->local;
-  path->local.addrlen = c->e->local_len;
-  path->remote.addr = (ngtcp2_sockaddr *)&c->remote;
-  path->remote.addrlen = c->remote_len;
-  path->user_data = NULL;
-}
-
 static void log_conn(erdma_conn *c, const char *what, int rv) {
   if (c->e->cfg.verbose)
     fprintf(stderr, "erdma[%d]: peer %d: %s (%d: %s)\n", c->e->cfg.rank, c->peer, what,
@@ -79,30 +57,7 @@ static void log_conn(erdma_conn *c, const char *what, int rv) {
 
 /* Tell the peer why we drop the connection (RFC 9000 CONNECTION_CLOSE). */
 static void send_close(erdma_conn *c, int rv) {
-  erdma_engine *e = c->e;
-  ngtcp2_connection_close_error ccerr;
-  ngtcp2_path_storage ps;
-  ngtcp2_pkt_info pi;
-  if (!c->conn || ngtcp2_conn_is_in_closing_period(c->conn) ||
-      ngtcp2_conn_is_in_draining_period(c->conn) || rv == NGTCP2_ERR_DRAINING ||
-      rv == NGTCP2_ERR_IDLE_CLOSE || rv == NGTCP2_ERR_DROP_CONN)
-    return;
-  uint8_t alert = ngtcp2_conn_get_tls_alert(c->conn);
-  if (alert)
-    ngtcp2_connection_close_error_set_transport_error_tls_alert(&ccerr, alert, NULL, 0);
-  else if (rv == 0)
-    ngtcp2_connection_close_error_set_application_error(&ccerr, 0, NULL, 0);
-  else
-    ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, rv, NULL, 0);
-  ngtcp2_path_storage_zero(&ps);
-  /* zero-copy where the backend offers it (no buffer: e->txbuf, copied) */
-  uint8_t *zc = e->io.tx_buf ? e->io.tx_buf(e, 0, 1) : NULL;
-  ngtcp2_ssize nw = ngtcp2_conn_write_connection_close(c->conn, &ps.path, &pi,
-                                                       zc ? zc : e->txbuf, e->pkt_size, &ccerr,
-                                                       erdma_now());
-  size_t len = nw > 0 ? (size_t)nw : 0;
-  if (zc) engine_sendv(e, c, NULL, &len, nw > 0);
-  else if (nw > 0) engine_sendv(e, c, e->txbuf, &len, 1);
+  if (c->q) erdma_quic_close(c->q, rv, erdma_now());
 }
 
 /* The connection is unusable: tell the peer, fail the rank unless we are
@@ -263,7 +218,8 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
     peer_info *p = &e->peers[rank];
     if (p->fingerprint[0]) {
       char fp[65];
-      tls_peer_fingerprint(c, fp);
+      if (c->q) erdma_quic_peer_fingerprint(c->q, fp);
+      else fp[0] = 0;
       if (strcmp(fp, p->fingerprint) != 0) {
         fprintf(stderr, "erdma[%d]: refused a connection claiming rank %d: certificate "
                         "fingerprint does not match the rendezvous record\n", e->cfg.rank, rank);
@@ -291,8 +247,8 @@ static int on_hello(erdma_conn *c, const frame_hdr *h) {
     c->lane = lane;
     if (lane >= e->lanes_max) e->lanes_max = lane + 1;
     /* a job member: open the connection window to its configured size */
-    if (e->cfg.conn_window > PENDING_WINDOW)
-      ngtcp2_conn_extend_max_offset(c->conn, e->cfg.conn_window - PENDING_WINDOW);
+    if (c->q && e->cfg.conn_window > PENDING_WINDOW)
+      erdma_quic_extend_offset(c->q, e->cfg.conn_window - PENDING_WINDOW);
     c->dirty = 1;
   }
   c->hello_recv = 1;
@@ -471,62 +427,58 @@ int conn_rx_feed(erdma_conn *c, const uint8_t *data, size_t len) {
   return rx_feed(c, &c->rx, data, len);
 }
 
-/* ------------------------------------------------------ ngtcp2 callbacks */
-static void rand_cb(uint8_t *dest, size_t destlen, const ngtcp2_rand_ctx *ctx) {
-  (void)ctx;
-  gnutls_rnd(GNUTLS_RND_RANDOM, dest, destlen);
+/* ---------------------------------------------------------- QUIC events
+ * What erdma_quic.c reports about a connection (quic_events below). */
+
+/* The peer's certificate, in the TLS handshake (from erdma_quic_read): a
+ * client accepts only the fingerprint published for the rank it dials; a
+ * server only one of the fingerprints set_peer gave (which rank it is comes
+ * later, in the HELLO, and on_hello checks that the two agree).  Anyone
+ * else fails the handshake with a TLS alert and never reaches stream data.
+ * An empty fingerprint matches anything only in an insecure engine
+ * (set_peer refuses it otherwise). */
+static int on_verify_peer(void *user, const char *fp) {
+  erdma_conn *c = user;
+  erdma_engine *e = c->e;
+  if (c->is_client) {
+    const char *want = e->peers[c->peer].fingerprint;
+    if (want[0] ? strcmp(fp, want) == 0 : e->cfg.insecure) return 0;
+  } else {
+    if (e->cfg.insecure) return 0;
+    for (int i = 0; i < e->cfg.size; i++)
+      if (i != e->cfg.rank && fp[0] && strcmp(fp, e->peers[i].fingerprint) == 0) return 0;
+  }
+  if (e->cfg.verbose)
+    fprintf(stderr, "erdma[%d]: refused a %s certificate in the TLS handshake (%s)\n",
+            e->cfg.rank, fp[0] ? "foreign" : "missing", fp[0] ? fp : "none presented");
+  return -1;
 }
 
-static int new_cid_cb(ngtcp2_conn *conn, ngtcp2_cid *cid, uint8_t *token, size_t cidlen,
-                      void *user_data) {
-  erdma_conn *c = user_data;
-  (void)conn;
-  (void)cidlen;
-  make_cid(cid, c->cid_tag);
-  gnutls_rnd(GNUTLS_RND_RANDOM, token, NGTCP2_STATELESS_RESET_TOKENLEN);
-  cid_add(c, cid);
-  return 0;
-}
-
-static int remove_cid_cb(ngtcp2_conn *conn, const ngtcp2_cid *cid, void *user_data) {
-  erdma_conn *c = user_data;
-  (void)conn;
-  for (int i = 0; i < c->ncids; i++)
-    if (ngtcp2_cid_eq(&c->cids[i], cid)) {
-      c->cids[i] = c->cids[--c->ncids];
-      break;
-    }
-  return 0;
-}
-
-static int handshake_completed_cb(ngtcp2_conn *conn, void *user_data) {
-  erdma_conn *c = user_data;
+static int on_handshake_done(void *user) {
+  erdma_conn *c = user;
   erdma_engine *e = c->e;
   c->handshake_done = 1;
-  ngtcp2_conn_set_keep_alive_timeout(conn, (ngtcp2_duration)nat_keepalive_ns(e));
+  erdma_quic_set_keep_alive(c->q, nat_keepalive_ns(e));
   if (c->is_client) {
     peer_info *p = &e->peers[c->peer];
     if (p->fingerprint[0]) {
       char fp[65];
-      tls_peer_fingerprint(c, fp);
+      erdma_quic_peer_fingerprint(c->q, fp);
       if (strcmp(fp, p->fingerprint) != 0) {
         fprintf(stderr, "erdma[%d]: rank %d presented a certificate that does not match "
                         "the rendezvous record; refusing it\n", e->cfg.rank, c->peer);
-        return NGTCP2_ERR_CALLBACK_FAILURE;
+        return -1;
       }
     }
-    if (ngtcp2_conn_open_bidi_stream(conn, &c->stream_id, NULL) != 0)
-      return NGTCP2_ERR_CALLBACK_FAILURE;
+    if (erdma_quic_open_bidi(c->q, &c->stream_id) != 0) return -1;
   }
   pthread_cond_broadcast(&e->cv);
   return 0;
 }
 
-static int stream_open_cb(ngtcp2_conn *conn, int64_t stream_id, void *user_data) {
-  erdma_conn *c = user_data;
-  (void)conn;
+static void on_stream_open(void *user, int64_t stream_id) {
+  erdma_conn *c = user;
   if (!c->is_client && c->stream_id < 0 && (stream_id & 3) == 0) c->stream_id = stream_id;
-  return 0;
 }
 
 /* Credit control-stream bytes back to the peer, except (while the peer's
@@ -539,7 +491,7 @@ static int credit_release(erdma_conn *c) {
   if (c->peer >= 0 && e->peers[c->peer].unexp_bytes > e->cfg.unexpected_max)
     held = e->peers[c->peer].unexp_bytes - e->cfg.unexpected_max;
   if (c->credit_owed <= held) return 0;
-  ngtcp2_conn_extend_max_stream_offset(c->conn, c->stream_id, c->credit_owed - held);
+  erdma_quic_extend_stream_offset(c->q, c->stream_id, c->credit_owed - held);
   c->credit_owed = held;
   return 1;
 }
@@ -550,7 +502,7 @@ void unexp_release(erdma_engine *e, int peer, uint64_t n) {
   erdma_conn *c = p->conn;
   uint64_t before = p->unexp_bytes;
   p->unexp_bytes = p->unexp_bytes > n ? p->unexp_bytes - n : 0;
-  if (c && c->conn && !c->closed && c->credit_owed && credit_release(c)) {
+  if (c && c->q && !c->closed && c->credit_owed && credit_release(c)) {
     c->dirty = 1; /* the progress thread sends the MAX_STREAM_DATA */
     engine_wake(e);
   } else if (c && c->shm && before > e->cfg.unexpected_max &&
@@ -569,45 +521,36 @@ static int rx_index(const erdma_conn *c, int64_t stream_id) {
   return -1;
 }
 
-static int recv_stream_data_cb(ngtcp2_conn *conn, uint32_t flags, int64_t stream_id,
-                               uint64_t offset, const uint8_t *data, size_t datalen,
-                               void *user_data, void *stream_user_data) {
-  erdma_conn *c = user_data;
-  (void)offset;
-  (void)stream_user_data;
+static int on_stream_data(void *user, int64_t stream_id, const uint8_t *data, size_t datalen,
+                          int fin) {
+  erdma_conn *c = user;
   int i = rx_index(c, stream_id);
   if (i >= 0) {
     c->e->stats.bytes_recv += datalen;
-    if (conn_rx_feed_at(c, i, data, datalen, (flags & NGTCP2_STREAM_DATA_FLAG_FIN) != 0) != 0)
-      return NGTCP2_ERR_CALLBACK_FAILURE;
+    if (conn_rx_feed_at(c, i, data, datalen, fin) != 0) return -1;
   }
   /* before its HELLO an accepted connection gets credit back on its control
    * stream only (a HELLO, or it is dropped): bytes on streams we ignore
-   * cannot make ngtcp2 grow the small window of fill_settings */
+   * cannot make ngtcp2 grow the small window of fill_params */
   if (!c->is_client && !c->hello_recv && stream_id != c->stream_id) return 0;
   /* every byte is consumed at once (copied to its destination); the
    * control stream's credit may wait for the application (credit_release) */
-  ngtcp2_conn_extend_max_offset(conn, datalen);
+  erdma_quic_extend_offset(c->q, datalen);
   if (i == 0) {
     c->credit_owed += datalen;
     credit_release(c);
   } else {
-    ngtcp2_conn_extend_max_stream_offset(conn, stream_id, datalen);
+    erdma_quic_extend_stream_offset(c->q, stream_id, datalen);
   }
   return 0;
 }
 
 /* The peer reset its control stream or a data stream: frames on it are lost. */
-static int stream_reset_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t final_size,
-                           uint64_t app_error_code, void *user_data, void *stream_user_data) {
-  erdma_conn *c = user_data;
-  (void)conn;
-  (void)final_size;
-  (void)app_error_code;
-  (void)stream_user_data;
+static int on_stream_reset(void *user, int64_t stream_id) {
+  erdma_conn *c = user;
   if (c->hello_recv && rx_index(c, stream_id) >= 0) {
     violation(c, "it reset a stream");
-    return NGTCP2_ERR_CALLBACK_FAILURE;
+    return -1;
   }
   return 0;
 }
@@ -643,14 +586,11 @@ void conn_acked(erdma_conn *c, uint64_t upto) {
     pthread_cond_broadcast(&c->e->cv);
 }
 
-static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint64_t datalen,
-                    void *user_data, void *stream_user_data) {
-  erdma_conn *c = user_data;
-  (void)conn;
-  (void)stream_user_data;
+static void on_stream_acked(void *user, int64_t stream_id, uint64_t offset, uint64_t datalen) {
+  erdma_conn *c = user;
   if (stream_id == c->stream_id) {
     conn_acked(c, offset + datalen);
-    return 0;
+    return;
   }
   for (int i = 0; i < c->nds; i++)
     if (c->ds[i].id == stream_id) {
@@ -659,116 +599,64 @@ static int acked_cb(ngtcp2_conn *conn, int64_t stream_id, uint64_t offset, uint6
       if (release_acked(&d->head, &d->tail, d->write, d->acked))
         pthread_cond_broadcast(&c->e->cv);
     }
-  return 0;
 }
 
-/* Packets that passed AEAD authentication, counted per thread: the relay
- * code (erdma_nat.c) tells a live path from spoofed or garbled datagrams by
- * whether handing one to ngtcp2 moved this count.  decrypted_1rtt counts
- * those with a short header: 1-RTT keys come only out of a completed
- * handshake, whereas anyone can make a valid Initial packet. */
-static __thread uint64_t decrypted_ok, decrypted_1rtt;
-
-static int decrypt_cb(uint8_t *dest, const ngtcp2_crypto_aead *aead,
-                      const ngtcp2_crypto_aead_ctx *aead_ctx, const uint8_t *ciphertext,
-                      size_t ciphertextlen, const uint8_t *nonce, size_t noncelen,
-                      const uint8_t *aad, size_t aadlen) {
-  int rv = ngtcp2_crypto_decrypt_cb(dest, aead, aead_ctx, ciphertext, ciphertextlen, nonce,
-                                    noncelen, aad, aadlen);
-  if (rv == 0) {
-    decrypted_ok++;
-    decrypted_1rtt += aadlen > 0 && !(aad[0] & 0x80);
-  }
-  return rv;
-}
-
-uint64_t conn_decrypted_count(void) { return decrypted_ok; }
-
-static void fill_callbacks(ngtcp2_callbacks *cb, int client) {
-  memset(cb, 0, sizeof *cb);
-  if (client) {
-    cb->client_initial = ngtcp2_crypto_client_initial_cb;
-    cb->recv_retry = ngtcp2_crypto_recv_retry_cb;
-  } else {
-    cb->recv_client_initial = ngtcp2_crypto_recv_client_initial_cb;
-  }
-  cb->recv_crypto_data = ngtcp2_crypto_recv_crypto_data_cb;
-  cb->encrypt = ngtcp2_crypto_encrypt_cb;
-  cb->decrypt = decrypt_cb;
-  cb->hp_mask = ngtcp2_crypto_hp_mask_cb;
-  cb->update_key = ngtcp2_crypto_update_key_cb;
-  cb->delete_crypto_aead_ctx = ngtcp2_crypto_delete_crypto_aead_ctx_cb;
-  cb->delete_crypto_cipher_ctx = ngtcp2_crypto_delete_crypto_cipher_ctx_cb;
-  cb->get_path_challenge_data = ngtcp2_crypto_get_path_challenge_data_cb;
-  cb->version_negotiation = ngtcp2_crypto_version_negotiation_cb;
-  cb->rand = rand_cb;
-  cb->get_new_connection_id = new_cid_cb;
-  cb->remove_connection_id = remove_cid_cb;
-  cb->handshake_completed = handshake_completed_cb;
-  cb->stream_open = stream_open_cb;
-  cb->recv_stream_data = recv_stream_data_cb;
-  cb->stream_reset = stream_reset_cb;
-  cb->acked_stream_data_offset = acked_cb;
+/* The connection ended (erdma_quic.c wrote any CONNECTION_CLOSE). */
+static void on_closed(void *user, int rv) {
+  erdma_conn *c = user;
+  if (rv == NGTCP2_ERR_DRAINING && c->peer >= 0) c->e->peers[c->peer].closed_by_peer = 1;
+  conn_lost(c, rv);
 }
 
 /* ERDMA_CC_LOG=1: ngtcp2's congestion-control events (lines naming bbr or
  * cubic: state changes, RTprop updates) on stderr, for diagnosing paths */
-static void cc_log_printf(void *user_data, const char *fmt, ...) {
-  erdma_conn *c = user_data;
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
+static void on_log(void *user, const char *line) {
+  erdma_conn *c = user;
   if (c->e->cfg.cc_log < 2 && !strstr(line, "bbr") && !strstr(line, "cubic")) return;
   if (strstr(line, "RTprop")) return; /* every ACK */
   fprintf(stderr, "erdma[%d] %.3f peer %d: %s\n", c->e->cfg.rank, erdma_now() / 1e9, c->peer,
           line);
 }
 
-static void fill_settings(erdma_conn *c, ngtcp2_settings *s, ngtcp2_transport_params *p) {
+uint64_t conn_decrypted_count(void) { return erdma_quic_decrypted_count(); }
+
+/* the QUIC connection's settings, from the engine's configuration */
+static void fill_params(erdma_conn *c, erdma_quic_params *p) {
   erdma_engine *e = c->e;
   const erdma_config *cfg = &e->cfg;
-  ngtcp2_settings_default(s);
-  s->initial_ts = erdma_now();
+  memset(p, 0, sizeof *p);
   /* BBR fills long lossy paths (random loss is not congestion to it); over
    * loopback CUBIC measured best */
-  s->cc_algo = (ngtcp2_cc_algo)(cfg->cc_algo >= 0 ? cfg->cc_algo
-                                : addr_is_loopback(&c->remote) ? ERDMA_CC_CUBIC
-                                                               : ERDMA_DEFAULT_WAN_CC);
-  s->initial_rtt = 10 * NGTCP2_MILLISECONDS;
+  p->cc_algo = cfg->cc_algo >= 0 ? cfg->cc_algo
+               : addr_is_loopback(&c->remote) ? ERDMA_CC_CUBIC
+                                              : ERDMA_DEFAULT_WAN_CC;
   /* the path's size (a relay, a jumbo or loopback path: erdma_engine.c) */
-  s->max_tx_udp_payload_size = engine_conn_payload(e, c);
-  if (s->max_tx_udp_payload_size > 1452) {
-    s->no_tx_udp_payload_size_shaping = 1; /* the route carries it: no PMTUD needed */
-    s->no_pmtud = 1;
-  }
+  p->max_udp_payload = engine_conn_payload(e, c);
+  p->conn_window = cfg->conn_window;
+  p->stream_window = cfg->stream_window;
   /* ngtcp2 doubles a window that the peer uses up within a few RTTs, up to
    * these ceilings: a small job never grows them, a long fat path does */
-  s->max_window = cfg->max_conn_window > cfg->conn_window ? cfg->max_conn_window
-                                                           : cfg->conn_window;
-  s->max_stream_window = cfg->max_stream_window > cfg->stream_window ? cfg->max_stream_window
-                                                                      : cfg->stream_window;
-  s->handshake_timeout = (ngtcp2_duration)(cfg->handshake_timeout * NGTCP2_SECONDS);
-  s->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
-  if (cfg->cc_log > 0) s->log_printf = cc_log_printf;
-  ngtcp2_transport_params_default(p);
-  p->initial_max_stream_data_bidi_local = cfg->stream_window;
-  p->initial_max_stream_data_bidi_remote = cfg->stream_window;
-  p->initial_max_stream_data_uni = cfg->stream_window;
-  p->initial_max_data = cfg->conn_window;
+  p->max_conn_window = cfg->max_conn_window;
+  p->max_stream_window = cfg->max_stream_window;
   /* a connection we accept starts with a window just big enough for a
    * HELLO and what follows it at once: until the HELLO names a job member
    * (on_hello opens it up), that bounds the stream data, in order or not,
    * a stranger can make ngtcp2 buffer */
-  if (!c->is_client && p->initial_max_data > PENDING_WINDOW) p->initial_max_data = PENDING_WINDOW;
-  /* the most we take: our path's size (a peer on the same link with a larger
-   * MTU than ours then sends no more than our link carries) */
-  p->max_udp_payload_size = s->max_tx_udp_payload_size;
-  p->initial_max_streams_bidi = 4;
-  p->initial_max_streams_uni = ERDMA_MAX_DSTREAMS;
-  p->max_idle_timeout = (ngtcp2_duration)(cfg->idle_timeout * NGTCP2_SECONDS);
-  p->active_connection_id_limit = 4;
+  p->server_conn_window = PENDING_WINDOW;
+  p->handshake_timeout = (uint64_t)(cfg->handshake_timeout * NGTCP2_SECONDS);
+  p->idle_timeout = (uint64_t)(cfg->idle_timeout * NGTCP2_SECONDS);
+  p->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
+  p->max_streams_bidi = 4;
+  p->max_streams_uni = ERDMA_MAX_DSTREAMS;
+  p->log = cfg->cc_log > 0;
+  p->local = &e->local;
+  p->local_len = e->local_len;
+  p->remote = &c->remote;
+  p->remote_len = c->remote_len;
+  p->cred = e->cred;
+  p->prio = e->prio;
+  p->require_cert = !cfg->insecure;
+  p->alpn = ERDMA_ALPN;
 }
 
 erdma_conn *conn_alloc(erdma_engine *e, int client) {
@@ -781,10 +669,11 @@ erdma_conn *conn_alloc(erdma_engine *e, int client) {
   return c;
 }
 
-static int conn_start(erdma_conn *c) {
+static const erdma_quic_callbacks quic_events;
+
+/* A new QUIC connection's first frame: the HELLO that names us. */
+static void conn_start(erdma_conn *c) {
   frame_hdr h = {0};
-  if (tls_session_new(c->e, c) != 0) return ERDMA_ERR_TLS;
-  ngtcp2_conn_set_tls_native_handle(c->conn, c->tls);
   h.type = FR_HELLO;
   h.ctx = (uint32_t)c->e->cfg.rank;
   h.len = (uint64_t)c->e->cfg.size;
@@ -793,7 +682,6 @@ static int conn_start(erdma_conn *c) {
     h.aux = (uint32_t)c->lane;
   }
   conn_enqueue(c, &h, NULL, 0, NULL, NULL);
-  return 0;
 }
 
 /* The host part of an IPv4/IPv6 address, for comparing hosts. */
@@ -827,34 +715,23 @@ int conn_lanes_wanted(erdma_engine *e, int peer) {
 
 /* Open lane `lane` (0: the main connection) to `peer` as the QUIC client. */
 int conn_client_new(erdma_engine *e, int peer, int lane) {
-  ngtcp2_callbacks cb;
-  ngtcp2_settings s;
-  ngtcp2_transport_params p;
-  ngtcp2_cid dcid, scid;
-  ngtcp2_path path;
+  erdma_quic_params p;
   erdma_conn *c = conn_alloc(e, 1);
   if (!c) return ERDMA_ERR_NOMEM;
   c->peer = peer;
   c->lane = lane;
-  c->cid_tag = (uint32_t)peer;
   memcpy(&c->remote, &e->peers[peer].addr, e->peers[peer].addr_len);
   c->remote_len = e->peers[peer].addr_len;
-  make_cid(&dcid, (uint32_t)e->cfg.rank); /* the server files us under our rank */
-  make_cid(&scid, c->cid_tag);
-  cid_add(c, &scid);
-  fill_callbacks(&cb, 1);
-  fill_settings(c, &s, &p);
-  path_of(c, &path);
-  int rv = ngtcp2_conn_client_new(&c->conn, &dcid, &scid, &path, NGTCP2_PROTO_VER_V1, &cb,
-                                  &s, &p, NULL, c);
+  fill_params(c, &p);
+  p.cid_tag = (uint32_t)peer;
+  p.dcid_tag = (uint32_t)e->cfg.rank; /* the server files us under our rank */
+  int rv = erdma_quic_client_new(&c->q, &p, &quic_events, c, erdma_now());
   if (rv != 0) {
     free(c);
-    return ERDMA_ERR_QUIC;
+    return rv == ERDMA_QUIC_ERR_TLS ? ERDMA_ERR_TLS
+           : rv == ERDMA_QUIC_ERR_NOMEM ? ERDMA_ERR_NOMEM : ERDMA_ERR_QUIC;
   }
-  if ((rv = conn_start(c)) != 0) {
-    conn_free(c);
-    return rv;
-  }
+  conn_start(c);
   if (lane) e->peers[peer].lanes[lane] = c;
   else e->peers[peer].conn = c;
   if (lane >= e->lanes_max) e->lanes_max = lane + 1;
@@ -862,44 +739,24 @@ int conn_client_new(erdma_engine *e, int peer, int lane) {
   return 0;
 }
 
-/* odcid: the client's first Destination CID when hd carries our Retry token
- * (hd->dcid is then the Retry's Source CID), else NULL. */
-static erdma_conn *server_conn_new(erdma_engine *e, const ngtcp2_pkt_hd *hd,
-                                   const struct sockaddr_storage *from, socklen_t fromlen,
-                                   const ngtcp2_cid *odcid) {
-  ngtcp2_callbacks cb;
-  ngtcp2_settings s;
-  ngtcp2_transport_params p;
-  ngtcp2_cid scid;
-  ngtcp2_path path;
+/* A connection for the client's Initial (ini->validated: it carried our
+ * Retry token). */
+static erdma_conn *server_conn_new(erdma_engine *e, const erdma_quic_initial *ini,
+                                   const struct sockaddr_storage *from, socklen_t fromlen) {
+  erdma_quic_params p;
   erdma_conn *c = conn_alloc(e, 0);
   if (!c) return NULL;
   memcpy(&c->remote, from, fromlen);
   c->remote_len = fromlen;
-  c->cid_tag = hd->dcid.datalen >= 4 ? get32(hd->dcid.data) : 0xffffffffu;
-  make_cid(&scid, c->cid_tag);
-  cid_add(c, &scid);
-  cid_add(c, &hd->dcid);
-  fill_callbacks(&cb, 0);
-  fill_settings(c, &s, &p);
-  p.original_dcid = hd->dcid;
-  if (odcid) { /* the address is validated: RFC 9000 7.3 */
-    p.original_dcid = *odcid;
-    p.retry_scid = hd->dcid;
-    p.retry_scid_present = 1;
-    s.token.base = (uint8_t *)hd->token.base;
-    s.token.len = hd->token.len;
-  }
-  path_of(c, &path);
-  if (ngtcp2_conn_server_new(&c->conn, &hd->scid, &scid, &path, hd->version, &cb, &s, &p,
-                             NULL, c) != 0) {
+  fill_params(c, &p);
+  /* the client named our rank in its first DCID's tag: we issue CIDs with
+   * it too */
+  p.cid_tag = erdma_quic_initial_tag(ini);
+  if (erdma_quic_server_new(&c->q, &p, &quic_events, c, ini, erdma_now()) != 0) {
     free(c);
     return NULL;
   }
-  if (conn_start(c) != 0) {
-    conn_free(c);
-    return NULL;
-  }
+  conn_start(c);
   c->accepted_at = erdma_now();
   c->next_pending = e->pending;
   e->pending = c;
@@ -945,18 +802,12 @@ static int peers_at_host(const erdma_engine *e, const struct sockaddr_storage *a
   return n;
 }
 
-static void send_retry(erdma_engine *e, const ngtcp2_pkt_hd *hd,
+static void send_retry(erdma_engine *e, const erdma_quic_initial *ini,
                        const struct sockaddr_storage *from, socklen_t fromlen) {
-  uint8_t token[NGTCP2_CRYPTO_MAX_RETRY_TOKENLEN];
-  ngtcp2_cid scid;
-  /* the same rank tag as the client's first DCID: see server_conn_new */
-  make_cid(&scid, hd->dcid.datalen >= 4 ? get32(hd->dcid.data) : 0xffffffffu);
-  ngtcp2_ssize tl = ngtcp2_crypto_generate_retry_token(
-      token, e->token_secret, sizeof e->token_secret, hd->version,
-      (const ngtcp2_sockaddr *)from, (ngtcp2_socklen)fromlen, &scid, &hd->dcid, erdma_now());
-  if (tl < 0) return;
-  ngtcp2_ssize n = ngtcp2_crypto_write_retry(e->txbuf, e->pkt_size, hd->version, &hd->scid,
-                                             &scid, &hd->dcid, token, (size_t)tl);
+  /* (its Source CID has the same rank tag as the client's first DCID: see
+   * server_conn_new) */
+  ngtcp2_ssize n = erdma_quic_write_retry(e->txbuf, e->pkt_size, ini, e->token_secret,
+                                          sizeof e->token_secret, from, fromlen, erdma_now());
   if (n <= 0) return;
   /* a connection-less stand-in, so that it goes back the way the Initial
    * came: through a peer's TURN relay when from is one (engine_sendv) */
@@ -983,19 +834,14 @@ static int evict_before(const erdma_conn *p, const erdma_conn *v) {
  * (room made if the table is full), a Retry, or nothing. */
 static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen) {
-  ngtcp2_pkt_hd hd;
-  ngtcp2_cid odcid;
-  int validated = 0, n = 0, from_host = 0;
+  erdma_quic_initial ini;
+  int n = 0, from_host = 0;
   erdma_conn *victim = NULL;
-  if (e->stopping || ngtcp2_accept(&hd, data, len) != 0) return NULL;
-  if (hd.token.len && hd.token.base[0] == NGTCP2_CRYPTO_TOKEN_MAGIC_RETRY) {
-    if (ngtcp2_crypto_verify_retry_token(&odcid, hd.token.base, hd.token.len, e->token_secret,
-                                         sizeof e->token_secret, hd.version,
-                                         (const ngtcp2_sockaddr *)from, (ngtcp2_socklen)fromlen,
-                                         &hd.dcid, RETRY_TOKEN_TTL, erdma_now()) != 0)
-      return NULL; /* forged, stale or for another address */
-    validated = 1;
-  }
+  if (e->stopping || erdma_quic_accept(&ini, data, len) != 0) return NULL;
+  if (erdma_quic_has_retry_token(&ini) &&
+      erdma_quic_verify_retry(&ini, e->token_secret, sizeof e->token_secret, from, fromlen,
+                              RETRY_TOKEN_TTL, erdma_now()) != 0)
+    return NULL; /* forged, stale or for another address */
   for (erdma_conn *p = e->pending; p; p = p->next_pending) {
     if (p->closed) continue; /* freed by conn_reap_pending this round */
     n++;
@@ -1005,8 +851,8 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
   int peers = peers_at_host(e, from);
   /* one host's own handshakes finish (or expire) before it gets more */
   if (from_host >= PENDING_PER_HOST + (ERDMA_MAX_LANES + 1) * peers) return NULL;
-  if (!validated && n >= retry_threshold(e)) {
-    send_retry(e, &hd, from, fromlen);
+  if (!ini.validated && n >= retry_threshold(e)) {
+    send_retry(e, &ini, from, fromlen);
     return NULL;
   }
   if (n >= pending_cap(e) && victim) {
@@ -1017,15 +863,17 @@ static erdma_conn *admit(erdma_engine *e, const uint8_t *data, size_t len,
     conn_free(victim);
     e->stats.pending_dropped++;
   }
-  erdma_conn *c = server_conn_new(e, &hd, from, fromlen, validated ? &odcid : NULL);
+  erdma_conn *c = server_conn_new(e, &ini, from, fromlen);
   if (c) c->from_peer_host = peers > 0;
   return c;
 }
 
 /* The peer's address for this connection is now a (its NAT gave it a new
- * external port, or ngtcp2 moved to a validated path or back): packets go
- * there from now on, and so do new lanes to that rank. */
-static void set_remote(erdma_conn *c, const struct sockaddr_storage *a, socklen_t alen) {
+ * external port, or ngtcp2 moved to a validated path or back: erdma_quic_read
+ * says which): packets go there from now on, and so do new lanes to that
+ * rank. */
+static void on_path_changed(void *user, const struct sockaddr_storage *a, socklen_t alen) {
+  erdma_conn *c = user;
   erdma_engine *e = c->e;
   if (addr_equal(&c->remote, a) || alen > (socklen_t)sizeof c->remote) return;
   if (e->cfg.verbose) {
@@ -1044,82 +892,40 @@ static void set_remote(erdma_conn *c, const struct sockaddr_storage *a, socklen_
   c->remote_len = alen;
 }
 
-/* A server connection sends along ngtcp2's current path, which moves when
- * the client's address changes (see conn_handle_datagram). */
-static void follow_path(erdma_conn *c) {
-  if (c->is_client || c->shm || !c->conn || c->closed) return;
-  const ngtcp2_path *p = ngtcp2_conn_get_path(c->conn);
-  if (p && p->remote.addrlen)
-    set_remote(c, (const struct sockaddr_storage *)p->remote.addr, (socklen_t)p->remote.addrlen);
-}
-
 static erdma_conn *find_conn(erdma_engine *e, const uint8_t *dcid, size_t n) {
   if (n == ERDMA_CIDLEN) {
     uint32_t tag = get32(dcid);
     if (tag < (uint32_t)e->cfg.size)
       for (int k = 0; k < e->lanes_max; k++) {
         erdma_conn *c = peer_conn(&e->peers[tag], k);
-        if (c && cid_has(c, dcid, n)) return c;
+        if (c && c->q && erdma_quic_has_cid(c->q, dcid, n)) return c;
       }
   }
   erdma_conn *c;
   for (c = e->pending; c; c = c->next_pending)
-    if (cid_has(c, dcid, n)) return c;
+    if (c->q && erdma_quic_has_cid(c->q, dcid, n)) return c;
   FOR_PEER_CONNS(e, i, k, c)
-    if (cid_has(c, dcid, n)) return c;
+    if (c->q && erdma_quic_has_cid(c->q, dcid, n)) return c;
   return NULL;
 }
 
 int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen) {
-  ngtcp2_version_cid vc;
-  ngtcp2_pkt_info pi = {0};
-  ngtcp2_path path;
+  const uint8_t *dcid;
+  size_t dcidlen;
+  int authentic = 0;
   if (len == 1 && data[0] == 0) return 0; /* shared-memory doorbell: just a wake-up */
-  if (ngtcp2_pkt_decode_version_cid(&vc, data, len, ERDMA_CIDLEN) != 0) return 0;
-  erdma_conn *c = find_conn(e, vc.dcid, vc.dcidlen);
+  if (erdma_quic_dcid(data, len, &dcid, &dcidlen) != 0) return 0;
+  erdma_conn *c = find_conn(e, dcid, dcidlen);
   if (!c && !(c = admit(e, data, len, from, fromlen))) return 0;
   if (c->closed) return 0;
   c->dirty = 1;
-  path_of(c, &path);
-  /* NAT rebinding: a packet of a known connection (found by its DCID) from
-   * a new address.  A server connection hands ngtcp2 the real source: on a
-   * non-probing 1-RTT packet ngtcp2 makes it the current path and validates
-   * it (PATH_CHALLENGE there; back to the old path if that fails), and
-   * follow_path sends wherever ngtcp2's current path goes.  An ngtcp2 0.12
-   * client drops packets from any address but the server's (RFC 9000 has no
-   * server migration) and migrates only to a new local address, so a client
-   * connection hands ngtcp2 its unchanged path (the server's first address)
-   * and moves c->remote, where it sends, itself
-   * once a 1-RTT packet from the new address decrypted under the
-   * connection's keys (an off-path sender cannot make one). */
-  struct sockaddr_storage known;
-  int rebound = 0;
-  if (c->is_client && c->handshake_done) {
-    const ngtcp2_path *cur = ngtcp2_conn_get_path(c->conn);
-    memcpy(&known, cur->remote.addr, cur->remote.addrlen);
-    path.remote.addr = (ngtcp2_sockaddr *)&known;
-    path.remote.addrlen = cur->remote.addrlen;
-    rebound = !addr_equal(&c->remote, from);
-  } else {
-    path.remote.addr = (ngtcp2_sockaddr *)from;
-    path.remote.addrlen = fromlen;
-  }
-  uint64_t before = decrypted_1rtt;
-  int rv = ngtcp2_conn_read_pkt(c->conn, &path, &pi, data, len, erdma_now());
-  if (rv == 0 && decrypted_1rtt != before && rebound && c->peer >= 0)
-    set_remote(c, from, fromlen);
-  else if (rv == 0 && !c->is_client)
-    follow_path(c);
+  /* (NAT rebinding: erdma_quic_read moves c->remote through on_path_changed;
+   * an error ends the connection through on_closed) */
+  erdma_quic_read(c->q, data, len, from, fromlen, erdma_now(), &authentic);
   /* authentic: a 1-RTT packet of a connection to a known rank, from the
    * address that connection has (not another peer's, spoofing it) */
-  int authentic = rv == 0 && decrypted_1rtt != before && c->peer >= 0 &&
-                  addr_equal(&c->remote, from);
-  if (rv != 0) {
-    if (rv == NGTCP2_ERR_DRAINING && c->peer >= 0) e->peers[c->peer].closed_by_peer = 1;
-    conn_lost(c, rv);
-  }
-  return authentic;
+  return authentic && c->peer >= 0;
 }
 
 /* ------------------------------------------------------------------ tx */
@@ -1149,7 +955,7 @@ void conn_enqueue(erdma_conn *c, const frame_hdr *h, const void *payload, uint64
 static void ds_open(erdma_conn *c) {
   while (c->nds < c->e->cfg.data_streams && c->nds < ERDMA_MAX_DSTREAMS) {
     tx_stream *d = &c->ds[c->nds];
-    if (ngtcp2_conn_open_uni_stream(c->conn, &d->id, NULL) != 0) break;
+    if (erdma_quic_open_uni(c->q, &d->id) != 0) break;
     c->nds++;
   }
 }
@@ -1200,7 +1006,7 @@ static uint64_t conn_unwritten(const erdma_conn *c) {
  * bytes of its control stream, handled on arrival) has been acknowledged,
  * so no CHUNK can reach the peer before the HELLO that names us. */
 static int lane_ready(const erdma_conn *l) {
-  return l && l->conn && !l->closed && l->handshake_done && l->hello_recv &&
+  return l && l->q && !l->closed && l->handshake_done && l->hello_recv &&
          l->acked >= ERDMA_HDR_LEN;
 }
 
@@ -1214,7 +1020,7 @@ uint64_t conn_lanes_ready(erdma_engine *e) {
 /* Whether connection k of p may carry chunks now (the main one always). */
 static int lane_usable(const peer_info *p, int k) {
   const erdma_conn *l = peer_conn(p, k);
-  return k == 0 ? l && l->conn && !l->closed && !l->shm : lane_ready(l);
+  return k == 0 ? l && l->q && !l->closed && !l->shm : lane_ready(l);
 }
 
 void lanes_refill(erdma_engine *e, int peer) {
@@ -1267,7 +1073,7 @@ void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks
   frame_hdr h = {0};
   uint64_t chunk = ERDMA_CHUNK_BYTES(e);
   int nl = 0;
-  if (chunks_ok && !c->shm && c->conn && e->cfg.data_streams > 0 && c->peer >= 0) {
+  if (chunks_ok && !c->shm && c->q && e->cfg.data_streams > 0 && c->peer >= 0) {
     ds_open(c);
     for (int k = 0; k < e->lanes_max; k++)
       nl += peer_conn(&e->peers[c->peer], k) != c && lane_usable(&e->peers[c->peer], k);
@@ -1354,119 +1160,112 @@ static size_t fill_iov(tx_item *t, ngtcp2_vec *iov, size_t max) {
   return niov;
 }
 
-/* Packets in one burst: ngtcp2's send quantum, but at least what the
- * pacing rate allows per millisecond (ngtcp2 lets a sender run up to 1 ms
- * ahead anyway), within [2 packets, 64 KiB] like TCP's TSO autosizing: on a
- * short path the quantum alone (rate x min RTT) would cost a system call
- * for every few packets. */
-static int burst_packets(erdma_conn *c) {
-  /* this connection's packets (the engine's buffers may be larger: a jumbo
-   * interface elsewhere) */
-  size_t pkt = ngtcp2_conn_get_max_tx_udp_payload_size(c->conn);
-  if (pkt > 9000) return ERDMA_TX_BATCH; /* loopback or jumbo link: no pacing needed */
-  ngtcp2_conn_stat cs;
-  ngtcp2_conn_get_conn_stat(c->conn, &cs);
-  double rate = cs.pacing_rate; /* bytes per ns */
-  if (rate <= 0 && cs.smoothed_rtt > 0) rate = (double)cs.cwnd / (double)cs.smoothed_rtt;
-  size_t bytes = (size_t)(rate * NGTCP2_MILLISECONDS);
-  if (bytes < cs.send_quantum) bytes = cs.send_quantum;
-  if (bytes > 65536) bytes = 65536;
-  int n = (int)(bytes / (pkt ? pkt : 1452));
-  if (n < 2) n = 2;
-  return n > ERDMA_TX_BATCH ? ERDMA_TX_BATCH : n;
+/* ---- the QUIC writer's side (quic_events): packet buffers, stream data */
+/* packet i of a burst: straight into the backend's buffers where it offers
+ * them (zero-copy), else e->txbuf */
+static uint8_t *on_tx_buf(void *user, int i, int want, size_t *room) {
+  erdma_conn *c = user;
+  erdma_engine *e = c->e;
+  *room = engine_write_room(e, c);
+  return e->io.tx_buf ? e->io.tx_buf(e, i, want) : e->txbuf + (size_t)i * e->pkt_size;
 }
 
-/* Write packets while congestion control, flow control and pacing allow.
- * Packets leave in bursts of at most ngtcp2's send quantum; after each burst
- * ngtcp2 learns the send time (ngtcp2_conn_update_pkt_tx_time) and refuses
- * more until its pacing timer, which ngtcp2_conn_get_expiry reports, so the
- * progress thread wakes for it.  The control stream (matching frames) goes
- * first; the data streams take turns packet by packet. */
+static void on_tx_send(void *user, size_t *lens, int n) {
+  erdma_conn *c = user;
+  erdma_engine *e = c->e;
+  int zc = e->io.tx_buf != NULL;
+  if (n || zc) engine_sendv(e, c, zc ? NULL : e->txbuf, lens, n); /* zc, n 0: release */
+}
+
+static int sid_blocked(int64_t sid, const int64_t *blocked, int nblocked) {
+  for (int i = 0; i < nblocked; i++)
+    if (blocked[i] == sid) return 1;
+  return 0;
+}
+
+/* The control stream (matching frames) goes first; the data streams take
+ * turns packet by packet (on_tx_packet). */
+static size_t on_tx_pull(void *user, const int64_t *blocked, int nblocked, int64_t *sid,
+                         ngtcp2_vec *iov, size_t maxiov) {
+  erdma_conn *c = user;
+  *sid = -1;
+  c->tx_sel = -2;
+  if (c->stream_id >= 0 && c->tx_write && !sid_blocked(c->stream_id, blocked, nblocked)) {
+    c->tx_sel = -1;
+    *sid = c->stream_id;
+    return fill_iov(c->tx_write, iov, maxiov);
+  }
+  for (int k = 0; k < c->nds; k++) {
+    int i = (c->ds_rr + k) % c->nds;
+    if (c->ds[i].write && !sid_blocked(c->ds[i].id, blocked, nblocked)) {
+      c->tx_sel = i;
+      *sid = c->ds[i].id;
+      return fill_iov(c->ds[i].write, iov, maxiov);
+    }
+  }
+  return 0;
+}
+
+static void on_tx_wrote(void *user, int64_t sid, uint64_t n) {
+  erdma_conn *c = user;
+  int i = c->tx_sel;
+  if (i == -1 && sid == c->stream_id)
+    tx_advance(c, &c->tx_write, NULL, n);
+  else if (i >= 0 && i < c->nds && sid == c->ds[i].id)
+    tx_advance(c, &c->ds[i].write, &c->ds[i].unwritten, n);
+}
+
+static void on_tx_packet(void *user) {
+  erdma_conn *c = user;
+  if (c->nds) c->ds_rr = (c->ds_rr + 1) % c->nds;
+}
+
+static const erdma_quic_callbacks quic_events = {
+    .tx_buf = on_tx_buf,
+    .tx_send = on_tx_send,
+    .tx_pull = on_tx_pull,
+    .tx_wrote = on_tx_wrote,
+    .tx_packet = on_tx_packet,
+    .verify_peer = on_verify_peer,
+    .handshake_done = on_handshake_done,
+    .stream_open = on_stream_open,
+    .stream_data = on_stream_data,
+    .stream_reset = on_stream_reset,
+    .stream_acked = on_stream_acked,
+    .path_changed = on_path_changed,
+    .closed = on_closed,
+    .log = on_log,
+};
+
+/* Write packets while congestion control, flow control and pacing allow,
+ * in bursts of at most ngtcp2's send quantum (erdma_quic_flush); after each
+ * burst ngtcp2 learns the send time and refuses more until its pacing
+ * timer, which erdma_quic_expiry reports, so the progress thread wakes for
+ * it.  Each burst goes out at the time it is written (erdma_now()). */
 int conn_flush(erdma_conn *c) {
   erdma_engine *e = c->e;
-  size_t lens[ERDMA_TX_BATCH];
-  int zc = e->io.tx_buf != NULL; /* packets written straight into the backend's buffers */
-  uint32_t blocked = 0; /* bit 0: control stream, bit i+1: data stream i */
-  ngtcp2_path_storage ps;
-  ngtcp2_pkt_info pi;
   c->dirty = 0;
   if (c->shm) return c->closed ? 0 : shm_flush(c);
-  if (c->closed || !c->conn) return 0;
-  follow_path(c); /* a failed path validation may have moved it back */
-  ngtcp2_path_storage_zero(&ps);
-  int bursts = 0, done = 0;
+  if (c->closed || !c->q) return 0;
   peer_info *lazy = c->peer >= 0 ? &e->peers[c->peer] : NULL;
-  while (!done) {
-    ngtcp2_tstamp ts = erdma_now();
+  for (int bursts = 0;;) {
+    int more = 0;
+    uint64_t now = erdma_now();
     if (lazy && lazy->lazy_head) lanes_refill(e, c->peer);
-    int maxp = burst_packets(c);
-    int n = 0;
-    while (n < maxp) {
-      ngtcp2_vec iov[16];
-      size_t niov = 0;
-      int64_t sid = -1;
-      int sel = -2; /* -1: control stream, >= 0: data stream */
-      if (c->stream_id >= 0 && c->tx_write && !(blocked & 1)) {
-        sel = -1;
-      } else {
-        for (int k = 0; k < c->nds; k++) {
-          int i = (c->ds_rr + k) % c->nds;
-          if (c->ds[i].write && !(blocked & (2u << i))) {
-            sel = i;
-            break;
-          }
-        }
-      }
-      if (sel == -1) {
-        niov = fill_iov(c->tx_write, iov, 16);
-        sid = c->stream_id;
-      } else if (sel >= 0) {
-        niov = fill_iov(c->ds[sel].write, iov, 16);
-        sid = c->ds[sel].id;
-      }
-      ngtcp2_ssize pdatalen = -1;
-      uint8_t *buf = zc ? e->io.tx_buf(e, n, maxp) : e->txbuf + (size_t)n * e->pkt_size;
-      if (!buf) { /* no buffer (pool empty): nothing was written; try again soon */
-        c->dirty = 1;
-        done = 1;
-        break;
-      }
-      ngtcp2_ssize nw = ngtcp2_conn_writev_stream(
-          c->conn, &ps.path, &pi, buf, engine_write_room(e, c), &pdatalen,
-          sid >= 0 ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, niov ? iov : NULL, niov, ts);
-      if (pdatalen > 0) {
-        if (sel == -1)
-          tx_advance(c, &c->tx_write, NULL, (uint64_t)pdatalen);
-        else
-          tx_advance(c, &c->ds[sel].write, &c->ds[sel].unwritten, (uint64_t)pdatalen);
-      }
-      if (nw < 0) {
-        if (nw == NGTCP2_ERR_WRITE_MORE) continue;
-        if (nw == NGTCP2_ERR_STREAM_DATA_BLOCKED || nw == NGTCP2_ERR_STREAM_SHUT_WR) {
-          blocked |= sel == -1 ? 1u : (2u << sel);
-          continue;
-        }
-        if (n || zc) engine_sendv(e, c, zc ? NULL : e->txbuf, lens, n);
-        conn_lost(c, (int)nw);
-        return ERDMA_ERR_QUIC;
-      }
-      if (nw == 0) {
-        done = 1; /* nothing more now: window, cwnd, pacing, or no data */
-        break;
-      }
-      lens[n++] = (size_t)nw;
-      if (c->nds) c->ds_rr = (c->ds_rr + 1) % c->nds;
+    if (erdma_quic_flush(c->q, now, &more) != 0) return ERDMA_ERR_QUIC; /* (on_closed) */
+    if (more == ERDMA_QUIC_MORE_LATER) { /* no buffer (pool empty): try again soon */
+      c->dirty = 1;
+      break;
     }
-    if (n || zc) engine_sendv(e, c, zc ? NULL : e->txbuf, lens, n); /* zc, n 0: release */
-    ngtcp2_conn_update_pkt_tx_time(c->conn, ts);
-    if (++bursts >= 256 && !done) {
+    if (!more) break; /* nothing more now: window, cwnd, pacing, or no data */
+    if (++bursts >= 256) {
       c->dirty = 1; /* let others have the lock; the progress thread goes on */
       break;
     }
   }
   /* a thread other than the progress thread may have moved the next timer
    * (pacing, loss detection) ahead of the one it sleeps for */
-  if (c->dirty || ngtcp2_conn_get_expiry(c->conn) < e->wake_at) engine_wake(e);
+  if (c->dirty || erdma_quic_expiry(c->q) < e->wake_at) engine_wake(e);
   return 0;
 }
 
@@ -1485,11 +1284,9 @@ static void flush_one(erdma_conn *c) {
 void conn_flush_all(erdma_engine *e) { for_each_conn(e, flush_one); }
 
 static void expire_one(erdma_conn *c) {
-  ngtcp2_tstamp now = erdma_now();
-  if (c->closed || !c->conn || ngtcp2_conn_get_expiry(c->conn) > now) return;
-  int rv = ngtcp2_conn_handle_expiry(c->conn, now);
-  c->dirty = 1;
-  if (rv != 0) conn_lost(c, rv);
+  if (c->closed || !c->q) return;
+  /* 1: timers handled, < 0: the connection ended (on_closed) */
+  if (erdma_quic_handle_expiry(c->q, erdma_now()) != 0) c->dirty = 1;
 }
 void conn_handle_expiry_all(erdma_engine *e) { for_each_conn(e, expire_one); }
 
@@ -1497,8 +1294,8 @@ void conn_log_paths(erdma_engine *e) {
   erdma_conn *c;
   FOR_PEER_CONNS(e, i, k, c) {
     ngtcp2_conn_stat cs;
-    if (!c->conn || c->closed) continue;
-    ngtcp2_conn_get_conn_stat(c->conn, &cs);
+    if (!c->q || c->closed) continue;
+    erdma_quic_stat(c->q, &cs);
     fprintf(stderr, "erdma[%d] %.3f: peer %d lane %d: sent %.1f MB cwnd %lu in flight %lu "
             "srtt %.1f ms min %.1f ms pacing %.0f Mbit/s delivery %.0f Mbit/s\n", e->cfg.rank,
             erdma_now() / 1e9, i, k, e->stats.bytes_sent / 1e6,
@@ -1512,11 +1309,9 @@ uint64_t conn_next_expiry(erdma_engine *e) {
   uint64_t t = UINT64_MAX;
   erdma_conn *c;
   for (c = e->pending; c; c = c->next_pending)
-    if (!c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
-      t = ngtcp2_conn_get_expiry(c->conn);
+    if (!c->closed && c->q && erdma_quic_expiry(c->q) < t) t = erdma_quic_expiry(c->q);
   FOR_PEER_CONNS(e, i, k, c)
-    if (!c->closed && c->conn && ngtcp2_conn_get_expiry(c->conn) < t)
-      t = ngtcp2_conn_get_expiry(c->conn);
+    if (!c->closed && c->q && erdma_quic_expiry(c->q) < t) t = erdma_quic_expiry(c->q);
   return t;
 }
 
@@ -1542,8 +1337,7 @@ void conn_free(erdma_conn *c) {
     }
   if (c->rx.msg && !c->rx.msg->queued && !c->rx.msg->taken && !c->rx.msg->bound)
     msg_free(c->rx.msg); /* (data streams carry no unexpected messages) */
-  if (c->conn) ngtcp2_conn_del(c->conn);
-  if (c->tls) gnutls_deinit(c->tls);
+  erdma_quic_del(c->q);
   if (c->shm) shm_conn_release(c);
   free(c);
 }

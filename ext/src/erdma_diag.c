@@ -123,9 +123,9 @@ int erdma_engine_peer_stat(erdma_engine *e, int rank, erdma_peer_stat *out) {
   peer_info *p = &e->peers[rank];
   for (int k = 0; k < e->lanes_max; k++) {
     erdma_conn *c = peer_conn(p, k);
-    if (!c || !c->conn || c->closed) continue;
+    if (!c || !c->q || c->closed) continue;
     ngtcp2_conn_stat cs;
-    ngtcp2_conn_get_conn_stat(c->conn, &cs);
+    erdma_quic_stat(c->q, &cs);
     out->connections++;
     if (k == 0) {
       out->srtt_us = cs.smoothed_rtt / 1000.0;
@@ -137,9 +137,9 @@ int erdma_engine_peer_stat(erdma_engine *e, int rank, erdma_peer_stat *out) {
     out->pto_count += cs.pto_count;
     /* packets with STREAM frames declared lost (and so resent), ours only */
     if (c->stream_id >= 0)
-      out->lost_packets += ngtcp2_conn_get_stream_loss_count(c->conn, c->stream_id);
+      out->lost_packets += erdma_quic_stream_loss(c->q, c->stream_id);
     for (int j = 0; j < c->nds; j++)
-      out->lost_packets += ngtcp2_conn_get_stream_loss_count(c->conn, c->ds[j].id);
+      out->lost_packets += erdma_quic_stream_loss(c->q, c->ds[j].id);
     out->delivery_rate_bps += (double)cs.delivery_rate_sec * 8.0;
   }
   out->lost = p->error != 0;

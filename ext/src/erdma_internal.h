@@ -12,6 +12,7 @@
 #include <ngtcp2/ngtcp2_crypto.h>
 
 #include "erdma.h"
+#include "erdma_quic.h"
 
 /* ---- wire protocol (docs/design.md, "Wire protocol") ---- */
 #define ERDMA_HDR_LEN 32
@@ -109,9 +110,8 @@ typedef struct tx_item {
   struct tx_item *next;
 } tx_item;
 
-/* ---- connections (erdma_conn.c) ---- */
-#define ERDMA_CIDLEN 18
-#define ERDMA_MAX_CIDS 16
+/* ---- connections (erdma_conn.c; the QUIC side in erdma_quic.c) ---- */
+#define ERDMA_CIDLEN ERDMA_QUIC_CIDLEN
 
 typedef struct rx_state {
   uint8_t hdr[ERDMA_HDR_LEN];
@@ -147,9 +147,7 @@ typedef struct tx_stream {
 
 typedef struct erdma_conn {
   erdma_engine *e;
-  ngtcp2_conn *conn;
-  gnutls_session_t tls;
-  ngtcp2_crypto_conn_ref conn_ref;
+  erdma_quic *q;         /* the QUIC connection (NULL: shared memory, or none yet) */
   int is_client;
   int peer;              /* peer rank, -1 until HELLO */
   int lane;              /* 0: the peer's main connection; k > 0: extra lane k (CHUNKs only) */
@@ -157,12 +155,9 @@ typedef struct erdma_conn {
   int hello_recv;
   int closed;            /* closing/draining/dead */
   int dirty;             /* has something to write: flush it */
-  uint32_t cid_tag;      /* first 4 bytes of every CID we issue */
   int64_t stream_id;     /* -1 until open */
-  struct sockaddr_storage remote;
+  struct sockaddr_storage remote; /* where its packets go */
   socklen_t remote_len;
-  ngtcp2_cid cids[ERDMA_MAX_CIDS];
-  int ncids;
   /* tx */
   tx_item *tx_head, *tx_tail, *tx_write;
   uint64_t tx_offset;    /* stream offset assigned so far */
@@ -173,6 +168,7 @@ typedef struct erdma_conn {
   int nds;               /* data streams opened */
   int ds_next;           /* next stream a chunk goes to */
   int ds_rr;             /* next stream the writer serves */
+  int tx_sel;            /* the stream the writer pulled last: -1 control, i data stream i */
   rx_state drx[ERDMA_MAX_DSTREAMS]; /* by the peer's uni stream index */
   uint64_t credit_owed;  /* control-stream bytes consumed but not yet credited back to
                             the peer (held while its unexpected messages exceed the bound) */
@@ -558,9 +554,12 @@ static inline int coll_check_comm(erdma_engine *e, const int *ranks, int n, int 
 }
 
 /* tls.c */
+/* a self-signed identity named after `rank`, its credentials, the TLS
+ * priorities QUIC sessions use and the certificate's fingerprint (what
+ * tls_identity_new makes for an engine; no engine needed) */
+int tls_identity_make(int rank, gnutls_certificate_credentials_t *cred,
+                      gnutls_priority_t *prio, char fingerprint[65]);
 int tls_identity_new(erdma_engine *e);
 void tls_identity_free(erdma_engine *e);
-int tls_session_new(erdma_engine *e, erdma_conn *c);
-int tls_peer_fingerprint(erdma_conn *c, char out[65]);
 
 #endif

@@ -153,8 +153,8 @@ static void relay_activate(erdma_engine *e, int rank, const char *why) {
 static void fallback_check(erdma_engine *e, erdma_conn *c, nat_relay *r, int rank) {
   ngtcp2_conn_stat cs;
   uint64_t now = erdma_now();
-  if (!c->conn) return;
-  ngtcp2_conn_get_conn_stat(c->conn, &cs);
+  if (!c->q) return;
+  erdma_quic_stat(c->q, &cs);
   if (cs.bytes_in_flight == 0) {
     r->quiet_since = 0;
   } else if (!r->quiet_since) {

@@ -1,4 +1,4 @@
-// fuzz-sources: ext/src/erdma_conn.c ext/src/erdma_match.c tests/c/engine_stubs.c
+// fuzz-sources: ext/src/erdma_conn.c ext/src/erdma_quic.c ext/src/erdma_match.c tests/c/engine_stubs.c
 /* The engine's stream frame parser (erdma_conn.c, conn_rx_feed_at) with the
  * matching it drives (erdma_match.c), on an engine of two ranks whose peer
  * connection has no QUIC or socket below it.  One input is a conversation:

@@ -1,4 +1,4 @@
-// fuzz-sources: ext/src/erdma_nat.c
+// fuzz-sources: ext/src/erdma_nat.c ext/src/erdma_quic.c
 /* The STUN / TURN ChannelData / QUIC demultiplexer of the engine's UDP socket
  * (erdma_nat.c): nat_classify on its own, then nat_rx with its raw queue and
  * relay tunnels on an engine of four ranks, two TURN servers, an ALWAYS and a

@@ -9,7 +9,7 @@
  * backend, the rest of shared memory, TLS identities) is stubbed instead.
  *
  * Behaviour: no connection is shared-memory local, a CMA read is refused
- * (the receive falls back to the ring), TLS sessions fail, and nothing is
+ * (the receive falls back to the ring), TLS identities fail, and nothing is
  * ever sent on a socket: queued frames stay on the connection's tx lists. */
 #include <stdio.h>
 #include <time.h>
@@ -38,7 +38,7 @@ void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, i
 }
 #endif
 
-/* ---- erdma_nat.c, erdma_ulfm.c, erdma_shm.c, erdma_tls.c ---- */
+/* ---- erdma_nat.c, erdma_ulfm.c, erdma_shm.c ---- */
 int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
   return a == b;
 }
@@ -53,8 +53,6 @@ int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n
   return -1; /* refused: the receive falls back to the ring */
 }
 void shm_cma_release(erdma_req *r) { (void)r; }
-int tls_session_new(erdma_engine *e, erdma_conn *c) { (void)e; (void)c; return ERDMA_ERR_TLS; }
-int tls_peer_fingerprint(erdma_conn *c, char out[65]) { (void)c; out[0] = 0; return 0; }
 
 #ifdef ERDMA_STUBS_WITH_ENGINE
 /* ---- what erdma_engine.c needs besides ---- */

@@ -1,4 +1,4 @@
-// test-sources: ext/src/erdma_engine.c ext/src/erdma_conn.c ext/src/erdma_match.c tests/c/engine_stubs.c
+// test-sources: ext/src/erdma_engine.c ext/src/erdma_conn.c ext/src/erdma_quic.c ext/src/erdma_match.c tests/c/engine_stubs.c
 // test-cflags: -DERDMA_STUBS_WITH_ENGINE
 /* MPI matching through the engine's own code paths, with no network: rank 0
  * of a two-rank engine whose connection to rank 1 has no QUIC below it

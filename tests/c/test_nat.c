@@ -1,4 +1,4 @@
-// test-sources: ext/src/erdma_nat.c
+// test-sources: ext/src/erdma_nat.c ext/src/erdma_quic.c
 /* The demultiplexer of the engine's UDP socket (erdma_nat.c, nat_classify):
  * STUN (RFC 8489 section 6) vs QUIC from anyone, TURN ChannelData (RFC 8656
  * section 12.4, with up to 3 bytes of UDP padding) vs everything else from a
