@@ -40,12 +40,15 @@ typedef struct erdma_quic erdma_quic;
 
 /* How the caller hears of the connection and feeds its writer.  `user` is
  * the pointer given at creation.  Callbacks that return int return 0, or
- * nonzero to fail the connection (it then ends: `closed`). */
+ * nonzero to fail the connection (it then ends: `closed`).  tx_buf,
+ * tx_send, tx_pull, tx_wrote and stream_data are required; the others may
+ * be NULL (verify_peer NULL: any certificate is accepted). */
 typedef struct erdma_quic_callbacks {
   /* ---- packet output ----
    * tx_buf: a buffer for packet i (0, 1, ...) of the burst being written,
    * with *room bytes writable; want: how many packets the burst may take.
-   * NULL: none now (the writer stops; erdma_quic_flush reports more).
+   * NULL: none now (the writer stops; erdma_quic_flush reports
+   * ERDMA_QUIC_MORE_LATER).
    * tx_send: send the first n packets of the burst, lens[i] bytes each
    * (n may be 0: nothing to send, release the burst's buffers). */
   uint8_t *(*tx_buf)(void *user, int i, int want, size_t *room);
