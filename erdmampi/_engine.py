@@ -366,7 +366,8 @@ class Engine:
                cc: str = "auto", eager_limit: int = 65536, idle_timeout: float = 60.0,
                connect_timeout: float = 60.0, max_udp_payload: int = 0,
                spin_us: int = 50, verbose: int = 0, keepalive: float | None = None,
-               path_timeout: float = 5.0, pktio: str = "udp",
+               path_timeout: float = 5.0, direct_recheck: float | None = None,
+               pktio: str = "udp",
                dpdk_eal: str = "", dpdk_port: int = 0, dpdk_queue: int = 0,
                dpdk_prefix: int = 24, dpdk_gateway: str = "", dpdk_neigh: str = "",
                dpdk_poll_us: int = 200, hello_timeout: float | None = None,
@@ -374,7 +375,9 @@ class Engine:
         """``cc``: "auto" (BBR to other hosts, CUBIC over loopback) or an algorithm.
         ``keepalive``: seconds of idleness before a QUIC PING (keeps NAT bindings
         open); None: idle_timeout / 4, 0: off.  ``path_timeout``: seconds a
-        fallback relay waits on a silent direct path (:meth:`set_peer_relay`).
+        fallback relay waits on a silent direct path (:meth:`set_peer_relay`);
+        ``direct_recheck``: the longest gap in seconds between its probes of the
+        direct path while on the relay (None: ``ERDMA_DIRECT_RECHECK``, 0: none).
         ``tuning`` (None or absent: the engine's default): stream_window,
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
         data_streams (count), chunk_size (bytes), lanes (QUIC connections per
@@ -437,6 +440,11 @@ class Engine:
         if not path_timeout > 0:
             raise ValueError(f"path_timeout must be > 0 seconds, not {path_timeout!r}")
         cfg.path_timeout = path_timeout
+        if direct_recheck is None:
+            direct_recheck = config.get("ERDMA_DIRECT_RECHECK")
+        if not direct_recheck >= 0:
+            raise ValueError(f"direct_recheck must be >= 0 seconds, not {direct_recheck!r}")
+        cfg.direct_recheck = direct_recheck
         if hello_timeout is None:
             hello_timeout = config.get("ERDMA_HELLO_TIMEOUT")
         if not hello_timeout > 0:
@@ -528,6 +536,7 @@ class Engine:
                                             "bytes_recv", "msgs_sent", "msgs_recv", "unexpected",
                                             "chunks_sent", "chunks_recv", "raw_queued",
                                             "raw_dropped", "relay_sent", "relay_recv",
+                                            "to_relay", "to_direct", "direct_probes",
                                             "lane_chunks_sent", "lane_chunks_recv",
                                             "lanes_ready", "conns_pending", "retries_sent",
                                             "pending_dropped")}
@@ -631,11 +640,19 @@ class Engine:
                f"TURN server {host}:{port}")
 
     def set_peer_relay(self, rank: int, turn_host: str, turn_port: int, channel: int,
-                       peer_host: str, peer_port: int, fallback: bool = False) -> None:
+                       peer_host: str, peer_port: int, fallback: bool = False,
+                       relay_first: bool = False) -> None:
         """Tunnel QUIC to ``rank`` through our TURN allocation on turn_host:turn_port,
         channel ``channel`` bound to peer_host:peer_port; always, or (``fallback``)
-        once the direct path falls silent for ``path_timeout`` seconds."""
-        mode = lib.ERDMA_RELAY_FALLBACK if fallback else lib.ERDMA_RELAY_ALWAYS
+        once the direct path falls silent for ``path_timeout`` seconds.  A
+        fallback tunnel is left for the direct path when the peer's packets come
+        that way again, found by probes every ``direct_recheck`` seconds at most;
+        ``relay_first``: such a tunnel that starts on the relay (the checks
+        found no direct path in time)."""
+        if relay_first:
+            mode = lib.ERDMA_RELAY_FIRST
+        else:
+            mode = lib.ERDMA_RELAY_FALLBACK if fallback else lib.ERDMA_RELAY_ALWAYS
         _check(lib.erdma_engine_set_peer_relay(self._h, rank, turn_host.encode(), int(turn_port),
                                                int(channel), peer_host.encode(), int(peer_port),
                                                mode), f"relay for rank {rank}")

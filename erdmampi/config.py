@@ -168,6 +168,10 @@ VARS_LIST = (
        ("ERDMA_NAT_TIMEOUT", "seconds", 15.0, "seconds for the connectivity checks with one "
         "peer"),
        ("ERDMA_PATH_TIMEOUT", "seconds", 5.0, "silence before a direct path moves to the relay"),
+       ("ERDMA_DIRECT_RECHECK", "seconds", 8.0, "on the relay after the direct path fell "
+        "silent: the longest gap between probes of the direct path (the first after 0.25 s, "
+        "then twice as late each time); a probe the peer answers moves QUIC back to the "
+        "direct path. 0: stay on the relay", {"lo": 0}),
        ("ERDMA_PKTIO", "choice", "udp", "packet I/O backend", {"choices": ("udp", "dpdk")}),
        ("ERDMA_DPDK_EAL", "str", "", "DPDK EAL arguments"),
        ("ERDMA_DPDK_PORT", "int", 0, "DPDK port id", {"lo": 0}),

@@ -9,7 +9,8 @@ peer (address, NAT candidate pair, RTT).
 ``ERDMA_STATS=1``: when the rank finalizes it prints the engine's counters
 (bytes, messages, packets, chunks), each peer's route and QUIC figures
 (smoothed/min RTT, congestion window, packets lost and resent, probe
-timeouts, delivery rate), and the
+timeouts, delivery rate), the TURN relay's counters (packets, moves between
+the direct path and the relay), and the
 compression counters (bytes in, bytes out, ratio).
 
 Every line goes to stderr, tagged ``[rank N]``.
@@ -93,6 +94,11 @@ def stats_lines(eng):
                          + (", lost" if p["lost"] else ""))
         else:
             lines.append(f"  peer {r}: {how}" + (", lost" if p["lost"] else ""))
+    if st["relay_sent"] or st["relay_recv"] or st["to_relay"] or st["to_direct"]:
+        # each move is also logged as it happens (ERDMA_VERBOSE=1)
+        lines.append(f"  TURN relay: {st['relay_sent']} packets sent, {st['relay_recv']} "
+                     f"received; {st['to_relay']} move(s) to the relay, {st['to_direct']} "
+                     f"back to the direct path ({st['direct_probes']} probes of it)")
     try:
         from . import compression
         c = compression.stats()

@@ -347,6 +347,10 @@ class RelayBed:
             self.sh("nft", "add", "rule", "inet", "natc", "out", "udp", "sport", s, "udp",
                     "dport", d, "counter", "drop")
 
+    def restore(self):
+        """Undo every cut."""
+        self.sh("nft", "flush", "chain", "inet", "natc", "out")
+
     def dropped(self) -> int:
         out = self.sh("nft", "list", "chain", "inet", "natc", "out").stdout
         return sum(int(w.split()[1]) for w in out.split("counter")[1:])
@@ -458,6 +462,143 @@ def test_relay_fallback_when_direct_path_is_cut(bed):
     try:
         connect_all(a, b)
         fallback_run(a, b, lambda: bed.cut(host_port(a)[1], host_port(b)[1]), bed.dropped)
+    finally:
+        for e in (a, b):
+            e.shutdown(5.0)
+
+
+@needs_bed
+@pytest.mark.slow
+def test_relay_fallback_returns_to_direct_when_restored(bed):
+    """Messages flow while the direct path is cut (both ends move to the relay)
+    and then restored (both move back, found by the probes of the direct path):
+    every message arrives once and intact, and traffic leaves the relay."""
+    (a, b), turns = setup_relay(bed, fallback=True, path_timeout=1.0, keepalive=0.5,
+                                direct_recheck=1.0, max_udp_payload=1452, verbose=1)
+    recvs, sends, sizes = [], [], []
+
+    def pump(k):
+        for _ in range(k):
+            i = len(sizes)
+            sizes.append((1 << 20) + i if i % 50 == 25 else 20000 + i)
+            recvs.append(b.irecv_alloc(0, 1000 + i, CTX))
+            sends.append(post_send(a, payload(sizes[i], i), 1, 1000 + i))
+            time.sleep(0.005)
+
+    def pump_until(route, limit):
+        t0 = time.monotonic()
+        while not (a.peer_route(1) == b.peer_route(0) == route):
+            assert time.monotonic() - t0 < limit, \
+                f"routes {a.peer_route(1)}/{b.peer_route(0)}, not {route}, after {limit} s"
+            pump(5)
+        return time.monotonic() - t0
+    try:
+        connect_all(a, b)
+        assert a.peer_route(1) == b.peer_route(0) == "direct"
+        pump(50)
+        bed.cut(host_port(a)[1], host_port(b)[1])
+        pump_until("relay", 20)
+        pump(50)
+        assert bed.dropped() > 0
+        relayed = a.stats()["relay_sent"]
+        assert relayed > 0
+        bed.restore()
+        back = pump_until("direct", 20)
+        pump(50)
+        for i, r in enumerate(recvs):
+            st = r.wait(WAIT)
+            assert st.error == 0 and st.nbytes == sizes[i]
+            assert bytes(r.take()) == payload(sizes[i], i), f"message {i} corrupted"
+            r.free()
+        for s in sends:
+            assert s.wait(WAIT).error == 0
+        # nothing lost, nothing extra
+        assert b.iprobe(ANY_SOURCE, ANY_TAG, CTX) is None
+        assert b.stats()["msgs_recv"] == len(sizes)
+        sa, sb = a.stats(), b.stats()
+        for st in (sa, sb):
+            assert st["to_relay"] == 1 and st["to_direct"] == 1, st
+        assert sa["direct_probes"] + sb["direct_probes"] > 0
+        from erdmampi.diagnostics import stats_lines
+        assert any("1 move(s) to the relay, 1 back to the direct path" in ln
+                   for ln in stats_lines(a)), stats_lines(a)
+        assert back < 10, f"back to the direct path after {back:.1f} s"
+        # on the direct path again: nothing more goes through the relay
+        before = a.stats()["relay_sent"], b.stats()["relay_sent"]
+        exchange(a, b, [10, 1 << 20], seed=9, tag0=5000)
+        exchange(b, a, [10, 1 << 20], seed=10, tag0=6000)
+        assert (a.stats()["relay_sent"], b.stats()["relay_sent"]) == before
+        assert a.peer_route(1) == b.peer_route(0) == "direct"
+    finally:
+        for e in (a, b):
+            e.shutdown(5.0)
+
+
+@needs_bed
+@pytest.mark.slow
+def test_relay_first_moves_to_direct_once_it_answers(bed):
+    """A pair that starts on the relay (relay_first: the checks found no
+    direct path in time) connects there, and moves to the direct path once
+    that passes packets, with its messages intact."""
+    from erdmampi.nat.turn import TurnClient
+    engs = [bed.engine(r, path_timeout=1.0, keepalive=0.5, direct_recheck=1.0,
+                       max_udp_payload=1452, verbose=1) for r in (0, 1)]
+    a, b = engs
+    try:
+        server = ("127.0.0.1", bed.PORT)
+        turns = [TurnClient(EnginePort(e), server, bed.USER, bed.PASSWORD) for e in engs]
+        relayed = [t.allocate() for t in turns]
+        bed.cut(host_port(a)[1], host_port(b)[1])   # no direct path at first
+        for i, (e, t) in enumerate(zip(engs, turns)):
+            t.create_permission([relayed[1 - i]])
+            ch = t.channel_bind(relayed[1 - i])
+            e.set_peer(1 - i, *host_port(engs[1 - i]), engs[1 - i].fingerprint)
+            e.set_peer_relay(1 - i, *server, ch, *relayed[1 - i], relay_first=True)
+        assert a.peer_route(1) == b.peer_route(0) == "relay"
+        connect_all(a, b)
+        exchange(a, b, SIZES, seed=13)
+        assert a.peer_route(1) == b.peer_route(0) == "relay"
+        t0 = time.monotonic()
+        while bed.dropped() == 0:      # probes of the direct path go out, and are cut
+            assert time.monotonic() - t0 < 5, "no probe of the direct path in 5 s"
+            exchange(a, b, [20000], seed=13, tag0=8000)
+        assert a.peer_route(1) == b.peer_route(0) == "relay"
+        bed.restore()
+        t0 = time.monotonic()
+        k = 0
+        while not (a.peer_route(1) == b.peer_route(0) == "direct"):
+            assert time.monotonic() - t0 < 10, "still on the relay 10 s after the path opened"
+            exchange(a, b, [20000], seed=14 + k, tag0=9000 + k)
+            k += 1
+        exchange(a, b, SIZES, seed=15, tag0=10000)
+        exchange(b, a, SIZES, seed=16, tag0=11000)
+        for e in engs:
+            st = e.stats()
+            assert st["to_direct"] == 1 and st["to_relay"] == 0, st
+    finally:
+        for e in engs:
+            e.shutdown(5.0)
+
+
+@needs_bed
+@pytest.mark.slow
+def test_relay_fallback_stays_on_relay_when_rechecks_are_off(bed):
+    """ERDMA_DIRECT_RECHECK=0: a restored direct path is not taken back."""
+    (a, b), turns = setup_relay(bed, fallback=True, path_timeout=1.0, keepalive=0.5,
+                                direct_recheck=0, max_udp_payload=1452)
+    try:
+        connect_all(a, b)
+        bed.cut(host_port(a)[1], host_port(b)[1])
+        t0 = time.monotonic()
+        while not (a.peer_route(1) == b.peer_route(0) == "relay"):
+            assert time.monotonic() - t0 < 20
+            exchange(a, b, [20000], seed=11, tag0=7000)
+        bed.restore()
+        for k in range(20):
+            exchange(a, b, [20000], seed=12, tag0=8000 + k)
+            time.sleep(0.1)
+        assert a.peer_route(1) == b.peer_route(0) == "relay"
+        assert a.stats()["direct_probes"] == b.stats()["direct_probes"] == 0
     finally:
         for e in (a, b):
             e.shutdown(5.0)

@@ -100,6 +100,11 @@ typedef struct erdma_config {
                                 bindings open); < 0: automatic (idle_timeout / 4), 0: off */
   double path_timeout;       /* ERDMA_RELAY_FALLBACK: seconds of silence on the direct
                                 path, with packets outstanding, before using the relay */
+  double direct_recheck;     /* ERDMA_RELAY_FALLBACK on the relay: the longest gap in
+                                seconds between probes of the direct path (the first
+                                comes after 0.25 s, each next one twice as late); a
+                                probe the peer answers directly moves QUIC back to the
+                                direct path.  0: stay on the relay */
   /* packet I/O (docs/dpdk.md); the strings are read during erdma_engine_new only */
   int pktio;                 /* ERDMA_PKTIO_UDP or ERDMA_PKTIO_DPDK */
   const char *dpdk_plugin;   /* path of the DPDK backend shared object (_erdma_dpdk) */
@@ -137,6 +142,9 @@ typedef struct erdma_stats {
   /* NAT traversal: datagrams queued for erdma_engine_raw_recv, dropped because
    * that queue was full, and QUIC packets through TURN relay tunnels */
   uint64_t raw_queued, raw_dropped, relay_sent, relay_recv;
+  /* FALLBACK tunnels: moves from the direct path to the relay and back, and
+   * the probes of the direct path sent while on the relay */
+  uint64_t to_relay, to_direct, direct_probes;
   /* CHUNK frames that went over, or came in on, a peer's extra lanes; extra
    * lanes ready to carry chunks now (all peers) */
   uint64_t lane_chunks_sent, lane_chunks_recv, lanes_ready;
@@ -477,6 +485,9 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
 #define ERDMA_RELAY_OFF 0      /* remove the rank's relay tunnel */
 #define ERDMA_RELAY_ALWAYS 1   /* every QUIC packet to the peer goes through TURN */
 #define ERDMA_RELAY_FALLBACK 2 /* direct path; the relay once it falls silent */
+#define ERDMA_RELAY_FIRST 3    /* FALLBACK that starts on the relay (the checks found no
+                                  direct path in time): the direct path is probed and
+                                  taken once the peer's packets come that way */
 /* erdma_engine_peer_route values */
 #define ERDMA_ROUTE_SELF 0
 #define ERDMA_ROUTE_DIRECT 1

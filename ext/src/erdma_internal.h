@@ -292,6 +292,11 @@ typedef struct nat_relay {
   socklen_t peer_len;
   uint64_t quiet_since;  /* FALLBACK: first send, with packets in flight, since the
                             last direct datagram from the peer (0: none) */
+  /* FALLBACK on the relay: the direct path is probed with a copy of a QUIC
+   * packet at probe_at, the gap doubling up to cfg.direct_recheck */
+  uint64_t probe_at, probe_gap;
+  uint64_t direct_rx;    /* last authenticated direct datagram from the peer */
+  uint64_t since;        /* when the route last changed */
 } nat_relay;
 
 typedef struct nat_state {

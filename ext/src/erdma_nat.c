@@ -138,13 +138,55 @@ static int relay_of_conn(erdma_engine *e, const erdma_conn *c) {
   return -1;
 }
 
+/* The first probe of the direct path goes this long after a move to the
+ * relay; each unanswered one doubles the gap, up to cfg.direct_recheck. */
+#define PROBE_FIRST_NS 250000000ull
+
 static void relay_activate(erdma_engine *e, int rank, const char *why) {
   nat_relay *r = &e->nat.relay[rank];
   if (r->active) return;
+  uint64_t now = erdma_now();
   r->active = 1;
+  r->probe_gap = PROBE_FIRST_NS;
+  r->probe_at = now + r->probe_gap;
+  r->since = now;
+  if (r->mode == ERDMA_RELAY_FALLBACK) e->stats.to_relay++;
   if (e->cfg.verbose >= 1)
     fprintf(stderr, "erdma[%d]: rank %d: %s; QUIC now goes through the TURN relay\n",
             e->cfg.rank, rank, why);
+}
+
+/* A FALLBACK tunnel on the relay whose peer's packets come straight again:
+ * the direct path works (NAT bindings and firewalls pass both ways, which
+ * our own probes keep open), so QUIC goes back to it.  Should it fail after
+ * all, the silence check moves it to the relay again. */
+static void relay_deactivate(erdma_engine *e, int rank) {
+  nat_relay *r = &e->nat.relay[rank];
+  uint64_t now = erdma_now();
+  r->active = 0;
+  r->quiet_since = 0;
+  r->since = now;
+  e->stats.to_direct++;
+  if (e->cfg.verbose >= 1)
+    fprintf(stderr, "erdma[%d]: rank %d: the direct path answers again; QUIC leaves the "
+            "TURN relay\n", e->cfg.rank, rank);
+}
+
+/* On the relay, a copy of one QUIC packet goes the direct way now and then:
+ * ngtcp2 drops the duplicate, and the peer learns from it that the direct
+ * path carries packets again. */
+static void direct_probe(erdma_engine *e, erdma_conn *c, nat_relay *r, uint8_t *pkt,
+                         size_t len) {
+  uint64_t now = erdma_now(), cap = (uint64_t)(e->cfg.direct_recheck * 1e9);
+  if (r->mode != ERDMA_RELAY_FALLBACK || cap == 0 || c->peer < 0 || now < r->probe_at) return;
+  socklen_t alen;
+  const struct sockaddr_storage *a = quic_addr(e, c->peer, &alen);
+  size_t one = len;
+  /* through the backend's copying path: a zero-copy batch is not ours to split */
+  e->io.send(e, a, alen, pkt, len, &one, 1);
+  e->stats.direct_probes++;
+  r->probe_gap = r->probe_gap * 2 < cap ? r->probe_gap * 2 : cap;
+  r->probe_at = now + r->probe_gap;
 }
 
 /* FALLBACK: the direct path is dead once it has been silent for
@@ -179,6 +221,7 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   if (!r->active) return 0;
   size_t stride = e->pkt_size + 4, rlens[ERDMA_TX_BATCH];
   if (!bufs) { /* zero-copy batch: each header goes in the room in front of its packet */
+    direct_probe(e, c, r, e->io.tx_buf(e, 0, n), lens[0]);
     for (int i = 0; i < n; i++) {
       uint8_t *out = e->io.tx_buf(e, i, n) - ERDMA_TX_PREFIX;
       out[0] = (uint8_t)(r->channel >> 8);
@@ -191,6 +234,7 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
     e->stats.relay_sent += (uint64_t)n;
     return 1;
   }
+  direct_probe(e, c, r, bufs, lens[0]);
   if (!s->txbuf && !(s->txbuf = malloc((size_t)ERDMA_TX_BATCH * stride))) return 0;
   /* each packet gets its own header; a run of equal-sized ones may still
    * leave as a GSO train, whose segments are whole ChannelData messages */
@@ -208,14 +252,13 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   return 1;
 }
 
-/* The fallback relay whose peer has QUIC address `a`, if any is still on
- * the direct path. */
+/* The fallback relay whose peer has QUIC address `a`, if any. */
 static int fallback_of_addr(erdma_engine *e, const struct sockaddr_storage *a) {
   nat_state *s = &e->nat;
   for (int i = 0; i < s->nrelay; i++) {
     nat_relay *r = &s->relay[s->relay_ranks[i]];
     socklen_t l;
-    if (r->mode == ERDMA_RELAY_FALLBACK && !r->active &&
+    if (r->mode == ERDMA_RELAY_FALLBACK &&
         addr_equal(quic_addr(e, s->relay_ranks[i], &l), a))
       return s->relay_ranks[i];
   }
@@ -236,8 +279,11 @@ static void relay_rx(erdma_engine *e, int rank, const uint8_t *data, size_t len)
   socklen_t alen;
   struct sockaddr_storage a = *quic_addr(e, rank, &alen); /* (the conn may go away) */
   e->stats.relay_recv++;
-  /* a peer that uses the relay lost the direct path: answer it there too */
-  if (quic_rx(e, data, len, &a, alen) && r->mode == ERDMA_RELAY_FALLBACK)
+  /* a peer that uses the relay lost the direct path: answer it there too,
+   * unless its packets also came straight lately (then it is the one still
+   * moving back to the direct path, or these were in flight) */
+  if (quic_rx(e, data, len, &a, alen) && r->mode == ERDMA_RELAY_FALLBACK &&
+      erdma_now() - r->direct_rx > (uint64_t)(e->cfg.path_timeout * 1e9))
     relay_activate(e, rank, "the peer switched to the relay");
 }
 
@@ -266,8 +312,12 @@ int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
   if (rank < 0) return 0; /* plain QUIC: the caller hands it on */
   /* the direct path of a fallback relay: alive while the peer's own 1-RTT
    * packets come (anyone can send a valid Initial from its address) */
-  if (conn_handle_datagram(e, data, len, from, fromlen) && s->relay)
-    s->relay[rank].quiet_since = 0;
+  if (conn_handle_datagram(e, data, len, from, fromlen) && s->relay) {
+    nat_relay *r = &s->relay[rank];
+    r->quiet_since = 0;
+    r->direct_rx = erdma_now();
+    if (r->active && e->cfg.direct_recheck > 0) relay_deactivate(e, rank);
+  }
   return 1;
 }
 
@@ -386,7 +436,8 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
   socklen_t tlen, plen = 0;
   if (!e) return ERDMA_ERR_INVAL;
   if (rank < 0 || rank >= e->cfg.size || rank == e->cfg.rank) return ERDMA_ERR_RANK;
-  if (mode != ERDMA_RELAY_OFF && mode != ERDMA_RELAY_ALWAYS && mode != ERDMA_RELAY_FALLBACK)
+  if (mode != ERDMA_RELAY_OFF && mode != ERDMA_RELAY_ALWAYS && mode != ERDMA_RELAY_FALLBACK &&
+      mode != ERDMA_RELAY_FIRST)
     return ERDMA_ERR_INVAL;
   if (mode != ERDMA_RELAY_OFF) {
     if (channel < CHANNEL_MIN || channel > CHANNEL_MAX || turn_port <= 0 ||
@@ -438,13 +489,17 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
       goto out;
     }
   }
-  r->mode = mode;
+  r->mode = mode == ERDMA_RELAY_FIRST ? ERDMA_RELAY_FALLBACK : mode;
   r->turn = t;
   r->channel = (uint16_t)channel;
   r->peer = pa;
   r->peer_len = plen;
-  r->active = mode == ERDMA_RELAY_ALWAYS;
+  r->active = mode == ERDMA_RELAY_ALWAYS || mode == ERDMA_RELAY_FIRST;
   r->quiet_since = 0;
+  r->direct_rx = 0;
+  r->since = erdma_now();
+  r->probe_gap = PROBE_FIRST_NS;
+  r->probe_at = r->since + r->probe_gap;
   if (!had) s->relay_ranks[s->nrelay++] = rank;
   if (!e->peers[rank].known && !e->peers[rank].addr_len) {
     /* a QUIC address until erdma_engine_set_peer gives one */
