@@ -421,6 +421,20 @@ def test_relay_always_through_coturn(bed, pkt):
             e.shutdown(5.0)
 
 
+def all_arrived_once(b, recvs, sends, sizes, total):
+    """Message i (payload(sizes[i], i)) arrived intact at b, every send
+    completed, and b received ``total`` messages in all: none lost, none twice."""
+    for i, r in enumerate(recvs):
+        st = r.wait(WAIT)
+        assert st.error == 0 and st.nbytes == sizes[i]
+        assert bytes(r.take()) == payload(sizes[i], i), f"message {i} corrupted"
+        r.free()
+    for s in sends:
+        assert s.wait(WAIT).error == 0
+    assert b.iprobe(ANY_SOURCE, ANY_TAG, CTX) is None
+    assert b.stats()["msgs_recv"] == total
+
+
 def fallback_run(a, b, cut, dropped):
     """a and b connected over the direct path with FALLBACK tunnels; numbered
     messages (eager, and a rendezvous one every 50) flow while cut() kills the
@@ -438,16 +452,7 @@ def fallback_run(a, b, cut, dropped):
         if i == n // 3:
             cut()
         time.sleep(0.005)
-    for i, r in enumerate(recvs):
-        st = r.wait(WAIT)
-        assert st.error == 0 and st.nbytes == sizes[i]
-        assert bytes(r.take()) == payload(sizes[i], i), f"message {i} corrupted"
-        r.free()
-    for s in sends:
-        assert s.wait(WAIT).error == 0
-    # nothing lost, nothing extra: no duplicate was delivered
-    assert b.iprobe(ANY_SOURCE, ANY_TAG, CTX) is None
-    assert b.stats()["msgs_recv"] == 2 + n
+    all_arrived_once(b, recvs, sends, sizes, 2 + n)
     assert dropped() > 0  # the direct path really was used, and cut
     assert a.peer_route(1) == "relay" and b.peer_route(0) == "relay"
     assert a.stats()["relay_sent"] > 0 and b.stats()["relay_sent"] > 0
@@ -505,16 +510,7 @@ def test_relay_fallback_returns_to_direct_when_restored(bed):
         bed.restore()
         back = pump_until("direct", 20)
         pump(50)
-        for i, r in enumerate(recvs):
-            st = r.wait(WAIT)
-            assert st.error == 0 and st.nbytes == sizes[i]
-            assert bytes(r.take()) == payload(sizes[i], i), f"message {i} corrupted"
-            r.free()
-        for s in sends:
-            assert s.wait(WAIT).error == 0
-        # nothing lost, nothing extra
-        assert b.iprobe(ANY_SOURCE, ANY_TAG, CTX) is None
-        assert b.stats()["msgs_recv"] == len(sizes)
+        all_arrived_once(b, recvs, sends, sizes, len(sizes))
         sa, sb = a.stats(), b.stats()
         for st in (sa, sb):
             assert st["to_relay"] == 1 and st["to_direct"] == 1, st
