@@ -360,6 +360,8 @@ class Engine:
         self.size = size
         self._lock = threading.Lock()
         self._closed = False
+        #: seconds, the longest gap between probes of a relayed peer's direct path
+        self.direct_recheck = 0.0
 
     @classmethod
     def create(cls, rank: int = 0, size: int = 1, bind: str = "127.0.0.1", port: int = 0,
@@ -473,7 +475,9 @@ class Engine:
             detail = ffi.string(lib.erdma_last_error()).decode(errors="replace")
             raise EngineError(rc, f"engine start ({pktio}, bind {bind}:{port})"
                               + (f": {detail}" if detail else ""))
-        return cls(out[0], rank, size)
+        eng = cls(out[0], rank, size)
+        eng.direct_recheck = direct_recheck
+        return eng
 
     # -- bootstrap
     @property
@@ -656,6 +660,18 @@ class Engine:
         _check(lib.erdma_engine_set_peer_relay(self._h, rank, turn_host.encode(), int(turn_port),
                                                int(channel), peer_host.encode(), int(peer_port),
                                                mode), f"relay for rank {rank}")
+
+    def set_peer_redirect(self, rank: int, relay_host: str, relay_port: int,
+                          relay_first: bool = True) -> None:
+        """Reach ``rank`` through *its* TURN allocation: packets go plainly to its
+        relayed address relay_host:relay_port, and QUIC packets from there are
+        its own.  ``relay_first``: until the direct path (the address of
+        :meth:`set_peer`) carries the peer's packets, as with
+        :meth:`set_peer_relay`; else always."""
+        mode = lib.ERDMA_RELAY_FIRST if relay_first else lib.ERDMA_RELAY_ALWAYS
+        _check(lib.erdma_engine_set_peer_relay(self._h, rank, ffi.NULL, 0, 0,
+                                               relay_host.encode(), int(relay_port), mode),
+               f"relay for rank {rank}")
 
     def clear_peer_relay(self, rank: int) -> None:
         _check(lib.erdma_engine_set_peer_relay(self._h, rank, ffi.NULL, 0, 0, ffi.NULL, 0,

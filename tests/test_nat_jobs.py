@@ -141,6 +141,53 @@ def test_symmetric_nat_goes_through_the_relay(kinds):
         _assert_relayed(recs, 0, 1)
 
 
+RETURN_SCRIPT = os.path.join(ROOT, "tests", "scripts", "nat_return.py")
+
+
+@needs_nat_engine
+@pytest.mark.slow
+def test_pair_started_on_the_relay_moves_to_the_direct_path():
+    """Two port-restricted sites whose routers drop UDP between them while the
+    checks run (a punch that loses its race) start on the relay; once the
+    path opens, both move to it within 30 s, with every Allreduce checked."""
+    import threading
+    with NatBed(["port_restricted", "port_restricted"]) as bed:
+        job = Job(bed)
+        other = bed.router_public[1]
+        for sel in ("saddr", "daddr"):
+            bed.run(("router", 0), ["nft", "add", "rule", "ip", "natbed", "cutoff",
+                                    "ip", sel, other, "drop"])
+        flags = bed.tmpdir / "flags"
+        flags.mkdir()
+        opened = []
+
+        def opener():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if all((flags / f"started-{r}").exists() for r in (0, 1)):
+                    bed.run(("router", 0), ["nft", "flush", "chain", "ip", "natbed", "cutoff"])
+                    opened.append(time.monotonic())
+                    (flags / "opened").write_text("")
+                    return
+                time.sleep(0.1)
+        t = threading.Thread(target=opener, daemon=True)
+        t.start()
+        text, _, _ = job.run([(0, 0, 1), (1, 0, 1)], 2, args=[flags, 30], timeout=150,
+                             script=RETURN_SCRIPT)
+        t.join(5)
+    recs = {}
+    for m in re.finditer(r"NATRET (\{.*\})", text):
+        rec = json.loads(m.group(1))
+        recs[rec["rank"]] = rec
+    assert sorted(recs) == [0, 1] and opened, text
+    for r, rec in recs.items():
+        assert rec["paths"][str(1 - r)].startswith("relay"), rec    # the checks chose the relay
+        assert rec["start_route"] == "relay", rec
+        assert rec["end_route"] == "direct", rec
+        assert rec["seconds_to_direct"] < 30, rec
+        assert rec["to_direct"] == 1 and rec["to_relay"] == 0, rec
+
+
 EXAMPLE = os.path.join(ROOT, "hpc_examples", "ddp_train.py")
 
 

@@ -187,15 +187,48 @@ def install_paths(eng, store, rank: int, size: int, cfg: NatConfig, fingerprints
     if cfg.turn is not None:
         cfg.keep_turn = True  # direct paths get the relay as their fallback
     res = establish(EnginePort(eng), rank, size, publish, fetch, cfg)
+    recheck = getattr(eng, "direct_recheck", 0) > 0
     for r, pr in sorted(res.items()):
-        eng.set_peer(r, pr.remote_addr, pr.remote_port, fingerprints[r])
-        if pr.via_relay:
-            eng.set_peer_relay(r, pr.turn_server[0], pr.turn_server[1], pr.channel,
-                               pr.remote_addr, pr.remote_port)
+        _install_pair(eng, r, pr, res.records[r], fingerprints[r], recheck)
         log.info("rank %d -> rank %d: %s", rank, r, pr.describe())
     if res.turn is not None:
         _bind_fallbacks(eng, res, rank)
     return res
+
+
+def _install_pair(eng, r, pr, record, fingerprint, recheck):
+    """Point the engine at the pair chosen for rank ``r``.
+
+    A relayed pair with a direct candidate at the far end (the checks found no
+    direct path in time: a punch that lost a race, a path that opens later)
+    starts on the relay and probes the direct path, moving there once the
+    peer's packets come that way (``recheck``: ``ERDMA_DIRECT_RECHECK`` > 0).
+    The side that sends through its own allocation already knows the peer by
+    that candidate (its channel is bound to it); the side that sends to the
+    peer's relayed address learns it from the peer's record."""
+    if pr.via_relay:
+        eng.set_peer(r, pr.remote_addr, pr.remote_port, fingerprint)
+        eng.set_peer_relay(r, pr.turn_server[0], pr.turn_server[1], pr.channel,
+                           pr.remote_addr, pr.remote_port,
+                           relay_first=recheck and pr.remote_type != "relay")
+        return
+    direct = _direct_candidate(record) if recheck and pr.remote_type == "relay" else None
+    if direct is None:
+        eng.set_peer(r, pr.remote_addr, pr.remote_port, fingerprint)
+        return
+    eng.set_peer(r, direct[0], direct[1], fingerprint)
+    eng.set_peer_redirect(r, pr.remote_addr, pr.remote_port)
+
+
+def _direct_candidate(record):
+    """The peer's most likely directly reachable address: its best
+    server-reflexive candidate, else its best host candidate (None if none)."""
+    for ctype in ("srflx", "host"):
+        cands = [c for c in record.get("candidates", []) if c.get("type") == ctype]
+        if cands:
+            best = max(cands, key=lambda c: c.get("priority", 0))
+            return str(best["addr"]), int(best["port"])
+    return None
 
 
 def _bind_fallbacks(eng, res, rank):

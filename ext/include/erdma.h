@@ -513,7 +513,10 @@ int erdma_engine_add_turn_server(erdma_engine *e, const char *host, int port);
  * reflexive address).  The QUIC path (the address given to
  * erdma_engine_set_peer, which is still needed to pin the certificate) does
  * not change: the relay is a tunnel under QUIC.  mode: ERDMA_RELAY_*.
- * channel: 0x4000..0x4FFF, one rank per (server, channel). */
+ * channel: 0x4000..0x4FFF, one rank per (server, channel).  turn_host NULL
+ * or "": no allocation of ours, the peer's is the relay: packets go plainly
+ * to peer_host:peer_port (its relayed address), and QUIC packets from there
+ * are the peer's (modes ALWAYS and FIRST only). */
 int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host,
                                 int turn_port, int channel, const char *peer_host,
                                 int peer_port, int mode);

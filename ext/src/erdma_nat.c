@@ -219,6 +219,15 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   if (!r->active && r->mode == ERDMA_RELAY_FALLBACK && c->peer >= 0)
     fallback_check(e, c, r, rank);
   if (!r->active) return 0;
+  if (r->turn < 0) { /* no allocation of ours: plain to the peer's relayed address */
+    direct_probe(e, c, r, bufs ? bufs : e->io.tx_buf(e, 0, n), lens[0]);
+    if (!bufs)
+      e->io.tx_commit(e, &r->peer, r->peer_len, 0, lens, n);
+    else
+      e->io.send(e, &r->peer, r->peer_len, bufs, e->pkt_size, lens, n);
+    e->stats.relay_sent += (uint64_t)n;
+    return 1;
+  }
   size_t stride = e->pkt_size + 4, rlens[ERDMA_TX_BATCH];
   if (!bufs) { /* zero-copy batch: each header goes in the room in front of its packet */
     direct_probe(e, c, r, e->io.tx_buf(e, 0, n), lens[0]);
@@ -307,6 +316,13 @@ int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,
     /* STUN; from a TURN server also Data indications and unbound channels */
     raw_push(e, data, len, from, fromlen);
     return 1;
+  }
+  for (int i = 0; i < s->nrelay; i++) { /* from a peer's relayed address we send to */
+    nat_relay *r = &s->relay[s->relay_ranks[i]];
+    if (r->turn < 0 && addr_equal(&r->peer, from)) {
+      relay_rx(e, s->relay_ranks[i], data, len);
+      return 1;
+    }
   }
   int rank = s->nrelay ? fallback_of_addr(e, from) : -1;
   if (rank < 0) return 0; /* plain QUIC: the caller hands it on */
@@ -439,10 +455,12 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
   if (mode != ERDMA_RELAY_OFF && mode != ERDMA_RELAY_ALWAYS && mode != ERDMA_RELAY_FALLBACK &&
       mode != ERDMA_RELAY_FIRST)
     return ERDMA_ERR_INVAL;
+  int plain = !turn_host || !turn_host[0];
+  if (plain && mode == ERDMA_RELAY_FALLBACK) return ERDMA_ERR_INVAL;
   if (mode != ERDMA_RELAY_OFF) {
-    if (channel < CHANNEL_MIN || channel > CHANNEL_MAX || turn_port <= 0 ||
-        addr_resolve(turn_host, turn_port, &ta, &tlen) != 0 ||
-        addr_resolve(peer_host, peer_port, &pa, &plen) != 0)
+    if ((!plain && (channel < CHANNEL_MIN || channel > CHANNEL_MAX || turn_port <= 0 ||
+                    addr_resolve(turn_host, turn_port, &ta, &tlen) != 0)) ||
+        !peer_host || addr_resolve(peer_host, peer_port, &pa, &plen) != 0)
       return ERDMA_ERR_INVAL;
   }
   pthread_mutex_lock(&e->mu);
@@ -472,8 +490,8 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
     memset(r, 0, sizeof *r);
     goto out;
   }
-  int t = turn_index(s, &ta);
-  if (t < 0) {
+  int t = plain ? -1 : turn_index(s, &ta);
+  if (t < 0 && !plain) {
     if (s->nturn >= ERDMA_MAX_TURN) {
       rv = ERDMA_ERR_INVAL;
       goto out;
@@ -484,14 +502,14 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
   }
   for (int i = 0; i < s->nrelay; i++) { /* a channel names one peer */
     nat_relay *o = &s->relay[s->relay_ranks[i]];
-    if (s->relay_ranks[i] != rank && o->turn == t && o->channel == channel) {
+    if (!plain && s->relay_ranks[i] != rank && o->turn == t && o->channel == channel) {
       rv = ERDMA_ERR_INVAL;
       goto out;
     }
   }
   r->mode = mode == ERDMA_RELAY_FIRST ? ERDMA_RELAY_FALLBACK : mode;
   r->turn = t;
-  r->channel = (uint16_t)channel;
+  r->channel = plain ? 0 : (uint16_t)channel;
   r->peer = pa;
   r->peer_len = plen;
   r->active = mode == ERDMA_RELAY_ALWAYS || mode == ERDMA_RELAY_FIRST;
