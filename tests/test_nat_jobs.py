@@ -141,6 +141,36 @@ def test_symmetric_nat_goes_through_the_relay(kinds):
         _assert_relayed(recs, 0, 1)
 
 
+# Every pair of site kinds (docs/nat.md, "Whole jobs: every pair of NAT kinds"):
+# whether it connects directly or through the relay.  "none" is a public host;
+# a udp_blocked site reaches coturn over TCP.
+_KINDS = ["none", "full_cone", "port_restricted", "symmetric", "udp_blocked"]
+_RELAYED = {("port_restricted", "symmetric"), ("symmetric", "symmetric")}
+MATRIX = [(a, b) for i, a in enumerate(_KINDS) for b in _KINDS[i:]]
+
+
+@needs_nat_engine
+@pytest.mark.slow
+@pytest.mark.parametrize("kinds", MATRIX, ids=["-".join(k) for k in MATRIX])
+def test_every_pair_of_nat_kinds_runs_a_job(kinds):
+    """A 2-rank job, one rank per site, runs its checked collectives; the pair
+    is direct unless a symmetric NAT meets a filtering one, or a site blocks
+    UDP (then it reaches its TURN server over TCP and the pair is relayed)."""
+    with NatBed(list(kinds)) as bed:
+        job = Job(bed)
+        envs = [job.env(ERDMA_TURN=_turn_uri(job)) if k == "udp_blocked" else job.env()
+                for k in kinds]
+        _, _, recs = job.run([(0, 0, 1), (1, 0, 1)], 2, args=[2], env=envs)
+    relayed = "udp_blocked" in kinds or kinds in _RELAYED
+    if relayed:
+        _assert_relayed(recs, 0, 1)
+    else:
+        assert set(_routes(recs).values()) == {"direct"}, recs
+    print(f"NATPAIR {kinds[0]} {kinds[1]}: {recs[0]['paths']['1']} | {recs[1]['paths']['0']}; "
+          f"routes {recs[0]['routes']['1']}/{recs[1]['routes']['0']}; bootstrap "
+          f"{max(r['bootstrap_seconds'] or 0 for r in recs.values()):.2f} s")
+
+
 RETURN_SCRIPT = os.path.join(ROOT, "tests", "scripts", "nat_return.py")
 
 
