@@ -100,8 +100,8 @@ def _pktio_opts(env) -> dict:
                 dpdk_neigh=env.get("ERDMA_DPDK_NEIGH", ""))
 
 
-def _route_addr(host: str, port: int) -> str:
-    """The local address that routes to the rendezvous host."""
+def _route_source(host: str, port: int):
+    """The local address that routes to host, or None if none does."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
         fam, _, _, _, addr = infos[0]
@@ -109,7 +109,12 @@ def _route_addr(host: str, port: int) -> str:
             s.connect(addr)
             return s.getsockname()[0]
     except OSError:
-        return "127.0.0.1"
+        return None
+
+
+def _route_addr(host: str, port: int) -> str:
+    """The local address that routes to the rendezvous host."""
+    return _route_source(host, port) or "127.0.0.1"
 
 
 def _require_secret(env, rank: int, size: int) -> None:
@@ -177,7 +182,8 @@ def init_world() -> Engine:
             if env.get("ERDMA_BIND"):
                 bind = env["ERDMA_BIND"]
             elif nat is not None and _first_server(nat):
-                bind = _route_addr(*_first_server(nat))
+                from .nat.paths import bind_address
+                bind = bind_address(nat, _route_source) or _route_addr(*_first_server(nat))
             elif rdv or env.get("ERDMA_DHT"):
                 # the address that routes to the rendezvous (or the first DHT peer)
                 first = rdv or env["ERDMA_DHT"].split(",")[0]

@@ -131,9 +131,12 @@ class StoreServer:
         self._closed = False
         self._conns = set()
         self._per_ip = {}
+        # "::" serves IPv4 clients too, where the system can (dual-stack)
         self._listener = socket.create_server((host, port), backlog=1024,
                                               family=socket.AF_INET6 if ":" in host
-                                              else socket.AF_INET, reuse_port=False)
+                                              else socket.AF_INET, reuse_port=False,
+                                              dualstack_ipv6=(host == "::" and
+                                                              socket.has_dualstack_ipv6()))
         self._listener.setblocking(False)
         self._max_conns = self._fd_budget(self.limits["max_conns"])
         self._sel = selectors.DefaultSelector()

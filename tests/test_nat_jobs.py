@@ -38,13 +38,15 @@ class Job:
         self.bed = bed
         self.turn = bed.start_turn(tls_port=tls_port) if turn else None
         self.rdv = f"198.18.0.2:{RDV_PORT}"
+        serve = f"[::]:{RDV_PORT}" if bed.ipv6 else self.rdv   # both families
         self.secret_file = bed.tmpdir / "secret"
         self.secret_file.write_text(secrets.token_hex(16))
         self.secret_file.chmod(0o600)
         # a strict store: it creates a job space only for this secret's jobs
-        p = bed.popen("pub", [*ERDMARUN, "--serve-rendezvous", self.rdv, "--require-auth",
+        p = bed.popen("pub", [*ERDMARUN, "--serve-rendezvous", serve, "--require-auth",
                               "--admit-file", str(self.secret_file)],
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                      env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
         line = p.stdout.readline()
         assert str(RDV_PORT) in line, f"rendezvous server did not start: {line!r}"
 
@@ -55,7 +57,8 @@ class Job:
                    ERDMA_CONNECT_TIMEOUT="40", ERDMA_TIMEOUT="20", OMP_NUM_THREADS="1")
         if self.turn is not None:
             h, port = self.turn
-            env["ERDMA_STUN"] = ",".join(f"{a}:{b}" for a, b in self.bed.stun_servers)
+            env["ERDMA_STUN"] = ",".join(f"[{a}]:{b}" if ":" in a else f"{a}:{b}"
+                                         for a, b in self.bed.stun_servers)
             env["ERDMA_TURN"] = f"{TURN_USER}:{TURN_PASSWORD}@{h}:{port}"
         else:
             env["ERDMA_NAT"] = "1"
@@ -69,7 +72,10 @@ class Job:
         jobid = "nat" + secrets.token_hex(4)
         procs, first = [], 0
         for i, (site, j, k) in enumerate(layout):
-            argv = [*ERDMARUN, "--rendezvous", self.rdv, "--job-id", jobid, "-n", str(n),
+            # a site without IPv4 reaches the rendezvous over IPv6
+            v6_only = self.bed.kinds[site] == "v6_only"
+            rdv = f"[fd00:198:18::2]:{RDV_PORT}" if v6_only else self.rdv
+            argv = [*ERDMARUN, "--rendezvous", rdv, "--job-id", jobid, "-n", str(n),
                     "--ranks", f"{first}-{first + k - 1}", "--secret-file", str(self.secret_file),
                     "--tag-output", "--connect-timeout", "40", "--timeout", str(timeout),
                     sys.executable, script, *map(str, args)]
@@ -169,6 +175,30 @@ def test_every_pair_of_nat_kinds_runs_a_job(kinds):
     print(f"NATPAIR {kinds[0]} {kinds[1]}: {recs[0]['paths']['1']} | {recs[1]['paths']['0']}; "
           f"routes {recs[0]['routes']['1']}/{recs[1]['routes']['0']}; bootstrap "
           f"{max(r['bootstrap_seconds'] or 0 for r in recs.values()):.2f} s")
+
+
+@needs_nat_engine
+@pytest.mark.slow
+def test_ipv6_only_site_and_dual_stack_site():
+    """An IPv6-only site, a dual-stack public host and an IPv4-only NATed
+    site in one job: the dual-stack rank binds one socket for both families
+    and reaches the IPv6-only rank over IPv6 and the NATed one over IPv4; the
+    IPv6-only rank reaches the IPv4-only one through its TURN allocation (an
+    IPv4 relayed address, reached over IPv6)."""
+    with NatBed(["v6_only", "none", "full_cone"]) as bed:
+        job = Job(bed)
+        turn6 = f"{TURN_USER}:{TURN_PASSWORD}@[fd00:198:18::1]:{job.turn[1]}"
+        envs = [job.env(ERDMA_TURN=turn6), job.env(), job.env()]
+        text, _, recs = job.run([(0, 0, 1), (1, 0, 1), (2, 0, 1)], 3, env=envs)
+    paths = {(r, int(p)): d for r, rec in recs.items() for p, d in rec["paths"].items()}
+    routes = _routes(recs)
+    v6, dual = bed.host(0).addr6, bed.host(1).addr6
+    assert paths[(1, 0)].startswith("direct") and v6 in paths[(1, 0)], paths
+    assert paths[(0, 1)].startswith("direct") and dual in paths[(0, 1)], paths
+    assert paths[(1, 2)].startswith("direct") and paths[(2, 1)].startswith("direct"), paths
+    assert ":" not in paths[(1, 2)].rsplit(" ", 1)[1].rsplit(":", 1)[0], paths  # over IPv4
+    assert routes[(0, 1)] == routes[(1, 0)] == "direct", routes
+    _assert_relayed(recs, 0, 2)
 
 
 RETURN_SCRIPT = os.path.join(ROOT, "tests", "scripts", "nat_return.py")

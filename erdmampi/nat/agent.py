@@ -194,8 +194,11 @@ def _establish(port, rank, size, publish, fetch, cfg, turn, t0, turn_error=None)
             records[r] = rec
     t_fetch = time.monotonic()
     if local.turn is not None:
+        # only the relayed address's family: TURN refuses a permission request
+        # that names the other one (443, peer address family mismatch)
+        v6 = local.turn.relayed is not None and ":" in str(local.turn.relayed[0])
         ips = {(c["addr"], 0) for rec in records.values() for c in rec["candidates"]
-               if c["public"]}
+               if c["public"] and (":" in str(c["addr"])) == v6}
         try:
             local.turn.create_permission(sorted(ips))
         except NatError:

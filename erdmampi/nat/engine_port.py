@@ -24,8 +24,9 @@ class EnginePort:
         return host.strip("[]"), int(port)
 
     def send(self, data: bytes, addr: "tuple[str, int]") -> None:
+        from erdmampi.nat.ice import socket_families
         host = str(addr[0])
-        if (":" in host) != (":" in self.local_address()[0]):
+        if (6 if ":" in host else 4) not in socket_families(self.local_address()[0]):
             return  # the other address family: unreachable from this socket
         self.engine.raw_send(data, host, int(addr[1]))
 

@@ -170,6 +170,14 @@ def _family(host: str) -> int:
         return 0
 
 
+def socket_families(host: str) -> "set[int]":
+    """The address families a UDP socket bound to ``host`` reaches: both for
+    "::" (a dual-stack socket), else the address's own."""
+    if host in ("::", ""):
+        return {4, 6}
+    return {6} if ":" in host else {4}
+
+
 def _route_source(dest) -> "str | None":
     """The local address the kernel would use toward ``dest`` (no packet sent)."""
     try:
@@ -200,6 +208,11 @@ class LocalAgent:
                 return c["addr"], c["port"]
         return None
 
+    @property
+    def host_addrs(self) -> "list[tuple[str, int]]":
+        """Every host candidate (one per address family on a dual-stack socket)."""
+        return [(c["addr"], c["port"]) for c in self.candidates if c["type"] == "host"]
+
     def record(self, rank=None) -> dict:
         rec = {"ufrag": self.ufrag, "pwd": self.pwd, "candidates": list(self.candidates),
                "stun_answered": len(self.stun_answered), "stun_asked": len(self.stun_asked),
@@ -215,17 +228,26 @@ def gather(port, stun_servers=(), turn=None, timeout=1.5, host_addresses=None) -
     :param stun_servers: ``[(host, port), ...]`` asked for server-reflexive addresses.
     :param turn: a :class:`~erdmampi.nat.turn.TurnClient` (not yet allocated) or None.
     :param host_addresses: host candidate addresses when the port is bound to a
-        wildcard (default: the address routing toward the first STUN/TURN server).
+        wildcard (default: the address routing toward the first STUN/TURN server,
+        and on a dual-stack socket the one toward the first server of each
+        address family).
+    Servers of an address family the port cannot reach are not asked.
     """
     la = LocalAgent(ufrag=secrets.token_hex(4), pwd=secrets.token_urlsafe(18), candidates=[])
     host, lport = port.local_address()
+    fams = socket_families(host)
+    stun_servers = [s for s in stun_servers if _family(str(s[0])) in fams]
     if host in ("0.0.0.0", "::", ""):
         if host_addresses:
             hosts = list(host_addresses)
         else:
-            probe = list(stun_servers)[:1] or ([turn.server] if turn is not None else [])
-            src = _route_source(probe[0]) if probe else None
-            hosts = [src] if src else []
+            servers = list(stun_servers) + ([turn.server] if turn is not None else [])
+            hosts = []
+            for fam in (4, 6):
+                probe = [sv for sv in servers if _family(str(sv[0])) == fam][:1]
+                src = _route_source(probe[0]) if probe and fam in fams else None
+                if src and _family(src) == fam:
+                    hosts.append(src)
     else:
         hosts = [host]
     seen = set()
@@ -351,20 +373,21 @@ class IceSession:
         self.error: "str | None" = None
         self.requests_seen = 0
         self.bad_integrity = 0
-        host = local.host_addr
-        self._host = host
+        self._hosts = set(local.host_addrs)
         self._srflx = {(c["addr"], c["port"]) for c in local.candidates if c["type"] == "srflx"}
         host_prio = candidate_priority("host")
-        bases = [("sock", "host", host_prio)]
+        # the socket reaches the families of its host candidates (both on a
+        # dual-stack socket); a relay only its relayed address's family
+        fams = {_family(h[0]) for h in self._hosts} or {4}
+        bases = [("sock", "host", host_prio, fams)]
         relay = [c for c in local.candidates if c["type"] == "relay"]
         if relay and local.turn is not None and local.turn.relayed is not None:
-            bases.append(("relay", "relay", relay[0]["priority"]))
-        fam = _family(host[0]) if host else 4
+            bases.append(("relay", "relay", relay[0]["priority"], {_family(relay[0]["addr"])}))
         for c in remote["candidates"]:
             raddr = (c["addr"], c["port"])
-            if _family(c["addr"]) != fam:
-                continue
-            for base, ltype, lprio in bases:
+            for base, ltype, lprio, bfams in bases:
+                if _family(c["addr"]) not in bfams:
+                    continue
                 if base == "relay" and not c["public"]:
                     continue        # a TURN server cannot reach private addresses (and
                                     # coturn drops the allocation on ENETUNREACH)
@@ -382,7 +405,7 @@ class IceSession:
             raise NatError(self.error or f"rank {self.my_rank}: no path to rank {self.peer_rank}")
         if p.base == "relay":
             ltype = "relay"
-        elif p.mapped is None or p.mapped == self._host:
+        elif p.mapped is None or p.mapped in self._hosts:
             ltype = "host"
         elif p.mapped in self._srflx:
             ltype = "srflx"

@@ -159,6 +159,27 @@ def first_server(cfg: NatConfig) -> tuple[str, int] | None:
     return None
 
 
+def bind_address(cfg: NatConfig, route_source) -> str | None:
+    """The address the engine binds for NAT traversal: "::" (one dual-stack
+    socket, IPv4 and IPv6 candidates) when servers of both families are
+    configured and this host routes to one of each; else the local address
+    that routes to the first server that is reachable (None: no server).
+    ``route_source(host, port)`` gives that address, or None."""
+    servers = list(cfg.stun_servers) + ([cfg.turn[:2]] if cfg.turn is not None else [])
+    routed = {}
+    for h, p in servers:
+        fam = 6 if ":" in str(h) else 4
+        if fam not in routed:
+            src = route_source(h, p)
+            if src is not None:
+                routed[fam] = src
+    if len(routed) == 2:
+        return "::"
+    if routed:
+        return next(iter(routed.values()))
+    return None
+
+
 def install_paths(eng, store, rank: int, size: int, cfg: NatConfig, fingerprints: dict,
                   timeout: float):
     """Run the checks with every peer, then point the engine at the chosen paths.

@@ -30,6 +30,13 @@ NAT kinds (router ``nft`` table ``natbed``):
   come in (address-and-port-dependent filtering) -- hole punching needed.
 * ``symmetric``: ``masquerade fully-random``: a new random port per destination.
 * ``udp_blocked``: the router drops all forwarded UDP (TCP still masqueraded).
+* ``v6_only``: the host has a public IPv6 address and no IPv4 at all.
+
+With ``ipv6=True`` (implied by a ``v6_only`` site) the public bridge also
+carries IPv6 (``fd00:198:18::/64``, no NAT, as IPv6 sites usually are): the
+services get ``fd00:198:18::1`` and ``::2`` besides their IPv4 addresses,
+and the hosts of ``none`` sites an IPv6 address besides their IPv4 one
+(dual-stack).  Sites behind NATs stay IPv4-only.
 
 Unsolicited UDP to a router's own address is dropped in its input hook, so the
 conntrack entry it would create is never confirmed and cannot steal the port a
@@ -54,12 +61,14 @@ from erdmampi.testing.wan import WanBedError, _kill_ns, _run, kill_group
 __all__ = ["NatBed", "NatBedError", "KINDS", "natbed_available", "cleanup_stale",
            "socket_in_netns"]
 
-KINDS = ("none", "full_cone", "port_restricted", "symmetric", "udp_blocked")
+KINDS = ("none", "full_cone", "port_restricted", "symmetric", "udp_blocked", "v6_only")
 _PREFIX = "erdnat"
 _counter = itertools.count()
 _CLONE_NEWNET = 0x40000000
 PUBLIC_NET = "198.18.0"           # /24 inside 198.18.0.0/15 (RFC 2544 benchmarking)
 SERVICE_IPS = (f"{PUBLIC_NET}.1", f"{PUBLIC_NET}.2")
+PUBLIC_NET6 = "fd00:198:18:"      # ULA /64 of the public bridge, when the bed has IPv6
+SERVICE_IPS6 = (f"{PUBLIC_NET6}:1", f"{PUBLIC_NET6}:2")
 TURN_USER, TURN_PASSWORD, TURN_REALM = "natuser", "natpass", "natbed"
 
 
@@ -134,9 +143,10 @@ def socket_in_netns(ns: str, family=socket.AF_INET, type=socket.SOCK_DGRAM) -> s
 class Host:
     """One host of a site: its namespace and addresses."""
 
-    def __init__(self, site, index, ns, addr, public):
+    def __init__(self, site, index, ns, addr, public, addr6=None):
         self.site, self.index, self.ns, self.addr = site, index, ns, addr
         self.public = public        #: the public address its NAT maps it to (None: masquerade)
+        self.addr6 = addr6          #: its IPv6 address (None: IPv4 only)
 
     def __repr__(self):
         return f"Host(site={self.site}, {self.index}, {self.addr}, ns={self.ns})"
@@ -147,9 +157,10 @@ class NatBed:
 
     :param kinds: one NAT kind per site (see :data:`KINDS`).
     :param hosts: hosts per site (an int for all sites, or a list).
+    :param ipv6: IPv6 on the public bridge and at ``none`` sites (see the module doc).
     """
 
-    def __init__(self, kinds, hosts=1):
+    def __init__(self, kinds, hosts=1, ipv6=False):
         kinds = list(kinds)
         if not kinds:
             raise ValueError("a NAT bed needs at least one site")
@@ -162,22 +173,28 @@ class NatBed:
         if sum(nh) + len(kinds) > 200:
             raise ValueError("too many hosts and routers for one /24 public network")
         self.kinds = kinds
+        self.ipv6 = bool(ipv6) or "v6_only" in kinds
         self.tag = f"{_PREFIX}-{os.getpid()}-{next(_counter)}"
         self.pub_ns = f"{self.tag}-pub"
-        self.router_ns = [None if k == "none" else f"{self.tag}-r{i}"
+        self.router_ns = [None if k in ("none", "v6_only") else f"{self.tag}-r{i}"
                           for i, k in enumerate(kinds)]
         self.hosts: "list[list[Host]]" = []
         nxt = itertools.count(10)
         self.router_public: "list[str | None]" = []
         for i, k in enumerate(kinds):
             site = []
-            rpub = None if k == "none" else f"{PUBLIC_NET}.{next(nxt)}"
+            rpub = None if k in ("none", "v6_only") else f"{PUBLIC_NET}.{next(nxt)}"
             self.router_public.append(rpub)
             for j in range(nh[i]):
                 ns = f"{self.tag}-h{i}-{j}"
-                if k == "none":
-                    a = f"{PUBLIC_NET}.{next(nxt)}"
-                    site.append(Host(i, j, ns, a, a))
+                if k == "v6_only":
+                    a = f"{PUBLIC_NET6}:{next(nxt):x}"
+                    site.append(Host(i, j, ns, a, a, addr6=a))
+                elif k == "none":
+                    k4 = next(nxt)
+                    a = f"{PUBLIC_NET}.{k4}"
+                    site.append(Host(i, j, ns, a, a,
+                                     addr6=f"{PUBLIC_NET6}:{k4:x}" if self.ipv6 else None))
                 elif k == "full_cone":
                     pub = rpub if j == 0 else f"{PUBLIC_NET}.{next(nxt)}"
                     site.append(Host(i, j, ns, f"10.251.{i}.{2 + j}", pub))
@@ -201,10 +218,12 @@ class NatBed:
 
     @property
     def stun_servers(self) -> "list[tuple[str, int]]":
-        """The STUN servers (coturn's two listening addresses) once started."""
+        """The STUN servers (coturn's two listening addresses, and its IPv6 one
+        when the bed has IPv6) once started."""
         if self.turn_server is None:
             return []
-        return [(ip, self.turn_server[1]) for ip in SERVICE_IPS]
+        ips = SERVICE_IPS + (SERVICE_IPS6[:1] if self.ipv6 else ())
+        return [(ip, self.turn_server[1]) for ip in ips]
 
     def public_address(self, site, index=0) -> "str":
         """The address peers see for this host (router's or its own)."""
@@ -239,8 +258,14 @@ class NatBed:
         quiet = ("for f in all default; do echo 1 > /proc/sys/net/ipv6/conf/$f/disable_ipv6; "
                  "done 2>/dev/null; ip link set lo up")
         routers = [r for r in self.router_ns if r]
+        v6 = set()
+        if self.ipv6:
+            v6 = {self.pub_ns, *[h.ns for site in self.hosts for h in site if h.addr6]}
         for ns in self.namespaces:
             extra = ""
+            if ns in v6:    # IPv6 on, and no router advertisements to wait for
+                extra = ("; for f in all default; do echo 0 > /proc/sys/net/ipv6/conf/$f/"
+                         "disable_ipv6; echo 0 > /proc/sys/net/ipv6/conf/$f/accept_ra; done")
             if ns in routers:
                 extra = ("; echo 1 > /proc/sys/net/ipv4/ip_forward && "
                          "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter && "
@@ -250,6 +275,8 @@ class NatBed:
         batch = {ns: [] for ns in self.namespaces}
         batch[self.pub_ns] += ["link add br0 type bridge", "link set br0 up",
                                *[f"addr add {ip}/24 dev br0" for ip in SERVICE_IPS]]
+        if self.ipv6:
+            batch[self.pub_ns] += [f"addr add {ip}/64 dev br0 nodad" for ip in SERVICE_IPS6]
         for i, kind in enumerate(self.kinds):
             r = self.router_ns[i]
             if r is None:
@@ -258,7 +285,11 @@ class NatBed:
                     create.append(f"link add name eth0 netns {h.ns} type veth "
                                   f"peer name {pv} netns {self.pub_ns}")
                     batch[self.pub_ns] += [f"link set {pv} master br0", f"link set {pv} up"]
-                    batch[h.ns] += [f"addr add {h.addr}/24 dev eth0", "link set eth0 up"]
+                    if h.addr != h.addr6:
+                        batch[h.ns].append(f"addr add {h.addr}/24 dev eth0")
+                    if h.addr6:
+                        batch[h.ns].append(f"addr add {h.addr6}/64 dev eth0 nodad")
+                    batch[h.ns].append("link set eth0 up")
                 continue
             pv = f"p{i}"
             create.append(f"link add name wan netns {r} type veth peer name {pv} "
@@ -374,9 +405,9 @@ class NatBed:
     def socket(self, where, bind=None, port=0) -> socket.socket:
         """A UDP socket inside a namespace, bound to ``bind`` (default: the host's
         address) and ``port``."""
-        s = socket_in_netns(self._ns(where))
         if bind is None:
             bind = "0.0.0.0" if where == "pub" else self._host_of(where).addr
+        s = socket_in_netns(self._ns(where), socket.AF_INET6 if ":" in bind else socket.AF_INET)
         s.bind((bind, port))
         return s
 
@@ -412,13 +443,16 @@ class NatBed:
             tls = [f"--tls-listening-port={tls_port}", f"--cert={cert}", f"--pkey={key}"]
         else:
             tls = ["--no-tls"]
-        argv = ["turnserver", "-n", *[f"--listening-ip={ip}" for ip in SERVICE_IPS],
+        listen = SERVICE_IPS + (SERVICE_IPS6[:1] if self.ipv6 else ())
+        peers6 = ([f"--allowed-peer-ip={PUBLIC_NET6}:0-{PUBLIC_NET6}:ffff"]
+                  if self.ipv6 else [])
+        argv = ["turnserver", "-n", *[f"--listening-ip={ip}" for ip in listen],
                 f"--relay-ip={SERVICE_IPS[0]}", f"--listening-port={port}",
                 "--lt-cred-mech", f"--user={user}:{password}", f"--realm={realm}",
                 "--no-cli", *tls, "--no-dtls", "--log-file=stdout", "--simple-log",
                 "--min-port=49160", "--max-port=49999", f"--pidfile={pidfile}",
                 f"--userdb={self.tmpdir / 'turndb'}", "--fingerprint",
-                f"--allowed-peer-ip={PUBLIC_NET}.0-{PUBLIC_NET}.255", *extra]
+                f"--allowed-peer-ip={PUBLIC_NET}.0-{PUBLIC_NET}.255", *peers6, *extra]
         f = open(log, "w")
         try:
             p = self.popen("pub", argv, stdout=f, stderr=subprocess.STDOUT)
@@ -428,12 +462,12 @@ class NatBed:
         if self.turn_server is None:        # the first one is the bed's default
             self.turn_server = server
             self.turn_credentials = (user, password, realm)
-        # ready when both addresses answer a STUN Binding request
+        # ready when every listening address answers a STUN Binding request
         from erdmampi.nat import stun
-        s = self.socket("pub", bind="0.0.0.0")
-        try:
-            deadline = time.monotonic() + timeout
-            for ip in SERVICE_IPS:
+        deadline = time.monotonic() + timeout
+        for ip in listen:
+            s = self.socket("pub", bind="::" if ":" in ip else "0.0.0.0")
+            try:
                 while True:
                     if p.poll() is not None:
                         raise NatBedError(f"turnserver exited ({p.returncode}): "
@@ -450,8 +484,8 @@ class NatBed:
                             break
                     except (socket.timeout, stun.StunError, ConnectionRefusedError):
                         pass
-        finally:
-            s.close()
+            finally:
+                s.close()
         return server
 
     def tls_cert(self) -> "tuple[str, str]":

@@ -367,7 +367,11 @@ int erdma_engine_raw_send(erdma_engine *e, const uint8_t *data, size_t len, cons
   socklen_t tolen;
   if (!e || (!data && len) || len > 65507) return ERDMA_ERR_INVAL;
   if (addr_resolve(host, port, &to, &tolen) != 0) return ERDMA_ERR_INVAL;
-  if (to.ss_family != e->local.ss_family) return ERDMA_ERR_INVAL;
+  /* a socket bound to "::" is dual-stack and sends to IPv4 addresses too */
+  int dual = e->local.ss_family == AF_INET6 &&
+             IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&e->local)->sin6_addr);
+  if (to.ss_family != e->local.ss_family && !(dual && to.ss_family == AF_INET))
+    return ERDMA_ERR_INVAL;
   uint8_t *copy = malloc(len ? len : 1); /* backends take a writable run */
   if (!copy) return ERDMA_ERR_NOMEM;
   if (len) memcpy(copy, data, len);

@@ -77,6 +77,20 @@ static void udp_send(erdma_engine *e, const struct sockaddr_storage *to, socklen
   }
 }
 
+/* A socket bound to "::" is dual-stack: IPv4 senders arrive as v4-mapped
+ * IPv6 addresses (::ffff:a.b.c.d).  The engine knows IPv4 peers (and TURN
+ * servers) by their IPv4 addresses, so they are handed on as such; sending to
+ * an IPv4 address works on such a socket as it is. */
+static void unmap_v4(struct sockaddr_storage *a, socklen_t *len) {
+  const struct sockaddr_in6 *x = (const void *)a;
+  if (a->ss_family != AF_INET6 || !IN6_IS_ADDR_V4MAPPED(&x->sin6_addr)) return;
+  struct sockaddr_in v4 = {.sin_family = AF_INET, .sin_port = x->sin6_port};
+  memcpy(&v4.sin_addr, &x->sin6_addr.s6_addr[12], 4);
+  memset(a, 0, sizeof *a);
+  memcpy(a, &v4, sizeof v4);
+  *len = sizeof v4;
+}
+
 /* With UDP GRO the kernel may hand us several same-sized datagrams from one
  * sender in one buffer; a control message gives the segment size. */
 static void udp_recv(erdma_engine *e) {
@@ -105,6 +119,7 @@ static void udp_recv(erdma_engine *e) {
     if (n <= 0) return;
     for (int i = 0; i < n; i++) {
       size_t len = msgs[i].msg_len, seg = len;
+      unmap_v4(&from[i], &msgs[i].msg_hdr.msg_namelen);
       if (e->gro) {
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr); cm;
              cm = CMSG_NXTHDR(&msgs[i].msg_hdr, cm))
