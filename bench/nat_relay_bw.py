@@ -1,6 +1,10 @@
 """One QUIC connection's throughput between two NAT-bed sites: direct, through
 coturn over UDP, and from a UDP-blocked site through coturn over TCP and TLS
-(the datagram<->stream shim of erdmampi/nat/turn_stream.py).
+(the datagram<->stream shim of erdmampi/nat/turn_stream.py); and, as the
+yardstick for the relayed settings, what coturn forwards of a plain UDP flow
+(`coturn-flow`: 1452-byte ChannelData messages from a symmetric-NAT site to a
+public host, sent by bench/udpflow.c with sendmmsg as fast as one core can,
+counted by its receiver: MB/s of UDP payload that arrived).
 
     sudo python -m bench.nat_relay_bw [--mib 64] [--msg-mib 4] [--runs 3]
 
@@ -31,7 +35,49 @@ SETTINGS = {
     "relay-udp": (("symmetric", "symmetric"), ("udp", "udp")),
     "relay-tcp": (("udp_blocked", "full_cone"), ("tcp", "udp")),
     "relay-tls": (("udp_blocked", "full_cone"), ("tls", "udp")),
+    "coturn-flow": (("symmetric", "none"), None),
 }
+FLOW_SRC = os.path.join(ROOT, "bench", "udpflow.c")
+FLOW_PORT = 40000
+
+
+def _flow_exe(tmpdir):
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise SystemExit("nat_relay_bw: no C compiler for bench/udpflow.c")
+    exe = os.path.join(tmpdir, "udpflow")
+    subprocess.run([cc, "-O2", "-Wall", "-o", exe, FLOW_SRC], check=True)
+    return exe
+
+
+def run_flow(bed, seconds=4.0, payload=1452):
+    """coturn-flow: MB/s of UDP payload coturn delivered to the public host."""
+    from erdmampi.nat.port import SocketPort
+    from erdmampi.nat.turn import TurnClient
+    from erdmampi.testing.natbed import TURN_PASSWORD, TURN_USER
+    exe = _flow_exe(str(bed.tmpdir))
+    dst = bed.host(1).addr
+    rx = bed.popen((1, 0), [exe, "recv", dst, FLOW_PORT, seconds], stdout=subprocess.PIPE,
+                   text=True)
+    assert rx.stdout.readline().strip() == "ready"
+    sock = bed.socket((0, 0))
+    try:
+        turn = TurnClient(SocketPort(sock=sock), bed.turn_server, TURN_USER, TURN_PASSWORD)
+        turn.allocate()
+        turn.create_permission([(dst, 0)])
+        ch = turn.channel_bind((dst, FLOW_PORT))
+        tx = bed.popen((0, 0), [exe, "send", sock.fileno(), *bed.turn_server, ch, payload,
+                                seconds + 1.0], stdout=subprocess.PIPE, text=True,
+                       pass_fds=[sock.fileno()])
+        sent = tx.communicate(timeout=60)[0].split()
+        got = rx.communicate(timeout=60)[0].split()
+    finally:
+        sock.close()
+    n_sent, secs_sent = int(sent[1]), float(sent[3])
+    return {"mb_s": float(got[4]), "route": "relay", "paths": {},
+            "offered_mb_s": round(n_sent * payload / secs_sent / 1e6, 1),
+            "datagrams": int(got[2])}
 
 
 def rank_main(mib: int, msg_mib: int, sender: int = 0):
@@ -125,10 +171,14 @@ def main(argv=None):
                                       "--admit-file", str(secret)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 p.stdout.readline()
-                r = run_setting(bed, name, a.mib, a.msg_mib, secret, rdv, a.sender)
+                if name == "coturn-flow":
+                    r = run_flow(bed)
+                else:
+                    r = run_setting(bed, name, a.mib, a.msg_mib, secret, rdv, a.sender)
             results.setdefault(name, []).append(round(r["mb_s"], 1))
+            extra = f" (offered {r['offered_mb_s']} MB/s)" if "offered_mb_s" in r else ""
             print(f"round {rnd} {name:10s} {r['mb_s']:7.1f} MB/s  route={r['route']} "
-                  f"{r['paths']}", flush=True)
+                  f"{r['paths']}{extra}", flush=True)
     print(json.dumps({"mib": a.mib, "msg_mib": a.msg_mib, "sender": a.sender, "MB/s": results,
                       "best": {k: max(v) for k, v in results.items()}}))
 
