@@ -19,7 +19,8 @@
 #endif
 
 #include "erdma.h"
-#include "erdma_internal.h" /* shm_cma_* */
+#include "erdma_coll.h"
+#include "erdma_shm.h"
 
 typedef struct bulk_hdr {
   uint64_t addr;   /* the buffer (or block) in the sender's address space */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "erdma.h"
-#include "erdma_internal.h" /* coll_check_comm */
+#include "erdma_coll.h"
 
 enum { ACT_NONE, ACT_REDUCE_INTO_ACC, ACT_REDUCE_INTO_TMP_SWAP, ACT_REDUCE_AT };
 

@@ -11,7 +11,12 @@
 
 #include <gnutls/crypto.h>
 
-#include "erdma_internal.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_match.h"
+#include "erdma_nat.h"
+#include "erdma_quic.h"
+#include "erdma_shm.h"
 
 /* ---------------------------------------------------------------- frames */
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }

@@ -8,7 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "erdma_internal.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_match.h"
+#include "erdma_quic.h"
 
 typedef struct {
   char *buf;

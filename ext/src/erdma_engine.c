@@ -19,7 +19,14 @@
 
 #include <gnutls/crypto.h>
 
-#include "erdma_internal.h"
+#include "erdma_engine.h"
+#include "erdma_conn.h"
+#include "erdma_match.h"
+#include "erdma_nat.h"
+#include "erdma_pktio.h"
+#include "erdma_shm.h"
+#include "erdma_tls.h"
+#include "erdma_ulfm.h"
 
 uint64_t erdma_now(void) {
   struct timespec ts;

@@ -6,7 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "erdma_internal.h"
+#include "erdma_match.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_shm.h"
+#include "erdma_ulfm.h"
 
 erdma_req *req_new(erdma_engine *e, int kind) {
   erdma_req *r = calloc(1, sizeof *r);

@@ -24,7 +24,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "erdma_internal.h"
+#include "erdma_nat.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_pktio.h"
+#include "erdma_quic.h"
+#include "erdma_shm.h"
 
 #define STUN_MAGIC 0x2112A442u
 #define CHANNEL_MIN 0x4000

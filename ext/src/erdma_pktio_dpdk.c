@@ -23,13 +23,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "erdma_internal.h"
+#include "erdma_pktio.h"
+#include "erdma_engine.h"
 
 /* What the Python wrapper asks before it passes the plugin's path on. */
 int erdma_dpdk_built(void);
 
 /* ------------------------------------------------------------ rx parser */
-/* dpdk_parse_frame (erdma_internal.h) reads only the bytes it was given and
+/* dpdk_parse_frame (erdma_pktio.h) reads only the bytes it was given and
  * needs no DPDK: the fuzz harness builds this file without ERDMA_HAVE_DPDK. */
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
 

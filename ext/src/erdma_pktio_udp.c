@@ -1,6 +1,6 @@
 /* erdma_pktio_udp.c - packet I/O over a kernel UDP socket: sendmmsg with
  * UDP GSO trains, recvmmsg with UDP GRO.  The engine sees it only through
- * e->io (erdma_internal.h, "packet I/O"); other backends fill the same. */
+ * e->io (erdma_pktio.h); other backends fill the same. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <ifaddrs.h>
@@ -15,7 +15,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "erdma_internal.h"
+#include "erdma_pktio.h"
+#include "erdma_engine.h"
 
 /* A run of same-sized packets (the last may be shorter) leaves as one
  * datagram train with UDP GSO: one sendmmsg entry whose iovecs are the

@@ -40,7 +40,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "erdma_internal.h"
+#include "erdma_shm.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_match.h"
+#include "erdma_ulfm.h"
 
 #define SHM_MAGIC 0x3130736d616d6465ull /* "edmams01" */
 #define SHM_HDR 128

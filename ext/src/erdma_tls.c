@@ -9,7 +9,8 @@
 #include <gnutls/crypto.h>
 #include <gnutls/x509.h>
 
-#include "erdma_internal.h"
+#include "erdma_tls.h"
+#include "erdma_engine.h"
 
 /* TLS 1.3 only; AES-128-GCM first (GnuTLS's NORMAL puts AES-256-GCM first):
  * every payload byte is sealed and opened once, and with AES-NI the 128-bit

@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "erdma_internal.h"
+#include "erdma_ulfm.h"
+#include "erdma_engine.h"
+#include "erdma_match.h"
+#include "erdma_shm.h"
 
 typedef struct ctx_group {
   uint32_t ctx;

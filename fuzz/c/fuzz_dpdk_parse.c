@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "erdma_internal.h"
+#include "erdma_pktio.h"
 
 static const uint8_t MAC[6] = {0x02, 0x00, 0x00, 0x00, 0x00, 0x01};
 static const uint8_t IP[4] = {10, 0, 0, 2};

@@ -17,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "erdma_internal.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_match.h"
 
 /* what erdma_conn.c / erdma_match.c call outside themselves: tests/c/engine_stubs.c */
 

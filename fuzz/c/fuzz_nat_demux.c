@@ -15,7 +15,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "erdma_internal.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_nat.h"
+#include "erdma_shm.h"
 
 /* ---- the engine functions erdma_nat.c calls, outside it ---- */
 static uint64_t authentic;

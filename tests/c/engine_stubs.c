@@ -14,7 +14,13 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "erdma_internal.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_nat.h"
+#include "erdma_pktio.h"
+#include "erdma_shm.h"
+#include "erdma_tls.h"
+#include "erdma_ulfm.h"
 
 #ifndef ERDMA_STUBS_WITH_ENGINE
 /* ---- defined by erdma_engine.c ---- */

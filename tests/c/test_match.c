@@ -11,7 +11,9 @@
 #include <stdint.h>
 
 #include "ctest.h"
-#include "erdma_internal.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_match.h"
 
 #define CTX 7
 

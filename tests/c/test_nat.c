@@ -9,7 +9,10 @@
 #include <time.h>
 
 #include "ctest.h"
-#include "erdma_internal.h"
+#include "erdma_conn.h"
+#include "erdma_engine.h"
+#include "erdma_nat.h"
+#include "erdma_shm.h"
 
 int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen) {

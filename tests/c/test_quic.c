@@ -12,7 +12,8 @@
 #include <ngtcp2/ngtcp2.h>
 
 #include "ctest.h"
-#include "erdma_internal.h"
+#include "erdma_quic.h"
+#include "erdma_tls.h"
 
 #define PKT 1452                      /* packet size (an Internet path's) */
 #define DELAY (5 * NGTCP2_MILLISECONDS) /* one way */

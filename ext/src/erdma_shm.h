@@ -1,0 +1,65 @@
+/* erdma_shm.h - shared memory between ranks on one host (erdma_shm.c).
+ *
+ * The component owns the engine's shared-memory state (shm_state: the
+ * local ranks, our inbound rings, CMA and spinning), the rings that stand
+ * in for QUIC on a connection between two local ranks, single-copy reads
+ * and writes (process_vm_readv/writev), and the waits of application
+ * threads.  It includes erdma_conn.h because a shared-memory connection is
+ * an erdma_conn without ngtcp2 that carries the same frames (frame_hdr). */
+#ifndef ERDMA_SHM_H
+#define ERDMA_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "erdma.h"
+#include "erdma_conn.h"
+
+/* ---- shared memory between ranks on one host (erdma_shm.c) ---- */
+typedef struct shm_state {
+  char job[64];
+  int *local;            /* world ranks on this host, ascending */
+  int nlocal;
+  int my_index;
+  uint64_t ring_bytes;
+  struct shm_seg *seg;   /* our inbound rings */
+  size_t map_len;
+  char name[128];
+  int unlinked;
+  uint64_t next_liveness;
+  int cma;               /* single-copy reads (process_vm_readv) allowed */
+  int oversub;           /* more local ranks than CPUs: spinners yield every turn */
+  int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
+  uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
+} shm_state;
+
+/* shm.c (all under e->mu) */
+int shm_attach_peers(erdma_engine *e);  /* 0 when all attached, 1 if some not yet */
+int shm_is_local(erdma_engine *e, int rank);
+int shm_flush(erdma_conn *c);
+int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n);
+int shm_poll(erdma_engine *e);          /* returns bytes consumed */
+int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
+void shm_sleep_done(erdma_engine *e);
+void shm_spin_begin(erdma_engine *e);
+void shm_spin_end(erdma_engine *e);
+int shm_rx_ready(erdma_engine *e);      /* lock-free: some inbound ring has bytes */
+int shm_shares_cpu(erdma_engine *e);    /* lock-free: a local peer runs on our CPU */
+int shm_move_off_cpu(erdma_engine *e);  /* lock-free: go to another CPU of our mask */
+int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline);
+void shm_wake_waiters(erdma_engine *e); /* a request completed */
+void shm_app_active(erdma_engine *e);   /* an application thread leaves a call */
+void shm_app_idle(erdma_engine *e);     /* ... or sleeps on e->cv */
+uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
+void shm_conn_release(erdma_conn *c);
+void shm_teardown(erdma_engine *e);
+int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n,
+                 uint32_t sid);          /* 0, -1: use the ring, -2: send withdrawn */
+int shm_cma_publish(erdma_engine *e, erdma_req *r); /* 1: r may be read with CMA */
+void shm_cma_release(erdma_req *r);
+/* bulk copies for the one-host collectives (no lock needed) */
+int shm_cma_ok(erdma_engine *e, int peer);
+int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64_t n,
+                 int write);
+
+#endif /* ERDMA_SHM_H */
