@@ -35,21 +35,6 @@
 #define CHANNEL_MIN 0x4000
 #define CHANNEL_MAX 0x4FFF
 
-/* ---------------------------------------------------------- addresses */
-int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
-  if (a->ss_family != b->ss_family) return 0;
-  if (a->ss_family == AF_INET) {
-    const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
-    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-  }
-  if (a->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
-    return x->sin6_port == y->sin6_port &&
-           memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0;
-  }
-  return 0;
-}
-
 static int turn_index(const nat_state *s, const struct sockaddr_storage *a) {
   for (int i = 0; i < s->nturn; i++)
     if (addr_equal(&s->turn[i], a)) return i;

@@ -60,8 +60,6 @@ typedef struct nat_state {
 /* nat_classify: the demultiplexer's verdict on a datagram's bytes (no state) */
 enum { NAT_QUIC = 0, NAT_RAW, NAT_CHANNEL, NAT_DROP };
 int nat_classify(const uint8_t *d, size_t len, int from_turn, uint16_t *ch, size_t *plen);
-/* same family, address and port (IPv4, IPv6) */
-int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
 /* All under e->mu.  nat_rx: 1 if the datagram was STUN/TURN (consumed);
  * nat_sendv: 1 if the packets went through a relay tunnel. */
 int nat_rx(erdma_engine *e, const uint8_t *data, size_t len,

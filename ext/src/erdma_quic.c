@@ -55,8 +55,7 @@ int erdma_quic_has_cid(const erdma_quic *q, const uint8_t *d, size_t n) {
   return 0;
 }
 
-/* same family, address and port (IPv4, IPv6) */
-static int addr_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
   if (a->ss_family != b->ss_family) return 0;
   if (a->ss_family == AF_INET) {
     const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
@@ -80,7 +79,7 @@ static void path_of(erdma_quic *q, ngtcp2_path *path) {
 
 /* The peer's address is now a: the caller sends there from now on. */
 static void set_remote(erdma_quic *q, const struct sockaddr_storage *a, socklen_t alen) {
-  if (alen > (socklen_t)sizeof q->remote || addr_same(&q->remote, a)) return;
+  if (alen > (socklen_t)sizeof q->remote || addr_equal(&q->remote, a)) return;
   memcpy(&q->remote, a, alen);
   q->remote_len = alen;
   if (q->cb.path_changed) q->cb.path_changed(q->user, &q->remote, q->remote_len);
@@ -326,16 +325,20 @@ static void hex(const uint8_t *in, size_t n, char *out) {
   out[2 * n] = 0;
 }
 
+int erdma_quic_fingerprint(const uint8_t *der, size_t len, char out[65]) {
+  uint8_t md[32];
+  out[0] = 0;
+  if (gnutls_hash_fast(GNUTLS_DIG_SHA256, der, len, md) < 0) return ERDMA_QUIC_ERR_TLS;
+  hex(md, 32, out);
+  return 0;
+}
+
 int erdma_quic_peer_fingerprint(const erdma_quic *q, char out[65]) {
   unsigned n = 0;
-  uint8_t md[32];
   const gnutls_datum_t *certs = q->tls ? gnutls_certificate_get_peers(q->tls, &n) : NULL;
   out[0] = 0;
   if (!certs || n == 0) return 0;
-  if (gnutls_hash_fast(GNUTLS_DIG_SHA256, certs[0].data, certs[0].size, md) < 0)
-    return ERDMA_QUIC_ERR_TLS;
-  hex(md, 32, out);
-  return 0;
+  return erdma_quic_fingerprint(certs[0].data, certs[0].size, out);
 }
 
 /* Called by GnuTLS inside the handshake (from ngtcp2_conn_read_pkt) as soon
@@ -559,7 +562,7 @@ int erdma_quic_read(erdma_quic *q, const uint8_t *d, size_t n,
     memcpy(&known, cur->remote.addr, cur->remote.addrlen);
     path.remote.addr = (ngtcp2_sockaddr *)&known;
     path.remote.addrlen = cur->remote.addrlen;
-    rebound = !addr_same(&q->remote, from);
+    rebound = !addr_equal(&q->remote, from);
   } else {
     path.remote.addr = (ngtcp2_sockaddr *)from;
     path.remote.addrlen = fromlen;
@@ -570,7 +573,7 @@ int erdma_quic_read(erdma_quic *q, const uint8_t *d, size_t n,
     set_remote(q, from, fromlen);
   else if (rv == 0 && !q->client)
     follow_path(q);
-  if (authentic) *authentic = rv == 0 && decrypted_1rtt != before && addr_same(&q->remote, from);
+  if (authentic) *authentic = rv == 0 && decrypted_1rtt != before && addr_equal(&q->remote, from);
   if (rv != 0) lost(q, rv, now);
   return rv;
 }

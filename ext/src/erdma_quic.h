@@ -184,6 +184,12 @@ uint64_t erdma_quic_stream_loss(const erdma_quic *q, int64_t sid);
 size_t erdma_quic_max_udp_payload(const erdma_quic *q);
 /* the peer's certificate's fingerprint ("" when none) */
 int erdma_quic_peer_fingerprint(const erdma_quic *q, char out[65]);
+/* the fingerprint QUIC pins a certificate by: SHA-256 of its DER bytes, in
+ * lowercase hex (the TLS identity component names its own with it) */
+int erdma_quic_fingerprint(const uint8_t *der, size_t len, char out[65]);
+/* same family, address and port (IPv4, IPv6): a connection's path, and the
+ * NAT layer's peers and TURN servers */
+int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
 /* packets authenticated (AEAD) by this thread so far, any connection */
 uint64_t erdma_quic_decrypted_count(void);
 

@@ -11,6 +11,7 @@
 
 #include "erdma_tls.h"
 #include "erdma_engine.h"
+#include "erdma_quic.h"
 
 /* TLS 1.3 only; AES-128-GCM first (GnuTLS's NORMAL puts AES-256-GCM first):
  * every payload byte is sealed and opened once, and with AES-NI the 128-bit
@@ -19,21 +20,9 @@
   "%DISABLE_TLS13_COMPAT_MODE:NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL:"      \
   "+AES-128-GCM:+AES-256-GCM:+CHACHA20-POLY1305"
 
-static void hex(const uint8_t *in, size_t n, char *out) {
-  static const char d[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = d[in[i] >> 4];
-    out[2 * i + 1] = d[in[i] & 15];
-  }
-  out[2 * n] = 0;
-}
 
 static int fingerprint_der(const gnutls_datum_t *der, char out[65]) {
-  uint8_t md[32];
-  if (gnutls_hash_fast(GNUTLS_DIG_SHA256, der->data, der->size, md) < 0)
-    return ERDMA_ERR_TLS;
-  hex(md, 32, out);
-  return 0;
+  return erdma_quic_fingerprint(der->data, der->size, out) == 0 ? 0 : ERDMA_ERR_TLS;
 }
 
 int tls_identity_make(int rank, gnutls_certificate_credentials_t *cred,

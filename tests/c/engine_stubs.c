@@ -45,9 +45,6 @@ void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, i
 #endif
 
 /* ---- erdma_nat.c, erdma_ulfm.c, erdma_shm.c ---- */
-int addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
-  return a == b;
-}
 uint64_t nat_keepalive_ns(erdma_engine *e) { (void)e; return 0; }
 void ulfm_note_failure(erdma_engine *e, int peer) { (void)e; (void)peer; }
 int shm_is_local(erdma_engine *e, int rank) { (void)e; (void)rank; return -1; }
