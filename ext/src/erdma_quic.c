@@ -403,6 +403,21 @@ static erdma_quic *quic_alloc(const erdma_quic_params *p, const erdma_quic_callb
   return q;
 }
 
+/* The end of client_new/server_new: `rv` is ngtcp2's verdict on the new
+ * connection; then the TLS session, and `q` is the caller's. */
+static int finish_new(erdma_quic *q, int rv, const erdma_quic_params *p, erdma_quic **out) {
+  if (rv != 0) {
+    free(q);
+    return rv;
+  }
+  if ((rv = tls_start(q, p)) != 0) {
+    erdma_quic_del(q);
+    return rv;
+  }
+  *out = q;
+  return 0;
+}
+
 int erdma_quic_client_new(erdma_quic **out, const erdma_quic_params *p,
                           const erdma_quic_callbacks *cb, void *user, uint64_t now) {
   ngtcp2_callbacks ncb;
@@ -422,16 +437,7 @@ int erdma_quic_client_new(erdma_quic **out, const erdma_quic_params *p,
   path_of(q, &path);
   rv = ngtcp2_conn_client_new(&q->conn, &dcid, &scid, &path, NGTCP2_PROTO_VER_V1, &ncb, &s,
                               &tp, NULL, q);
-  if (rv != 0) {
-    free(q);
-    return rv;
-  }
-  if ((rv = tls_start(q, p)) != 0) {
-    erdma_quic_del(q);
-    return rv;
-  }
-  *out = q;
-  return 0;
+  return finish_new(q, rv, p, out);
 }
 
 int erdma_quic_server_new(erdma_quic **out, const erdma_quic_params *p,
@@ -463,16 +469,7 @@ int erdma_quic_server_new(erdma_quic **out, const erdma_quic_params *p,
   path_of(q, &path);
   rv = ngtcp2_conn_server_new(&q->conn, &hd->scid, &scid, &path, hd->version, &ncb, &s, &tp,
                               NULL, q);
-  if (rv != 0) {
-    free(q);
-    return rv;
-  }
-  if ((rv = tls_start(q, p)) != 0) {
-    erdma_quic_del(q);
-    return rv;
-  }
-  *out = q;
-  return 0;
+  return finish_new(q, rv, p, out);
 }
 
 void erdma_quic_del(erdma_quic *q) {
