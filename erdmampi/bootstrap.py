@@ -100,21 +100,10 @@ def _pktio_opts(env) -> dict:
                 dpdk_neigh=env.get("ERDMA_DPDK_NEIGH", ""))
 
 
-def _route_source(host: str, port: int):
-    """The local address that routes to host, or None if none does."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-        fam, _, _, _, addr = infos[0]
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.connect(addr)
-            return s.getsockname()[0]
-    except OSError:
-        return None
-
-
 def _route_addr(host: str, port: int) -> str:
     """The local address that routes to the rendezvous host."""
-    return _route_source(host, port) or "127.0.0.1"
+    from .nat.port import route_source
+    return route_source(host, port) or "127.0.0.1"
 
 
 def _require_secret(env, rank: int, size: int) -> None:
@@ -183,7 +172,7 @@ def init_world() -> Engine:
                 bind = env["ERDMA_BIND"]
             elif nat is not None and _first_server(nat):
                 from .nat.paths import bind_address
-                bind = bind_address(nat, _route_source) or _route_addr(*_first_server(nat))
+                bind = bind_address(nat) or _route_addr(*_first_server(nat))
             elif rdv or env.get("ERDMA_DHT"):
                 # the address that routes to the rendezvous (or the first DHT peer)
                 first = rdv or env["ERDMA_DHT"].split(",")[0]

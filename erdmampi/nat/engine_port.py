@@ -10,6 +10,8 @@ engine's progress thread runs).
 """
 from __future__ import annotations
 
+from erdmampi.nat.port import socket_families
+
 __all__ = ["EnginePort"]
 
 
@@ -24,7 +26,6 @@ class EnginePort:
         return host.strip("[]"), int(port)
 
     def send(self, data: bytes, addr: "tuple[str, int]") -> None:
-        from erdmampi.nat.ice import socket_families
         host = str(addr[0])
         if (6 if ":" in host else 4) not in socket_families(self.local_address()[0]):
             return  # the other address family: unreachable from this socket

@@ -24,11 +24,11 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 
 from erdmampi.nat import NatError, stun
+from erdmampi.nat.port import route_source, socket_families
 from erdmampi.nat.stun import ATTR, Message, StunError
 
 __all__ = ["PairResult", "IceSession", "gather", "stun_binding", "candidate_priority",
@@ -170,25 +170,6 @@ def _family(host: str) -> int:
         return 0
 
 
-def socket_families(host: str) -> "set[int]":
-    """The address families a UDP socket bound to ``host`` reaches: both for
-    "::" (a dual-stack socket), else the address's own."""
-    if host in ("::", ""):
-        return {4, 6}
-    return {6} if ":" in host else {4}
-
-
-def _route_source(dest) -> "str | None":
-    """The local address the kernel would use toward ``dest`` (no packet sent)."""
-    try:
-        fam = socket.AF_INET6 if ":" in dest[0] else socket.AF_INET
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.connect((dest[0], int(dest[1])))
-            return s.getsockname()[0]
-    except OSError:
-        return None
-
-
 @dataclass
 class LocalAgent:
     """What :func:`gather` learned: credentials, candidates and the TURN client."""
@@ -245,7 +226,7 @@ def gather(port, stun_servers=(), turn=None, timeout=1.5, host_addresses=None) -
             hosts = []
             for fam in (4, 6):
                 probe = [sv for sv in servers if _family(str(sv[0])) == fam][:1]
-                src = _route_source(probe[0]) if probe and fam in fams else None
+                src = route_source(*probe[0]) if probe and fam in fams else None
                 if src and _family(src) == fam:
                     hosts.append(src)
     else:

@@ -159,12 +159,12 @@ def first_server(cfg: NatConfig) -> tuple[str, int] | None:
     return None
 
 
-def bind_address(cfg: NatConfig, route_source) -> str | None:
+def bind_address(cfg: NatConfig) -> str | None:
     """The address the engine binds for NAT traversal: "::" (one dual-stack
     socket, IPv4 and IPv6 candidates) when servers of both families are
     configured and this host routes to one of each; else the local address
-    that routes to the first server that is reachable (None: no server).
-    ``route_source(host, port)`` gives that address, or None."""
+    that routes to the first server that is reachable (None: no server)."""
+    from erdmampi.nat.port import route_source
     servers = list(cfg.stun_servers) + ([cfg.turn[:2]] if cfg.turn is not None else [])
     routed = {}
     for h, p in servers:

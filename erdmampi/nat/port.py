@@ -21,9 +21,29 @@ import socket
 import time
 from typing import Protocol, runtime_checkable
 
-__all__ = ["DatagramPort", "SocketPort", "Addr"]
+__all__ = ["DatagramPort", "SocketPort", "Addr", "route_source", "socket_families"]
 
 Addr = "tuple[str, int]"
+
+
+def route_source(host: str, port: int) -> "str | None":
+    """The local address the kernel would use toward ``host:port`` (a name
+    or an address; no packet is sent), or None if nothing routes there."""
+    try:
+        fam, _, _, _, addr = socket.getaddrinfo(host, int(port), type=socket.SOCK_DGRAM)[0]
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def socket_families(host: str) -> "set[int]":
+    """The address families a UDP socket bound to ``host`` reaches: both for
+    "::" (a dual-stack socket), else the address's own."""
+    if host in ("::", ""):
+        return {4, 6}
+    return {6} if ":" in host else {4}
 
 
 @runtime_checkable

@@ -132,14 +132,16 @@ static int relay_of_conn(erdma_engine *e, const erdma_conn *c) {
  * relay; each unanswered one doubles the gap, up to cfg.direct_recheck. */
 #define PROBE_FIRST_NS 250000000ull
 
+static void probe_restart(nat_relay *r) {
+  r->probe_gap = PROBE_FIRST_NS;
+  r->probe_at = erdma_now() + PROBE_FIRST_NS;
+}
+
 static void relay_activate(erdma_engine *e, int rank, const char *why) {
   nat_relay *r = &e->nat.relay[rank];
   if (r->active) return;
-  uint64_t now = erdma_now();
   r->active = 1;
-  r->probe_gap = PROBE_FIRST_NS;
-  r->probe_at = now + r->probe_gap;
-  r->since = now;
+  probe_restart(r);
   if (r->mode == ERDMA_RELAY_FALLBACK) e->stats.to_relay++;
   if (e->cfg.verbose >= 1)
     fprintf(stderr, "erdma[%d]: rank %d: %s; QUIC now goes through the TURN relay\n",
@@ -152,10 +154,8 @@ static void relay_activate(erdma_engine *e, int rank, const char *why) {
  * all, the silence check moves it to the relay again. */
 static void relay_deactivate(erdma_engine *e, int rank) {
   nat_relay *r = &e->nat.relay[rank];
-  uint64_t now = erdma_now();
   r->active = 0;
   r->quiet_since = 0;
-  r->since = now;
   e->stats.to_direct++;
   if (e->cfg.verbose >= 1)
     fprintf(stderr, "erdma[%d]: rank %d: the direct path answers again; QUIC leaves the "
@@ -167,8 +167,10 @@ static void relay_deactivate(erdma_engine *e, int rank) {
  * path carries packets again. */
 static void direct_probe(erdma_engine *e, erdma_conn *c, nat_relay *r, uint8_t *pkt,
                          size_t len) {
-  uint64_t now = erdma_now(), cap = (uint64_t)(e->cfg.direct_recheck * 1e9);
-  if (r->mode != ERDMA_RELAY_FALLBACK || cap == 0 || c->peer < 0 || now < r->probe_at) return;
+  uint64_t cap = (uint64_t)(e->cfg.direct_recheck * 1e9), now;
+  if (r->mode != ERDMA_RELAY_FALLBACK || cap == 0 || c->peer < 0 ||
+      (now = erdma_now()) < r->probe_at)
+    return;
   socklen_t alen;
   const struct sockaddr_storage *a = quic_addr(e, c->peer, &alen);
   size_t one = len;
@@ -209,8 +211,9 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   if (!r->active && r->mode == ERDMA_RELAY_FALLBACK && c->peer >= 0)
     fallback_check(e, c, r, rank);
   if (!r->active) return 0;
+  /* bufs NULL: the backend's zero-copy batch, whose buffers it hands out again */
+  direct_probe(e, c, r, bufs ? bufs : e->io.tx_buf(e, 0, n), lens[0]);
   if (r->turn < 0) { /* no allocation of ours: plain to the peer's relayed address */
-    direct_probe(e, c, r, bufs ? bufs : e->io.tx_buf(e, 0, n), lens[0]);
     if (!bufs)
       e->io.tx_commit(e, &r->peer, r->peer_len, 0, lens, n);
     else
@@ -220,7 +223,6 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
   }
   size_t stride = e->pkt_size + 4, rlens[ERDMA_TX_BATCH];
   if (!bufs) { /* zero-copy batch: each header goes in the room in front of its packet */
-    direct_probe(e, c, r, e->io.tx_buf(e, 0, n), lens[0]);
     for (int i = 0; i < n; i++) {
       uint8_t *out = e->io.tx_buf(e, i, n) - ERDMA_TX_PREFIX;
       out[0] = (uint8_t)(r->channel >> 8);
@@ -233,7 +235,6 @@ int nat_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n
     e->stats.relay_sent += (uint64_t)n;
     return 1;
   }
-  direct_probe(e, c, r, bufs, lens[0]);
   if (!s->txbuf && !(s->txbuf = malloc((size_t)ERDMA_TX_BATCH * stride))) return 0;
   /* each packet gets its own header; a run of equal-sized ones may still
    * leave as a GSO train, whose segments are whole ChannelData messages */
@@ -509,9 +510,7 @@ int erdma_engine_set_peer_relay(erdma_engine *e, int rank, const char *turn_host
   r->active = mode == ERDMA_RELAY_ALWAYS || mode == ERDMA_RELAY_FIRST;
   r->quiet_since = 0;
   r->direct_rx = 0;
-  r->since = erdma_now();
-  r->probe_gap = PROBE_FIRST_NS;
-  r->probe_at = r->since + r->probe_gap;
+  probe_restart(r);
   if (!had) s->relay_ranks[s->nrelay++] = rank;
   if (!e->peers[rank].known && !e->peers[rank].addr_len) {
     /* a QUIC address until erdma_engine_set_peer gives one */

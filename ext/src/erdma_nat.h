@@ -41,7 +41,6 @@ typedef struct nat_relay {
    * packet at probe_at, the gap doubling up to cfg.direct_recheck */
   uint64_t probe_at, probe_gap;
   uint64_t direct_rx;    /* last authenticated direct datagram from the peer */
-  uint64_t since;        /* when the route last changed */
 } nat_relay;
 
 typedef struct nat_state {
