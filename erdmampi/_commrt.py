@@ -332,12 +332,22 @@ if _engine.fast is not None:
     _fast_send, _fast_recv, _fast_remember = (_engine.fast.send, _engine.fast.recv,
                                               _engine.fast.remember)
     _fast_allreduce = _engine.fast.allreduce
+    _fast_bcast, _fast_barrier = _engine.fast.bcast, _engine.fast.barrier
+    _fast_remember_bcast = _engine.fast.remember_bcast
+    _fast_remember_barrier = _engine.fast.remember_barrier
     _fast_recv_status = _engine.fast.recv_status
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
 else:
     _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
     _fast_remember = _fast_remember_allreduce = None
+    _fast_remember_bcast = _fast_remember_barrier = None
+
+    def _fast_bcast(state, buf, root):
+        return 1
+
+    def _fast_barrier(state):
+        return 1
 
     def _fast_send_bytes(*args):
         return 1

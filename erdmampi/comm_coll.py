@@ -12,7 +12,8 @@ from ._commrt import (
     _blocks, _buffer_pointer, _c_dtype, _C_OPS, _check_op, coll, _COLL_CACHE_MAX,
     _COLL_ENV, _collsched, _cz, _czcoll, _dev, _dev_addr, _dev_dtype_datatype, _dev_msg,
     _engine, engine_exception, _environ_data, ERR_TRUNCATE, _extent, _fast_allreduce,
-    _fast_coll_raise, _fast_remember_allreduce, _icoll, IN_PLACE, is_in_place,
+    _fast_barrier, _fast_bcast, _fast_coll_raise, _fast_remember_allreduce,
+    _fast_remember_barrier, _fast_remember_bcast, _icoll, IN_PLACE, is_in_place,
     _LOGICAL_OPS, message_cco, _message_vector_bytes, _mismatch, _mult, _ndarray, np,
     Op, _op_arg, _plain_array, Prequest, _plain_with_type, raise_error, _reduce_fn, _rt,
     _run_allgatherv, _run_blocks, _run_compressed, _run_gatherv, _run_scatterv,
@@ -450,7 +451,14 @@ class CommColl:
 
     def Barrier(self):
         """Block until every process has entered."""
+        r = _fast_barrier(self._fast)       # one C call once remembered
+        if not r:
+            return
+        if r != 1:
+            return _fast_coll_raise(r, "barrier")
         if self._small_ok("barrier"):
+            self._fast_remember("barrier", _fast_remember_barrier,
+                                (_environ_data, _COLL_ENV["barrier"]))
             try:
                 _engine.coll_barrier(_rt.engine, self._cranks, len(self._ranks), self._rank,
                                      self._coll_base(), self._ctx + 1)
@@ -460,6 +468,12 @@ class CommColl:
         self._c_barrier()()
 
     def Bcast(self, buf, root=0, *, compress=None):
+        if compress is None:
+            r = _fast_bcast(self._fast, buf, root)      # the Bcast remembered last
+            if not r:
+                return
+            if r != 1:
+                return _fast_coll_raise(r, "bcast")
         if compress is None and type(root) is int and self._small_ok("bcast"):
             c = self._bccache       # the last call's resolved buffer, if the same
             n = len(self._ranks)
@@ -481,6 +495,12 @@ class CommColl:
                     and self._no_compress("bcast", arr.nbytes, npd, arr=arr)):
                 ptr = _buffer_pointer(arr)
                 self._bccache = (arr, None if arr is buf else buf[1], arr.nbytes, npd, ptr)
+                mode = _cz._config.mode
+                if not self._chints and (mode == "off" or mode == "auto"
+                                         and arr.nbytes < _cz.AUTO_MIN_BYTES):
+                    self._fast_remember("bcast", _fast_remember_bcast, (
+                        buf, arr, self._bccache[1], arr.flags.num, _environ_data,
+                        _COLL_ENV["bcast"], _cz._config, self._chints))
                 try:
                     _engine.coll_bcast(_rt.engine, ptr, arr.nbytes, root,
                                        self._cranks, n, self._rank, self._coll_base(),
@@ -596,6 +616,17 @@ class CommColl:
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         return True
+
+    def _fast_remember(self, name, remember, args):
+        """Make a call just resolved for one engine call known to the C fast
+        path (``remember(state, *args)``) on a communicator of one host."""
+        if remember is None or not self._csmall[2]:
+            return
+        f = self._fast
+        if f is None or not remember(f, *args):
+            f = self._fast_state()
+            if f is not None and remember(f, *args):
+                self._fast = f
 
     def _fast_remember_allreduce(self, sendbuf, recvbuf, c):
         """Make the small Allreduce _small_allreduce just resolved (its cache

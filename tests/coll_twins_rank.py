@@ -312,7 +312,8 @@ for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
         twin(f"allgather blk={blk} inplace={inplace}", "ALLGATHERV", algo, allgather,
              other="ring")
 
-# -- alltoall (direct; >= 256 KiB both ways: the bulk one)
+# -- alltoall (direct; the bulk one from ERDMA_SCHED_MIN both ways, or with two
+# ranks from BULK_ALLTOALL_PAIR_MIN)
 for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
     for inplace in (False, True):
         def alltoall(blk=blk, inplace=inplace):
@@ -323,7 +324,7 @@ for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
             r = np.zeros(blk * n)
             comm.Alltoall([s, MPI.DOUBLE], [r, MPI.DOUBLE])
             return [r]
-        algo = "sched" if 2 * blk * n * 8 >= coll.SCHED_MIN else "direct"
+        algo = coll._default("alltoall", 2 * blk * n * 8, n, blk * n * 8, True)
         twin(f"alltoall blk={blk} inplace={inplace}", "ALLTOALL", algo, alltoall,
              other="pairwise")
 

@@ -297,8 +297,18 @@ for it, blk in enumerate([1, 3, 100, 1000, 5000, 40000, 70000]):
                         scatter="coll_scatter")
         assert kinds == want, kinds
     elif blk == 70000 and n == 2:        # large: run, not kept (the cache holds arrays)
-        assert "alltoall" not in kinds and calls["coll_alltoall_bulk"] >= 2, (kinds, calls)
+        # (two ranks: Alltoall as two messages below BULK_ALLTOALL_PAIR_MIN)
+        assert "alltoall" not in kinds and not calls.get("coll_alltoall_bulk"), (kinds, calls)
         assert calls["coll_reduce_scatter_pair"] >= 2 and calls["coll_allgather_bulk"], calls
+# from BULK_ALLTOALL_PAIR_MIN (two ranks; else from ERDMA_SCHED_MIN) the bulk Alltoall
+from erdmampi import collectives as C
+big = C.BULK_ALLTOALL_PAIR_MIN // n + 8
+s = inp(r, big * n, np.uint8); d = np.zeros(big * n, np.uint8)
+comm.Alltoall(s, d)
+want = np.concatenate([inp(i, big * n, np.uint8)[r * big:(r + 1) * big] for i in range(n)])
+assert np.array_equal(d, want), "alltoall big"
+if n > 1 and "ERDMA_COLL_ALLTOALL" not in os.environ:
+    assert calls.get("coll_alltoall_bulk"), calls
 # the cache: the same spec objects with new arrays, a resized array
 a1, a2 = np.full(2 * n, float(r)), np.full(2 * n, float(r + 10))
 ss, dd = [a1, MPI.DOUBLE], [np.zeros(2 * n), MPI.DOUBLE]
@@ -377,7 +387,8 @@ from erdmampi import MPI
 comm = MPI.COMM_WORLD
 r = comm.Get_rank()
 peer = 1 - r
-sizes = [65536 + 8, 100_000, 262_144, 262_144 + 8, 1 << 20]   # around the limits
+sizes = [65536 + 8, 100_000, 262_144, 262_144 + 8, 600_000, 1 << 20,
+         (1 << 20) + 8]                                        # around the limits
 # a burst that overfills the 2 MiB ring (later ones wait or go by RTS),
 # sent before the receives are posted: unexpected, in order, intact
 reqs = []
@@ -410,7 +421,7 @@ print("OK", r)
 
 @pytest.mark.parametrize("limit", [None, "65536", "1M"])
 def test_mid_size_messages_through_the_ring(limit):
-    """Messages above the eager limit up to ERDMA_SHM_EAGER_LIMIT (256 KiB)
+    """Messages above the eager limit up to ERDMA_SHM_EAGER_LIMIT (1 MiB)
     go into a local peer's ring when they fit (else RTS): a burst larger
     than the ring, sent unexpected, arrives whole and in order."""
     env = {"ERDMA_SHM_EAGER_LIMIT": limit} if limit else None
@@ -593,10 +604,43 @@ else:
     raise AssertionError("Allreduce into a read-only buffer")
 o.flags.writeable = True
 comm.Allreduce(ss, oo, op=MPI.SUM); assert (o == 3).all()
+# Bcast and Barrier: the fast path with a moving root, the parser's path on
+# one rank, an environment override (a miss while it is set), a bad root
+bb = np.zeros(8, np.int64); bs = [bb, MPI.INT64_T]
+for it in range(12):
+    root = it % 2
+    bb[:] = r * 100 + it
+    if r == 1 and it % 3 == 0:
+        comm.Bcast([bb, 8, MPI.INT64_T], root)
+    else:
+        comm.Bcast(bs, root)
+    assert (bb == root * 100 + it).all(), (it, bb)
+    comm.Barrier()
+if have_fast:
+    bb[:] = r + 7
+    assert _engine.fast.bcast(comm._fast, bs, 1) == 0 and (bb == 8).all(), bb
+    assert _engine.fast.bcast(comm._fast, [bb, MPI.INT64_T], 0) == 1   # another list: miss
+    assert _engine.fast.barrier(comm._fast) == 0
+for var, val in (("ERDMA_COLL_BCAST", "binomial"), ("ERDMA_COLL_BARRIER", "dissemination")):
+    os.environ[var] = val
+    bb[:] = r + 20; comm.Bcast(bs, 1); assert (bb == 21).all(), bb
+    comm.Barrier()
+    if have_fast:
+        assert _engine.fast.bcast(comm._fast, bs, 0) == (1 if var.endswith("BCAST") else 0)
+        assert _engine.fast.barrier(comm._fast) == (1 if var.endswith("BARRIER") else 0)
+    del os.environ[var]
+bb[:] = r + 30; comm.Bcast(bs, 0); assert (bb == 30).all(), bb
+for root in (2, -1, None):
+    try:
+        comm.Bcast(bs, root)
+    except (MPI.Exception, TypeError) as e:
+        assert root is None or e.Get_error_class() == MPI.ERR_ROOT, (root, e)
+    else:
+        raise AssertionError(("no error for root", root))
 comm.Barrier()
 MPI.Finalize()
 for call in (lambda: comm.Send(spec, peer, 1), lambda: comm.Recv(spec, peer, 1),
-             lambda: comm.Allreduce(ss, oo)):
+             lambda: comm.Allreduce(ss, oo), lambda: comm.Bcast(bs, 0), comm.Barrier):
     try:
         call()
     except MPI.Exception:

@@ -148,12 +148,13 @@ if mode in ("main", "nocma", "mixed", "refuse"):
     for j in range(n):
         assert np.array_equal(got[displs[j]:displs[j] + counts[j]], pattern(counts[j], np.int32, j))
         assert (got[displs[j] + counts[j]:displs[j] + counts[j] + 5] == -1).all()
-    # strided send and receive arrays (through the dispatcher, as above)
+    # strided send and receive arrays (through the dispatcher, as above; of
+    # the Alltoall algorithms only the bulk one takes them)
     blk = 200 * KiB
     sbase = np.zeros(2 * blk * n, np.int32)
     sbase[::2] = np.concatenate([pattern(blk, np.int32, 1000 * r + j) for j in range(n)])
     base = np.zeros(2 * blk * n, np.int32)
-    coll.alltoall(c._transport(), sbase[::2], base[::2])
+    coll.alltoall(c._transport(), sbase[::2], base[::2], algorithm="sched")
     # a contiguous derived datatype
     dt = MPI.INT32_T.Create_contiguous(4).Commit()
     send = np.concatenate([pattern(4 * 100000, np.int32, 1000 * r + j) for j in range(n)])
@@ -205,11 +206,13 @@ print("rank %d: OK" % r, flush=True)
 
 
 def _run(n, mode, env=None, extra=(), timeout=150, force=True):
-    """Run the script; ``force``: every Bcast takes the bulk path whatever its
-    size (2 ranks: the pair split, else every rank pulling from the root)."""
+    """Run the script; ``force``: every Bcast and Alltoall takes the bulk path
+    whatever its size (Bcast of 2 ranks: the pair split, else every rank
+    pulling from the root)."""
     env = dict(env or {})
     if force:
         env.setdefault("ERDMA_COLL_BCAST", "sched_pair" if n == 2 else "sched_pull")
+        env.setdefault("ERDMA_COLL_ALLTOALL", "sched")
     res = run_mpi(n, _SCRIPT, args=[mode], timeout=timeout, env=env, extra=extra)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -233,8 +236,13 @@ def test_select_bulk_paths():
     assert C.select("bcast", C.BULK_BCAST_MIN - 1, 2).__name__ == "bcast_binomial"
     assert C.select("bcast", 16 * MiB, 3).__name__ == "bcast_sched_chain"   # pulls (<= 8)
     assert C.select("bcast", 1, 3, algorithm="sched_pull").__name__ == "bcast_sched_pull"
-    # alltoall: nbytes is the per-rank traffic (send + receive)
+    # alltoall: nbytes is the per-rank traffic (send + receive), count the
+    # receive buffer's bytes; two ranks: messages below BULK_ALLTOALL_PAIR_MIN
     assert C.select("alltoall", 32 * MiB, 2, 16 * MiB).__name__ == "alltoall_sched"
+    big = C.BULK_ALLTOALL_PAIR_MIN
+    assert C.select("alltoall", 2 * big, 2, big).__name__ == "alltoall_sched"
+    assert C.select("alltoall", 2 * big - 2, 2, big - 1).__name__ == "alltoall_direct"
+    assert C.select("alltoall", 2 * big - 2, 3, big - 1).__name__ == "alltoall_sched"
     assert C.select("alltoall", 32 * MiB, 4, 16 * MiB).__name__ == "alltoall_sched"
 
 

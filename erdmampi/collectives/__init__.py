@@ -44,7 +44,8 @@ allgatherv      sched_direct if 2 <= n <= 8 each on its own host and
                 N >= S: sched_ring; n <= 2, or n == 3 and N <= 32 KiB:
                 direct; N <= 32 KiB: recursive_doubling if n is a power
                 of two, else bruck; else ring
-alltoall        bruck if n >= 5 and a block is <= 1 KiB; else sched
+alltoall        bruck if n >= 5 and a block is <= 1 KiB; direct if n == 2
+                and the receive buffer is below 8 MiB; else sched
                 (bulk: one engine call, CMA reads on one host) if
                 N >= S; else as alltoallv (equal blocks; every rank
                 must choose alike)
@@ -202,6 +203,11 @@ SCHED_MIN = _sched_min()
 #: is faster than the extra round of messages
 BULK_BCAST_MIN = 4 * 1024 * KiB
 
+#: two ranks: receive-buffer bytes from which Alltoall runs as the bulk pair
+#: (CMA copies by both ranks, ``sched``); below, two messages are faster
+#: (through the shared-memory ring up to its eager limit, then one CMA read)
+BULK_ALLTOALL_PAIR_MIN = 8 * 1024 * KiB
+
 #: two ranks: bytes below which Allreduce has each rank reduce (half of)
 #: the vector from the other's input (``sched_pair``, one round of
 #: messages); from here the chunk-pipelined ring (level at 8 MiB here)
@@ -218,6 +224,8 @@ def _default(name: str, nbytes: int, size: int, count: int,
     if name == "alltoall":
         if size >= 5 and count <= KiB * size and not big:
             return "bruck"                       # here count = block bytes * n
+        if size == 2 and count < BULK_ALLTOALL_PAIR_MIN:
+            return "direct"
         name = "alltoallv"
     if name == "bcast":
         if big and size > 2:

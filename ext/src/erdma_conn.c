@@ -301,7 +301,7 @@ static int on_header(erdma_conn *c, rx_state *x) {
       rx_attach(x, r, r->buf, h->len < r->cap ? h->len : r->cap);
     } else {
       m = msg_from_peer(c, h, h->len);
-      if (!m || !(m->data = malloc(h->len ? h->len : 1))) {
+      if (!m || msg_alloc_data(m)) {
         if (m) msg_free(m);
         return ERDMA_ERR_NOMEM;
       }

@@ -50,7 +50,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->bind_addr = "127.0.0.1";
   cfg->cc_algo = ERDMA_CC_AUTO;
   cfg->eager_limit = 65536;
-  cfg->shm_eager_limit = 256u << 10;
+  cfg->shm_eager_limit = 1u << 20;
   cfg->idle_timeout = 60.0;
   cfg->handshake_timeout = 60.0;
   /* a real peer sends its HELLO with its first 1-RTT packet: 10 s leaves room
@@ -527,6 +527,7 @@ void erdma_engine_free(erdma_engine *e) {
   free(e->rxbuf);
   free(e->peers);
   free(e->trace);
+  msgbuf_trim();
   /* requests still held by the user stay valid (they are never touched again) */
   free(e);
 }
@@ -600,7 +601,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
   if (dest == e->cfg.rank) {
     /* to ourselves: copy now (never blocks), match in place */
     erdma_msg *m = msg_new(dest, tag, ctx, nbytes);
-    if (!m || !(m->data = malloc(nbytes ? nbytes : 1))) {
+    if (!m || msg_alloc_data(m)) {
       free(m);
       req_complete(r, ERDMA_ERR_NOMEM);
     } else {

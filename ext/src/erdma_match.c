@@ -2,6 +2,7 @@
  * unexpected-message queue, and binding a receive to a message.  Pure
  * bookkeeping: every function runs under e->mu and does no I/O itself
  * (a rendezvous match queues a CTS frame on the peer's connection). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,9 +77,82 @@ erdma_msg *msg_new(int src, int tag, uint32_t ctx, uint64_t len) {
   return m;
 }
 
+/* Payload buffers of unexpected eager messages of 32 KiB..1 MiB, kept for
+ * the next ones: malloc gives freed memory of that size back to the kernel
+ * (it trims the heap top, or unmaps), and every 4 KiB of a new buffer then
+ * costs a page fault during the copy into it; a sender running ahead of its
+ * receiver with 64 KiB messages between two ranks of a host ran at a third
+ * of its speed.  One free list per power-of-two size, MSGBUF_BYTES in all,
+ * shared by the process's engines (a message may outlive its engine in a
+ * probe handle). */
+#define MSGBUF_MIN_SHIFT 15
+#define MSGBUF_MAX_SHIFT 20
+#define MSGBUF_SIZES (MSGBUF_MAX_SHIFT - MSGBUF_MIN_SHIFT + 1)
+#define MSGBUF_BYTES ((uint64_t)16 << 20)
+
+static pthread_mutex_t msgbuf_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *msgbuf[MSGBUF_SIZES]; /* each free buffer starts with the next one's address */
+static uint64_t msgbuf_bytes;
+
+/* The size index of a pooled buffer for len bytes, or -1 (not pooled). */
+static int msgbuf_index(uint64_t len) {
+  if (len < ((uint64_t)1 << MSGBUF_MIN_SHIFT) || len > ((uint64_t)1 << MSGBUF_MAX_SHIFT))
+    return -1;
+  int sh = MSGBUF_MIN_SHIFT;
+  while (((uint64_t)1 << sh) < len) sh++;
+  return sh - MSGBUF_MIN_SHIFT;
+}
+
+int msg_alloc_data(erdma_msg *m) {
+  int i = msgbuf_index(m->len);
+  void *p = NULL;
+  if (i >= 0) {
+    pthread_mutex_lock(&msgbuf_mu);
+    if ((p = msgbuf[i])) {
+      memcpy(&msgbuf[i], p, sizeof(void *));
+      msgbuf_bytes -= (uint64_t)1 << (i + MSGBUF_MIN_SHIFT);
+    }
+    pthread_mutex_unlock(&msgbuf_mu);
+    if (!p) p = malloc((size_t)1 << (i + MSGBUF_MIN_SHIFT));
+  } else {
+    p = malloc(m->len ? m->len : 1);
+  }
+  m->data = p;
+  m->pooled = p && i >= 0;
+  return p ? 0 : -1;
+}
+
+/* Give a pooled buffer back: 1 if the pool took it. */
+static int msgbuf_put(void *p, int i) {
+  uint64_t size = (uint64_t)1 << (i + MSGBUF_MIN_SHIFT);
+  int took = 0;
+  pthread_mutex_lock(&msgbuf_mu);
+  if (msgbuf_bytes + size <= MSGBUF_BYTES) {
+    memcpy(p, &msgbuf[i], sizeof(void *));
+    msgbuf[i] = p;
+    msgbuf_bytes += size;
+    took = 1;
+  }
+  pthread_mutex_unlock(&msgbuf_mu);
+  return took;
+}
+
+void msgbuf_trim(void) {
+  pthread_mutex_lock(&msgbuf_mu);
+  for (int i = 0; i < MSGBUF_SIZES; i++)
+    while (msgbuf[i]) {
+      void *p = msgbuf[i];
+      memcpy(&msgbuf[i], p, sizeof(void *));
+      free(p);
+    }
+  msgbuf_bytes = 0;
+  pthread_mutex_unlock(&msgbuf_mu);
+}
+
 void msg_free(erdma_msg *m) {
   if (m->acct) unexp_release(m->acct_e, m->source, m->acct);
-  free(m->data);
+  int i = m->data && m->pooled ? msgbuf_index(m->len) : -1;
+  if (i < 0 || !msgbuf_put(m->data, i)) free(m->data);
   free(m);
 }
 

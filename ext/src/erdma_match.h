@@ -54,7 +54,8 @@ struct erdma_msg {
   uint64_t sender_id;
   uint64_t cma_addr;     /* FR_FLAG_CMA: the payload's address in the sender */
   int cma;
-  uint8_t *data;         /* eager payload (owned) */
+  uint8_t *data;         /* eager payload (owned; from msgbuf_get if pooled) */
+  int pooled;
   uint64_t arrived;
   int complete;
   int queued;            /* in the unexpected queue */
@@ -83,7 +84,9 @@ int match(int want_src, int want_tag, uint32_t want_ctx, int src, int tag, uint3
 erdma_req *posted_take(erdma_engine *e, int src, int tag, uint32_t ctx);
 erdma_msg *unexp_find(erdma_engine *e, int src, int tag, uint32_t ctx);
 erdma_msg *msg_new(int src, int tag, uint32_t ctx, uint64_t len);
+int msg_alloc_data(erdma_msg *m);    /* m->data for m->len bytes; 0 or -1 */
 void msg_free(erdma_msg *m);
+void msgbuf_trim(void);              /* the pooled payload buffers back to malloc */
 void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m);
 int recv_prepare(erdma_req *r, int src, int tag, uint64_t len);
 void recv_finish(erdma_req *r);

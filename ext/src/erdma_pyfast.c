@@ -24,6 +24,9 @@
  *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
+ *   remember_bcast(...) / bcast(state, buf, root) and remember_barrier(...) /
+ *     barrier(state): the same for the binomial Bcast (erdma_coll_bcast) and
+ *     the dissemination Barrier (erdma_coll_barrier).
  *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
  *     tag[, base]): a pickled object (the lowercase send / recv; with base,
  *     a message of an object collective), see below.
@@ -93,7 +96,8 @@ typedef struct {
   long tag_ub;
   double slice;
   pf_entry ent[2]; /* 0: send, 1: recv */
-  pf_coll ar;
+  pf_coll ar, bc;  /* Allreduce; Bcast (its buffer as the receive side) */
+  PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   int ranks[];
 } pf_state;
 
@@ -136,6 +140,9 @@ static void state_free(PyObject *cap) {
   entry_clear(&s->ent[0]);
   entry_clear(&s->ent[1]);
   coll_clear(&s->ar);
+  coll_clear(&s->bc);
+  Py_XDECREF(s->bar_env);
+  Py_XDECREF(s->bar_key);
   Py_XDECREF(s->owner);
   Py_XDECREF(s->seq);
   free(s);
@@ -391,6 +398,31 @@ static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py
   Py_RETURN_TRUE;
 }
 
+/* The tag base of the communicator's next collective call (the counter
+ * Python's _coll_base draws from); -1 with an error set, or -2 (a miss). */
+static long next_coll_tag(pf_state *s) {
+  PyObject *v = PyIter_Next(s->seq);
+  if (!v) return PyErr_Occurred() ? -1 : -2;
+  long seq = PyLong_AsLong(v);
+  Py_DECREF(v);
+  if (seq < 0) return PyErr_Occurred() ? -1 : -2;
+  return (seq % SEQ_MOD) * COLL_TAGS;
+}
+
+/* Whether a remembered collective still takes the one-call way: no
+ * ERDMA_COLL_<NAME> override set since, the same compression mode, no hints. */
+static int coll_still(pf_coll *x) {
+  if (PyDict_Size(x->hints)) return 0;
+  int has = PyDict_Contains(x->env, x->envkey);
+  PyObject *mode = PyObject_GetAttrString(x->cfg, "mode");
+  Py_XDECREF(mode);
+  if (has != 0 || mode != x->mode) {
+    PyErr_Clear();
+    return 0;
+  }
+  return 1;
+}
+
 /* Is `spec` (still) the remembered spec of arr (with dt; NULL: arr alone)? */
 static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) {
   if (spec != want) return 0;
@@ -419,29 +451,118 @@ static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
       !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
       (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
           (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
-      (x->sarr && !(((np_head *)x->sarr)->flags & NP_C_CONTIGUOUS)) || PyDict_Size(x->hints))
+      (x->sarr && !(((np_head *)x->sarr)->flags & NP_C_CONTIGUOUS)) || !coll_still(x))
     return PyLong_FromLong(1);
-  int has = PyDict_Contains(x->env, x->envkey);
-  PyObject *mode = PyObject_GetAttrString(x->cfg, "mode");
-  Py_XDECREF(mode);
-  if (has != 0 || mode != x->mode) {
-    PyErr_Clear();
-    return PyLong_FromLong(1);
-  }
-  PyObject *v = PyIter_Next(s->seq);
-  if (!v) return PyErr_Occurred() ? NULL : PyLong_FromLong(1);
-  long seq = PyLong_AsLong(v);
-  Py_DECREF(v);
-  if (seq < 0) return PyErr_Occurred() ? NULL : PyLong_FromLong(1);
-  int tag = (int)((seq % SEQ_MOD) * COLL_TAGS);
+  long tag = next_coll_tag(s);
+  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
   erdma_coll *pending = NULL;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
   int rc = erdma_coll_allreduce(s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count,
-                                x->opc, x->dtc, s->ranks, s->size, s->me, tag, s->ctx + 1,
+                                x->opc, x->dtc, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
                                 s->slice, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
+  if (rc == 0) return PyLong_FromLong(0);
+  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+}
+
+/* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints): Python
+ * found this Bcast one for erdma_coll_bcast (dt None: the spec is arr). */
+static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 9) {
+    PyErr_SetString(PyExc_TypeError, "remember_bcast() takes 9 arguments");
+    return NULL;
+  }
+  pf_state *s = state_of(args[0]);
+  long flags = PyLong_AsLong(args[4]);
+  if (PyErr_Occurred()) return NULL;
+  if (!s || s->bc.busy || !PyDict_Check(args[5]) || !PyDict_Check(args[8])) Py_RETURN_FALSE;
+  PyObject *mode = PyObject_GetAttrString(args[7], "mode");
+  if (!mode) return NULL;
+  pf_coll x = {0};
+  if (!coll_view(args[2], flags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
+    Py_DECREF(mode);
+    Py_RETURN_FALSE;
+  }
+  coll_clear(&s->bc);
+  x.have = 1;
+  x.rspec = Py_NewRef(args[1]);
+  x.rarr = Py_NewRef(args[2]);
+  x.rdt = args[3] == Py_None ? NULL : Py_NewRef(args[3]);
+  x.env = Py_NewRef(args[5]);
+  x.envkey = Py_NewRef(args[6]);
+  x.cfg = Py_NewRef(args[7]);
+  x.mode = mode;
+  x.hints = Py_NewRef(args[8]);
+  s->bc = x;
+  Py_RETURN_TRUE;
+}
+
+/* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
+ * ranks hands its one message of the binomial tree to the peer's ring
+ * itself when it fits there, as erdma_coll_bcast would. */
+static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s;
+  long root;
+  if (n != 3 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
+  pf_coll *x = &s->bc;
+  if (!x->have || x->busy || !small_int(args[2], 0, s->size - 1, &root) ||
+      !spec_is(args[1], x->rspec, x->rarr, x->rdt) ||
+      (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
+          (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
+      !coll_still(x))
+    return PyLong_FromLong(1);
+  long tag = next_coll_tag(s);
+  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  if (s->size == 2 && s->me == root &&
+      erdma_shm_try_send(s->e, x->rview.buf, (uint64_t)x->rview.len, s->ranks[1 - root],
+                         (int)tag, s->ctx + 1))
+    return PyLong_FromLong(0);
+  erdma_coll *pending = NULL;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_coll_bcast(s->e, x->rview.buf, (uint64_t)x->rview.len, (int)root, s->ranks,
+                            s->size, s->me, (int)tag, s->ctx + 1, s->slice, &pending);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  if (rc == 0) return PyLong_FromLong(0);
+  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+}
+
+/* remember_barrier(state, env, envkey): Python found this communicator's
+ * Barrier one for erdma_coll_barrier while envkey is not in env. */
+static PyObject *pf_remember_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 3) {
+    PyErr_SetString(PyExc_TypeError, "remember_barrier() takes 3 arguments");
+    return NULL;
+  }
+  pf_state *s = state_of(args[0]);
+  if (!s || !PyDict_Check(args[1])) Py_RETURN_FALSE;
+  PyObject *env = s->bar_env, *key = s->bar_key;
+  s->bar_env = Py_NewRef(args[1]);
+  s->bar_key = Py_NewRef(args[2]);
+  Py_XDECREF(env);
+  Py_XDECREF(key);
+  Py_RETURN_TRUE;
+}
+
+/* barrier(state) -> 0 | 1 (miss) | (rc, pending) */
+static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s;
+  if (n != 1 || !(s = state_of(args[0])) || !s->bar_env) return PyLong_FromLong(1);
+  int has = PyDict_Contains(s->bar_env, s->bar_key);
+  if (has != 0) {
+    PyErr_Clear();
+    return PyLong_FromLong(1);
+  }
+  long tag = next_coll_tag(s);
+  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  erdma_coll *pending = NULL;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_coll_barrier(s->e, s->ranks, s->size, s->me, (int)tag, s->ctx + 1, s->slice,
+                              &pending);
+  PyEval_RestoreThread(ts);
   if (rc == 0) return PyLong_FromLong(0);
   return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
 }
@@ -522,6 +643,11 @@ static PyMethodDef pf_methods[] = {
     {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
      NULL},
     {"allreduce", (PyCFunction)(void (*)(void))pf_allreduce, METH_FASTCALL, NULL},
+    {"remember_bcast", (PyCFunction)(void (*)(void))pf_remember_bcast, METH_FASTCALL, NULL},
+    {"bcast", (PyCFunction)(void (*)(void))pf_bcast, METH_FASTCALL, NULL},
+    {"remember_barrier", (PyCFunction)(void (*)(void))pf_remember_barrier, METH_FASTCALL,
+     NULL},
+    {"barrier", (PyCFunction)(void (*)(void))pf_barrier, METH_FASTCALL, NULL},
     {"new", (PyCFunction)(void (*)(void))pf_new, METH_FASTCALL, NULL},
     {"remember", (PyCFunction)(void (*)(void))pf_remember, METH_FASTCALL, NULL},
     {"send", (PyCFunction)(void (*)(void))pf_send, METH_FASTCALL, NULL},

@@ -246,6 +246,48 @@ TEST(eager_before_posted_receive_is_unexpected) {
   teardown();
 }
 
+TEST(unexpected_payload_buffers_are_reused) {
+  /* a 64 KiB unexpected message's buffer goes back to the pool when its
+   * receive copies it out, and the next such message lands in it; an
+   * allocating receive keeps the buffer it took; small and large sizes
+   * are not pooled; every payload arrives intact */
+  setup();
+  msgbuf_trim();
+  uint64_t n = 40000; /* in the 64 KiB class */
+  uint8_t *pay = malloc(n), *buf = malloc(n);
+  for (uint64_t i = 0; i < n; i++) pay[i] = (uint8_t)(i * 7 + 1);
+  CHECK_EQ(feed_frame(0, FR_EAGER, 0, CTX, 3, n, 0, pay, n), 0);
+  CHECK(E->unexp_head && E->unexp_head->pooled);
+  void *first = E->unexp_head->data;
+  erdma_status st = finish(irecv(buf, n, 1, 3));
+  CHECK_EQ(st.error, 0);
+  CHECK_MEM(buf, pay, n);
+  pay[0] ^= 0xff;
+  CHECK_EQ(feed_frame(0, FR_EAGER, 0, CTX, 3, n, 0, pay, n), 0);
+  CHECK(E->unexp_head && E->unexp_head->data == first); /* reused */
+  /* an allocating receive takes the payload buffer itself */
+  erdma_req *r = NULL;
+  CHECK_EQ(erdma_irecv(E, NULL, 0, 1, 3, CTX, 1, &r), 0);
+  CHECK(is_done(r));
+  CHECK(erdma_req_data(r) == first);
+  CHECK_MEM(erdma_req_data(r), pay, n);
+  CHECK_EQ(finish(r).error, 0);
+  /* the pool is empty again: the next one is a new buffer */
+  CHECK_EQ(feed_frame(0, FR_EAGER, 0, CTX, 3, n, 0, pay, n), 0);
+  CHECK(E->unexp_head && E->unexp_head->pooled);
+  CHECK(finish(irecv(buf, n, 1, 3)).error == 0);
+  CHECK_MEM(buf, pay, n);
+  /* below 32 KiB: plain malloc */
+  CHECK_EQ(eager(4, "small"), 0);
+  CHECK(E->unexp_head && !E->unexp_head->pooled);
+  char sb[8];
+  CHECK_EQ(finish(irecv(sb, 8, 1, 4)).error, 0);
+  CHECK_MEM(sb, "small", 5);
+  free(pay);
+  free(buf);
+  teardown();
+}
+
 TEST(frames_split_anywhere) {
   /* two frames fed one byte at a time: the parser reassembles both */
   setup();
