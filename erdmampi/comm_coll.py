@@ -43,16 +43,19 @@ class CommColl:
         """The compression coder of this call, or None (normal algorithm)."""
         if compress is _SKIP:
             return None
-        if compress is None and not self._chints:
-            mode = _cz._config.mode
-            if mode == "off" or (mode == "auto" and nbytes < _cz.AUTO_MIN_BYTES):
-                return None          # the common case: no per-call work
-        hosts = self.__dict__.get("_chosts")
-        if hosts is None or len(hosts) != len(self._ranks):
+        c = self.__dict__.get("_chosts")
+        if c is None or len(c[0]) != len(self._ranks):
             world_hosts = (_rt.info or {}).get("hosts")
             hosts = ([world_hosts[w] for w in self._ranks] if world_hosts
                      else [None] * len(self._ranks))
-            self._chosts = hosts
+            c = self._chosts = (hosts, len(set(hosts)) <= 1)
+        hosts = c[0]
+        if compress is None and not self._chints:
+            mode = _cz._config.mode
+            # the common cases, with no per-call work: auto compresses only
+            # large calls across hosts
+            if mode == "off" or (mode == "auto" and (nbytes < _cz.AUTO_MIN_BYTES or c[1])):
+                return None
         return _cz.plan(self, name, compress, dtype, nbytes, op=op, hosts=hosts,
                         rank=self._rank, device=device, addr=addr)
 
@@ -496,8 +499,8 @@ class CommColl:
                 ptr = _buffer_pointer(arr)
                 self._bccache = (arr, None if arr is buf else buf[1], arr.nbytes, npd, ptr)
                 mode = _cz._config.mode
-                if not self._chints and (mode == "off" or mode == "auto"
-                                         and arr.nbytes < _cz.AUTO_MIN_BYTES):
+                if not self._chints and (mode == "off" or mode == "auto"):
+                    # (one host, where _fast_remember applies: auto is off)
                     self._fast_remember("bcast", _fast_remember_bcast, (
                         buf, arr, self._bccache[1], arr.flags.num, _environ_data,
                         _COLL_ENV["bcast"], _cz._config, self._chints))
@@ -635,8 +638,7 @@ class CommColl:
         and the hints stay as they are now (the C call checks them)."""
         if _engine.fast is None or self._chints or not self._csmall[2]:
             return
-        mode = _cz._config.mode
-        if not (mode == "off" or (mode == "auto" and c[7] < _cz.AUTO_MIN_BYTES)):
+        if _cz._config.mode not in ("off", "auto"):     # auto: off on one host
             return
         rarr, sarr = c[3], c[5]
         args = (IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],

@@ -61,6 +61,9 @@
  * message by at most this much). */
 #define SHM_GRACE_NS 2000000ull
 
+/* An eager payload written into a ring is published in pieces of this size. */
+#define SHM_PIECE ((uint64_t)16 << 10)
+
 struct shm_ring {
   _Alignas(64) _Atomic uint64_t head;   /* bytes produced */
   _Alignas(64) _Atomic uint64_t tail;   /* bytes consumed */
@@ -436,7 +439,16 @@ int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t
   uint8_t hdr[ERDMA_HDR_LEN];
   hdr_encode(hdr, h);
   ring_put(r, cap, head, hdr, ERDMA_HDR_LEN);
-  if (n) ring_put(r, cap, head + ERDMA_HDR_LEN, buf, n);
+  /* the payload in pieces, each published at once: a consumer polling the
+   * ring copies one piece out while we copy the next in (two copies in a
+   * row cost 64 KiB 13.9 us against MPICH's 8.6 in a two-rank Bcast) */
+  for (uint64_t off = 0; off < n;) {
+    uint64_t k = n - off < SHM_PIECE ? n - off : SHM_PIECE;
+    ring_put(r, cap, head + ERDMA_HDR_LEN + off, (const uint8_t *)buf + off, k);
+    off += k;
+    if (off < n)
+      atomic_store_explicit(&r->head, head + ERDMA_HDR_LEN + off, memory_order_release);
+  }
   atomic_store_explicit(&r->head, head + len, memory_order_release);
   c->tx_offset += len; /* as if queued and written at once */
   c->acked += len;
