@@ -637,10 +637,44 @@ for root in (2, -1, None):
         assert root is None or e.Get_error_class() == MPI.ERR_ROOT, (root, e)
     else:
         raise AssertionError(("no error for root", root))
+# Alltoall: the fast path, in place, another array in the same spec, the
+# parser's path on one rank, an environment override, a read-only receive
+a_s = np.arange(8.0) + 10 * r; a_r = np.zeros(8); asp, arp = [a_s, MPI.DOUBLE], [a_r, MPI.DOUBLE]
+want = np.concatenate([np.arange(4.0) + 4 * r + 10 * j for j in range(2)])
+for it in range(6):
+    a_r[:] = -1
+    if r == 1 and it == 3:
+        comm.Alltoall([a_s, 4, MPI.DOUBLE], [a_r, 4, MPI.DOUBLE])
+    else:
+        comm.Alltoall(asp, arp)
+    assert (a_r == want).all(), (it, a_r)
+if have_fast:
+    a_r[:] = -1
+    assert _engine.fast.alltoall(comm._fast, asp, arp) == 0 and (a_r == want).all(), a_r
+    assert _engine.fast.alltoall(comm._fast, a_s, arp) == 1       # another spec: miss
+ip = a_s.copy(); comm.Alltoall(MPI.IN_PLACE, ip); assert (ip == want).all(), ip
+ip = a_s.copy(); comm.Alltoall(MPI.IN_PLACE, ip); assert (ip == want).all(), ip
+a_r2 = np.zeros(8); arp[0] = a_r2
+comm.Alltoall(asp, arp); assert (a_r2 == want).all(), a_r2
+os.environ["ERDMA_COLL_ALLTOALL"] = "pairwise"
+a_r2[:] = -1; comm.Alltoall(asp, arp); assert (a_r2 == want).all(), a_r2
+if have_fast:
+    assert _engine.fast.alltoall(comm._fast, asp, arp) == 1       # overridden: miss
+del os.environ["ERDMA_COLL_ALLTOALL"]
+a_r2.flags.writeable = False
+try:
+    comm.Alltoall(asp, arp)
+except (BufferError, MPI.Exception, ValueError):
+    pass
+else:
+    raise AssertionError("Alltoall into a read-only buffer")
+a_r2.flags.writeable = True
+a_r2[:] = -1; comm.Alltoall(asp, arp); assert (a_r2 == want).all(), a_r2
 comm.Barrier()
 MPI.Finalize()
 for call in (lambda: comm.Send(spec, peer, 1), lambda: comm.Recv(spec, peer, 1),
-             lambda: comm.Allreduce(ss, oo), lambda: comm.Bcast(bs, 0), comm.Barrier):
+             lambda: comm.Allreduce(ss, oo), lambda: comm.Bcast(bs, 0), comm.Barrier,
+             lambda: comm.Alltoall(asp, arp)):
     try:
         call()
     except MPI.Exception:

@@ -24,9 +24,11 @@
  *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
- *   remember_bcast(...) / bcast(state, buf, root) and remember_barrier(...) /
- *     barrier(state): the same for the binomial Bcast (erdma_coll_bcast) and
- *     the dissemination Barrier (erdma_coll_barrier).
+ *   remember_bcast(...) / bcast(state, buf, root), remember_barrier(...) /
+ *     barrier(state) and remember_alltoall(...) / alltoall(state, sendbuf,
+ *     recvbuf): the same for the binomial Bcast (erdma_coll_bcast), the
+ *     dissemination Barrier (erdma_coll_barrier) and the direct Alltoall
+ *     (erdma_coll_alltoall).
  *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
  *     tag[, base]): a pickled object (the lowercase send / recv; with base,
  *     a message of an object collective), see below.
@@ -96,7 +98,7 @@ typedef struct {
   long tag_ub;
   double slice;
   pf_entry ent[2]; /* 0: send, 1: recv */
-  pf_coll ar, bc;  /* Allreduce; Bcast (its buffer as the receive side) */
+  pf_coll ar, bc, a2a; /* Allreduce; Bcast (its buffer as the receive side); Alltoall */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   int ranks[];
 } pf_state;
@@ -141,6 +143,7 @@ static void state_free(PyObject *cap) {
   entry_clear(&s->ent[1]);
   coll_clear(&s->ar);
   coll_clear(&s->bc);
+  coll_clear(&s->a2a);
   Py_XDECREF(s->bar_env);
   Py_XDECREF(s->bar_key);
   Py_XDECREF(s->owner);
@@ -353,9 +356,9 @@ static int coll_view(PyObject *arr, long flags, int need, int writable, Py_buffe
  *                    sflags, rflags, env, envkey, cfg, hints): Python found this
  * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
  * sdt/rdt None: the spec is the array alone). */
-static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int a2a) {
   if (n != 17) {
-    PyErr_SetString(PyExc_TypeError, "remember_allreduce() takes 17 arguments");
+    PyErr_SetString(PyExc_TypeError, "remember_allreduce/alltoall() take 17 arguments");
     return NULL;
   }
   pf_state *s = state_of(args[0]);
@@ -363,7 +366,8 @@ static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py
   long opc = PyLong_AsLong(args[9]), dtc = PyLong_AsLong(args[10]);
   long sflags = PyLong_AsLong(args[11]), rflags = PyLong_AsLong(args[12]);
   if (PyErr_Occurred()) return NULL;
-  if (!s || s->ar.busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16])) Py_RETURN_FALSE;
+  pf_coll *slot = s ? (a2a ? &s->a2a : &s->ar) : NULL;
+  if (!s || slot->busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16])) Py_RETURN_FALSE;
   PyObject *mode = PyObject_GetAttrString(args[15], "mode");
   if (!mode) return NULL;
   pf_coll x = {0};
@@ -377,7 +381,7 @@ static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py
     Py_DECREF(mode);
     Py_RETURN_FALSE;
   }
-  coll_clear(&s->ar);
+  coll_clear(slot);
   x.have = 1;
   x.sspec = Py_NewRef(args[1]);
   x.sarr = sarr ? Py_NewRef(sarr) : NULL;
@@ -394,8 +398,18 @@ static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py
   x.cfg = Py_NewRef(args[15]);
   x.mode = mode;
   x.hints = Py_NewRef(args[16]);
-  s->ar = x;
+  *slot = x;
   Py_RETURN_TRUE;
+}
+
+static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return remember_sr(args, n, 0);
+}
+
+/* remember_alltoall(...): as remember_allreduce, for the direct Alltoall
+ * (erdma_coll_alltoall) of count-byte blocks; op None, opc and dtc 0. */
+static PyObject *pf_remember_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return remember_sr(args, n, 1);
 }
 
 /* The tag base of the communicator's next collective call (the counter
@@ -461,6 +475,31 @@ static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
   int rc = erdma_coll_allreduce(s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count,
                                 x->opc, x->dtc, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
                                 s->slice, &pending);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  if (rc == 0) return PyLong_FromLong(0);
+  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+}
+
+/* alltoall(state, sendbuf, recvbuf) -> 0 | 1 (miss) | (rc, pending) */
+static PyObject *pf_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s;
+  if (n != 3 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
+  pf_coll *x = &s->a2a;
+  if (!x->have || x->busy || !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
+      !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
+      (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
+          (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
+      (x->sarr && !(((np_head *)x->sarr)->flags & NP_C_CONTIGUOUS)) || !coll_still(x))
+    return PyLong_FromLong(1);
+  long tag = next_coll_tag(s);
+  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  erdma_coll *pending = NULL;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_coll_alltoall(s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count,
+                               s->ranks, s->size, s->me, (int)tag, s->ctx + 1, s->slice,
+                               &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
   if (rc == 0) return PyLong_FromLong(0);
@@ -643,6 +682,9 @@ static PyMethodDef pf_methods[] = {
     {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
      NULL},
     {"allreduce", (PyCFunction)(void (*)(void))pf_allreduce, METH_FASTCALL, NULL},
+    {"remember_alltoall", (PyCFunction)(void (*)(void))pf_remember_alltoall, METH_FASTCALL,
+     NULL},
+    {"alltoall", (PyCFunction)(void (*)(void))pf_alltoall, METH_FASTCALL, NULL},
     {"remember_bcast", (PyCFunction)(void (*)(void))pf_remember_bcast, METH_FASTCALL, NULL},
     {"bcast", (PyCFunction)(void (*)(void))pf_bcast, METH_FASTCALL, NULL},
     {"remember_barrier", (PyCFunction)(void (*)(void))pf_remember_barrier, METH_FASTCALL,
