@@ -224,8 +224,9 @@ def _run(n, mode, env=None, extra=(), timeout=150, force=True):
 def test_select_bulk_paths():
     assert C.select("allreduce", 512 * KiB, 2, 1 << 17).__name__ == "allreduce_sched_pair"
     assert C.select("allreduce", 1 * MiB, 2, 1 << 18).__name__ == "allreduce_sched_pair"
-    assert C.select("allreduce", 8 * MiB - 4, 2, (1 << 21) - 1).__name__ == "allreduce_sched_pair"
-    assert C.select("allreduce", 8 * MiB, 2, 1 << 21).__name__ == "allreduce_sched_ring"
+    big = C.BULK_ALLREDUCE_MAX
+    assert C.select("allreduce", big - 4, 2, big // 4 - 1).__name__ == "allreduce_sched_pair"
+    assert C.select("allreduce", big, 2, big // 4).__name__ == "allreduce_sched_ring"
     assert C.select("reduce_scatter", 256 * KiB, 2, 1 << 16).__name__ == "reduce_scatter_sched_pair"
     assert C.select("reduce_scatter", 256 * KiB, 3, 1 << 16).__name__ == "reduce_scatter_sched_ring"
     assert C.select("reduce_scatter", 256 * KiB - 4, 2, (1 << 16) - 1).__name__ == \
