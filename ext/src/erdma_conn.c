@@ -287,7 +287,7 @@ static int on_header(erdma_conn *c, rx_state *x) {
   int src = c->peer;
   switch (h->type) {
   case FR_EAGER: {
-    uint64_t lim = c->shm ? e->cfg.shm_eager_limit : e->cfg.eager_limit;
+    uint64_t lim = conn_eager_max(c);
     if (h->len > (lim > ERDMA_EAGER_FRAME_MAX ? lim : ERDMA_EAGER_FRAME_MAX))
       return violation(c, "an EAGER frame longer than any eager limit");
     e->stats.msgs_recv++;
@@ -317,7 +317,7 @@ static int on_header(erdma_conn *c, rx_state *x) {
     break;
   }
   case FR_RTS:
-    if ((h->flags & FR_FLAG_CMA) && !c->shm)
+    if ((h->flags & FR_FLAG_CMA) && !c->chan->in_place)
       return violation(c, "an RTS for a shared-memory read over QUIC");
     e->stats.msgs_recv++;
     m = msg_from_peer(c, h, 0);
@@ -341,7 +341,7 @@ static int on_header(erdma_conn *c, rx_state *x) {
     }
     break;
   case FR_CTS:
-    if ((h->flags & FR_FLAG_CMA) && !c->shm)
+    if ((h->flags & FR_FLAG_CMA) && !c->chan->in_place)
       return violation(c, "a CTS for a shared-memory read over QUIC");
     if (h->id > e->next_id) return violation(c, "a CTS for a send id never issued");
     /* (an unknown id: a send cancelled meanwhile) */
@@ -668,6 +668,7 @@ erdma_conn *conn_alloc(erdma_engine *e, int client) {
   erdma_conn *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->e = e;
+  c->chan = &erdma_quic_chan;
   c->is_client = client;
   c->peer = -1;
   c->stream_id = -1;
@@ -1247,10 +1248,8 @@ static const erdma_quic_callbacks quic_events = {
  * burst ngtcp2 learns the send time and refuses more until its pacing
  * timer, which erdma_quic_expiry reports, so the progress thread wakes for
  * it.  Each burst goes out at the time it is written (erdma_now()). */
-int conn_flush(erdma_conn *c) {
+static int quic_chan_flush(erdma_conn *c) {
   erdma_engine *e = c->e;
-  c->dirty = 0;
-  if (c->shm) return c->closed ? 0 : shm_flush(c);
   if (c->closed || !c->q) return 0;
   peer_info *lazy = c->peer >= 0 ? &e->peers[c->peer] : NULL;
   for (int bursts = 0;;) {
@@ -1272,6 +1271,37 @@ int conn_flush(erdma_conn *c) {
    * (pacing, loss detection) ahead of the one it sleeps for */
   if (c->dirty || erdma_quic_expiry(c->q) < e->wake_at) engine_wake(e);
   return 0;
+}
+
+int conn_flush(erdma_conn *c) {
+  c->dirty = 0;
+  return c->chan->flush(c);
+}
+
+static uint64_t quic_chan_eager_max(const erdma_conn *c) { return c->e->cfg.eager_limit; }
+
+/* QUIC: frames only (no writes past the queue, no reads in place). */
+const erdma_chan erdma_quic_chan = {
+    .name = "quic",
+    .chunks = 1,
+    .eager_max = quic_chan_eager_max,
+    .flush = quic_chan_flush,
+};
+
+uint64_t conn_eager_max(const erdma_conn *c) { return c->chan->eager_max(c); }
+
+int conn_send_now(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n) {
+  return c->chan->send_now ? c->chan->send_now(c, h, buf, n) : 0;
+}
+
+int conn_offer(erdma_conn *c, erdma_req *r) {
+  if (!c->chan->offer || !c->chan->offer(c, r)) return 0;
+  r->offered = c->chan;
+  return 1;
+}
+
+int conn_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
+  return c->chan->take ? c->chan->take(c, dst, addr, n, sid) : -1;
 }
 
 static void for_each_conn(erdma_engine *e, void (*fn)(erdma_conn *)) {
@@ -1343,6 +1373,6 @@ void conn_free(erdma_conn *c) {
   if (c->rx.msg && !c->rx.msg->queued && !c->rx.msg->taken && !c->rx.msg->bound)
     msg_free(c->rx.msg); /* (data streams carry no unexpected messages) */
   erdma_quic_del(c->q);
-  if (c->shm) shm_conn_release(c);
+  if (c->chan->release) c->chan->release(c);
   free(c);
 }

@@ -89,8 +89,38 @@ typedef struct tx_stream {
   uint64_t unwritten;    /* bytes queued but not yet handed to ngtcp2 */
 } tx_stream;
 
+/* ---- the transport under a connection: its channel ----
+ * Every connection carries the same frames through conn_enqueue and
+ * conn_flush; what its transport adds is behind this table: QUIC
+ * (erdma_conn.c: erdma_quic_chan) or a pair of shared-memory rings
+ * (erdma_shm.c: erdma_shm_chan).  The send path (erdma_isend) and matching
+ * reach a transport only through it (the conn_* calls below); a NULL entry
+ * is a capability the transport lacks. */
+struct erdma_conn;
+typedef struct erdma_chan {
+  const char *name;
+  int in_place;          /* offers sends for the peer to read in place (RTS FR_FLAG_CMA) */
+  int chunks;            /* takes CHUNK frames on data streams (CTS FR_FLAG_CHUNKS) */
+  /* bytes up to which an eager frame is sent at once */
+  uint64_t (*eager_max)(const struct erdma_conn *c);
+  /* an eager frame written now, nothing queued before it: 1, else 0 (queue it) */
+  int (*send_now)(struct erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n);
+  /* send r's buffer may be read by the peer in place until withdraw: 1, else 0 */
+  int (*offer)(struct erdma_conn *c, erdma_req *r);
+  void (*withdraw)(erdma_req *r);
+  /* n bytes at addr of the peer's offered send `sid` into dst: 0 done; -1
+   * not possible (the payload comes as frames); -2 the peer withdrew it */
+  int (*take)(struct erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
+  int (*flush)(struct erdma_conn *c);     /* write what is queued, as far as it goes */
+  void (*release)(struct erdma_conn *c);  /* the connection is freed */
+} erdma_chan;
+
+extern const erdma_chan erdma_quic_chan; /* erdma_conn.c */
+extern const erdma_chan erdma_shm_chan;  /* erdma_shm.c */
+
 typedef struct erdma_conn {
   erdma_engine *e;
+  const erdma_chan *chan; /* its transport (conn_alloc: QUIC) */
   erdma_quic *q;         /* the QUIC connection (NULL: shared memory, or none yet) */
   int is_client;
   int peer;              /* peer rank, -1 until HELLO */
@@ -120,7 +150,7 @@ typedef struct erdma_conn {
   struct erdma_conn *next_pending; /* server conns awaiting HELLO */
   uint64_t accepted_at;  /* server conns: first packet (the HELLO deadline counts from it) */
   int from_peer_host;    /* server conns: from a source where a rank was published */
-  /* shared memory (erdma_shm.c): a conn without ngtcp2 */
+  /* shared memory (erdma_shm.c): a conn without ngtcp2 (chan: erdma_shm_chan) */
   int shm;
   struct shm_ring *tx_ring, *rx_ring;
   struct shm_seg *peer_seg;
@@ -180,6 +210,11 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
                          const struct sockaddr_storage *from, socklen_t fromlen);
 int conn_flush(erdma_conn *c);
 void conn_flush_all(erdma_engine *e);
+/* the channel's calls (see erdma_chan) */
+uint64_t conn_eager_max(const erdma_conn *c);
+int conn_send_now(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n);
+int conn_offer(erdma_conn *c, erdma_req *r);  /* records the channel in r->offered */
+int conn_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
 void conn_handle_expiry_all(erdma_engine *e);
 void conn_log_paths(erdma_engine *e); /* one line per QUIC peer: cwnd, RTT, rates */
 uint64_t conn_decrypted_count(void);  /* packets authenticated by this thread so far */

@@ -39,6 +39,13 @@ void engine_wake(erdma_engine *e) {
   if (write(e->evfd, &one, sizeof one) < 0) { /* counter full: already awake */ }
 }
 
+/* Threads wait for requests on e->cv, or (all peers on shared memory) on the
+ * futex bell of our segment (shm_wait). */
+void engine_wake_waiters(erdma_engine *e) {
+  pthread_cond_broadcast(&e->cv);
+  shm_wake_waiters(e);
+}
+
 /* verbose >= 2: the per-peer path report every path_log_ms (1000) ms */
 static uint64_t path_log_period(const erdma_engine *e) {
   return (uint64_t)(e->cfg.path_log_ms > 0 ? e->cfg.path_log_ms : 1000) * 1000000u;
@@ -626,9 +633,9 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.len = nbytes;
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
-    } else if (nbytes <= e->cfg.shm_eager_limit && !(flags & ERDMA_SEND_SYNC) &&
-               p->conn->shm && (h.type = FR_EAGER, shm_send_direct(p->conn, &h, buf, nbytes))) {
-      req_complete(r, 0); /* in the peer's ring */
+    } else if (nbytes <= conn_eager_max(p->conn) && !(flags & ERDMA_SEND_SYNC) &&
+               (h.type = FR_EAGER, conn_send_now(p->conn, &h, buf, nbytes))) {
+      req_complete(r, 0); /* written into the channel (a local peer's ring) */
     } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC)) {
       uint8_t *copy = malloc(nbytes ? nbytes : 1);
       if (!copy) {
@@ -644,7 +651,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
       h.type = FR_RTS;
       h.flags = (flags & ERDMA_SEND_SYNC) ? FR_FLAG_SYNC : 0;
       h.id = r->id = ++e->next_id & 0xffffffffu; /* fits the CMA RTS's aux field */
-      if (p->conn->shm && e->shm.cma && nbytes && shm_cma_publish(e, r)) {
+      if (nbytes && conn_offer(p->conn, r)) {
         h.flags |= FR_FLAG_CMA; /* the receiver reads buf straight from us */
         h.aux = (uint32_t)r->id;
         h.id = (uint64_t)(uintptr_t)buf;

@@ -108,6 +108,7 @@ void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, i
 /* numeric or DNS host + port -> sockaddr (ERDMA_ERR_INVAL when it does not resolve) */
 int addr_resolve(const char *host, int port, struct sockaddr_storage *out, socklen_t *len);
 void engine_wake(erdma_engine *e);
+void engine_wake_waiters(erdma_engine *e); /* a request completed: wake who waits for one */
 /* bufs: n packets at a stride of e->pkt_size; NULL: the first n buffers of
  * the backend's zero-copy batch (e->io.tx_buf), which it releases (n >= 0) */
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n);

@@ -10,7 +10,6 @@
 #include "erdma_match.h"
 #include "erdma_conn.h"
 #include "erdma_engine.h"
-#include "erdma_shm.h"
 #include "erdma_ulfm.h"
 
 erdma_req *req_new(erdma_engine *e, int kind) {
@@ -35,11 +34,13 @@ void req_complete(erdma_req *r, int error) {
   if (r->rx_refs) conn_detach_req(r->e, r);
   if (r->kind == REQ_RECV) rndv_recv_unlink(r->e, r);
   if (r->done) return;
-  if (r->cma_sid) shm_cma_release(r); /* its buffer goes back to the application */
+  if (r->offered) { /* its buffer goes back to the application */
+    r->offered->withdraw(r);
+    r->offered = NULL;
+  }
   if (error && !r->st.error) r->st.error = error;
   r->done = 1;
-  pthread_cond_broadcast(&r->e->cv);
-  shm_wake_waiters(r->e);
+  engine_wake_waiters(r->e);
   if (r->user_freed) req_destroy(r);
 }
 
@@ -199,14 +200,14 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
         /* the payload is refused, not awaited: a receive id no receive
          * holds lets the sender finish while we discard its bytes */
         h.type = FR_CTS;
-        h.flags = p->conn->shm ? 0 : FR_FLAG_CHUNKS;
+        h.flags = p->conn->chan->chunks ? FR_FLAG_CHUNKS : 0;
         h.id = m->sender_id;
         h.len = ++e->next_id;
         conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
       }
-    } else if (m->cma && (cma = shm_cma_read(e, m->source, r->buf, m->cma_addr,
-                                             m->len < r->cap ? m->len : r->cap,
-                                             (uint32_t)m->sender_id)) == -2) {
+    } else if (m->cma && (cma = conn_take(p->conn, r->buf, m->cma_addr,
+                                          m->len < r->cap ? m->len : r->cap,
+                                          (uint32_t)m->sender_id)) == -2) {
       req_complete(r, ERDMA_ERR_PEER); /* the sender withdrew it (its operation failed) */
     } else if (m->cma && cma == 0) {
       h.type = FR_CTS; /* single copy done: tell the sender it may complete */
@@ -219,7 +220,7 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
       DL_APPEND(e->rndv_recv_head, e->rndv_recv_tail, r);
       r->rndv_listed = 1;
       h.type = FR_CTS;
-      h.flags = p->conn->shm ? 0 : FR_FLAG_CHUNKS; /* we take CHUNKs on any stream */
+      h.flags = p->conn->chan->chunks ? FR_FLAG_CHUNKS : 0; /* CHUNKs on any stream */
       h.id = m->sender_id;
       h.len = r->id;
       conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);

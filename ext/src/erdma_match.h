@@ -38,6 +38,7 @@ struct erdma_req {
   uint64_t got;          /* chunked receive: payload bytes arrived so far */
   uint64_t chunks_left;  /* chunked send: chunks not yet acknowledged */
   uint32_t cma_sid;      /* send readable with CMA under this id (erdma_shm.c) */
+  const struct erdma_chan *offered; /* the channel its buffer is offered on, to withdraw */
   uint64_t claimed;      /* chunked receive: payload bytes announced by CHUNK headers */
   int chunked;           /* a CHUNK arrived for it: a DATA frame is refused */
   int rndv_listed;       /* in e->rndv_recv (waiting for DATA or CHUNKs) */

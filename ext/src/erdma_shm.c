@@ -106,7 +106,7 @@ static _Atomic uint32_t *cma_slot(struct shm_seg *s, uint32_t sid) {
 
 /* A send of ours may be read with CMA (r->id is its id on the wire): 1 when
  * its slot was free and now names it (the caller sends a CMA RTS). */
-int shm_cma_publish(erdma_engine *e, erdma_req *r) {
+static int shm_cma_publish(erdma_engine *e, erdma_req *r) {
   uint32_t sid = (uint32_t)r->id, none = 0;
   if (!e->shm.seg || !sid) return 0;
   if (!atomic_compare_exchange_strong(cma_slot(e->shm.seg, sid), &none, sid)) return 0;
@@ -115,7 +115,7 @@ int shm_cma_publish(erdma_engine *e, erdma_req *r) {
 }
 
 /* The send completed, failed or was withdrawn: no reader may use its buffer. */
-void shm_cma_release(erdma_req *r) {
+static void shm_cma_release(erdma_req *r) {
   erdma_engine *e = r->e;
   uint32_t sid = r->cma_sid;
   r->cma_sid = 0;
@@ -323,6 +323,7 @@ int shm_attach_peers(erdma_engine *e) {
       return ERDMA_ERR_NOMEM;
     }
     c->shm = 1;
+    c->chan = &erdma_shm_chan;
     c->peer = p;
     c->handshake_done = c->hello_recv = 1;
     c->stream_id = 0;
@@ -380,7 +381,7 @@ static void ring_put(struct shm_ring *r, uint64_t cap, uint64_t pos, const uint8
   if (n > first) memcpy(r->data, src + first, n - first);
 }
 
-int shm_flush(erdma_conn *c) {
+static int shm_flush(erdma_conn *c) {
   erdma_engine *e = c->e;
   struct shm_ring *r = c->tx_ring;
   uint64_t cap = e->shm.ring_bytes, wrote = 0;
@@ -426,7 +427,7 @@ int shm_flush(erdma_conn *c) {
 /* An eager frame straight into the peer's ring, when nothing is queued
  * before it and it fits: no copy of the payload, no queue item.  1 when
  * written (the caller completes the send), 0: queue it as usual. */
-int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n) {
+static int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n) {
   erdma_engine *e = c->e;
   struct shm_ring *r = c->tx_ring;
   uint64_t cap = e->shm.ring_bytes, len = ERDMA_HDR_LEN + n;
@@ -795,8 +796,8 @@ void shm_sleep_done(erdma_engine *e) {
  * ptrace access: CMA off from now on; a bad address): use the ring; -2: the
  * peer withdrew that send (its buffer is no longer the message): what was
  * read is discarded. */
-int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n,
-                 uint32_t sid) {
+static int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n,
+                        uint32_t sid) {
   erdma_conn *c = e->peers[peer].conn;
   uint64_t done = 0;
   if (!c || !c->shm || !e->shm.cma || !c->peer_seg) return -1;
@@ -864,7 +865,7 @@ int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64
   return 0;
 }
 
-void shm_conn_release(erdma_conn *c) {
+static void shm_conn_release(erdma_conn *c) {
   if (c->peer_seg) munmap(c->peer_seg, c->peer_map_len);
   c->peer_seg = NULL;
 }
@@ -885,3 +886,29 @@ void shm_teardown(erdma_engine *e) {
   free(s->local);
   memset(s, 0, sizeof *s);
 }
+
+/* ---- the channel of a shared-memory connection (erdma_chan) ---- */
+static uint64_t shm_chan_eager_max(const erdma_conn *c) { return c->e->cfg.shm_eager_limit; }
+
+static int shm_chan_offer(erdma_conn *c, erdma_req *r) {
+  return c->e->shm.cma && shm_cma_publish(c->e, r);
+}
+
+static int shm_chan_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
+  return shm_cma_read(c->e, c->peer, dst, addr, n, sid);
+}
+
+static int shm_chan_flush(erdma_conn *c) { return c->closed ? 0 : shm_flush(c); }
+
+/* Rings: eager frames written straight in, sends read in place with CMA. */
+const erdma_chan erdma_shm_chan = {
+    .name = "shm",
+    .in_place = 1,
+    .eager_max = shm_chan_eager_max,
+    .send_now = shm_send_direct,
+    .offer = shm_chan_offer,
+    .withdraw = shm_cma_release,
+    .take = shm_chan_take,
+    .flush = shm_chan_flush,
+    .release = shm_conn_release,
+};

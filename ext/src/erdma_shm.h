@@ -15,7 +15,9 @@
 #include "erdma.h"
 #include "erdma_conn.h"
 
-/* ---- shared memory between ranks on one host (erdma_shm.c) ---- */
+/* ---- shared memory between ranks on one host (erdma_shm.c) ----
+ * A connection to a local rank is reached through its channel,
+ * erdma_shm_chan (erdma_conn.h): eager frames into the ring, CMA reads. */
 typedef struct shm_state {
   char job[64];
   int *local;            /* world ranks on this host, ascending */
@@ -36,8 +38,6 @@ typedef struct shm_state {
 /* shm.c (all under e->mu) */
 int shm_attach_peers(erdma_engine *e);  /* 0 when all attached, 1 if some not yet */
 int shm_is_local(erdma_engine *e, int rank);
-int shm_flush(erdma_conn *c);
-int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n);
 int shm_poll(erdma_engine *e);          /* returns bytes consumed */
 int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 void shm_sleep_done(erdma_engine *e);
@@ -51,12 +51,7 @@ void shm_wake_waiters(erdma_engine *e); /* a request completed */
 void shm_app_active(erdma_engine *e);   /* an application thread leaves a call */
 void shm_app_idle(erdma_engine *e);     /* ... or sleeps on e->cv */
 uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
-void shm_conn_release(erdma_conn *c);
 void shm_teardown(erdma_engine *e);
-int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n,
-                 uint32_t sid);          /* 0, -1: use the ring, -2: send withdrawn */
-int shm_cma_publish(erdma_engine *e, erdma_req *r); /* 1: r may be read with CMA */
-void shm_cma_release(erdma_req *r);
 /* bulk copies for the one-host collectives (no lock needed) */
 int shm_cma_ok(erdma_engine *e, int peer);
 int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64_t n,

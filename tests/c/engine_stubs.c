@@ -8,9 +8,10 @@
  * defines are left out, and what it needs besides (ULFM, NAT, the UDP
  * backend, the rest of shared memory, TLS identities) is stubbed instead.
  *
- * Behaviour: no connection is shared-memory local, a CMA read is refused
- * (the receive falls back to the ring), TLS identities fail, and nothing is
- * ever sent on a socket: queued frames stay on the connection's tx lists. */
+ * Behaviour: no connection is shared-memory local (every one has the QUIC
+ * channel, which reads nothing in place; a test may give one another
+ * channel), TLS identities fail, and nothing is ever sent on a socket:
+ * queued frames stay on the connection's tx lists. */
 #include <stdio.h>
 #include <time.h>
 
@@ -31,6 +32,7 @@ uint64_t erdma_now(void) {
 }
 int addr_is_loopback(const struct sockaddr_storage *a) { (void)a; return 1; }
 void engine_wake(erdma_engine *e) { (void)e; }
+void engine_wake_waiters(erdma_engine *e) { (void)e; }
 void engine_sendv(erdma_engine *e, erdma_conn *c, uint8_t *bufs, size_t *lens, int n) {
   (void)e; (void)c; (void)bufs; (void)lens; (void)n;
 }
@@ -48,14 +50,7 @@ void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, i
 uint64_t nat_keepalive_ns(erdma_engine *e) { (void)e; return 0; }
 void ulfm_note_failure(erdma_engine *e, int peer) { (void)e; (void)peer; }
 int shm_is_local(erdma_engine *e, int rank) { (void)e; (void)rank; return -1; }
-int shm_flush(erdma_conn *c) { (void)c; return 0; }
 void shm_wake_waiters(erdma_engine *e) { (void)e; }
-void shm_conn_release(erdma_conn *c) { (void)c; }
-int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
-  (void)e; (void)peer; (void)dst; (void)addr; (void)n; (void)sid;
-  return -1; /* refused: the receive falls back to the ring */
-}
-void shm_cma_release(erdma_req *r) { (void)r; }
 
 #ifdef ERDMA_STUBS_WITH_ENGINE
 /* ---- what erdma_engine.c needs besides ---- */
@@ -82,10 +77,6 @@ size_t pktio_udp_path_payload(erdma_engine *e, const struct sockaddr_storage *to
   return 0;
 }
 int shm_attach_peers(erdma_engine *e) { (void)e; return 0; }
-int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n) {
-  (void)c; (void)h; (void)buf; (void)n;
-  return 0;
-}
 int shm_poll(erdma_engine *e) { (void)e; return 0; }
 int shm_sleep_prepare(erdma_engine *e) { (void)e; return 0; }
 void shm_sleep_done(erdma_engine *e) { (void)e; }

@@ -665,6 +665,74 @@ TEST(rendezvous_send) {
   teardown();
 }
 
+/* ---- a channel that reads in place, for the offer/take paths: rank 1's
+ * "address space" is this process, so an address is a pointer here ---- */
+static int offers, withdrawals, take_rc;
+static uint64_t fake_eager_max(const erdma_conn *c) { return c->e->cfg.eager_limit; }
+static int fake_offer(erdma_conn *c, erdma_req *r) { (void)c; (void)r; offers++; return 1; }
+static void fake_withdraw(erdma_req *r) { (void)r; withdrawals++; }
+static int fake_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
+  (void)c; (void)sid;
+  if (take_rc == 0) memcpy(dst, (const void *)(uintptr_t)addr, n);
+  return take_rc;
+}
+static int fake_flush(erdma_conn *c) { (void)c; return 0; }
+static const erdma_chan in_place_chan = {
+    .name = "test", .in_place = 1, .eager_max = fake_eager_max, .offer = fake_offer,
+    .withdraw = fake_withdraw, .take = fake_take, .flush = fake_flush};
+
+TEST(channel_that_reads_in_place) {
+  /* matching and the send path use only the channel's table: a send above
+   * the eager limit is offered (RTS with the buffer's address) and
+   * withdrawn once the peer's CTS says it copied it; an offered message
+   * from the peer is taken into the receive buffer and answered; a
+   * withdrawn one fails the receive; without an in-place channel the
+   * same RTS breaks the protocol */
+  setup();
+  C->chan = &in_place_chan;
+  offers = withdrawals = take_rc = 0;
+  uint64_t len = E->cfg.eager_limit + 10;
+  uint8_t *buf = malloc(len), *got = calloc(1, len);
+  for (uint64_t i = 0; i < len; i++) buf[i] = (uint8_t)(i * 13 + 5);
+  erdma_req *s = NULL;
+  CHECK_EQ(erdma_isend(E, buf, len, 1, 31, CTX, 0, &s), 0);
+  sent_frame rts = sent(-1);
+  CHECK_EQ(rts.type, FR_RTS);
+  CHECK_EQ(rts.flags, FR_FLAG_CMA);
+  CHECK(rts.id == (uint64_t)(uintptr_t)buf);
+  CHECK_EQ(offers, 1);
+  CHECK(!is_done(s));
+  ack_all();
+  CHECK_EQ(feed_frame(0, FR_CTS, FR_FLAG_CMA, 0, 0, 0, s->id, NULL, 0), 0);
+  CHECK_EQ(withdrawals, 1); /* the buffer is the application's again */
+  CHECK_EQ(finish(s).error, 0);
+  /* the peer offers a message (its address is buf here): taken in place */
+  erdma_req *r = irecv(got, len, 1, 32);
+  CHECK_EQ(feed_frame(0, FR_RTS, FR_FLAG_CMA, CTX, 32, len, (uint64_t)(uintptr_t)buf, NULL, 0),
+           0);
+  CHECK(is_done(r));
+  erdma_status st = finish(r);
+  CHECK_EQ(st.error, 0);
+  CHECK(st.nbytes == len);
+  CHECK_MEM(got, buf, len);
+  sent_frame cts = sent(-1);
+  CHECK_EQ(cts.type, FR_CTS);
+  CHECK_EQ(cts.flags, FR_FLAG_CMA);
+  /* the peer withdrew its offer meanwhile: the receive fails */
+  take_rc = -2;
+  r = irecv(got, len, 1, 33);
+  CHECK_EQ(feed_frame(0, FR_RTS, FR_FLAG_CMA, CTX, 33, len, (uint64_t)(uintptr_t)buf, NULL, 0),
+           0);
+  CHECK_EQ(finish(r).error, ERDMA_ERR_PEER);
+  free(buf);
+  free(got);
+  teardown();
+  /* the QUIC channel reads nothing in place: such an RTS is a violation */
+  setup();
+  CHECK(feed_frame(0, FR_RTS, FR_FLAG_CMA, CTX, 34, 100, 1234, NULL, 0) != 0);
+  teardown();
+}
+
 TEST(eager_and_synchronous_send) {
   setup();
   char msg[] = "eager!";
