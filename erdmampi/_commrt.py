@@ -333,10 +333,11 @@ if _engine.fast is not None:
                                               _engine.fast.remember)
     _fast_allreduce = _engine.fast.allreduce
     _fast_bcast, _fast_barrier = _engine.fast.bcast, _engine.fast.barrier
-    _fast_alltoall = _engine.fast.alltoall
+    _fast_alltoall, _fast_allgather = _engine.fast.alltoall, _engine.fast.allgather
     _fast_remember_bcast = _engine.fast.remember_bcast
     _fast_remember_barrier = _engine.fast.remember_barrier
     _fast_remember_alltoall = _engine.fast.remember_alltoall
+    _fast_remember_allgather = _engine.fast.remember_allgather
     _fast_recv_status = _engine.fast.recv_status
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
@@ -344,10 +345,11 @@ else:
     _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
     _fast_remember = _fast_remember_allreduce = None
     _fast_remember_bcast = _fast_remember_barrier = _fast_remember_alltoall = None
+    _fast_remember_allgather = None
 
     def _fast_bcast(state, buf, root):
         return 1
-    _fast_alltoall = _fast_bcast
+    _fast_alltoall = _fast_allgather = _fast_bcast
 
     def _fast_barrier(state):
         return 1

@@ -12,8 +12,9 @@ from ._commrt import (
     _blocks, _buffer_pointer, _c_dtype, _C_OPS, _check_op, coll, _COLL_CACHE_MAX,
     _COLL_ENV, _collsched, _cz, _czcoll, _dev, _dev_addr, _dev_dtype_datatype, _dev_msg,
     _engine, engine_exception, _environ_data, ERR_TRUNCATE, _extent, _fast_allreduce,
-    _fast_alltoall, _fast_barrier, _fast_bcast, _fast_coll_raise, _fast_remember_allreduce,
-    _fast_remember_alltoall, _fast_remember_barrier, _fast_remember_bcast, _icoll, IN_PLACE, is_in_place,
+    _fast_allgather, _fast_alltoall, _fast_barrier, _fast_bcast, _fast_coll_raise,
+    _fast_remember_allgather, _fast_remember_allreduce, _fast_remember_alltoall,
+    _fast_remember_barrier, _fast_remember_bcast, _icoll, IN_PLACE, is_in_place,
     _LOGICAL_OPS, message_cco, _message_vector_bytes, _mismatch, _mult, _ndarray, np,
     Op, _op_arg, _plain_array, Prequest, _plain_with_type, raise_error, _reduce_fn, _rt,
     _run_allgatherv, _run_blocks, _run_compressed, _run_gatherv, _run_scatterv,
@@ -670,14 +671,18 @@ class CommColl:
             c = self._blocks_resolve(name, sendbuf, recvbuf, op)
             if c is None:
                 return False
-        if (c[-2] is _engine.coll_alltoall and c[4] + c[5] <= _COLL_CACHE_MAX
+        fn = c[-2]
+        if ((fn is _engine.coll_alltoall or fn is _engine.coll_allgather)
+                and c[4] + c[5] <= _COLL_CACHE_MAX
                 and not self._chints and _cz._config.mode in ("off", "auto")):
-            # the direct Alltoall for the C fast path (one host: auto is off)
-            self._fast_remember("alltoall", _fast_remember_alltoall, (
+            # the direct Alltoall / Allgather for the C fast path (one host:
+            # auto is off)
+            self._fast_remember(name, _fast_remember_alltoall if name == "alltoall"
+                                else _fast_remember_allgather, (
                 IN_PLACE if c[3] is _UNUSED else sendbuf, None if c[3] is _UNUSED else c[2],
                 None if c[3] is _UNUSED else c[3], recvbuf, c[0], c[1], None, c[-1][2], 0, 0,
                 0 if c[3] is _UNUSED else c[2].flags.num, c[0].flags.num, _environ_data,
-                _COLL_ENV["alltoall"], _cz._config, self._chints))
+                _COLL_ENV[name], _cz._config, self._chints))
         return self._one_call(name, c)
 
     def _one_call(self, name, c):
@@ -901,8 +906,14 @@ class CommColl:
         self._c_scatterv(sendbuf, recvbuf, root)()
 
     def Allgather(self, sendbuf, recvbuf, *, compress=None):
-        if compress is None and self._blocks_fast("allgather", sendbuf, recvbuf):
-            return
+        if compress is None:
+            r = _fast_allgather(self._fast, sendbuf, recvbuf)   # the one remembered last
+            if not r:
+                return
+            if r != 1:
+                return _fast_coll_raise(r, "allgather")
+            if self._blocks_fast("allgather", sendbuf, recvbuf):
+                return
         self._c_allgather(sendbuf, recvbuf, compress)()
 
     def Allgatherv(self, sendbuf, recvbuf):

@@ -670,11 +670,33 @@ else:
     raise AssertionError("Alltoall into a read-only buffer")
 a_r2.flags.writeable = True
 a_r2[:] = -1; comm.Alltoall(asp, arp); assert (a_r2 == want).all(), a_r2
+# Allgather: the same through its fast path
+g_s = np.full(3, r + 1.0); g_r = np.zeros(6); gsp, grp = [g_s, MPI.DOUBLE], [g_r, MPI.DOUBLE]
+gwant = np.repeat([1.0, 2.0], 3)
+for it in range(4):
+    g_r[:] = -1
+    if r == 0 and it == 2:
+        comm.Allgather([g_s, 3, MPI.DOUBLE], [g_r, 3, MPI.DOUBLE])
+    else:
+        comm.Allgather(gsp, grp)
+    assert (g_r == gwant).all(), (it, g_r)
+if have_fast:
+    g_r[:] = -1
+    assert _engine.fast.allgather(comm._fast, gsp, grp) == 0 and (g_r == gwant).all(), g_r
+    assert _engine.fast.allgather(comm._fast, g_s, grp) == 1       # another spec: miss
+gi = np.zeros(6); gi[3 * r:3 * r + 3] = r + 1.0
+comm.Allgather(MPI.IN_PLACE, gi); comm.Allgather(MPI.IN_PLACE, gi)
+assert (gi == gwant).all(), gi
+os.environ["ERDMA_COLL_ALLGATHERV"] = "ring"
+g_r[:] = -1; comm.Allgather(gsp, grp); assert (g_r == gwant).all(), g_r
+if have_fast:
+    assert _engine.fast.allgather(comm._fast, gsp, grp) == 1       # overridden: miss
+del os.environ["ERDMA_COLL_ALLGATHERV"]
 comm.Barrier()
 MPI.Finalize()
 for call in (lambda: comm.Send(spec, peer, 1), lambda: comm.Recv(spec, peer, 1),
              lambda: comm.Allreduce(ss, oo), lambda: comm.Bcast(bs, 0), comm.Barrier,
-             lambda: comm.Alltoall(asp, arp)):
+             lambda: comm.Alltoall(asp, arp), lambda: comm.Allgather(gsp, grp)):
     try:
         call()
     except MPI.Exception:

@@ -25,10 +25,11 @@
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
  *   remember_bcast(...) / bcast(state, buf, root), remember_barrier(...) /
- *     barrier(state) and remember_alltoall(...) / alltoall(state, sendbuf,
- *     recvbuf): the same for the binomial Bcast (erdma_coll_bcast), the
- *     dissemination Barrier (erdma_coll_barrier) and the direct Alltoall
- *     (erdma_coll_alltoall).
+ *     barrier(state), remember_alltoall(...) / alltoall(state, sendbuf,
+ *     recvbuf) and remember_allgather / allgather: the same for the
+ *     binomial Bcast (erdma_coll_bcast), the dissemination Barrier
+ *     (erdma_coll_barrier) and the direct Alltoall and Allgather
+ *     (erdma_coll_alltoall, erdma_coll_allgather).
  *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
  *     tag[, base]): a pickled object (the lowercase send / recv; with base,
  *     a message of an object collective), see below.
@@ -98,7 +99,8 @@ typedef struct {
   long tag_ub;
   double slice;
   pf_entry ent[2]; /* 0: send, 1: recv */
-  pf_coll ar, bc, a2a; /* Allreduce; Bcast (its buffer as the receive side); Alltoall */
+  pf_coll ar, bc, a2a, ag; /* Allreduce; Bcast (its buffer as the receive side);
+                              Alltoall; Allgather */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   int ranks[];
 } pf_state;
@@ -144,6 +146,7 @@ static void state_free(PyObject *cap) {
   coll_clear(&s->ar);
   coll_clear(&s->bc);
   coll_clear(&s->a2a);
+  coll_clear(&s->ag);
   Py_XDECREF(s->bar_env);
   Py_XDECREF(s->bar_key);
   Py_XDECREF(s->owner);
@@ -356,7 +359,9 @@ static int coll_view(PyObject *arr, long flags, int need, int writable, Py_buffe
  *                    sflags, rflags, env, envkey, cfg, hints): Python found this
  * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
  * sdt/rdt None: the spec is the array alone). */
-static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int a2a) {
+enum { SR_ALLREDUCE, SR_ALLTOALL, SR_ALLGATHER };
+
+static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
   if (n != 17) {
     PyErr_SetString(PyExc_TypeError, "remember_allreduce/alltoall() take 17 arguments");
     return NULL;
@@ -366,7 +371,9 @@ static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int a2a) {
   long opc = PyLong_AsLong(args[9]), dtc = PyLong_AsLong(args[10]);
   long sflags = PyLong_AsLong(args[11]), rflags = PyLong_AsLong(args[12]);
   if (PyErr_Occurred()) return NULL;
-  pf_coll *slot = s ? (a2a ? &s->a2a : &s->ar) : NULL;
+  pf_coll *slot = !s ? NULL
+                  : which == SR_ALLTOALL ? &s->a2a
+                  : which == SR_ALLGATHER ? &s->ag : &s->ar;
   if (!s || slot->busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16])) Py_RETURN_FALSE;
   PyObject *mode = PyObject_GetAttrString(args[15], "mode");
   if (!mode) return NULL;
@@ -403,13 +410,18 @@ static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int a2a) {
 }
 
 static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return remember_sr(args, n, 0);
+  return remember_sr(args, n, SR_ALLREDUCE);
 }
 
-/* remember_alltoall(...): as remember_allreduce, for the direct Alltoall
- * (erdma_coll_alltoall) of count-byte blocks; op None, opc and dtc 0. */
+/* remember_alltoall(...) / remember_allgather(...): as remember_allreduce,
+ * for the direct Alltoall and Allgather (erdma_coll_alltoall,
+ * erdma_coll_allgather) of count-byte blocks; op None, opc and dtc 0. */
 static PyObject *pf_remember_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return remember_sr(args, n, 1);
+  return remember_sr(args, n, SR_ALLTOALL);
+}
+
+static PyObject *pf_remember_allgather(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return remember_sr(args, n, SR_ALLGATHER);
 }
 
 /* The tag base of the communicator's next collective call (the counter
@@ -481,11 +493,11 @@ static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
   return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
 }
 
-/* alltoall(state, sendbuf, recvbuf) -> 0 | 1 (miss) | (rc, pending) */
-static PyObject *pf_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+/* alltoall(state, sendbuf, recvbuf) / allgather(...) -> 0 | 1 (miss) | (rc, pending) */
+static PyObject *blocks_call(PyObject *const *args, Py_ssize_t n, int which) {
   pf_state *s;
   if (n != 3 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
-  pf_coll *x = &s->a2a;
+  pf_coll *x = which == SR_ALLTOALL ? &s->a2a : &s->ag;
   if (!x->have || x->busy || !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
       !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
       (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
@@ -497,13 +509,21 @@ static PyObject *pf_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n
   erdma_coll *pending = NULL;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_coll_alltoall(s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count,
-                               s->ranks, s->size, s->me, (int)tag, s->ctx + 1, s->slice,
-                               &pending);
+  int rc = (which == SR_ALLTOALL ? erdma_coll_alltoall : erdma_coll_allgather)(
+      s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count, s->ranks, s->size, s->me,
+      (int)tag, s->ctx + 1, s->slice, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
   if (rc == 0) return PyLong_FromLong(0);
   return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+}
+
+static PyObject *pf_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return blocks_call(args, n, SR_ALLTOALL);
+}
+
+static PyObject *pf_allgather(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return blocks_call(args, n, SR_ALLGATHER);
 }
 
 /* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints): Python
@@ -685,6 +705,9 @@ static PyMethodDef pf_methods[] = {
     {"remember_alltoall", (PyCFunction)(void (*)(void))pf_remember_alltoall, METH_FASTCALL,
      NULL},
     {"alltoall", (PyCFunction)(void (*)(void))pf_alltoall, METH_FASTCALL, NULL},
+    {"remember_allgather", (PyCFunction)(void (*)(void))pf_remember_allgather, METH_FASTCALL,
+     NULL},
+    {"allgather", (PyCFunction)(void (*)(void))pf_allgather, METH_FASTCALL, NULL},
     {"remember_bcast", (PyCFunction)(void (*)(void))pf_remember_bcast, METH_FASTCALL, NULL},
     {"bcast", (PyCFunction)(void (*)(void))pf_bcast, METH_FASTCALL, NULL},
     {"remember_barrier", (PyCFunction)(void (*)(void))pf_remember_barrier, METH_FASTCALL,
