@@ -338,6 +338,8 @@ if _engine.fast is not None:
     _fast_remember_barrier = _engine.fast.remember_barrier
     _fast_remember_alltoall = _engine.fast.remember_alltoall
     _fast_remember_allgather = _engine.fast.remember_allgather
+    _fast_reduce_scatter = _engine.fast.reduce_scatter
+    _fast_remember_reduce_scatter = _engine.fast.remember_reduce_scatter
     _fast_recv_status = _engine.fast.recv_status
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
@@ -345,7 +347,8 @@ else:
     _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
     _fast_remember = _fast_remember_allreduce = None
     _fast_remember_bcast = _fast_remember_barrier = _fast_remember_alltoall = None
-    _fast_remember_allgather = None
+    _fast_remember_allgather = _fast_remember_reduce_scatter = None
+    _fast_reduce_scatter = _fast_miss4
 
     def _fast_bcast(state, buf, root):
         return 1

@@ -13,8 +13,9 @@ from ._commrt import (
     _COLL_ENV, _collsched, _cz, _czcoll, _dev, _dev_addr, _dev_dtype_datatype, _dev_msg,
     _engine, engine_exception, _environ_data, ERR_TRUNCATE, _extent, _fast_allreduce,
     _fast_allgather, _fast_alltoall, _fast_barrier, _fast_bcast, _fast_coll_raise,
-    _fast_remember_allgather, _fast_remember_allreduce, _fast_remember_alltoall,
-    _fast_remember_barrier, _fast_remember_bcast, _icoll, IN_PLACE, is_in_place,
+    _fast_reduce_scatter, _fast_remember_allgather, _fast_remember_allreduce,
+    _fast_remember_alltoall, _fast_remember_barrier, _fast_remember_bcast,
+    _fast_remember_reduce_scatter, _icoll, IN_PLACE, is_in_place,
     _LOGICAL_OPS, message_cco, _message_vector_bytes, _mismatch, _mult, _ndarray, np,
     Op, _op_arg, _plain_array, Prequest, _plain_with_type, raise_error, _reduce_fn, _rt,
     _run_allgatherv, _run_blocks, _run_compressed, _run_gatherv, _run_scatterv,
@@ -28,6 +29,14 @@ def _check_cro(smsg, rmsg):
         raise buffers.type_mismatch(smsg, rmsg)
     if smsg.count != rmsg.count:
         raise _mismatch(smsg, rmsg)
+
+
+# the one-call block collectives the C fast path can repeat: engine call ->
+# how to make a call of it known there
+_FAST_BLOCKS = {_engine.coll_alltoall: _fast_remember_alltoall,
+                _engine.coll_allgather: _fast_remember_allgather,
+                _engine.coll_reduce_scatter: _fast_remember_reduce_scatter}
+_FAST_BLOCKS = {k: v for k, v in _FAST_BLOCKS.items() if v is not None}
 
 
 class CommColl:
@@ -672,15 +681,16 @@ class CommColl:
             if c is None:
                 return False
         fn = c[-2]
-        if ((fn is _engine.coll_alltoall or fn is _engine.coll_allgather)
-                and c[4] + c[5] <= _COLL_CACHE_MAX
+        remember = _FAST_BLOCKS.get(fn)
+        if (remember is not None and c[4] + c[5] <= _COLL_CACHE_MAX
                 and not self._chints and _cz._config.mode in ("off", "auto")):
-            # the direct Alltoall / Allgather for the C fast path (one host:
-            # auto is off)
-            self._fast_remember(name, _fast_remember_alltoall if name == "alltoall"
-                                else _fast_remember_allgather, (
+            # the direct Alltoall / Allgather, the ring Reduce_scatter_block
+            # for the C fast path (one host: auto is off)
+            a = c[-1]
+            self._fast_remember(name, remember, (
                 IN_PLACE if c[3] is _UNUSED else sendbuf, None if c[3] is _UNUSED else c[2],
-                None if c[3] is _UNUSED else c[3], recvbuf, c[0], c[1], None, c[-1][2], 0, 0,
+                None if c[3] is _UNUSED else c[3], recvbuf, c[0], c[1], op, a[2],
+                a[3] if len(a) > 3 else 0, a[4] if len(a) > 4 else 0,
                 0 if c[3] is _UNUSED else c[2].flags.num, c[0].flags.num, _environ_data,
                 _COLL_ENV[name], _cz._config, self._chints))
         return self._one_call(name, c)
@@ -882,6 +892,11 @@ class CommColl:
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
+        r = _fast_reduce_scatter(self._fast, sendbuf, recvbuf, op)  # the one remembered last
+        if not r:
+            return
+        if r != 1:
+            return _fast_coll_raise(r, "reduce_scatter")
         if self._blocks_fast("reduce_scatter", sendbuf, recvbuf, op):
             return
         self._c_reduce_scatter(sendbuf, recvbuf, None, _op_arg(op), True)()

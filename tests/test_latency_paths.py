@@ -692,11 +692,26 @@ g_r[:] = -1; comm.Allgather(gsp, grp); assert (g_r == gwant).all(), g_r
 if have_fast:
     assert _engine.fast.allgather(comm._fast, gsp, grp) == 1       # overridden: miss
 del os.environ["ERDMA_COLL_ALLGATHERV"]
+# Reduce_scatter_block: the fast path with its op, another op, in place
+rs_s = np.arange(6.0) + r; rs_r = np.zeros(3); rsp, rrp = [rs_s, MPI.DOUBLE], [rs_r, MPI.DOUBLE]
+rwant = (2 * np.arange(6.0) + 1)[3 * r:3 * r + 3]
+for it in range(4):
+    rs_r[:] = -1; comm.Reduce_scatter_block(rsp, rrp); assert (rs_r == rwant).all(), rs_r
+if have_fast:
+    rs_r[:] = -1
+    assert _engine.fast.reduce_scatter(comm._fast, rsp, rrp, MPI.SUM) == 0
+    assert (rs_r == rwant).all(), rs_r
+    assert _engine.fast.reduce_scatter(comm._fast, rsp, rrp, MPI.MAX) == 1  # another op: miss
+comm.Reduce_scatter_block(rsp, rrp, op=MPI.MAX)
+assert (rs_r == (np.arange(6.0) + 1)[3 * r:3 * r + 3]).all(), rs_r
+rx = rs_s.copy(); comm.Reduce_scatter_block(MPI.IN_PLACE, rx); assert (rx[:3] == rwant).all()
+rs_r[:] = -1; comm.Reduce_scatter_block(rsp, rrp); assert (rs_r == rwant).all(), rs_r
 comm.Barrier()
 MPI.Finalize()
 for call in (lambda: comm.Send(spec, peer, 1), lambda: comm.Recv(spec, peer, 1),
              lambda: comm.Allreduce(ss, oo), lambda: comm.Bcast(bs, 0), comm.Barrier,
-             lambda: comm.Alltoall(asp, arp), lambda: comm.Allgather(gsp, grp)):
+             lambda: comm.Alltoall(asp, arp), lambda: comm.Allgather(gsp, grp),
+             lambda: comm.Reduce_scatter_block(rsp, rrp)):
     try:
         call()
     except MPI.Exception:

@@ -26,10 +26,12 @@
  *     (rc, pending): the collective still pending after `slice` seconds.
  *   remember_bcast(...) / bcast(state, buf, root), remember_barrier(...) /
  *     barrier(state), remember_alltoall(...) / alltoall(state, sendbuf,
- *     recvbuf) and remember_allgather / allgather: the same for the
- *     binomial Bcast (erdma_coll_bcast), the dissemination Barrier
- *     (erdma_coll_barrier) and the direct Alltoall and Allgather
- *     (erdma_coll_alltoall, erdma_coll_allgather).
+ *     recvbuf), remember_allgather / allgather and remember_reduce_scatter
+ *     / reduce_scatter (as allreduce): the same for the binomial Bcast
+ *     (erdma_coll_bcast), the dissemination Barrier (erdma_coll_barrier),
+ *     the direct Alltoall and Allgather (erdma_coll_alltoall,
+ *     erdma_coll_allgather) and the ring Reduce_scatter_block
+ *     (erdma_coll_reduce_scatter).
  *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
  *     tag[, base]): a pickled object (the lowercase send / recv; with base,
  *     a message of an object collective), see below.
@@ -99,8 +101,8 @@ typedef struct {
   long tag_ub;
   double slice;
   pf_entry ent[2]; /* 0: send, 1: recv */
-  pf_coll ar, bc, a2a, ag; /* Allreduce; Bcast (its buffer as the receive side);
-                              Alltoall; Allgather */
+  pf_coll ar, rs, bc, a2a, ag; /* Allreduce, Reduce_scatter_block; Bcast (its buffer
+                                  as the receive side); Alltoall, Allgather */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   int ranks[];
 } pf_state;
@@ -147,6 +149,7 @@ static void state_free(PyObject *cap) {
   coll_clear(&s->bc);
   coll_clear(&s->a2a);
   coll_clear(&s->ag);
+  coll_clear(&s->rs);
   Py_XDECREF(s->bar_env);
   Py_XDECREF(s->bar_key);
   Py_XDECREF(s->owner);
@@ -359,7 +362,15 @@ static int coll_view(PyObject *arr, long flags, int need, int writable, Py_buffe
  *                    sflags, rflags, env, envkey, cfg, hints): Python found this
  * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
  * sdt/rdt None: the spec is the array alone). */
-enum { SR_ALLREDUCE, SR_ALLTOALL, SR_ALLGATHER };
+enum { SR_ALLREDUCE, SR_REDUCE_SCATTER, SR_ALLTOALL, SR_ALLGATHER };
+
+/* The slot of a remembered Allreduce, Reduce_scatter_block, Alltoall or Allgather. */
+static pf_coll *sr_slot(pf_state *s, int which) {
+  return which == SR_ALLTOALL ? &s->a2a
+       : which == SR_ALLGATHER ? &s->ag
+       : which == SR_REDUCE_SCATTER ? &s->rs : &s->ar;
+}
+
 
 static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
   if (n != 17) {
@@ -371,9 +382,7 @@ static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
   long opc = PyLong_AsLong(args[9]), dtc = PyLong_AsLong(args[10]);
   long sflags = PyLong_AsLong(args[11]), rflags = PyLong_AsLong(args[12]);
   if (PyErr_Occurred()) return NULL;
-  pf_coll *slot = !s ? NULL
-                  : which == SR_ALLTOALL ? &s->a2a
-                  : which == SR_ALLGATHER ? &s->ag : &s->ar;
+  pf_coll *slot = s ? sr_slot(s, which) : NULL;
   if (!s || slot->busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16])) Py_RETURN_FALSE;
   PyObject *mode = PyObject_GetAttrString(args[15], "mode");
   if (!mode) return NULL;
@@ -416,6 +425,11 @@ static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py
 /* remember_alltoall(...) / remember_allgather(...): as remember_allreduce,
  * for the direct Alltoall and Allgather (erdma_coll_alltoall,
  * erdma_coll_allgather) of count-byte blocks; op None, opc and dtc 0. */
+static PyObject *pf_remember_reduce_scatter(PyObject *self, PyObject *const *args,
+                                           Py_ssize_t n) {
+  return remember_sr(args, n, SR_REDUCE_SCATTER);
+}
+
 static PyObject *pf_remember_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return remember_sr(args, n, SR_ALLTOALL);
 }
@@ -469,11 +483,16 @@ static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) 
 }
 
 /* allreduce(state, sendbuf, recvbuf, op) -> 0 | 1 (miss) | (rc, pending) */
-static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+/* allreduce(state, sendbuf, recvbuf, op) / reduce_scatter(... op) /
+ * alltoall(state, sendbuf, recvbuf) / allgather(...) -> 0 | 1 (miss) |
+ * (rc, pending): the collective still pending after `slice` seconds */
+static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   pf_state *s;
-  if (n != 4 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
-  pf_coll *x = &s->ar;
-  if (!x->have || x->busy || args[3] != x->op || !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
+  int reduces = which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER;
+  if (n != (reduces ? 4 : 3) || !(s = state_of(args[0]))) return PyLong_FromLong(1);
+  pf_coll *x = sr_slot(s, which);
+  if (!x->have || x->busy || (reduces && args[3] != x->op) ||
+      !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
       !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
       (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
           (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
@@ -482,48 +501,38 @@ static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
   erdma_coll *pending = NULL;
+  const void *sb = x->sarr ? x->sview.buf : NULL;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_coll_allreduce(s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count,
-                                x->opc, x->dtc, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
-                                s->slice, &pending);
+  int rc;
+  if (reduces)
+    rc = (which == SR_ALLREDUCE ? erdma_coll_allreduce : erdma_coll_reduce_scatter)(
+        s->e, sb, x->rview.buf, x->count, x->opc, x->dtc, s->ranks, s->size, s->me, (int)tag,
+        s->ctx + 1, s->slice, &pending);
+  else
+    rc = (which == SR_ALLTOALL ? erdma_coll_alltoall : erdma_coll_allgather)(
+        s->e, sb, x->rview.buf, x->count, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
+        s->slice, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
   if (rc == 0) return PyLong_FromLong(0);
   return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
 }
 
-/* alltoall(state, sendbuf, recvbuf) / allgather(...) -> 0 | 1 (miss) | (rc, pending) */
-static PyObject *blocks_call(PyObject *const *args, Py_ssize_t n, int which) {
-  pf_state *s;
-  if (n != 3 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
-  pf_coll *x = which == SR_ALLTOALL ? &s->a2a : &s->ag;
-  if (!x->have || x->busy || !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
-      !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
-      (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
-          (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
-      (x->sarr && !(((np_head *)x->sarr)->flags & NP_C_CONTIGUOUS)) || !coll_still(x))
-    return PyLong_FromLong(1);
-  long tag = next_coll_tag(s);
-  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
-  erdma_coll *pending = NULL;
-  x->busy++;
-  PyThreadState *ts = PyEval_SaveThread();
-  int rc = (which == SR_ALLTOALL ? erdma_coll_alltoall : erdma_coll_allgather)(
-      s->e, x->sarr ? x->sview.buf : NULL, x->rview.buf, x->count, s->ranks, s->size, s->me,
-      (int)tag, s->ctx + 1, s->slice, &pending);
-  PyEval_RestoreThread(ts);
-  x->busy--;
-  if (rc == 0) return PyLong_FromLong(0);
-  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return sr_call(args, n, SR_ALLREDUCE);
+}
+
+static PyObject *pf_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return sr_call(args, n, SR_REDUCE_SCATTER);
 }
 
 static PyObject *pf_alltoall(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return blocks_call(args, n, SR_ALLTOALL);
+  return sr_call(args, n, SR_ALLTOALL);
 }
 
 static PyObject *pf_allgather(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return blocks_call(args, n, SR_ALLGATHER);
+  return sr_call(args, n, SR_ALLGATHER);
 }
 
 /* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints): Python
@@ -708,6 +717,9 @@ static PyMethodDef pf_methods[] = {
     {"remember_allgather", (PyCFunction)(void (*)(void))pf_remember_allgather, METH_FASTCALL,
      NULL},
     {"allgather", (PyCFunction)(void (*)(void))pf_allgather, METH_FASTCALL, NULL},
+    {"remember_reduce_scatter", (PyCFunction)(void (*)(void))pf_remember_reduce_scatter,
+     METH_FASTCALL, NULL},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))pf_reduce_scatter, METH_FASTCALL, NULL},
     {"remember_bcast", (PyCFunction)(void (*)(void))pf_remember_bcast, METH_FASTCALL, NULL},
     {"bcast", (PyCFunction)(void (*)(void))pf_bcast, METH_FASTCALL, NULL},
     {"remember_barrier", (PyCFunction)(void (*)(void))pf_remember_barrier, METH_FASTCALL,
