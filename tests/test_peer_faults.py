@@ -222,7 +222,7 @@ _WITHDRAW = r"""
 import numpy as np
 from erdmampi import bootstrap, _engine
 e = bootstrap.init_world()
-n = 1 << 20
+n = 4 << 20                     # above ERDMA_SHM_EAGER_LIMIT: an RTS offering a CMA read
 go = np.zeros(1, "u1")
 if e.rank == 0:
     a = np.full(n, 7, "u1")
