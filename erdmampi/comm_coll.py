@@ -33,10 +33,10 @@ def _check_cro(smsg, rmsg):
 
 # the one-call block collectives the C fast path can repeat: engine call ->
 # how to make a call of it known there
+# (None: no C fast path in this Python)
 _FAST_BLOCKS = {_engine.coll_alltoall: _fast_remember_alltoall,
                 _engine.coll_allgather: _fast_remember_allgather,
                 _engine.coll_reduce_scatter: _fast_remember_reduce_scatter}
-_FAST_BLOCKS = {k: v for k, v in _FAST_BLOCKS.items() if v is not None}
 
 
 class CommColl:
@@ -471,7 +471,7 @@ class CommColl:
             return _fast_coll_raise(r, "barrier")
         if self._small_ok("barrier"):
             self._fast_remember("barrier", _fast_remember_barrier,
-                                (_environ_data, _COLL_ENV["barrier"]))
+                                (_environ_data, _COLL_ENV["barrier"]), compressible=False)
             try:
                 _engine.coll_barrier(_rt.engine, self._cranks, len(self._ranks), self._rank,
                                      self._coll_base(), self._ctx + 1)
@@ -508,12 +508,9 @@ class CommColl:
                     and self._no_compress("bcast", arr.nbytes, npd, arr=arr)):
                 ptr = _buffer_pointer(arr)
                 self._bccache = (arr, None if arr is buf else buf[1], arr.nbytes, npd, ptr)
-                mode = _cz._config.mode
-                if not self._chints and (mode == "off" or mode == "auto"):
-                    # (one host, where _fast_remember applies: auto is off)
-                    self._fast_remember("bcast", _fast_remember_bcast, (
-                        buf, arr, self._bccache[1], arr.flags.num, _environ_data,
-                        _COLL_ENV["bcast"], _cz._config, self._chints))
+                self._fast_remember("bcast", _fast_remember_bcast, (
+                    buf, arr, self._bccache[1], arr.flags.num, _environ_data,
+                    _COLL_ENV["bcast"], _cz._config, self._chints))
                 try:
                     _engine.coll_bcast(_rt.engine, ptr, arr.nbytes, root,
                                        self._cranks, n, self._rank, self._coll_base(),
@@ -630,10 +627,15 @@ class CommColl:
             raise engine_exception(e) from None
         return True
 
-    def _fast_remember(self, name, remember, args):
+    def _fast_remember(self, name, remember, args, compressible=True):
         """Make a call just resolved for one engine call known to the C fast
-        path (``remember(state, *args)``) on a communicator of one host."""
+        path (``remember(state, *args)``) on a communicator of one host;
+        ``compressible``: only while no hint or compression mode could
+        compress it (``auto`` is off on one host; the C call checks that
+        they stay so)."""
         if remember is None or not self._csmall[2]:
+            return
+        if compressible and (self._chints or _cz._config.mode not in ("off", "auto")):
             return
         f = self._fast
         if f is None or not remember(f, *args):
@@ -646,19 +648,11 @@ class CommColl:
         entry ``c``) known to the C fast path, when it would take the same
         way again as long as the environment override, the compression mode
         and the hints stay as they are now (the C call checks them)."""
-        if _engine.fast is None or self._chints or not self._csmall[2]:
-            return
-        if _cz._config.mode not in ("off", "auto"):     # auto: off on one host
-            return
         rarr, sarr = c[3], c[5]
-        args = (IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],
-                c[10], c[11], c[12], 0 if sarr is None else sarr.flags.num, rarr.flags.num,
-                _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints)
-        f = self._fast
-        if f is None or not _fast_remember_allreduce(f, *args):
-            f = self._fast_state()
-            if f is not None and _fast_remember_allreduce(f, *args):
-                self._fast = f
+        self._fast_remember("allreduce", _fast_remember_allreduce, (
+            IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],
+            c[10], c[11], c[12], 0 if sarr is None else sarr.flags.num, rarr.flags.num,
+            _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints))
 
     # -- block collectives in one engine call --------------------------------
     #
@@ -680,12 +674,10 @@ class CommColl:
             c = self._blocks_resolve(name, sendbuf, recvbuf, op)
             if c is None:
                 return False
-        fn = c[-2]
-        remember = _FAST_BLOCKS.get(fn)
-        if (remember is not None and c[4] + c[5] <= _COLL_CACHE_MAX
-                and not self._chints and _cz._config.mode in ("off", "auto")):
+        remember = _FAST_BLOCKS.get(c[-2])
+        if remember is not None and c[4] + c[5] <= _COLL_CACHE_MAX:
             # the direct Alltoall / Allgather, the ring Reduce_scatter_block
-            # for the C fast path (one host: auto is off)
+            # for the C fast path
             a = c[-1]
             self._fast_remember(name, remember, (
                 IN_PLACE if c[3] is _UNUSED else sendbuf, None if c[3] is _UNUSED else c[2],

@@ -358,10 +358,23 @@ static int coll_view(PyObject *arr, long flags, int need, int writable, Py_buffe
   return 1;
 }
 
-/* remember_allreduce(state, sspec, sarr, sdt, rspec, rarr, rdt, op, count, opc, dtc,
- *                    sflags, rflags, env, envkey, cfg, hints): Python found this
- * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
- * sdt/rdt None: the spec is the array alone). */
+/* What decides that a remembered collective runs uncompressed in one
+ * engine call, kept in x for coll_still (mode: a new reference). */
+static void coll_keep_checks(pf_coll *x, PyObject *env, PyObject *envkey, PyObject *cfg,
+                             PyObject *mode, PyObject *hints) {
+  x->env = Py_NewRef(env);
+  x->envkey = Py_NewRef(envkey);
+  x->cfg = Py_NewRef(cfg);
+  x->mode = mode;
+  x->hints = Py_NewRef(hints);
+}
+
+/* A collective's answer: 0 done, else (rc, pending) */
+static PyObject *coll_result(int rc, erdma_coll *pending) {
+  if (rc == 0) return PyLong_FromLong(0);
+  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+}
+
 enum { SR_ALLREDUCE, SR_REDUCE_SCATTER, SR_ALLTOALL, SR_ALLGATHER };
 
 /* The slot of a remembered Allreduce, Reduce_scatter_block, Alltoall or Allgather. */
@@ -371,10 +384,16 @@ static pf_coll *sr_slot(pf_state *s, int which) {
        : which == SR_REDUCE_SCATTER ? &s->rs : &s->ar;
 }
 
-
+/* remember_allreduce(state, sspec, sarr, sdt, rspec, rarr, rdt, op, count, opc, dtc,
+ *                    sflags, rflags, env, envkey, cfg, hints): Python found this
+ * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
+ * sdt/rdt None: the spec is the array alone); remember_reduce_scatter the
+ * same for erdma_coll_reduce_scatter, remember_alltoall / remember_allgather
+ * for erdma_coll_alltoall / erdma_coll_allgather of count-byte blocks (op
+ * None, opc and dtc 0). */
 static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
   if (n != 17) {
-    PyErr_SetString(PyExc_TypeError, "remember_allreduce/alltoall() take 17 arguments");
+    PyErr_SetString(PyExc_TypeError, "remember_*() takes 17 arguments");
     return NULL;
   }
   pf_state *s = state_of(args[0]);
@@ -409,11 +428,7 @@ static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
   x.count = count;
   x.opc = (int)opc;
   x.dtc = (int)dtc;
-  x.env = Py_NewRef(args[13]);
-  x.envkey = Py_NewRef(args[14]);
-  x.cfg = Py_NewRef(args[15]);
-  x.mode = mode;
-  x.hints = Py_NewRef(args[16]);
+  coll_keep_checks(&x, args[13], args[14], args[15], mode, args[16]);
   *slot = x;
   Py_RETURN_TRUE;
 }
@@ -422,9 +437,6 @@ static PyObject *pf_remember_allreduce(PyObject *self, PyObject *const *args, Py
   return remember_sr(args, n, SR_ALLREDUCE);
 }
 
-/* remember_alltoall(...) / remember_allgather(...): as remember_allreduce,
- * for the direct Alltoall and Allgather (erdma_coll_alltoall,
- * erdma_coll_allgather) of count-byte blocks; op None, opc and dtc 0. */
 static PyObject *pf_remember_reduce_scatter(PyObject *self, PyObject *const *args,
                                            Py_ssize_t n) {
   return remember_sr(args, n, SR_REDUCE_SCATTER);
@@ -482,7 +494,6 @@ static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) 
   return a == arr && d == dt;
 }
 
-/* allreduce(state, sendbuf, recvbuf, op) -> 0 | 1 (miss) | (rc, pending) */
 /* allreduce(state, sendbuf, recvbuf, op) / reduce_scatter(... op) /
  * alltoall(state, sendbuf, recvbuf) / allgather(...) -> 0 | 1 (miss) |
  * (rc, pending): the collective still pending after `slice` seconds */
@@ -515,8 +526,7 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
         s->slice, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
-  if (rc == 0) return PyLong_FromLong(0);
-  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+  return coll_result(rc, pending);
 }
 
 static PyObject *pf_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -558,11 +568,7 @@ static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssi
   x.rspec = Py_NewRef(args[1]);
   x.rarr = Py_NewRef(args[2]);
   x.rdt = args[3] == Py_None ? NULL : Py_NewRef(args[3]);
-  x.env = Py_NewRef(args[5]);
-  x.envkey = Py_NewRef(args[6]);
-  x.cfg = Py_NewRef(args[7]);
-  x.mode = mode;
-  x.hints = Py_NewRef(args[8]);
+  coll_keep_checks(&x, args[5], args[6], args[7], mode, args[8]);
   s->bc = x;
   Py_RETURN_TRUE;
 }
@@ -594,8 +600,7 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
                             s->size, s->me, (int)tag, s->ctx + 1, s->slice, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
-  if (rc == 0) return PyLong_FromLong(0);
-  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+  return coll_result(rc, pending);
 }
 
 /* remember_barrier(state, env, envkey): Python found this communicator's
@@ -631,8 +636,7 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
   int rc = erdma_coll_barrier(s->e, s->ranks, s->size, s->me, (int)tag, s->ctx + 1, s->slice,
                               &pending);
   PyEval_RestoreThread(ts);
-  if (rc == 0) return PyLong_FromLong(0);
-  return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)pending);
+  return coll_result(rc, pending);
 }
 
 /* A collective's message (the optional last argument `base`, its tag base):
