@@ -6,7 +6,12 @@ yardstick for the relayed settings, what coturn forwards of a plain UDP flow
 public host, sent by bench/udpflow.c with sendmmsg as fast as one core can,
 counted by its receiver: MB/s of UDP payload that arrived).
 
-    sudo python -m bench.nat_relay_bw [--mib 64] [--msg-mib 4] [--runs 3]
+    sudo python -m bench.nat_relay_bw [--mib 64] [--msg-mib 4] [--runs 3] [--rates 0,100mbit]
+
+``--rates``: each rate is a bed of its own in which the sending site's uplink
+(its router's public side) is limited with tbf, so the link, not the shared
+CPU, sets what a flow can carry; the plain UDP flow and QUIC then meet the
+same bottleneck.  ``0`` leaves the bed unshaped (CPU-bound on a small machine).
 
 Each setting is a two-rank job (one `erdmarun --rendezvous` per site); rank
 ``--sender`` (0) sends ``--mib`` MiB in ``--msg-mib`` MiB messages to the other
@@ -143,6 +148,28 @@ def run_setting(bed, name, mib, msg_mib, secret_file, rdv, sender=0):
     return json.loads(m.group(1))
 
 
+def run_in_bed(name, rate_bit, a):
+    """One run of setting ``name`` in a bed of its own (the sending site's
+    uplink shaped to ``rate_bit`` unless 0)."""
+    from erdmampi.testing.natbed import NatBed
+    kinds, _ = SETTINGS[name]
+    with NatBed(list(kinds)) as bed:
+        if rate_bit:
+            bed.shape_uplink(0 if name == "coturn-flow" else a.sender, rate_bit)
+        bed.start_turn(tls_port=443)
+        rdv = f"198.18.0.2:{RDV_PORT}"
+        secret = bed.tmpdir / "secret"
+        secret.write_text(secrets.token_hex(16))
+        secret.chmod(0o600)
+        p = bed.popen("pub", [*ERDMARUN, "--serve-rendezvous", rdv, "--require-auth",
+                              "--admit-file", str(secret)],
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p.stdout.readline()
+        if name == "coturn-flow":
+            return run_flow(bed)
+        return run_setting(bed, name, a.mib, a.msg_mib, secret, rdv, a.sender)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
@@ -150,36 +177,30 @@ def main(argv=None):
     ap.add_argument("--msg-mib", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--rates", default="0",
+                    help="comma list of the sending site's uplink rates (tbf), e.g. 0,100mbit,400mbit; "
+                    "0 = unshaped (default)")
     ap.add_argument("--sender", type=int, default=0, choices=(0, 1),
                     help="the sending rank: 0 (site 0: the UDP-blocked one where there is "
                     "one; its data goes up the TCP/TLS stream) or 1 (down the stream)")
     a = ap.parse_args(argv)
     if a.rank:
         return rank_main(a.mib, a.msg_mib, a.sender)
-    from erdmampi.testing.natbed import NatBed
+    from erdmampi.testing.wan import parse_rate
+    rates = [(r.strip(), parse_rate(r.strip()) if r.strip() not in ("", "0") else 0)
+             for r in a.rates.split(",")]
     results = {}
     for rnd in range(a.runs):                 # settings alternated, one run each per round
-        for name in a.settings.split(","):
-            kinds, _ = SETTINGS[name]
-            with NatBed(list(kinds)) as bed:
-                bed.start_turn(tls_port=443)
-                rdv = f"198.18.0.2:{RDV_PORT}"
-                secret = bed.tmpdir / "secret"
-                secret.write_text(secrets.token_hex(16))
-                secret.chmod(0o600)
-                p = bed.popen("pub", [*ERDMARUN, "--serve-rendezvous", rdv, "--require-auth",
-                                      "--admit-file", str(secret)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                p.stdout.readline()
-                if name == "coturn-flow":
-                    r = run_flow(bed)
-                else:
-                    r = run_setting(bed, name, a.mib, a.msg_mib, secret, rdv, a.sender)
-            results.setdefault(name, []).append(round(r["mb_s"], 1))
-            extra = f" (offered {r['offered_mb_s']} MB/s)" if "offered_mb_s" in r else ""
-            print(f"round {rnd} {name:10s} {r['mb_s']:7.1f} MB/s  route={r['route']} "
-                  f"{r['paths']}{extra}", flush=True)
-    print(json.dumps({"mib": a.mib, "msg_mib": a.msg_mib, "sender": a.sender, "MB/s": results,
+        for rname, rbit in rates:
+            for name in a.settings.split(","):
+                key = name if not rbit else f"{name}@{rname}"
+                r = run_in_bed(name, rbit, a)
+                results.setdefault(key, []).append(round(r["mb_s"], 1))
+                extra = f" (offered {r['offered_mb_s']} MB/s)" if "offered_mb_s" in r else ""
+                print(f"round {rnd} {key:18s} {r['mb_s']:7.1f} MB/s  route={r['route']} "
+                      f"{r['paths']}{extra}", flush=True)
+    print(json.dumps({"mib": a.mib, "msg_mib": a.msg_mib, "sender": a.sender,
+                      "rates": a.rates, "MB/s": results,
                       "best": {k: max(v) for k, v in results.items()}}))
 
 

@@ -5,6 +5,7 @@ coturn; skipped otherwise."""
 import os
 import shutil
 import subprocess
+import threading
 import time
 
 import pytest
@@ -116,6 +117,46 @@ def test_cut_public_host(bed):
     finally:
         bed.restore_path(0)
     assert binding(p, bed.stun_servers[0]) is not None
+
+
+def _blast(bed, site, seconds):
+    """Bytes that reach a public socket from a host at ``site`` sending
+    1000-byte datagrams as fast as it can for ``seconds``."""
+    rx = bed.socket("pub", bind=natbed.SERVICE_IPS[1])
+    rx.settimeout(0.3)
+    got = [0]
+
+    def drain():
+        try:
+            while True:
+                got[0] += len(rx.recv(2048))
+        except OSError:       # the timeout once the sender stopped
+            pass
+
+    t = threading.Thread(target=drain)
+    t.start()
+    p = bed.port(site)
+    payload, dst = b"x" * 1000, rx.getsockname()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        p.send(payload, dst)
+    t.join(10)
+    rx.close()
+    return got[0]
+
+
+def test_shaped_uplink(bed):
+    bed.shape_uplink(1, 4_000_000)       # 4 Mbit/s: 500 kB/s on the wire
+    try:
+        shaped = _blast(bed, 1, 1.0)
+    finally:
+        bed.shape_uplink(1, None)
+    # 1000 of every 1042 wire bytes are payload, plus the 1 ms burst and the
+    # 64 KiB queue emptying after the sender stopped
+    assert 350_000 < shaped < 650_000, shaped
+    assert _blast(bed, 1, 0.5) > 2_000_000          # the limit is gone again
+    with pytest.raises(natbed.NatBedError):
+        bed.shape_uplink(0, 1_000_000)              # a public host has no router
 
 
 def test_teardown_leaves_nothing():

@@ -532,6 +532,27 @@ class NatBed:
             for opt in ("--orig-src", "--reply-src"):
                 _run(["ip", "netns", "exec", r, "conntrack", "-D", opt, h.addr], check=False)
 
+    def shape_uplink(self, site, rate_bit, queue_bytes=None):
+        """Limit what a NATed site sends to the public network to ``rate_bit``
+        bits per second (tbf on its router's public side, so every flow leaving
+        the site shares it: the bottleneck a home or campus uplink is); a false
+        ``rate_bit`` removes the limit.  ``queue_bytes``: the tbf queue (default
+        25 ms of the rate, at least 64 KiB)."""
+        r = self.router_ns[site]
+        if r is None:
+            raise NatBedError(f"site {site} ({self.kinds[site]}) has no router to shape")
+        if not rate_bit:
+            _run(["tc", "-n", r, "qdisc", "del", "dev", "wan", "root"], check=False)
+            return
+        rate_bit = int(rate_bit)
+        if rate_bit <= 0:
+            raise ValueError("rate_bit must be positive")
+        bps = rate_bit / 8
+        burst = max(3028, int(bps * 0.001))               # 1 ms of tokens
+        limit = int(queue_bytes) if queue_bytes else max(64 << 10, int(bps * 0.025))
+        _run(["tc", "-n", r, "qdisc", "replace", "dev", "wan", "root", "tbf",
+              "rate", f"{rate_bit}bit", "burst", str(burst), "limit", str(limit)])
+
     def restore_path(self, site, index=0):
         """Undo :meth:`cut_path`'s drop rules (mappings stay flushed)."""
         h = self.hosts[site][index]
