@@ -65,8 +65,32 @@ def log(text):
     print(text, file=sys.stderr, flush=True)
 
 
+#: --variant STACK~NAME:K=V,...: an erdma stack with extra environment
+VARIANTS = {}
+
+
+def parse_variant(text):
+    """'erdma[+int8]~NAME:K=V,K=V' -> registers that stack with the environment."""
+    name, _, spec = text.partition(":")
+    base, tilde, tag = name.partition("~")
+    if base not in ("erdma", "erdma+int8") or not tilde or not tag or "," in tag:
+        raise ValueError("a variant is named erdma~NAME or erdma+int8~NAME: %r" % text)
+    env = {}
+    for kv in filter(None, spec.split(",")):
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise ValueError("variant %s: expected K=V, got %r" % (name, kv))
+        env[k] = v
+    VARIANTS[name] = env
+    return name
+
+
 def parse_stack(name):
-    """'erdma[+int8]', 'gloo-bbr', 'gloo-cubic' -> dict(backend, hook, tcp_cc, env)."""
+    """'erdma[+int8]', 'gloo-bbr', 'gloo-cubic', or a registered variant ->
+    dict(backend, hook, tcp_cc, env)."""
+    if name in VARIANTS:
+        st = parse_stack(name.partition("~")[0])
+        return dict(st, name=name, env={**st["env"], **VARIANTS[name]})
     if name in ("erdma", "erdma+int8"):
         return {"name": name, "backend": "erdma", "hook": "int8" if "+" in name else "none",
                 "tcp_cc": None, "env": {"ERDMA_COMPRESS": "off"}}
@@ -469,6 +493,9 @@ def parse_args(argv=None):
     p.add_argument("--rate", default="100mbit", help="each site's link rate (100mbit)")
     p.add_argument("--rtt", type=float, default=50.0, help="round trip in ms (50)")
     p.add_argument("--stacks", default=",".join(STACKS), help="default %(default)s")
+    p.add_argument("--variant", action="append", default=[], metavar="STACK~NAME:K=V,...",
+                   help="one more stack: erdma or erdma+int8 with extra environment, e.g. "
+                   "erdma+int8~cap:ERDMA_PACE_CAP=1.25 (name it in --stacks)")
     p.add_argument("--reps", type=int, default=None, help="runs per stack and cell (1)")
     p.add_argument("--steps", type=int, default=None, help="training steps per run "
                    "(default 40; --quick 8)")
@@ -504,6 +531,8 @@ def parse_args(argv=None):
     try:
         a.losses = [float(x) for x in a.losses.split(",") if x.strip()]
         a.stacks = [s for s in a.stacks.split(",") if s]
+        for v in a.variant:
+            parse_variant(v)
         for s in a.stacks:
             parse_stack(s)
     except ValueError as e:
