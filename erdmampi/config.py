@@ -106,6 +106,9 @@ VARS_LIST = (
         {"lo": 1 << 16}),
        ("ERDMA_MAX_CONN_WINDOW", "size", None, "ceiling of the connection window (1G)",
         {"lo": 1 << 16}),
+       ("ERDMA_PACE", "bool", True, "BBR paths: the engine paces each connection's bursts "
+        "at BBR's rate (0: ngtcp2's pacing alone, which lets back-to-back bursts through "
+        "at the congestion window's pace)"),
        ("ERDMA_SOCK_BUF", "size", None, "UDP socket buffer bytes (16M)", {"lo": 0}),
        ("ERDMA_DATA_STREAMS", "int", None, "QUIC streams per peer for large payloads (4; 0: "
         "the control stream)", {"lo": 0, "hi": 16}),
@@ -117,8 +120,9 @@ VARS_LIST = (
         {"lo": 0, "hi": 65527}),
        ("ERDMA_KEEPALIVE", "seconds", None, "idle seconds before a QUIC PING (default "
         "ERDMA_TIMEOUT/4, 15 with NAT traversal; 0: off)", {"lo": 0}),
-       ("ERDMA_WAN_EAGER_HEAD", "size", 1 << 20, "two-host Allreduce/Bcast up to this size go "
-        "as eager pieces; same on every rank", {"read": "per call", "lo": 0}),
+       ("ERDMA_WAN_EAGER_HEAD", "size", 16 << 20, "between hosts, a two-rank Allreduce or "
+        "Bcast and a direct Allgather of up to this many bytes go as eager pieces (no "
+        "rendezvous round trip); same on every rank", {"read": "per call", "lo": 0}),
        ("ERDMA_PATH_LOG_MS", "int", 1000, "with ERDMA_VERBOSE=2: milliseconds between path "
         "reports", {"lo": 1})),
     _v("collectives",

@@ -48,28 +48,29 @@ def test_exchange_pieces():
 
 @pytest.mark.parametrize("count,itemsize", [
     (1, 4), (3, 8), (65536, 4), ((1 << 18) - 5, 4), (1 << 18, 4), ((1 << 18) + 3, 4),
-    ((1 << 17) + 1, 8), (4 << 20, 4), (1 << 20, 1), ((1 << 20) + 1, 1)])
+    ((1 << 17) + 1, 8), (4 << 20, 4), (1 << 20, 1), ((1 << 20) + 1, 1), (16 << 20, 1),
+    ((16 << 20) + 1, 1)])
 def test_wan_pieces_cover_and_split(count, itemsize):
     ranges = wan.wan_pieces(count, itemsize)
     assert ranges[0][0] == 0 and ranges[-1][1] == count
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     assert all(hi > lo for lo, hi in ranges)
-    assert len(ranges) <= wan.MAX_PIECES
     if count * itemsize <= wan.EAGER_HEAD:     # small: every piece under the eager limit
+        assert len(ranges) <= wan.MAX_EAGER_PIECES
         assert all((hi - lo) * itemsize <= 65536 for lo, hi in ranges)
     else:                                      # large: ~1 MiB rendezvous pieces
-        assert len(ranges) == wan.exchange_pieces(count * itemsize)
+        assert len(ranges) == wan.exchange_pieces(count * itemsize) <= wan.MAX_PIECES
 
 
 @pytest.mark.parametrize("nbytes", [0, 5, 1 << 18, 1 << 20, (1 << 20) + 1, (3 << 20) + 7,
-                                    16 << 20])
+                                    16 << 20, (16 << 20) + 1, 40 << 20])
 def test_bcast_pieces(nbytes, monkeypatch):
     rndv, eager = wan.bcast_pieces(nbytes)
     ranges = sorted(eager + rndv)
     assert ranges[0][0] == 0 and ranges[-1][1] == nbytes
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     assert all(hi - lo <= 65536 for lo, hi in eager)
-    assert len(eager) + len(rndv) <= 2 * wan.MAX_PIECES
+    assert len(eager) <= wan.MAX_EAGER_PIECES and len(rndv) <= wan.MAX_PIECES
     if nbytes > wan.EAGER_HEAD:        # the head eagerly, the rest by rendezvous
         assert eager[-1][1] == wan.EAGER_HEAD and rndv[0][0] == wan.EAGER_HEAD
     monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", "0")
@@ -83,7 +84,9 @@ def test_wan_pieces_env(monkeypatch):
     monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", str(1 << 20))
     monkeypatch.setenv("ERDMA_EAGER_LIMIT", "16384")
     assert len(wan.wan_pieces(1 << 16, 4)) == 16       # 256 KiB in 16 KiB pieces
-    assert len(wan.wan_pieces(1 << 18, 4)) == 1        # would need 64: rendezvous
+    assert len(wan.wan_pieces(1 << 18, 4)) == 64       # 1 MiB in 16 KiB pieces
+    monkeypatch.setenv("ERDMA_WAN_EAGER_HEAD", str(16 << 20))
+    assert len(wan.wan_pieces(1 << 22, 4)) == 16       # would need 1024: rendezvous
     monkeypatch.setenv("ERDMA_EAGER_LIMIT", "1000")    # too small to bother
     assert wan.wan_pieces(1 << 16, 4) == [(0, 1 << 16)]
     assert wan.wan_pieces(0, 4) == [(0, 0)]

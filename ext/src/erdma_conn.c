@@ -651,6 +651,7 @@ static void fill_params(erdma_conn *c, erdma_quic_params *p) {
   p->handshake_timeout = (uint64_t)(cfg->handshake_timeout * NGTCP2_SECONDS);
   p->idle_timeout = (uint64_t)(cfg->idle_timeout * NGTCP2_SECONDS);
   p->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
+  p->pace = cfg->pace;
   p->max_streams_bidi = 4;
   p->max_streams_uni = ERDMA_MAX_DSTREAMS;
   p->log = cfg->cc_log > 0;

@@ -28,6 +28,9 @@ struct erdma_quic {
   int ncids;
   struct sockaddr_storage local, remote; /* remote: where the caller sends */
   socklen_t local_len, remote_len;
+  /* pacing (pace_rate): on, and the earliest time of the next burst */
+  int pace;
+  uint64_t pace_next;
 };
 
 /* ------------------------------------------------------------- helpers */
@@ -392,6 +395,7 @@ static erdma_quic *quic_alloc(const erdma_quic_params *p, const erdma_quic_callb
   q->user = user;
   q->client = client;
   q->cid_tag = p->cid_tag;
+  q->pace = p->pace;
   if (p->local && p->local_len <= (socklen_t)sizeof q->local) {
     memcpy(&q->local, p->local, p->local_len);
     q->local_len = p->local_len;
@@ -576,20 +580,36 @@ int erdma_quic_read(erdma_quic *q, const uint8_t *d, size_t n,
 }
 
 /* ------------------------------------------------------------------- tx */
+/* Pacing.  ngtcp2 0.12 lets a packet out when its pacing timer is at most
+ * 1 ms ahead (NGTCP2_PKT_PACING_OVERHEAD) and sets that timer to now + the
+ * last burst's time at the pacing rate: bursts of up to 1 ms each, written
+ * back to back as erdma_quic_flush's callers do, are never held back, so a
+ * sender ran as fast as its congestion window let it (a BBR connection was
+ * seen at 459 Mbit/s on a 100 Mbit/s path, overflowing the bottleneck
+ * queue).  So a BBR connection paces itself (params.pace): after each burst
+ * none other before now + its bytes at BBR's pacing rate (pace_next).
+ * Above FAST_PACE bursts are so short that sleeping between them costs
+ * more than it saves. */
+#define FAST_PACE (327680.0 / NGTCP2_SECONDS * 1000) /* bytes per ns: 64 KiB per 200 us */
+
+/* the rate to pace at in bytes per ns, or 0: no pacing of our own */
+static double pace_rate(const erdma_quic *q, const ngtcp2_conn_stat *cs) {
+  if (!q->pace || cs->pacing_rate <= 0) return 0; /* off, or not BBR: ngtcp2's own */
+  return cs->pacing_rate < FAST_PACE ? cs->pacing_rate : 0;
+}
+
 /* Packets in one burst: ngtcp2's send quantum, but at least what the
  * pacing rate allows per millisecond (ngtcp2 lets a sender run up to 1 ms
  * ahead anyway), within [2 packets, 64 KiB] like TCP's TSO autosizing: on a
  * short path the quantum alone (rate x min RTT) would cost a system call
  * for every few packets. */
-static int burst_packets(erdma_quic *q) {
+static int burst_packets(erdma_quic *q, const ngtcp2_conn_stat *cs, double paced) {
   size_t pkt = ngtcp2_conn_get_max_tx_udp_payload_size(q->conn);
   if (pkt > 9000) return ERDMA_QUIC_MAX_BURST; /* loopback or jumbo link: no pacing needed */
-  ngtcp2_conn_stat cs;
-  ngtcp2_conn_get_conn_stat(q->conn, &cs);
-  double rate = cs.pacing_rate; /* bytes per ns */
-  if (rate <= 0 && cs.smoothed_rtt > 0) rate = (double)cs.cwnd / (double)cs.smoothed_rtt;
+  double rate = paced > 0 ? paced : cs->pacing_rate; /* bytes per ns */
+  if (rate <= 0 && cs->smoothed_rtt > 0) rate = (double)cs->cwnd / (double)cs->smoothed_rtt;
   size_t bytes = (size_t)(rate * NGTCP2_MILLISECONDS);
-  if (bytes < cs.send_quantum) bytes = cs.send_quantum;
+  if (bytes < cs->send_quantum && paced <= 0) bytes = cs->send_quantum;
   if (bytes > 65536) bytes = 65536;
   int n = (int)(bytes / (pkt ? pkt : 1452));
   if (n < 2) n = 2;
@@ -611,8 +631,13 @@ int erdma_quic_flush(erdma_quic *q, uint64_t now, int *more) {
   if (q->closed) return 0;
   follow_path(q); /* a failed path validation may have moved it back */
   ngtcp2_path_storage_zero(&ps);
-  int maxp = burst_packets(q);
+  if (q->pace_next > now) return 0; /* paced: erdma_quic_expiry wakes us */
+  ngtcp2_conn_stat cs;
+  ngtcp2_conn_get_conn_stat(q->conn, &cs);
+  double paced = pace_rate(q, &cs);
+  int maxp = burst_packets(q, &cs, paced);
   int n = 0, full = 1;
+  size_t bytes = 0;
   while (n < maxp) {
     ngtcp2_vec iov[16];
     int64_t sid = -1;
@@ -645,21 +670,33 @@ int erdma_quic_flush(erdma_quic *q, uint64_t now, int *more) {
       break;
     }
     lens[n++] = (size_t)nw;
+    bytes += (size_t)nw;
     if (q->cb.tx_packet) q->cb.tx_packet(q->user);
   }
   q->cb.tx_send(q->user, lens, n); /* n 0: the burst's buffers are released */
   ngtcp2_conn_update_pkt_tx_time(q->conn, now);
+  if (paced > 0 && bytes > 0) { /* the next burst: one burst's time later, no sooner */
+    uint64_t from = q->pace_next > now - NGTCP2_MILLISECONDS ? q->pace_next : now;
+    q->pace_next = from + (uint64_t)((double)bytes / paced);
+  } else {
+    q->pace_next = 0;
+  }
   if (full && more) *more = ERDMA_QUIC_MORE_NOW;
   return 0;
 }
 
 /* ---------------------------------------------------------------- timers */
 uint64_t erdma_quic_expiry(const erdma_quic *q) {
-  return q->closed ? UINT64_MAX : ngtcp2_conn_get_expiry(q->conn);
+  if (q->closed) return UINT64_MAX;
+  uint64_t t = ngtcp2_conn_get_expiry(q->conn);
+  return q->pace_next && q->pace_next < t ? q->pace_next : t;
 }
 
 int erdma_quic_handle_expiry(erdma_quic *q, uint64_t now) {
-  if (q->closed || ngtcp2_conn_get_expiry(q->conn) > now) return 0;
+  if (q->closed) return 0;
+  int paced = q->pace_next && q->pace_next <= now; /* our pacing pause is over: flush */
+  if (paced) q->pace_next = 0;
+  if (ngtcp2_conn_get_expiry(q->conn) > now) return paced;
   int rv = ngtcp2_conn_handle_expiry(q->conn, now);
   if (rv != 0) {
     lost(q, rv, now);

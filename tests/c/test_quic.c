@@ -4,8 +4,9 @@
  * real ngtcp2 and GnuTLS with the certificates erdma_tls.c makes for
  * ranks, no sockets, and a virtual clock that jumps to the next event (a
  * datagram's arrival or a connection's timer).  The wire delays every
- * datagram by DELAY and may drop some by a fixed pattern; an endpoint may
- * fall silent or move to another address. */
+ * datagram by DELAY and may drop some by a fixed pattern or limit the
+ * client's direction to a rate (a bottleneck with an unbounded queue); an
+ * endpoint may fall silent or move to another address. */
 #include <arpa/inet.h>
 #include <stdint.h>
 
@@ -57,13 +58,25 @@ typedef struct ep {
 } ep;
 
 static struct {
-  uint64_t now;
+  uint64_t now, origin;
   ep e[2];                   /* 0: client, 1: server */
   dgram *head, *tail;
   uint64_t sent, dropped;
   int drop_every;            /* drop datagram k when k % drop_every == drop_every / 2 */
   int corrupt_next;          /* flip a byte in the next datagrams (count) */
+  /* the connections' congestion control and pacing (params) */
+  int cc_algo, pace;
+  /* the client's bursts: when, how many bytes, BBR's pacing rate then */
+  uint64_t *burst_at, *burst_bytes;
+  double *burst_rate;
+  size_t nbursts, burst_cap;
+  /* the client -> server bottleneck: bytes per second (0: none), when it is
+   * free again, and the client's bytes sent per RATE_BIN of time */
+  uint64_t rate, link_free;
+  uint64_t sent_bins[4096];
 } W;
+
+#define RATE_BIN (5 * NGTCP2_MILLISECONDS)
 
 static void addr4(struct sockaddr_storage *a, socklen_t *len, const char *ip, int port) {
   struct sockaddr_in *s = (struct sockaddr_in *)a;
@@ -85,12 +98,28 @@ static void wire_put(int to, const struct sockaddr_storage *from, socklen_t from
   g->next = NULL;
   g->to = to;
   g->at = W.now + DELAY;
+  if (to == 1) {
+    uint64_t bin = (W.now - W.origin) / RATE_BIN;
+    if (bin < sizeof W.sent_bins / sizeof W.sent_bins[0]) W.sent_bins[bin] += n;
+  }
+  if (to == 1 && W.rate) { /* serialised behind what the bottleneck still holds */
+    uint64_t start = W.link_free > W.now ? W.link_free : W.now;
+    W.link_free = start + n * NGTCP2_SECONDS / W.rate;
+    g->at = W.link_free + DELAY;
+  }
   memcpy(&g->from, from, fromlen);
   g->fromlen = fromlen;
   g->len = n;
   memcpy(g->data, d, n);
-  if (W.tail) W.tail->next = g; else W.head = g;
-  W.tail = g;
+  if (!W.tail || W.tail->at <= g->at) { /* in order of arrival */
+    if (W.tail) W.tail->next = g; else W.head = g;
+    W.tail = g;
+    return;
+  }
+  dgram **pp = &W.head;
+  while (*pp && (*pp)->at <= g->at) pp = &(*pp)->next;
+  g->next = *pp;
+  *pp = g;
 }
 
 static void wire_clear(void) {
@@ -110,9 +139,21 @@ static uint8_t *cb_tx_buf(void *user, int i, int want, size_t *room) {
   return p->burst[i];
 }
 
+static void note_burst(ep *p, const size_t *lens, int n) {
+  if (p->idx != 0 || !W.burst_cap || W.nbursts == W.burst_cap || n == 0) return;
+  ngtcp2_conn_stat cs;
+  erdma_quic_stat(p->q, &cs);
+  uint64_t bytes = 0;
+  for (int i = 0; i < n; i++) bytes += lens[i];
+  W.burst_at[W.nbursts] = W.now;
+  W.burst_bytes[W.nbursts] = bytes;
+  W.burst_rate[W.nbursts++] = cs.pacing_rate;
+}
+
 static void cb_tx_send(void *user, size_t *lens, int n) {
   ep *p = user;
   if (p->mute) return;
+  note_burst(p, lens, n);
   for (int i = 0; i < n; i++) wire_put(1 - p->idx, &p->addr, p->addrlen, p->burst[i], lens[i]);
 }
 
@@ -198,7 +239,8 @@ static const erdma_quic_callbacks CB = {
 static void params(ep *p, erdma_quic_params *q) {
   ep *o = &W.e[1 - p->idx];
   memset(q, 0, sizeof *q);
-  q->cc_algo = NGTCP2_CC_ALGO_CUBIC;
+  q->cc_algo = W.cc_algo;
+  q->pace = W.pace;
   q->max_udp_payload = PKT;
   q->conn_window = 1u << 20;
   q->stream_window = 1u << 20;
@@ -221,7 +263,8 @@ static void params(ep *p, erdma_quic_params *q) {
 /* ---- the world ---- */
 static void world_new(void) {
   memset(&W, 0, sizeof W);
-  W.now = 1000 * NGTCP2_SECONDS; /* any origin */
+  W.now = W.origin = 1000 * NGTCP2_SECONDS; /* any origin */
+  W.cc_algo = NGTCP2_CC_ALGO_CUBIC;
   for (int i = 0; i < 2; i++) {
     ep *p = &W.e[i];
     p->idx = i;
@@ -619,6 +662,90 @@ TEST(retry_token) {
   int ok = run_until(both_handshaken, 5 * NGTCP2_SECONDS);
   CHECK(ok);
   world_free();
+}
+
+/* Let `d` of virtual time pass (timers due within it run). */
+static void idle_for(uint64_t d) {
+  uint64_t end = W.now + d;
+  while (W.now < end) {
+    process();
+    advance();
+    if (W.now > end) W.now = end;
+  }
+  process();
+}
+
+/* The most the client sent in any RATE_BIN, as bytes per second. */
+static double peak_send_rate(void) {
+  uint64_t top = 0;
+  for (size_t i = 0; i < sizeof W.sent_bins / sizeof W.sent_bins[0]; i++)
+    if (W.sent_bins[i] > top) top = W.sent_bins[i];
+  return (double)top * NGTCP2_SECONDS / RATE_BIN;
+}
+
+/* BBR over a 100 Mbit/s bottleneck, in bursts with idle gaps between them
+ * (as a training step's gradients), paced by erdma_quic or not: how many
+ * bursts left sooner after the one before than its bytes take at BBR's
+ * pacing rate, the peak send rate, and the time taken */
+static void bursts_over_bottleneck(int *failed_, int pace, size_t *early, size_t *bursts,
+                                   double *peak, uint64_t *took) {
+  enum { BURST = 1u << 20, BURSTS = 8, MAXB = 100000 };
+  uint8_t *data = pattern(BURSTS * BURST, 7);
+  world_new();
+  W.cc_algo = NGTCP2_CC_ALGO_BBR;
+  W.pace = pace;
+  W.rate = 12500000;
+  W.burst_cap = MAXB;
+  W.burst_at = calloc(MAXB, sizeof *W.burst_at);
+  W.burst_bytes = calloc(MAXB, sizeof *W.burst_bytes);
+  W.burst_rate = calloc(MAXB, sizeof *W.burst_rate);
+  CHECK_EQ(client_start(), 0);
+  CHECK(run_until(both_handshaken, 5 * NGTCP2_SECONDS));
+  CHECK(client_open());
+  W.e[0].tx_data = data;
+  uint64_t t0 = W.now;
+  size_t first = W.nbursts;
+  for (int b = 1; b <= BURSTS; b++) { /* one more MiB on the stream, then idle */
+    W.e[0].tx_len = (uint64_t)b * BURST;
+    CHECK(run_until(all_acked, 20 * NGTCP2_SECONDS));
+    idle_for(100 * NGTCP2_MILLISECONDS);
+  }
+  *took = W.now - t0;
+  *peak = peak_send_rate();
+  *early = 0;
+  for (size_t i = first + 1; i < W.nbursts; i++) {
+    double rate = W.burst_rate[i - 1];
+    if (rate > 0 && W.burst_at[i] + 1000 < W.burst_at[i - 1] + W.burst_bytes[i - 1] / rate)
+      (*early)++;
+  }
+  *bursts = W.nbursts - first;
+  CHECK(W.nbursts < MAXB);
+  CHECK_EQ(W.e[1].rx_len, (uint64_t)BURSTS * BURST);
+  CHECK_MEM(W.e[1].rx, data, (uint64_t)BURSTS * BURST);
+  CHECK_EQ(W.e[0].closed + W.e[1].closed, 0);
+  free(data);
+  free(W.burst_at);
+  free(W.burst_bytes);
+  free(W.burst_rate);
+  world_free();
+}
+
+TEST(bbr_bursts_keep_to_the_pacing_rate) {
+  size_t early_off, early_on, n_off, n_on;
+  double peak_off, peak_on;
+  uint64_t took_off, took_on;
+  bursts_over_bottleneck(failed_, 0, &early_off, &n_off, &peak_off, &took_off);
+  if (*failed_) return;
+  bursts_over_bottleneck(failed_, 1, &early_on, &n_on, &peak_on, &took_on);
+  if (*failed_) return;
+  fprintf(stderr, "8 x 1 MiB over a 12.5 MB/s bottleneck: ngtcp2 alone %zu of %zu bursts "
+          "ahead of BBR's pacing rate, peak %.1f MB/s, %.0f ms; paced %zu of %zu, peak "
+          "%.1f MB/s, %.0f ms\n", early_off, n_off, peak_off / 1e6, took_off / 1e6,
+          early_on, n_on, peak_on / 1e6, took_on / 1e6);
+  CHECK_EQ(early_on, 0);         /* paced: each burst waits out the one before */
+  CHECK(early_off >= n_off / 20); /* ngtcp2 alone lets bursts through back to back */
+  /* without costing time: the bottleneck sets it either way */
+  CHECK(took_on <= took_off + took_off / 10);
 }
 
 CTEST_MAIN()
