@@ -478,6 +478,7 @@ class Engine:
                               + (f": {detail}" if detail else ""))
         eng = cls(out[0], rank, size)
         eng.direct_recheck = direct_recheck
+        eng.pace = bool(cfg.pace)
         return eng
 
     # -- bootstrap

@@ -106,9 +106,9 @@ VARS_LIST = (
         {"lo": 1 << 16}),
        ("ERDMA_MAX_CONN_WINDOW", "size", None, "ceiling of the connection window (1G)",
         {"lo": 1 << 16}),
-       ("ERDMA_PACE", "bool", True, "BBR paths: the engine paces each connection's bursts "
-        "at BBR's rate (0: ngtcp2's pacing alone, which lets back-to-back bursts through "
-        "at the congestion window's pace)"),
+       ("ERDMA_PACE", "bool", False, "BBR paths: the engine paces each connection's bursts "
+        "at BBR's rate (default off: ngtcp2's pacing lets back-to-back bursts through at the "
+        "congestion window's pace; on for the torch backend, whose traffic comes in bursts)"),
        ("ERDMA_SOCK_BUF", "size", None, "UDP socket buffer bytes (16M)", {"lo": 0}),
        ("ERDMA_DATA_STREAMS", "int", None, "QUIC streams per peer for large payloads (4; 0: "
         "the control stream)", {"lo": 0, "hi": 16}),
@@ -316,16 +316,32 @@ def parse(v: Var, text: str, name: "str | None" = None):
     return val
 
 
+#: defaults that a layer chose for this process over the declared ones (prefer())
+_PREFERRED: dict = {}
+
+
+def prefer(name: str, value) -> None:
+    """Make ``value`` the default of ``name`` in this process: a layer's
+    choice (the torch backend paces its connections); a value in the
+    environment still wins."""
+    if declared(name) is None:
+        raise KeyError(f"{name} is not a declared erdmampi variable (erdmampi/config.py)")
+    _PREFERRED[name] = value
+
+
 def get(name: str, env=None, default=None):
     """The parsed value of ``name`` in ``env`` (os.environ), else its default
-    (or ``default`` when given)."""
+    (or ``default`` when given): the one a layer preferred (:func:`prefer`),
+    else the declared one."""
     env = os.environ if env is None else env
     v = declared(name)
     if v is None:
         raise KeyError(f"{name} is not a declared erdmampi variable (erdmampi/config.py)")
     text = env.get(name)
     if text is None or not text.strip():
-        return v.default if default is None else default
+        if default is not None:
+            return default
+        return _PREFERRED.get(name, v.default)
     return parse(v, text, name)
 
 

@@ -138,6 +138,17 @@ def test_unset_and_empty_give_the_default():
         config.get("ERDMA_NO_SUCH_THING", {})
 
 
+def test_a_layer_prefers_a_default_and_the_environment_still_wins(monkeypatch):
+    monkeypatch.setattr(config, "_PREFERRED", {})
+    assert config.get("ERDMA_PACE", env={}) is False
+    config.prefer("ERDMA_PACE", True)
+    assert config.get("ERDMA_PACE", env={}) is True
+    assert config.get("ERDMA_PACE", env={"ERDMA_PACE": "0"}) is False
+    assert config.get("ERDMA_PACE", env={}, default=False) is False
+    with pytest.raises(KeyError):
+        config.prefer("ERDMA_NO_SUCH_THING", 1)
+
+
 def test_validate_reports_errors_and_unknown_names():
     errors, warnings = config.validate({"ERDMA_SHM": "maybe", "ERDMA_EAGER_LMIT": "1",
                                         "ERDMA_CC": "bbr", "PATH": "/bin"})

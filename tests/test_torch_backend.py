@@ -366,3 +366,23 @@ def test_erdma_compress_applies_to_the_backend(mode, want):
     assert res.returncode == 0, res.stdout + res.stderr
     vals = sorted(res.stdout.split())
     assert vals == sorted(["0", "1", repr(want), repr(want)]), res.stdout
+
+
+_PACE = r"""
+import torch, torch.distributed as dist
+import erdmampi.torch
+from erdmampi import bootstrap
+dist.init_process_group("erdma")
+dist.all_reduce(torch.ones(4))
+print(f"{dist.get_rank()} {bootstrap._world.pace}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("env,want", [({}, True), ({"ERDMA_PACE": "0"}, False)])
+def test_the_backend_paces_its_connections_unless_told_not_to(env, want):
+    """DDP's traffic comes in bursts: the backend's engine paces BBR
+    connections (ERDMA_PACE, off for plain MPI jobs, still decides)."""
+    res = _run(2, _PACE, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(res.stdout.split()) == sorted(["0", "1", str(want), str(want)]), res.stdout

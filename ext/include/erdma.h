@@ -83,7 +83,8 @@ typedef struct erdma_config {
   uint64_t max_stream_window; /* auto-tuning ceiling of the stream window, bytes */
   uint64_t max_conn_window;  /* auto-tuning ceiling of the connection window, bytes */
   int pace;                  /* 1: BBR connections are paced by the engine at BBR's rate
-                                (0: ngtcp2's pacing alone, which lets bursts through) */
+                                (0, the default: ngtcp2's pacing alone, which lets
+                                bursts through) */
   int sock_buf;              /* SO_SNDBUF/SO_RCVBUF bytes (forced when allowed) */
   int data_streams;          /* unidirectional streams per peer for payload (0: none) */
   int lanes;                 /* QUIC connections to each peer on another host (1-8; 0:
