@@ -303,6 +303,17 @@ def time_each(stack, make_fn, calls, warmup):
     return statistics.median(times), times, calls
 
 
+def parse_env_spec(name, spec):
+    """A variant's 'K=V,K=V' -> {K: V} (ValueError naming the variant on a bad pair)."""
+    env = {}
+    for kv in filter(None, spec.split(",")):
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise ValueError("variant %s: expected K=V, got %r" % (name, kv))
+        env[k] = v
+    return env
+
+
 def git_head():
     """Short commit id of the tree the benchmarks run from ("?" if unknown)."""
     import subprocess

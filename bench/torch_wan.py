@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if __package__ in (None, ""):  # run as a file: python bench/torch_wan.py
     sys.path.insert(0, ROOT)
-from bench.common import git_head, write_between_markers  # noqa: E402
+from bench.common import git_head, parse_env_spec, write_between_markers  # noqa: E402
 
 STACKS = ("erdma", "erdma+int8", "gloo-bbr", "gloo-cubic")
 #: (erdma stack, gloo stack) pairs whose speedup the table shows
@@ -75,12 +75,7 @@ def parse_variant(text):
     base, tilde, tag = name.partition("~")
     if base not in ("erdma", "erdma+int8") or not tilde or not tag or "," in tag:
         raise ValueError("a variant is named erdma~NAME or erdma+int8~NAME: %r" % text)
-    env = {}
-    for kv in filter(None, spec.split(",")):
-        k, eq, v = kv.partition("=")
-        if not eq or not k:
-            raise ValueError("variant %s: expected K=V, got %r" % (name, kv))
-        env[k] = v
+    env = parse_env_spec(name, spec)
     VARIANTS[name] = env
     return name
 

@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if __package__ in (None, ""):  # run as a file: python bench/wan.py
     sys.path.insert(0, ROOT)
-from bench.common import (MIB, format_size, git_head, parse_size,  # noqa: E402
+from bench.common import (MIB, format_size, git_head, parse_env_spec, parse_size,  # noqa: E402
                           write_between_markers)
 
 BASE_STACKS = ("erdmampi", "gloo-cubic", "gloo-bbr", "mpich-cubic", "mpich-bbr")
@@ -67,12 +67,7 @@ def parse_variant(text):
     name, _, spec = text.partition(":")
     if not name.startswith("erdmampi~") or len(name) <= len("erdmampi~") or "," in name:
         raise ValueError("a variant is named erdmampi~NAME: %r" % text)
-    env = {}
-    for kv in filter(None, spec.split(",")):
-        k, eq, v = kv.partition("=")
-        if not eq or not k:
-            raise ValueError("variant %s: expected K=V, got %r" % (name, kv))
-        env[k] = v
+    env = parse_env_spec(name, spec)
     VARIANTS[name] = env
     return name, env
 
