@@ -130,7 +130,8 @@ class CollSchedule:
 
     def allreduce_pair(self, sarr, rarr, op, me):
         """Two ranks: ``rarr = in0 OP in1`` on both (erdma_coll_allreduce_pair);
-        ``op`` an erdma op name, element type from ``rarr``."""
+        ``op`` an erdma op name, element type from ``rarr``; ``sarr`` None:
+        in place."""
         self._pair(_engine.coll_allreduce_pair, sarr, rarr, op, me)
 
     def reduce_scatter_pair(self, sarr, rarr, op, me):
@@ -139,7 +140,8 @@ class CollSchedule:
         self._pair(_engine.coll_reduce_scatter_pair, sarr, rarr, op, me)
 
     def _pair(self, fn, sarr, rarr, op, me):
-        self._engine_call(fn, sarr.ctypes.data, rarr.ctypes.data, rarr.size,
+        self._engine_call(fn, None if sarr is None else sarr.ctypes.data, rarr.ctypes.data,
+                          rarr.size,
                           _engine.SCHED_OPS[op], _engine.SCHED_DTYPES[rarr.dtype.name], me=me)
 
     def alltoall_bulk(self, sarr, rarr, me):

@@ -938,9 +938,10 @@ def coll_allgather_bulk(eng, saddr, raddr, offs, lens, cranks, n, me, tag, ctx):
 
 def coll_allreduce_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
     """Two ranks: in0 OP in1 on both, each reading the other's input
-    (erdma_coll_allreduce_pair; distinct buffers)."""
-    _check(lib.erdma_coll_allreduce_pair(eng._h, _ptr(saddr), _ptr(raddr), count, op, dtype,
-                                         cranks, n, me, tag, ctx, -1.0), "allreduce")
+    (erdma_coll_allreduce_pair); ``saddr`` None: in place."""
+    _check(lib.erdma_coll_allreduce_pair(eng._h, ffi.NULL if saddr is None else _ptr(saddr),
+                                         _ptr(raddr), count, op, dtype, cranks, n, me, tag, ctx,
+                                         -1.0), "allreduce")
 
 
 def coll_reduce_scatter_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):

@@ -586,8 +586,7 @@ class CommColl:
         if rarr.nbytes > _SMALL_COLL_MAX:
             # two ranks of one host, mid sizes: the pair (erdma_coll_allreduce_pair)
             n = len(self._ranks)
-            if not (n == 2 and self._csmall[2] and sendbuf is not IN_PLACE
-                    and not is_in_place(sendbuf) and coll._default(
+            if not (n == 2 and self._csmall[2] and coll._default(
                         "allreduce", rarr.nbytes, n, rarr.size, True) == "sched_pair"):
                 return False
             fn = _engine.coll_allreduce_pair

@@ -284,6 +284,17 @@ for it, blk in enumerate([1, 3, 100, 1000, 5000, 40000, 70000]):
     assert np.array_equal(d, tot.astype(dt)), ("allreduce", blk, dt)
     if n == 2 and s.nbytes > 65536:
         assert calls.get("coll_allreduce_pair"), calls
+    # in place: the pair too (the engine keeps what the peer still reads), and
+    # through the Python schedule (a memoryview is not a plain ndarray)
+    calls.pop("coll_allreduce_pair", None)
+    for wrap in (lambda a: a, memoryview):
+        w = s.copy(); comm.Allreduce(MPI.IN_PLACE, wrap(w), op=MPI.SUM)
+        assert np.array_equal(w, tot.astype(dt)), ("allreduce in place", blk, dt, wrap)
+        w = s.copy(); comm.Allreduce(MPI.IN_PLACE, wrap(w), op=MPI.MAX)
+        assert np.array_equal(w, np.max([inp(i, blk * n, dt) for i in range(n)], axis=0)), \
+            ("allreduce in place max", blk, dt, wrap)
+    if n == 2 and s.nbytes > 65536:
+        assert calls.get("coll_allreduce_pair") == 4, calls
     # the one-call path took them (the bulk ones from 128 KiB per rank), unless overridden
     kinds = {k: [x for x in c if getattr(x, "__module__", "") == "erdmampi._engine"][0].__name__
              for k, c in (comm._bkcache or {}).items()}
@@ -300,6 +311,15 @@ for it, blk in enumerate([1, 3, 100, 1000, 5000, 40000, 70000]):
         # (two ranks: Alltoall as two messages below BULK_ALLTOALL_PAIR_MIN)
         assert "alltoall" not in kinds and not calls.get("coll_alltoall_bulk"), (kinds, calls)
         assert calls["coll_reduce_scatter_pair"] >= 2 and calls["coll_allgather_bulk"], calls
+# floats in place: the same bits as out of place (rank 0's operand on the
+# left), on every rank; odd counts on both sides of the pair's halves
+for cnt in (20001, 70001, 300001):
+    x = np.random.default_rng(cnt + r).standard_normal(cnt).astype(np.float32)
+    out = np.empty_like(x); comm.Allreduce(x, out)
+    w = x.copy(); comm.Allreduce(MPI.IN_PLACE, w)
+    assert np.array_equal(w.view(np.uint32), out.view(np.uint32)), ("float in place", cnt)
+    first = w.copy(); comm.Bcast(first, 0)
+    assert np.array_equal(first.view(np.uint32), w.view(np.uint32)), ("same bits", cnt)
 # from BULK_ALLTOALL_PAIR_MIN (two ranks; else from ERDMA_SCHED_MIN) the bulk Alltoall
 from erdmampi import collectives as C
 big = C.BULK_ALLTOALL_PAIR_MIN // n + 8

@@ -23,7 +23,7 @@ _SCRIPT = r'''
 import ctypes, os, sys
 mode = sys.argv[1]
 rank_env = int(os.environ.get("ERDMA_RANK", "0"))
-if mode == "refuse" and rank_env == 1:
+if mode.startswith("refuse") and rank_env == 1:
     # nobody without CAP_SYS_PTRACE may read or write a non-dumpable process:
     # process_vm_* towards this rank fail with EPERM at run time
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)          # PR_SET_DUMPABLE, 0
@@ -165,6 +165,14 @@ if mode in ("main", "nocma", "mixed", "refuse"):
         [pattern(4 * 100000, np.int32, 1000 * j + r) for j in range(n)]))
     want = np.concatenate([pattern(blk, np.int32, 1000 * j + r) for j in range(n)])
     assert np.array_equal(base[::2], want) and not base[1::2].any()
+elif mode == "refuse_in_place":
+    # the first CMA of the job is an in-place Allreduce of halves: rank 1
+    # could read rank 0 and push its half, rank 0 cannot read rank 1, and
+    # no input may be overwritten before both know (the probe round)
+    for cnt in (300 * KiB // 8 + 1, 2 * MiB // 8 + 3):
+        w = pattern(cnt, np.float64, r)
+        c.Allreduce(MPI.IN_PLACE, w)
+        assert np.array_equal(w, sum(pattern(cnt, np.float64, j) for j in range(n))), cnt
 elif mode == "nonblocking":
     for root in range(n):
         count = 4 * MiB // 8 + 3
@@ -304,6 +312,16 @@ def test_bulk_cma_refused_at_run_time(n, reverse, monkeypatch):
         "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
     res = _run(n, "refuse", env={"ROOTS_REVERSED": "1", "ERDMA_VERBOSE": "1"} if reverse
                else {"ERDMA_VERBOSE": "1"})
+    assert "refused" in res.stderr, res.stderr
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_in_place_allreduce_pair_when_cma_is_refused_one_way(monkeypatch):
+    import harness
+    orig = harness.erdmarun_cmd
+    monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
+        "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
+    res = _run(2, "refuse_in_place", env={"ERDMA_VERBOSE": "1"})
     assert "refused" in res.stderr, res.stderr
 
 

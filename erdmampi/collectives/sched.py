@@ -195,7 +195,7 @@ def allreduce_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
     rank order, so both compute the same bits; one round of messages before
     and one after, for mid sizes where a ring's extra rounds cost more than
     the second half of the reduction.  Predefined ops on C-reducible types;
-    in place through a copy of the input."""
+    in place too (the engine keeps the inputs it still reads)."""
     if t.size != 2:
         return False
     b = _bulk(t)
@@ -206,8 +206,7 @@ def allreduce_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
         return False
     opname, dtype, out, acc, src = ops
     if acc.size:
-        src = acc.copy() if src is None else src
-        if np.shares_memory(src, acc):
+        if src is not None and src is not acc and np.shares_memory(src, acc):
             src = src.copy()
         b.allreduce_pair(src, acc, opname, t.rank)
     out.done()

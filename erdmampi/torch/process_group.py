@@ -126,6 +126,21 @@ def _cuda_sync():
         torch.cuda.current_stream().synchronize()
 
 
+# element types numpy shares with torch: a CPU tensor of one of these goes to
+# erdmampi as a numpy view, which takes its one-call paths (a plain host
+# array with a known datatype); others (bfloat16, bool) go through DLPack
+_NUMPY_TYPES = (torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8,
+                torch.int16, torch.int32, torch.int64, torch.complex64, torch.complex128)
+
+
+def _host(t: torch.Tensor):
+    """The buffer erdmampi gets for contiguous ``t``: a numpy view of a CPU
+    tensor of a type numpy has (no copy), else ``t`` itself."""
+    if t.device.type == "cpu" and t.dtype in _NUMPY_TYPES:
+        return t.detach().numpy()
+    return t
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a contiguous tensor (data movement of any dtype)."""
     return t.reshape(-1).view(torch.uint8)
@@ -322,7 +337,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         def run(c):
             for b in bufs:
                 red.scaled(b.buf, inplace=True)
-                c.Allreduce(MPI.IN_PLACE, b.buf, op=red.mpi)
+                c.Allreduce(MPI.IN_PLACE, _host(b.buf), op=red.mpi)
                 if red.name == "AVG":
                     self._avg(b.buf)
                 b.back()
@@ -338,7 +353,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         b = _Contig(tensor)
 
         def run(c):
-            c.Allreduce(MPI.IN_PLACE, b.buf, op=MPI.SUM, compress=compress)
+            c.Allreduce(MPI.IN_PLACE, _host(b.buf), op=MPI.SUM, compress=compress)
             b.back()
         return self._submit(f"allreduce (compress={compress})", [tensor], run, None)
 
@@ -348,7 +363,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
 
         def run(c):
             for b in bufs:
-                c.Bcast(b.buf, root=root)
+                c.Bcast(_host(b.buf), root=root)
                 if self._rank != root:
                     b.back()
         return self._submit("broadcast", list(tensors), run, opts)
@@ -362,7 +377,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
             for b in bufs:
                 if self._rank == root:
                     red.scaled(b.buf, inplace=True)
-                    c.Reduce(MPI.IN_PLACE, b.buf, op=red.mpi, root=root)
+                    c.Reduce(MPI.IN_PLACE, _host(b.buf), op=red.mpi, root=root)
                     if red.name == "AVG":
                         self._avg(b.buf)
                     b.back()
@@ -380,7 +395,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
                 src = inp.contiguous()
                 tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype,
                                   device=src.device)
-                c.Allgather(_bytes(src), _bytes(tmp))
+                c.Allgather(_host(_bytes(src)), _host(_bytes(tmp)))
                 with torch.no_grad():
                     for o, r in zip(outs, tmp):
                         o.copy_(r.view(o.shape))
@@ -392,7 +407,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         self._check_numel(out.buf, input_tensor, self._size, "all_gather_into_tensor")
 
         def run(c):
-            c.Allgather(_bytes(input_tensor.contiguous()), _bytes(out.buf))
+            c.Allgather(_host(_bytes(input_tensor.contiguous())), _host(_bytes(out.buf)))
             out.back()
         return self._submit("all_gather_into_tensor", [output_tensor], run, opts,
                             uses=[input_tensor])

@@ -450,11 +450,11 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
 int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
                               const uint64_t *offs, const uint64_t *lens, const int *ranks,
                               int n, int me, int tag, uint32_t ctx, double timeout);
-/* n == 2, sbuf != rbuf: each rank reads the other's input (CMA) and reduces
- * it with its own in rank order (rank 0's operand on the left, as
- * erdma_coll_allreduce), so both get the same bits; one round of messages
- * before and one after.  From 256 KiB each computes one half and writes it
- * into the other's rbuf too. */
+/* n == 2: each rank reads the other's input (CMA) and reduces it with its
+ * own in rank order (rank 0's operand on the left, as erdma_coll_allreduce),
+ * so both get the same bits; one round of messages before and one after.
+ * From 256 KiB each computes one half and writes it into the other's rbuf
+ * too.  sbuf NULL or rbuf: in place. */
 int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
                               int op, int dtype, const int *ranks, int n, int me, int tag,
                               uint32_t ctx, double timeout);

@@ -563,7 +563,14 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
  *     finished piece into the other's rbuf as well (read N/2, reduce N/2,
  *     write N/2 instead of read N, reduce N);
  *   reduce_scatter: each computes its own block (into rbuf).
- * A pair without CMA trades the input ranges as messages instead. */
+ * A pair without CMA trades the input ranges as messages instead.
+ * In place (sbuf == rbuf, allreduce only): a push lands in the range of the
+ * peer's input that the pusher itself reads, after reading it, and each
+ * rank writes only into its own half, which the peer does not read; the
+ * whole-vector size computes into a scratch copy until both are done.
+ * Once a byte of an input is overwritten the message fallback cannot run:
+ * a probe round first checks that both can read, and a CMA failure after
+ * a write is an error. */
 #define BULK_RED_PIECE ((uint64_t)64 << 10)
 #define BULK_RED_HALVES ((uint64_t)256 << 10) /* allreduce: halves from here */
 
@@ -572,30 +579,43 @@ typedef struct {
   uint64_t plo;     /* ... and the peer (same length) */
   uint8_t *out;     /* where byte lo of the result goes */
   int push;         /* also write the result into the peer's rbuf at lo */
+  int inplace;      /* out overlays this rank's input at lo */
 } pair_part;
 
-/* The CMA pass over part p; 1 when CMA failed (the fallback takes over). */
+/* The CMA pass over part p; 1 when CMA failed (the fallback takes over).
+ * *wrote: an input byte (ours in place, or the peer's) was overwritten. */
 static int pair_cma(erdma_engine *e, int peer, int me, const uint8_t *s, const pair_part *p,
-                    const bulk_hdr *theirs, int es, int op, int dtype, int *rc) {
+                    const bulk_hdr *theirs, int es, int op, int dtype, int *rc, int *wrote) {
   uint64_t piece = BULK_RED_PIECE - BULK_RED_PIECE % (uint64_t)es;
-  uint8_t *tmp = me == 1 ? malloc(piece) : NULL;
-  if (me == 1 && !tmp) return 1;
+  int need_tmp = me == 1 || p->inplace;
+  uint8_t *tmp = need_tmp ? malloc(piece) : NULL;
+  if (need_tmp && !tmp) return 1;
   int fail = 0;
   for (uint64_t off = 0; !fail && !*rc && off < p->len; off += piece) {
     uint64_t len = p->len - off < piece ? p->len - off : piece, at = p->lo + off;
+    uint64_t cnt = len / (uint64_t)es;
     uint8_t *d = p->out + off;
-    if (me == 0) { /* d = in0 OP in1, in1 read into d */
+    if (me == 0 && !p->inplace) { /* d = in0 OP in1, in1 read into d */
       if (shm_cma_copy(e, peer, d, theirs->addr + at, len, 0)) fail = 1;
-      else *rc = erdma_reduce_local(s + at, d, len / (uint64_t)es, op, dtype);
-    } else { /* d = in0 OP in1: in1 copied to d, in0 read into tmp */
+      else *rc = erdma_reduce_local(s + at, d, cnt, op, dtype);
+    } else if (me == 0) { /* d is in0: in1 read into tmp, tmp = in0 OP in1 */
+      if (shm_cma_copy(e, peer, tmp, theirs->addr + at, len, 0)) fail = 1;
+      else if (!(*rc = erdma_reduce_local(d, tmp, cnt, op, dtype))) {
+        *wrote = 1;
+        memcpy(d, tmp, len);
+      }
+    } else { /* d = in0 OP in1: in1 copied to d (already there in place), in0 in tmp */
       if (shm_cma_copy(e, peer, tmp, theirs->addr + at, len, 0)) fail = 1;
       else {
-        memcpy(d, s + at, len);
-        *rc = erdma_reduce_local(tmp, d, len / (uint64_t)es, op, dtype);
+        if (d != s + at) memcpy(d, s + at, len);
+        *rc = erdma_reduce_local(tmp, d, cnt, op, dtype);
+        if (p->inplace) *wrote = 1;
       }
     }
-    if (!fail && !*rc && p->push && shm_cma_copy(e, peer, d, theirs->raddr + at, len, 1))
-      fail = 1;
+    if (!fail && !*rc && p->push) {
+      *wrote = 1;
+      if (shm_cma_copy(e, peer, d, theirs->raddr + at, len, 1)) fail = 1;
+    }
   }
   free(tmp);
   return fail;
@@ -636,15 +656,26 @@ static int pair_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t n
            theirs;
   if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
   if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
-  int fail = !mine.cma || !theirs.cma ||
-             pair_cma(e, peer, me, sbuf, p, &theirs, es, op, dtype, &rc);
+  int wrote = 0, fail = !mine.cma || !theirs.cma;
+  if (!fail && p->inplace && p->push && p->len) {
+    /* both must be able to read before either overwrites an input: a probe
+     * of one element, then a round that says whether it worked */
+    uint8_t probe[16];
+    bulk_hdr ok = {0}, tok;
+    ok.done = (uint64_t)(shm_cma_copy(e, peer, probe, theirs.addr + p->lo, (uint64_t)es, 0) != 0);
+    if ((rc = bulk_trade(e, peer, tag + 3, ctx, &ok, &tok, timeout))) return rc;
+    fail = ok.done || tok.done;
+  }
+  if (!fail) fail = pair_cma(e, peer, me, sbuf, p, &theirs, es, op, dtype, &rc, &wrote);
   /* the closing round: done with the other's buffers, or fall back */
   bulk_hdr done = {0}, tdone;
   done.done = (uint64_t)fail;
+  done.done2 = (uint64_t)wrote;
   int rc2 = bulk_trade(e, peer, tag + 1, ctx, &done, &tdone, timeout);
   if (rc) return rc;
   if (rc2) return rc2;
   if (!done.done && !tdone.done) return 0;
+  if (p->inplace && (done.done2 || tdone.done2)) return ERDMA_ERR_PEER; /* inputs gone */
   return pair_messages(e, peer, me, sbuf, fall, es, op, dtype, tag + 2, ctx, timeout);
 }
 
@@ -652,19 +683,28 @@ int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uin
                               int op, int dtype, const int *ranks, int n, int me, int tag,
                               uint32_t ctx, double timeout) {
   int es = erdma_dtype_size(dtype);
-  if (coll_check_comm(e, ranks, n, me) || n != 2 || es <= 0 || (count && (!sbuf || !rbuf)) ||
-      sbuf == rbuf)
+  if (coll_check_comm(e, ranks, n, me) || n != 2 || es <= 0 || (count && !rbuf))
     return ERDMA_ERR_INVAL;
+  if (!sbuf) sbuf = rbuf; /* in place */
+  int inplace = sbuf == rbuf;
   uint64_t nbytes = count * (uint64_t)es, half = count / 2 * (uint64_t)es;
-  pair_part whole = {0, nbytes, 0, rbuf, 0}, p = whole;
+  pair_part whole = {0, nbytes, 0, rbuf, 0, 0}, p = whole;
+  uint8_t *scratch = NULL;
   if (nbytes >= BULK_RED_HALVES) { /* rank 0 the first half, rank 1 the rest */
     p.lo = me ? half : 0;
     p.len = me ? nbytes - half : half;
     p.out = (uint8_t *)rbuf + p.lo;
     p.push = 1;
+    p.inplace = inplace;
+  } else if (inplace && nbytes) { /* the peer reads all of our input to the end */
+    if (!(scratch = malloc(nbytes))) return ERDMA_ERR_NOMEM;
+    whole.out = p.out = scratch;
   }
-  return pair_reduce(e, sbuf, rbuf, nbytes, &p, &whole, op, dtype, ranks, me, tag, ctx,
-                     timeout);
+  int rc = pair_reduce(e, sbuf, rbuf, nbytes, &p, &whole, op, dtype, ranks, me, tag, ctx,
+                       timeout);
+  if (!rc && scratch) memcpy(rbuf, scratch, nbytes);
+  free(scratch);
+  return rc;
 }
 
 int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf,
@@ -675,6 +715,6 @@ int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf
       sbuf == rbuf)
     return ERDMA_ERR_INVAL;
   uint64_t blk = count * (uint64_t)es;
-  pair_part p = {me * blk, blk, (1 - me) * blk, rbuf, 0};
+  pair_part p = {me * blk, blk, (1 - me) * blk, rbuf, 0, 0};
   return pair_reduce(e, sbuf, rbuf, 2 * blk, &p, &p, op, dtype, ranks, me, tag, ctx, timeout);
 }
