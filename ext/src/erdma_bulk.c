@@ -326,37 +326,44 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
   return rc;
 }
 
-/* Alltoall of two ranks: each copies its own block, pulls the peer's block
- * for it from the front and then helps the peer by pushing the block for
- * the peer from the back, so a process that got less CPU time is helped by
- * the other.  pull_part: static share of one's own pulls (tests).  Blocks
+/* Alltoall (or Allgather) of two ranks: each copies its own block
+ * (own_src -> own_dst; none if own_src is NULL), pulls the peer's block for
+ * it (into in) from the front and then helps the peer by pushing the block
+ * for the peer (out) from the back, so a process that got less CPU time is
+ * helped by the other.  pull_part: static share of one's own pulls (tests).  Blocks
  * below BULK_DYN_MIN are pulled whole: the progress words' CMA peeks cost
  * more than the help brings (256 KiB Alltoall: 39 -> 28 us). */
 #define BULK_DYN_MIN ((uint64_t)1 << 20)
 
-static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t blk,
-                         const int *ranks, int me, double pull_part, int tag, uint32_t ctx,
-                         double timeout) {
+typedef struct {
+  const uint8_t *own_src; /* NULL: the own block is in place */
+  uint8_t *own_dst;
+  const uint8_t *out; /* my block for the peer */
+  uint8_t *in;        /* where the peer's block for me lands */
+} pair_bufs;
+
+static int swap_pair(erdma_engine *e, const pair_bufs *pb, uint64_t blk, const int *ranks,
+                     int me, double pull_part, int tag, uint32_t ctx, double timeout) {
   int p = 1 - me, peer = ranks[p], rc;
   if (pull_part < 0 && blk < BULK_DYN_MIN) pull_part = 1.0;
   uint64_t ch = bulk_chunk(blk), nch = (blk + ch - 1) / ch;
   /* [0]: chunks of my incoming block pulled from the front; [1]: lowest
    * chunk of the peer's incoming block pushed from the back */
   volatile uint64_t prog[3] = {0, nch, 0}; /* [2]: finished (bulk_finish) */
-  bulk_hdr mine = {(uintptr_t)(s + (uint64_t)p * blk), blk, (uintptr_t)(d + (uint64_t)p * blk),
+  bulk_hdr mine = {(uintptr_t)pb->out, blk, (uintptr_t)pb->in,
                    (uintptr_t)prog, bulk_limit(pull_part, blk), 0, 0,
                    (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
   if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
   if (theirs.len != blk) return ERDMA_ERR_TRUNCATE;
-  if (blk) bulk_copy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk, bulk_nt(blk, 2));
+  if (blk && pb->own_src) bulk_copy(pb->own_dst, pb->own_src, blk, bulk_nt(blk, 2));
   uint64_t in_lo = 0, in_hi = blk, out_lo = 0, out_hi = blk; /* left for messages */
   if (mine.cma && theirs.cma && blk) {
     int dyn_me = mine.limit == UINT64_MAX, dyn_peer = theirs.limit == UINT64_MAX;
     uint64_t pw_front = (uintptr_t)theirs.prog, pw_back = pw_front + sizeof(uint64_t);
     bulk_hdr done = mine, tdone;
-    done.done = bulk_front(e, peer, d + (uint64_t)p * blk, theirs.addr, blk, 0,
+    done.done = bulk_front(e, peer, pb->in, theirs.addr, blk, 0,
                            dyn_me ? pw_back : 0, dyn_me ? nch : mine.limit, &prog[0]);
-    done.done2 = bulk_back(e, peer, (uint8_t *)(s + (uint64_t)p * blk), theirs.raddr, blk, 1,
+    done.done2 = bulk_back(e, peer, (uint8_t *)pb->out, theirs.raddr, blk, 1,
                            dyn_peer ? pw_front : 0, dyn_peer ? 0 : theirs.limit, &prog[1]);
     bulk_finish(e, peer, &prog[2], pw_front + 2 * sizeof(uint64_t));
     if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
@@ -368,11 +375,9 @@ static int alltoall_pair(erdma_engine *e, const uint8_t *s, uint8_t *d, uint64_t
   erdma_req *r[2] = {NULL, NULL};
   rc = 0;
   if (in_lo < in_hi)
-    rc = erdma_irecv(e, d + (uint64_t)p * blk + in_lo, in_hi - in_lo, peer, tag + 1, ctx, 0,
-                     &r[0]);
+    rc = erdma_irecv(e, pb->in + in_lo, in_hi - in_lo, peer, tag + 1, ctx, 0, &r[0]);
   if (!rc && out_lo < out_hi)
-    rc = erdma_isend(e, s + (uint64_t)p * blk + out_lo, out_hi - out_lo, peer, tag + 1, ctx, 0,
-                     &r[1]);
+    rc = erdma_isend(e, pb->out + out_lo, out_hi - out_lo, peer, tag + 1, ctx, 0, &r[1]);
   if (!rc) rc = bulk_wait(&r[0], timeout, in_hi - in_lo);
   if (!rc) rc = bulk_wait(&r[1], timeout, UINT64_MAX);
   bulk_drop(r, 2);
@@ -475,7 +480,12 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
     if (blk) memcpy(d, s, blk);
     return 0;
   }
-  if (n == 2) return alltoall_pair(e, s, d, blk, ranks, me, pull_part, tag, ctx, timeout);
+  if (n == 2) {
+    int p = 1 - me;
+    pair_bufs pb = {s + (uint64_t)me * blk, d + (uint64_t)me * blk, s + (uint64_t)p * blk,
+                    d + (uint64_t)p * blk};
+    return swap_pair(e, &pb, blk, ranks, me, pull_part, tag, ctx, timeout);
+  }
   if (blk) bulk_copy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk, bulk_nt(blk, n));
   bulk_xchg x = {s, d, blk, NULL, NULL};
   return bulk_exchange(e, &x, ranks, n, me, tag, ctx, timeout);
@@ -487,6 +497,13 @@ int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
   if (coll_check_comm(e, ranks, n, me) || !offs || !lens || !rbuf) return ERDMA_ERR_INVAL;
   uint8_t *d = rbuf;
   const uint8_t *s = sbuf ? sbuf : d + offs[me];
+  if (n == 2 && lens[0] == lens[1] && lens[0] >= BULK_DYN_MIN) {
+    /* as the Alltoall pair: the own block with NT stores where large, the
+     * two sides share the copying between them */
+    int p = 1 - me;
+    pair_bufs pb = {s != d + offs[me] ? s : NULL, d + offs[me], s, d + offs[p]};
+    return swap_pair(e, &pb, lens[0], ranks, me, -1.0, tag, ctx, timeout);
+  }
   if (sbuf && lens[me] && s != d + offs[me]) memmove(d + offs[me], s, lens[me]);
   if (n == 1) return 0;
   bulk_xchg x = {s, d, 0, offs, lens};
