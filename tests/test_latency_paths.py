@@ -320,6 +320,12 @@ for cnt in (20001, 70001, 300001):
     assert np.array_equal(w.view(np.uint32), out.view(np.uint32)), ("float in place", cnt)
     first = w.copy(); comm.Bcast(first, 0)
     assert np.array_equal(first.view(np.uint32), w.view(np.uint32)), ("same bits", cnt)
+    # one rank in place and the other not: the pair agrees on how to go
+    if r == 0:
+        w = x.copy(); comm.Allreduce(MPI.IN_PLACE, w)
+    else:
+        w = np.empty_like(x); comm.Allreduce(x, w)
+    assert np.array_equal(w.view(np.uint32), out.view(np.uint32)), ("mixed in place", cnt)
 # from BULK_ALLTOALL_PAIR_MIN (two ranks; else from ERDMA_SCHED_MIN) the bulk Alltoall
 from erdmampi import collectives as C
 big = C.BULK_ALLTOALL_PAIR_MIN // n + 8

@@ -135,8 +135,9 @@ _NUMPY_TYPES = (torch.float32, torch.float64, torch.float16, torch.int8, torch.u
 
 def _host(t: torch.Tensor):
     """The buffer erdmampi gets for contiguous ``t``: a numpy view of a CPU
-    tensor of a type numpy has (no copy), else ``t`` itself."""
-    if t.device.type == "cpu" and t.dtype in _NUMPY_TYPES:
+    tensor of a type numpy has (no copy), else ``t`` itself (also for a
+    lazily conjugated or negated view, which numpy cannot show)."""
+    if t.device.type == "cpu" and t.dtype in _NUMPY_TYPES and not (t.is_conj() or t.is_neg()):
         return t.detach().numpy()
     return t
 
@@ -382,8 +383,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
                         self._avg(b.buf)
                     b.back()
                 else:       # a non-root's tensor is left as it was
-                    c.Reduce(red.scaled(b.buf, inplace=False), None, op=red.mpi,
-                                      root=root)
+                    c.Reduce(_host(red.scaled(b.buf, inplace=False)), None, op=red.mpi,
+                             root=root)
         return self._submit("reduce", list(tensors), run, opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):

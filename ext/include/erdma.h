@@ -435,7 +435,7 @@ void erdma_coll_free(erdma_coll *c);
  * collectives above; messages use tags tag .. tag + ERDMA_BULK_TAGS - 1;
  * each wait lasts at most `timeout` seconds (< 0: until a peer fails).
  * Every rank of the communicator must make the same call. */
-#define ERDMA_BULK_TAGS 3
+#define ERDMA_BULK_TAGS 4
 /* n == 2: the root writes buf into the other rank from the front while that
  * one reads it from the back, in pieces (an eighth, 64 KiB..1 MiB), until
  * they meet (each reads the other's progress with CMA).  root_part in

@@ -497,7 +497,8 @@ int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
   if (coll_check_comm(e, ranks, n, me) || !offs || !lens || !rbuf) return ERDMA_ERR_INVAL;
   uint8_t *d = rbuf;
   const uint8_t *s = sbuf ? sbuf : d + offs[me];
-  if (n == 2 && lens[0] == lens[1] && lens[0] >= BULK_DYN_MIN) {
+  int apart = s == d + offs[me] || s + lens[me] <= d + offs[me] || s >= d + offs[me] + lens[me];
+  if (n == 2 && lens[0] == lens[1] && lens[0] >= BULK_DYN_MIN && apart) {
     /* as the Alltoall pair: the own block with NT stores where large, the
      * two sides share the copying between them */
     int p = 1 - me;
@@ -586,8 +587,10 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
  * rank writes only into its own half, which the peer does not read; the
  * whole-vector size computes into a scratch copy until both are done.
  * Once a byte of an input is overwritten the message fallback cannot run:
- * a probe round first checks that both can read, and a CMA failure after
- * a write is an error. */
+ * a probe round (tag + 3) first checks that both can read, and a CMA
+ * failure after a write is an error (ERDMA_ERR_STATE).  Either side in
+ * place decides for both (the first header says it), so a pair of which
+ * one rank is in place and the other not agrees too. */
 #define BULK_RED_PIECE ((uint64_t)64 << 10)
 #define BULK_RED_HALVES ((uint64_t)256 << 10) /* allreduce: halves from here */
 
@@ -597,6 +600,7 @@ typedef struct {
   uint8_t *out;     /* where byte lo of the result goes */
   int push;         /* also write the result into the peer's rbuf at lo */
   int inplace;      /* out overlays this rank's input at lo */
+  int nocma;        /* trade the inputs as messages (no scratch for CMA in place) */
 } pair_part;
 
 /* The CMA pass over part p; 1 when CMA failed (the fallback takes over).
@@ -657,7 +661,7 @@ static int pair_messages(erdma_engine *e, int peer, int me, const uint8_t *s,
     rc = erdma_reduce_local(s + fall->lo, in, count, op, dtype);
     if (!rc) memcpy(fall->out, in, fall->len);
   } else if (!rc) {
-    memcpy(fall->out, s + fall->lo, fall->len);
+    if (fall->out != s + fall->lo) memcpy(fall->out, s + fall->lo, fall->len);
     rc = erdma_reduce_local(in, fall->out, count, op, dtype);
   }
   free(in);
@@ -668,13 +672,16 @@ static int pair_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t n
                        const pair_part *p, const pair_part *fall, int op, int dtype,
                        const int *ranks, int me, int tag, uint32_t ctx, double timeout) {
   int es = erdma_dtype_size(dtype), peer = ranks[1 - me], rc = 0;
+  /* pad: this rank works in place (either side in place decides the
+   * probe and whether a late CMA failure may still fall back) */
   bulk_hdr mine = {(uintptr_t)sbuf, nbytes, (uintptr_t)rbuf, 0, 0, 0, 0,
-                   (uint32_t)shm_cma_ok(e, peer), 0},
+                   (uint32_t)(shm_cma_ok(e, peer) && !p->nocma), (uint32_t)p->inplace},
            theirs;
   if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
   if (theirs.len != nbytes) return ERDMA_ERR_TRUNCATE;
+  int inplace = p->inplace || theirs.pad;
   int wrote = 0, fail = !mine.cma || !theirs.cma;
-  if (!fail && p->inplace && p->push && p->len) {
+  if (!fail && inplace && p->push && p->len) {
     /* both must be able to read before either overwrites an input: a probe
      * of one element, then a round that says whether it worked */
     uint8_t probe[16];
@@ -692,7 +699,7 @@ static int pair_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t n
   if (rc) return rc;
   if (rc2) return rc2;
   if (!done.done && !tdone.done) return 0;
-  if (p->inplace && (done.done2 || tdone.done2)) return ERDMA_ERR_PEER; /* inputs gone */
+  if (inplace && (done.done2 || tdone.done2)) return ERDMA_ERR_STATE; /* inputs gone */
   return pair_messages(e, peer, me, sbuf, fall, es, op, dtype, tag + 2, ctx, timeout);
 }
 
@@ -705,7 +712,7 @@ int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uin
   if (!sbuf) sbuf = rbuf; /* in place */
   int inplace = sbuf == rbuf;
   uint64_t nbytes = count * (uint64_t)es, half = count / 2 * (uint64_t)es;
-  pair_part whole = {0, nbytes, 0, rbuf, 0, 0}, p = whole;
+  pair_part whole = {0, nbytes, 0, rbuf, 0, 0, 0}, p = whole;
   uint8_t *scratch = NULL;
   if (nbytes >= BULK_RED_HALVES) { /* rank 0 the first half, rank 1 the rest */
     p.lo = me ? half : 0;
@@ -714,8 +721,10 @@ int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uin
     p.push = 1;
     p.inplace = inplace;
   } else if (inplace && nbytes) { /* the peer reads all of our input to the end */
-    if (!(scratch = malloc(nbytes))) return ERDMA_ERR_NOMEM;
-    whole.out = p.out = scratch;
+    if ((scratch = malloc(nbytes)))
+      whole.out = p.out = scratch;
+    else
+      p.nocma = 1; /* messages: our input is sent before it is overwritten */
   }
   int rc = pair_reduce(e, sbuf, rbuf, nbytes, &p, &whole, op, dtype, ranks, me, tag, ctx,
                        timeout);
@@ -732,6 +741,6 @@ int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf
       sbuf == rbuf)
     return ERDMA_ERR_INVAL;
   uint64_t blk = count * (uint64_t)es;
-  pair_part p = {me * blk, blk, (1 - me) * blk, rbuf, 0, 0};
+  pair_part p = {me * blk, blk, (1 - me) * blk, rbuf, 0, 0, 0};
   return pair_reduce(e, sbuf, rbuf, 2 * blk, &p, &p, op, dtype, ranks, me, tag, ctx, timeout);
 }
