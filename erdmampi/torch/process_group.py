@@ -113,12 +113,6 @@ class _Contig:
                 self.t.copy_(self.buf)
 
 
-def _spec(t: torch.Tensor):
-    """The buffer of a flat uint8 tensor in a [buf, counts, displs, type] spec:
-    a numpy view on the host, the tensor itself (DLPack) on a device."""
-    return t.numpy() if t.device.type == "cpu" else t
-
-
 def _cuda_sync():
     """Let the kernels queued on the current CUDA stream finish before the
     worker thread reads or writes the tensors (a no-op without CUDA)."""
@@ -472,8 +466,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
             scounts = [t.numel() * t.element_size() for t in input_tensors]
             rcounts = [t.numel() * t.element_size() for t in output_tensors]
             recv = torch.empty(sum(rcounts), dtype=torch.uint8, device=send.device)
-            c.Alltoallv([_spec(send), scounts, _displs(scounts), MPI.BYTE],
-                                 [_spec(recv), rcounts, _displs(rcounts), MPI.BYTE])
+            c.Alltoallv([_host(send), scounts, _displs(scounts), MPI.BYTE],
+                                 [_host(recv), rcounts, _displs(rcounts), MPI.BYTE])
             with torch.no_grad():
                 for o, chunk in zip(output_tensors, torch.split(recv, rcounts)):
                     o.copy_(chunk.view(o.dtype).view(o.shape))
@@ -486,8 +480,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
         rcounts = self._splits(out.buf, output_split_sizes, "output")
 
         def run(c):
-            c.Alltoallv([_spec(_bytes(src)), scounts, _displs(scounts), MPI.BYTE],
-                                 [_spec(_bytes(out.buf)), rcounts, _displs(rcounts), MPI.BYTE])
+            c.Alltoallv([_host(_bytes(src)), scounts, _displs(scounts), MPI.BYTE],
+                                 [_host(_bytes(out.buf)), rcounts, _displs(rcounts), MPI.BYTE])
             out.back()
         return self._submit("all_to_all_single", [output], run, opts, uses=[input])
 
