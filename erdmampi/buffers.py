@@ -330,7 +330,7 @@ def _from_cai(obj, readonly):
         raw = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(dev_ptr), dtype=np.uint8)
         return _Raw(obj, raw, fmt)
     download, upload = _device_copier(obj, dev_ptr, nbytes, stream)
-    return _Raw(obj, np.empty(nbytes, np.uint8), fmt, device=True,
+    return _Raw(obj, _staging(nbytes), fmt, device=True,
                 download=download, upload=None if readonly else upload)
 
 
@@ -366,6 +366,33 @@ def _from_cai(obj, readonly):
 # attributes; Numba copies through unified addressing in the current
 # context).  Staging uses CuPy, else Numba (not its simulator, whose arrays
 # are host memory exported as CPU DLPack), else ``libcudart`` via ctypes.
+
+
+# staging areas from this size on are pinned (below it a plain array costs less
+# than a trip to the pool)
+_PIN_MIN = 64 * 1024
+
+
+def _staging(nbytes):
+    """A host staging area of ``nbytes``: pinned memory from CuPy's pinned
+    pool where CuPy is installed (the copies are direct DMA, and the pool
+    hands the pages back for the next message: no page faults each time),
+    else a plain array."""
+    global _CUPYX
+    if nbytes >= _PIN_MIN and _CUPYX is not False:
+        try:
+            if _CUPYX is None:
+                import cupyx  # noqa: PLC0415
+                _CUPYX = cupyx
+            return _CUPYX.empty_pinned((nbytes,), np.uint8)
+        except ImportError:
+            _CUPYX = False
+        except Exception:  # noqa: BLE001  (no driver, pinning refused: a plain array)
+            pass
+    return np.empty(nbytes, np.uint8)
+
+
+_CUPYX = None   # the cupyx module once imported; False: not installed
 
 
 def _pointer_attributes():
@@ -597,7 +624,7 @@ def _from_dlpack_device(obj, readonly, device_type, device_id):
         # has no __cuda_array_interface__ typestr)
         keep = (obj, view.capsule)
         download, upload = _device_copier(keep, view.addr, view.nbytes)
-        return _Raw(keep, np.empty(view.nbytes, np.uint8), _view_format(view), device=True,
+        return _Raw(keep, _staging(view.nbytes), _view_format(view), device=True,
                     download=download, upload=None if readonly else upload)
     try:
         import cupy  # noqa: PLC0415
@@ -616,7 +643,7 @@ def _from_dlpack_device(obj, readonly, device_type, device_id):
         return _Raw(obj, np.empty(0, np.uint8), fmt, device=True)
     flat = cupy.ndarray((darr.nbytes,), cupy.uint8, darr.data)
     download, upload = _cupy_copier(cupy, flat, None)
-    return _Raw((obj, darr), np.empty(darr.nbytes, np.uint8), fmt, device=True,
+    return _Raw((obj, darr), _staging(darr.nbytes), fmt, device=True,
                 download=download, upload=None if readonly else upload)
 
 

@@ -317,6 +317,31 @@ def test_cuda_tensors():
 
 
 @needs_cuda
+def test_cuda_collective_follows_the_stream_without_blocking_the_caller():
+    """all_reduce(async_op=True) of a tensor that a queued kernel is still
+    about to write: the call returns while the GPU is busy (the worker, not
+    the caller, waits for the stream), and the result holds that write."""
+    code = ("import time, torch, torch.distributed as dist, erdmampi.torch\n"
+            "dist.init_process_group('erdma')\n"
+            "r = dist.get_rank()\n"
+            "t = torch.zeros(1 << 20, device='cuda')\n"
+            "dist.all_reduce(t); torch.cuda.synchronize()\n"
+            "torch.cuda._sleep(int(2e9))\n"          # about a second of GPU cycles
+            "t.fill_(r + 1)\n"
+            "t0 = time.perf_counter()\n"
+            "w = dist.all_reduce(t, async_op=True)\n"
+            "dt = time.perf_counter() - t0\n"
+            "w.wait()\n"
+            "print(r, 'submit', f'{dt:.3f}', 'value', t[0].item(), t[-1].item(), flush=True)\n")
+    res = _run(2, code, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for r in range(2):
+        m = re.search(rf"^{r} submit (\S+) value 3.0 3.0$", res.stdout, re.M)
+        assert m, res.stdout
+        assert float(m.group(1)) < 0.3, res.stdout
+
+
+@needs_cuda
 @pytest.mark.parametrize("n", [2, 3])
 def test_ops_on_cuda_match_gloo_on_cpu(n):
     """Every operation of torch_ops.py on CUDA tensors gives the values gloo

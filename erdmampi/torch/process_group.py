@@ -16,9 +16,13 @@ straight away as nonblocking erdmampi requests on a second communicator, and
 a poller thread completes them, so a send and a receive issued in any order
 never wait for each other.
 
-Tensors go to erdmampi as they are (DLPack: no copy for contiguous CPU
-tensors, bfloat16 included); a non-contiguous tensor is copied into a
-contiguous one and the result copied back.
+CPU tensors go to erdmampi as they are (numpy views or DLPack: no copy when
+contiguous, bfloat16 included); a non-contiguous tensor is copied into a
+contiguous one and the result copied back.  A CUDA tensor is copied into
+pinned host memory on the caller's current stream (no wait there: the worker
+waits for an event recorded after the copy), erdmampi works on that host
+copy, and the worker copies results back to the device before the
+operation completes.
 """
 
 from __future__ import annotations
@@ -94,14 +98,21 @@ def _backend_error(msg: str, cause: Optional[BaseException] = None) -> dist.Dist
 
 
 class _Contig:
-    """A contiguous stand-in for ``t`` (``t`` itself when it already is);
-    :meth:`back` copies results into ``t`` when a copy was made."""
+    """A contiguous host stand-in for ``t``: ``t`` itself when it is a
+    contiguous CPU tensor, a contiguous copy of a strided one, a pinned host
+    copy of a CUDA tensor (queued on the current stream, without waiting:
+    see :func:`_marks`); ``fill=False`` leaves the stand-in's contents
+    undefined.  :meth:`back` copies results into ``t`` when a copy was made."""
 
     __slots__ = ("t", "buf")
 
     def __init__(self, t: torch.Tensor, fill: bool = True):
         self.t = t
-        if t.is_contiguous():
+        if t.is_cuda:
+            self.buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            if fill:
+                self.buf.copy_(t, non_blocking=True)
+        elif t.is_contiguous():
             self.buf = t
         else:
             self.buf = t.contiguous() if fill else torch.empty(t.shape, dtype=t.dtype,
@@ -118,6 +129,33 @@ def _cuda_sync():
     worker thread reads or writes the tensors (a no-op without CUDA)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.current_stream().synchronize()
+
+
+def _marks(tensors) -> list:
+    """What a worker waits for before it touches host copies of ``tensors``:
+    an event on the current stream of each CUDA device among them, recorded
+    after the copies :class:`_Contig` queued there, so the caller goes on
+    queueing work.  With no CUDA tensor among them (CPU tensors in a process
+    that uses CUDA, which copies queued on the stream may still write) the
+    current stream is synchronised here instead."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    devices = {t.device for t in tensors if t.is_cuda}
+    if not devices:
+        _cuda_sync()
+        return []
+    marks = []
+    for d in devices:
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(d))
+        marks.append(ev)
+    return marks
+
+
+def _host_empty(shape, dtype, like: torch.Tensor) -> torch.Tensor:
+    """A host tensor for results bound for ``like``'s device (pinned for a
+    CUDA tensor, so the copy to the device is a direct DMA)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=like.is_cuda)
 
 
 # element types numpy shares with torch: a CPU tensor of one of these goes to
@@ -382,14 +420,12 @@ class ProcessGroupErdma(dist.ProcessGroup):
         return self._submit("reduce", list(tensors), run, opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        pairs = list(zip(output_tensors, input_tensors))
+        pairs = [(outs, _Contig(inp).buf) for outs, inp in zip(output_tensors, input_tensors)]
         self._check_lists(pairs, "allgather")
 
         def run(c):
-            for outs, inp in pairs:
-                src = inp.contiguous()
-                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype,
-                                  device=src.device)
+            for outs, src in pairs:
+                tmp = _host_empty((self._size,) + tuple(src.shape), src.dtype, outs[0])
                 c.Allgather(_host(_bytes(src)), _host(_bytes(tmp)))
                 with torch.no_grad():
                     for o, r in zip(outs, tmp):
@@ -400,9 +436,10 @@ class ProcessGroupErdma(dist.ProcessGroup):
     def all_gather_single(self, output_tensor, input_tensor, opts=None):
         out = _Contig(output_tensor, fill=False)
         self._check_numel(out.buf, input_tensor, self._size, "all_gather_into_tensor")
+        src = _Contig(input_tensor).buf
 
         def run(c):
-            c.Allgather(_host(_bytes(input_tensor.contiguous())), _host(_bytes(out.buf)))
+            c.Allgather(_host(_bytes(src)), _host(_bytes(out.buf)))
             out.back()
         return self._submit("all_gather_into_tensor", [output_tensor], run, opts,
                             uses=[input_tensor])
@@ -421,14 +458,16 @@ class ProcessGroupErdma(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         red = self._red(opts, output_tensors)
-        pairs = list(zip(output_tensors, input_tensors))
-        self._check_lists([(ins, out) for out, ins in pairs], "reduce_scatter")
+        self._check_lists([(ins, out) for out, ins in zip(output_tensors, input_tensors)],
+                          "reduce_scatter")
+        pairs = [(out, [_Contig(t).buf for t in ins])
+                 for out, ins in zip(output_tensors, input_tensors)]
 
         def run(c):
             for out, ins in pairs:
                 send = red.scaled(torch.stack([t.reshape(out.shape) for t in ins]), inplace=True)
                 o = _Contig(out, fill=False)
-                c.Reduce_scatter_block(send, o.buf, op=red.mpi)
+                c.Reduce_scatter_block(_host(send), _host(o.buf), op=red.mpi)
                 if red.name == "AVG":
                     self._avg(o.buf)
                 o.back()
@@ -439,10 +478,11 @@ class ProcessGroupErdma(dist.ProcessGroup):
         red = self._red(opts, [input_tensor])
         out = _Contig(output_tensor, fill=False)
         self._check_numel(input_tensor, out.buf, self._size, "reduce_scatter_tensor")
+        src = _Contig(input_tensor).buf
 
         def run(c):
-            send = red.scaled(input_tensor.contiguous(), inplace=False)
-            c.Reduce_scatter_block(send, out.buf, op=red.mpi)
+            send = red.scaled(src, inplace=False)
+            c.Reduce_scatter_block(_host(send), _host(out.buf), op=red.mpi)
             if red.name == "AVG":
                 self._avg(out.buf)
             out.back()
@@ -461,11 +501,13 @@ class ProcessGroupErdma(dist.ProcessGroup):
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
             raise ValueError(f"erdma: all_to_all needs {self._size} input and output tensors")
 
+        srcs = [_Contig(t).buf for t in input_tensors]
+
         def run(c):
-            send = torch.cat([_bytes(t.contiguous()) for t in input_tensors])
+            send = torch.cat([_bytes(t) for t in srcs])
             scounts = [t.numel() * t.element_size() for t in input_tensors]
             rcounts = [t.numel() * t.element_size() for t in output_tensors]
-            recv = torch.empty(sum(rcounts), dtype=torch.uint8, device=send.device)
+            recv = _host_empty(sum(rcounts), torch.uint8, output_tensors[0])
             c.Alltoallv([_host(send), scounts, _displs(scounts), MPI.BYTE],
                                  [_host(recv), rcounts, _displs(rcounts), MPI.BYTE])
             with torch.no_grad():
@@ -475,7 +517,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         out = _Contig(output, fill=False)
-        src = input.contiguous()
+        src = _Contig(input).buf
         scounts = self._splits(src, input_split_sizes, "input")
         rcounts = self._splits(out.buf, output_split_sizes, "output")
 
@@ -494,17 +536,17 @@ class ProcessGroupErdma(dist.ProcessGroup):
         if self._rank == root and len(outs) != self._size:
             raise ValueError(f"erdma: gather needs {self._size} output tensors on the root")
 
+        src = _Contig(inp).buf
+
         def run(c):
-            src = inp.contiguous()
             if self._rank == root:
-                tmp = torch.empty((self._size,) + tuple(src.shape), dtype=src.dtype,
-                                  device=src.device)
-                c.Gather(_bytes(src), _bytes(tmp), root=root)
+                tmp = _host_empty((self._size,) + tuple(src.shape), src.dtype, outs[0])
+                c.Gather(_host(_bytes(src)), _host(_bytes(tmp)), root=root)
                 with torch.no_grad():
                     for o, r in zip(outs, tmp):
                         o.copy_(r.view(o.shape))
             else:
-                c.Gather(_bytes(src), None, root=root)
+                c.Gather(_host(_bytes(src)), None, root=root)
         return self._submit("gather", list(outs), run, opts, uses=[inp])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -513,12 +555,13 @@ class ProcessGroupErdma(dist.ProcessGroup):
         ins = input_tensors[0] if self._rank == root else []
         if self._rank == root and len(ins) != self._size:
             raise ValueError(f"erdma: scatter needs {self._size} input tensors on the root")
+        srcs = [_Contig(t).buf for t in ins]
 
         def run(c):
             send = None
             if self._rank == root:
-                send = _bytes(torch.stack([t.reshape(out.buf.shape) for t in ins]))
-            c.Scatter(send, _bytes(out.buf), root=root)
+                send = _host(_bytes(torch.stack([t.reshape(out.buf.shape) for t in srcs])))
+            c.Scatter(send, _host(_bytes(out.buf)), root=root)
             out.back()
         return self._submit("scatter", [output_tensors[0]], run, opts, uses=list(ins))
 
@@ -528,10 +571,10 @@ class ProcessGroupErdma(dist.ProcessGroup):
     # -- point to point -----------------------------------------------------
 
     def send(self, tensors, dst, tag=0):
-        src = tensors[0].contiguous()
+        src = _Contig(tensors[0]).buf
         self._check_ok()
         _cuda_sync()
-        req = self._p2p.Isend(_bytes(src), dest=dst, tag=tag)
+        req = self._p2p.Isend(_host(_bytes(src)), dest=dst, tag=tag)
         return self._post("send", [tensors[0]], req, None, keep=src)
 
     def recv(self, tensors, src, tag=0):
@@ -545,7 +588,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         self._check_ok()
         _cuda_sync()
         status = MPI.Status()
-        req = self._p2p.Irecv(_bytes(out.buf), source=src, tag=tag)
+        req = self._p2p.Irecv(_host(_bytes(out.buf)), source=src, tag=tag)
 
         def done(work):
             out.back()
@@ -646,7 +689,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
                 lane.queue.clear()
             pending, self._pending = self._pending, []
             self._lock.notify_all()
-        for _, w, _ in queued:
+        for _, w, *_ in queued:
             w._finish(self._error)
         for _, w, _, _ in pending:
             w._finish(self._error)
@@ -669,7 +712,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
             if t > 0:
                 work._timeout_s = t
         self._check_ok()
-        _cuda_sync()
+        marks = _marks([*result, *uses])
         with self._lock:
             i = self._pin if self._pin is not None else self._next_lane()
             lane = self._lanes[i]
@@ -681,7 +724,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
                             and not ln.last.is_completed()]
                 deps += self._conflicts(i, work, result, uses)
             lane.last = work
-            lane.queue.append((fn, work, deps))
+            lane.queue.append((fn, work, deps, marks))
             self._lock.notify_all()
         return work
 
@@ -710,9 +753,11 @@ class ProcessGroupErdma(dist.ProcessGroup):
                     self._lock.wait()
                 if not lane.queue:
                     return
-                fn, work, deps = lane.queue.popleft()
+                fn, work, deps, marks = lane.queue.popleft()
             for d in deps:                  # earlier operations of other lanes
                 d._event.wait()
+            for m in marks:                 # the copies to the host (GIL released)
+                m.synchronize()
             if self._error is not None:
                 work._finish(self._error)
                 continue
