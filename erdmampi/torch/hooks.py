@@ -110,7 +110,7 @@ def _quantized(state, group, index, buf, size):
     enc = codec.encode(src.numpy(), feedback=fb)
     local = torch.from_numpy(np.array(enc, copy=True))
     state.sent_bytes += local.numel()
-    gathered = torch.empty(size * local.numel(), dtype=torch.uint8)
+    gathered = torch.empty(size * local.numel(), dtype=torch.uint8, device="cpu")
     pg = _erdma_pg(group)
     if pg is not None:
         fut = pg.all_gather_single(gathered, local).get_future()

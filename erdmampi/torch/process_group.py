@@ -109,7 +109,7 @@ class _Contig:
     def __init__(self, t: torch.Tensor, fill: bool = True):
         self.t = t
         if t.is_cuda:
-            self.buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
             if fill:
                 self.buf.copy_(t, non_blocking=True)
         elif t.is_contiguous():
@@ -155,7 +155,7 @@ def _marks(tensors) -> list:
 def _host_empty(shape, dtype, like: torch.Tensor) -> torch.Tensor:
     """A host tensor for results bound for ``like``'s device (pinned for a
     CUDA tensor, so the copy to the device is a direct DMA)."""
-    return torch.empty(shape, dtype=dtype, pin_memory=like.is_cuda)
+    return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=like.is_cuda)
 
 
 # element types numpy shares with torch: a CPU tensor of one of these goes to
