@@ -432,6 +432,7 @@ class Engine:
             cfg.cc_log = 2 if config.get("ERDMA_CC_LOG_ALL") else 1
         cfg.path_log_ms = config.get("ERDMA_PATH_LOG_MS")
         cfg.pace = int(config.get("ERDMA_PACE"))
+        cfg.max_pacing_rate = config.get("ERDMA_MAX_PACING_RATE") or 0
         cfg.launcher_pid = config.get("ERDMA_LAUNCHER_PID") or 0
         cfg.trace_msgs = config.get("ERDMA_TRACE_MSGS")
         cfg.dpdk_copy = int(config.get("ERDMA_DPDK_COPY"))

@@ -109,6 +109,9 @@ VARS_LIST = (
        ("ERDMA_PACE", "bool", False, "BBR paths: the engine paces each connection's bursts "
         "at BBR's rate (default off: ngtcp2's pacing lets back-to-back bursts through at the "
         "congestion window's pace; on for the torch backend, whose traffic comes in bursts)"),
+       ("ERDMA_MAX_PACING_RATE", "size", 0, "bytes per second: ceiling of each QUIC "
+        "connection's pacing rate, as Linux's SO_MAX_PACING_RATE (e.g. 11M for a 100 Mbit/s "
+        "uplink); set, the engine paces BBR connections (0: no ceiling)", {"lo": 0}),
        ("ERDMA_SOCK_BUF", "size", None, "UDP socket buffer bytes (16M)", {"lo": 0}),
        ("ERDMA_DATA_STREAMS", "int", None, "QUIC streams per peer for large payloads (4; 0: "
         "the control stream)", {"lo": 0, "hi": 16}),

@@ -85,6 +85,9 @@ typedef struct erdma_config {
   int pace;                  /* 1: BBR connections are paced by the engine at BBR's rate
                                 (0, the default: ngtcp2's pacing alone, which lets
                                 bursts through) */
+  uint64_t max_pacing_rate;  /* bytes per second: ceiling of each connection's pacing
+                                rate, as Linux's SO_MAX_PACING_RATE (0: none); a
+                                ceiling makes the engine pace BBR connections */
   int sock_buf;              /* SO_SNDBUF/SO_RCVBUF bytes (forced when allowed) */
   int data_streams;          /* unidirectional streams per peer for payload (0: none) */
   int lanes;                 /* QUIC connections to each peer on another host (1-8; 0:

@@ -652,6 +652,7 @@ static void fill_params(erdma_conn *c, erdma_quic_params *p) {
   p->idle_timeout = (uint64_t)(cfg->idle_timeout * NGTCP2_SECONDS);
   p->ack_thresh = 16; /* fewer ACK-only packets on bulk transfers */
   p->pace = cfg->pace;
+  p->max_pacing_rate = cfg->max_pacing_rate;
   p->max_streams_bidi = 4;
   p->max_streams_uni = ERDMA_MAX_DSTREAMS;
   p->log = cfg->cc_log > 0;

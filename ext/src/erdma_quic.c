@@ -28,8 +28,10 @@ struct erdma_quic {
   int ncids;
   struct sockaddr_storage local, remote; /* remote: where the caller sends */
   socklen_t local_len, remote_len;
-  /* pacing (pace_rate): on, and the earliest time of the next burst */
+  /* pacing (pace_rate): on, its ceiling (bytes per ns, 0: none), and the
+   * earliest time of the next burst */
   int pace;
+  double pace_cap;
   uint64_t pace_next;
 };
 
@@ -395,7 +397,8 @@ static erdma_quic *quic_alloc(const erdma_quic_params *p, const erdma_quic_callb
   q->user = user;
   q->client = client;
   q->cid_tag = p->cid_tag;
-  q->pace = p->pace;
+  q->pace = p->pace || p->max_pacing_rate;
+  q->pace_cap = (double)p->max_pacing_rate / NGTCP2_SECONDS;
   if (p->local && p->local_len <= (socklen_t)sizeof q->local) {
     memcpy(&q->local, p->local, p->local_len);
     q->local_len = p->local_len;
@@ -595,7 +598,9 @@ int erdma_quic_read(erdma_quic *q, const uint8_t *d, size_t n,
 /* the rate to pace at in bytes per ns, or 0: no pacing of our own */
 static double pace_rate(const erdma_quic *q, const ngtcp2_conn_stat *cs) {
   if (!q->pace || cs->pacing_rate <= 0) return 0; /* off, or not BBR: ngtcp2's own */
-  return cs->pacing_rate < FAST_PACE ? cs->pacing_rate : 0;
+  double rate = cs->pacing_rate;
+  if (q->pace_cap > 0 && rate > q->pace_cap) rate = q->pace_cap;
+  return rate < FAST_PACE ? rate : 0;
 }
 
 /* Packets in one burst: ngtcp2's send quantum, but at least what the

@@ -96,6 +96,7 @@ typedef struct erdma_quic_params {
   uint64_t ack_thresh;             /* 0: ngtcp2's default */
   int pace;                        /* BBR: erdma_quic_flush paces the bursts at BBR's
                                       rate (0: ngtcp2's pacing alone) */
+  uint64_t max_pacing_rate;        /* bytes per second, ceiling of that rate (0: none) */
   uint64_t max_streams_bidi, max_streams_uni;  /* the peer may open (0: 4, 16) */
   uint32_t cid_tag;                /* the first 4 bytes of every CID we issue */
   uint32_t dcid_tag;               /* client: ... of the first Destination CID */

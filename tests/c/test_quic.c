@@ -66,6 +66,7 @@ static struct {
   int corrupt_next;          /* flip a byte in the next datagrams (count) */
   /* the connections' congestion control and pacing (params) */
   int cc_algo, pace;
+  uint64_t max_pacing_rate;
   /* the client's bursts: when, how many bytes, BBR's pacing rate then */
   uint64_t *burst_at, *burst_bytes;
   double *burst_rate;
@@ -241,6 +242,7 @@ static void params(ep *p, erdma_quic_params *q) {
   memset(q, 0, sizeof *q);
   q->cc_algo = W.cc_algo;
   q->pace = W.pace;
+  q->max_pacing_rate = W.max_pacing_rate;
   q->max_udp_payload = PKT;
   q->conn_window = 1u << 20;
   q->stream_window = 1u << 20;
@@ -687,13 +689,14 @@ static double peak_send_rate(void) {
  * (as a training step's gradients), paced by erdma_quic or not: how many
  * bursts left sooner after the one before than its bytes take at BBR's
  * pacing rate, the peak send rate, and the time taken */
-static void bursts_over_bottleneck(int *failed_, int pace, size_t *early, size_t *bursts,
-                                   double *peak, uint64_t *took) {
+static void bursts_over_bottleneck(int *failed_, int pace, uint64_t cap, size_t *early,
+                                   size_t *bursts, double *peak, uint64_t *took) {
   enum { BURST = 1u << 20, BURSTS = 8, MAXB = 100000 };
   uint8_t *data = pattern(BURSTS * BURST, 7);
   world_new();
   W.cc_algo = NGTCP2_CC_ALGO_BBR;
   W.pace = pace;
+  W.max_pacing_rate = cap;
   W.rate = 12500000;
   W.burst_cap = MAXB;
   W.burst_at = calloc(MAXB, sizeof *W.burst_at);
@@ -734,9 +737,9 @@ TEST(bbr_bursts_keep_to_the_pacing_rate) {
   size_t early_off, early_on, n_off, n_on;
   double peak_off, peak_on;
   uint64_t took_off, took_on;
-  bursts_over_bottleneck(failed_, 0, &early_off, &n_off, &peak_off, &took_off);
+  bursts_over_bottleneck(failed_, 0, 0, &early_off, &n_off, &peak_off, &took_off);
   if (*failed_) return;
-  bursts_over_bottleneck(failed_, 1, &early_on, &n_on, &peak_on, &took_on);
+  bursts_over_bottleneck(failed_, 1, 0, &early_on, &n_on, &peak_on, &took_on);
   if (*failed_) return;
   fprintf(stderr, "8 x 1 MiB over a 12.5 MB/s bottleneck: ngtcp2 alone %zu of %zu bursts "
           "ahead of BBR's pacing rate, peak %.1f MB/s, %.0f ms; paced %zu of %zu, peak "
@@ -746,6 +749,25 @@ TEST(bbr_bursts_keep_to_the_pacing_rate) {
   CHECK(early_off >= n_off / 20); /* ngtcp2 alone lets bursts through back to back */
   /* without costing time: the bottleneck sets it either way */
   CHECK(took_on <= took_off + took_off / 10);
+}
+
+/* a ceiling on the pacing rate (max_pacing_rate, without params.pace): the
+ * sender keeps below it, where BBR's own pacing overshoots the bottleneck */
+TEST(pacing_rate_ceiling) {
+  size_t early, n;
+  double peak_bbr, peak_cap;
+  uint64_t took_bbr, took_cap;
+  bursts_over_bottleneck(failed_, 1, 0, &early, &n, &peak_bbr, &took_bbr);
+  if (*failed_) return;
+  bursts_over_bottleneck(failed_, 0, 10000000, &early, &n, &peak_cap, &took_cap);
+  if (*failed_) return;
+  fprintf(stderr, "8 x 1 MiB over a 12.5 MB/s bottleneck: BBR's pacing peak %.1f MB/s, "
+          "%.0f ms; ceiling 10 MB/s peak %.1f MB/s, %.0f ms\n", peak_bbr / 1e6,
+          took_bbr / 1e6, peak_cap / 1e6, took_cap / 1e6);
+  CHECK(peak_bbr > 12.5e6);          /* above the bottleneck: its queue grows */
+  CHECK(peak_cap <= 10e6 * 1.15);    /* 5 ms bins: within a burst of the ceiling */
+  /* 8 MiB at 10 MB/s take 0.84 s; the idle gaps 0.8 s, the handshake's RTTs */
+  CHECK(took_cap >= 840 * NGTCP2_MILLISECONDS);
 }
 
 CTEST_MAIN()
