@@ -433,6 +433,7 @@ class Engine:
         cfg.path_log_ms = config.get("ERDMA_PATH_LOG_MS")
         cfg.pace = int(config.get("ERDMA_PACE"))
         cfg.max_pacing_rate = config.get("ERDMA_MAX_PACING_RATE") or 0
+        cfg.pace_learn = int(config.get("ERDMA_PACE_LEARN"))
         cfg.launcher_pid = config.get("ERDMA_LAUNCHER_PID") or 0
         cfg.trace_msgs = config.get("ERDMA_TRACE_MSGS")
         cfg.dpdk_copy = int(config.get("ERDMA_DPDK_COPY"))
@@ -546,7 +547,8 @@ class Engine:
                                             "to_relay", "to_direct", "direct_probes",
                                             "lane_chunks_sent", "lane_chunks_recv",
                                             "lanes_ready", "conns_pending", "retries_sent",
-                                            "pending_dropped")}
+                                            "pending_dropped", "rate_reports_sent",
+                                            "rate_reports_recv")}
 
     # -- message trace (tests)
     def trace_start(self, cap: int = 1 << 16) -> None:

@@ -109,6 +109,9 @@ VARS_LIST = (
        ("ERDMA_PACE", "bool", False, "BBR paths: the engine paces each connection's bursts "
         "at BBR's rate (default off: ngtcp2's pacing lets back-to-back bursts through at the "
         "congestion window's pace; on for the torch backend, whose traffic comes in bursts)"),
+       ("ERDMA_PACE_LEARN", "bool", True, "a QUIC connection that paces (ERDMA_PACE, or a "
+        "ceiling) keeps below 1.25 x the rate its packets reach the peer at, which the peer "
+        "reports (RATE frames): bursts no longer overflow the bottleneck's queue"),
        ("ERDMA_MAX_PACING_RATE", "size", 0, "bytes per second: ceiling of each QUIC "
         "connection's pacing rate, as Linux's SO_MAX_PACING_RATE (e.g. 11M for a 100 Mbit/s "
         "uplink); set, the engine paces BBR connections (0: no ceiling)", {"lo": 0}),

@@ -33,8 +33,10 @@ from cryptography.x509.oid import NameOID
 
 ALPN = "erdma/1"
 HEADER = struct.Struct("<BBHIiIQQ")  # type, flags, 0, ctx, tag, 0, len, id
-HELLO, EAGER, RTS, CTS, DATA = 1, 2, 3, 4, 5
-TYPE_NAMES = {HELLO: "HELLO", EAGER: "EAGER", RTS: "RTS", CTS: "CTS", DATA: "DATA"}
+HELLO, EAGER, RTS, CTS, DATA, RATE = 1, 2, 3, 4, 5, 7
+TYPE_NAMES = {HELLO: "HELLO", EAGER: "EAGER", RTS: "RTS", CTS: "CTS", DATA: "DATA",
+              RATE: "RATE"}
+RATE_MIN, RATE_MAX = 1 << 20, 1 << 40
 FLAG_SYNC = 1
 EAGER_LIMIT = 65536
 
@@ -232,6 +234,7 @@ class ErdmaPeer:
         self.hello = loop.create_future()
         self._cts: dict[int, asyncio.Future] = {}
         self._rndv: dict[int, Frame] = {}   # our receive id -> the RTS
+        self.rates: list[int] = []           # RATE frames the engine sent us
         self._next_id = 1000                # unlike the engine's ids, on purpose
         self._task = loop.create_task(self._dispatch())
 
@@ -318,6 +321,11 @@ class ErdmaPeer:
             if fut is None:
                 raise WireError(f"CTS for unknown send id {f.id}")
             fut.set_result(f.length)
+        elif f.type == RATE:
+            # the rate our packets reach the engine at: this peer does not pace
+            if not RATE_MIN <= f.length <= RATE_MAX:
+                raise WireError(f"RATE of {f.length} bytes/s")
+            self.rates.append(f.length)
 
 
 # -------------------------------------------------------- conveniences

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("aioquic")
 
 from erdmampi._engine import ERR_PEER  # noqa: E402
-from evil_peer import (CHUNK, CTS, DATA, EAGER, FLAG_CHUNKS, FLAG_CMA, RTS, EvilPeer,  # noqa: E402
+from evil_peer import (CHUNK, CTS, DATA, EAGER, FLAG_CHUNKS, FLAG_CMA, RATE, RTS, EvilPeer,  # noqa: E402
                        Victim, attack, frame)
 from harness import run_mpi  # noqa: E402
 from quic_peer import HELLO, Identity  # noqa: E402
@@ -164,6 +164,14 @@ async def data_stream_ends_inside_frame(peer, v):
     peer.send(frame(CHUNK, off=0, length=1000, id=rid, payload=b"f" * 10), stream=1, end=True)
 
 
+async def rate_too_low(peer, v):
+    peer.send(frame(RATE, length=1))        # would hold our pacing to a byte a second
+
+
+async def rate_too_high(peer, v):
+    peer.send(frame(RATE, length=2**64 - 1))
+
+
 async def control_stream_ends(peer, v):
     peer.send(b"", end=True)
 
@@ -179,7 +187,7 @@ VIOLATIONS = [unknown_type, second_hello, eager_oversized, eager_huge, data_unis
               chunk_unissued_id, eager_on_data_stream, cts_unissued_id, cts_cma_over_quic,
               rts_cma_over_quic, chunk_beyond_end, chunk_offset_wraps, chunks_overlap,
               data_wrong_length, data_stream_ends_inside_frame, control_stream_ends,
-              data_stream_reset]
+              data_stream_reset, rate_too_low, rate_too_high]
 
 
 @pytest.mark.parametrize("case", VIOLATIONS, ids=lambda f: f.__name__)
@@ -242,8 +250,15 @@ async def receive_refused_by_alloc_cap(peer, v):
     peer.send(frame(CHUNK, off=0, length=1000, id=rid, payload=b"l" * 1000), stream=1)
 
 
+async def rate_reports(peer, v):
+    # arrival rates in range, rising and falling: ceilings on the victim's
+    # pacing, nothing else
+    for rate in (1 << 20, 50 << 20, 3 << 20, 1 << 40):
+        peer.send(frame(RATE, length=rate))
+
+
 LEFTOVERS = [chunk_after_completion, chunks_after_cancel, cts_for_completed_send,
-             receive_refused_by_alloc_cap]
+             receive_refused_by_alloc_cap, rate_reports]
 
 
 @pytest.mark.parametrize("case", LEFTOVERS, ids=lambda f: f.__name__)

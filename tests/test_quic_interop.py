@@ -147,6 +147,39 @@ def test_aioquic_client_talks_to_engine_server(make_engine):
     run(main())
 
 
+def test_engine_reports_the_arrival_rate(make_engine):
+    """During a bulk transfer from the aioquic peer the engine tells it the
+    rate its packets arrive at (RATE frames, docs/wire.md): each report
+    higher than the one before and within the frame's bounds."""
+    eng = make_engine(0)
+    eng.set_peer(1, "127.0.0.1", 9, "")
+    host, port = host_port(eng)
+
+    async def main():
+        connecting = asyncio.ensure_future(asyncio.to_thread(eng.connect))
+        async with client(host, port, configuration(True)) as proto:
+            peer = ErdmaPeer(proto, rank=1, size=2)
+            peer.send_hello()
+            await peer.wait_hello()
+            await connecting
+            data = pattern(8 << 20, 9)
+            req = eng.irecv_alloc(1, 30, CTX)
+            recv = asyncio.ensure_future(asyncio.to_thread(engine_wait_recv, req))
+            assert await peer.send(data, tag=30, ctx=CTX) == "rendezvous"
+            st, got = await recv
+            assert (st.error, got == data) == (0, True)
+            for _ in range(100):
+                if peer.rates:
+                    break
+                await asyncio.sleep(0.02)
+            assert peer.rates, eng.stats()
+            assert all(b > a for a, b in zip(peer.rates, peer.rates[1:])), peer.rates
+            assert eng.stats()["rate_reports_sent"] >= len(peer.rates)
+            await asyncio.to_thread(eng.shutdown, 5.0)
+
+    run(main())
+
+
 def test_engine_refuses_wrong_alpn_then_accepts_right_one(make_engine):
     eng = make_engine(0)
     eng.set_peer(1, "127.0.0.1", 9, "")

@@ -88,6 +88,9 @@ typedef struct erdma_config {
   uint64_t max_pacing_rate;  /* bytes per second: ceiling of each connection's pacing
                                 rate, as Linux's SO_MAX_PACING_RATE (0: none); a
                                 ceiling makes the engine pace BBR connections */
+  int pace_learn;            /* 1: a connection that paces keeps below 1.25 x the rate
+                                its packets reach the peer at (the peer's RATE
+                                frames) */
   int sock_buf;              /* SO_SNDBUF/SO_RCVBUF bytes (forced when allowed) */
   int data_streams;          /* unidirectional streams per peer for payload (0: none) */
   int lanes;                 /* QUIC connections to each peer on another host (1-8; 0:
@@ -157,6 +160,9 @@ typedef struct erdma_stats {
   /* admission: accepted connections without a HELLO now; Retry packets
    * sent; unnamed connections dropped (table full, or no HELLO in time) */
   uint64_t conns_pending, retries_sent, pending_dropped;
+  /* RATE frames: arrival rates told to peers, and told by them (ceilings
+   * on our pacing) */
+  uint64_t rate_reports_sent, rate_reports_recv;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

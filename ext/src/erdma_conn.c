@@ -380,6 +380,18 @@ static int on_header(erdma_conn *c, rx_state *x) {
     }
     x->remaining = h->len; /* a completed or cancelled receive: discarded */
     break;
+  case FR_RATE: {
+    /* the rate our packets reach the peer at: a ceiling for our pacing
+     * towards it, a little above, so that it can still grow */
+    if (h->len < RATE_MIN || h->len > RATE_MAX) return violation(c, "a RATE out of range");
+    uint64_t cap = (uint64_t)((double)h->len * RATE_GAIN);
+    for (int k = 0; e->cfg.pace_learn && k < e->lanes_max; k++) {
+      erdma_conn *l = peer_conn(&e->peers[src], k);
+      if (l && l->q) erdma_quic_set_pace_cap(l->q, cap);
+    }
+    e->stats.rate_reports_recv++;
+    break;
+  }
   default:
     return violation(c, "an unknown frame type");
   }
@@ -930,10 +942,49 @@ int conn_handle_datagram(erdma_engine *e, const uint8_t *data, size_t len,
   c->dirty = 1;
   /* (NAT rebinding: erdma_quic_read moves c->remote through on_path_changed;
    * an error ends the connection through on_closed) */
-  erdma_quic_read(c->q, data, len, from, fromlen, erdma_now(), &authentic);
+  uint64_t now = erdma_now();
+  erdma_quic_read(c->q, data, len, from, fromlen, now, &authentic);
   /* authentic: a 1-RTT packet of a connection to a known rank, from the
    * address that connection has (not another peer's, spoofing it) */
+  if (authentic && c->peer >= 0 && !c->closed) conn_rate_account(e, c->peer, len, now);
   return authentic && c->peer >= 0;
+}
+
+/* The rate a peer's packets arrive at, told back to it (FR_RATE) each time
+ * it grows by a sixteenth.  Packets leave a bottleneck with a queue at the
+ * bottleneck's rate, so while the peer sends faster than its path carries,
+ * this measures the path: a figure ngtcp2 0.12 gives no sender (its
+ * delivery-rate samples run high on bursts).  A bin counts only beside
+ * another (the lower of two in a row), so one late read of a backlog cannot
+ * inflate it. */
+#define RATE_BIN (20 * NGTCP2_MILLISECONDS)
+
+void conn_rate_account(erdma_engine *e, int peer, size_t len, uint64_t now) {
+  peer_info *p = &e->peers[peer];
+  uint64_t span = now - p->rx_bin_at;
+  if (span >= RATE_BIN) {
+    uint64_t rate = 0;
+    if (span < 2 * RATE_BIN && p->rx_bin_at) {
+      rate = p->rx_bin_bytes * NGTCP2_SECONDS / span;
+      uint64_t both = rate < p->rx_prev_rate ? rate : p->rx_prev_rate;
+      if (both > p->rx_rate) p->rx_rate = both;
+    }
+    p->rx_prev_rate = rate; /* after a gap: 0, no neighbour for the next bin */
+    p->rx_bin_at = now;
+    p->rx_bin_bytes = 0;
+    erdma_conn *c = p->conn;
+    if (p->rx_rate >= RATE_MIN && p->rx_rate > p->rx_rate_sent + p->rx_rate_sent / 16 &&
+        c && c->q && c->hello_recv && !c->closed) {
+      frame_hdr h;
+      memset(&h, 0, sizeof h);
+      h.type = FR_RATE;
+      h.len = p->rx_rate < RATE_MAX ? p->rx_rate : RATE_MAX;
+      conn_enqueue(c, &h, NULL, 0, NULL, NULL);
+      p->rx_rate_sent = h.len;
+      e->stats.rate_reports_sent++;
+    }
+  }
+  p->rx_bin_bytes += len;
 }
 
 /* ------------------------------------------------------------------ tx */

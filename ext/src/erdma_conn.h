@@ -22,7 +22,8 @@
 
 /* ---- wire protocol (docs/design.md, "Wire protocol") ---- */
 #define ERDMA_HDR_LEN 32
-enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5, FR_CHUNK = 6 };
+enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5, FR_CHUNK = 6,
+       FR_RATE = 7 };
 #define FR_FLAG_SYNC 1
 #define FR_FLAG_CMA 2 /* shared memory: RTS id = sender address, aux = request id; CTS: done */
 #define FR_FLAG_CHUNKS 4 /* CTS: the payload may come as CHUNK frames on data streams */
@@ -32,7 +33,7 @@ typedef struct frame_hdr {
   uint8_t type, flags;
   uint32_t ctx;   /* HELLO: sender rank */
   int32_t tag;
-  uint64_t len;   /* payload length (EAGER/DATA/RTS); HELLO: world size */
+  uint64_t len;   /* payload length (EAGER/DATA/RTS); HELLO: world size; RATE: bytes/s */
   uint64_t id;    /* RTS, CTS: sender req id; DATA: receiver req id (CTS: len = receiver req id) */
   uint32_t aux;   /* RTS with FR_FLAG_CMA: sender req id */
   uint64_t off;   /* CHUNK: offset of the payload in the message (bytes 8..15) */
@@ -178,6 +179,11 @@ typedef struct peer_info {
   int error;             /* ERDMA_ERR_PEER once lost */
   int closed_by_peer;
   uint64_t unexp_bytes;  /* unexpected messages from it held here (cfg.unexpected_max) */
+  /* The arrival rate of its QUIC packets, all its connections together, in
+   * bins of about RATE_BIN (conn_rate_account): the open bin's start and
+   * bytes, the last closed bin's rate, the highest rate two bins in a row
+   * reached, and the highest told to it in a RATE frame (bytes/s) */
+  uint64_t rx_bin_at, rx_bin_bytes, rx_prev_rate, rx_rate, rx_rate_sent;
 } peer_info;
 
 /* connection k of a peer: 0 the main one, 1.. its lanes (NULL: none) */
@@ -197,6 +203,12 @@ void conn_detach_req(erdma_engine *e, erdma_req *r); /* ... every rx state filli
 void unexp_release(erdma_engine *e, int peer, uint64_t n); /* n bytes of peer's unexpected
                                                               messages are gone */
 void conn_acked(erdma_conn *c, uint64_t upto);
+void conn_rate_account(erdma_engine *e, int peer, size_t len, uint64_t now);
+/* RATE frames: the bounds of a rate a peer may report, and the ceiling a
+ * report sets on our pacing towards it (RATE_GAIN x the rate) */
+#define RATE_MIN (1u << 20)                  /* bytes/s: below it, no report */
+#define RATE_MAX (1ull << 40)
+#define RATE_GAIN 1.25
 void conn_send_payload(erdma_conn *c, erdma_req *r, uint64_t recv_id, int chunks_ok);
 /* every rx state (control stream and data streams) of c */
 #define CONN_RX_COUNT (1 + ERDMA_MAX_DSTREAMS)

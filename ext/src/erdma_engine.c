@@ -74,6 +74,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->max_conn_window = 1024u << 20;
   cfg->sock_buf = 16 << 20;
   cfg->pace = 0;
+  cfg->pace_learn = 1;
   cfg->data_streams = 4;
   cfg->chunk_size = 512u << 10;
   cfg->unexpected_max = 64u << 20;

@@ -31,7 +31,7 @@ struct erdma_quic {
   /* pacing (pace_rate): on, its ceiling (bytes per ns, 0: none), and the
    * earliest time of the next burst */
   int pace;
-  double pace_cap;
+  double pace_cap, pace_cap_cfg;
   uint64_t pace_next;
 };
 
@@ -398,7 +398,7 @@ static erdma_quic *quic_alloc(const erdma_quic_params *p, const erdma_quic_callb
   q->client = client;
   q->cid_tag = p->cid_tag;
   q->pace = p->pace || p->max_pacing_rate;
-  q->pace_cap = (double)p->max_pacing_rate / NGTCP2_SECONDS;
+  q->pace_cap = q->pace_cap_cfg = (double)p->max_pacing_rate / NGTCP2_SECONDS;
   if (p->local && p->local_len <= (socklen_t)sizeof q->local) {
     memcpy(&q->local, p->local, p->local_len);
     q->local_len = p->local_len;
@@ -601,6 +601,11 @@ static double pace_rate(const erdma_quic *q, const ngtcp2_conn_stat *cs) {
   double rate = cs->pacing_rate;
   if (q->pace_cap > 0 && rate > q->pace_cap) rate = q->pace_cap;
   return rate < FAST_PACE ? rate : 0;
+}
+
+void erdma_quic_set_pace_cap(erdma_quic *q, uint64_t bytes_per_s) {
+  double learnt = (double)bytes_per_s / NGTCP2_SECONDS, cfg = q->pace_cap_cfg;
+  q->pace_cap = learnt > 0 && (cfg <= 0 || learnt < cfg) ? learnt : cfg;
 }
 
 /* Packets in one burst: ngtcp2's send quantum, but at least what the

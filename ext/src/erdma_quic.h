@@ -180,6 +180,10 @@ void erdma_quic_extend_stream_offset(erdma_quic *q, int64_t sid, uint64_t n);
 
 /* ---- state ---- */
 void erdma_quic_set_keep_alive(erdma_quic *q, uint64_t ns); /* 0: off */
+/* A ceiling on the pacing rate learnt from the peer (bytes/s; 0: none): the
+ * lower of it and params.max_pacing_rate applies, where the connection paces
+ * (params.pace or a max_pacing_rate) */
+void erdma_quic_set_pace_cap(erdma_quic *q, uint64_t bytes_per_s);
 int erdma_quic_handshake_done(const erdma_quic *q);
 int erdma_quic_has_cid(const erdma_quic *q, const uint8_t *d, size_t n);
 void erdma_quic_stat(const erdma_quic *q, ngtcp2_conn_stat *out);
