@@ -141,7 +141,8 @@ class CollSchedule:
 
     def _pair(self, fn, sarr, rarr, op, me):
         self._engine_call(fn, None if sarr is None else sarr.ctypes.data, rarr.ctypes.data,
-                          rarr.size, _engine.SCHED_OPS[op], _engine.SCHED_DTYPES[rarr.dtype.name], me=me)
+                          rarr.size, _engine.SCHED_OPS[op],
+                          _engine.SCHED_DTYPES[rarr.dtype.name], me=me)
 
     def alltoall_bulk(self, sarr, rarr, me):
         """Equal blocks: every rank reads its block out of each peer's

@@ -509,7 +509,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
             rcounts = [t.numel() * t.element_size() for t in output_tensors]
             recv = _host_empty(sum(rcounts), torch.uint8, output_tensors[0])
             c.Alltoallv([_host(send), scounts, _displs(scounts), MPI.BYTE],
-                                 [_host(recv), rcounts, _displs(rcounts), MPI.BYTE])
+                        [_host(recv), rcounts, _displs(rcounts), MPI.BYTE])
             with torch.no_grad():
                 for o, chunk in zip(output_tensors, torch.split(recv, rcounts)):
                     o.copy_(chunk.view(o.dtype).view(o.shape))
@@ -523,7 +523,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
 
         def run(c):
             c.Alltoallv([_host(_bytes(src)), scounts, _displs(scounts), MPI.BYTE],
-                                 [_host(_bytes(out.buf)), rcounts, _displs(rcounts), MPI.BYTE])
+                        [_host(_bytes(out.buf)), rcounts, _displs(rcounts), MPI.BYTE])
             out.back()
         return self._submit("all_to_all_single", [output], run, opts, uses=[input])
 

@@ -331,8 +331,9 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
  * it (into in) from the front and then helps the peer by pushing the block
  * for the peer (out) from the back, so a process that got less CPU time is
  * helped by the other.  pull_part: static share of one's own pulls
- * (tests).  Blocks below BULK_DYN_MIN are pulled whole: the progress words' CMA peeks cost
- * more than the help brings (256 KiB Alltoall: 39 -> 28 us). */
+ * (tests).  Blocks below BULK_DYN_MIN are pulled whole: the progress
+ * words' CMA peeks cost more than the help brings (256 KiB Alltoall:
+ * 39 -> 28 us). */
 #define BULK_DYN_MIN ((uint64_t)1 << 20)
 
 typedef struct {
