@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from . import _pinned
 from . import bf16 as _bf16
 from . import dlpack as _dlpack
 from ._membuf import empty_export as _EmptyExport
@@ -366,6 +367,7 @@ def _from_cai(obj, readonly):
 # attributes; Numba copies through unified addressing in the current
 # context).  Staging uses CuPy, else Numba (not its simulator, whose arrays
 # are host memory exported as CPU DLPack), else ``libcudart`` via ctypes.
+# Host areas from _PIN_MIN on are pinned: CuPy's pool, else _pinned.py's.
 
 
 # staging areas from this size on are pinned (below it a plain array costs less
@@ -375,18 +377,24 @@ _PIN_MIN = 64 * 1024
 
 def _staging(nbytes):
     """A host staging area of ``nbytes``: pinned memory from CuPy's pinned
-    pool where CuPy is installed (the copies are direct DMA, and the pool
-    hands the pages back for the next message: no page faults each time),
-    else a plain array."""
+    pool where CuPy is installed, else from erdmampi's own pool (the CUDA
+    runtime or Numba pins it), else a plain array.  Pinned copies are one
+    DMA, and a pool hands the pages back for the next message: no page
+    faults each time."""
     global _CUPYX
-    if nbytes >= _PIN_MIN and _CUPYX is not False:
-        try:
-            if _CUPYX is None:
+    if nbytes >= _PIN_MIN:
+        if _CUPYX is None:
+            try:
                 import cupyx  # noqa: PLC0415
                 _CUPYX = cupyx
-            return _CUPYX.empty_pinned((nbytes,), np.uint8)
-        except ImportError:
-            _CUPYX = False
+            except ImportError:
+                _CUPYX = False
+        try:
+            if _CUPYX is not False:
+                return _CUPYX.empty_pinned((nbytes,), np.uint8)
+            pool = _pinned.default_pool(_CudaRuntime.load, _numba_cuda)
+            if pool is not None:
+                return pool.take(nbytes)
         except Exception:  # noqa: BLE001  (no driver, pinning refused: a plain array)
             pass
     return np.empty(nbytes, np.uint8)
