@@ -947,6 +947,19 @@ def coll_allreduce_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag,
                                          -1.0), "allreduce")
 
 
+def coll_allreduce_slices(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
+    """Three or more ranks of one host: rank k reduces slice k of every input
+    (CMA reads), then all read each slice out of its owner
+    (erdma_coll_allreduce_slices); ``saddr`` None: in place.  False, on
+    every rank alike and with no buffer written, where some pair cannot use
+    CMA."""
+    rc = lib.erdma_coll_allreduce_slices(eng._h, ffi.NULL if saddr is None else _ptr(saddr),
+                                         _ptr(raddr), count, op, dtype, cranks, n, me, tag,
+                                         ctx, -1.0)
+    _check(min(rc, 0), "allreduce")
+    return rc == 0
+
+
 def coll_reduce_scatter_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
     """Two ranks: block ``me`` (``count`` elements) of in0 OP in1, the other's
     block read out of its input (erdma_coll_reduce_scatter_pair; distinct

@@ -23,11 +23,11 @@ _SCRIPT = r'''
 import ctypes, os, sys
 mode = sys.argv[1]
 rank_env = int(os.environ.get("ERDMA_RANK", "0"))
-if mode.startswith("refuse") and rank_env == 1:
+if "refuse" in mode and rank_env == 1:
     # nobody without CAP_SYS_PTRACE may read or write a non-dumpable process:
     # process_vm_* towards this rank fail with EPERM at run time
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)          # PR_SET_DUMPABLE, 0
-if mode == "mixed" and rank_env == 1:
+if mode.endswith("mixed") and rank_env == 1:
     os.environ["ERDMA_SHM_CMA"] = "0"
 import numpy as np
 from erdmampi import MPI
@@ -173,6 +173,53 @@ elif mode == "refuse_in_place":
         w = pattern(cnt, np.float64, r)
         c.Allreduce(MPI.IN_PLACE, w)
         assert np.array_equal(w, sum(pattern(cnt, np.float64, j) for j in range(n))), cnt
+elif mode.startswith("slices"):
+    # Allreduce of 3+ ranks, each reducing one slice of every input
+    # (erdma_coll_allreduce_slices, forced at every size): the same bits on
+    # every rank, and where CMA works (mode "slices") exactly the rank-order
+    # fold ((in0 OP in1) OP in2) ...; where it does not, the ring's result
+    # (another order: close, for floats)
+    exact = mode == "slices"
+    ops = {"SUM": (MPI.SUM, np.add), "PROD": (MPI.PROD, np.multiply),
+           "MAX": (MPI.MAX, np.maximum), "BXOR": (MPI.BXOR, np.bitwise_xor)}
+    for dt in (np.float32, np.float64, np.int32, np.uint8, np.int64):
+        isz = np.dtype(dt).itemsize
+        for cnt in (1, n - 1, n, n + 1, 70 * KiB // isz + 1, 128 * KiB * n // isz + 3,
+                    3 * MiB // isz + 5):
+            for name, (op, fold) in ops.items():
+                if np.dtype(dt).kind == "f" and name == "BXOR":
+                    continue
+                vals = [(pattern(cnt, np.int64, j) % 7 + j + 1).astype(dt) for j in range(n)]
+                if np.dtype(dt).kind == "f":
+                    vals = [v / np.asarray(3 + j, dt) for j, v in enumerate(vals)]
+                want = vals[0].copy()
+                for v in vals[1:]:
+                    want = fold(want, v)
+                mine = vals[r].copy()
+                got = np.full(cnt + 2, 9, dt)
+                c.Allreduce(mine, got[1:-1], op=op)
+                assert got[0] == 9 and got[-1] == 9, ("wrote outside", name, dt, cnt)
+                assert np.array_equal(mine, vals[r]), ("send buffer changed", name, dt, cnt)
+                every = c.allgather(got.tobytes())
+                assert all(x == every[0] for x in every), ("allreduce bits differ", name, dt, cnt)
+                if exact or np.dtype(dt).kind != "f":
+                    assert np.array_equal(got[1:-1], want), ("allreduce", name, dt, cnt)
+                else:
+                    assert np.allclose(got[1:-1], want, rtol=1e-5), ("allreduce", name, dt, cnt)
+                inpl = np.full(cnt + 2, 9, dt)
+                inpl[1:-1] = vals[r]
+                c.Allreduce(MPI.IN_PLACE, inpl[1:-1], op=op)
+                assert inpl[0] == 9 and inpl[-1] == 9, ("wrote outside in place", name, dt)
+                if exact:
+                    assert inpl.tobytes() == got.tobytes(), ("in place", name, dt, cnt)
+                every = c.allgather(inpl.tobytes())
+                assert all(x == every[0] for x in every), ("in place bits differ", name, dt)
+    # back to back, sizes and roles changing: no message of one call taken by the next
+    for i in range(30):
+        cnt = (i % 4 + 1) * 100 * KiB + i
+        x = np.full(cnt, r + i, np.int64)
+        c.Allreduce(MPI.IN_PLACE, x)
+        assert (x == sum(j + i for j in range(n))).all(), i
 elif mode == "nonblocking":
     for root in range(n):
         count = 4 * MiB // 8 + 3
@@ -338,3 +385,30 @@ def test_bulk_many_calls():
 @pytest.mark.parametrize("n", [2, 3])
 def test_bulk_alltoall_over_the_cache(n):
     _run(n, "large")
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_allreduce_slices_exact(n):
+    """Every rank reduces one slice of all inputs in rank order."""
+    _run(n, "slices", env={"ERDMA_COLL_ALLREDUCE": "sched_slices"}, timeout=240)
+
+
+@pytest.mark.parametrize("mode,env", [("slices_ring", {"ERDMA_SHM_CMA": "0"}),
+                                      ("slices_mixed", {})], ids=["no_cma", "one_side"])
+def test_allreduce_slices_without_cma_runs_the_ring(mode, env):
+    """Without CMA on every rank (or on rank 1 only), every rank learns it
+    in the probe round and the ring runs instead: the same result on all,
+    nothing written twice, nothing hung."""
+    _run(3, mode, env=dict(env, ERDMA_COLL_ALLREDUCE="sched_slices"), timeout=240)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_allreduce_slices_when_cma_is_refused(monkeypatch):
+    """Rank 1 is not dumpable: the others' probes of it fail, every rank
+    learns it before any buffer is written (in place included), and the ring
+    gives the result."""
+    import harness
+    orig = harness.erdmarun_cmd
+    monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
+        "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
+    _run(4, "slices_refuse", env={"ERDMA_COLL_ALLREDUCE": "sched_slices"}, timeout=240)

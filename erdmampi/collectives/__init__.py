@@ -29,8 +29,10 @@ allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
                 recursive_doubling if N <= 64 KiB or count < n; else
                 reduce_bcast for non-commutative ops above 512 KiB;
                 sched_pair if n == 2 and N < 256 MiB;
-                else sched_ring if N >= S; else rabenseifner if n is a
-                power of two, ring otherwise
+                else sched_slices if N >= S and n >= 3 (one host: each
+                rank reduces a slice out of the others' buffers; the
+                ring where CMA cannot be used), sched_ring if N >= S;
+                else rabenseifner if n is a power of two, ring otherwise
 reduce_scatter  sched_pair if n == 2 and N >= S (commutative; equal
                 blocks, else sched_ring); sched_ring if N >= S
                 (commutative); else ring (commutative), reduce_scatterv
@@ -104,7 +106,7 @@ from erdmampi.collectives.wan import (allgatherv_sched_direct, allreduce_sched_d
                                       allreduce_sched_exchange, bcast_sched_pieces,
                                       prefer_allgather_direct, prefer_direct, prefer_exchange)
 from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_pair,
-                                        allreduce_sched_ring,
+                                        allreduce_sched_ring, allreduce_sched_slices,
                                         alltoall_sched, alltoallv_sched,
                                         bcast_sched_chain, bcast_sched_pair,
                                         bcast_sched_pull,
@@ -160,6 +162,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
                   "reduce_bcast": allreduce_reduce_bcast,
                   "sched_ring": allreduce_sched_ring,
                   "sched_pair": allreduce_sched_pair,
+                  "sched_slices": allreduce_sched_slices,
                   "sched_exchange": allreduce_sched_exchange,
                   "sched_direct": allreduce_sched_direct,
                   "hierarchical": allreduce_hierarchical},
@@ -244,7 +247,7 @@ def _default(name: str, nbytes: int, size: int, count: int,
         if sched and size == 2 and nbytes < BULK_ALLREDUCE_MAX:
             return "sched_pair"
         if big:
-            return "sched_ring"
+            return "sched_slices" if size >= 3 else "sched_ring"
         return "rabenseifner" if size & (size - 1) == 0 else "ring"
     if name == "reduce_scatter":
         if big and commutative:

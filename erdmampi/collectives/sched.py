@@ -46,7 +46,7 @@ __all__ = [
     "SCHED_OPS", "SCHED_DTYPES", "sched_reduction",
     "allreduce_sched_ring", "reduce_scatter_sched_ring", "allgatherv_sched_ring",
     "bcast_sched_chain", "alltoallv_sched", "bcast_sched_pair", "bcast_sched_pull", "alltoall_sched",
-    "allreduce_sched_pair",
+    "allreduce_sched_pair", "allreduce_sched_slices",
 ]
 
 #: predefined reduction ops the C reducer implements
@@ -209,6 +209,31 @@ def allreduce_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
         if src is not None and src is not acc and np.shares_memory(src, acc):
             src = src.copy()
         b.allreduce_pair(src, acc, opname, t.rank)
+    out.done()
+    return True
+
+
+def allreduce_sched_slices(t: Transport, sendbuf: Optional[np.ndarray],
+                           recvbuf: np.ndarray, reduce_fn: ReduceFn,
+                           commutative: bool = True) -> Optional[bool]:
+    """Three or more ranks of one host, one engine call
+    (``erdma_coll_allreduce_slices``): rank k reduces slice k of every input
+    straight out of the other ranks' buffers (CMA) in rank order, then every
+    rank reads each slice out of its owner: each byte is read twice and
+    reduced once, with four rounds of small messages, where a ring passes
+    partial blocks through n - 1 steps.  Where CMA cannot be used (or the
+    op and type are not C-reducible) :func:`allreduce_sched_ring` runs
+    instead; in place too."""
+    b = _bulk(t) if t.size >= 3 else None
+    ops = None if b is None else _reduction_operands(reduce_fn, commutative, sendbuf, recvbuf)
+    if ops is None:
+        return allreduce_sched_ring(t, sendbuf, recvbuf, reduce_fn, commutative)
+    opname, dtype, out, acc, src = ops
+    if acc.size:
+        if src is not None and src is not acc and np.shares_memory(src, acc):
+            src = src.copy()
+        if not b.allreduce_slices(src, acc, opname, t.rank):
+            return allreduce_sched_ring(t, sendbuf, recvbuf, reduce_fn, commutative)
     out.done()
     return True
 

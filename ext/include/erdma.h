@@ -467,6 +467,14 @@ int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
 int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
                               int op, int dtype, const int *ranks, int n, int me, int tag,
                               uint32_t ctx, double timeout);
+/* n >= 3, one host: rank k reduces slice k of every input (CMA reads, in
+ * rank order, as erdma_coll_allreduce), then every rank reads the other
+ * slices out of their owners' rbuf.  Returns 1, on every rank alike and
+ * before any buffer is written, where some pair cannot use CMA (the caller
+ * then runs another algorithm).  sbuf NULL or rbuf: in place. */
+int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                                int op, int dtype, const int *ranks, int n, int me, int tag,
+                                uint32_t ctx, double timeout);
 /* n == 2, sbuf != rbuf: Reduce_scatter_block of count elements per block
  * the same way: rank me reads block me of the other's input. */
 int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf,

@@ -745,3 +745,172 @@ int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf
   pair_part p = {me * blk, blk, (1 - me) * blk, rbuf, 0, 0, 0};
   return pair_reduce(e, sbuf, rbuf, 2 * blk, &p, &p, op, dtype, ranks, me, tag, ctx, timeout);
 }
+
+/* Allreduce of n >= 3 ranks of one host in one call: rank k computes slice
+ * k of the vector (count split as evenly as elements allow), reading that
+ * slice of every input with CMA, in cache-sized pieces, and reducing them
+ * in rank order (((in0 OP in1) OP in2) ...); then every rank reads each
+ * other slice out of its owner's rbuf.  Each slice is computed once, so
+ * every rank gets the same bits.  Rounds of messages (n - 1 each way):
+ *   tag     buffer addresses;
+ *   tag + 1 probes: one element read from each peer, and whether it worked
+ *           (any failure anywhere: every rank returns 1 before writing,
+ *           and the caller runs another algorithm);
+ *   tag + 2 slice done: the sender's slice is final and it has read all it
+ *           needs of the others' inputs (in place, the slice of its input
+ *           that the receiver will overwrite);
+ *   tag + 3 read done: the sender has copied the receiver's slice.
+ * In place, a rank's buffer is its input until the slice-done of the slice's
+ * owner; each rank writes only its own slice before that. */
+#define BULK_SLICE_PIECE ((uint64_t)128 << 10)
+
+static void slice_of(uint64_t count, int n, int k, int es, uint64_t *lo, uint64_t *len) {
+  uint64_t base = count / (uint64_t)n, rem = count % (uint64_t)n, kk = (uint64_t)k;
+  *lo = (kk * base + (kk < rem ? kk : rem)) * (uint64_t)es;
+  *len = (base + (kk < rem)) * (uint64_t)es;
+}
+
+/* Send hdr[j] to every peer j (tag) into sreq, receiving theirs into rhdr
+ * (posted before); then wait for every receive.  0 or an error. */
+static int slices_round(erdma_engine *e, const int *ranks, int n, int me, int tag, uint32_t ctx,
+                        bulk_hdr *out, bulk_hdr *in, erdma_req **rreq, erdma_req **sreq,
+                        double timeout) {
+  int rc = 0;
+  for (int k = 1; k < n && !rc; k++) {
+    int j = (me + k) % n;
+    rc = erdma_irecv(e, &in[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &rreq[j]);
+  }
+  for (int k = 1; k < n && !rc; k++) {
+    int j = (me + k) % n;
+    rc = erdma_isend(e, &out[j], sizeof(bulk_hdr), ranks[j], tag, ctx, 0, &sreq[j]);
+  }
+  for (int j = 0; j < n && !rc; j++)
+    if (j != me) rc = bulk_wait(&rreq[j], timeout, sizeof(bulk_hdr));
+  return rc;
+}
+
+/* The reduction of this rank's slice; 1 when a CMA read failed. */
+static int slices_reduce(erdma_engine *e, const int *ranks, int n, int me, const uint8_t *s,
+                         uint8_t *out, uint64_t lo, uint64_t len, const bulk_hdr *hin, int es,
+                         int op, int dtype, uint8_t *acc, uint8_t *tmp, int *rc) {
+  uint64_t piece = BULK_SLICE_PIECE - BULK_SLICE_PIECE % (uint64_t)es;
+  for (uint64_t off = 0; off < len && !*rc; off += piece) {
+    uint64_t l = len - off < piece ? len - off : piece, at = lo + off, cnt = l / (uint64_t)es;
+    const uint8_t *a; /* the partial result so far */
+    if (me == 0) a = s + at;
+    else if (shm_cma_copy(e, ranks[0], acc, hin[0].addr + at, l, 0)) return 1;
+    else a = acc;
+    for (int j = 1; j < n && !*rc; j++) {
+      /* the last operand lands where the result goes */
+      uint8_t *d = j == n - 1 ? out + off : (a == tmp ? acc : tmp);
+      if (j == me) {
+        if (d != s + at) memcpy(d, s + at, l);
+      } else if (shm_cma_copy(e, ranks[j], d, hin[j].addr + at, l, 0)) {
+        return 1;
+      }
+      *rc = erdma_reduce_local(a, d, cnt, op, dtype); /* d = a OP in_j */
+      a = d;
+    }
+  }
+  return 0;
+}
+
+int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                                int op, int dtype, const int *ranks, int n, int me, int tag,
+                                uint32_t ctx, double timeout) {
+  int es = erdma_dtype_size(dtype);
+  /* (an op the type lacks is refused here, on every rank, not mid-round) */
+  if (coll_check_comm(e, ranks, n, me) || n < 3 || es <= 0 || (count && !rbuf) ||
+      erdma_reduce_local(NULL, NULL, 0, op, dtype))
+    return ERDMA_ERR_INVAL;
+  if (!sbuf) sbuf = rbuf;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  uint64_t nbytes = count * (uint64_t)es, mylo, mylen;
+  slice_of(count, n, me, es, &mylo, &mylen);
+  bulk_hdr *h = calloc((size_t)n * 8, sizeof *h);
+  erdma_req **rq = calloc((size_t)n * 8, sizeof *rq);
+  uint8_t *acc = malloc(2 * BULK_SLICE_PIECE);
+  if (!h || !rq || !acc) {
+    free(h);
+    free(rq);
+    free(acc);
+    return ERDMA_ERR_NOMEM;
+  }
+  /* per round r (0..3): out h[2rn..], in h[(2r+1)n..]; requests likewise */
+  bulk_hdr *o0 = h, *i0 = h + n, *o1 = h + 2 * n, *i1 = h + 3 * n, *o2 = h + 4 * n,
+           *i2 = h + 5 * n, *o3 = h + 6 * n, *i3 = h + 7 * n;
+  int rc = 0, cma = 1, ok = 1, fail = 0, result = 0;
+  for (int j = 0; j < n; j++) {
+    if (j == me) continue;
+    o0[j].addr = (uintptr_t)s;
+    o0[j].raddr = (uintptr_t)d;
+    o0[j].len = nbytes;
+    o0[j].cma = (uint32_t)shm_cma_ok(e, ranks[j]);
+    cma &= (int)o0[j].cma;
+  }
+  rc = slices_round(e, ranks, n, me, tag, ctx, o0, i0, rq, rq + n, timeout);
+  for (int j = 0; j < n && !rc; j++)
+    if (j != me && i0[j].len != nbytes) rc = ERDMA_ERR_TRUNCATE;
+  /* probes: one element of each peer's input (where this rank reads) */
+  for (int j = 0; j < n && !rc; j++) {
+    if (j == me) continue;
+    uint8_t probe[16];
+    if (!cma || !i0[j].cma ||
+        (nbytes && shm_cma_copy(e, ranks[j], probe, i0[j].addr + (mylen ? mylo : 0),
+                                (uint64_t)es, 0)))
+      ok = 0;
+  }
+  for (int j = 0; j < n; j++) o1[j].done = (uint64_t)!ok;
+  if (!rc) rc = slices_round(e, ranks, n, me, tag + 1, ctx, o1, i1, rq + 2 * n, rq + 3 * n,
+                             timeout);
+  for (int j = 0; j < n && !rc; j++)
+    if (j != me && i1[j].done) ok = 0;
+  if (!rc && !ok) result = 1; /* every rank saw the same flags: all fall back */
+  if (!rc && ok) {
+    uint8_t *tmp = acc + BULK_SLICE_PIECE;
+    fail = slices_reduce(e, ranks, n, me, s, d + mylo, mylo, mylen, i0, es, op, dtype, acc,
+                         tmp, &rc);
+    for (int j = 0; j < n; j++) o2[j].done = (uint64_t)(fail || rc);
+    /* post the read-done receives first, then say the slice is done */
+    for (int j = 0; j < n && !rc; j++)
+      if (j != me)
+        rc = erdma_irecv(e, &i3[j], sizeof(bulk_hdr), ranks[j], tag + 3, ctx, 0,
+                         &rq[7 * n + j]);
+    for (int j = 0; j < n && !rc; j++)
+      if (j != me)
+        rc = erdma_irecv(e, &i2[j], sizeof(bulk_hdr), ranks[j], tag + 2, ctx, 0,
+                         &rq[5 * n + j]);
+    for (int k = 1; k < n && !rc; k++) {
+      int j = (me + k) % n;
+      rc = erdma_isend(e, &o2[j], sizeof(bulk_hdr), ranks[j], tag + 2, ctx, 0, &rq[4 * n + j]);
+    }
+    /* each slice as its owner finishes it */
+    for (int left = n - 1; left > 0 && !rc; left--) {
+      int k;
+      if ((rc = bulk_next_hdr(rq + 5 * n, n, timeout, &k))) break;
+      uint64_t lo, len;
+      slice_of(count, n, k, es, &lo, &len);
+      int bad = (int)i2[k].done;
+      if (!bad && len && shm_cma_copy(e, ranks[k], d + lo, i0[k].raddr + lo, len, 0)) bad = 1;
+      fail |= bad;
+      o3[k].done = (uint64_t)bad;
+      rc = erdma_isend(e, &o3[k], sizeof(bulk_hdr), ranks[k], tag + 3, ctx, 0, &rq[6 * n + k]);
+    }
+    for (int j = 0; j < n && !rc; j++)
+      if (j != me) {
+        rc = bulk_wait(&rq[7 * n + j], timeout, sizeof(bulk_hdr));
+        if (!rc && i3[j].done) fail = 1;
+      }
+  }
+  for (int j = 0; j < n && !rc; j++) /* the sends (the receives are done) */
+    for (int r = 0; r < 8 && !rc; r++)
+      if (j != me) rc = bulk_wait(&rq[r * n + j], timeout, UINT64_MAX);
+  bulk_drop(rq, 8 * n);
+  free(h);
+  free(rq);
+  free(acc);
+  if (rc) return rc;
+  if (fail) return ERDMA_ERR_STATE; /* CMA refused after the probes: inputs may be gone */
+  return result;
+}
