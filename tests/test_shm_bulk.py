@@ -220,6 +220,27 @@ elif mode.startswith("slices"):
         x = np.full(cnt, r + i, np.int64)
         c.Allreduce(MPI.IN_PLACE, x)
         assert (x == sum(j + i for j in range(n))).all(), i
+elif mode == "slices_late":
+    # every pair has read from each other, so the slices Allreduce skips its
+    # probe round; then rank 1 makes itself undumpable: the next call fails
+    # on every rank (an MPI error, no hang), and the one after runs the ring
+    x = np.ones(300 * KiB, np.float64)
+    c.Allreduce(MPI.IN_PLACE, x)
+    assert (x == n).all()
+    c.Barrier()
+    if r == 1:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)          # PR_SET_DUMPABLE, 0
+    c.Barrier()
+    try:
+        c.Allreduce(MPI.IN_PLACE, np.ones(300 * KiB, np.float64))
+        raised = None
+    except MPI.Exception as e:
+        raised = e.Get_error_class()
+    every = c.allgather(raised)
+    assert all(e is not None for e in every), every
+    z = np.ones(300 * KiB, np.float64)
+    c.Allreduce(MPI.IN_PLACE, z)
+    assert (z == n).all()
 elif mode == "nonblocking":
     for root in range(n):
         count = 4 * MiB // 8 + 3
@@ -412,3 +433,15 @@ def test_allreduce_slices_when_cma_is_refused(monkeypatch):
     monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
         "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
     _run(4, "slices_refuse", env={"ERDMA_COLL_ALLREDUCE": "sched_slices"}, timeout=240)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_allreduce_slices_when_cma_is_refused_mid_job(monkeypatch):
+    """A rank that turns undumpable after the ranks have read each other:
+    the next slices Allreduce (no probe round) is an MPI error on every
+    rank, not a hang or a wrong result, and the one after runs the ring."""
+    import harness
+    orig = harness.erdmarun_cmd
+    monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
+        "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
+    _run(3, "slices_late", env={"ERDMA_COLL_ALLREDUCE": "sched_slices"}, timeout=120)

@@ -27,6 +27,7 @@ operation completes.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import collections
 import datetime
@@ -179,6 +180,38 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+class _Done:
+    """A one-shot completion flag (threading.Event's calls) on a bare lock,
+    whose waits and wake-ups run in C: a synchronous operation costs two
+    thread hand-offs, which this keeps short."""
+
+    __slots__ = ("_lock", "_set", "_guard")
+
+    def __init__(self):
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._set = False
+        self._guard = _thread.allocate_lock()
+
+    def set(self):
+        with self._guard:
+            if self._set:
+                return
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout=None) -> bool:
+        if self._set:
+            return True
+        got = self._lock.acquire(True, -1 if timeout is None else max(0.0, timeout))
+        if got:
+            self._lock.release()      # the next waiter passes too
+        return got or self._set
+
+
 class ErdmaWork(dist.Work):
     """An operation in flight: :meth:`wait` blocks (GIL released) until it is
     done, raises :class:`torch.distributed.DistBackendError` when it failed
@@ -190,7 +223,7 @@ class ErdmaWork(dist.Work):
         self._pg = pg
         self._what = what
         self._result = result
-        self._event = threading.Event()
+        self._event = _Done()
         self._exc: Optional[BaseException] = None
         self._future = torch.futures.Future()
         self._source = -1
@@ -261,13 +294,14 @@ class _Lane:
     """A communicator of the group, the operations queued on it and the
     worker thread that runs them in order."""
 
-    __slots__ = ("comm", "queue", "thread", "last")
+    __slots__ = ("comm", "queue", "thread", "last", "cv")
 
     def __init__(self, comm):
         self.comm = comm
         self.queue: collections.deque = collections.deque()
         self.thread: Optional[threading.Thread] = None
         self.last: Optional[ErdmaWork] = None   # the latest operation queued here
+        self.cv: Optional[threading.Condition] = None   # on the group's mutex
 
 
 class ProcessGroupErdma(dist.ProcessGroup):
@@ -302,7 +336,12 @@ class ProcessGroupErdma(dist.ProcessGroup):
         self._name = name               # torch's group name (its _set_group_name)
         self._desc = ""
         self._error: Optional[BaseException] = None
-        self._lock = threading.Condition()
+        # one mutex; the poller waits on _lock, each lane's worker on its own
+        # condition, so queueing an operation wakes only the thread that runs it
+        self._mutex = threading.Lock()
+        self._lock = threading.Condition(self._mutex)
+        for lane in self._lanes:
+            lane.cv = threading.Condition(self._mutex)
         self._pending: list = []          # (request, work, on_done, status) of p2p operations
         self._closed = False
         for k, lane in enumerate(self._lanes):
@@ -605,7 +644,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         (destroy_process_group and interpreter exit call this)."""
         with self._lock:
             self._closed = True
-            self._lock.notify_all()
+            self._wake_all()
         for t in [lane.thread for lane in self._lanes] + [self._poller]:
             if t is not threading.current_thread():
                 t.join(5.0)
@@ -688,11 +727,17 @@ class ProcessGroupErdma(dist.ProcessGroup):
                 queued += lane.queue
                 lane.queue.clear()
             pending, self._pending = self._pending, []
-            self._lock.notify_all()
+            self._wake_all()
         for _, w, *_ in queued:
             w._finish(self._error)
         for _, w, _, _ in pending:
             w._finish(self._error)
+
+    def _wake_all(self):
+        """Wake every worker and the poller (mutex held)."""
+        self._lock.notify_all()
+        for lane in self._lanes:
+            lane.cv.notify_all()
 
     def _next_lane(self) -> int:
         """The lane of the next operation (round robin in issue order: the
@@ -725,7 +770,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
                 deps += self._conflicts(i, work, result, uses)
             lane.last = work
             lane.queue.append((fn, work, deps, marks))
-            self._lock.notify_all()
+            lane.cv.notify()
         return work
 
     def _conflicts(self, i, work, result, uses) -> list:
@@ -750,7 +795,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         while True:
             with self._lock:
                 while not lane.queue and not self._closed:
-                    self._lock.wait()
+                    lane.cv.wait()
                 if not lane.queue:
                     return
                 fn, work, deps, marks = lane.queue.popleft()
@@ -777,7 +822,7 @@ class ProcessGroupErdma(dist.ProcessGroup):
         work._keep = keep
         with self._lock:
             self._pending.append((req, work, on_done, status))
-            self._lock.notify_all()
+            self._lock.notify()
         return work
 
     def _poll(self):

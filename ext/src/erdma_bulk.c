@@ -755,7 +755,11 @@ int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf
  *   tag     buffer addresses;
  *   tag + 1 probes: one element read from each peer, and whether it worked
  *           (any failure anywhere: every rank returns 1 before writing,
- *           and the caller runs another algorithm);
+ *           and the caller runs another algorithm); skipped when every
+ *           rank's header says it has read from all its peers before (a
+ *           refusal turns CMA off for good, so such a pair stays readable
+ *           unless a process makes itself undumpable mid-job: then the
+ *           call fails with ERDMA_ERR_STATE);
  *   tag + 2 slice done: the sender's slice is final and it has read all it
  *           needs of the others' inputs (in place, the slice of its input
  *           that the receiver will overwrite);
@@ -840,20 +844,29 @@ int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, u
   /* per round r (0..3): out h[2rn..], in h[(2r+1)n..]; requests likewise */
   bulk_hdr *o0 = h, *i0 = h + n, *o1 = h + 2 * n, *i1 = h + 3 * n, *o2 = h + 4 * n,
            *i2 = h + 5 * n, *o3 = h + 6 * n, *i3 = h + 7 * n;
-  int rc = 0, cma = 1, ok = 1, fail = 0, result = 0;
+  int rc = 0, cma = 1, seen = 1, ok = 1, fail = 0, result = 0;
+  for (int j = 0; j < n; j++)
+    if (j != me) {
+      cma &= shm_cma_ok(e, ranks[j]);
+      seen &= shm_cma_read_seen(e, ranks[j]);
+    }
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     o0[j].addr = (uintptr_t)s;
     o0[j].raddr = (uintptr_t)d;
     o0[j].len = nbytes;
-    o0[j].cma = (uint32_t)shm_cma_ok(e, ranks[j]);
-    cma &= (int)o0[j].cma;
+    o0[j].cma = (uint32_t)cma;
+    o0[j].done2 = (uint64_t)(cma && seen); /* the same in every header */
   }
   rc = slices_round(e, ranks, n, me, tag, ctx, o0, i0, rq, rq + n, timeout);
+  int skip = cma && seen;
   for (int j = 0; j < n && !rc; j++)
-    if (j != me && i0[j].len != nbytes) rc = ERDMA_ERR_TRUNCATE;
+    if (j != me) {
+      if (i0[j].len != nbytes) rc = ERDMA_ERR_TRUNCATE;
+      skip &= i0[j].done2 != 0;
+    }
   /* probes: one element of each peer's input (where this rank reads) */
-  for (int j = 0; j < n && !rc; j++) {
+  for (int j = 0; j < n && !rc && !skip; j++) {
     if (j == me) continue;
     uint8_t probe[16];
     if (!cma || !i0[j].cma ||
@@ -862,9 +875,9 @@ int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, u
       ok = 0;
   }
   for (int j = 0; j < n; j++) o1[j].done = (uint64_t)!ok;
-  if (!rc) rc = slices_round(e, ranks, n, me, tag + 1, ctx, o1, i1, rq + 2 * n, rq + 3 * n,
-                             timeout);
-  for (int j = 0; j < n && !rc; j++)
+  if (!rc && !skip)
+    rc = slices_round(e, ranks, n, me, tag + 1, ctx, o1, i1, rq + 2 * n, rq + 3 * n, timeout);
+  for (int j = 0; j < n && !rc && !skip; j++)
     if (j != me && i1[j].done) ok = 0;
   if (!rc && !ok) result = 1; /* every rank saw the same flags: all fall back */
   if (!rc && ok) {

@@ -179,6 +179,7 @@ typedef struct peer_info {
   int error;             /* ERDMA_ERR_PEER once lost */
   int closed_by_peer;
   uint64_t unexp_bytes;  /* unexpected messages from it held here (cfg.unexpected_max) */
+  int cma_read;          /* a process_vm_readv from it has succeeded (shm_cma_copy) */
   /* The arrival rate of its QUIC packets, all its connections together, in
    * bins of about RATE_BIN (conn_rate_account): the open bin's start and
    * bytes, the last closed bin's rate, the highest rate two bins in a row

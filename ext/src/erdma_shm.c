@@ -862,7 +862,12 @@ int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64
     }
     done += (uint64_t)got;
   }
+  if (!write && n) __atomic_store_n(&e->peers[peer].cma_read, 1, __ATOMIC_RELAXED);
   return 0;
+}
+
+int shm_cma_read_seen(erdma_engine *e, int peer) {
+  return shm_cma_ok(e, peer) && __atomic_load_n(&e->peers[peer].cma_read, __ATOMIC_RELAXED);
 }
 
 static void shm_conn_release(erdma_conn *c) {
