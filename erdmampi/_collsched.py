@@ -138,12 +138,20 @@ class CollSchedule:
         """Three or more ranks of one host: ``rarr`` = in0 OP in1 OP ... on
         all, rank k reducing slice k (erdma_coll_allreduce_slices); False,
         on every rank alike, where CMA cannot be used (nothing written)."""
+        return self._slices(_engine.coll_allreduce_slices, sarr, rarr, op, me)
+
+    def reduce_scatter_slices(self, sarr, rarr, op, me):
+        """Three or more ranks of one host: ``rarr`` = block ``me`` of in0
+        OP in1 OP ... (erdma_coll_reduce_scatter_slices); False, on every
+        rank alike, where CMA cannot be used (the inputs intact)."""
+        return self._slices(_engine.coll_reduce_scatter_slices, sarr, rarr, op, me)
+
+    def _slices(self, fn, sarr, rarr, op, me):
         notify_started()
         try:
-            return _engine.coll_allreduce_slices(
-                self._eng, None if sarr is None else sarr.ctypes.data, rarr.ctypes.data,
-                rarr.size, _engine.SCHED_OPS[op], _engine.SCHED_DTYPES[rarr.dtype.name],
-                _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx)
+            return fn(self._eng, None if sarr is None else sarr.ctypes.data, rarr.ctypes.data,
+                      rarr.size, _engine.SCHED_OPS[op], _engine.SCHED_DTYPES[rarr.dtype.name],
+                      _cranks(self._ranks), len(self._ranks), me, self._base, self._ctx)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
 

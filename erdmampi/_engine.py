@@ -960,6 +960,17 @@ def coll_allreduce_slices(eng, saddr, raddr, count, op, dtype, cranks, n, me, ta
     return rc == 0
 
 
+def coll_reduce_scatter_slices(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
+    """Three or more ranks of one host: block ``me`` (``count`` elements) of
+    in0 OP in1 OP ..., read out of every rank's input
+    (erdma_coll_reduce_scatter_slices; distinct buffers).  False, on every
+    rank alike and with the inputs intact, where CMA cannot be used."""
+    rc = lib.erdma_coll_reduce_scatter_slices(eng._h, _ptr(saddr), _ptr(raddr), count, op,
+                                              dtype, cranks, n, me, tag, ctx, -1.0)
+    _check(min(rc, 0), "reduce_scatter")
+    return rc == 0
+
+
 def coll_reduce_scatter_pair(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx):
     """Two ranks: block ``me`` (``count`` elements) of in0 OP in1, the other's
     block read out of its input (erdma_coll_reduce_scatter_pair; distinct

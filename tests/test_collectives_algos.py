@@ -861,7 +861,7 @@ def test_select_defaults():
     # ring where CMA cannot be used)
     assert C.select("allreduce", 8 << 20, 8, 1 << 20).__name__ == "allreduce_sched_slices"
     assert C.select("allreduce", 8 << 20, 3, 1 << 20).__name__ == "allreduce_sched_slices"
-    assert C.select("reduce_scatter", 8 << 20, 6).__name__ == "reduce_scatter_sched_ring"
+    assert C.select("reduce_scatter", 8 << 20, 6).__name__ == "reduce_scatter_sched_slices"
     assert C.select("allgatherv", 8 << 20, 6).__name__ == "allgatherv_sched_ring"
     assert C.select("alltoallv", 8 << 20, 6).__name__ == "alltoallv_sched"
     # ... and without them (a transport without schedules, a user-defined op)

@@ -214,6 +214,43 @@ elif mode.startswith("slices"):
                     assert inpl.tobytes() == got.tobytes(), ("in place", name, dt, cnt)
                 every = c.allgather(inpl.tobytes())
                 assert all(x == every[0] for x in every), ("in place bits differ", name, dt)
+    # Reduce_scatter_block / Reduce_scatter of equal blocks: block r of the
+    # same fold; unequal blocks run the ring
+    for dt in (np.float32, np.float64, np.int32, np.uint8):
+        isz = np.dtype(dt).itemsize
+        for cnt in (1, 70 * KiB // isz + 1, 300 * KiB // isz + 3):
+            for name, (op, fold) in ops.items():
+                if np.dtype(dt).kind == "f" and name == "BXOR":
+                    continue
+                vals = [(pattern(cnt * n, np.int64, j) % 7 + j + 1).astype(dt)
+                        for j in range(n)]
+                if np.dtype(dt).kind == "f":
+                    vals = [v / np.asarray(3 + j, dt) for j, v in enumerate(vals)]
+                want = vals[0].copy()
+                for v in vals[1:]:
+                    want = fold(want, v)
+                want = want[r * cnt:(r + 1) * cnt]
+                mine = vals[r].copy()
+                got = np.full(cnt + 2, 9, dt)
+                c.Reduce_scatter_block(mine, got[1:-1], op=op)
+                assert got[0] == 9 and got[-1] == 9, ("rs wrote outside", name, dt, cnt)
+                assert np.array_equal(mine, vals[r]), ("rs send buffer changed", name, dt)
+                if exact or np.dtype(dt).kind != "f":
+                    assert np.array_equal(got[1:-1], want), ("rs", name, dt, cnt)
+                else:
+                    assert np.allclose(got[1:-1], want, rtol=1e-5), ("rs", name, dt, cnt)
+                inpl = vals[r].copy()
+                c.Reduce_scatter_block(MPI.IN_PLACE, inpl, op=op)
+                if exact:
+                    assert inpl[:cnt].tobytes() == got[1:-1].tobytes(), ("rs in place", name)
+                got2 = np.zeros(cnt, dt)
+                c.Reduce_scatter(mine, got2, [cnt] * n, op=op)
+                assert got2.tobytes() == got[1:-1].tobytes(), ("reduce_scatter", name, dt)
+    counts = [100 * KiB + 7 * j for j in range(n)]               # unequal: the ring
+    x = np.full(sum(counts), r + 1, np.int64)
+    y = np.zeros(counts[r], np.int64)
+    c.Reduce_scatter(x, y, counts)
+    assert (y == n * (n + 1) // 2).all()
     # back to back, sizes and roles changing: no message of one call taken by the next
     for i in range(30):
         cnt = (i % 4 + 1) * 100 * KiB + i
@@ -304,7 +341,8 @@ def test_select_bulk_paths():
     assert C.select("allreduce", big - 4, 2, big // 4 - 1).__name__ == "allreduce_sched_pair"
     assert C.select("allreduce", big, 2, big // 4).__name__ == "allreduce_sched_ring"
     assert C.select("reduce_scatter", 256 * KiB, 2, 1 << 16).__name__ == "reduce_scatter_sched_pair"
-    assert C.select("reduce_scatter", 256 * KiB, 3, 1 << 16).__name__ == "reduce_scatter_sched_ring"
+    assert C.select("reduce_scatter", 256 * KiB, 3, 1 << 16).__name__ == \
+        "reduce_scatter_sched_slices"
     assert C.select("reduce_scatter", 256 * KiB - 4, 2, (1 << 16) - 1).__name__ == \
         "reduce_scatter_ring"
     assert C.select("allreduce", 1 * MiB, 3, 1 << 18).__name__ != "allreduce_sched_pair"
@@ -408,10 +446,15 @@ def test_bulk_alltoall_over_the_cache(n):
     _run(n, "large")
 
 
+# Allreduce and Reduce_scatter forced onto the slices path at every size
+_SLICES = {"ERDMA_COLL_ALLREDUCE": "sched_slices", "ERDMA_COLL_REDUCE_SCATTER": "sched_slices"}
+
+
 @pytest.mark.parametrize("n", [3, 4, 5])
 def test_allreduce_slices_exact(n):
-    """Every rank reduces one slice of all inputs in rank order."""
-    _run(n, "slices", env={"ERDMA_COLL_ALLREDUCE": "sched_slices"}, timeout=240)
+    """Every rank reduces one slice of all inputs in rank order (Allreduce)
+    or its own block (Reduce_scatter)."""
+    _run(n, "slices", env=_SLICES, timeout=240)
 
 
 @pytest.mark.parametrize("mode,env", [("slices_ring", {"ERDMA_SHM_CMA": "0"}),
@@ -420,7 +463,7 @@ def test_allreduce_slices_without_cma_runs_the_ring(mode, env):
     """Without CMA on every rank (or on rank 1 only), every rank learns it
     in the probe round and the ring runs instead: the same result on all,
     nothing written twice, nothing hung."""
-    _run(3, mode, env=dict(env, ERDMA_COLL_ALLREDUCE="sched_slices"), timeout=240)
+    _run(3, mode, env=dict(env, **_SLICES), timeout=240)
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
@@ -432,7 +475,7 @@ def test_allreduce_slices_when_cma_is_refused(monkeypatch):
     orig = harness.erdmarun_cmd
     monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
         "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
-    _run(4, "slices_refuse", env={"ERDMA_COLL_ALLREDUCE": "sched_slices"}, timeout=240)
+    _run(4, "slices_refuse", env=_SLICES, timeout=240)
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")

@@ -34,9 +34,10 @@ allreduce       sched_exchange if n == 2 on two hosts, sched_direct if
                 ring where CMA cannot be used), sched_ring if N >= S;
                 else rabenseifner if n is a power of two, ring otherwise
 reduce_scatter  sched_pair if n == 2 and N >= S (commutative; equal
-                blocks, else sched_ring); sched_ring if N >= S
-                (commutative); else ring (commutative), reduce_scatterv
-                (non-commutative)
+                blocks, else sched_ring); sched_slices if N >= S and
+                n >= 3 (commutative; equal blocks read out of every
+                rank's input on one host, else sched_ring); else ring
+                (commutative), reduce_scatterv (non-commutative)
 gather,         binomial if n >= 4 and the whole vector is <= 256 KiB,
 scatter         else linear (equal blocks, the size known on every rank)
 gatherv         linear
@@ -111,7 +112,8 @@ from erdmampi.collectives.sched import (allgatherv_sched_ring, allreduce_sched_p
                                         bcast_sched_chain, bcast_sched_pair,
                                         bcast_sched_pull,
                                         reduce_scatter_sched_pair,
-                                        reduce_scatter_sched_ring)
+                                        reduce_scatter_sched_ring,
+                                        reduce_scatter_sched_slices)
 from erdmampi.collectives.reduce import (allreduce_rabenseifner,
                                          allreduce_recursive_doubling,
                                          allreduce_reduce_bcast, allreduce_ring,
@@ -169,7 +171,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "reduce_scatter": {"ring": reduce_scatter_ring,
                        "reduce_scatterv": reduce_scatter_reduce_scatterv,
                        "sched_ring": reduce_scatter_sched_ring,
-                       "sched_pair": reduce_scatter_sched_pair},
+                       "sched_pair": reduce_scatter_sched_pair,
+                       "sched_slices": reduce_scatter_sched_slices},
     "gather": {"binomial": gather_binomial, "linear": gather_linear},
     "scatter": {"binomial": scatter_binomial, "linear": scatter_linear},
     "gatherv": {"linear": gatherv_linear},
@@ -251,7 +254,7 @@ def _default(name: str, nbytes: int, size: int, count: int,
         return "rabenseifner" if size & (size - 1) == 0 else "ring"
     if name == "reduce_scatter":
         if big and commutative:
-            return "sched_pair" if size == 2 else "sched_ring"
+            return "sched_pair" if size == 2 else "sched_slices"
         return "ring" if commutative else "reduce_scatterv"
     if big and name == "allgatherv":
         return "sched_ring"

@@ -46,7 +46,7 @@ __all__ = [
     "SCHED_OPS", "SCHED_DTYPES", "sched_reduction",
     "allreduce_sched_ring", "reduce_scatter_sched_ring", "allgatherv_sched_ring",
     "bcast_sched_chain", "alltoallv_sched", "bcast_sched_pair", "bcast_sched_pull", "alltoall_sched",
-    "allreduce_sched_pair", "allreduce_sched_slices",
+    "allreduce_sched_pair", "allreduce_sched_slices", "reduce_scatter_sched_slices",
 ]
 
 #: predefined reduction ops the C reducer implements
@@ -269,6 +269,43 @@ def reduce_scatter_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
     if sendbuf is None or np.shares_memory(src, acc):
         src = src.copy()
     b.reduce_scatter_pair(src, acc, opname, t.rank)
+    out.done()
+    return True
+
+
+def reduce_scatter_sched_slices(t: Transport, sendbuf: Optional[np.ndarray],
+                                recvbuf: np.ndarray, recvcounts: Sequence[int],
+                                reduce_fn: ReduceFn,
+                                commutative: bool = True) -> Optional[bool]:
+    """Three or more ranks of one host, equal blocks, one engine call
+    (``erdma_coll_reduce_scatter_slices``): each rank reduces its block of
+    every input straight out of the other ranks' buffers (CMA) in rank
+    order.  Unequal blocks, ops or types the C reducer lacks, or no CMA:
+    :func:`reduce_scatter_sched_ring` (on every rank alike).
+    ``sendbuf=None``: in place, as there."""
+    n = t.size
+    cnts = [int(c) for c in recvcounts]
+    red = sched_reduction(reduce_fn)
+    b = _bulk(t) if n >= 3 and len(cnts) == n and len(set(cnts)) == 1 else None
+    if b is None or red is None or not commutative or recvbuf.nbytes % red[1].itemsize:
+        return reduce_scatter_sched_ring(t, sendbuf, recvbuf, recvcounts, reduce_fn,
+                                         commutative)
+    opname, dtype = red
+    cnt = cnts[0]
+    data = _typed(_contig(recvbuf if sendbuf is None else sendbuf), dtype)
+    if sendbuf is not None and data.size != n * cnt:
+        raise ValueError(f"reduce_scatter: send buffer has {data.size} elements, "
+                         f"recvcounts sum to {n * cnt}")
+    if cnt == 0:
+        return True
+    out = _Out(recvbuf)
+    acc = _typed(out.work, dtype)[:cnt]
+    src = data[:n * cnt]
+    if sendbuf is None or np.shares_memory(src, acc):
+        src = src.copy()
+    if not b.reduce_scatter_slices(src, acc, opname, t.rank):
+        return reduce_scatter_sched_ring(t, sendbuf, recvbuf, recvcounts, reduce_fn,
+                                         commutative)
     out.done()
     return True
 

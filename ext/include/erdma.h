@@ -475,6 +475,13 @@ int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uin
 int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
                                 int op, int dtype, const int *ranks, int n, int me, int tag,
                                 uint32_t ctx, double timeout);
+/* n >= 3, one host, sbuf and rbuf apart: Reduce_scatter_block of count
+ * elements per block, rank me reducing block me of every input as above;
+ * 1 (every rank alike) where some pair cannot use CMA, also when a read
+ * fails midway (the inputs are intact): the caller runs another algorithm. */
+int erdma_coll_reduce_scatter_slices(erdma_engine *e, const void *sbuf, void *rbuf,
+                                     uint64_t count, int op, int dtype, const int *ranks,
+                                     int n, int me, int tag, uint32_t ctx, double timeout);
 /* n == 2, sbuf != rbuf: Reduce_scatter_block of count elements per block
  * the same way: rank me reads block me of the other's input. */
 int erdma_coll_reduce_scatter_pair(erdma_engine *e, const void *sbuf, void *rbuf,

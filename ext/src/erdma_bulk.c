@@ -819,32 +819,16 @@ static int slices_reduce(erdma_engine *e, const int *ranks, int n, int me, const
   return 0;
 }
 
-int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
-                                int op, int dtype, const int *ranks, int n, int me, int tag,
-                                uint32_t ctx, double timeout) {
-  int es = erdma_dtype_size(dtype);
-  /* (an op the type lacks is refused here, on every rank, not mid-round) */
-  if (coll_check_comm(e, ranks, n, me) || n < 3 || es <= 0 || (count && !rbuf) ||
-      erdma_reduce_local(NULL, NULL, 0, op, dtype))
-    return ERDMA_ERR_INVAL;
-  if (!sbuf) sbuf = rbuf;
-  const uint8_t *s = sbuf;
-  uint8_t *d = rbuf;
-  uint64_t nbytes = count * (uint64_t)es, mylo, mylen;
-  slice_of(count, n, me, es, &mylo, &mylen);
-  bulk_hdr *h = calloc((size_t)n * 8, sizeof *h);
-  erdma_req **rq = calloc((size_t)n * 8, sizeof *rq);
-  uint8_t *acc = malloc(2 * BULK_SLICE_PIECE);
-  if (!h || !rq || !acc) {
-    free(h);
-    free(rq);
-    free(acc);
-    return ERDMA_ERR_NOMEM;
-  }
-  /* per round r (0..3): out h[2rn..], in h[(2r+1)n..]; requests likewise */
-  bulk_hdr *o0 = h, *i0 = h + n, *o1 = h + 2 * n, *i1 = h + 3 * n, *o2 = h + 4 * n,
-           *i2 = h + 5 * n, *o3 = h + 6 * n, *i3 = h + 7 * n;
-  int rc = 0, cma = 1, seen = 1, ok = 1, fail = 0, result = 0;
+/* Rounds 0 and 1: addresses (into h[0..2n)), then the probes unless every
+ * rank has read from all its peers before (h[2n..4n)).  *ok: CMA can be
+ * used by every pair (the same on every rank).  probe_at: where in a peer's
+ * input this rank reads. */
+static int slices_begin(erdma_engine *e, const int *ranks, int n, int me, int tag, uint32_t ctx,
+                        const uint8_t *s, const uint8_t *d, uint64_t nbytes, uint64_t probe_at,
+                        int es, bulk_hdr *h, erdma_req **rq, double timeout, int *ok) {
+  bulk_hdr *o0 = h, *i0 = h + n, *o1 = h + 2 * n, *i1 = h + 3 * n;
+  int rc, cma = 1, seen = 1;
+  *ok = 1;
   for (int j = 0; j < n; j++)
     if (j != me) {
       cma &= shm_cma_ok(e, ranks[j]);
@@ -858,32 +842,82 @@ int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, u
     o0[j].cma = (uint32_t)cma;
     o0[j].done2 = (uint64_t)(cma && seen); /* the same in every header */
   }
-  rc = slices_round(e, ranks, n, me, tag, ctx, o0, i0, rq, rq + n, timeout);
+  if ((rc = slices_round(e, ranks, n, me, tag, ctx, o0, i0, rq, rq + n, timeout))) return rc;
   int skip = cma && seen;
-  for (int j = 0; j < n && !rc; j++)
+  for (int j = 0; j < n; j++)
     if (j != me) {
-      if (i0[j].len != nbytes) rc = ERDMA_ERR_TRUNCATE;
+      if (i0[j].len != nbytes) return ERDMA_ERR_TRUNCATE;
       skip &= i0[j].done2 != 0;
     }
-  /* probes: one element of each peer's input (where this rank reads) */
-  for (int j = 0; j < n && !rc && !skip; j++) {
+  if (skip) return 0;
+  for (int j = 0; j < n; j++) { /* one element of each peer's input */
     if (j == me) continue;
     uint8_t probe[16];
     if (!cma || !i0[j].cma ||
-        (nbytes && shm_cma_copy(e, ranks[j], probe, i0[j].addr + (mylen ? mylo : 0),
-                                (uint64_t)es, 0)))
-      ok = 0;
+        (nbytes && shm_cma_copy(e, ranks[j], probe, i0[j].addr + probe_at, (uint64_t)es, 0)))
+      *ok = 0;
   }
-  for (int j = 0; j < n; j++) o1[j].done = (uint64_t)!ok;
-  if (!rc && !skip)
-    rc = slices_round(e, ranks, n, me, tag + 1, ctx, o1, i1, rq + 2 * n, rq + 3 * n, timeout);
-  for (int j = 0; j < n && !rc && !skip; j++)
-    if (j != me && i1[j].done) ok = 0;
-  if (!rc && !ok) result = 1; /* every rank saw the same flags: all fall back */
+  for (int j = 0; j < n; j++) o1[j].done = (uint64_t)!*ok;
+  if ((rc = slices_round(e, ranks, n, me, tag + 1, ctx, o1, i1, rq + 2 * n, rq + 3 * n,
+                         timeout)))
+    return rc;
+  for (int j = 0; j < n; j++)
+    if (j != me && i1[j].done) *ok = 0;
+  return 0;
+}
+
+/* The headers, requests (8 per peer) and two reduction pieces of a call. */
+typedef struct {
+  bulk_hdr *h;
+  erdma_req **rq;
+  uint8_t *acc, *tmp;
+} slices_mem;
+
+static int slices_alloc(slices_mem *m, int n) {
+  m->h = calloc((size_t)n * 8, sizeof *m->h);
+  m->rq = calloc((size_t)n * 8, sizeof *m->rq);
+  m->acc = malloc(2 * BULK_SLICE_PIECE);
+  m->tmp = m->acc ? m->acc + BULK_SLICE_PIECE : NULL;
+  return m->h && m->rq && m->acc ? 0 : ERDMA_ERR_NOMEM;
+}
+
+/* Wait for the sends (the receives are done), free everything. */
+static int slices_end(slices_mem *m, int n, int me, int rc, double timeout) {
+  for (int j = 0; j < n && !rc; j++)
+    for (int r = 0; r < 8 && !rc; r++)
+      if (j != me && m->rq) rc = bulk_wait(&m->rq[r * n + j], timeout, UINT64_MAX);
+  if (m->rq) bulk_drop(m->rq, 8 * n);
+  free(m->h);
+  free(m->rq);
+  free(m->acc);
+  return rc;
+}
+
+int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t count,
+                                int op, int dtype, const int *ranks, int n, int me, int tag,
+                                uint32_t ctx, double timeout) {
+  int es = erdma_dtype_size(dtype);
+  /* (an op the type lacks is refused here, on every rank, not mid-round) */
+  if (coll_check_comm(e, ranks, n, me) || n < 3 || es <= 0 || (count && !rbuf) ||
+      erdma_reduce_local(NULL, NULL, 0, op, dtype))
+    return ERDMA_ERR_INVAL;
+  if (!sbuf) sbuf = rbuf;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  uint64_t nbytes = count * (uint64_t)es, mylo, mylen;
+  slice_of(count, n, me, es, &mylo, &mylen);
+  slices_mem m;
+  int rc = slices_alloc(&m, n), ok = 0, fail = 0;
+  if (rc) return slices_end(&m, n, me, rc, timeout);
+  /* rounds 2 and 3: out h[4n..], in h[5n..]; out h[6n..], in h[7n..] */
+  bulk_hdr *i0 = m.h + n, *o2 = m.h + 4 * n, *i2 = m.h + 5 * n, *o3 = m.h + 6 * n,
+           *i3 = m.h + 7 * n;
+  erdma_req **rq = m.rq;
+  rc = slices_begin(e, ranks, n, me, tag, ctx, s, d, nbytes, mylen ? mylo : 0, es, m.h, rq,
+                    timeout, &ok);
   if (!rc && ok) {
-    uint8_t *tmp = acc + BULK_SLICE_PIECE;
-    fail = slices_reduce(e, ranks, n, me, s, d + mylo, mylo, mylen, i0, es, op, dtype, acc,
-                         tmp, &rc);
+    fail = slices_reduce(e, ranks, n, me, s, d + mylo, mylo, mylen, i0, es, op, dtype, m.acc,
+                         m.tmp, &rc);
     for (int j = 0; j < n; j++) o2[j].done = (uint64_t)(fail || rc);
     /* post the read-done receives first, then say the slice is done */
     for (int j = 0; j < n && !rc; j++)
@@ -916,14 +950,39 @@ int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, u
         if (!rc && i3[j].done) fail = 1;
       }
   }
-  for (int j = 0; j < n && !rc; j++) /* the sends (the receives are done) */
-    for (int r = 0; r < 8 && !rc; r++)
-      if (j != me) rc = bulk_wait(&rq[r * n + j], timeout, UINT64_MAX);
-  bulk_drop(rq, 8 * n);
-  free(h);
-  free(rq);
-  free(acc);
-  if (rc) return rc;
+  if ((rc = slices_end(&m, n, me, rc, timeout))) return rc;
   if (fail) return ERDMA_ERR_STATE; /* CMA refused after the probes: inputs may be gone */
-  return result;
+  return ok ? 0 : 1;                 /* every rank saw the same flags: all fall back */
+}
+
+int erdma_coll_reduce_scatter_slices(erdma_engine *e, const void *sbuf, void *rbuf,
+                                     uint64_t count, int op, int dtype, const int *ranks,
+                                     int n, int me, int tag, uint32_t ctx, double timeout) {
+  int es = erdma_dtype_size(dtype);
+  uint64_t blk = count * (uint64_t)es, nbytes = blk * (uint64_t)n;
+  const uint8_t *s = sbuf;
+  uint8_t *d = rbuf;
+  if (coll_check_comm(e, ranks, n, me) || n < 3 || es <= 0 || (count && (!sbuf || !rbuf)) ||
+      erdma_reduce_local(NULL, NULL, 0, op, dtype) ||
+      (count && d < s + nbytes && s < d + blk)) /* overlapping buffers */
+    return ERDMA_ERR_INVAL;
+  slices_mem m;
+  int rc = slices_alloc(&m, n), ok = 0, fail = 0;
+  if (rc) return slices_end(&m, n, me, rc, timeout);
+  bulk_hdr *i0 = m.h + n, *o2 = m.h + 4 * n, *i2 = m.h + 5 * n;
+  uint64_t lo = (uint64_t)me * blk;
+  rc = slices_begin(e, ranks, n, me, tag, ctx, s, d, nbytes, lo, es, m.h, m.rq, timeout, &ok);
+  if (!rc && ok) {
+    fail = slices_reduce(e, ranks, n, me, s, d, lo, blk, i0, es, op, dtype, m.acc, m.tmp, &rc);
+    /* done with the others' inputs: a failure anywhere and every rank runs
+     * the caller's other algorithm (the inputs are intact) */
+    for (int j = 0; j < n; j++) o2[j].done = (uint64_t)(fail || rc);
+    if (!rc)
+      rc = slices_round(e, ranks, n, me, tag + 2, ctx, o2, i2, m.rq + 5 * n, m.rq + 4 * n,
+                        timeout);
+    for (int j = 0; j < n && !rc; j++)
+      if (j != me && i2[j].done) fail = 1;
+  }
+  if ((rc = slices_end(&m, n, me, rc, timeout))) return rc;
+  return ok && !fail ? 0 : 1;
 }
