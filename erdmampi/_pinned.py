@@ -43,7 +43,9 @@ class PinnedPool:
         self._alloc, self._free, self._keep = alloc, free, keep
         self._idle = {}            # size class -> [(address, handle)]
         self._idle_bytes = 0
-        self._lock = threading.Lock()
+        # re-entrant: a collection inside the lock may finalize another area
+        # and give it back on this thread
+        self._lock = threading.RLock()
         self.pinned = 0            # areas pinned so far (for tests)
 
     def take(self, nbytes):
@@ -56,7 +58,8 @@ class PinnedPool:
                 self._idle_bytes -= size
         if got is None:
             got = self._alloc(size)
-            self.pinned += 1
+            with self._lock:
+                self.pinned += 1
         area = _Area()
         area.__array_interface__ = {"shape": (size,), "typestr": "|u1",
                                     "data": (got[0], False), "version": 3}

@@ -387,7 +387,7 @@ def _staging(nbytes):
             try:
                 import cupyx  # noqa: PLC0415
                 _CUPYX = cupyx
-            except ImportError:
+            except Exception:  # noqa: BLE001  (missing, or broken against this numpy)
                 _CUPYX = False
         try:
             if _CUPYX is not False:

@@ -293,9 +293,9 @@ def reduce_scatter_sched_slices(t: Transport, sendbuf: Optional[np.ndarray],
     opname, dtype = red
     cnt = cnts[0]
     data = _typed(_contig(recvbuf if sendbuf is None else sendbuf), dtype)
-    if sendbuf is not None and data.size != n * cnt:
-        raise ValueError(f"reduce_scatter: send buffer has {data.size} elements, "
-                         f"recvcounts sum to {n * cnt}")
+    if data.size < n * cnt or sendbuf is not None and data.size != n * cnt:
+        raise ValueError(f"reduce_scatter: {'send' if sendbuf is not None else 'receive'} "
+                         f"buffer has {data.size} elements, recvcounts sum to {n * cnt}")
     if cnt == 0:
         return True
     out = _Out(recvbuf)

@@ -206,9 +206,12 @@ class _Done:
     def wait(self, timeout=None) -> bool:
         if self._set:
             return True
-        got = self._lock.acquire(True, -1 if timeout is None else max(0.0, timeout))
-        if got:
-            self._lock.release()      # the next waiter passes too
+        got = False
+        try:
+            got = self._lock.acquire(True, -1 if timeout is None else max(0.0, timeout))
+        finally:
+            if got:
+                self._lock.release()      # the next waiter passes too
         return got or self._set
 
 

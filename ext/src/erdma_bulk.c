@@ -822,12 +822,18 @@ static int slices_reduce(erdma_engine *e, const int *ranks, int n, int me, const
 /* Rounds 0 and 1: addresses (into h[0..2n)), then the probes unless every
  * rank has read from all its peers before (h[2n..4n)).  *ok: CMA can be
  * used by every pair (the same on every rank).  probe_at: where in a peer's
- * input this rank reads. */
+ * input this rank reads; rprobe: also read one element of its rbuf.  A
+ * communicator that spans hosts is refused at once, with no round (a rank
+ * on another host is so for every rank, so all see it). */
 static int slices_begin(erdma_engine *e, const int *ranks, int n, int me, int tag, uint32_t ctx,
                         const uint8_t *s, const uint8_t *d, uint64_t nbytes, uint64_t probe_at,
-                        int es, bulk_hdr *h, erdma_req **rq, double timeout, int *ok) {
+                        int rprobe, int es, bulk_hdr *h, erdma_req **rq, double timeout,
+                        int *ok) {
   bulk_hdr *o0 = h, *i0 = h + n, *o1 = h + 2 * n, *i1 = h + 3 * n;
   int rc, cma = 1, seen = 1;
+  *ok = 0;
+  for (int j = 0; j < n; j++)
+    if (j != me && shm_is_local(e, ranks[j]) < 0) return 0;
   *ok = 1;
   for (int j = 0; j < n; j++)
     if (j != me) {
@@ -854,7 +860,8 @@ static int slices_begin(erdma_engine *e, const int *ranks, int n, int me, int ta
     if (j == me) continue;
     uint8_t probe[16];
     if (!cma || !i0[j].cma ||
-        (nbytes && shm_cma_copy(e, ranks[j], probe, i0[j].addr + probe_at, (uint64_t)es, 0)))
+        (nbytes && shm_cma_copy(e, ranks[j], probe, i0[j].addr + probe_at, (uint64_t)es, 0)) ||
+        (nbytes && rprobe && shm_cma_copy(e, ranks[j], probe, i0[j].raddr, (uint64_t)es, 0)))
       *ok = 0;
   }
   for (int j = 0; j < n; j++) o1[j].done = (uint64_t)!*ok;
@@ -913,7 +920,7 @@ int erdma_coll_allreduce_slices(erdma_engine *e, const void *sbuf, void *rbuf, u
   bulk_hdr *i0 = m.h + n, *o2 = m.h + 4 * n, *i2 = m.h + 5 * n, *o3 = m.h + 6 * n,
            *i3 = m.h + 7 * n;
   erdma_req **rq = m.rq;
-  rc = slices_begin(e, ranks, n, me, tag, ctx, s, d, nbytes, mylen ? mylo : 0, es, m.h, rq,
+  rc = slices_begin(e, ranks, n, me, tag, ctx, s, d, nbytes, mylen ? mylo : 0, 1, es, m.h, rq,
                     timeout, &ok);
   if (!rc && ok) {
     fail = slices_reduce(e, ranks, n, me, s, d + mylo, mylo, mylen, i0, es, op, dtype, m.acc,
@@ -971,7 +978,8 @@ int erdma_coll_reduce_scatter_slices(erdma_engine *e, const void *sbuf, void *rb
   if (rc) return slices_end(&m, n, me, rc, timeout);
   bulk_hdr *i0 = m.h + n, *o2 = m.h + 4 * n, *i2 = m.h + 5 * n;
   uint64_t lo = (uint64_t)me * blk;
-  rc = slices_begin(e, ranks, n, me, tag, ctx, s, d, nbytes, lo, es, m.h, m.rq, timeout, &ok);
+  rc = slices_begin(e, ranks, n, me, tag, ctx, s, d, nbytes, lo, 0, es, m.h, m.rq, timeout,
+                    &ok);
   if (!rc && ok) {
     fail = slices_reduce(e, ranks, n, me, s, d, lo, blk, i0, es, op, dtype, m.acc, m.tmp, &rc);
     /* done with the others' inputs: a failure anywhere and every rank runs

@@ -139,7 +139,7 @@ def check_direct(comm):
     check(ok is True and (y == size * (size + 1) / 2).all(), f"allreduce_sched_ring ran: {ok}")
     ok = sched.allreduce_sched_ring(comm._transport(), x, y, lambda a, b: None, True)
     check(ok is False, "a user-defined op falls back")
-    want = sched.allreduce_sched_pair if size == 2 else sched.allreduce_sched_ring
+    want = sched.allreduce_sched_pair if size == 2 else sched.allreduce_sched_slices
     check(coll.select("allreduce", 1 << 20, size, 1 << 17) is want or size == 1,
           "selected for 1 MiB")
 
