@@ -256,21 +256,34 @@ def reduce_scatter_sched_pair(t: Transport, sendbuf: Optional[np.ndarray],
     if red is None or not commutative or b is None:
         return False
     opname, dtype = red
-    cnt = int(recvcounts[0])
-    data = _typed(_contig(recvbuf if sendbuf is None else sendbuf), dtype)
-    if sendbuf is not None and data.size != 2 * cnt:
-        raise ValueError(f"reduce_scatter: send buffer has {data.size} elements, "
-                         f"recvcounts sum to {2 * cnt}")
-    if cnt == 0:
+    ops = _block_operands(sendbuf, recvbuf, 2, int(recvcounts[0]), dtype)
+    if ops is None:
         return True
-    out = _Out(recvbuf)
-    acc = _typed(out.work, dtype)[:cnt]
-    src = data[:2 * cnt]
-    if sendbuf is None or np.shares_memory(src, acc):
-        src = src.copy()
+    out, acc, src = ops
     b.reduce_scatter_pair(src, acc, opname, t.rank)
     out.done()
     return True
+
+
+def _block_operands(sendbuf, recvbuf, n, cnt, dtype):
+    """``(out, acc, src)`` for a Reduce_scatter of ``n`` equal blocks of
+    ``cnt`` elements: ``out`` the contiguous stand-in of ``recvbuf``, ``acc``
+    its first block, ``src`` the whole input, copied where it shares memory
+    with ``acc`` (``sendbuf=None``: the input is ``recvbuf``'s first n
+    blocks); None when the blocks are empty.  Raises ValueError when the
+    input does not hold the n blocks."""
+    data = _typed(_contig(recvbuf if sendbuf is None else sendbuf), dtype)
+    if data.size < n * cnt or sendbuf is not None and data.size != n * cnt:
+        raise ValueError(f"reduce_scatter: {'send' if sendbuf is not None else 'receive'} "
+                         f"buffer has {data.size} elements, recvcounts sum to {n * cnt}")
+    if cnt == 0:
+        return None
+    out = _Out(recvbuf)
+    acc = _typed(out.work, dtype)[:cnt]
+    src = data[:n * cnt]
+    if sendbuf is None or np.shares_memory(src, acc):
+        src = src.copy()
+    return out, acc, src
 
 
 def reduce_scatter_sched_slices(t: Transport, sendbuf: Optional[np.ndarray],
@@ -291,18 +304,10 @@ def reduce_scatter_sched_slices(t: Transport, sendbuf: Optional[np.ndarray],
         return reduce_scatter_sched_ring(t, sendbuf, recvbuf, recvcounts, reduce_fn,
                                          commutative)
     opname, dtype = red
-    cnt = cnts[0]
-    data = _typed(_contig(recvbuf if sendbuf is None else sendbuf), dtype)
-    if data.size < n * cnt or sendbuf is not None and data.size != n * cnt:
-        raise ValueError(f"reduce_scatter: {'send' if sendbuf is not None else 'receive'} "
-                         f"buffer has {data.size} elements, recvcounts sum to {n * cnt}")
-    if cnt == 0:
+    ops = _block_operands(sendbuf, recvbuf, n, cnts[0], dtype)
+    if ops is None:
         return True
-    out = _Out(recvbuf)
-    acc = _typed(out.work, dtype)[:cnt]
-    src = data[:n * cnt]
-    if sendbuf is None or np.shares_memory(src, acc):
-        src = src.copy()
+    out, acc, src = ops
     if not b.reduce_scatter_slices(src, acc, opname, t.rank):
         return reduce_scatter_sched_ring(t, sendbuf, recvbuf, recvcounts, reduce_fn,
                                          commutative)
