@@ -17,8 +17,10 @@ Stacks: ``erdmampi`` (the engine's default congestion control; ``erdmampi-bbr``
 or ``erdmampi-cubic`` set ERDMA_CC; ``erdmampi-ring`` forces the ring allreduce
 and the chained bcast that two hosts used before ``collectives/wan.py``;
 ``erdmampi+MODE`` sets ERDMA_COMPRESS=MODE,
-otherwise ERDMA_COMPRESS=off: the workload's data are small integers, which
-compress far better than real data), ``gloo-cubic``, ``gloo-bbr``,
+otherwise ERDMA_COMPRESS=off: the workload's default data are small integers,
+which compress far better than real data; ``--data gradients`` sends the
+float32 gradients of ``bench/codec_data.py`` instead, for runs that measure
+compression), ``gloo-cubic``, ``gloo-bbr``,
 ``mpich-cubic``, ``mpich-bbr`` (the TCP congestion control of the sites).
 
 A run that exceeds ``--time-cap`` seconds (start-up included) is killed and
@@ -174,7 +176,29 @@ def evaluate(outputs, nranks, timed_out, rcs, t_kill):
     return rec
 
 
-def run_one(bed, stack, coll, nbytes, cap, iters, log):
+_inputs = {}
+
+
+def input_file(data, nbytes, ranks):
+    """The workload's ``--input`` file for ``--data gradients`` (None for the
+    default small integers): ``ranks`` gradient sets of ``nbytes`` each, made
+    once per size in a temporary folder every site of the bed can read."""
+    if data == "ints":
+        return None
+    key = (data, nbytes, ranks)
+    if key not in _inputs:
+        import tempfile
+        import numpy as np
+        from bench.codec_data import gradients
+        d = tempfile.mkdtemp(prefix="bench-wan-")
+        path = os.path.join(d, "%s-%d-%d.npy" % key)
+        np.save(path, gradients(nbytes * ranks, seed=0))
+        os.chmod(d, 0o755)
+        _inputs[key] = path
+    return _inputs[key]
+
+
+def run_one(bed, stack, coll, nbytes, cap, iters, log, data="ints"):
     """One job of ``stack`` on ``bed``: -> run record (see :func:`evaluate`)."""
     st = parse_stack(stack)
     count = nbytes // 4
@@ -182,6 +206,9 @@ def run_one(bed, stack, coll, nbytes, cap, iters, log):
             "--op", coll, "--count", str(count), "--iters", str(iters), "--warmup", "1",
             "--warmup-count", str(min(count, WARMUP_BYTES // 4)),
             "--max-seconds", "%.1f" % (cap / 4), "--progress"]
+    path = input_file(data, nbytes, bed.sites)
+    if path:
+        argv += ["--input", path]
     if st["tcp_cc"]:
         bed.set_cc(st["tcp_cc"])
     env = dict(st["env"])
@@ -215,7 +242,7 @@ def run_one(bed, stack, coll, nbytes, cap, iters, log):
         if rec["status"] != "ok":     # for diagnosis: the end of each process's output
             rec["output_tail"] = [o[-1500:] for o in outs]
     after = bed.link_bytes()
-    rec.update(stack=stack, coll=coll, bytes=nbytes, wall_s=round(t_kill - t0, 2),
+    rec.update(stack=stack, coll=coll, bytes=nbytes, data=data, wall_s=round(t_kill - t0, 2),
                load=round((load0 + os.getloadavg()[0]) / 2, 2),
                env={k: v for k, v in st["env"].items()},
                link_up_bytes=sum(a["up"] - b["up"] for a, b in zip(after, before)))
@@ -368,7 +395,9 @@ def markdown(rows, meta):
         "run. \"> cap\": no timed iteration started before the cap. ×cubic / ×bbr: "
         "erdmampi (each erdmampi stack where several ran) over the best TCP stack with "
         "that congestion control (> 1: erdmampi "
-        "faster; ≥ / ≤ where a side is a bound)." % meta["time_cap"], ""]
+        "faster; ≥ / ≤ where a side is a bound)." % meta["time_cap"]
+        + (" Data: float32 gradients (bench/codec_data.py)."
+           if meta.get("data") == "gradients" else ""), ""]
     groups = []
     for r in rows:
         g = (r["sites"], r["rate_bps"], r["coll"], r["bytes"])
@@ -549,6 +578,10 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=3,
                    help="timed iterations per run at most (default 3; a run stops "
                         "early once they took a quarter of the cap)")
+    p.add_argument("--data", choices=("ints", "gradients"), default="ints",
+                   help="the vectors: small integers (default; exact, highly compressible) "
+                        "or float32 gradients of a small MLP (bench/codec_data.py), "
+                        "for runs that measure compression")
     p.add_argument("--quick", action="store_true",
                    help="smoke preset: 2 sites, 100mbit, RTT 2,20 ms, loss 0,0.01, 1MiB "
                         "allreduce, erdmampi,gloo-bbr,mpich-bbr, cap 30 s")
@@ -652,7 +685,8 @@ def main(argv=None):
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git_head(),
             "host_cpus": os.cpu_count(), "loadavg": [os.getloadavg()[0]],
             "time_cap": a.time_cap, "reps": a.reps, "iters": a.iters, "stacks": a.stacks,
-            "warmup_bytes": WARMUP_BYTES, "cells": [], "bed_errors": [], "elapsed_s": 0.0}
+            "data": a.data, "warmup_bytes": WARMUP_BYTES, "cells": [], "bed_errors": [],
+            "elapsed_s": 0.0}
     runs = []
     t_start = time.time()
     rot = itertools.count()
@@ -677,7 +711,8 @@ def main(argv=None):
                     k = next(rot) % len(a.stacks)
                     for stack in a.stacks[k:] + a.stacks[:k]:
                         bar.step("%s: %s %d bytes on %s" % (key, coll, nbytes, stack))
-                        rec = run_one(bed, stack, coll, nbytes, a.time_cap, a.iters, log)
+                        rec = run_one(bed, stack, coll, nbytes, a.time_cap, a.iters, log,
+                                      a.data)
                         bar.advance()
                         rec.update(cell=key, rep=rep)
                         runs.append(rec)

@@ -93,6 +93,71 @@ def test_allreduce_noncommutative_rank_order(codec, size):
         np.testing.assert_array_equal(out, _data(0, n, np.int64))
 
 
+class _Hosts:
+    """A thread-rank transport with host labels (``hosts``), counting the
+    messages sent and the largest one."""
+
+    def __init__(self, t, hosts):
+        self.t, self.hosts, self.rank, self.size = t, hosts, t.rank, t.size
+        self.sent = []
+
+    def isend(self, buf, dest, tag):
+        self.sent.append(buf.nbytes)
+        return self.t.isend(buf, dest, tag)
+
+    def __getattr__(self, name):
+        return getattr(self.t, name)
+
+
+@pytest.mark.parametrize("codec", EXACT)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_two_host_exchange_eager_chunks(codec, dtype, inplace, monkeypatch):
+    # two hosts: one phase of eager-sized chunks, each at most the eager
+    # limit, several windows of receives; exact, in place or not
+    monkeypatch.setenv("ERDMA_EAGER_LIMIT", "8192")
+    monkeypatch.setattr(C, "EXCHANGE_WINDOW", 3)
+    n = 20011
+    want = (_data(0, n, dtype) + _data(1, n, dtype)).astype(dtype)
+
+    def fn(t):
+        tt = _Hosts(t, ["a", "b"])
+        x = _data(t.rank, n, dtype)
+        out = x.copy() if inplace else np.zeros_like(x)
+        cd = _coder(codec, dtype, "allreduce", chunk=1 << 30)
+        C.allreduce(tt, None if inplace else x, out, _sum, cd)
+        return out, tt.sent
+    for out, sent in spawn(2, fn):
+        np.testing.assert_array_equal(out, want)
+        assert max(sent) <= 8192, max(sent)
+        per = C._eager_elems(_coder(codec, dtype, "allreduce"))
+        assert len(sent) == -(-n // per) and per * np.dtype(dtype).itemsize > 4096
+
+
+@pytest.mark.parametrize("hosts,exchange", [(["a", "b"], True), (["a", "a"], False)])
+def test_two_host_exchange_rank_order_and_choice(hosts, exchange, monkeypatch):
+    # x OP y = 2x - y is not commutative: both ranks must compute x0 OP x1;
+    # two ranks of one host keep the reduce-scatter + all-gather
+    monkeypatch.setenv("ERDMA_EAGER_LIMIT", "8192")
+    n = 3000
+
+    def op(a, io):
+        io[...] = 2 * a - io
+
+    def fn(t):
+        tt = _Hosts(t, hosts)
+        out = np.zeros(n, np.int64)
+        cd = _coder("raw", np.int64, "allreduce", chunk=100)
+        C.allreduce(tt, _data(t.rank, n, np.int64), out, op, cd)
+        return out, tt.sent
+    want = 2 * _data(0, n, np.int64) - _data(1, n, np.int64)
+    for out, sent in spawn(2, fn):
+        np.testing.assert_array_equal(out, want)
+        # exchange: the whole vector in 3 eager chunks; else 15 chunks of 100 of
+        # the peer's half, then 15 of the result
+        assert len(sent) == (3 if exchange else 30), sent
+
+
 @pytest.mark.parametrize("codec", EXACT)
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_block_collectives_exact_threads(codec, size, monkeypatch):
@@ -272,6 +337,14 @@ def test_collectives_lossless_over_quic(nprocs):
     out = _run(nprocs, "compress_cco.py", {"ERDMA_COMPRESS": "lossless",
                                            "ERDMA_COMPRESS_CHUNK": "4096"})
     assert f"compress_cco: OK size={nprocs}" in out
+
+
+@pytest.mark.slow
+def test_two_host_exchange_over_quic():
+    # two ranks as two hosts: the compressed exchange, with eager chunks
+    out = _run(2, "compress_cco.py", {"ERDMA_COMPRESS": "lossless", "ERDMA_FAKE_HOSTS": "1",
+                                      "ERDMA_EAGER_LIMIT": "8192"})
+    assert "compress_cco: OK size=2" in out
 
 
 @pytest.mark.slow

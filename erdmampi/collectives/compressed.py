@@ -31,7 +31,10 @@ and sends that one encoding to every rank, which all decode it, the owner
 included.  So a value is quantized at most twice whatever the number of
 ranks (no error compounding hop after hop), every rank ends with
 bit-identical results, and each rank sends the same (n-1)/n of the vector
-per phase as a ring would, in one step instead of n-1.
+per phase as a ring would, in one step instead of n-1.  Two ranks on two
+hosts exchange their whole encoded vectors instead (one phase, chunks small
+enough to go eager: no rendezvous round trips), as the uncompressed
+two-host algorithm does (:mod:`erdmampi.collectives.wan`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ _T_DATA = 1
 _T_RESULT = 2
 #: receives posted ahead per chunk stream
 WINDOW = 8
+#: receives posted ahead in a two-host exchange (eager chunks: ~16 MiB)
+EXCHANGE_WINDOW = 256
 
 
 def _chunks(count: int, ce: int):
@@ -66,12 +71,12 @@ class _Stream:
     :data:`WINDOW` are posted at once, then one more per chunk consumed, so
     memory stays bounded for long vectors."""
 
-    def __init__(self, t, cd, count, source, tag):
+    def __init__(self, t, cd, count, source, tag, ce=None, window=WINDOW):
         self.t, self.cd, self.source, self.tag = t, cd, source, tag
-        self.todo = _chunks(count, cd.chunk_elems)
+        self.todo = _chunks(count, ce or cd.chunk_elems)
         self.next = 0
         self.posted = []
-        for _ in range(min(WINDOW, len(self.todo))):
+        for _ in range(min(window, len(self.todo))):
             self._post()
 
     def _post(self):
@@ -89,10 +94,10 @@ class _Stream:
             yield a, b, buf
 
 
-def _send_encoded(t, cd, src, dests, tag, sends, fb_key=None):
+def _send_encoded(t, cd, src, dests, tag, sends, fb_key=None, ce=None):
     """Encode ``src`` chunk by chunk, each chunk once, and send it to every
     rank in ``dests``."""
-    for i, (a, b) in enumerate(_chunks(src.size, cd.chunk_elems)):
+    for i, (a, b) in enumerate(_chunks(src.size, ce or cd.chunk_elems)):
         enc = cd.encode(src[a:b], dests, None if fb_key is None else fb_key + (i,))
         for d in dests:
             sends.append(t.isend(enc, d, tag))
@@ -212,7 +217,10 @@ def allreduce(t: Transport, sendbuf, recvbuf, reduce_fn: Optional[ReduceFn], cd)
     """Reduce-scatter as an all-to-all, then an all-gather of each owner's
     single encoding (see the module docstring).  ``sendbuf=None``: in place.
     Lossless coders reduce with ``reduce_fn`` in rank order (so any
-    associative op works); lossy coders sum in float32."""
+    associative op works); lossy coders sum in float32.  Two ranks on two
+    hosts with a lossless coder run :func:`_allreduce_exchange` instead."""
+    if _exchange_applies(t, sendbuf, recvbuf, cd):
+        return _allreduce_exchange(t, sendbuf, recvbuf, reduce_fn, cd)
     n, me = t.size, t.rank
     src = recvbuf if sendbuf is None else sendbuf
     counts, displs = even_blocks(recvbuf.size, n)
@@ -263,5 +271,61 @@ def allreduce(t: Transport, sendbuf, recvbuf, reduce_fn: Optional[ReduceFn], cd)
     for q, st in results:
         for a, b, enc in st:
             cd.decode(enc, recvbuf[displs[q] + a:displs[q] + b])
+    t.waitall(sends)
+    cd.finish()
+
+
+def _exchange_applies(t, sendbuf, recvbuf, cd) -> bool:
+    """Two ranks on two hosts (or a transport without host labels), a
+    lossless coder, host buffers."""
+    if t.size != 2 or cd.lossy or cd.device or not isinstance(recvbuf, np.ndarray):
+        return False
+    if sendbuf is not None and not isinstance(sendbuf, np.ndarray):
+        return False
+    hosts = getattr(t, "hosts", None)
+    return hosts is None or len(hosts) != 2 or hosts[0] != hosts[1]
+
+
+def _eager_elems(cd) -> int:
+    """Elements per chunk whose worst-case encoding fits the engine's eager
+    limit (``ERDMA_EAGER_LIMIT``), so each chunk leaves at once with no
+    rendezvous round trip; the coder's own chunk when that limit is under
+    4 KiB.  Every rank computes the same value from the same settings."""
+    from erdmampi import config
+    limit = max(0, int(config.get("ERDMA_EAGER_LIMIT") or 0))
+    size = cd.dtype.itemsize
+    ce = limit // size
+    while ce * size >= 4096 and cd.max_size(ce) > limit:
+        ce -= max(1, -(-(cd.max_size(ce) - limit) // size))
+    return ce if ce * size >= 4096 else cd.chunk_elems
+
+
+def _allreduce_exchange(t, sendbuf, recvbuf, reduce_fn, cd) -> None:
+    """Two ranks on two hosts: each encodes its whole vector once, in chunks
+    sent as eager messages, and reduces the peer's chunks as they arrive.
+    The same bytes cross each link as in the reduce-scatter + all-gather,
+    but in one phase: no result waits for a round trip after the data it
+    depends on, and no chunk waits for a rendezvous.  Both ranks compute
+    ``x0 OP x1`` (rank 0's chunk on the left), so their results are
+    bit-identical for any op."""
+    me, other = t.rank, 1 - t.rank
+    src = recvbuf if sendbuf is None else sendbuf
+    ce = _eager_elems(cd)
+    stream = _Stream(t, cd, src.size, other, _T_DATA, ce=ce, window=EXCHANGE_WINDOW)
+    sends: list = []
+    # every chunk is encoded before any result is written (in place: src is recvbuf)
+    _send_encoded(t, cd, src, [other], _T_DATA, sends, ce=ce)
+    theirs_all = np.empty(min(ce, src.size), recvbuf.dtype)
+    for a, b, enc in stream:
+        theirs = theirs_all[:b - a]
+        cd.decode(enc, theirs)
+        out = recvbuf[a:b]
+        if me == 0:
+            reduce_fn(src[a:b], theirs)      # theirs = x0 OP x1
+            out[...] = theirs
+        else:
+            if sendbuf is not None:
+                out[...] = src[a:b]
+            reduce_fn(theirs, out)           # out = x0 OP x1
     t.waitall(sends)
     cd.finish()

@@ -2,10 +2,14 @@
 
     python -m erdmampi.testing.workload --stack erdmampi|mpi4py|gloo \\
         [--op allreduce|bcast] [--count N] [--iters K] [--warmup W]
-        [--warmup-count N] [--max-seconds S] [--progress]
+        [--warmup-count N] [--max-seconds S] [--progress] [--input NPY]
 
-Every rank checks its result (exact: small integers in float32) and exits 1 on
-a mismatch; rank 0 prints one JSON line ``{"stack", "op", "size", "bytes",
+Every rank checks its result and exits 1 on a mismatch: exactly for the
+default inputs (small integers in float32), and for ``--input`` data (a float32
+``.npy`` file of at least ``size * count`` elements, rank r taking the r-th
+``count`` of them, e.g. real gradients for runs that compress) exactly for
+Bcast and 2-rank Allreduce, within the rounding bound of a sum in any order
+otherwise; rank 0 prints one JSON line ``{"stack", "op", "size", "bytes",
 "times": [seconds per iteration], "ok": true}``.
 
 For benchmarks that may be killed part-way (bench/wan.py):
@@ -38,6 +42,29 @@ def _expected(op, base, size):
     if op == "allreduce":
         return base * np.float32(size) + np.float32(size * (size - 1) // 2)
     return base                       # bcast from rank 0: rank 0's input
+
+
+def _file_inputs(path, count, rank, size, op):
+    """(x, want, tol) from a float32 .npy: rank r's input is the r-th ``count``
+    elements; ``tol`` is None for an exact check, else the per-element bound of
+    a float32 sum of ``size`` terms in any order (size * eps * sum |x_i|)."""
+    data = np.load(path, mmap_mode="r")
+    if data.dtype != np.float32 or data.size < size * count:
+        raise SystemExit("--input %s: need float32 with at least %d elements, got %s x %d"
+                         % (path, size * count, data.dtype, data.size))
+    flat = data.reshape(-1)
+    parts = [np.array(flat[r * count:(r + 1) * count]) for r in range(size)]
+    if op != "allreduce":
+        return parts[rank], parts[0], None
+    want = parts[0].copy()
+    for p in parts[1:]:
+        want += p
+    if size <= 2:                      # a + b is the same float whichever rank adds
+        return parts[rank], want, None
+    mag = np.zeros(count, np.float64)
+    for p in parts:
+        mag += np.abs(p)
+    return parts[rank], want, size * float(np.finfo(np.float32).eps) * mag
 
 
 class _MPIStack:
@@ -120,6 +147,9 @@ def main(argv=None):
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop after the timed iteration that ends this long after the "
                          "first timed one began (at least one timed iteration runs)")
+    ap.add_argument("--input", metavar="NPY",
+                    help="float32 .npy with size*count elements: rank r sends the r-th "
+                         "count of them (default: small integers, checked exactly)")
     ap.add_argument("--progress", action="store_true",
                     help="JSON progress lines: 'begin' (rank 0) and 'iter' (every rank)")
     a = ap.parse_args(argv)
@@ -127,14 +157,18 @@ def main(argv=None):
     wcount = a.count if a.warmup_count is None else a.warmup_count
     bufs = {}
     for n in {a.count, wcount}:
-        base, x = _inputs(n, st.rank)
-        bufs[n] = (x, _expected(a.op, base, st.size), np.empty_like(x))
+        if a.input:
+            x, want, tol = _file_inputs(a.input, n, st.rank, st.size, a.op)
+        else:
+            base, x = _inputs(n, st.rank)
+            want, tol = _expected(a.op, base, st.size), None
+        bufs[n] = (x, want, tol, np.empty_like(x))
     times, ok = [], True
     t_first = None
     for i in range(a.warmup + a.iters):
         warm = i < a.warmup
         n = wcount if warm else a.count
-        x, want, out = bufs[n]
+        x, want, tol, out = bufs[n]
         out.fill(-1)
         st.barrier()
         if a.progress and st.rank == 0:
@@ -145,9 +179,10 @@ def main(argv=None):
             t_first = t0
         st.run(a.op, x, out)
         dt = time.perf_counter() - t0
-        it_ok = bool(np.array_equal(out, want))
+        wrong = (out != want) if tol is None else ~(np.abs(out - want) <= tol)
+        it_ok = not wrong.any()
         if not it_ok:
-            bad = int(np.count_nonzero(out != want))
+            bad = int(np.count_nonzero(wrong))
             print(f"rank {st.rank}: iteration {i}: {bad} of {n} elements wrong",
                   file=sys.stderr, flush=True)
             ok = False
