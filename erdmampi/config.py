@@ -95,7 +95,10 @@ VARS_LIST = (
        ("ERDMA_SHM_EAGER_LIMIT", "size", None, "bytes up to which a message goes into the "
         "peer's ring (default 1M)", {"lo": 0}),
        ("ERDMA_SHM_CMA", "bool", True, "large messages as one process_vm_readv copy (0: "
-        "through the ring)")),
+        "through the ring)"),
+       ("ERDMA_SHM_BULK_CMA", "size", None, "a collective's block to a rank of this host "
+        "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
+        "(default: measured at start-up; 0: never)", {"lo": 0})),
     _v("between hosts (QUIC)",
        ("ERDMA_CC", "choice", "auto", "congestion control", {"choices": (
            "auto", "cubic", "reno", "bbr", "bbr2")}),

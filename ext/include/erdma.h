@@ -56,6 +56,8 @@
 
 /* Send flags. */
 #define ERDMA_SEND_SYNC 1 /* complete only once the receiver matched (Ssend) */
+#define ERDMA_SEND_BULK 2 /* a collective's block: to a rank of this host, from
+                             cfg.shm_bulk_cma_min bytes by one CMA read, not the ring */
 
 typedef struct erdma_engine erdma_engine;
 typedef struct erdma_req erdma_req;
@@ -71,6 +73,9 @@ typedef struct erdma_config {
   uint64_t shm_eager_limit;  /* bytes (>= eager_limit): a message to a rank of this host up to
                                 this size goes into its ring when it fits there now (two
                                 cache-hot copies beat a CMA read up to about here), else RTS */
+  uint64_t shm_bulk_cma_min; /* bytes from which a collective's block to a rank of this host
+                                goes by RTS and one CMA read even below shm_eager_limit
+                                (0: measured at shm set-up; UINT64_MAX: never) */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   double hello_timeout;      /* seconds an accepted connection has, from its first packet, to
@@ -558,10 +563,11 @@ int erdma_pyfast_init(const char *name);
 void erdma_pyfast_invalidate(void);
 /* A blocking send's shortcut: an eager message to a peer on shared memory
  * written into its ring now, without a request, if the engine lock is free
- * and nothing is queued before it.  1: sent (complete); 0: nothing done (use
- * erdma_send).  Never waits, so a caller may hold the GIL. */
+ * and nothing is queued before it (flags: ERDMA_SEND_BULK as erdma_isend's,
+ * which may decline).  1: sent (complete); 0: nothing done (use erdma_send).
+ * Never waits, so a caller may hold the GIL. */
 int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
-                       uint32_t ctx);
+                       uint32_t ctx, int flags);
 
 /* ---- derived-datatype pack/unpack (erdma_pack.c) ---- */
 /* Gather `count` items from `src` into the packed buffer `dst`: item i's

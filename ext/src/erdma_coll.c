@@ -97,7 +97,7 @@ static int coll_step(erdma_coll *c, double slice) {
   int rc;
   for (; c->mposted < c->nmsg; c->mposted++) {
     coll_msg *m = &c->msg[c->mposted];
-    rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
+    rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, ERDMA_SEND_BULK,
                                &c->mreq[c->mposted])
                  : erdma_irecv(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
                                &c->mreq[c->mposted]);
@@ -117,7 +117,7 @@ static int coll_step(erdma_coll *c, double slice) {
         if (rc) return rc;
       }
       if (r->send_to >= 0) {
-        rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, 0, &c->sreq);
+        rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, ERDMA_SEND_BULK, &c->sreq);
         if (rc) return rc;
       }
     }

@@ -302,7 +302,7 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return PyLong_FromLong(1);
   /* an eager message into a local peer's ring never waits: keep the GIL */
   if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
-                         s->ctx))
+                         s->ctx, 0))
     return PyLong_FromLong(0);
   erdma_blocking out;
   x->busy++;
@@ -591,7 +591,7 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
   if (s->size == 2 && s->me == root &&
       erdma_shm_try_send(s->e, x->rview.buf, (uint64_t)x->rview.len, s->ranks[1 - root],
-                         (int)tag, s->ctx + 1))
+                         (int)tag, s->ctx + 1, ERDMA_SEND_BULK))
     return PyLong_FromLong(0);
   erdma_coll *pending = NULL;
   x->busy++;
@@ -672,7 +672,7 @@ static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromLong(1);
   }
   return PyLong_FromLong(
-      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx) ? 0 : 1);
+      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx, 0) ? 0 : 1);
 }
 
 /* recv_bytes(state, source, tag[, base]): a message of any size, as bytes:
