@@ -47,6 +47,27 @@ def _workload_pids():
     return found
 
 
+_WORKLOAD = "import sys\nfrom erdmampi.testing.workload import main\nsys.exit(main())\n"
+
+
+@pytest.mark.parametrize("n,op", [(2, "allreduce"), (3, "allreduce"), (2, "bcast")])
+def test_workload_sends_gradients_from_a_file(n, op, tmp_path):
+    # --data gradients: each rank sends its slice of the file; Allreduce of two
+    # ranks and Bcast are checked exactly, of three within the rounding bound
+    from harness import run_mpi
+    path = bw.input_file("gradients", 4096 * 4, n)
+    assert bw.input_file("gradients", 4096 * 4, n) == path       # made once per size
+    res = run_mpi(n, _WORKLOAD, args=[
+        "--stack", "erdmampi", "--op", op, "--count", "4096",
+        "--iters", "2", "--input", path], timeout=60, env={"ERDMA_COMPRESS": "lossless"})
+    rec = json.loads(res.stdout.strip().splitlines()[-1])
+    assert res.returncode == 0 and rec["ok"] and rec["bytes"] == 4096 * 4, res.stderr[-2000:]
+    # a file too short for the ranks' slices is refused
+    res = run_mpi(n, _WORKLOAD, args=["--stack", "erdmampi", "--count", str(1 << 20),
+                                      "--input", path], timeout=60)
+    assert res.returncode != 0 and "need float32 with at least" in res.stdout + res.stderr
+
+
 def test_parse_stack_and_args():
     assert bw.parse_stack("erdmampi")["env"] == {"ERDMA_COMPRESS": "off"}
     assert bw.parse_stack("erdmampi-bbr+lossless")["env"] == {"ERDMA_COMPRESS": "lossless",
