@@ -69,7 +69,7 @@ def main():
     ap.add_argument("--backend", default="erdma")
     ap.add_argument("--hooks", default="none", help="comma-separated: none,lossless,bf16,int8,int4")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--init-method", default="env://",
                     help="erdma:// across sites that cannot reach rank 0's TCP port (NATs)")
