@@ -351,10 +351,13 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   if (blk == 0 || n == 1) return 0;
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
-  /* allgatherv_direct's messages: tag 0 */
+  /* allgatherv_direct's messages: tag 0.  Sent from the caller's send
+   * buffer when there is one: a peer's CMA read then finds clean lines, not
+   * the ones our copy into `mine` has just dirtied in this core's cache */
+  const uint8_t *from = sbuf ? sbuf : mine;
   for (int i = 0; i < n; i++)
     if (i != me) coll_msg_add(c, 0, ranks[i], tag, (uint8_t *)rbuf + (uint64_t)i * blk, blk);
-  for (int k = 1; k < n; k++) coll_msg_add(c, 1, ranks[(me + k) % n], tag, mine, blk);
+  for (int k = 1; k < n; k++) coll_msg_add(c, 1, ranks[(me + k) % n], tag, (void *)from, blk);
   return coll_go(c, slice, pending);
 }
 
