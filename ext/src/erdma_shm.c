@@ -205,47 +205,48 @@ int shm_is_local(erdma_engine *e, int rank) {
 }
 
 /* Where a collective's block to a local peer should leave the ring for a
- * CMA read (cfg.shm_bulk_cma_min 0: measured here).  The ring costs two
- * copies per byte (into the ring, out of it), a CMA read one copy plus the
- * pinning of the sender's pages; in a collective both cores are busy with
- * copies of their own, so the read pays from the size at which it costs at
- * most about two copies.  That ratio is a property of the machine: on a
- * 480 MiB-L3 Xeon a read of 128 KiB costs 1.9-2.0 copies, on an EPYC VM
- * whose pinning ran at 13 GB/s a 512 KiB message took 2.8x longer by CMA
- * than through the ring.  Measured on our own pages (a process may read
- * itself), best of five, in well under a millisecond.  Returns UINT64_MAX
- * (never) when no size qualifies or a read fails. */
+ * CMA read (cfg.shm_bulk_cma_min 0: measured here).  Through the ring a
+ * block is copied twice (in, then out, by another core), and in a
+ * collective the receiver has usually not posted its receive yet, so the
+ * way out goes through an unexpected-message buffer: three copies.  A CMA
+ * read is one copy plus the pinning of the sender's pages and an RTS.  How
+ * much the pinning costs depends on the machine: a 256 KiB read of our own
+ * pages (a process may read itself) took 1.9x a memcpy on a 480 MiB-L3
+ * Xeon, where blocks from 16-32 KiB were faster by CMA in every
+ * collective; on an EPYC VM whose pinning ran at 13 GB/s, a 512 KiB
+ * message took 2.8x longer by CMA than through the ring.  Best of five, in
+ * well under a millisecond.  Returns UINT64_MAX (never) when a read costs
+ * more than 2.5 copies or fails. */
+#define SHM_BULK_PROBE ((uint64_t)256 << 10)
+#define SHM_BULK_MIN ((uint64_t)32 << 10)
 static uint64_t shm_bulk_calibrate(void) {
-  static const uint64_t sizes[] = {128u << 10, 256u << 10, 512u << 10};
-  const uint64_t max = 512u << 10;
+  const uint64_t n = SHM_BULK_PROBE;
   uint8_t *a = NULL, *b = NULL;
-  uint64_t pick = UINT64_MAX;
-  if (posix_memalign((void **)&a, 4096, max) || posix_memalign((void **)&b, 4096, max)) {
+  uint64_t copy = UINT64_MAX, read = UINT64_MAX;
+  if (posix_memalign((void **)&a, 4096, n) || posix_memalign((void **)&b, 4096, n)) {
     free(a);
-    return pick;
+    return UINT64_MAX;
   }
-  memset(a, 1, max);
-  memset(b, 2, max);
+  memset(a, 1, n);
+  memset(b, 2, n);
   pid_t me = getpid();
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && pick == UINT64_MAX; i++) {
-    uint64_t n = sizes[i], copy = UINT64_MAX, read = UINT64_MAX;
-    for (int k = 0; k < 5; k++) {
-      uint64_t t0 = erdma_now();
-      memcpy(b, a, n);
-      uint64_t t1 = erdma_now();
-      struct iovec l = {b, (size_t)n}, r = {a, (size_t)n};
-      ssize_t got = process_vm_readv(me, &l, 1, &r, 1, 0);
-      uint64_t t2 = erdma_now();
-      if (got != (ssize_t)n) goto out;
-      if (t1 - t0 < copy) copy = t1 - t0;
-      if (t2 - t1 < read) read = t2 - t1;
+  for (int k = 0; k < 5; k++) {
+    uint64_t t0 = erdma_now();
+    memcpy(b, a, n);
+    uint64_t t1 = erdma_now();
+    struct iovec l = {b, (size_t)n}, r = {a, (size_t)n};
+    ssize_t got = process_vm_readv(me, &l, 1, &r, 1, 0);
+    uint64_t t2 = erdma_now();
+    if (got != (ssize_t)n) {
+      read = UINT64_MAX;
+      break;
     }
-    if (read * 10 <= copy * 21) pick = n; /* at most 2.1 copies */
+    if (t1 - t0 < copy) copy = t1 - t0;
+    if (t2 - t1 < read) read = t2 - t1;
   }
-out:
   free(a);
   free(b);
-  return pick;
+  return read != UINT64_MAX && read * 2 <= copy * 5 ? SHM_BULK_MIN : UINT64_MAX;
 }
 
 int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ranks,
