@@ -14,7 +14,7 @@ from harness import run_mpi
 
 # Each call twice with the same buffers: the second is the one-call C path
 # (erdma_pyfast), the first the normal one.  Sizes around the threshold
-# the tests set (64 KiB) and the measured one (32 KiB).
+# the tests set (64 KiB) and the measured one (16 KiB).
 _SCRIPT = r'''
 import ctypes, os, sys
 if sys.argv[1] == "refuse" and os.environ.get("ERDMA_RANK") == "1":
@@ -24,7 +24,7 @@ from erdmampi import MPI
 
 c = MPI.COMM_WORLD
 r, n = c.Get_rank(), c.Get_size()
-for blk in (1000, 32767, 32768, 65535, 65536, 65537, 131072, 300001, 524288, 1 << 20):
+for blk in (1000, 16383, 16384, 32768, 65535, 65536, 65537, 131072, 300001, 524288, 1 << 20):
     for dt in (np.uint8, np.float64):
         cnt = max(1, blk // np.dtype(dt).itemsize)
         send = (np.arange(n * cnt) % 251 + 7 * r).astype(dt)
@@ -81,7 +81,7 @@ def test_threshold_measured_at_start_up():
                      r"CMA from (\(never\) )?(\d+) bytes", res.stderr)
     assert sorted(g[0] for g in got) == ["0", "1"], res.stderr[-2000:]
     for _, never, size in got:
-        assert (never and size == "0") or (not never and int(size) == 32 << 10)
+        assert (never and size == "0") or (not never and int(size) == 16 << 10)
 
 
 def test_threshold_set_by_hand_is_not_measured():

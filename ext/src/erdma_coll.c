@@ -39,6 +39,10 @@ struct erdma_coll {
   void *out;       /* result lands here at the end (if not acc already) */
   void *tmp_mem;
   uint32_t ctx;
+  int sflags;      /* erdma_isend flags of its sends: ERDMA_SEND_BULK for the data
+                    * movers (Alltoall, Allgather, Bcast), whose receiver has
+                    * rarely posted yet; 0 for the reductions' rounds, where a
+                    * CMA read's RTS and completion measured slower (64 KiB) */
   /* posted at once before the rounds: receives first, then sends */
   coll_msg *msg;
   erdma_req **mreq;
@@ -97,7 +101,7 @@ static int coll_step(erdma_coll *c, double slice) {
   int rc;
   for (; c->mposted < c->nmsg; c->mposted++) {
     coll_msg *m = &c->msg[c->mposted];
-    rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, ERDMA_SEND_BULK,
+    rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, c->sflags,
                                &c->mreq[c->mposted])
                  : erdma_irecv(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
                                &c->mreq[c->mposted]);
@@ -117,7 +121,7 @@ static int coll_step(erdma_coll *c, double slice) {
         if (rc) return rc;
       }
       if (r->send_to >= 0) {
-        rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, ERDMA_SEND_BULK, &c->sreq);
+        rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, c->sflags, &c->sreq);
         if (rc) return rc;
       }
     }
@@ -245,6 +249,7 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   erdma_coll *c = coll_new(e, nbytes, ctx, n);
   if (!c) return ERDMA_ERR_NOMEM;
   c->buf[0] = buf;
+  c->sflags = ERDMA_SEND_BULK;
   int vr = (me - root + n) % n, mask = 1, rc = 0;
   while (mask < n) { /* binomial tree: receive from the parent ... */
     if (vr & mask) {
@@ -298,6 +303,7 @@ static void coll_msg_add(erdma_coll *c, int send, int peer, int tag, void *buf, 
 static erdma_coll *coll_new_msgs(erdma_engine *e, uint32_t ctx, int n, int nmsg) {
   erdma_coll *c = coll_new(e, 0, ctx, n);
   if (!c) return NULL;
+  c->sflags = ERDMA_SEND_BULK;
   c->msg = calloc((size_t)nmsg, sizeof *c->msg);
   c->mreq = calloc((size_t)nmsg, sizeof *c->mreq);
   if (!c->msg || !c->mreq) {
@@ -424,6 +430,7 @@ static int coll_linear(erdma_engine *e, int scatter, const void *sbuf, void *rbu
   if (n == 1) return 0;
   erdma_coll *c = coll_new_msgs(e, ctx, n, n - 1);
   if (!c) return ERDMA_ERR_NOMEM;
+  c->sflags = 0; /* the ring, as point-to-point (not measured with CMA) */
   if (me != root)
     coll_msg_add(c, !scatter, ranks[root], tag, one, blk);
   else

@@ -212,13 +212,13 @@ int shm_is_local(erdma_engine *e, int rank) {
  * read is one copy plus the pinning of the sender's pages and an RTS.  How
  * much the pinning costs depends on the machine: a 256 KiB read of our own
  * pages (a process may read itself) took 1.9x a memcpy on a 480 MiB-L3
- * Xeon, where blocks from 16-32 KiB were faster by CMA in every
+ * Xeon, where blocks from 16 KiB were faster by CMA in every
  * collective; on an EPYC VM whose pinning ran at 13 GB/s, a 512 KiB
  * message took 2.8x longer by CMA than through the ring.  Best of five, in
  * well under a millisecond.  Returns UINT64_MAX (never) when a read costs
  * more than 2.5 copies or fails. */
 #define SHM_BULK_PROBE ((uint64_t)256 << 10)
-#define SHM_BULK_MIN ((uint64_t)32 << 10)
+#define SHM_BULK_MIN ((uint64_t)16 << 10)
 static uint64_t shm_bulk_calibrate(void) {
   const uint64_t n = SHM_BULK_PROBE;
   uint8_t *a = NULL, *b = NULL;
