@@ -43,6 +43,11 @@ struct erdma_coll {
                     * movers (Alltoall, Allgather, Bcast), whose receiver has
                     * rarely posted yet; 0 for the reductions' rounds, where a
                     * CMA read's RTS and completion measured slower (64 KiB) */
+  /* a copy made once the messages are posted (Alltoall's own block), so
+   * that the peers' RTS and reads overlap it */
+  void *lc_dst;
+  const void *lc_src;
+  uint64_t lc_len;
   /* posted at once before the rounds: receives first, then sends */
   coll_msg *msg;
   erdma_req **mreq;
@@ -106,6 +111,10 @@ static int coll_step(erdma_coll *c, double slice) {
                  : erdma_irecv(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
                                &c->mreq[c->mposted]);
     if (rc) return rc;
+  }
+  if (c->lc_len) {
+    memcpy(c->lc_dst, c->lc_src, c->lc_len);
+    c->lc_len = 0;
   }
   for (; c->mdone < c->nmsg; c->mdone++)
     if ((rc = coll_wait(&c->mreq[c->mdone], slice))) return rc;
@@ -333,7 +342,9 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
     }
     s = memcpy(c->tmp_mem, d, blk * (uint64_t)n);
   } else {
-    memcpy(d + (uint64_t)me * blk, s + (uint64_t)me * blk, blk);
+    c->lc_dst = d + (uint64_t)me * blk;
+    c->lc_src = s + (uint64_t)me * blk;
+    c->lc_len = blk;
   }
   /* alltoallv_direct's messages: r -> r + k with tag k */
   for (int k = 1; k < n; k++) {
