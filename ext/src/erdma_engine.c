@@ -591,12 +591,9 @@ static int check_src(erdma_engine *e, int source) {
   return source == ERDMA_ANY_SOURCE || (source >= 0 && source < e->cfg.size);
 }
 
-/* A collective's block to a local peer that may go by one CMA read: both
- * sides are busy copying in a collective, where the ring's two copies per
- * byte cost more than a read straight from the sender's buffer. */
-static int bulk_by_cma(const erdma_engine *e, const erdma_conn *c, uint64_t nbytes, int flags) {
-  return (flags & ERDMA_SEND_BULK) && c->shm && e->shm.cma && e->cfg.shm_bulk_cma_min &&
-         nbytes >= e->cfg.shm_bulk_cma_min;
+/* Whether a send of these flags may go eager at all (size limits aside). */
+static int eager_ok(const erdma_engine *e, const erdma_conn *c, uint64_t nbytes, int flags) {
+  return !(flags & ERDMA_SEND_SYNC) && !(c->shm && shm_bulk_by_cma(e, nbytes, flags));
 }
 
 int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
@@ -643,12 +640,10 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.len = nbytes;
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
-    } else if (nbytes <= conn_eager_max(p->conn) && !(flags & ERDMA_SEND_SYNC) &&
-               !bulk_by_cma(e, p->conn, nbytes, flags) &&
+    } else if (nbytes <= conn_eager_max(p->conn) && eager_ok(e, p->conn, nbytes, flags) &&
                (h.type = FR_EAGER, conn_send_now(p->conn, &h, buf, nbytes))) {
       req_complete(r, 0); /* written into the channel (a local peer's ring) */
-    } else if (nbytes <= e->cfg.eager_limit && !(flags & ERDMA_SEND_SYNC) &&
-               !bulk_by_cma(e, p->conn, nbytes, flags)) {
+    } else if (nbytes <= e->cfg.eager_limit && eager_ok(e, p->conn, nbytes, flags)) {
       uint8_t *copy = malloc(nbytes ? nbytes : 1);
       if (!copy) {
         req_complete(r, ERDMA_ERR_NOMEM);

@@ -249,6 +249,14 @@ static uint64_t shm_bulk_calibrate(void) {
   return read != UINT64_MAX && read * 2 <= copy * 5 ? SHM_BULK_MIN : UINT64_MAX;
 }
 
+/* In a collective both sides are busy copying, and a block put into the
+ * ring usually waits there unexpected: from cfg.shm_bulk_cma_min on, one
+ * read straight from the sender's buffer costs less. */
+int shm_bulk_by_cma(const erdma_engine *e, uint64_t nbytes, int flags) {
+  return (flags & ERDMA_SEND_BULK) && e->shm.cma && e->cfg.shm_bulk_cma_min &&
+         nbytes >= e->cfg.shm_bulk_cma_min;
+}
+
 int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ranks,
                            int nlocal, uint64_t ring_bytes, int use_cma) {
   shm_state *s = &e->shm;
@@ -522,9 +530,7 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
   if (dest < 0 || dest >= e->cfg.size || dest == e->cfg.rank || tag < 0 ||
       nbytes > e->cfg.shm_eager_limit || (!buf && nbytes) || !e->shm.seg)
     return 0;
-  if ((flags & ERDMA_SEND_BULK) && e->shm.cma && e->cfg.shm_bulk_cma_min &&
-      nbytes >= e->cfg.shm_bulk_cma_min)
-    return 0; /* erdma_isend's bulk_by_cma: a CMA read */
+  if (shm_bulk_by_cma(e, nbytes, flags)) return 0; /* erdma_isend sends it by RTS */
   if (pthread_mutex_trylock(&e->mu) != 0) return 0;
   int sent = 0;
   peer_info *p = &e->peers[dest];

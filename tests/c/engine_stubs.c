@@ -96,6 +96,12 @@ uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now) {
   return exp;
 }
 void shm_teardown(erdma_engine *e) { (void)e; }
+int shm_bulk_by_cma(const erdma_engine *e, uint64_t nbytes, int flags) {
+  (void)e;
+  (void)nbytes;
+  (void)flags;
+  return 0;
+}
 int shm_cma_publish(erdma_engine *e, erdma_req *r) { (void)e; (void)r; return 0; }
 int tls_identity_new(erdma_engine *e) { (void)e; return ERDMA_ERR_TLS; }
 void tls_identity_free(erdma_engine *e) { (void)e; }
