@@ -154,6 +154,7 @@ typedef struct erdma_conn {
   /* shared memory (erdma_shm.c): a conn without ngtcp2 (chan: erdma_shm_chan) */
   int shm;
   struct shm_ring *tx_ring, *rx_ring;
+  uint64_t tx_ring_tail;  /* tx_ring's tail as last read: re-read only when room is short */
   struct shm_seg *peer_seg;
   size_t peer_map_len;
   uint64_t beat_seen, beat_at; /* the peer's heartbeat, and when it last moved */

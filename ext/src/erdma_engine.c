@@ -854,7 +854,7 @@ static int spin_shm(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t unt
       __atomic_sub_fetch(lf, 1, __ATOMIC_ACQ_REL);
       pthread_mutex_lock(&e->mu);
       if (!e->shm.seg || !e->running) return 0;
-      shm_poll(e);
+      shm_poll_rings(e);
       conn_flush_all(e);
       if (any_done(reqs, n) || erdma_now() >= until) return 0;
       __atomic_add_fetch(lf, 1, __ATOMIC_ACQ_REL);

@@ -46,8 +46,8 @@
 #include "erdma_match.h"
 #include "erdma_ulfm.h"
 
-#define SHM_MAGIC 0x3130736d616d6465ull /* "edmams01" */
-#define SHM_HDR 128
+#define SHM_MAGIC 0x3230736d616d6465ull /* "edmams02" */
+#define SHM_HDR 512
 /* After the header: the ids of our sends whose buffers local peers may read
  * with CMA right now (slot id % SHM_CMA_SLOTS; 0: free).  A reader checks
  * the id before and after process_vm_readv: a send withdrawn meanwhile (its
@@ -72,21 +72,31 @@ struct shm_ring {
   _Alignas(64) uint8_t data[];
 };
 
+/* Fields are grouped by who writes them how often, one cache line per
+ * group: a producer reads `closed`, `bell_waiters`, `sleeping` and
+ * `active_until` for every message it publishes, and a line the owner keeps
+ * writing (the spin count at every wait, its CPU) would cost it a transfer
+ * each time. */
 struct shm_seg {
+  /* set up once */
   _Atomic uint64_t magic;   /* set last: the segment is initialised */
   int32_t owner, nlocal;
   int32_t pid;
-  _Atomic uint32_t sleeping; /* owner's progress thread is (about to be) asleep */
   _Atomic uint32_t attached; /* local peers that mapped it */
   _Atomic uint32_t closed;   /* owner shut down cleanly */
-  _Atomic uint32_t spinners; /* owner's threads polling the rings right now */
-  _Atomic uint32_t bell;     /* futex: bumped when bytes arrive for a bell waiter */
-  _Atomic uint32_t bell_waiters; /* owner's threads asleep on `bell` */
-  _Atomic uint64_t active_until; /* CLOCK_MONOTONIC ns: an application thread of
-                                  * the owner left an engine call lately */
   uint64_t ring_bytes;
-  _Atomic int32_t cpu;       /* CPU the owner's application thread last ran an
-                              * engine call on (shm_shares_cpu) */
+  /* written when one of the owner's threads goes to sleep or wakes */
+  _Alignas(64) _Atomic uint32_t sleeping; /* owner's progress thread is (about to be) asleep */
+  _Atomic uint32_t bell_waiters; /* owner's threads asleep on `bell` */
+  /* refreshed at most every SHM_GRACE_NS / 4 */
+  _Alignas(64) _Atomic uint64_t active_until; /* CLOCK_MONOTONIC ns: an application
+                                                * thread of the owner left an engine
+                                                * call lately */
+  /* written at every wait; read by producers only once active_until passed */
+  _Alignas(64) _Atomic uint32_t spinners; /* owner's threads polling the rings right now */
+  _Alignas(64) _Atomic int32_t cpu; /* CPU the owner's application thread last ran an
+                                     * engine call on (shm_shares_cpu) */
+  _Alignas(64) _Atomic uint32_t bell; /* futex: bumped when bytes arrive for a bell waiter */
   _Atomic uint64_t beat;     /* bumped by the owner's polling (liveness) */
 };
 
@@ -431,8 +441,8 @@ static void notify_peer(erdma_engine *e, erdma_conn *c) {
   if (atomic_load_explicit(&ps->bell_waiters, memory_order_relaxed))
     ring_bell(ps);
   else if (atomic_load_explicit(&ps->sleeping, memory_order_relaxed) &&
-           !atomic_load_explicit(&ps->spinners, memory_order_relaxed) &&
-           erdma_now() >= atomic_load_explicit(&ps->active_until, memory_order_relaxed))
+           erdma_now() >= atomic_load_explicit(&ps->active_until, memory_order_relaxed) &&
+           !atomic_load_explicit(&ps->spinners, memory_order_relaxed))
     doorbell(e, c);
 }
 
@@ -452,6 +462,7 @@ static int shm_flush(erdma_conn *c) {
     uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
     uint64_t room = cap - (head - tail);
+    c->tx_ring_tail = tail;
     while (c->tx_write && room > 0) {
       tx_item *t = c->tx_write;
       uint64_t n;
@@ -497,8 +508,12 @@ static int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, u
                                                        memory_order_relaxed))
     return 0;
   uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-  uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-  if (cap - (head - tail) < len) return 0;
+  /* the consumer's tail only when the one we saw last leaves too little room:
+   * its cache line is the consumer's, and reading it costs a transfer */
+  if (cap - (head - c->tx_ring_tail) < len) {
+    c->tx_ring_tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+    if (cap - (head - c->tx_ring_tail) < len) return 0;
+  }
   uint8_t hdr[ERDMA_HDR_LEN];
   hdr_encode(hdr, h);
   ring_put(r, cap, head, hdr, ERDMA_HDR_LEN);
@@ -559,6 +574,9 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
   uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
   uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
   int rv = 0;
+  /* nothing new: no store to the tail (its line would move to this core and
+   * back to the producer's on its next send) */
+  if (head == tail) return 0;
   if (head - tail > cap) return -1; /* a producer that broke the protocol */
   /* Unexpected messages from this peer beyond cfg.unexpected_max: leave its
    * bytes in the ring, so its sends wait for room (the back-pressure QUIC
@@ -628,10 +646,34 @@ static void check_alive(erdma_engine *e, erdma_conn *c, uint64_t now) {
   }
 }
 
-int shm_poll(erdma_engine *e) {
+static void shm_bad_frame(erdma_engine *e, erdma_conn *c) {
+  fprintf(stderr, "erdma[%d]: bad frame from rank %d over shared memory\n", e->cfg.rank,
+          c->peer);
+  c->closed = 1;
+  engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
+}
+
+static int shm_poll_ex(erdma_engine *e, int full);
+
+int shm_poll(erdma_engine *e) { return shm_poll_ex(e, 1); }
+
+/* shm_poll without the liveness checks and the clock (a spinning waiter,
+ * between the progress thread's polls, which make those checks) */
+int shm_poll_rings(erdma_engine *e) { return shm_poll_ex(e, 0); }
+
+static int shm_poll_ex(erdma_engine *e, int full) {
   shm_state *s = &e->shm;
   int total = 0;
   if (!s->seg) return 0;
+  if (!full) {
+    for (int i = 0; i < s->nlocal; i++) {
+      int p = s->local[i];
+      erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
+      if (!c || !c->shm || c->closed) continue;
+      if (drain_ring(e, c, &total) != 0) shm_bad_frame(e, c);
+    }
+    return total;
+  }
   uint64_t now = erdma_now();
   int check = now >= s->next_liveness;
   if (check) {
@@ -654,10 +696,7 @@ int shm_poll(erdma_engine *e) {
     erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
     if (!c || !c->shm || c->closed) continue;
     if (drain_ring(e, c, &total) != 0) {
-      fprintf(stderr, "erdma[%d]: bad frame from rank %d over shared memory\n", e->cfg.rank,
-              p);
-      c->closed = 1;
-      engine_fail_peer(e, p, ERDMA_ERR_PEER);
+      shm_bad_frame(e, c);
       continue;
     }
     if (check) check_alive(e, c, now);
@@ -683,11 +722,19 @@ int shm_sleep_prepare(erdma_engine *e) {
   return 0;
 }
 
+/* Our CPU in our segment's header, stored only when it changed: producers
+ * read that cache line on every message (notify_peer), and a store would
+ * take it away from them each time. */
+static void seg_set_cpu(struct shm_seg *seg, int cpu) {
+  if (atomic_load_explicit(&seg->cpu, memory_order_relaxed) != cpu)
+    atomic_store_explicit(&seg->cpu, cpu, memory_order_relaxed);
+}
+
 /* A thread polls the rings itself for a while (erdma_req_wait's spin). */
 void shm_spin_begin(erdma_engine *e) {
   if (!e->shm.seg) return;
   atomic_fetch_add_explicit(&e->shm.seg->spinners, 1, memory_order_seq_cst);
-  atomic_store_explicit(&e->shm.seg->cpu, sched_getcpu(), memory_order_relaxed);
+  seg_set_cpu(e->shm.seg, sched_getcpu());
 }
 
 /* Without e->mu, from a spinning thread: does a local peer's application
@@ -701,7 +748,7 @@ int shm_shares_cpu(erdma_engine *e) {
   if (!seg) return 0;
   int cpu = sched_getcpu();
   if (cpu < 0) return 0;
-  atomic_store_explicit(&seg->cpu, cpu, memory_order_relaxed);
+  seg_set_cpu(seg, cpu);
   int n = seg->nlocal, me = e->shm.my_index;
   for (int i = 0; i < n; i++) {
     if (i == me) continue;
@@ -720,7 +767,7 @@ int shm_shares_cpu(erdma_engine *e) {
 void shm_spin_end(erdma_engine *e) {
   if (!e->shm.seg) return;
   atomic_fetch_sub_explicit(&e->shm.seg->spinners, 1, memory_order_seq_cst);
-  shm_poll(e);
+  shm_poll_rings(e);
 }
 
 /* Without e->mu: does one of our inbound rings hold unread bytes?  Callers
@@ -775,16 +822,23 @@ int shm_move_off_cpu(erdma_engine *e) {
 void shm_app_active(erdma_engine *e) {
   struct shm_seg *seg = e->shm.seg;
   if (!seg) return;
-  atomic_store_explicit(&seg->cpu, sched_getcpu(), memory_order_relaxed);
+  seg_set_cpu(seg, sched_getcpu());
   uint64_t until = erdma_now() + SHM_GRACE_NS;
-  atomic_store_explicit(&seg->active_until, until, memory_order_seq_cst);
+  /* refreshed once it is a quarter of the grace old, not at every call: a
+   * store takes the line producers read for every message away from them */
+  uint64_t cur = atomic_load_explicit(&seg->active_until, memory_order_relaxed);
+  if (until - cur > SHM_GRACE_NS / 4 || cur > until)
+    atomic_store_explicit(&seg->active_until, until, memory_order_seq_cst);
+  else
+    until = cur;
   if (e->wake_at > until + SHM_GRACE_NS) engine_wake(e); /* asleep for long */
 }
 
 /* An application thread goes to sleep on the condition variable: it counts
  * on the doorbell again. */
 void shm_app_idle(erdma_engine *e) {
-  if (e->shm.seg) atomic_store_explicit(&e->shm.seg->active_until, 0, memory_order_seq_cst);
+  if (e->shm.seg && atomic_load_explicit(&e->shm.seg->active_until, memory_order_relaxed))
+    atomic_store_explicit(&e->shm.seg->active_until, 0, memory_order_seq_cst);
 }
 
 /* The progress thread's next wake-up given its timers' `exp`. */

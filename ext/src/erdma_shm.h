@@ -39,6 +39,7 @@ typedef struct shm_state {
 int shm_attach_peers(erdma_engine *e);  /* 0 when all attached, 1 if some not yet */
 int shm_is_local(erdma_engine *e, int rank);
 int shm_poll(erdma_engine *e);          /* returns bytes consumed */
+int shm_poll_rings(erdma_engine *e);    /* the same without liveness checks (spinners) */
 int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 void shm_sleep_done(erdma_engine *e);
 void shm_spin_begin(erdma_engine *e);
