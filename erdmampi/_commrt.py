@@ -341,6 +341,7 @@ if _engine.fast is not None:
     _fast_reduce_scatter = _engine.fast.reduce_scatter
     _fast_remember_reduce_scatter = _engine.fast.remember_reduce_scatter
     _fast_recv_status = _engine.fast.recv_status
+    _fast_sendrecv = _engine.fast.sendrecv
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
 else:
@@ -359,7 +360,7 @@ else:
 
     def _fast_send_bytes(*args):
         return 1
-    _fast_recv_bytes = _fast_send_bytes
+    _fast_recv_bytes = _fast_sendrecv = _fast_send_bytes
 
 
 def _recv_bytes_fast(state, source, tag, *base):

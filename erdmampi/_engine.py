@@ -313,7 +313,10 @@ _SEND_SYNC = lib.ERDMA_SEND_SYNC
 #: with ``datatype``) known to it.  ``fast.allreduce(state, sendbuf, recvbuf,
 #: op)`` likewise runs a small Allreduce made known by
 #: ``fast.remember_allreduce`` (see erdmampi.comm), answering 0, 1 or ``(rc,
-#: pending)`` (see :func:`fast_coll_rest`).
+#: pending)`` (see :func:`fast_coll_rest`).  ``fast.sendrecv(state, sendbuf,
+#: dest, sendtag, recvbuf, source, recvtag)`` runs a Sendrecv of two
+#: remembered specs: 1, ``(rerr, world source, tag, nbytes, serr)`` or
+#: ``(rc, rleft, sleft)`` (see :func:`fast_rest_sendrecv`).
 fast = sys.modules.get("erdmampi._erdma_fast")
 if fast is None and lib.erdma_pyfast_init(b"erdmampi._erdma_fast") == 0:
     fast = sys.modules.get("erdmampi._erdma_fast")
@@ -341,6 +344,23 @@ def fast_rest_bytes(r, what):
         return (None if raw.error else req.take()), raw.error
     finally:
         req.free()
+
+
+def fast_rest_sendrecv(r, rkeep, skeep):
+    """A fast sendrecv answered ``(rc, rleft, sleft)``: wait on for the
+    receive and the send still pending (``rkeep``/``skeep`` keep their
+    buffers alive), or raise; ``(receive's erdma_status, send's error)``."""
+    rc, rleft, sleft = r
+    if rc != ERR_TIMEOUT:
+        raise EngineError(rc, "sendrecv")
+    sreq = _cast("erdma_req *", sleft) if sleft else None
+    try:
+        rst = _wait_free(_cast("erdma_req *", rleft), rkeep)
+    except BaseException:
+        if sreq is not None:
+            EngineRequest(None, sreq, skeep).free()
+        raise
+    return rst, (_wait_free(sreq, skeep).error if sreq is not None else 0)
 
 
 def fast_rest(r, keep, what):

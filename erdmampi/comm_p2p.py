@@ -12,7 +12,7 @@ from .exceptions import ERR_ARG, ERR_REQUEST
 from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
-    _fast_recv, _fast_recv_status, _fast_remember, _fast_send, _fast_send_bytes,
+    _fast_recv, _fast_recv_status, _fast_remember, _fast_send, _fast_send_bytes, _fast_sendrecv,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, TAG_UB_VALUE,
@@ -484,11 +484,36 @@ class CommP2P:
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
         """Send and receive."""
+        # fast path as in Send: both specs remembered, ranks on both sides
+        if _deferred:
+            _reap_deferred()
+        r = _fast_sendrecv(self._fast, sendbuf, dest, sendtag, recvbuf, source, recvtag)
+        if r != 1:
+            return self._sendrecv_fast_done(r, sendbuf, recvbuf, status)
         rop, sop = self._sendrecv_ops(sendbuf, dest, sendtag, recvbuf, source, recvtag)
         rreq = Request._new(rop)
         sreq = Request._new(sop)
         rreq.Wait(status)
         sreq.Wait()
+        # plain arrays small enough: remembered, so the next call is one C call
+        self._p2p_plain(sendbuf, True)
+        self._p2p_plain(recvbuf, False)
+
+    def _sendrecv_fast_done(self, r, sendbuf, recvbuf, status):
+        """Finish a fast Sendrecv that answered ``r`` (see _engine.fast):
+        the receive's status and error first, then the send's."""
+        if len(r) == 3:
+            try:
+                st, serr = _engine.fast_rest_sendrecv(r, recvbuf, sendbuf)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            r = (st.error, st.source, st.tag, st.nbytes, serr)
+        if status is not None:
+            status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)
+        if r[0]:
+            raise_status_code(r[0])
+        if r[4]:
+            raise_status_code(r[4])
 
     def _sendrecv_ops(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
         """Post the receive, then the send; a send that fails its checks

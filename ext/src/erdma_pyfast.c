@@ -21,6 +21,8 @@
  *     (ERDMA_ERR_TIMEOUT) or 0.
  *   recv_status(state, buf, source, tag): as recv, but a completed receive
  *     answers (error, world source, tag, nbytes)
+ *   sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): both
+ *     remembered specs in one call (see pf_sendrecv)
  *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
@@ -345,6 +347,57 @@ static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * answers (error, world source, tag, nbytes) for the caller's Status. */
 static PyObject *pf_recv_status(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return do_recv(args, n, 1);
+}
+
+/* sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): the
+ * remembered send and receive specs, a rank (not ANY_SOURCE) on each side.
+ * The receive is posted first, as in MPI_Sendrecv.  Answers 1 (miss:
+ * nothing done); (rerr, world source, tag, nbytes, serr) when both
+ * completed; or (rc, rleft, sleft): rc ERDMA_ERR_TIMEOUT with the requests
+ * still to wait for after `slice` seconds (0: none), any other rc an error
+ * that withdrew both. */
+static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long dest, stag, src, rtag;
+  pf_state *s;
+  pf_entry *sx, *rx;
+  if (n != 7 || !(s = state_of(args[0])) || !(sx = entry_for(s, 0, args[1])) ||
+      !(rx = entry_for(s, 1, args[4])) || !small_int(args[2], 0, s->size - 1, &dest) ||
+      !small_int(args[3], 0, s->tag_ub, &stag) || !small_int(args[5], 0, s->size - 1, &src) ||
+      !small_int(args[6], ERDMA_ANY_TAG, s->tag_ub, &rtag))
+    return PyLong_FromLong(1);
+  erdma_req *rr = NULL, *sr = NULL;
+  erdma_status rst, sst;
+  memset(&sst, 0, sizeof sst);
+  sx->busy++;
+  rx->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_irecv(s->e, rx->view.buf, (uint64_t)rx->view.len, s->ranks[src], (int)rtag,
+                       s->ctx, 0, &rr);
+  if (!rc && !erdma_shm_try_send(s->e, sx->view.buf, (uint64_t)sx->view.len, s->ranks[dest],
+                                 (int)stag, s->ctx, 0))
+    rc = erdma_isend(s->e, sx->view.buf, (uint64_t)sx->view.len, s->ranks[dest], (int)stag,
+                     s->ctx, 0, &sr);
+  if (!rc) rc = erdma_req_wait(rr, s->slice, &rst);
+  if (!rc && sr) rc = erdma_req_wait(sr, s->slice, &sst);
+  if (rc && rc != ERDMA_ERR_TIMEOUT) {
+    erdma_req *both[2] = {rr, sr};
+    for (int i = 0; i < 2; i++)
+      if (both[i]) {
+        erdma_req_abort(both[i]);
+        erdma_req_free(both[i]);
+      }
+    rr = sr = NULL;
+  }
+  PyEval_RestoreThread(ts);
+  sx->busy--;
+  rx->busy--;
+  if (rc)
+    return Py_BuildValue("(iKK)", rc, (unsigned long long)(uintptr_t)rr,
+                         (unsigned long long)(uintptr_t)sr);
+  erdma_req_free(rr);
+  if (sr) erdma_req_free(sr);
+  return Py_BuildValue("(iiiKi)", rst.error, rst.source, rst.tag,
+                       (unsigned long long)rst.nbytes, sst.error);
 }
 
 /* Buffer export of a remembered array: flags as Python saw them (the layout
@@ -734,6 +787,7 @@ static PyMethodDef pf_methods[] = {
     {"send", (PyCFunction)(void (*)(void))pf_send, METH_FASTCALL, NULL},
     {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
+    {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
     {"send_bytes", (PyCFunction)(void (*)(void))pf_send_bytes, METH_FASTCALL, NULL},
     {"recv_bytes", (PyCFunction)(void (*)(void))pf_recv_bytes, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL}};

@@ -114,4 +114,41 @@ for c in (MPI.COMM_SELF, comm):
     check(raises(MPI.ERR_RANK, c.recv, None, n + 3, 0), "recv bad rank")
     c.Barrier()
 
+# Sendrecv of the same arrays again and again (one C call from the second):
+# data, statuses, ANY_TAG, truncation, a late peer, PROC_NULL, bad arguments
+for c in (MPI.COMM_SELF, comm):
+    r, n = c.Get_rank(), c.Get_size()
+    peer, src = (r + 1) % n, (r - 1) % n
+    s = np.zeros(4, "i")
+    d = np.zeros(4, "i")
+    for i in range(5):
+        s[:] = np.arange(4) + 10 * r + i
+        st = MPI.Status()
+        st.Set_error(MPI.ERR_OTHER)
+        c.Sendrecv(s, peer, 40 + i, d, src, MPI.ANY_TAG if i % 2 else 40 + i, st)
+        check(d.tolist() == (np.arange(4) + 10 * src + i).tolist(), f"Sendrecv data {i}")
+        check((st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT), st.Get_error())
+              == (src, 40 + i, 4, MPI.ERR_OTHER), f"Sendrecv status {i}")
+    c.Sendrecv(s, peer, 1, d, src, 1)                # without a status
+    short = np.zeros(2, "i")
+    for i in range(2):                                # the second one through the fast path
+        st = MPI.Status()
+        check(raises(MPI.ERR_TRUNCATE, c.Sendrecv, s, peer, 50 + i, short, src, 50 + i, st),
+              f"Sendrecv truncates {i}")
+        check((st.Get_source(), st.Get_tag()) == (src, 50 + i), f"Sendrecv truncated status {i}")
+    c.Barrier()
+    if n > 1:
+        # the peer comes past the first slice (0.5 s) of the waiting one
+        c.Sendrecv(s, peer, 59, d, src, 59)
+        if r == 1:
+            time.sleep(0.8)
+        c.Sendrecv(s, peer, 60, d, src, 60)
+        check(d.tolist() == (np.arange(4) + 10 * src + 4).tolist(), "Sendrecv with a late peer")
+    st = MPI.Status()
+    c.Sendrecv(s, MPI.PROC_NULL, 0, d, MPI.PROC_NULL, 0, st)
+    check(st.Get_source() == MPI.PROC_NULL, "Sendrecv with PROC_NULL")
+    check(raises(MPI.ERR_RANK, c.Sendrecv, s, n, 0, d, src, 0), "Sendrecv bad rank")
+    check(raises(MPI.ERR_TAG, c.Sendrecv, s, peer, -5, d, src, 0), "Sendrecv bad tag")
+    c.Barrier()
+
 done("p2p_fast")
