@@ -342,6 +342,7 @@ if _engine.fast is not None:
     _fast_remember_reduce_scatter = _engine.fast.remember_reduce_scatter
     _fast_recv_status = _engine.fast.recv_status
     _fast_sendrecv = _engine.fast.sendrecv
+    _fast_isend, _fast_irecv = _engine.fast.isend, _engine.fast.irecv
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
 else:
@@ -361,6 +362,7 @@ else:
     def _fast_send_bytes(*args):
         return 1
     _fast_recv_bytes = _fast_sendrecv = _fast_send_bytes
+    _fast_isend = _fast_irecv = _fast_miss4
 
 
 def _recv_bytes_fast(state, source, tag, *base):

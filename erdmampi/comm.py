@@ -119,6 +119,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
     """
 
     _fast = None
+    _p2p_misses = 0             # fast-path misses of Isend/Irecv/Sendrecv in a row
     _handle = HandleBase._h
     _csmall = _cranks = _arcache = _bccache = _bkcache = None
 
@@ -221,8 +222,8 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
     def _fast_state(self):
         """A new state of this communicator for _engine.fast, or None."""
         eng = _rt.engine
-        if eng is None or self._ranks is None:
-            return None
+        if eng is None or self._ranks is None or self._revoked:
+            return None             # a revoked one: every call through the checks
         return eng.fast_state(self._ctx, self._ranks, self._rank, TAG_UB_VALUE, self._seqc)
 
     def _transport(self):

@@ -12,7 +12,8 @@ from .exceptions import ERR_ARG, ERR_REQUEST
 from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
-    _fast_recv, _fast_recv_status, _fast_remember, _fast_send, _fast_send_bytes, _fast_sendrecv,
+    _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
+    _fast_send_bytes, _fast_sendrecv,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, TAG_UB_VALUE,
@@ -380,7 +381,7 @@ class CommP2P:
         ranks = self._ranks
         eng = _rt.engine
         if (type(dest) is int and type(tag) is int and ranks is not None and eng is not None
-                and 0 <= dest < len(ranks) and 0 <= tag <= TAG_UB_VALUE):
+                and 0 <= dest < len(ranks) and 0 <= tag <= TAG_UB_VALUE and not self._revoked):
             ptr, n, arr = self._p2p_plain(buf, True)
             if arr is not None:
                 try:
@@ -439,7 +440,7 @@ class CommP2P:
         ranks = self._ranks
         eng = _rt.engine
         if (type(source) is int and type(tag) is int and ranks is not None and eng is not None
-                and (0 <= tag <= TAG_UB_VALUE or tag == ANY_TAG)):
+                and (0 <= tag <= TAG_UB_VALUE or tag == ANY_TAG) and not self._revoked):
             if 0 <= source < len(ranks):
                 wsrc = ranks[source]
             elif source == ANY_SOURCE:
@@ -489,15 +490,26 @@ class CommP2P:
             _reap_deferred()
         r = _fast_sendrecv(self._fast, sendbuf, dest, sendtag, recvbuf, source, recvtag)
         if r != 1:
+            self._p2p_misses = 0
             return self._sendrecv_fast_done(r, sendbuf, recvbuf, status)
         rop, sop = self._sendrecv_ops(sendbuf, dest, sendtag, recvbuf, source, recvtag)
         rreq = Request._new(rop)
         sreq = Request._new(sop)
         rreq.Wait(status)
         sreq.Wait()
-        # plain arrays small enough: remembered, so the next call is one C call
-        self._p2p_plain(sendbuf, True)
-        self._p2p_plain(recvbuf, False)
+        self._p2p_learn(sendbuf, True)
+        self._p2p_learn(recvbuf, False)
+
+    def _p2p_learn(self, buf, readonly):
+        """After a fast-path miss of Isend, Irecv or Sendrecv: remember
+        ``buf`` (see _p2p_plain) so that the next call with it is one C call,
+        unless every call missed lately (a program cycling through more
+        buffers than the state keeps, where remembering only costs): then
+        one in 64."""
+        m = self._p2p_misses + 1
+        self._p2p_misses = m
+        if m <= 16 or not m & 63:
+            self._p2p_plain(buf, readonly)
 
     def _sendrecv_fast_done(self, r, sendbuf, recvbuf, status):
         """Finish a fast Sendrecv that answered ``r`` (see _engine.fast):
@@ -538,7 +550,23 @@ class CommP2P:
     # -- Point-to-point: nonblocking ----------------------------------------
 
     def Isend(self, buf, dest, tag=0):
-        return Request._new(self._isend_op(buf, dest, tag))
+        # fast path as in Send: a remembered spec, a valid rank and tag
+        if _deferred:
+            _reap_deferred()
+        r = _fast_isend(self._fast, buf, dest, tag)
+        if r == 0:              # into a local peer's ring: complete
+            self._p2p_misses = 0
+            return Request._new(_DoneOp(ANY_SOURCE, ANY_TAG))
+        if r > 1:
+            self._p2p_misses = 0
+            return Request._new(_EngineOp(
+                _engine.EngineRequest(_rt.engine, _engine._cast("erdma_req *", r), buf),
+                _send_fields, pure=True))
+        if r < 0:
+            raise engine_exception(_engine.EngineError(r, "send"))
+        req = Request._new(self._isend_op(buf, dest, tag))
+        self._p2p_learn(buf, True)
+        return req
 
     Ibsend = Isend
     Irsend = Isend
@@ -547,7 +575,23 @@ class CommP2P:
         return Request._new(self._isend_op(buf, dest, tag, sync=True))
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
-        return Request._new(self._irecv_op(buf, source, tag))
+        # fast path as in Isend
+        r = _fast_irecv(self._fast, buf, source, tag)
+        if r > 1:
+            self._p2p_misses = 0
+            return Request._new(_EngineOp(
+                _engine.EngineRequest(_rt.engine, _engine._cast("erdma_req *", r), buf),
+                self._finish_recv, pure=True))
+        if r < 0:
+            raise engine_exception(_engine.EngineError(r, "recv"))
+        req = Request._new(self._irecv_op(buf, source, tag))
+        self._p2p_learn(buf, False)
+        return req
+
+    def _finish_recv(self, raw):
+        """A receive into a plain host array completed (see _EngineOp)."""
+        return (self._comm_rank(raw.source), raw.tag, error_class(raw.error), raw.nbytes,
+                raw.cancelled, None)
 
     def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                   recvtag=ANY_TAG):

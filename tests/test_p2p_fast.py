@@ -83,3 +83,7 @@ def test_blocking_p2p_fast_path(nprocs):
 def test_blocking_p2p_script_holds_for_mpi4py():
     pytest.importorskip("mpi4py")
     assert_ok(run_script_mpi4py("p2p_fast.py", 2, timeout=120), "p2p_fast.py", 2)
+
+
+def test_revoked_communicator_refuses_the_one_call_paths():
+    assert_ok(run_script("p2p_revoked.py", 2), "p2p_revoked.py", 2)

@@ -23,6 +23,8 @@
  *     answers (error, world source, tag, nbytes)
  *   sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): both
  *     remembered specs in one call (see pf_sendrecv)
+ *   isend(state, buf, dest, tag) / irecv(state, buf, source, tag): a posted
+ *     request's address for Comm.Isend / Comm.Irecv (see pf_isend)
  *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
@@ -93,6 +95,8 @@ typedef struct {
   int opc, dtc;
 } pf_coll;
 
+#define PF_SLOTS 8
+
 typedef struct {
   erdma_engine *e;
   PyObject *owner; /* the engine's Python wrapper: keeps the engine alive */
@@ -102,7 +106,10 @@ typedef struct {
   int size, me;
   long tag_ub;
   double slice;
-  pf_entry ent[2]; /* 0: send, 1: recv */
+  /* remembered specs, [0]: send, [1]: recv; PF_SLOTS each (a halo exchange
+   * cycles through a few buffers), replaced in turn */
+  pf_entry ent[2][PF_SLOTS];
+  int next[2];
   pf_coll ar, rs, bc, a2a, ag; /* Allreduce, Reduce_scatter_block; Bcast (its buffer
                                   as the receive side); Alltoall, Allgather */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
@@ -145,8 +152,8 @@ static void coll_clear(pf_coll *x) {
 static void state_free(PyObject *cap) {
   pf_state *s = PyCapsule_GetPointer(cap, CAPSULE);
   if (!s) return;
-  entry_clear(&s->ent[0]);
-  entry_clear(&s->ent[1]);
+  for (int d = 0; d < 2; d++)
+    for (int i = 0; i < PF_SLOTS; i++) entry_clear(&s->ent[d][i]);
   coll_clear(&s->ar);
   coll_clear(&s->bc);
   coll_clear(&s->a2a);
@@ -234,11 +241,22 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (PyErr_Occurred()) return NULL;
   PyObject *spec = args[2], *arr = args[3], *dt = args[4] == Py_None ? NULL : args[4];
   if (!s || recv < 0) Py_RETURN_FALSE;
-  pf_entry *x = &s->ent[recv];
   int need = NP_C_CONTIGUOUS | (recv ? NP_WRITEABLE : 0);
   /* the layout above is numpy's (else never read it) */
   if (((np_head *)arr)->flags != (int)flags || (flags & need) != need) Py_RETURN_FALSE;
-  if (x->busy) Py_RETURN_FALSE; /* another thread is sending from it now */
+  /* the slot of this spec, else the next one in turn that no thread is
+   * sending from or receiving into right now */
+  pf_entry *x = NULL;
+  for (int i = 0; i < PF_SLOTS && !x; i++)
+    if (s->ent[recv][i].have && s->ent[recv][i].spec == spec) x = &s->ent[recv][i];
+  for (int i = 0; i < PF_SLOTS && !x; i++) {
+    pf_entry *y = &s->ent[recv][(s->next[recv] + i) % PF_SLOTS];
+    if (!y->busy) {
+      x = y;
+      s->next[recv] = (s->next[recv] + i + 1) % PF_SLOTS;
+    }
+  }
+  if (!x || x->busy) Py_RETURN_FALSE;
   Py_buffer view;
   if (PyObject_GetBuffer(arr, &view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
     PyErr_Clear();
@@ -256,8 +274,13 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 /* The remembered entry if `buf` is (still) its spec, else NULL. */
 static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf) {
-  pf_entry *x = &s->ent[recv];
-  if (!x->have || buf != x->spec || x->busy) return NULL;
+  pf_entry *x = NULL;
+  for (int i = 0; i < PF_SLOTS; i++)
+    if (s->ent[recv][i].spec == buf && s->ent[recv][i].have) {
+      x = &s->ent[recv][i];
+      break;
+    }
+  if (!x || x->busy) return NULL;
   if (x->dt) {
     PyObject *a, *d;
     if (PyList_CheckExact(buf)) {
@@ -347,6 +370,42 @@ static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * answers (error, world source, tag, nbytes) for the caller's Status. */
 static PyObject *pf_recv_status(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return do_recv(args, n, 1);
+}
+
+/* isend(state, buf, dest, tag) / irecv(state, buf, source, tag): a
+ * nonblocking operation on a remembered spec, for Comm.Isend / Comm.Irecv:
+ * 1 (miss: nothing done); 0 (isend only: the message went into the local
+ * peer's ring, complete); a negative ERDMA error; else the address of the
+ * posted erdma_req, which the caller owns (waits for, frees). */
+static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long dest, tag;
+  pf_state *s;
+  pf_entry *x;
+  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 0, args[1])) ||
+      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag))
+    return PyLong_FromLong(1);
+  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
+                         s->ctx, 0))
+    return PyLong_FromLong(0);
+  erdma_req *r = NULL;
+  int rc = erdma_isend(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
+                       s->ctx, 0, &r);
+  return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : PyLong_FromVoidPtr(r);
+}
+
+static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long src, tag;
+  pf_state *s;
+  pf_entry *x;
+  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 1, args[1])) ||
+      !small_int(args[2], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
+      !small_int(args[3], ERDMA_ANY_TAG, s->tag_ub, &tag))
+    return PyLong_FromLong(1);
+  erdma_req *r = NULL;
+  int rc = erdma_irecv(s->e, x->view.buf, (uint64_t)x->view.len,
+                       src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src], (int)tag,
+                       s->ctx, 0, &r);
+  return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : PyLong_FromVoidPtr(r);
 }
 
 /* sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): the
@@ -788,6 +847,8 @@ static PyMethodDef pf_methods[] = {
     {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
     {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
+    {"isend", (PyCFunction)(void (*)(void))pf_isend, METH_FASTCALL, NULL},
+    {"irecv", (PyCFunction)(void (*)(void))pf_irecv, METH_FASTCALL, NULL},
     {"send_bytes", (PyCFunction)(void (*)(void))pf_send_bytes, METH_FASTCALL, NULL},
     {"recv_bytes", (PyCFunction)(void (*)(void))pf_recv_bytes, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL}};

@@ -150,5 +150,31 @@ for c in (MPI.COMM_SELF, comm):
     check(raises(MPI.ERR_RANK, c.Sendrecv, s, n, 0, d, src, 0), "Sendrecv bad rank")
     check(raises(MPI.ERR_TAG, c.Sendrecv, s, peer, -5, d, src, 0), "Sendrecv bad tag")
     c.Barrier()
+    # Isend / Irecv over more buffers than the fast path keeps, three rounds
+    sb = [np.full(3, 100 * r + i, "d") for i in range(10)]
+    rb = [np.zeros(3, "d") for _ in range(10)]
+    for rnd in range(3):
+        for i in range(10):
+            rq = [c.Irecv(rb[i], src, 70 + i), c.Isend(sb[i], peer, 70 + i)]
+            st = [MPI.Status(), MPI.Status()]
+            MPI.Request.Waitall(rq, st)
+            check(rb[i].tolist() == [100 * src + i] * 3, f"Irecv data {rnd} {i}")
+            check((st[0].Get_source(), st[0].Get_tag(), st[0].Get_count(MPI.DOUBLE))
+                  == (src, 70 + i, 3), f"Irecv status {rnd} {i}")
+            check(rq[0] == MPI.REQUEST_NULL and rq[1] == MPI.REQUEST_NULL, "requests freed")
+    for i in range(2):
+        q = c.Irecv(short, src, 80)
+        c.Isend(s, peer, 80).Wait()
+        st = MPI.Status()
+        check(raises(MPI.ERR_TRUNCATE, q.Wait, st), f"Irecv truncates {i}")
+        check((st.Get_source(), st.Get_tag()) == (src, 80), f"Irecv truncated status {i}")
+    q = c.Irecv(d, MPI.ANY_SOURCE, MPI.ANY_TAG)
+    c.Isend(s, peer, 81).Wait()
+    st = MPI.Status()
+    q.Wait(st)
+    check((st.Get_source(), st.Get_tag()) == (src, 81), "Irecv ANY_SOURCE / ANY_TAG")
+    check(raises(MPI.ERR_RANK, c.Isend, s, n, 0), "Isend bad rank")
+    check(raises(MPI.ERR_TAG, c.Irecv, d, src, -5), "Irecv bad tag")
+    c.Barrier()
 
 done("p2p_fast")
