@@ -1,7 +1,9 @@
 """Per-call time of the calls a script makes many times with small data: the
-rooted collectives (Gather, Scatter, Reduce) and the lowercase pickle API
-(send/recv, sendrecv, bcast, gather, scatter, allgather, alltoall,
-allreduce of small Python objects), on erdmampi, mpi4py+MPICH and gloo.
+rooted collectives (Gather, Scatter, Reduce), point-to-point of buffers
+(Send/Recv ping-pong, Sendrecv around a ring, Irecv + Isend + Waitall around
+a ring) and the lowercase pickle API (send/recv, sendrecv, bcast, gather,
+scatter, allgather, alltoall, allreduce of small Python objects), on
+erdmampi, mpi4py+MPICH and gloo.
 
     python -m bench.smallcalls                      # all stacks, 2 ranks, 3 rounds
     python -m bench.smallcalls --np 2,4 --rounds 5 --json out.json --md out.md
@@ -14,9 +16,10 @@ the ratio to erdmampi.  In a job every call is warmed up, then timed over
 so the ranks move in step).  Objects: a dict of an int, a 3-float list and a
 short string (the kind of record scripts pass around).  Buffer calls:
 ``--bytes`` of float32 (default 4 KiB), root 0.  gloo (torch.distributed)
-runs its counterparts: gather/scatter/reduce on tensors, send/recv,
-broadcast_object_list, gather_object, scatter_object_list,
-all_gather_object; it has no object alltoall, allreduce or sendrecv ("-").
+runs its counterparts: gather/scatter/reduce and send/recv, irecv + isend
+on tensors, send/recv of objects, broadcast_object_list, gather_object,
+scatter_object_list, all_gather_object; it has no Sendrecv, object
+alltoall, allreduce or sendrecv ("-").
 """
 import argparse
 import json
@@ -30,8 +33,9 @@ if __package__ in (None, ""):  # run as a file
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import open_stack  # noqa: E402
 
-CALLS = ("Gather", "Scatter", "Reduce", "send/recv", "sendrecv", "bcast", "gather",
-         "scatter", "allgather", "alltoall", "allreduce")
+CALLS = ("Gather", "Scatter", "Reduce", "Send/Recv", "Sendrecv", "Isend/Irecv", "send/recv",
+         "sendrecv", "bcast", "gather", "scatter", "allgather", "alltoall", "allreduce")
+ONE_WAY = ("Send/Recv", "send/recv")         # ping-pongs: half the round trip
 RECORD = {"i": 1, "x": [1.0, 2.0, 3.0], "s": "hello"}
 
 
@@ -52,8 +56,21 @@ def mpi_calls(st, nbytes):
         elif r == 1:
             c.recv(source=0, tag=3)
             c.send(RECORD, 0, 4)
+
+    def buf_pingpong():
+        if r == 0:
+            c.Send(s, 1, 5)
+            c.Recv(red, 1, 6)
+        elif r == 1:
+            c.Recv(red, 0, 5)
+            c.Send(s, 0, 6)
+
+    def exchange():
+        MPI.Request.Waitall([c.Irecv(red, src, 8), c.Isend(s, peer, 8)])
     return {"Gather": lambda: c.Gather(s, big, 0), "Scatter": lambda: c.Scatter(big, s, 0),
-            "Reduce": lambda: c.Reduce(s, red, MPI.SUM, 0), "send/recv": pingpong,
+            "Reduce": lambda: c.Reduce(s, red, MPI.SUM, 0), "Send/Recv": buf_pingpong,
+            "Sendrecv": lambda: c.Sendrecv(s, peer, 7, red, src, 7),
+            "Isend/Irecv": exchange, "send/recv": pingpong,
             "sendrecv": lambda: c.sendrecv(RECORD, peer, source=src),
             "bcast": lambda: c.bcast(RECORD, 0), "gather": lambda: c.gather(RECORD, 0),
             "scatter": lambda: c.scatter(recs if r == 0 else None, 0),
@@ -79,6 +96,18 @@ def gloo_calls(st, nbytes):
             dist.recv_object_list(o, 0)
             dist.send_object_list(o, 0)
 
+    def buf_pingpong():
+        if r == 0:
+            dist.send(s, 1)
+            dist.recv(t1, 1)
+        elif r == 1:
+            dist.recv(t1, 0)
+            dist.send(s, 0)
+
+    def exchange():
+        for w in (dist.irecv(t1, (r - 1) % n), dist.isend(s, (r + 1) % n)):
+            w.wait()
+
     def bcast():
         o = [RECORD if r == 0 else None]
         dist.broadcast_object_list(o, 0)
@@ -93,7 +122,8 @@ def gloo_calls(st, nbytes):
         dist.all_gather_object([None] * n, RECORD)
     return {"Gather": lambda: dist.gather(s, parts if r == 0 else None, 0),
             "Scatter": lambda: dist.scatter(t1, parts if r == 0 else None, 0),
-            "Reduce": lambda: dist.reduce(t1, 0), "send/recv": pingpong, "bcast": bcast,
+            "Reduce": lambda: dist.reduce(t1, 0), "Send/Recv": buf_pingpong,
+            "Isend/Irecv": exchange, "send/recv": pingpong, "bcast": bcast,
             "gather": gather, "scatter": scatter, "allgather": allgather}
 
 
@@ -112,7 +142,7 @@ def worker(args):
         for _ in range(args.iters):
             fn()
         dt = (time.perf_counter() - t0) / args.iters
-        if name == "send/recv":
+        if name in ONE_WAY:
             dt /= 2                                   # one way
         out[name] = dt * 1e6
         st.barrier()
@@ -154,7 +184,8 @@ def table(results, stacks, nps):
     lines = []
     peers = [s for s in stacks if s != "erdmampi"] if "erdmampi" in stacks else []
     for n in nps:
-        lines += ["", "**%d ranks** (µs per call, median of rounds; send/recv: one way)" % n, "",
+        lines += ["", "**%d ranks** (µs per call, median of rounds; Send/Recv, send/recv: "
+                  "one way)" % n, "",
                   "| " + " | ".join(["call"] + list(stacks) +
                                     ["%s / erdmampi" % s for s in peers]) + " |",
                   "|---|" + "---:|" * (len(stacks) + len(peers))]
