@@ -213,6 +213,28 @@ class EngineMessage:
         self.source, self.tag, self.nbytes = st.source, st.tag, st.nbytes
 
 
+def waitany_handles(reqs) -> int:
+    """:func:`waitany` of EngineRequests and request addresses (ints, 0: none)."""
+    handles = []
+    for r in reqs:
+        if type(r) is int:
+            handles.append(_cast("erdma_req *", r) if r else ffi.NULL)
+        elif r is not None and r.done:
+            return len(handles)
+        else:
+            handles.append(r._req if r is not None and r._req is not None else ffi.NULL)
+    if all(h == ffi.NULL for h in handles):
+        return -1
+    arr = ffi.new("erdma_req *[]", handles)
+    idx = ffi.new("int *")
+    while True:
+        rc = lib.erdma_req_waitany(arr, len(handles), _SLICE, idx)
+        if rc == 0:
+            return idx[0]
+        if rc != ERR_TIMEOUT:
+            raise EngineError(rc, "waitany")
+
+
 def waitany(reqs) -> int:
     """Index of a completed request among reqs (None entries ignored); -1 if none active."""
     handles = [r._req if (r is not None and r._req is not None) else ffi.NULL for r in reqs]

@@ -554,14 +554,12 @@ class CommP2P:
         if _deferred:
             _reap_deferred()
         r = _fast_isend(self._fast, buf, dest, tag)
+        if type(r) is not int:  # posted: its operation
+            self._p2p_misses = 0
+            return Request._new(r)
         if r == 0:              # into a local peer's ring: complete
             self._p2p_misses = 0
             return Request._new(_DoneOp(ANY_SOURCE, ANY_TAG))
-        if r > 1:
-            self._p2p_misses = 0
-            return Request._new(_EngineOp(
-                _engine.EngineRequest(_rt.engine, _engine._cast("erdma_req *", r), buf),
-                _send_fields, pure=True))
         if r < 0:
             raise engine_exception(_engine.EngineError(r, "send"))
         req = Request._new(self._isend_op(buf, dest, tag))
@@ -576,22 +574,18 @@ class CommP2P:
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
         # fast path as in Isend
-        r = _fast_irecv(self._fast, buf, source, tag)
-        if r > 1:
-            self._p2p_misses = 0
-            return Request._new(_EngineOp(
-                _engine.EngineRequest(_rt.engine, _engine._cast("erdma_req *", r), buf),
-                self._finish_recv, pure=True))
-        if r < 0:
-            raise engine_exception(_engine.EngineError(r, "recv"))
+        f = self._fast
+        if f is not None:
+            r = _fast_irecv(f, buf, source, tag, self._group._index)
+            if type(r) is not int:
+                self._p2p_misses = 0
+                return Request._new(r)
+            if r < 0:
+                raise engine_exception(_engine.EngineError(r, "recv"))
         req = Request._new(self._irecv_op(buf, source, tag))
         self._p2p_learn(buf, False)
         return req
 
-    def _finish_recv(self, raw):
-        """A receive into a plain host array completed (see _EngineOp)."""
-        return (self._comm_rank(raw.source), raw.tag, error_class(raw.error), raw.nbytes,
-                raw.cancelled, None)
 
     def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                   recvtag=ANY_TAG):

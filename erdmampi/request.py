@@ -211,6 +211,25 @@ def _raise_status_error(fields):
 _ENGINE_ERROR_TEXT = {cls: what for cls, what in _ENGINE_ERRORS.values()}
 
 
+def _raise_engine(code, what):
+    raise engine_exception(_engine.EngineError(code, what))
+
+
+def _park(addr, keep):
+    """A fast-path operation (``_engine.fast.Op``) dropped while its request
+    is pending: the engine finishes it with its buffer kept alive."""
+    _engine.EngineRequest(None, _engine._cast("erdma_req *", addr), keep).free()
+
+
+#: the operation of Isend/Irecv requests posted in one C call (see
+#: erdma_pyfast.c): test/wait/cancel/free and fields as _EngineOp's
+_FastOp = None
+if _engine.fast is not None:
+    _FastOp = _engine.fast.Op
+    _engine.fast.configure({code: cls for code, (cls, _) in _ENGINE_ERRORS.items()},
+                           _raise_engine, _park, ANY_SOURCE_, ANY_TAG, UNDEFINED, ERR_OTHER)
+
+
 def raise_status_code(code):
     """Raise what a request completed with ERDMA_ERR_* ``code`` raises in
     Wait (the blocking calls that make no request use it)."""
@@ -659,9 +678,10 @@ def _block_any(requests):
         for op in ops:
             if op.test():
                 return
-        if all(isinstance(op, _EngineOp) for op in ops):
+        if all(type(op) is _FastOp or isinstance(op, _EngineOp) for op in ops):
             try:
-                _engine.waitany([op.ereq for op in ops])
+                _engine.waitany_handles([op.handle if type(op) is _FastOp else op.ereq
+                                         for op in ops])
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
         else:

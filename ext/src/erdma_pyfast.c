@@ -23,8 +23,9 @@
  *     answers (error, world source, tag, nbytes)
  *   sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): both
  *     remembered specs in one call (see pf_sendrecv)
- *   isend(state, buf, dest, tag) / irecv(state, buf, source, tag): a posted
- *     request's address for Comm.Isend / Comm.Irecv (see pf_isend)
+ *   isend(state, buf, dest, tag) / irecv(state, buf, source, tag, index):
+ *     an Op (a Request's operation) for Comm.Isend / Comm.Irecv (see
+ *     pf_isend); configure(...) sets what Ops report errors with
  *   remember_allreduce(...) / allreduce(state, sendbuf, recvbuf, op): the
  *     same for a small Allreduce (erdma_coll_allreduce), answering 0, 1 or
  *     (rc, pending): the collective still pending after `slice` seconds.
@@ -372,11 +373,236 @@ static PyObject *pf_recv_status(PyObject *self, PyObject *const *args, Py_ssize_
   return do_recv(args, n, 1);
 }
 
-/* isend(state, buf, dest, tag) / irecv(state, buf, source, tag): a
- * nonblocking operation on a remembered spec, for Comm.Isend / Comm.Irecv:
- * 1 (miss: nothing done); 0 (isend only: the message went into the local
- * peer's ring, complete); a negative ERDMA error; else the address of the
- * posted erdma_req, which the caller owns (waits for, frees). */
+/* ---- Op: the operation of a Request posted by isend/irecv ----
+ * What erdmampi.request expects of an operation (fields, obj, persistent,
+ * test, wait, cancel, free), in C: the Python layers of _EngineOp cost more
+ * than the message.  Completion frees the engine request; a request dropped
+ * while pending is parked (configure's `park`) until the engine is done with
+ * its buffer.  Several threads may wait on one: the last one out frees. */
+typedef struct {
+  PyObject_HEAD
+  erdma_req *req;    /* NULL once freed (or parked) */
+  PyObject *keep;    /* the buffer spec, alive while the engine may use it */
+  PyObject *index;   /* a receive: world rank -> communicator rank; NULL: a send */
+  PyObject *fields;  /* (source, tag, error class, nbytes, cancelled) once complete */
+  double slice;
+  int waiters;
+} pf_op;
+
+static PyObject *op_type, *op_errclass, *op_raise, *op_park;
+static long op_any_source = -2, op_any_tag = -1, op_undefined = -32766, op_err_other = 16;
+
+/* configure(errclass, raise_engine, park, ANY_SOURCE, ANY_TAG, UNDEFINED,
+ * ERR_OTHER): the mapping of ERDMA codes to MPI error classes, raise_engine(
+ * code, what) (raises), park(addr, keep) (takes a pending request over) and
+ * the constants of statuses. */
+static PyObject *pf_configure(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 7 || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "configure() takes a dict and 6 more arguments");
+    return NULL;
+  }
+  long as = PyLong_AsLong(args[3]), at = PyLong_AsLong(args[4]), un = PyLong_AsLong(args[5]),
+       eo = PyLong_AsLong(args[6]);
+  if (PyErr_Occurred()) return NULL;
+  PyObject *old[3] = {op_errclass, op_raise, op_park};
+  op_errclass = Py_NewRef(args[0]);
+  op_raise = Py_NewRef(args[1]);
+  op_park = Py_NewRef(args[2]);
+  for (int i = 0; i < 3; i++) Py_XDECREF(old[i]);
+  op_any_source = as;
+  op_any_tag = at;
+  op_undefined = un;
+  op_err_other = eo;
+  Py_RETURN_NONE;
+}
+
+static void op_release(pf_op *o) {
+  if (o->req && o->fields && !o->waiters) {
+    erdma_req_free(o->req);
+    o->req = NULL;
+    Py_CLEAR(o->keep);
+  }
+}
+
+/* The request completed with *st: its fields; -1 with an exception. */
+static int op_complete(pf_op *o, const erdma_status *st) {
+  if (o->fields) return 0; /* another thread was first */
+  long src = op_any_source, tag = op_any_tag, cls = 0;
+  unsigned long long nbytes = 0;
+  if (o->index) {
+    src = st->source;
+    if (src >= 0) {
+      PyObject *k = PyLong_FromLong(src);
+      if (!k) return -1;
+      PyObject *v = PyDict_GetItemWithError(o->index, k); /* borrowed */
+      Py_DECREF(k);
+      if (!v && PyErr_Occurred()) return -1;
+      src = v ? PyLong_AsLong(v) : op_undefined;
+    }
+    tag = st->tag;
+    nbytes = st->nbytes;
+  }
+  if (st->error) {
+    cls = op_err_other;
+    PyObject *k = PyLong_FromLong(st->error);
+    if (!k) return -1;
+    PyObject *v = op_errclass ? PyDict_GetItemWithError(op_errclass, k) : NULL;
+    Py_DECREF(k);
+    if (!v && PyErr_Occurred()) return -1;
+    if (v) cls = PyLong_AsLong(v);
+  }
+  o->fields = Py_BuildValue("(lllKO)", src, tag, cls, nbytes, st->cancelled ? Py_True : Py_False);
+  if (!o->fields) return -1;
+  op_release(o);
+  return 0;
+}
+
+static PyObject *op_fail(int rc, const char *what) {
+  if (!op_raise) {
+    PyErr_Format(PyExc_RuntimeError, "erdma error %d (%s)", rc, what);
+    return NULL;
+  }
+  PyObject *r = PyObject_CallFunction(op_raise, "is", rc, what);
+  Py_XDECREF(r);
+  if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "erdma error %d (%s)", rc, what);
+  return NULL;
+}
+
+static PyObject *op_test(PyObject *self, PyObject *unused) {
+  pf_op *o = (pf_op *)self;
+  if (o->fields) Py_RETURN_TRUE;
+  if (!o->req) Py_RETURN_FALSE; /* parked: the engine finishes it */
+  int done = 0;
+  erdma_status st;
+  int rc = erdma_req_test(o->req, &done, &st);
+  if (!done) {
+    if (rc) return op_fail(rc, "test");
+    Py_RETURN_FALSE;
+  }
+  if (op_complete(o, &st)) return NULL;
+  Py_RETURN_TRUE;
+}
+
+static PyObject *op_wait(PyObject *self, PyObject *unused) {
+  pf_op *o = (pf_op *)self;
+  erdma_status st;
+  int rc = 0;
+  if (o->fields) Py_RETURN_NONE;
+  if (!o->req) return op_fail(ERDMA_ERR_INVAL, "wait");
+  erdma_req *r = o->req;
+  for (;;) {
+    o->waiters++;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = erdma_req_wait(r, o->slice, &st);
+    PyEval_RestoreThread(ts);
+    o->waiters--;
+    if (o->fields) { /* another thread completed it */
+      op_release(o);
+      Py_RETURN_NONE;
+    }
+    if (rc != ERDMA_ERR_TIMEOUT) break;
+    if (PyErr_CheckSignals()) return NULL;
+  }
+  if (rc) return op_fail(rc, "wait");
+  if (op_complete(o, &st)) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *op_cancel(PyObject *self, PyObject *unused) {
+  pf_op *o = (pf_op *)self;
+  if (o->req && !o->fields) erdma_req_cancel(o->req);
+  Py_RETURN_NONE;
+}
+
+/* Hand a pending request to `park` (it owns it from now on). */
+static void op_park_req(pf_op *o) {
+  if (!o->req || o->fields || o->waiters) return;
+  erdma_req *r = o->req;
+  PyObject *keep = o->keep;
+  o->req = NULL;
+  o->keep = NULL;
+  PyObject *res = op_park ? PyObject_CallFunction(op_park, "KO",
+                                                  (unsigned long long)(uintptr_t)r,
+                                                  keep ? keep : Py_None)
+                          : NULL;
+  if (!res) PyErr_Clear(); /* no park: the request stays with the engine */
+  Py_XDECREF(res);
+  Py_XDECREF(keep);
+}
+
+static PyObject *op_free(PyObject *self, PyObject *unused) {
+  op_park_req((pf_op *)self);
+  Py_RETURN_NONE;
+}
+
+static void op_dealloc(PyObject *self) {
+  pf_op *o = (pf_op *)self;
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
+  if (o->req && !o->fields) op_park_req(o);
+  if (o->req) erdma_req_free(o->req);
+  PyErr_Restore(et, ev, tb);
+  Py_XDECREF(o->keep);
+  Py_XDECREF(o->index);
+  Py_XDECREF(o->fields);
+  PyTypeObject *tp = Py_TYPE(self);
+  freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+  f(self);
+  Py_DECREF(tp);
+}
+
+static PyObject *op_get_fields(PyObject *self, void *c) {
+  pf_op *o = (pf_op *)self;
+  return Py_NewRef(o->fields ? o->fields : Py_None);
+}
+static PyObject *op_get_none(PyObject *self, void *c) { Py_RETURN_NONE; }
+static PyObject *op_get_false(PyObject *self, void *c) { Py_RETURN_FALSE; }
+/* the engine request's address while it is the op's (0: none), for waitany */
+static PyObject *op_get_handle(PyObject *self, void *c) {
+  pf_op *o = (pf_op *)self;
+  return PyLong_FromVoidPtr(o->fields ? NULL : o->req);
+}
+
+static PyMethodDef op_methods[] = {
+    {"test", op_test, METH_NOARGS, NULL},     {"wait", op_wait, METH_NOARGS, NULL},
+    {"cancel", op_cancel, METH_NOARGS, NULL}, {"free", op_free, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+static PyGetSetDef op_getset[] = {{"fields", op_get_fields, NULL, NULL, NULL},
+                                  {"obj", op_get_none, NULL, NULL, NULL},
+                                  {"persistent", op_get_false, NULL, NULL, NULL},
+                                  {"handle", op_get_handle, NULL, NULL, NULL},
+                                  {NULL, NULL, NULL, NULL, NULL}};
+static PyType_Slot op_slots[] = {{Py_tp_dealloc, op_dealloc},
+                                 {Py_tp_methods, op_methods},
+                                 {Py_tp_getset, op_getset},
+                                 {0, NULL}};
+static PyType_Spec op_spec = {"erdmampi._erdma_fast.Op", sizeof(pf_op), 0, Py_TPFLAGS_DEFAULT,
+                              op_slots};
+
+/* A new Op for posted request r (index: NULL for a send). */
+static PyObject *op_new(erdma_req *r, PyObject *keep, PyObject *index, double slice) {
+  PyTypeObject *tp = (PyTypeObject *)op_type;
+  allocfunc a = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+  pf_op *o = (pf_op *)a(tp, 0);
+  if (!o) {
+    erdma_req_abort(r);
+    erdma_req_free(r);
+    return NULL;
+  }
+  o->req = r;
+  o->keep = Py_NewRef(keep);
+  o->index = index ? Py_NewRef(index) : NULL;
+  o->fields = NULL;
+  o->slice = slice;
+  o->waiters = 0;
+  return (PyObject *)o;
+}
+
+/* isend(state, buf, dest, tag) / irecv(state, buf, source, tag, index): a
+ * nonblocking operation on a remembered spec, for Comm.Isend / Comm.Irecv
+ * (index: the communicator's world rank -> rank dict): 1 (miss: nothing
+ * done); 0 (isend only: the message went into the local peer's ring,
+ * complete); a negative ERDMA error; else an Op of the posted request. */
 static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long dest, tag;
   pf_state *s;
@@ -390,14 +616,15 @@ static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   erdma_req *r = NULL;
   int rc = erdma_isend(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
                        s->ctx, 0, &r);
-  return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : PyLong_FromVoidPtr(r);
+  return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : op_new(r, args[1], NULL, s->slice);
 }
 
 static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long src, tag;
   pf_state *s;
   pf_entry *x;
-  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 1, args[1])) ||
+  if (n != 5 || !PyDict_CheckExact(args[4]) || !(s = state_of(args[0])) ||
+      !(x = entry_for(s, 1, args[1])) ||
       !small_int(args[2], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
       !small_int(args[3], ERDMA_ANY_TAG, s->tag_ub, &tag))
     return PyLong_FromLong(1);
@@ -405,7 +632,7 @@ static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   int rc = erdma_irecv(s->e, x->view.buf, (uint64_t)x->view.len,
                        src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src], (int)tag,
                        s->ctx, 0, &r);
-  return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : PyLong_FromVoidPtr(r);
+  return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : op_new(r, args[1], args[4], s->slice);
 }
 
 /* sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): the
@@ -848,6 +1075,7 @@ static PyMethodDef pf_methods[] = {
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
     {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
     {"isend", (PyCFunction)(void (*)(void))pf_isend, METH_FASTCALL, NULL},
+    {"configure", (PyCFunction)(void (*)(void))pf_configure, METH_FASTCALL, NULL},
     {"irecv", (PyCFunction)(void (*)(void))pf_irecv, METH_FASTCALL, NULL},
     {"send_bytes", (PyCFunction)(void (*)(void))pf_send_bytes, METH_FASTCALL, NULL},
     {"recv_bytes", (PyCFunction)(void (*)(void))pf_recv_bytes, METH_FASTCALL, NULL},
@@ -866,6 +1094,8 @@ int erdma_pyfast_init(const char *name) {
   } else {
     pf_module.m_name = strdup(name);
     PyObject *m = pf_module.m_name ? PyModule_Create(&pf_module) : NULL;
+    if (m && !op_type) op_type = PyType_FromSpec(&op_spec);
+    if (m && (!op_type || PyModule_AddObjectRef(m, "Op", op_type) != 0)) Py_CLEAR(m);
     if (m) {
       rv = PyDict_SetItemString(mods, name, m) == 0 ? 0 : -1;
       Py_DECREF(m);

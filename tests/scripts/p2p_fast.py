@@ -173,6 +173,32 @@ for c in (MPI.COMM_SELF, comm):
     st = MPI.Status()
     q.Wait(st)
     check((st.Get_source(), st.Get_tag()) == (src, 81), "Irecv ANY_SOURCE / ANY_TAG")
+    # Waitany / Testany over requests of the one-call path; Cancel; a request
+    # dropped while pending (the engine keeps its buffer until the message)
+    rq = [c.Irecv(rb[i], src, 90 + i) for i in range(3)]
+    sq = [c.Isend(sb[i], peer, 92 - i) for i in range(3)]
+    got = set()
+    for _ in range(3):
+        i = MPI.Request.Waitany(rq)
+        got.add(i)
+        check(rb[i].tolist() == [100 * src + 2 - i] * 3, f"Waitany data {i}")
+    check(got == {0, 1, 2} and MPI.Request.Waitany(rq) == MPI.UNDEFINED, "Waitany all")
+    MPI.Request.Waitall(sq)
+    q = c.Irecv(rb[0], src, 95)
+    check(MPI.Request.Testany([q])[1] is False, "Testany of a pending receive")
+    q.Cancel()
+    st = MPI.Status()
+    q.Wait(st)
+    check(st.Is_cancelled(), "Irecv cancelled")
+    c.Barrier()
+    q = c.Irecv(rb[1], src, 96)
+    del q                                    # dropped while pending
+    c.Send(sb[1], peer, 96)
+    c.Barrier()
+    q = c.Irecv(rb[2], src, 97)
+    c.Isend(sb[2], peer, 97).Wait()
+    q.Wait()
+    check(rb[2].tolist() == [100 * src + 2] * 3, "receive after a dropped request")
     check(raises(MPI.ERR_RANK, c.Isend, s, n, 0), "Isend bad rank")
     check(raises(MPI.ERR_TAG, c.Irecv, d, src, -5), "Irecv bad tag")
     c.Barrier()
