@@ -236,6 +236,9 @@ def raise_status_code(code):
     _raise_status_error((None, None, error_class(code)))
 
 
+_handle_new = HandleBase.__new__
+
+
 class Request(HandleBase):
     """Communication request, as ``MPI.Request``."""
 
@@ -263,7 +266,8 @@ class Request(HandleBase):
 
     @classmethod
     def _new(cls, op):
-        req = cls.__new__(cls)
+        # Request's own __new__ only hands over to the handle type's
+        req = _handle_new(cls) if cls is Request else cls.__new__(cls)
         req._predef = False
         req._op = op
         req._start = None

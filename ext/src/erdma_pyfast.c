@@ -804,8 +804,13 @@ static long next_coll_tag(pf_state *s) {
  * ERDMA_COLL_<NAME> override set since, the same compression mode, no hints. */
 static int coll_still(pf_coll *x) {
   if (PyDict_Size(x->hints)) return 0;
+  static PyObject *mode_name; /* interned once: no string made per call */
+  if (!mode_name && !(mode_name = PyUnicode_InternFromString("mode"))) {
+    PyErr_Clear();
+    return 0;
+  }
   int has = PyDict_Contains(x->env, x->envkey);
-  PyObject *mode = PyObject_GetAttrString(x->cfg, "mode");
+  PyObject *mode = PyObject_GetAttr(x->cfg, mode_name);
   Py_XDECREF(mode);
   if (has != 0 || mode != x->mode) {
     PyErr_Clear();
@@ -932,6 +937,33 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
       erdma_shm_try_send(s->e, x->rview.buf, (uint64_t)x->rview.len, s->ranks[1 - root],
                          (int)tag, s->ctx + 1, ERDMA_SEND_BULK))
     return PyLong_FromLong(0);
+  if (s->size == 2 && s->me != root) {
+    /* the other rank of two: the binomial tree's one receive, without the
+     * collective's state; answers as erdma_coll_bcast would (an error: (rc,
+     * 0)); a signal's exception between slices withdraws the receive */
+    erdma_req *r = NULL;
+    erdma_status st;
+    int rc = erdma_irecv(s->e, x->rview.buf, (uint64_t)x->rview.len, s->ranks[root], (int)tag,
+                         s->ctx + 1, 0, &r);
+    if (rc) return coll_result(rc, NULL);
+    x->busy++;
+    for (;;) {
+      PyThreadState *ts = PyEval_SaveThread();
+      rc = erdma_req_wait(r, s->slice, &st);
+      PyEval_RestoreThread(ts);
+      if (rc != ERDMA_ERR_TIMEOUT) break;
+      if (PyErr_CheckSignals()) {
+        erdma_req_abort(r);
+        erdma_req_free(r);
+        x->busy--;
+        return NULL;
+      }
+    }
+    x->busy--;
+    if (rc) erdma_req_abort(r);
+    erdma_req_free(r);
+    return coll_result(rc ? rc : st.error, NULL);
+  }
   erdma_coll *pending = NULL;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
