@@ -76,6 +76,18 @@ typedef struct {
 #define NP_C_CONTIGUOUS 0x0001
 #define NP_WRITEABLE 0x0400
 
+/* Is `o` another array object over the memory of the remembered `arr` (a
+ * fresh view `b[:n]` each call): the same type, data pointer, shape,
+ * strides and dtype object?  Its own flags are the caller's to check. */
+static int same_array(PyObject *o, PyObject *arr) {
+  if (!arr || Py_TYPE(o) != Py_TYPE(arr)) return 0;
+  const np_head *a = (const np_head *)o, *b = (const np_head *)arr;
+  if (a->data != b->data || a->nd != b->nd || a->descr != b->descr) return 0;
+  for (int i = 0; i < a->nd; i++)
+    if (a->dimensions[i] != b->dimensions[i] || a->strides[i] != b->strides[i]) return 0;
+  return 1;
+}
+
 typedef struct {
   PyObject *spec, *arr, *dt; /* dt NULL: spec is the array itself */
   Py_buffer view;            /* an export of arr: its memory stays put */
@@ -281,6 +293,14 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf) {
       x = &s->ent[recv][i];
       break;
     }
+  if (!x) { /* a new array object over a remembered array's memory */
+    for (int i = 0; i < PF_SLOTS && !x; i++) {
+      pf_entry *y = &s->ent[recv][i];
+      if (y->have && !y->dt && same_array(buf, y->arr) &&
+          (((np_head *)buf)->flags & y->need) == y->need)
+        x = y;
+    }
+  }
   if (!x || x->busy) return NULL;
   if (x->dt) {
     PyObject *a, *d;
@@ -821,7 +841,7 @@ static int coll_still(pf_coll *x) {
 
 /* Is `spec` (still) the remembered spec of arr (with dt; NULL: arr alone)? */
 static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) {
-  if (spec != want) return 0;
+  if (spec != want) return !dt && arr && want == arr && same_array(spec, arr);
   if (!dt) return 1;
   PyObject *a, *d;
   if (PyList_CheckExact(spec)) {
@@ -849,9 +869,12 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   if (!x->have || x->busy || (reduces && args[3] != x->op) ||
       !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
       !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
-      (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
+      /* the flags of the objects passed (a view over the remembered memory
+       * may be read-only) */
+      (((np_head *)(x->rdt ? x->rarr : args[2]))->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
           (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
-      (x->sarr && !(((np_head *)x->sarr)->flags & NP_C_CONTIGUOUS)) || !coll_still(x))
+      (x->sarr && !(((np_head *)(x->sdt ? x->sarr : args[1]))->flags & NP_C_CONTIGUOUS)) ||
+      !coll_still(x))
     return PyLong_FromLong(1);
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
@@ -927,7 +950,7 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_coll *x = &s->bc;
   if (!x->have || x->busy || !small_int(args[2], 0, s->size - 1, &root) ||
       !spec_is(args[1], x->rspec, x->rarr, x->rdt) ||
-      (((np_head *)x->rarr)->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
+      (((np_head *)(x->rdt ? x->rarr : args[1]))->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
           (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
       !coll_still(x))
     return PyLong_FromLong(1);

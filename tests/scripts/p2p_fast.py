@@ -71,6 +71,35 @@ for c in (MPI.COMM_SELF, comm):
         pass
     c.Barrier()
 
+# a fresh view over the same memory at every call (comm.Allreduce(x, y[:n]))
+# takes the one-call paths as the remembered array did; a read-only one is
+# still refused
+for c in (MPI.COMM_SELF, comm):
+    r, n = c.Get_rank(), c.Get_size()
+    peer, src = (r + 1) % n, (r - 1) % n
+    x = np.zeros(8)
+    y = np.zeros(8)
+    for i in range(4):
+        x[:4] = r + i
+        c.Allreduce(x[:4], y[:4])
+        check(y[:4].tolist() == [n * i + n * (n - 1) / 2] * 4 and y[4:].tolist() == [0.0] * 4,
+              f"Allreduce into a fresh view {i}")
+        y[:4] = r + i if r == 0 else -1
+        c.Bcast(y[:4], 0)
+        check(y[:4].tolist() == [float(i)] * 4, f"Bcast into a fresh view {i}")
+        c.Sendrecv(x[:4], peer, 100 + i, y[:4], src, 100 + i)
+        check(y[:4].tolist() == [float(src + i)] * 4, f"Sendrecv of fresh views {i}")
+    ro = y[:4]
+    ro.flags.writeable = False
+    y[:4] = 7
+    try:
+        c.Allreduce(x[:4], ro)
+        check(False, "Allreduce into a read-only view")
+    except (BufferError, MPI.Exception):
+        pass
+    check(y[:4].tolist() == [7.0] * 4, "a read-only view is left alone")
+    c.Barrier()
+
 # pickled objects: the one-call send/recv of small objects to a rank of this
 # host, mixed with the request path, large objects, a late sender, ANY_SOURCE
 import time  # noqa: E402
