@@ -343,6 +343,7 @@ if _engine.fast is not None:
     _fast_recv_status = _engine.fast.recv_status
     _fast_sendrecv = _engine.fast.sendrecv
     _fast_isend, _fast_irecv = _engine.fast.isend, _engine.fast.irecv
+    _fast_rooted, _fast_remember_rooted = _engine.fast.rooted, _engine.fast.remember_rooted
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
 else:
@@ -363,6 +364,10 @@ else:
         return 1
     _fast_recv_bytes = _fast_sendrecv = _fast_send_bytes
     _fast_isend = _fast_miss4
+    _fast_remember_rooted = None
+
+    def _fast_rooted(state, which, sendbuf, recvbuf, root, op):
+        return 1
 
     def _fast_irecv(state, buf, source, tag, index):
         return 1

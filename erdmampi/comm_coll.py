@@ -15,7 +15,8 @@ from ._commrt import (
     _fast_allgather, _fast_alltoall, _fast_barrier, _fast_bcast, _fast_coll_raise,
     _fast_reduce_scatter, _fast_remember_allgather, _fast_remember_allreduce,
     _fast_remember_alltoall, _fast_remember_barrier, _fast_remember_bcast,
-    _fast_remember_reduce_scatter, _icoll, IN_PLACE, is_in_place,
+    _fast_remember_reduce_scatter, _fast_remember_rooted, _fast_rooted, _icoll, IN_PLACE,
+    is_in_place,
     _LOGICAL_OPS, message_cco, _message_vector_bytes, _mismatch, _mult, _ndarray, np,
     Op, _op_arg, _plain_array, Prequest, _plain_with_type, raise_error, _reduce_fn, _rt,
     _run_allgatherv, _run_blocks, _run_compressed, _run_gatherv, _run_scatterv,
@@ -30,6 +31,9 @@ def _check_cro(smsg, rmsg):
     if smsg.count != rmsg.count:
         raise _mismatch(smsg, rmsg)
 
+
+# the rooted calls' numbers in the C fast path (remember_rooted / rooted)
+_ROOTED = {"gather": 0, "scatter": 1, "reduce": 2}
 
 # the one-call block collectives the C fast path can repeat: engine call ->
 # how to make a call of it known there
@@ -798,7 +802,29 @@ class CommColl:
             c = self._rooted_resolve(name, sendbuf, recvbuf, root, op)
             if c is None:
                 return False
-        return self._one_call(name, c)
+        if not self._one_call(name, c):
+            return False
+        self._fast_remember_rooted(name, c, sendbuf, recvbuf)
+        return True
+
+    def _fast_remember_rooted(self, name, c, sendbuf, recvbuf):
+        """Make the rooted call just run in one engine call (cache entry ``c``,
+        see _rooted_resolve) known to the C fast path, as
+        _fast_remember_allreduce does."""
+        root, op = c[0], c[1]
+        isroot = self._rank == root
+        sarr = None if c[3] is _UNUSED else c[2]
+        rarr = None if c[6] is _UNUSED else c[5]
+        smode = 2 if sarr is not None else 1 if isroot and name != "scatter" else 0
+        rmode = 2 if rarr is not None else 1 if isroot and name == "scatter" else 0
+        args = c[-1]
+        opc, dtc = (args[3], args[4]) if name == "reduce" else (0, 0)
+        self._fast_remember(name, _fast_remember_rooted, (
+            _ROOTED[name], root, sendbuf, sarr, None if sarr is None else c[3], smode,
+            recvbuf, rarr, None if rarr is None else c[6], rmode,
+            op if name == "reduce" else None, args[2], opc, dtc,
+            0 if sarr is None else sarr.flags.num, 0 if rarr is None else rarr.flags.num,
+            _environ_data, _COLL_ENV[name], _cz._config, self._chints))
 
     def _rooted_resolve(self, name, sendbuf, recvbuf, root, op):
         """The cache entry of a rooted collective (see above), or None."""
@@ -866,6 +892,11 @@ class CommColl:
             (0 if sarr is None else sarr.nbytes) + (0 if rarr is None else rarr.nbytes))
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
+        r = _fast_rooted(self._fast, 2, sendbuf, recvbuf, root, op)    # the one remembered last
+        if not r:
+            return
+        if r != 1:
+            return _fast_coll_raise(r, "reduce")
         if self._rooted_fast("reduce", sendbuf, recvbuf, root, op):
             return
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
@@ -896,16 +927,28 @@ class CommColl:
         self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op), False)()
 
     def Gather(self, sendbuf, recvbuf, root=0, *, compress=None):
-        if compress is None and self._rooted_fast("gather", sendbuf, recvbuf, root):
-            return
+        if compress is None:
+            r = _fast_rooted(self._fast, 0, sendbuf, recvbuf, root, None)
+            if not r:
+                return
+            if r != 1:
+                return _fast_coll_raise(r, "gather")
+            if self._rooted_fast("gather", sendbuf, recvbuf, root):
+                return
         self._c_gather(sendbuf, recvbuf, root, compress)()
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         self._c_gatherv(sendbuf, recvbuf, root)()
 
     def Scatter(self, sendbuf, recvbuf, root=0, *, compress=None):
-        if compress is None and self._rooted_fast("scatter", sendbuf, recvbuf, root):
-            return
+        if compress is None:
+            r = _fast_rooted(self._fast, 1, sendbuf, recvbuf, root, None)
+            if not r:
+                return
+            if r != 1:
+                return _fast_coll_raise(r, "scatter")
+            if self._rooted_fast("scatter", sendbuf, recvbuf, root):
+                return
         self._c_scatter(sendbuf, recvbuf, root, compress)()
 
     def Scatterv(self, sendbuf, recvbuf, root=0):

@@ -1,4 +1,4 @@
-"""The point-to-point fast path for plain NumPy arrays gives what the full
+"""The one-call fast paths for plain NumPy arrays give what the full
 parser gives (buffers.message_p2p), and the lean blocking Send/Recv behave as
 the request-based calls (tests/scripts/p2p_fast.py, also run against mpi4py)."""
 import shutil
@@ -87,3 +87,14 @@ def test_blocking_p2p_script_holds_for_mpi4py():
 
 def test_revoked_communicator_refuses_the_one_call_paths():
     assert_ok(run_script("p2p_revoked.py", 2), "p2p_revoked.py", 2)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_rooted_one_call_paths(nprocs):
+    assert_ok(run_script("rooted_fast.py", nprocs), "rooted_fast.py", nprocs)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec")
+def test_rooted_script_holds_for_mpi4py():
+    pytest.importorskip("mpi4py")
+    assert_ok(run_script_mpi4py("rooted_fast.py", 2, timeout=120), "rooted_fast.py", 2)

@@ -37,6 +37,9 @@
  *     the direct Alltoall and Allgather (erdma_coll_alltoall,
  *     erdma_coll_allgather) and the ring Reduce_scatter_block
  *     (erdma_coll_reduce_scatter).
+ *   remember_rooted(...) / rooted(state, which, sendbuf, recvbuf, root, op):
+ *     the same for the linear Gather and Scatter and the binomial Reduce
+ *     (erdma_coll_gather, _scatter, _reduce; see pf_remember_rooted).
  *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
  *     tag[, base]): a pickled object (the lowercase send / recv; with base,
  *     a message of an object collective), see below.
@@ -106,6 +109,10 @@ typedef struct {
   Py_buffer sview, rview;
   uint64_t count;
   int opc, dtc;
+  /* rooted calls (remember_rooted): the root, and what each side is: 0 not
+   * used at this rank (not checked), 1 MPI.IN_PLACE (the spec itself), 2 an
+   * array (sarr/rarr) */
+  int root, smode, rmode;
 } pf_coll;
 
 #define PF_SLOTS 8
@@ -125,6 +132,7 @@ typedef struct {
   int next[2];
   pf_coll ar, rs, bc, a2a, ag; /* Allreduce, Reduce_scatter_block; Bcast (its buffer
                                   as the receive side); Alltoall, Allgather */
+  pf_coll rooted[3];           /* Gather, Scatter, Reduce (remember_rooted) */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   int ranks[];
 } pf_state;
@@ -147,7 +155,7 @@ static void coll_clear(pf_coll *x) {
   if (!x->have) return;
   x->have = 0;
   if (x->sarr) PyBuffer_Release(&x->sview);
-  PyBuffer_Release(&x->rview);
+  if (x->rarr) PyBuffer_Release(&x->rview);
   Py_CLEAR(x->sspec);
   Py_CLEAR(x->sarr);
   Py_CLEAR(x->sdt);
@@ -172,6 +180,7 @@ static void state_free(PyObject *cap) {
   coll_clear(&s->a2a);
   coll_clear(&s->ag);
   coll_clear(&s->rs);
+  for (int i = 0; i < 3; i++) coll_clear(&s->rooted[i]);
   Py_XDECREF(s->bar_env);
   Py_XDECREF(s->bar_key);
   Py_XDECREF(s->owner);
@@ -912,6 +921,107 @@ static PyObject *pf_allgather(PyObject *self, PyObject *const *args, Py_ssize_t 
   return sr_call(args, n, SR_ALLGATHER);
 }
 
+/* remember_rooted(state, which, root, sspec, sarr, sdt, smode, rspec, rarr,
+ *                 rdt, rmode, op, count, opc, dtc, sflags, rflags, env, envkey,
+ *                 cfg, hints): Python found this Gather (which 0), Scatter (1)
+ * or Reduce (2) one for erdma_coll_gather / _scatter (count: block bytes) /
+ * _reduce (count elements, opc, dtc); smode / rmode as in pf_coll (the
+ * array arguments None where not 2). */
+static PyObject *pf_remember_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 21) {
+    PyErr_SetString(PyExc_TypeError, "remember_rooted() takes 21 arguments");
+    return NULL;
+  }
+  pf_state *s = state_of(args[0]);
+  long which = PyLong_AsLong(args[1]), root = PyLong_AsLong(args[2]);
+  long smode = PyLong_AsLong(args[6]), rmode = PyLong_AsLong(args[10]);
+  unsigned long long count = PyLong_AsUnsignedLongLong(args[12]);
+  long opc = PyLong_AsLong(args[13]), dtc = PyLong_AsLong(args[14]);
+  long sflags = PyLong_AsLong(args[15]), rflags = PyLong_AsLong(args[16]);
+  if (PyErr_Occurred()) return NULL;
+  if (!s || which < 0 || which > 2 || root < 0 || root >= s->size || smode < 0 ||
+      smode > 2 || rmode < 0 || rmode > 2 || (smode == 2) != (args[4] != Py_None) ||
+      (rmode == 2) != (args[8] != Py_None) || !PyDict_Check(args[17]) ||
+      !PyDict_Check(args[20]))
+    Py_RETURN_FALSE;
+  pf_coll *slot = &s->rooted[which];
+  if (slot->busy) Py_RETURN_FALSE;
+  PyObject *mode = PyObject_GetAttrString(args[19], "mode");
+  if (!mode) return NULL;
+  pf_coll x = {0};
+  PyObject *sarr = smode == 2 ? args[4] : NULL, *rarr = rmode == 2 ? args[8] : NULL;
+  if (sarr && !coll_view(sarr, sflags, NP_C_CONTIGUOUS, 0, &x.sview)) {
+    Py_DECREF(mode);
+    Py_RETURN_FALSE;
+  }
+  if (rarr && !coll_view(rarr, rflags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
+    if (sarr) PyBuffer_Release(&x.sview);
+    Py_DECREF(mode);
+    Py_RETURN_FALSE;
+  }
+  coll_clear(slot);
+  x.have = 1;
+  x.sspec = Py_NewRef(args[3]);
+  x.sarr = sarr ? Py_NewRef(sarr) : NULL;
+  x.sdt = args[5] == Py_None ? NULL : Py_NewRef(args[5]);
+  x.rspec = Py_NewRef(args[7]);
+  x.rarr = rarr ? Py_NewRef(rarr) : NULL;
+  x.rdt = args[9] == Py_None ? NULL : Py_NewRef(args[9]);
+  x.op = Py_NewRef(args[11]);
+  x.count = count;
+  x.opc = (int)opc;
+  x.dtc = (int)dtc;
+  x.root = (int)root;
+  x.smode = (int)smode;
+  x.rmode = (int)rmode;
+  coll_keep_checks(&x, args[17], args[18], args[19], mode, args[20]);
+  *slot = x;
+  Py_RETURN_TRUE;
+}
+
+/* One side of a remembered rooted call still what it was (see pf_coll). */
+static int rooted_side(PyObject *spec, int mode, PyObject *want, PyObject *arr, PyObject *dt,
+                       int need) {
+  if (mode == 0) return 1;
+  if (mode == 1) return spec == want;
+  return spec_is(spec, want, arr, dt) &&
+         (((np_head *)(dt ? arr : spec))->flags & need) == need;
+}
+
+/* rooted(state, which, sendbuf, recvbuf, root, op) -> 0 | 1 (miss) |
+ * (rc, pending), as allreduce; op None for Gather and Scatter */
+static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s;
+  long which, root;
+  if (n != 6 || !(s = state_of(args[0])) || !small_int(args[1], 0, 2, &which) ||
+      !small_int(args[4], 0, s->size - 1, &root))
+    return PyLong_FromLong(1);
+  pf_coll *x = &s->rooted[which];
+  if (!x->have || x->busy || root != x->root || args[5] != x->op ||
+      !rooted_side(args[2], x->smode, x->sspec, x->sarr, x->sdt, NP_C_CONTIGUOUS) ||
+      !rooted_side(args[3], x->rmode, x->rspec, x->rarr, x->rdt,
+                   NP_C_CONTIGUOUS | NP_WRITEABLE) ||
+      !coll_still(x))
+    return PyLong_FromLong(1);
+  long tag = next_coll_tag(s);
+  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  erdma_coll *pending = NULL;
+  void *sb = x->sarr ? x->sview.buf : NULL, *rb = x->rarr ? x->rview.buf : NULL;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc;
+  if (which == 2)
+    rc = erdma_coll_reduce(s->e, sb, rb, x->count, x->opc, x->dtc, (int)root, s->ranks,
+                           s->size, s->me, (int)tag, s->ctx + 1, s->slice, &pending);
+  else
+    rc = (which == 0 ? erdma_coll_gather : erdma_coll_scatter)(
+        s->e, sb, rb, x->count, (int)root, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
+        s->slice, &pending);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  return coll_result(rc, pending);
+}
+
 /* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints): Python
  * found this Bcast one for erdma_coll_bcast (dt None: the spec is arr). */
 static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -1119,6 +1229,9 @@ static PyMethodDef pf_methods[] = {
      METH_FASTCALL, NULL},
     {"reduce_scatter", (PyCFunction)(void (*)(void))pf_reduce_scatter, METH_FASTCALL, NULL},
     {"remember_bcast", (PyCFunction)(void (*)(void))pf_remember_bcast, METH_FASTCALL, NULL},
+    {"remember_rooted", (PyCFunction)(void (*)(void))pf_remember_rooted, METH_FASTCALL,
+     NULL},
+    {"rooted", (PyCFunction)(void (*)(void))pf_rooted, METH_FASTCALL, NULL},
     {"bcast", (PyCFunction)(void (*)(void))pf_bcast, METH_FASTCALL, NULL},
     {"remember_barrier", (PyCFunction)(void (*)(void))pf_remember_barrier, METH_FASTCALL,
      NULL},
