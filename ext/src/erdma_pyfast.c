@@ -554,7 +554,12 @@ static void op_park_req(pf_op *o) {
                                                   (unsigned long long)(uintptr_t)r,
                                                   keep ? keep : Py_None)
                           : NULL;
-  if (!res) PyErr_Clear(); /* no park: the request stays with the engine */
+  if (!res) { /* nowhere to park it (interpreter shutdown): withdraw it, so
+               * that the engine never touches the buffer released below */
+    PyErr_Clear();
+    erdma_req_abort(r);
+    erdma_req_free(r);
+  }
   Py_XDECREF(res);
   Py_XDECREF(keep);
 }
