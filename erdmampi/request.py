@@ -358,6 +358,15 @@ class Request(HandleBase):
     def Wait(self, status=None):
         """Wait for completion; the request becomes null."""
         op = self._op
+        if type(op) is _FastOp and status is None:
+            # the one-call path's operation, without a status: the usual end
+            # inline (an error goes the general way below)
+            op.wait()
+            if not op.fields[2]:
+                self._op = None
+                if _named:
+                    self._h = 0
+                return True
         if op is None:
             if self._h and self._adopt():
                 return self.Wait(status)
@@ -457,8 +466,34 @@ class Request(HandleBase):
         requests = list(requests)
         errors = []
         objs = []
+        start = 0
+        if statuses is None:
+            # requests of the one-call path that complete without an error,
+            # and requests complete from the start: ended here, inline; the
+            # first other one goes on in the general loop below
+            for req in requests:
+                op = req._op
+                t = type(op)
+                if t is _FastOp:
+                    try:
+                        op.wait()
+                    except MPIException:
+                        break           # reported by the general loop
+                    if op.fields[2]:
+                        break
+                elif t is not _DoneOp or op.obj is not None:
+                    break
+                req._op = None
+                if _named:
+                    req._h = 0
+                start += 1
+            if start == len(requests):
+                return [None] * start
+            objs = [None] * start
         sts = _statuses(statuses, len(requests))
         for i, req in enumerate(requests):
+            if i < start:
+                continue
             st = sts[i] if sts is not None else None
             if errors:
                 # MPICH stops at the first failed request: the rest stay active
