@@ -151,6 +151,12 @@ def _ddp_matches_gloo(args, rel, timeout=90):
     for backend in ("erdma", "gloo"):
         res = _run(2, EXAMPLE, args=["--backend", backend, "--steps", "60", *args],
                    timeout=timeout)
+        if (backend == "gloo" and res.returncode != 0
+                and "terminate called without an active exception" in res.stdout + res.stderr):
+            # the reference itself: gloo's threads now and then abort a rank
+            # at exit on a loaded machine (std::terminate); one more run
+            res = _run(2, EXAMPLE, args=["--backend", backend, "--steps", "60", *args],
+                       timeout=timeout)
         assert res.returncode == 0, res.stdout + res.stderr
         m = re.search(r"final_loss=(\S+) param_sum=(\S+)", res.stdout)
         assert m, res.stdout
