@@ -213,8 +213,9 @@ class EngineMessage:
         self.source, self.tag, self.nbytes = st.source, st.tag, st.nbytes
 
 
-def waitany_handles(reqs) -> int:
-    """:func:`waitany` of EngineRequests and request addresses (ints, 0: none)."""
+def waitany(reqs) -> int:
+    """Index of a completed request among reqs: EngineRequests and request
+    addresses (ints, 0: none), None entries ignored; -1 if none is active."""
     handles = []
     for r in reqs:
         if type(r) is int:
@@ -223,24 +224,6 @@ def waitany_handles(reqs) -> int:
             return len(handles)
         else:
             handles.append(r._req if r is not None and r._req is not None else ffi.NULL)
-    if all(h == ffi.NULL for h in handles):
-        return -1
-    arr = ffi.new("erdma_req *[]", handles)
-    idx = ffi.new("int *")
-    while True:
-        rc = lib.erdma_req_waitany(arr, len(handles), _SLICE, idx)
-        if rc == 0:
-            return idx[0]
-        if rc != ERR_TIMEOUT:
-            raise EngineError(rc, "waitany")
-
-
-def waitany(reqs) -> int:
-    """Index of a completed request among reqs (None entries ignored); -1 if none active."""
-    handles = [r._req if (r is not None and r._req is not None) else ffi.NULL for r in reqs]
-    for i, r in enumerate(reqs):
-        if r is not None and r.done:
-            return i
     if all(h == ffi.NULL for h in handles):
         return -1
     arr = ffi.new("erdma_req *[]", handles)

@@ -719,8 +719,7 @@ def _block_any(requests):
                 return
         if all(type(op) is _FastOp or isinstance(op, _EngineOp) for op in ops):
             try:
-                _engine.waitany_handles([op.handle if type(op) is _FastOp else op.ereq
-                                         for op in ops])
+                _engine.waitany([op.handle if type(op) is _FastOp else op.ereq for op in ops])
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
         else:

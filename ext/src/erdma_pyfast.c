@@ -348,21 +348,37 @@ static PyObject *result(int rc, const erdma_blocking *out) {
   return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)out->left);
 }
 
+/* The arguments (state, buf, peer, tag) of a point-to-point call on a
+ * remembered spec: 1 with the state, the entry, the peer's world rank
+ * (ERDMA_ANY_SOURCE kept) and the tag; 0: a miss.  A send takes a rank and
+ * a tag; a receive also ANY_SOURCE and ANY_TAG (MPI's values are the
+ * engine's, erdmampi.comm), never -1 (PROC_NULL). */
+static int p2p_args(PyObject *const *args, int recv, pf_state **sp, pf_entry **xp, int *peer,
+                    long *tag) {
+  long p;
+  pf_state *s = state_of(args[0]);
+  if (!s || !(*xp = entry_for(s, recv, args[1])) ||
+      !small_int(args[2], recv ? ERDMA_ANY_SOURCE : 0, s->size - 1, &p) || p == -1 ||
+      !small_int(args[3], recv ? ERDMA_ANY_TAG : 0, s->tag_ub, tag))
+    return 0;
+  *sp = s;
+  *peer = p == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[p];
+  return 1;
+}
+
 static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  long dest, tag;
+  long tag;
+  int dest;
   pf_state *s;
   pf_entry *x;
-  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 0, args[1])) ||
-      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag))
-    return PyLong_FromLong(1);
+  if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag)) return PyLong_FromLong(1);
   /* an eager message into a local peer's ring never waits: keep the GIL */
-  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
-                         s->ctx, 0))
+  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0))
     return PyLong_FromLong(0);
   erdma_blocking out;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
+  int rc = erdma_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag,
                       s->ctx, 0, s->slice, &out);
   PyEval_RestoreThread(ts);
   x->busy--;
@@ -370,20 +386,16 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 }
 
 static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status) {
-  long src, tag;
+  long tag;
+  int src;
   pf_state *s;
   pf_entry *x;
-  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 1, args[1])) ||
-      !small_int(args[2], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[3], ERDMA_ANY_TAG, s->tag_ub, &tag))
-    return PyLong_FromLong(1);
-  /* MPI's ANY_SOURCE / ANY_TAG are the engine's (erdmampi.comm); -1 is PROC_NULL */
+  if (n != 4 || !p2p_args(args, 1, &s, &x, &src, &tag)) return PyLong_FromLong(1);
   erdma_blocking out;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_recv(s->e, x->view.buf, (uint64_t)x->view.len,
-                      src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src], (int)tag,
-                      s->ctx, s->slice, &out);
+  int rc = erdma_recv(s->e, x->view.buf, (uint64_t)x->view.len, src, (int)tag, s->ctx,
+                      s->slice, &out);
   PyEval_RestoreThread(ts);
   x->busy--;
   if (rc == 0 && want_status)
@@ -638,34 +650,28 @@ static PyObject *op_new(erdma_req *r, PyObject *keep, PyObject *index, double sl
  * done); 0 (isend only: the message went into the local peer's ring,
  * complete); a negative ERDMA error; else an Op of the posted request. */
 static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  long dest, tag;
+  long tag;
+  int dest;
   pf_state *s;
   pf_entry *x;
-  if (n != 4 || !(s = state_of(args[0])) || !(x = entry_for(s, 0, args[1])) ||
-      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &tag))
-    return PyLong_FromLong(1);
-  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
-                         s->ctx, 0))
+  if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag)) return PyLong_FromLong(1);
+  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0))
     return PyLong_FromLong(0);
   erdma_req *r = NULL;
-  int rc = erdma_isend(s->e, x->view.buf, (uint64_t)x->view.len, s->ranks[dest], (int)tag,
-                       s->ctx, 0, &r);
+  int rc = erdma_isend(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0,
+                       &r);
   return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : op_new(r, args[1], NULL, s->slice);
 }
 
 static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  long src, tag;
+  long tag;
+  int src;
   pf_state *s;
   pf_entry *x;
-  if (n != 5 || !PyDict_CheckExact(args[4]) || !(s = state_of(args[0])) ||
-      !(x = entry_for(s, 1, args[1])) ||
-      !small_int(args[2], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[3], ERDMA_ANY_TAG, s->tag_ub, &tag))
+  if (n != 5 || !PyDict_CheckExact(args[4]) || !p2p_args(args, 1, &s, &x, &src, &tag))
     return PyLong_FromLong(1);
   erdma_req *r = NULL;
-  int rc = erdma_irecv(s->e, x->view.buf, (uint64_t)x->view.len,
-                       src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src], (int)tag,
-                       s->ctx, 0, &r);
+  int rc = erdma_irecv(s->e, x->view.buf, (uint64_t)x->view.len, src, (int)tag, s->ctx, 0, &r);
   return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : op_new(r, args[1], args[4], s->slice);
 }
 
