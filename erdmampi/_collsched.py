@@ -41,7 +41,7 @@ def _part_from_env(name):
 #: two-rank bulk Bcast: the root's fixed share (``ERDMA_BULK_ROOT_PART``, the
 #: root's value counts); -1: both copy until they meet (the default)
 BULK_ROOT_PART = _part_from_env("ERDMA_BULK_ROOT_PART")
-#: two-rank bulk Alltoall: fixed share of its own block a rank pulls
+#: two-rank bulk Alltoall: fixed share of its block for the peer a rank pushes
 #: (``ERDMA_BULK_PULL_PART``, per rank); -1: dynamic (the default)
 BULK_PULL_PART = _part_from_env("ERDMA_BULK_PULL_PART")
 

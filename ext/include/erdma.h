@@ -498,9 +498,10 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
                           const int *ranks, int n, int me, int tag, uint32_t ctx,
                           double timeout);
 /* Equal blocks of blk bytes: every rank copies its own block and reads its
- * block out of each peer's send buffer (sbuf != rbuf).  Two ranks: one that
- * is done with its pulls pushes the rest of the other's block (pull_part in
- * [0, 1]: a fixed share of one's own block to pull; < 0: dynamic). */
+ * block out of each peer's send buffer (sbuf != rbuf).  Two ranks: each
+ * pushes its block into the other's buffer, and one that is done pulls the
+ * rest of its own incoming block (pull_part in [0, 1]: a fixed share of
+ * one's block to push; < 0: dynamic). */
 int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t blk,
                              const int *ranks, int n, int me, double pull_part, int tag,
                              uint32_t ctx, double timeout);

@@ -156,7 +156,8 @@ static int bulk_peek(erdma_engine *e, int peer, uint64_t addr, uint64_t *v) {
  * chunks completed from the front. */
 static uint64_t bulk_front(erdma_engine *e, int peer, uint8_t *local, uint64_t remote,
                            uint64_t nbytes, int write, uint64_t peer_back, uint64_t limit,
-                           volatile uint64_t *mine) {
+                           volatile uint64_t *mine, uint8_t *also, const uint8_t *also_src,
+                           int also_nt) {
   uint64_t ch = bulk_chunk(nbytes), nch = (nbytes + ch - 1) / ch, i = 0;
   if (limit > nch) limit = nch;
   while (i < limit) {
@@ -166,6 +167,7 @@ static uint64_t bulk_front(erdma_engine *e, int peer, uint8_t *local, uint64_t r
     }
     bulk_publish(mine, i + 1);
     uint64_t off = i * ch, len = nbytes - off < ch ? nbytes - off : ch;
+    if (also) bulk_copy(also + off, also_src + off, len, also_nt);
     if (shm_cma_copy(e, peer, local + off, remote + off, len, write)) break;
     i++;
   }
@@ -308,7 +310,7 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
     bulk_hdr done = mine, tdone;
     if (isroot)
       done.done = bulk_front(e, peer, b, theirs.addr, nbytes, 1, dyn ? theirs.prog : 0,
-                             dyn ? nch : limit, &prog[0]);
+                             dyn ? nch : limit, &prog[0], NULL, NULL, 0);
     else
       done.done = bulk_back(e, peer, b, theirs.addr, nbytes, 0, dyn ? theirs.prog : 0,
                             dyn ? 0 : limit, &prog[0]);
@@ -326,15 +328,22 @@ int erdma_coll_bcast_pair(erdma_engine *e, void *buf, uint64_t nbytes, int root,
   return rc;
 }
 
-/* Alltoall (or Allgather) of two ranks: each copies its own block
- * (own_src -> own_dst; none if own_src is NULL), pulls the peer's block for
- * it (into in) from the front and then helps the peer by pushing the block
- * for the peer (out) from the back, so a process that got less CPU time is
- * helped by the other.  pull_part: static share of one's own pulls
- * (tests).  Blocks below BULK_DYN_MIN are pulled whole: the progress
+/* Alltoall (or Allgather) of two ranks: each pushes its block for the peer
+ * (out) into the peer's buffer (in, on the other side) from the front, a
+ * chunk of its own block (own_src -> own_dst; none if own_src is NULL)
+ * right before each chunk pushed, and then helps the peer by pulling its
+ * own incoming block from the back, so a process that got less CPU time is
+ * helped by the other.  Copying the own chunk first overlaps the two
+ * copies of a chunk in the caches, and in an Allgather (out == own_src)
+ * the push reads the chunk the own copy has just read (16 MiB Allgather:
+ * 1.3 ms against 1.65 pulling after a whole own copy; 16 MiB Alltoall:
+ * 1.45 against 1.7).  pull_part: static share of one's own pushes
+ * (tests).  Blocks below BULK_DYN_MIN are pushed whole: the progress
  * words' CMA peeks cost more than the help brings (256 KiB Alltoall:
  * 39 -> 28 us). */
 #define BULK_DYN_MIN ((uint64_t)1 << 20)
+/* Allgather's pair from blocks of this size (below: erdma_coll_allgather) */
+#define BULK_PAIR_MIN ((uint64_t)256 << 10)
 
 typedef struct {
   const uint8_t *own_src; /* NULL: the own block is in place */
@@ -348,30 +357,37 @@ static int swap_pair(erdma_engine *e, const pair_bufs *pb, uint64_t blk, const i
   int p = 1 - me, peer = ranks[p], rc;
   if (pull_part < 0 && blk < BULK_DYN_MIN) pull_part = 1.0;
   uint64_t ch = bulk_chunk(blk), nch = (blk + ch - 1) / ch;
-  /* [0]: chunks of my incoming block pulled from the front; [1]: lowest
-   * chunk of the peer's incoming block pushed from the back */
+  /* [0]: chunks of the peer's incoming block pushed from the front; [1]:
+   * lowest chunk of my incoming block pulled from the back */
   volatile uint64_t prog[3] = {0, nch, 0}; /* [2]: finished (bulk_finish) */
   bulk_hdr mine = {(uintptr_t)pb->out, blk, (uintptr_t)pb->in,
                    (uintptr_t)prog, bulk_limit(pull_part, blk), 0, 0,
                    (uint32_t)shm_cma_ok(e, peer), 0}, theirs;
   if ((rc = bulk_trade(e, peer, tag, ctx, &mine, &theirs, timeout))) return rc;
   if (theirs.len != blk) return ERDMA_ERR_TRUNCATE;
-  if (blk && pb->own_src) bulk_copy(pb->own_dst, pb->own_src, blk, bulk_nt(blk, 2));
+  int nt = bulk_nt(blk, 2);
   uint64_t in_lo = 0, in_hi = blk, out_lo = 0, out_hi = blk; /* left for messages */
+  uint64_t own_from = 0; /* the own block is copied below this */
   if (mine.cma && theirs.cma && blk) {
     int dyn_me = mine.limit == UINT64_MAX, dyn_peer = theirs.limit == UINT64_MAX;
     uint64_t pw_front = (uintptr_t)theirs.prog, pw_back = pw_front + sizeof(uint64_t);
     bulk_hdr done = mine, tdone;
-    done.done = bulk_front(e, peer, pb->in, theirs.addr, blk, 0,
-                           dyn_me ? pw_back : 0, dyn_me ? nch : mine.limit, &prog[0]);
-    done.done2 = bulk_back(e, peer, (uint8_t *)pb->out, theirs.raddr, blk, 1,
+    done.done = bulk_front(e, peer, (uint8_t *)pb->out, theirs.raddr, blk, 1,
+                           dyn_me ? pw_back : 0, dyn_me ? nch : mine.limit, &prog[0],
+                           pb->own_src ? pb->own_dst : NULL, pb->own_src, nt);
+    own_from = done.done * ch;
+    if (pb->own_src && own_from < blk)
+      bulk_copy(pb->own_dst + own_from, pb->own_src + own_from, blk - own_from, nt);
+    done.done2 = bulk_back(e, peer, pb->in, theirs.addr, blk, 0,
                            dyn_peer ? pw_front : 0, dyn_peer ? 0 : theirs.limit, &prog[1]);
     bulk_finish(e, peer, &prog[2], pw_front + 2 * sizeof(uint64_t));
     if ((rc = bulk_trade(e, peer, tag + 2, ctx, &done, &tdone, timeout))) return rc;
-    in_lo = done.done * ch;                          /* my block: I pulled [0, lo) */
-    in_hi = tdone.done2 * ch < blk ? tdone.done2 * ch : blk;
-    out_lo = tdone.done * ch;                        /* its block: it pulled [0, lo) */
-    out_hi = done.done2 * ch < blk ? done.done2 * ch : blk;
+    out_lo = done.done * ch;                          /* its block: I pushed [0, lo) */
+    out_hi = tdone.done2 * ch < blk ? tdone.done2 * ch : blk;
+    in_lo = tdone.done * ch;                          /* my block: it pushed [0, lo) */
+    in_hi = done.done2 * ch < blk ? done.done2 * ch : blk;
+  } else if (blk && pb->own_src) {
+    bulk_copy(pb->own_dst, pb->own_src, blk, nt);
   }
   erdma_req *r[2] = {NULL, NULL};
   rc = 0;
@@ -499,9 +515,8 @@ int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
   uint8_t *d = rbuf;
   const uint8_t *s = sbuf ? sbuf : d + offs[me];
   int apart = s == d + offs[me] || s + lens[me] <= d + offs[me] || s >= d + offs[me] + lens[me];
-  if (n == 2 && lens[0] == lens[1] && lens[0] >= BULK_DYN_MIN && apart) {
-    /* as the Alltoall pair: the own block with NT stores where large, the
-     * two sides share the copying between them */
+  if (n == 2 && lens[0] == lens[1] && lens[0] >= BULK_PAIR_MIN && apart) {
+    /* as the Alltoall pair (swap_pair) */
     int p = 1 - me;
     pair_bufs pb = {s != d + offs[me] ? s : NULL, d + offs[me], s, d + offs[p]};
     return swap_pair(e, &pb, lens[0], ranks, me, -1.0, tag, ctx, timeout);
