@@ -36,11 +36,13 @@ def _check_cro(smsg, rmsg):
 _ROOTED = {"gather": 0, "scatter": 1, "reduce": 2}
 
 # the one-call block collectives the C fast path can repeat: engine call ->
-# how to make a call of it known there
-# (None: no C fast path in this Python)
-_FAST_BLOCKS = {_engine.coll_alltoall: _fast_remember_alltoall,
-                _engine.coll_allgather: _fast_remember_allgather,
-                _engine.coll_reduce_scatter: _fast_remember_reduce_scatter}
+# (how to make a call of it known there (None: no C fast path in this
+# Python), 1 for the bulk calls)
+_FAST_BLOCKS = {_engine.coll_alltoall: (_fast_remember_alltoall, 0),
+                _engine.coll_allgather: (_fast_remember_allgather, 0),
+                _engine.coll_reduce_scatter: (_fast_remember_reduce_scatter, 0),
+                _engine.coll_alltoall_bulk: (_fast_remember_alltoall, 1),
+                _engine.coll_allgather_bulk: (_fast_remember_allgather, 1)}
 
 
 class CommColl:
@@ -677,17 +679,23 @@ class CommColl:
             c = self._blocks_resolve(name, sendbuf, recvbuf, op)
             if c is None:
                 return False
-        remember = _FAST_BLOCKS.get(c[-2])
-        if remember is not None and c[4] + c[5] <= _COLL_CACHE_MAX:
-            # the direct Alltoall / Allgather, the ring Reduce_scatter_block
-            # for the C fast path
+        remember, bulk = _FAST_BLOCKS.get(c[-2], (None, 0))
+        if remember is not None:
+            # the C fast path; arrays over the cache's limit are not kept
+            # alive there but checked by their layout on every call
             a = c[-1]
+            if bulk:    # (saddr, raddr, blk, pull_part) / (saddr, raddr, offs, lens)
+                count, part = (a[2], a[3]) if name == "alltoall" else (a[3][0], -1.0)
+                opc = dtc = 0
+            else:
+                count, part = a[2], -1.0
+                opc, dtc = (a[3], a[4]) if len(a) > 4 else (0, 0)
             self._fast_remember(name, remember, (
                 IN_PLACE if c[3] is _UNUSED else sendbuf, None if c[3] is _UNUSED else c[2],
-                None if c[3] is _UNUSED else c[3], recvbuf, c[0], c[1], op, a[2],
-                a[3] if len(a) > 3 else 0, a[4] if len(a) > 4 else 0,
+                None if c[3] is _UNUSED else c[3], recvbuf, c[0], c[1], op, count, opc, dtc,
                 0 if c[3] is _UNUSED else c[2].flags.num, c[0].flags.num, _environ_data,
-                _COLL_ENV[name], _cz._config, self._chints))
+                _COLL_ENV[name], _cz._config, self._chints, c[4] + c[5] > _COLL_CACHE_MAX,
+                bulk, float(part)))
         return self._one_call(name, c)
 
     def _one_call(self, name, c):

@@ -750,3 +750,103 @@ print("OK", r)
 
 def test_one_call_paths_keep_mpi_semantics():
     _ok(run_mpi(2, FAST_SCRIPT, timeout=90), 2)
+
+
+# -- large arrays in the C fast path: checked by their layout, never kept ------
+
+LARGE_SCRIPT = r"""
+import gc, weakref
+import numpy as np
+from erdmampi import MPI
+from erdmampi import comm_coll
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+resolved = []
+_resolve = comm_coll.CommColl._blocks_resolve
+
+
+def counting(self, name, *a):
+    resolved.append(name)
+    return _resolve(self, name, *a)
+
+
+comm_coll.CommColl._blocks_resolve = counting
+
+
+def inp(rank, cnt):
+    return ((np.arange(cnt) * 7 + rank * 3) % 251).astype(np.uint8)
+
+
+def a2a_want(cnt):
+    blk = cnt // n
+    return np.concatenate([inp(i, cnt)[r * blk:(r + 1) * blk] for i in range(n)])
+
+
+# over the cache's limit: 1 MiB (two messages at two ranks), 8 MiB + (the
+# bulk pair at two ranks), and Allgather's bulk blocks
+for cnt in ((1 << 20) // n * n, (8 << 20) // n * n + 64 * n):
+    s, d = inp(r, cnt), np.zeros(cnt, np.uint8)
+    del resolved[:]
+    for k in range(4):
+        d[:] = 0
+        comm.Alltoall(s, d[:cnt])                    # a fresh view every time
+        assert np.array_equal(d, a2a_want(cnt)), ("alltoall", cnt, k)
+    assert resolved == ["alltoall"], resolved        # then the C path alone
+    # the arrays are not kept alive by the path
+    ws, wd = weakref.ref(s), weakref.ref(d)
+    del s, d
+    gc.collect()
+    assert ws() is None and wd() is None, "a large array kept alive"
+    # a new pair of arrays of the same size: resolved again, right result
+    s2, d2 = inp(r, cnt), np.zeros(cnt, np.uint8)
+    comm.Alltoall([s2, MPI.BYTE], [d2, MPI.BYTE])
+    assert np.array_equal(d2, a2a_want(cnt))
+    comm.Alltoall([s2, MPI.BYTE], [d2, MPI.BYTE])
+    assert np.array_equal(d2, a2a_want(cnt))
+    # the same pair, another datatype object: not the remembered call
+    d2[:] = 0
+    comm.Alltoall([s2, MPI.UNSIGNED_CHAR], [d2, MPI.UNSIGNED_CHAR])
+    assert np.array_equal(d2, a2a_want(cnt))
+    # a read-only view of the remembered receive memory is refused as before
+    ro = d2.view()
+    ro.flags.writeable = False
+    try:
+        comm.Alltoall(s2, ro)
+    except Exception:
+        pass
+    else:
+        raise AssertionError("a read-only receive buffer taken")
+    del s2, d2, ro
+for blk in (300 << 10, (2 << 20) + 8):
+    mine, g = inp(r + 5, blk), np.zeros(blk * n, np.uint8)
+    want = np.concatenate([inp(i + 5, blk) for i in range(n)])
+    del resolved[:]
+    for k in range(3):
+        g[:] = 0
+        comm.Allgather(mine, g)
+        assert np.array_equal(g, want), ("allgather", blk, k)
+    if n > 1:
+        assert resolved == ["allgather"], resolved
+    # in place, the same memory
+    g[:] = 0
+    g[r * blk:(r + 1) * blk] = mine
+    comm.Allgather(MPI.IN_PLACE, g)
+    assert np.array_equal(g, want), ("allgather in place", blk)
+    g[:] = 0
+    g[r * blk:(r + 1) * blk] = mine
+    comm.Allgather(MPI.IN_PLACE, g)
+    assert np.array_equal(g, want), ("allgather in place again", blk)
+    # the same object resized in place: its new memory, not the old one
+    mine.resize(blk + 16, refcheck=False)
+    mine[:] = r + 1
+    g = np.zeros((blk + 16) * n, np.uint8)
+    comm.Allgather(mine, g)
+    assert (g == np.repeat(np.arange(n) + 1, blk + 16)).all(), "allgather after resize"
+    del mine, g
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_large_arrays_take_the_c_path_without_being_kept(nprocs):
+    _ok(run_mpi(nprocs, LARGE_SCRIPT, timeout=180), nprocs)

@@ -91,6 +91,46 @@ static int same_array(PyObject *o, PyObject *arr) {
   return 1;
 }
 
+/* An array's layout as a remembered call saw it: its type and dtype object
+ * (held, so that their addresses stay theirs), data pointer, shape and
+ * strides (up to PF_ND dimensions). */
+#define PF_ND 8
+typedef struct {
+  PyObject *type, *descr; /* NULL: none kept */
+  char *data;
+  int nd;
+  intptr_t dims[PF_ND], strides[PF_ND];
+} pf_layout;
+
+static int layout_keep(pf_layout *l, PyObject *arr) {
+  const np_head *a = (const np_head *)arr;
+  if (a->nd < 0 || a->nd > PF_ND) return 0;
+  l->type = Py_NewRef((PyObject *)Py_TYPE(arr));
+  l->descr = Py_NewRef(a->descr);
+  l->data = a->data;
+  l->nd = a->nd;
+  for (int i = 0; i < a->nd; i++) {
+    l->dims[i] = a->dimensions[i];
+    l->strides[i] = a->strides[i];
+  }
+  return 1;
+}
+
+static void layout_clear(pf_layout *l) {
+  Py_CLEAR(l->type);
+  Py_CLEAR(l->descr);
+}
+
+/* Is `o` an array of that layout (whichever object it is)? */
+static int layout_is(const pf_layout *l, PyObject *o) {
+  if (!l->type || (PyObject *)Py_TYPE(o) != l->type) return 0;
+  const np_head *a = (const np_head *)o;
+  if (a->data != l->data || a->nd != l->nd || a->descr != l->descr) return 0;
+  for (int i = 0; i < a->nd; i++)
+    if (a->dimensions[i] != l->dims[i] || a->strides[i] != l->strides[i]) return 0;
+  return 1;
+}
+
 typedef struct {
   PyObject *spec, *arr, *dt; /* dt NULL: spec is the array itself */
   Py_buffer view;            /* an export of arr: its memory stays put */
@@ -113,6 +153,14 @@ typedef struct {
    * used at this rank (not checked), 1 MPI.IN_PLACE (the spec itself), 2 an
    * array (sarr/rarr) */
   int root, smode, rmode;
+  /* arrays too large to keep alive (remember_* with `weak`): sarr, rarr and
+   * their specs are not held (NULL; sspec stays for MPI.IN_PLACE) and not
+   * exported; each call finds its arrays in the specs passed, checks them
+   * against these layouts and exports them for the call's duration */
+  int weak;
+  pf_layout sl, rl;
+  int kind;    /* 0: erdma_coll_*; 1: erdma_coll_alltoall_bulk / _allgather_bulk */
+  double part; /* the bulk Alltoall's pull_part */
 } pf_coll;
 
 #define PF_SLOTS 8
@@ -156,6 +204,8 @@ static void coll_clear(pf_coll *x) {
   x->have = 0;
   if (x->sarr) PyBuffer_Release(&x->sview);
   if (x->rarr) PyBuffer_Release(&x->rview);
+  layout_clear(&x->sl);
+  layout_clear(&x->rl);
   Py_CLEAR(x->sspec);
   Py_CLEAR(x->sarr);
   Py_CLEAR(x->sdt);
@@ -764,44 +814,71 @@ static pf_coll *sr_slot(pf_state *s, int which) {
 }
 
 /* remember_allreduce(state, sspec, sarr, sdt, rspec, rarr, rdt, op, count, opc, dtc,
- *                    sflags, rflags, env, envkey, cfg, hints): Python found this
- * call one for erdma_coll_allreduce (sarr None: in place, sspec is IN_PLACE;
- * sdt/rdt None: the spec is the array alone); remember_reduce_scatter the
- * same for erdma_coll_reduce_scatter, remember_alltoall / remember_allgather
- * for erdma_coll_alltoall / erdma_coll_allgather of count-byte blocks (op
- * None, opc and dtc 0). */
+ *                    sflags, rflags, env, envkey, cfg, hints[, weak, kind, part]):
+ * Python found this call one for erdma_coll_allreduce (sarr None: in place,
+ * sspec is IN_PLACE; sdt/rdt None: the spec is the array alone);
+ * remember_reduce_scatter the same for erdma_coll_reduce_scatter,
+ * remember_alltoall / remember_allgather for erdma_coll_alltoall /
+ * erdma_coll_allgather of count-byte blocks (op None, opc and dtc 0), or
+ * with kind 1 for erdma_coll_alltoall_bulk (pull_part `part`) /
+ * erdma_coll_allgather_bulk.  weak: the arrays are not kept (see pf_coll). */
 static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
-  if (n != 17) {
-    PyErr_SetString(PyExc_TypeError, "remember_*() takes 17 arguments");
+  if (n != 17 && n != 20) {
+    PyErr_SetString(PyExc_TypeError, "remember_*() takes 17 or 20 arguments");
     return NULL;
   }
   pf_state *s = state_of(args[0]);
   unsigned long long count = PyLong_AsUnsignedLongLong(args[8]);
   long opc = PyLong_AsLong(args[9]), dtc = PyLong_AsLong(args[10]);
   long sflags = PyLong_AsLong(args[11]), rflags = PyLong_AsLong(args[12]);
+  int weak = n == 20 ? PyObject_IsTrue(args[17]) : 0;
+  long kind = n == 20 ? PyLong_AsLong(args[18]) : 0;
+  double part = n == 20 ? PyFloat_AsDouble(args[19]) : -1.0;
   if (PyErr_Occurred()) return NULL;
   pf_coll *slot = s ? sr_slot(s, which) : NULL;
-  if (!s || slot->busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16])) Py_RETURN_FALSE;
+  if (!s || slot->busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16]) || weak < 0 ||
+      kind < 0 || kind > 1 || (kind && which != SR_ALLTOALL && which != SR_ALLGATHER))
+    Py_RETURN_FALSE;
   PyObject *mode = PyObject_GetAttrString(args[15], "mode");
   if (!mode) return NULL;
   pf_coll x = {0};
   PyObject *sarr = args[2] == Py_None ? NULL : args[2];
-  if (sarr && !coll_view(sarr, sflags, NP_C_CONTIGUOUS, 0, &x.sview)) {
-    Py_DECREF(mode);
-    Py_RETURN_FALSE;
-  }
-  if (!coll_view(args[5], rflags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
-    if (sarr) PyBuffer_Release(&x.sview);
-    Py_DECREF(mode);
-    Py_RETURN_FALSE;
+  if (weak) {
+    /* the flags as Python saw them (the layout check), then the layouts */
+    int ok = ((np_head *)args[5])->flags == (int)rflags &&
+             (rflags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) == (NP_C_CONTIGUOUS | NP_WRITEABLE) &&
+             (!sarr || (((np_head *)sarr)->flags == (int)sflags && (sflags & NP_C_CONTIGUOUS)));
+    if (!ok || !layout_keep(&x.rl, args[5]) || (sarr && !layout_keep(&x.sl, sarr))) {
+      layout_clear(&x.rl);
+      layout_clear(&x.sl);
+      Py_DECREF(mode);
+      Py_RETURN_FALSE;
+    }
+  } else {
+    if (sarr && !coll_view(sarr, sflags, NP_C_CONTIGUOUS, 0, &x.sview)) {
+      Py_DECREF(mode);
+      Py_RETURN_FALSE;
+    }
+    if (!coll_view(args[5], rflags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
+      if (sarr) PyBuffer_Release(&x.sview);
+      Py_DECREF(mode);
+      Py_RETURN_FALSE;
+    }
   }
   coll_clear(slot);
   x.have = 1;
-  x.sspec = Py_NewRef(args[1]);
-  x.sarr = sarr ? Py_NewRef(sarr) : NULL;
+  x.weak = weak;
+  x.kind = (int)kind;
+  x.part = part;
+  if (!weak) {
+    x.sspec = Py_NewRef(args[1]);
+    x.sarr = sarr ? Py_NewRef(sarr) : NULL;
+    x.rspec = Py_NewRef(args[4]);
+    x.rarr = Py_NewRef(args[5]);
+  } else if (!sarr) {
+    x.sspec = Py_NewRef(args[1]); /* MPI.IN_PLACE */
+  }
   x.sdt = args[3] == Py_None ? NULL : Py_NewRef(args[3]);
-  x.rspec = Py_NewRef(args[4]);
-  x.rarr = Py_NewRef(args[5]);
   x.rdt = args[6] == Py_None ? NULL : Py_NewRef(args[6]);
   x.op = Py_NewRef(args[7]);
   x.count = count;
@@ -878,6 +955,52 @@ static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) 
   return a == arr && d == dt;
 }
 
+/* The array a weakly remembered spec passes (the spec itself, or the first
+ * of an [array, dt] pair with the remembered dt) if it has the remembered
+ * layout and the flags `need`; else NULL. */
+static PyObject *weak_array(PyObject *spec, const pf_layout *l, PyObject *dt, int need) {
+  PyObject *a = spec;
+  if (dt) {
+    if (PyList_CheckExact(spec) && PyList_Size(spec) == 2) {
+      a = PyList_GetItem(spec, 0);
+      if (PyList_GetItem(spec, 1) != dt) return NULL;
+    } else if (PyTuple_CheckExact(spec) && PyTuple_Size(spec) == 2) {
+      a = PyTuple_GetItem(spec, 0);
+      if (PyTuple_GetItem(spec, 1) != dt) return NULL;
+    } else {
+      return NULL;
+    }
+  }
+  if (!layout_is(l, a) || (((np_head *)a)->flags & need) != need) return NULL;
+  return a;
+}
+
+/* The engine call of a remembered Allreduce, Reduce_scatter_block, Alltoall
+ * or Allgather (GIL released). */
+static int sr_run(pf_state *s, pf_coll *x, int which, const void *sb, void *rb, int tag,
+                  erdma_coll **pending) {
+  if (which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER)
+    return (which == SR_ALLREDUCE ? erdma_coll_allreduce : erdma_coll_reduce_scatter)(
+        s->e, sb, rb, x->count, x->opc, x->dtc, s->ranks, s->size, s->me, tag, s->ctx + 1,
+        s->slice, pending);
+  if (!x->kind)
+    return (which == SR_ALLTOALL ? erdma_coll_alltoall : erdma_coll_allgather)(
+        s->e, sb, rb, x->count, s->ranks, s->size, s->me, tag, s->ctx + 1, s->slice, pending);
+  if (which == SR_ALLTOALL)
+    return erdma_coll_alltoall_bulk(s->e, sb, rb, x->count, s->ranks, s->size, s->me, x->part,
+                                    tag, s->ctx + 1, -1.0);
+  uint64_t *ol = malloc(sizeof(uint64_t) * 2 * (size_t)s->size);
+  if (!ol) return ERDMA_ERR_NOMEM;
+  for (int i = 0; i < s->size; i++) {
+    ol[i] = x->count * (uint64_t)i;
+    ol[s->size + i] = x->count;
+  }
+  int rc = erdma_coll_allgather_bulk(s->e, sb, rb, ol, ol + s->size, s->ranks, s->size, s->me,
+                                     tag, s->ctx + 1, -1.0);
+  free(ol);
+  return rc;
+}
+
 /* allreduce(state, sendbuf, recvbuf, op) / reduce_scatter(... op) /
  * alltoall(state, sendbuf, recvbuf) / allgather(...) -> 0 | 1 (miss) |
  * (rc, pending): the collective still pending after `slice` seconds */
@@ -886,33 +1009,50 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   int reduces = which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER;
   if (n != (reduces ? 4 : 3) || !(s = state_of(args[0]))) return PyLong_FromLong(1);
   pf_coll *x = sr_slot(s, which);
-  if (!x->have || x->busy || (reduces && args[3] != x->op) ||
-      !spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
-      !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
-      /* the flags of the objects passed (a view over the remembered memory
-       * may be read-only) */
-      (((np_head *)(x->rdt ? x->rarr : args[2]))->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
-          (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
-      (x->sarr && !(((np_head *)(x->sdt ? x->sarr : args[1]))->flags & NP_C_CONTIGUOUS)) ||
-      !coll_still(x))
+  PyObject *sa = NULL, *ra = NULL;
+  if (!x->have || x->busy || (reduces && args[3] != x->op)) return PyLong_FromLong(1);
+  if (x->weak) {
+    if (!(ra = weak_array(args[2], &x->rl, x->rdt, NP_C_CONTIGUOUS | NP_WRITEABLE)) ||
+        (x->sl.type ? !(sa = weak_array(args[1], &x->sl, x->sdt, NP_C_CONTIGUOUS))
+                    : args[1] != x->sspec))
+      return PyLong_FromLong(1);
+  } else if (!spec_is(args[2], x->rspec, x->rarr, x->rdt) ||
+             !spec_is(args[1], x->sspec, x->sarr, x->sdt) ||
+             /* the flags of the objects passed (a view over the remembered
+              * memory may be read-only) */
+             (((np_head *)(x->rdt ? x->rarr : args[2]))->flags &
+              (NP_C_CONTIGUOUS | NP_WRITEABLE)) != (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
+             (x->sarr && !(((np_head *)(x->sdt ? x->sarr : args[1]))->flags & NP_C_CONTIGUOUS))) {
     return PyLong_FromLong(1);
+  }
+  if (!coll_still(x)) return PyLong_FromLong(1);
+  /* a weak entry's arrays are exported for the call: their memory stays put */
+  Py_buffer sv, rv;
+  if (ra && PyObject_GetBuffer(ra, &rv, PyBUF_WRITABLE) != 0) {
+    PyErr_Clear();
+    return PyLong_FromLong(1);
+  }
+  if (sa && PyObject_GetBuffer(sa, &sv, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    PyBuffer_Release(&rv);
+    return PyLong_FromLong(1);
+  }
   long tag = next_coll_tag(s);
-  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  if (tag < 0) {
+    if (sa) PyBuffer_Release(&sv);
+    if (ra) PyBuffer_Release(&rv);
+    return tag == -1 ? NULL : PyLong_FromLong(1);
+  }
   erdma_coll *pending = NULL;
-  const void *sb = x->sarr ? x->sview.buf : NULL;
+  const void *sb = x->weak ? (sa ? sv.buf : NULL) : x->sarr ? x->sview.buf : NULL;
+  void *rb = x->weak ? rv.buf : x->rview.buf;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc;
-  if (reduces)
-    rc = (which == SR_ALLREDUCE ? erdma_coll_allreduce : erdma_coll_reduce_scatter)(
-        s->e, sb, x->rview.buf, x->count, x->opc, x->dtc, s->ranks, s->size, s->me, (int)tag,
-        s->ctx + 1, s->slice, &pending);
-  else
-    rc = (which == SR_ALLTOALL ? erdma_coll_alltoall : erdma_coll_allgather)(
-        s->e, sb, x->rview.buf, x->count, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
-        s->slice, &pending);
+  int rc = sr_run(s, x, which, sb, rb, (int)tag, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
+  if (sa) PyBuffer_Release(&sv);
+  if (ra) PyBuffer_Release(&rv);
   return coll_result(rc, pending);
 }
 
