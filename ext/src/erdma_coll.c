@@ -94,6 +94,7 @@ static void coll_free(erdma_coll *c) {
 /* Wait for a posted request; 0 (freed, *rp = NULL), TIMEOUT, or its error. */
 static int coll_wait(erdma_req **rp, double slice) {
   erdma_status st;
+  if (!*rp) return 0; /* sent straight into a local peer's ring */
   int rc = erdma_req_wait(*rp, slice, &st);
   if (rc) return rc;
   erdma_req_free(*rp);
@@ -106,6 +107,8 @@ static int coll_step(erdma_coll *c, double slice) {
   int rc;
   for (; c->mposted < c->nmsg; c->mposted++) {
     coll_msg *m = &c->msg[c->mposted];
+    if (m->send && erdma_shm_try_send(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, c->sflags))
+      continue; /* complete, no request (its slot stays NULL) */
     rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, c->sflags,
                                &c->mreq[c->mposted])
                  : erdma_irecv(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
@@ -129,7 +132,8 @@ static int coll_step(erdma_coll *c, double slice) {
         rc = erdma_irecv(c->e, rb, rn, r->recv_from, r->tag, c->ctx, 0, &c->rreq);
         if (rc) return rc;
       }
-      if (r->send_to >= 0) {
+      if (r->send_to >= 0 &&
+          !erdma_shm_try_send(c->e, sb, sn, r->send_to, r->tag, c->ctx, c->sflags)) {
         rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, c->sflags, &c->sreq);
         if (rc) return rc;
       }

@@ -398,13 +398,28 @@ static int on_header(erdma_conn *c, rx_state *x) {
   return 0;
 }
 
+/* Header and short payload bytes leave the shared-memory ring by plain
+ * 8-byte moves: glibc's memmove copies short runs with vector loads (masked
+ * ones below 64 bytes where AVX-512 is used), which wait longer on a line
+ * another core has just written (one way, 16-byte messages: 0.76 us with
+ * memmove, 0.62 with these moves; 64 to 256 bytes 0.03-0.08 us less). */
+#define RX_WORDS_MAX 256
+static inline void copy_words(uint8_t *d, const uint8_t *s, size_t n) {
+  for (; n >= 8; n -= 8, d += 8, s += 8) {
+    uint64_t w;
+    __builtin_memcpy(&w, s, 8);
+    __builtin_memcpy(d, &w, 8);
+  }
+  for (; n; n--) *d++ = *s++;
+}
+
 static int rx_feed(erdma_conn *c, rx_state *x, const uint8_t *data, size_t len) {
   while (len > 0) {
     if (c->closed) return ERDMA_ERR_PEER; /* (a frame above failed the peer) */
     if (x->hdr_got < ERDMA_HDR_LEN) {
       size_t n = ERDMA_HDR_LEN - x->hdr_got;
       if (n > len) n = len;
-      memcpy(x->hdr + x->hdr_got, data, n);
+      copy_words(x->hdr + x->hdr_got, data, n);
       x->hdr_got += n;
       data += n;
       len -= n;
@@ -417,7 +432,10 @@ static int rx_feed(erdma_conn *c, rx_state *x, const uint8_t *data, size_t len) 
     size_t n = len < x->remaining ? len : (size_t)x->remaining;
     size_t w = n < x->room ? n : (size_t)x->room;
     if (w) {
-      memcpy(x->dst, data, w);
+      if (w <= RX_WORDS_MAX)
+        copy_words(x->dst, data, w);
+      else
+        memcpy(x->dst, data, w);
       x->dst += w;
       x->room -= w;
     }
