@@ -1201,6 +1201,30 @@ static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssi
   Py_RETURN_TRUE;
 }
 
+/* One receive of a collective's message, without the collective's state;
+ * answers as erdma_coll_* would (0, or an error as (rc, 0)); a signal's
+ * exception between slices withdraws the receive. */
+static PyObject *recv_one(pf_state *s, void *buf, uint64_t len, int src, long tag) {
+  erdma_req *r = NULL;
+  erdma_status st;
+  int rc = erdma_irecv(s->e, buf, len, src, (int)tag, s->ctx + 1, 0, &r);
+  if (rc) return coll_result(rc, NULL);
+  for (;;) {
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = erdma_req_wait(r, s->slice, &st);
+    PyEval_RestoreThread(ts);
+    if (rc != ERDMA_ERR_TIMEOUT) break;
+    if (PyErr_CheckSignals()) {
+      erdma_req_abort(r);
+      erdma_req_free(r);
+      return NULL;
+    }
+  }
+  if (rc) erdma_req_abort(r);
+  erdma_req_free(r);
+  return coll_result(rc ? rc : st.error, NULL);
+}
+
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
  * ranks hands its one message of the binomial tree to the peer's ring
  * itself when it fits there, as erdma_coll_bcast would. */
@@ -1223,30 +1247,11 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return PyLong_FromLong(0);
   if (s->size == 2 && s->me != root) {
     /* the other rank of two: the binomial tree's one receive, without the
-     * collective's state; answers as erdma_coll_bcast would (an error: (rc,
-     * 0)); a signal's exception between slices withdraws the receive */
-    erdma_req *r = NULL;
-    erdma_status st;
-    int rc = erdma_irecv(s->e, x->rview.buf, (uint64_t)x->rview.len, s->ranks[root], (int)tag,
-                         s->ctx + 1, 0, &r);
-    if (rc) return coll_result(rc, NULL);
+     * collective's state */
     x->busy++;
-    for (;;) {
-      PyThreadState *ts = PyEval_SaveThread();
-      rc = erdma_req_wait(r, s->slice, &st);
-      PyEval_RestoreThread(ts);
-      if (rc != ERDMA_ERR_TIMEOUT) break;
-      if (PyErr_CheckSignals()) {
-        erdma_req_abort(r);
-        erdma_req_free(r);
-        x->busy--;
-        return NULL;
-      }
-    }
+    PyObject *res = recv_one(s, x->rview.buf, (uint64_t)x->rview.len, s->ranks[root], tag);
     x->busy--;
-    if (rc) erdma_req_abort(r);
-    erdma_req_free(r);
-    return coll_result(rc ? rc : st.error, NULL);
+    return res;
   }
   erdma_coll *pending = NULL;
   x->busy++;
@@ -1286,6 +1291,16 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
   }
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  if (s->size == 2) {
+    /* two ranks: the dissemination's one round (1-byte tokens), its send
+     * straight into a local peer's ring and its receive without the
+     * collective's state */
+    static const uint8_t token = 0;
+    uint8_t got;
+    int peer = s->ranks[1 - s->me];
+    if (erdma_shm_try_send(s->e, &token, 1, peer, (int)tag, s->ctx + 1, 0))
+      return recv_one(s, &got, 1, peer, tag);
+  }
   erdma_coll *pending = NULL;
   PyThreadState *ts = PyEval_SaveThread();
   int rc = erdma_coll_barrier(s->e, s->ranks, s->size, s->me, (int)tag, s->ctx + 1, s->slice,
