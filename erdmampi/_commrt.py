@@ -161,6 +161,11 @@ class _CollTransport:
         (the engine reports the length; encodings carry it themselves)."""
         return self.irecv(buf, source, tag)
 
+    def send_obj_bytes(self, data, dest, tag):
+        """Send pickled ``data`` and wait until it went (the engine path)."""
+        q = self.isend(np.frombuffer(data, dtype=np.uint8), dest, tag)
+        self.waitall([q])
+
     def send_obj(self, obj, dest, tag):
         q = self.isend_bytes(self._pkl._encode(obj), dest, tag)
         if q is not None:
@@ -383,6 +388,28 @@ def _recv_bytes_fast(state, source, tag, *base):
     if type(r[0]) is int:
         return _engine.fast_rest_bytes(r, "recv")
     return r
+
+
+def _pair_send_bytes(comm, f, data, dest, tag, base):
+    """An object collective's message of a two-rank communicator (fast state
+    ``f``, call tag base ``base``) without a transport where it can."""
+    if _fast_send_bytes(f, data, dest, tag, base):
+        _CollTransport(comm, comm._ctx + 1, base).send_obj_bytes(data, dest, tag)
+
+
+def _pair_recv_bytes(comm, f, source, tag, base):
+    """The receiving side of :func:`_pair_send_bytes`: the payload."""
+    try:
+        got = _recv_bytes_fast(f, source, tag, base)
+    except _engine.EngineError as e:
+        raise engine_exception(e) from None
+    if got is None:
+        return _CollTransport(comm, comm._ctx + 1, base).recv_bytes(source, tag)
+    data, err = got
+    if err:
+        raise_error(error_class(err), "collective receive failed: "
+                    + error_text(err, "engine error"))
+    return data
 
 
 def _fast_coll_raise(r, what):

@@ -1,8 +1,11 @@
 """Python-object (lowercase) collectives of ``Comm``, over pickled bytes.
 """
 
+import numpy as np
+
 from ._commrt import (
-    coll, _py_op, _sum)
+    coll, _py_op, _sum, _collsched, _CollTransport, _fast_send_bytes, _pair_recv_bytes,
+    _pair_send_bytes)
 
 
 class CommObjColl:
@@ -34,17 +37,50 @@ class CommObjColl:
         """Barrier (object API)."""
         self.Barrier()
 
+    def _pair_obj_base(self):
+        """Two ranks with the C fast path: (fast state, tag base of this call)
+        for the one message of a two-rank object collective, else None."""
+        f = self._fast
+        if f is None or len(self._ranks) != 2:
+            return None
+        self._check()
+        return f, self._coll_base()
+
     def bcast(self, obj, root=0):
         """Broadcast a Python object from ``root``."""
         root = self._root(root)
-        t, d, l = self._obj_transport()
+        pkl = self._pkl
         with self._objlock("bcast"):
+            pair = self._pair_obj_base()
+            if pair is not None:
+                # two ranks: _bcast_bytes's one message, with fewer layers
+                f, base = pair
+                _collsched.notify_started()
+                if self._rank == root:
+                    data = pkl._encode(obj)
+                    _pair_send_bytes(self, f, data, 1 - root, 0, base)
+                    return pkl._decode(data)
+                return pkl._decode(_pair_recv_bytes(self, f, root, 0, base))
+            t, d, l = self._obj_transport()
             return coll.bcast_obj(t, obj, root, d, l)
 
     def gather(self, sendobj, root=0):
         root = self._root(root)
-        t, d, l = self._obj_transport()
+        pkl = self._pkl
         with self._objlock("gather"):
+            pair = self._pair_obj_base()
+            if pair is not None:
+                # two ranks: _gather_bytes's one message
+                f, base = pair
+                _collsched.notify_started()
+                data = pkl._encode(sendobj)
+                if self._rank != root:
+                    _pair_send_bytes(self, f, data, root, 0, base)
+                    return None
+                other = pkl._decode(_pair_recv_bytes(self, f, 1 - root, 0, base))
+                mine = pkl._decode(data)
+                return [mine, other] if root == 0 else [other, mine]
+            t, d, l = self._obj_transport()
             return coll.gather_obj(t, sendobj, root, d, l)
 
     def scatter(self, sendobj, root=0):
@@ -58,8 +94,26 @@ class CommObjColl:
             return coll.scatter_obj(t, sendobj, root, d, l)
 
     def allgather(self, sendobj):
-        t, d, l = self._obj_transport()
+        pkl = self._pkl
         with self._objlock("allgather"):
+            pair = self._pair_obj_base()
+            if pair is not None:
+                # two ranks: _exchange_bytes's message each way (the send
+                # waited for after the receive, should it not go at once)
+                f, base = pair
+                _collsched.notify_started()
+                peer = 1 - self._rank
+                data = pkl._encode(sendobj)
+                t = q = None
+                if _fast_send_bytes(f, data, peer, 0, base):
+                    t = _CollTransport(self, self._ctx + 1, base)
+                    q = t.isend(np.frombuffer(data, dtype=np.uint8), peer, 0)
+                other = pkl._decode(_pair_recv_bytes(self, f, peer, 0, base))
+                if q is not None:
+                    t.waitall([q])
+                mine = pkl._decode(data)
+                return [mine, other] if self._rank == 0 else [other, mine]
+            t, d, l = self._obj_transport()
             return coll.allgather_obj(t, sendobj, d, l)
 
     def alltoall(self, sendobj):
@@ -79,5 +133,20 @@ class CommObjColl:
 
     def allreduce(self, sendobj, op=None):
         fn = _py_op(_sum(op))
+        pair = self._pair_obj_base()
+        if pair is not None:
+            # two ranks: allreduce_obj's two messages (rank 1's object to rank
+            # 0, which applies the op in rank order, then the result back)
+            f, base = pair
+            pkl = self._pkl
+            _collsched.notify_started()
+            if self._rank == 1:
+                _pair_send_bytes(self, f, pkl._encode(sendobj), 0, 0, base)
+                return pkl._decode(_pair_recv_bytes(self, f, 0, 0, base))
+            mine = pkl._decode(pkl._encode(sendobj))       # a copy, as _reduce_to_root
+            result = fn(mine, pkl._decode(_pair_recv_bytes(self, f, 1, 0, base)))
+            data = pkl._encode(result)
+            _pair_send_bytes(self, f, data, 1, 0, base)
+            return pkl._decode(data)
         t, d, l = self._obj_transport()
         return coll.allreduce_obj(t, sendobj, fn, d, l)

@@ -850,3 +850,55 @@ print("OK", r)
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_large_arrays_take_the_c_path_without_being_kept(nprocs):
     _ok(run_mpi(nprocs, LARGE_SCRIPT, timeout=180), nprocs)
+
+
+# -- two-rank object collectives: the short path and the general one agree -----
+
+PAIR_OBJ_SCRIPT = r"""
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r = comm.Get_rank()
+assert comm.Get_size() == 2
+cat = MPI.Op.Create(lambda a, b, dt=None: a + b, commute=False)   # order shows
+for mode in ("both", "general0", "general1", "both"):
+    for size in (3, 1500000):         # a small pickle; one above the eager limit (1 MiB)
+        def slow():                   # this rank takes the general path this call
+            if mode == "general%d" % r:
+                comm._fast = None
+        mine = {"rank": r, "pad": bytes(size)}
+        for root in (0, 1):
+            slow()
+            got = comm.bcast(mine if r == root else None, root)
+            assert got["rank"] == root and len(got["pad"]) == size, (mode, "bcast", root)
+            assert mode != "both" or comm._fast is not None   # the short path was open
+            if r == root:
+                assert got is not mine           # a copy at the root too
+            slow()
+            g = comm.gather(mine, root)
+            if r == root:
+                assert [x["rank"] for x in g] == [0, 1], (mode, "gather", g)
+            else:
+                assert g is None
+        slow()
+        a = comm.allgather(mine)
+        assert [x["rank"] for x in a] == [0, 1] and len(a[1 - r]["pad"]) == size, (mode, "ag")
+        slow()
+        assert comm.allreduce(r + 1) == 3, (mode, "allreduce")
+        slow()
+        assert comm.allreduce([r] * 2, op=cat) == [0, 0, 1, 1], (mode, "rank order")
+        slow()
+        assert comm.allreduce(r, op=MPI.MAX) == 1
+# errors stay collective errors: an invalid root on every rank
+try:
+    comm.bcast(1, 5)
+except MPI.Exception as e:
+    assert e.Get_error_class() == MPI.ERR_ROOT
+else:
+    raise AssertionError("no error for root 5")
+cat.Free()
+print("OK", r)
+"""
+
+
+def test_two_rank_object_collectives_match_the_general_path():
+    _ok(run_mpi(2, PAIR_OBJ_SCRIPT, timeout=120), 2)
