@@ -29,6 +29,8 @@ _dumps = _pickle.dumps
 _loads = _pickle.loads
 
 MAGIC = b"\x00ERDMA5\x00"
+# types whose pickle holds no buffer that could travel out of band
+_NO_BUFFERS = frozenset((int, float, complex, bool, str, bytes, type(None)))
 _U64 = struct.Struct("<Q")
 
 
@@ -115,6 +117,8 @@ class Pickle:
         protocol = self._protocol
         if protocol is None or protocol < 5:
             data, buffers = self.dumps(obj), []
+        elif type(obj) in _NO_BUFFERS:
+            return self._dumps(obj, protocol)   # nothing out of band (no closure made)
         else:
             data, buffers = self._dumps_oob(obj, protocol)
         if not buffers:
@@ -138,6 +142,8 @@ class Pickle:
 
     def _decode(self, msg):
         """Rebuild an object from a message made by :meth:`_encode`."""
+        if type(msg) is bytes and msg and not msg.startswith(MAGIC):
+            return self._loads(msg)     # one in-band pickle: the common case
         mv = memoryview(msg)
         if mv.nbytes >= 24 and mv[:8] == MAGIC:
             nb = _U64.unpack_from(mv, 8)[0]
