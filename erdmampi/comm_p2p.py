@@ -16,8 +16,12 @@ from ._commrt import (
     _fast_send_bytes, _fast_sendrecv,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
-    _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, TAG_UB_VALUE,
-    UNDEFINED)
+    _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
+    UNDEFINED, _buffers)
+
+
+_SEQ3 = (list, tuple)
+_PACKED_SIDES_MAX = 64      # derived-datatype Sendrecv sides kept per communicator
 
 
 def _is_proc_null(rank):
@@ -492,6 +496,11 @@ class CommP2P:
         if r != 1:
             self._p2p_misses = 0
             return self._sendrecv_fast_done(r, sendbuf, recvbuf, status)
+        if (type(sendbuf) in _SEQ3 and len(sendbuf) == 3
+                or type(recvbuf) in _SEQ3 and len(recvbuf) == 3):
+            if self._packed_sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
+                                     status):
+                return
         rop, sop = self._sendrecv_ops(sendbuf, dest, sendtag, recvbuf, source, recvtag)
         rreq = Request._new(rop)
         sreq = Request._new(sop)
@@ -499,6 +508,90 @@ class CommP2P:
         sreq.Wait()
         self._p2p_learn(sendbuf, True)
         self._p2p_learn(recvbuf, False)
+
+    def _packed_side(self, buf, readonly):
+        """A ``[array, count, derived datatype]`` side of a Sendrecv (as
+        buffers.packed_spec takes it) kept with its packing plan and a
+        temporary of its packed bytes: ``(array, plan, temporary)``; the spec
+        itself when it is another kind; None where the normal path must
+        judge it."""
+        if type(buf) not in _SEQ3 or len(buf) != 3:
+            return buf
+        arr, count, dt = buf
+        cache = self.__dict__.get("_pkcache")
+        if cache is None:
+            cache = self._pkcache = {}
+        key = (id(arr), count, id(dt), readonly)
+        e = cache.get(key)
+        if (e is None or e[0] is not arr or e[1] is not dt or e[2] is not dt._r
+                or e[3] != arr.nbytes):
+            if type(arr) is not np.ndarray or type(count) is not int or count <= 0:
+                return None
+            ent = _buffers._packed_type(dt)
+            if ent is None:
+                return None
+            _, rec, layout, _, _, ext, tlb, tub, isize = ent
+            lo = tlb + min(0, (count - 1) * ext)
+            hi = tub + max(0, (count - 1) * ext)
+            if count * ext > arr.nbytes or lo < 0 or hi > arr.nbytes:
+                return None
+            p = layout.plan(count, ext)
+            if p.total != count * isize:
+                return None
+            if len(cache) >= _PACKED_SIDES_MAX:
+                cache.clear()
+            e = cache[key] = (arr, dt, rec, arr.nbytes, p, np.empty(p.total, np.uint8))
+        f = arr.flags
+        if not f.c_contiguous or not (readonly or f.writeable):
+            return None
+        return e
+
+    def _packed_sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status):
+        """Sendrecv with derived-datatype sides (a halo exchange): each packed
+        into a temporary kept per spec, the temporaries moved as the fast
+        path's plain Sendrecv; True when done."""
+        se = self._packed_side(sendbuf, True)
+        re_ = self._packed_side(recvbuf, False)
+        if se is None or re_ is None or _engine.fast is None:
+            return False
+        sb = rb = None
+        if type(se) is tuple:
+            arr, p, sb = se[0], se[4], se[5]
+            if p.total:
+                _engine.pack_runs(_buffer_pointer(sb), _buffer_pointer(arr), p.n, p.step,
+                                  p.off, p.ln, p.nruns)
+        if type(re_) is tuple:
+            rb = re_[5]
+        stmp = sendbuf if sb is None else sb
+        rtmp = recvbuf if rb is None else rb
+        r = _fast_sendrecv(self._fast, stmp, dest, sendtag, rtmp, source, recvtag)
+        if r == 1:
+            self._p2p_plain(stmp, True)
+            self._p2p_plain(rtmp, False)
+            r = _fast_sendrecv(self._fast, stmp, dest, sendtag, rtmp, source, recvtag)
+        if r != 1:
+            r = self._sendrecv_fast_done(r, stmp, rtmp, status)
+            got = r[3]
+        else:
+            st = status if status is not None or rb is None else Status()
+            rop, sop = self._sendrecv_ops(stmp, dest, sendtag, rtmp, source, recvtag)
+            rreq = Request._new(rop)
+            sreq = Request._new(sop)
+            rreq.Wait(st)
+            sreq.Wait()
+            got = st._nbytes if rb is not None else 0
+        if rb is not None:
+            arr, p = re_[0], re_[4]
+            if 0 < got < p.total:
+                # a shorter message: the rest of the array keeps its bytes
+                head = rb[:got].copy()
+                _engine.pack_runs(_buffer_pointer(rb), _buffer_pointer(arr), p.n, p.step,
+                                  p.off, p.ln, p.nruns)
+                rb[:got] = head
+            if got:
+                _engine.unpack_runs(_engine.writable_pointer(arr), _buffer_pointer(rb), p.n,
+                                    p.step, p.off, p.ln, p.nruns)
+        return True
 
     def _p2p_learn(self, buf, readonly):
         """After a fast-path miss of Isend, Irecv or Sendrecv: remember
@@ -513,7 +606,8 @@ class CommP2P:
 
     def _sendrecv_fast_done(self, r, sendbuf, recvbuf, status):
         """Finish a fast Sendrecv that answered ``r`` (see _engine.fast):
-        the receive's status and error first, then the send's."""
+        the receive's status and error first, then the send's; the
+        receive's (error, world source, tag, nbytes, send error)."""
         if len(r) == 3:
             try:
                 st, serr = _engine.fast_rest_sendrecv(r, recvbuf, sendbuf)
@@ -526,6 +620,7 @@ class CommP2P:
             raise_status_code(r[0])
         if r[4]:
             raise_status_code(r[4])
+        return r
 
     def _sendrecv_ops(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
         """Post the receive, then the send; a send that fails its checks

@@ -98,3 +98,14 @@ def test_rooted_one_call_paths(nprocs):
 def test_rooted_script_holds_for_mpi4py():
     pytest.importorskip("mpi4py")
     assert_ok(run_script_mpi4py("rooted_fast.py", 2, timeout=120), "rooted_fast.py", 2)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_sendrecv_of_derived_datatypes(nprocs):
+    assert_ok(run_script("sendrecv_packed.py", nprocs), "sendrecv_packed.py", nprocs)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec")
+def test_sendrecv_packed_script_holds_for_mpi4py():
+    pytest.importorskip("mpi4py")
+    assert_ok(run_script_mpi4py("sendrecv_packed.py", 2, timeout=120), "sendrecv_packed.py", 2)
