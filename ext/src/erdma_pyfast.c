@@ -1201,14 +1201,14 @@ static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssi
   Py_RETURN_TRUE;
 }
 
-/* One receive of a collective's message, without the collective's state;
- * answers as erdma_coll_* would (0, or an error as (rc, 0)); a signal's
- * exception between slices withdraws the receive. */
-static PyObject *recv_one(pf_state *s, void *buf, uint64_t len, int src, long tag) {
-  erdma_req *r = NULL;
+/* Wait for a collective's request posted without the collective's state,
+ * in slices with signal checks between them; frees it.  The error it ended
+ * with (or erdma_req_wait's), or PF_SIGNALLED with a signal's exception set
+ * (the request withdrawn). */
+#define PF_SIGNALLED INT32_MIN
+static int wait_one(pf_state *s, erdma_req *r) {
   erdma_status st;
-  int rc = erdma_irecv(s->e, buf, len, src, (int)tag, s->ctx + 1, 0, &r);
-  if (rc) return coll_result(rc, NULL);
+  int rc;
   for (;;) {
     PyThreadState *ts = PyEval_SaveThread();
     rc = erdma_req_wait(r, s->slice, &st);
@@ -1217,12 +1217,23 @@ static PyObject *recv_one(pf_state *s, void *buf, uint64_t len, int src, long ta
     if (PyErr_CheckSignals()) {
       erdma_req_abort(r);
       erdma_req_free(r);
-      return NULL;
+      return PF_SIGNALLED;
     }
   }
   if (rc) erdma_req_abort(r);
   erdma_req_free(r);
-  return coll_result(rc ? rc : st.error, NULL);
+  return rc ? rc : st.error;
+}
+
+/* One receive of a collective's message, without the collective's state;
+ * answers as erdma_coll_* would (0, or an error as (rc, 0)); a signal's
+ * exception between slices withdraws the receive. */
+static PyObject *recv_one(pf_state *s, void *buf, uint64_t len, int src, long tag) {
+  erdma_req *r = NULL;
+  int rc = erdma_irecv(s->e, buf, len, src, (int)tag, s->ctx + 1, 0, &r);
+  if (rc) return coll_result(rc, NULL);
+  rc = wait_one(s, r);
+  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }
 
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
@@ -1292,14 +1303,31 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
   if (s->size == 2) {
-    /* two ranks: the dissemination's one round (1-byte tokens), its send
-     * straight into a local peer's ring and its receive without the
-     * collective's state */
+    /* two ranks: the dissemination's one round (1-byte tokens) without the
+     * collective's state, in its order (the receive posted first), the
+     * send straight into a local peer's ring where it fits */
     static const uint8_t token = 0;
     uint8_t got;
-    int peer = s->ranks[1 - s->me];
-    if (erdma_shm_try_send(s->e, &token, 1, peer, (int)tag, s->ctx + 1, 0))
-      return recv_one(s, &got, 1, peer, tag);
+    int peer = s->ranks[1 - s->me], rc;
+    erdma_req *r = NULL, *sr = NULL;
+    if ((rc = erdma_irecv(s->e, &got, 1, peer, (int)tag, s->ctx + 1, 0, &r)))
+      return coll_result(rc, NULL);
+    if (!erdma_shm_try_send(s->e, &token, 1, peer, (int)tag, s->ctx + 1, 0) &&
+        (rc = erdma_isend(s->e, &token, 1, peer, (int)tag, s->ctx + 1, 0, &sr))) {
+      erdma_req_abort(r);
+      erdma_req_free(r);
+      return coll_result(rc, NULL);
+    }
+    rc = wait_one(s, r);
+    if (sr) {
+      if (rc) { /* the receive failed or a signal came: withdraw the send too */
+        erdma_req_abort(sr);
+        erdma_req_free(sr);
+      } else {
+        rc = wait_one(s, sr);
+      }
+    }
+    return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
   }
   erdma_coll *pending = NULL;
   PyThreadState *ts = PyEval_SaveThread();
