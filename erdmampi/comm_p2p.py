@@ -555,12 +555,12 @@ class CommP2P:
         if se is None or re_ is None or _engine.fast is None:
             return False
         sb = rb = None
-        if type(se) is tuple:
+        if se is not sendbuf:       # a cache entry, not the spec itself
             arr, p, sb = se[0], se[4], se[5]
             if p.total:
                 _engine.pack_runs(_buffer_pointer(sb), _buffer_pointer(arr), p.n, p.step,
                                   p.off, p.ln, p.nruns)
-        if type(re_) is tuple:
+        if re_ is not recvbuf:
             rb = re_[5]
         stmp = sendbuf if sb is None else sb
         rtmp = recvbuf if rb is None else rb

@@ -59,6 +59,12 @@ for it in range(3):
     c.Sendrecv([b, 1, col_left], down, 6, w, up, 6)
     check((w == 20 * up + it).all(), f"packed into plain {it}")
 
+# a tuple spec with a predefined datatype beside a packed side
+for it in range(2):
+    b[:] = 0
+    c.Sendrecv((np.full(N, float(r + it)), MPI.DOUBLE), down, 14, [b, 1, halo_right], up, 14)
+    check((b[1:-1, N + 1] == up + it).all(), f"tuple spec beside packed {it}")
+
 # a shorter message: only its elements land, the rest of the array keeps its values
 for it in range(3):
     b[:] = -1
