@@ -39,12 +39,15 @@ class CommObjColl:
 
     def _pair_obj_base(self):
         """Two ranks with the C fast path: (fast state, tag base of this call)
-        for the one message of a two-rank object collective, else None."""
+        for the messages of a two-rank object collective (the call counted
+        as started), else None."""
         f = self._fast
         if f is None or len(self._ranks) != 2:
             return None
         self._check()
-        return f, self._coll_base()
+        base = self._coll_base()
+        _collsched.notify_started()
+        return f, base
 
     def bcast(self, obj, root=0):
         """Broadcast a Python object from ``root``."""
@@ -55,7 +58,6 @@ class CommObjColl:
             if pair is not None:
                 # two ranks: _bcast_bytes's one message, with fewer layers
                 f, base = pair
-                _collsched.notify_started()
                 if self._rank == root:
                     data = pkl._encode(obj)
                     _pair_send_bytes(self, f, data, 1 - root, 0, base)
@@ -72,7 +74,6 @@ class CommObjColl:
             if pair is not None:
                 # two ranks: _gather_bytes's one message
                 f, base = pair
-                _collsched.notify_started()
                 data = pkl._encode(sendobj)
                 if self._rank != root:
                     _pair_send_bytes(self, f, data, root, 0, base)
@@ -101,7 +102,6 @@ class CommObjColl:
                 # two ranks: _exchange_bytes's message each way (the send
                 # waited for after the receive, should it not go at once)
                 f, base = pair
-                _collsched.notify_started()
                 peer = 1 - self._rank
                 data = pkl._encode(sendobj)
                 t = q = None
@@ -139,7 +139,6 @@ class CommObjColl:
             # 0, which applies the op in rank order, then the result back)
             f, base = pair
             pkl = self._pkl
-            _collsched.notify_started()
             if self._rank == 1:
                 _pair_send_bytes(self, f, pkl._encode(sendobj), 0, 0, base)
                 return pkl._decode(_pair_recv_bytes(self, f, 0, 0, base))
