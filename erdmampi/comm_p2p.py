@@ -13,7 +13,7 @@ from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
     _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
-    _fast_send_bytes, _fast_sendrecv,
+    _fast_send_bytes, _fast_sendrecv, _fast_remember_packed,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
@@ -544,6 +544,13 @@ class CommP2P:
         f = arr.flags
         if not f.c_contiguous or not (readonly or f.writeable):
             return None
+        fs = self._fast or self._fast_obj_state()
+        if fs is not None and _fast_remember_packed is not None:
+            # the next Sendrecv with this side packs, moves and unpacks in C
+            p = e[4]
+            _fast_remember_packed(fs, not readonly, arr, count, dt, e[2], f.num, e, p.n,
+                                  p.step, _engine.address(p.off) if p.total else 0,
+                                  _engine.address(p.ln) if p.total else 0, p.nruns, p.total)
         return e
 
     def _packed_sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status):
@@ -581,16 +588,7 @@ class CommP2P:
             sreq.Wait()
             got = st._nbytes if rb is not None else 0
         if rb is not None:
-            arr, p = re_[0], re_[4]
-            if 0 < got < p.total:
-                # a shorter message: the rest of the array keeps its bytes
-                head = rb[:got].copy()
-                _engine.pack_runs(_buffer_pointer(rb), _buffer_pointer(arr), p.n, p.step,
-                                  p.off, p.ln, p.nruns)
-                rb[:got] = head
-            if got:
-                _engine.unpack_runs(_engine.writable_pointer(arr), _buffer_pointer(rb), p.n,
-                                    p.step, p.off, p.ln, p.nruns)
+            _unpack_side(re_, got)
         return True
 
     def _p2p_learn(self, buf, readonly):
@@ -614,6 +612,17 @@ class CommP2P:
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             r = (st.error, st.source, st.tag, st.nbytes, serr)
+        elif len(r) == 4:
+            # packed sides still pending: their entries keep the temporaries
+            rent, sent = r[3]
+            try:
+                st, serr = _engine.fast_rest_sendrecv(
+                    r[:3], recvbuf if rent is None else rent, sendbuf if sent is None else sent)
+            except _engine.EngineError as e:
+                raise engine_exception(e) from None
+            r = (st.error, st.source, st.tag, st.nbytes, serr)
+            if rent is not None and not r[0] and r[3]:
+                _unpack_side(rent, r[3])
         if status is not None:
             status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)
         if r[0]:
@@ -853,6 +862,21 @@ class CommP2P:
 
     def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         return self.Improbe(source, tag, status)
+
+
+def _unpack_side(ent, got):
+    """Unpack the ``got`` bytes received into a packed side's temporary
+    (``ent``, see Comm._packed_side) into its array; a shorter message
+    leaves the rest of the array as it was."""
+    arr, p, rb = ent[0], ent[4], ent[5]
+    if 0 < got < p.total:
+        head = rb[:got].copy()
+        _engine.pack_runs(_buffer_pointer(rb), _buffer_pointer(arr), p.n, p.step,
+                          p.off, p.ln, p.nruns)
+        rb[:got] = head
+    if got:
+        _engine.unpack_runs(_engine.writable_pointer(arr), _buffer_pointer(rb), p.n,
+                            p.step, p.off, p.ln, p.nruns)
 
 
 def _is_buffer(obj):

@@ -902,3 +902,49 @@ print("OK", r)
 
 def test_two_rank_object_collectives_match_the_general_path():
     _ok(run_mpi(2, PAIR_OBJ_SCRIPT, timeout=120), 2)
+
+
+# -- Sendrecv of derived datatypes: packed, moved and unpacked in one C call -----
+
+PACKED_SCRIPT = r"""
+import time
+import numpy as np
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+Comm = type(comm)
+python_calls, answers = [], []
+packed, done = Comm._packed_sendrecv, Comm._sendrecv_fast_done
+Comm._packed_sendrecv = lambda self, *a: python_calls.append(1) or packed(self, *a)
+Comm._sendrecv_fast_done = lambda self, res, *a: answers.append(len(res)) or done(self, res, *a)
+N = 40
+full = [N + 2, N + 2]
+col = MPI.DOUBLE.Create_subarray(full, [N, 1], [1, 1]).Commit()
+halo = MPI.DOUBLE.Create_subarray(full, [N, 1], [1, N + 1]).Commit()
+row = MPI.DOUBLE.Create_subarray(full, [1, N], [1, 1]).Commit()
+bot = MPI.DOUBLE.Create_subarray(full, [1, N], [N + 1, 1]).Commit()
+a = np.zeros(full)
+up, down = (r + 1) % n, (r - 1) % n
+for it in range(6):
+    a[1:-1, 1:-1] = np.arange(N * N).reshape(N, N) + 1000 * r + it
+    if r == 0 and it == 4:
+        time.sleep(1.0)                  # the neighbour's first wait (0.5 s) runs out
+    comm.Sendrecv([a, 1, col], down, 1, [a, 1, halo], up, 1)
+    comm.Sendrecv([a, 1, row], down, 2, [a, 1, bot], up, 2)
+    want = np.arange(N * N).reshape(N, N) + 1000 * up + it
+    assert (a[1:-1, N + 1] == want[:, 0]).all(), ("column", it)
+    assert (a[N + 1, 1:-1] == want[0]).all(), ("row", it)
+    assert (a[1:-1, 1:-1] == want - 1000 * up + 1000 * r).all(), ("interior", it)
+    assert a[0, 0] == 0 and a[N + 1, N + 1] == 0 and a[0, N + 1] == 0, ("corners", it)
+# Python packed each side on the first call only; the rest ran in C
+assert len(python_calls) == 2, python_calls
+assert answers.count(5) >= 10, answers
+if n > 1 and r == n - 1:                 # rank 0's receiver waited past its first slice
+    assert 4 in answers, answers
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_packed_sendrecv_runs_in_c_after_the_first_call(nprocs):
+    _ok(run_mpi(nprocs, PACKED_SCRIPT, timeout=120), nprocs)

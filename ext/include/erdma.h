@@ -581,5 +581,11 @@ int erdma_pack_runs(void *dst, const void *src, uint64_t count, int64_t extent,
 /* The inverse: scatter the packed bytes at `src` into the runs at `dst`. */
 int erdma_unpack_runs(void *dst, const void *src, uint64_t count, int64_t extent,
                       const int64_t *off, const int64_t *len, uint64_t nruns);
+/* erdma_unpack_runs of the first `nbytes` packed bytes only (a message
+ * shorter than the datatype): the runs after them keep their bytes; a run
+ * the message ends in gets its head. */
+int erdma_unpack_runs_head(void *dst, const void *src, uint64_t nbytes, uint64_t count,
+                           int64_t extent, const int64_t *off, const int64_t *len,
+                           uint64_t nruns);
 
 #endif

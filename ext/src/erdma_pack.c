@@ -81,3 +81,20 @@ int erdma_unpack_runs(void *dst, const void *src, uint64_t count, int64_t extent
                       const int64_t *off, const int64_t *len, uint64_t nruns) {
   return copy_runs((uint8_t *)dst, (uint8_t *)src, count, extent, off, len, nruns, 0);
 }
+
+int erdma_unpack_runs_head(void *dst, const void *src, uint64_t nbytes, uint64_t count,
+                           int64_t extent, const int64_t *off, const int64_t *len,
+                           uint64_t nruns) {
+  int rc = check_args(dst, src, count, off, len, nruns);
+  if (rc || count == 0 || nruns == 0) return rc;
+  uint8_t *mem = dst;
+  const uint8_t *p = src;
+  for (uint64_t i = 0; i < count && nbytes; i++, mem += extent)
+    for (uint64_t j = 0; j < nruns && nbytes; j++) {
+      size_t n = (size_t)len[j] < nbytes ? (size_t)len[j] : (size_t)nbytes;
+      memcpy(mem + off[j], p, n);
+      p += n;
+      nbytes -= n;
+    }
+  return 0;
+}

@@ -22,7 +22,8 @@
  *   recv_status(state, buf, source, tag): as recv, but a completed receive
  *     answers (error, world source, tag, nbytes)
  *   sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): both
- *     remembered specs in one call (see pf_sendrecv)
+ *     remembered specs in one call (see pf_sendrecv); remember_packed(...)
+ *     remembers a `[array, count, derived datatype]` side for it
  *   isend(state, buf, dest, tag) / irecv(state, buf, source, tag, index):
  *     an Op (a Request's operation) for Comm.Isend / Comm.Irecv (see
  *     pf_isend); configure(...) sets what Ops report errors with
@@ -52,6 +53,7 @@
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
 #endif
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +167,25 @@ typedef struct {
 
 #define PF_SLOTS 8
 
+/* A `[array, count, derived datatype]` side of a Sendrecv (a halo
+ * exchange).  Python (comm_p2p._packed_side) keeps per spec the packing
+ * plan and a temporary of the packed bytes in a tuple `ent` = (arr, dt,
+ * rec, nbytes, plan, tmp); remember_packed hands it here with the plan's
+ * numbers.  A side matches by its items, since a halo builds its lists
+ * anew each call: the same array object, count and datatype object, the
+ * datatype's record (dt._r, replaced when it is freed) unchanged, and the
+ * array's layout and flags as remembered. */
+typedef struct {
+  PyObject *arr, *dt, *rec, *ent; /* held */
+  long count;
+  pf_layout l;
+  int need, have, busy;
+  uint64_t n, nruns, total;
+  int64_t step;
+  const int64_t *off, *ln; /* the plan's arrays (ent holds the plan) */
+  Py_buffer tmp;           /* an export of ent's temporary */
+} pf_packed;
+
 typedef struct {
   erdma_engine *e;
   PyObject *owner; /* the engine's Python wrapper: keeps the engine alive */
@@ -182,6 +203,8 @@ typedef struct {
                                   as the receive side); Alltoall, Allgather */
   pf_coll rooted[3];           /* Gather, Scatter, Reduce (remember_rooted) */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
+  pf_packed pk[2][PF_SLOTS];   /* packed Sendrecv sides, [0]: send, [1]: recv */
+  int pk_next[2];
   int ranks[];
 } pf_state;
 
@@ -197,6 +220,17 @@ static void entry_clear(pf_entry *x) {
   Py_CLEAR(x->spec);
   Py_CLEAR(x->arr);
   Py_CLEAR(x->dt);
+}
+
+static void packed_clear(pf_packed *x) {
+  if (!x->have) return;
+  x->have = 0;
+  PyBuffer_Release(&x->tmp);
+  layout_clear(&x->l);
+  Py_CLEAR(x->arr);
+  Py_CLEAR(x->dt);
+  Py_CLEAR(x->rec);
+  Py_CLEAR(x->ent);
 }
 
 static void coll_clear(pf_coll *x) {
@@ -224,7 +258,10 @@ static void state_free(PyObject *cap) {
   pf_state *s = PyCapsule_GetPointer(cap, CAPSULE);
   if (!s) return;
   for (int d = 0; d < 2; d++)
-    for (int i = 0; i < PF_SLOTS; i++) entry_clear(&s->ent[d][i]);
+    for (int i = 0; i < PF_SLOTS; i++) {
+      entry_clear(&s->ent[d][i]);
+      packed_clear(&s->pk[d][i]);
+    }
   coll_clear(&s->ar);
   coll_clear(&s->bc);
   coll_clear(&s->a2a);
@@ -732,27 +769,179 @@ static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * completed; or (rc, rleft, sleft): rc ERDMA_ERR_TIMEOUT with the requests
  * still to wait for after `slice` seconds (0: none), any other rc an error
  * that withdrew both. */
+/* remember_packed(state, recv, arr, count, dt, rec, flags, ent, n, step,
+ * off_addr, ln_addr, nruns, total): a packed Sendrecv side (see pf_packed)
+ * that Python checked: arr a C-contiguous numpy.ndarray (writeable for a
+ * receive; flags is arr.flags.num as Python saw it), count items of dt
+ * (record rec) inside it, moved by the plan (n items of nruns runs at
+ * off/ln, step bytes apart; total packed bytes) into ent[5]. */
+static PyObject *pf_remember_packed(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 14) {
+    PyErr_SetString(PyExc_TypeError, "remember_packed() takes 14 arguments");
+    return NULL;
+  }
+  pf_state *s = state_of(args[0]);
+  int recv = PyObject_IsTrue(args[1]);
+  PyObject *arr = args[2], *dt = args[4], *rec = args[5], *ent = args[7];
+  long count = PyLong_AsLong(args[3]);
+  long flags = PyLong_AsLong(args[6]);
+  unsigned long long pn = PyLong_AsUnsignedLongLong(args[8]);
+  long long step = PyLong_AsLongLong(args[9]);
+  void *off = PyLong_AsVoidPtr(args[10]), *ln = PyLong_AsVoidPtr(args[11]);
+  unsigned long long nruns = PyLong_AsUnsignedLongLong(args[12]);
+  unsigned long long total = PyLong_AsUnsignedLongLong(args[13]);
+  if (PyErr_Occurred()) return NULL;
+  if (!s || recv < 0 || count <= 0 || !PyTuple_CheckExact(ent) || PyTuple_Size(ent) < 6 ||
+      (total && (!off || !ln)))
+    Py_RETURN_FALSE;
+  int need = NP_C_CONTIGUOUS | (recv ? NP_WRITEABLE : 0);
+  if (((np_head *)arr)->flags != (int)flags || (flags & need) != need) Py_RETURN_FALSE;
+  pf_packed *x = NULL;
+  for (int i = 0; i < PF_SLOTS && !x; i++) {
+    pf_packed *y = &s->pk[recv][i];
+    if (y->have && y->arr == arr && y->dt == dt && y->count == count) x = y;
+  }
+  for (int i = 0; i < PF_SLOTS && !x; i++) {
+    pf_packed *y = &s->pk[recv][(s->pk_next[recv] + i) % PF_SLOTS];
+    if (!y->busy) {
+      x = y;
+      s->pk_next[recv] = (s->pk_next[recv] + i + 1) % PF_SLOTS;
+    }
+  }
+  if (!x || x->busy) Py_RETURN_FALSE;
+  Py_buffer tmp;
+  if (PyObject_GetBuffer(PyTuple_GetItem(ent, 5), &tmp, PyBUF_WRITABLE) != 0) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  if ((unsigned long long)tmp.len < total) {
+    PyBuffer_Release(&tmp);
+    Py_RETURN_FALSE;
+  }
+  packed_clear(x);
+  if (!layout_keep(&x->l, arr)) {
+    PyBuffer_Release(&tmp);
+    Py_RETURN_FALSE;
+  }
+  x->tmp = tmp;
+  x->arr = Py_NewRef(arr);
+  x->dt = Py_NewRef(dt);
+  x->rec = Py_NewRef(rec);
+  x->ent = Py_NewRef(ent);
+  x->count = count;
+  x->need = need;
+  x->n = pn;
+  x->step = step;
+  x->off = off;
+  x->ln = ln;
+  x->nruns = nruns;
+  x->total = total;
+  x->have = 1;
+  Py_RETURN_TRUE;
+}
+
+static PyObject *str_r; /* "_r": a Datatype's record */
+
+/* The remembered packed side that `buf` ([arr, count, dt]) still is, else
+ * NULL. */
+static pf_packed *packed_for(pf_state *s, int recv, PyObject *buf) {
+  PyObject *a, *c, *d;
+  if (PyList_CheckExact(buf)) {
+    if (PyList_Size(buf) != 3) return NULL;
+    a = PyList_GetItem(buf, 0);
+    c = PyList_GetItem(buf, 1);
+    d = PyList_GetItem(buf, 2);
+  } else if (PyTuple_CheckExact(buf)) {
+    if (PyTuple_Size(buf) != 3) return NULL;
+    a = PyTuple_GetItem(buf, 0);
+    c = PyTuple_GetItem(buf, 1);
+    d = PyTuple_GetItem(buf, 2);
+  } else {
+    return NULL;
+  }
+  long count;
+  if (!small_int(c, 1, LONG_MAX, &count)) return NULL;
+  pf_packed *x = NULL;
+  for (int i = 0; i < PF_SLOTS && !x; i++) {
+    pf_packed *y = &s->pk[recv][i];
+    if (y->have && y->arr == a && y->dt == d && y->count == count) x = y;
+  }
+  if (!x || x->busy || !layout_is(&x->l, a) ||
+      (((np_head *)a)->flags & x->need) != x->need)
+    return NULL;
+  if (!str_r && !(str_r = PyUnicode_InternFromString("_r"))) {
+    PyErr_Clear();
+    return NULL;
+  }
+  PyObject *r = PyObject_GetAttr(d, str_r);
+  if (!r) {
+    PyErr_Clear();
+    return NULL;
+  }
+  Py_DECREF(r); /* compared by identity only; x->rec holds the one remembered */
+  return r == x->rec ? x : NULL;
+}
+
+/* sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): each
+ * side a remembered plain spec (pf_entry) or packed side (pf_packed; the
+ * send side packed into its temporary, the receive side unpacked from its
+ * temporary once the message is in, only as far as the message goes).
+ * Answers 1 (miss), (error, world source, tag, nbytes, send error), or
+ * (rc, rleft, sleft) as the blocking calls do; with a packed side, a
+ * pending answer is (rc, rleft, sleft, (rent, sent)): the sides' Python
+ * entries (None for a plain side), which keep the temporaries the requests
+ * still use and tell Python what to unpack. */
 static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long dest, stag, src, rtag;
   pf_state *s;
-  pf_entry *sx, *rx;
-  if (n != 7 || !(s = state_of(args[0])) || !(sx = entry_for(s, 0, args[1])) ||
-      !(rx = entry_for(s, 1, args[4])) || !small_int(args[2], 0, s->size - 1, &dest) ||
-      !small_int(args[3], 0, s->tag_ub, &stag) || !small_int(args[5], 0, s->size - 1, &src) ||
+  pf_entry *sx = NULL, *rx = NULL;
+  pf_packed *sp = NULL, *rp = NULL;
+  if (n != 7 || !(s = state_of(args[0])) ||
+      (!(sx = entry_for(s, 0, args[1])) && !(sp = packed_for(s, 0, args[1]))) ||
+      (!(rx = entry_for(s, 1, args[4])) && !(rp = packed_for(s, 1, args[4]))) ||
+      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &stag) ||
+      !small_int(args[5], 0, s->size - 1, &src) ||
       !small_int(args[6], ERDMA_ANY_TAG, s->tag_ub, &rtag))
     return PyLong_FromLong(1);
+  /* the packed sides' arrays stay exported while they are read or written */
+  Py_buffer sav, rav;
+  const void *sbuf;
+  void *rbuf;
+  uint64_t slen, rlen;
+  if (sx) {
+    sbuf = sx->view.buf;
+    slen = (uint64_t)sx->view.len;
+  } else {
+    if (PyObject_GetBuffer(sp->arr, &sav, PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      return PyLong_FromLong(1);
+    }
+    sbuf = sp->tmp.buf;
+    slen = sp->total;
+  }
+  if (rx) {
+    rbuf = rx->view.buf;
+    rlen = (uint64_t)rx->view.len;
+  } else {
+    if (PyObject_GetBuffer(rp->arr, &rav, PyBUF_WRITABLE) != 0) {
+      PyErr_Clear();
+      if (sp) PyBuffer_Release(&sav);
+      return PyLong_FromLong(1);
+    }
+    rbuf = rp->tmp.buf;
+    rlen = rp->total;
+  }
   erdma_req *rr = NULL, *sr = NULL;
   erdma_status rst, sst;
   memset(&sst, 0, sizeof sst);
-  sx->busy++;
-  rx->busy++;
+  if (sx) sx->busy++; else sp->busy++;
+  if (rx) rx->busy++; else rp->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_irecv(s->e, rx->view.buf, (uint64_t)rx->view.len, s->ranks[src], (int)rtag,
-                       s->ctx, 0, &rr);
-  if (!rc && !erdma_shm_try_send(s->e, sx->view.buf, (uint64_t)sx->view.len, s->ranks[dest],
-                                 (int)stag, s->ctx, 0))
-    rc = erdma_isend(s->e, sx->view.buf, (uint64_t)sx->view.len, s->ranks[dest], (int)stag,
-                     s->ctx, 0, &sr);
+  int rc = erdma_irecv(s->e, rbuf, rlen, s->ranks[src], (int)rtag, s->ctx, 0, &rr);
+  if (!rc && sp && sp->total)
+    rc = erdma_pack_runs(sp->tmp.buf, sav.buf, sp->n, sp->step, sp->off, sp->ln, sp->nruns);
+  if (!rc && !erdma_shm_try_send(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0))
+    rc = erdma_isend(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0, &sr);
   if (!rc) rc = erdma_req_wait(rr, s->slice, &rst);
   if (!rc && sr) rc = erdma_req_wait(sr, s->slice, &sst);
   if (rc && rc != ERDMA_ERR_TIMEOUT) {
@@ -764,12 +953,26 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
       }
     rr = sr = NULL;
   }
+  if (!rc && rp && !rst.error && rst.nbytes) {
+    if (rst.nbytes >= rp->total)
+      erdma_unpack_runs(rav.buf, rp->tmp.buf, rp->n, rp->step, rp->off, rp->ln, rp->nruns);
+    else
+      erdma_unpack_runs_head(rav.buf, rp->tmp.buf, rst.nbytes, rp->n, rp->step, rp->off,
+                             rp->ln, rp->nruns);
+  }
   PyEval_RestoreThread(ts);
-  sx->busy--;
-  rx->busy--;
-  if (rc)
+  if (sx) sx->busy--; else sp->busy--;
+  if (rx) rx->busy--; else rp->busy--;
+  if (sp) PyBuffer_Release(&sav);
+  if (rp) PyBuffer_Release(&rav);
+  if (rc) {
+    if (rc == ERDMA_ERR_TIMEOUT && (sp || rp))
+      return Py_BuildValue("(iKK(OO))", rc, (unsigned long long)(uintptr_t)rr,
+                           (unsigned long long)(uintptr_t)sr, rp ? rp->ent : Py_None,
+                           sp ? sp->ent : Py_None);
     return Py_BuildValue("(iKK)", rc, (unsigned long long)(uintptr_t)rr,
                          (unsigned long long)(uintptr_t)sr);
+  }
   erdma_req_free(rr);
   if (sr) erdma_req_free(sr);
   return Py_BuildValue("(iiiKi)", rst.error, rst.source, rst.tag,
@@ -1436,6 +1639,8 @@ static PyMethodDef pf_methods[] = {
     {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
     {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
+    {"remember_packed", (PyCFunction)(void (*)(void))pf_remember_packed, METH_FASTCALL,
+     NULL},
     {"isend", (PyCFunction)(void (*)(void))pf_isend, METH_FASTCALL, NULL},
     {"configure", (PyCFunction)(void (*)(void))pf_configure, METH_FASTCALL, NULL},
     {"irecv", (PyCFunction)(void (*)(void))pf_irecv, METH_FASTCALL, NULL},

@@ -2,7 +2,11 @@
 arrays (a halo exchange: rows and strided columns of subarray types), as the
 packed path runs them from the second call on: data, statuses, a shorter
 message, ANY_SOURCE, PROC_NULL, a resized array, a freed datatype, a
-read-only receive array.  At 1 rank the peer is the rank itself."""
+read-only receive array, a receive whose message comes only after a blocking
+call's first wait (half a second) has passed.  At 1 rank the peer is the rank
+itself."""
+import time
+
 import numpy as np
 from _mpi import MPI, check, done
 
@@ -47,6 +51,17 @@ for it in range(4):
     check((a[1:-1, 1:-1] == grid(r, it)[1:-1, 1:-1]).all(), f"interior untouched {it}")
     check(a[0, 0] == grid(r, made)[0, 0] and a[N + 1, N + 1] == grid(r, made)[N + 1, N + 1],
           f"corners untouched {it}")
+
+# rank 0 sends late: its receiving neighbour waits on past its first slice
+for it in range(3):
+    a[1:-1, 1:-1] = grid(r, 10 + it)[1:-1, 1:-1]
+    if r == 0 and it == 2:
+        time.sleep(1.2)
+    c.Sendrecv([a, 1, col_left], down, 15, [a, 1, halo_right], up, 15)
+    c.Sendrecv([a, 1, row_top], down, 16, [a, 1, halo_bot], up, 16)
+    gu = grid(up, 10 + it)
+    check((a[1:-1, N + 1] == gu[1:-1, 1]).all(), f"late right halo {it}")
+    check((a[N + 1, 1:-1] == gu[1, 1:-1]).all(), f"late bottom halo {it}")
 
 # a plain send into a packed receive, and the other way round
 b = np.zeros((N + 2, N + 2))
