@@ -614,6 +614,7 @@ class CommP2P:
             r = (st.error, st.source, st.tag, st.nbytes, serr)
         elif len(r) == 4:
             # packed sides still pending: their entries keep the temporaries
+            # (a receive side straight into its array: the array)
             rent, sent = r[3]
             try:
                 st, serr = _engine.fast_rest_sendrecv(
@@ -621,7 +622,7 @@ class CommP2P:
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             r = (st.error, st.source, st.tag, st.nbytes, serr)
-            if rent is not None and not r[0] and r[3]:
+            if type(rent) is tuple and not r[0] and r[3]:   # else received in place
                 _unpack_side(rent, r[3])
         if status is not None:
             status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)

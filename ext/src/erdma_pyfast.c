@@ -842,6 +842,10 @@ static PyObject *pf_remember_packed(PyObject *self, PyObject *const *args, Py_ss
 
 static PyObject *str_r; /* "_r": a Datatype's record */
 
+/* A side whose bytes are one run of the array (a row of a halo): it moves
+ * from and into the array itself, without the temporary. */
+static int packed_direct(const pf_packed *x) { return x->n == 1 && x->nruns == 1; }
+
 /* The remembered packed side that `buf` ([arr, count, dt]) still is, else
  * NULL. */
 static pf_packed *packed_for(pf_state *s, int recv, PyObject *buf) {
@@ -890,7 +894,8 @@ static pf_packed *packed_for(pf_state *s, int recv, PyObject *buf) {
  * (rc, rleft, sleft) as the blocking calls do; with a packed side, a
  * pending answer is (rc, rleft, sleft, (rent, sent)): the sides' Python
  * entries (None for a plain side), which keep the temporaries the requests
- * still use and tell Python what to unpack. */
+ * still use and tell Python what to unpack; rent is the array itself when
+ * the receive goes straight into it (packed_direct). */
 static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long dest, stag, src, rtag;
   pf_state *s;
@@ -916,7 +921,7 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
       PyErr_Clear();
       return PyLong_FromLong(1);
     }
-    sbuf = sp->tmp.buf;
+    sbuf = packed_direct(sp) ? (const char *)sav.buf + sp->off[0] : sp->tmp.buf;
     slen = sp->total;
   }
   if (rx) {
@@ -928,7 +933,7 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
       if (sp) PyBuffer_Release(&sav);
       return PyLong_FromLong(1);
     }
-    rbuf = rp->tmp.buf;
+    rbuf = packed_direct(rp) ? (char *)rav.buf + rp->off[0] : rp->tmp.buf;
     rlen = rp->total;
   }
   erdma_req *rr = NULL, *sr = NULL;
@@ -938,7 +943,7 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (rx) rx->busy++; else rp->busy++;
   PyThreadState *ts = PyEval_SaveThread();
   int rc = erdma_irecv(s->e, rbuf, rlen, s->ranks[src], (int)rtag, s->ctx, 0, &rr);
-  if (!rc && sp && sp->total)
+  if (!rc && sp && sp->total && !packed_direct(sp))
     rc = erdma_pack_runs(sp->tmp.buf, sav.buf, sp->n, sp->step, sp->off, sp->ln, sp->nruns);
   if (!rc && !erdma_shm_try_send(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0))
     rc = erdma_isend(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0, &sr);
@@ -953,7 +958,7 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
       }
     rr = sr = NULL;
   }
-  if (!rc && rp && !rst.error && rst.nbytes) {
+  if (!rc && rp && !rst.error && rst.nbytes && !packed_direct(rp)) {
     if (rst.nbytes >= rp->total)
       erdma_unpack_runs(rav.buf, rp->tmp.buf, rp->n, rp->step, rp->off, rp->ln, rp->nruns);
     else
@@ -968,7 +973,8 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (rc) {
     if (rc == ERDMA_ERR_TIMEOUT && (sp || rp))
       return Py_BuildValue("(iKK(OO))", rc, (unsigned long long)(uintptr_t)rr,
-                           (unsigned long long)(uintptr_t)sr, rp ? rp->ent : Py_None,
+                           (unsigned long long)(uintptr_t)sr,
+                           !rp ? Py_None : packed_direct(rp) ? rp->arr : rp->ent,
                            sp ? sp->ent : Py_None);
     return Py_BuildValue("(iKK)", rc, (unsigned long long)(uintptr_t)rr,
                          (unsigned long long)(uintptr_t)sr);

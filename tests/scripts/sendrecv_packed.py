@@ -58,6 +58,8 @@ for it in range(3):
     if r == 0 and it == 2:
         time.sleep(1.2)
     c.Sendrecv([a, 1, col_left], down, 15, [a, 1, halo_right], up, 15)
+    if r == 0 and it == 2:
+        time.sleep(1.2)
     c.Sendrecv([a, 1, row_top], down, 16, [a, 1, halo_bot], up, 16)
     gu = grid(up, 10 + it)
     check((a[1:-1, N + 1] == gu[1:-1, 1]).all(), f"late right halo {it}")
