@@ -86,43 +86,71 @@ class CommObjColl:
 
     def scatter(self, sendobj, root=0):
         root = self._root(root)
-        t, d, l = self._obj_transport()
+        self._check()
         if self._rank == root and sendobj is not None:
             sendobj = list(sendobj)
             if len(sendobj) != len(self._ranks):
                 raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
+        pkl = self._pkl
         with self._objlock("scatter"):
+            pair = self._pair_obj_base()
+            if pair is not None:
+                # two ranks: _scatter_bytes's one message
+                f, base = pair
+                if self._rank != root:
+                    return pkl._decode(_pair_recv_bytes(self, f, root, 0, base))
+                enc = pkl._encode
+                items = [enc(x) for x in (sendobj or (None, None))]
+                _pair_send_bytes(self, f, items[1 - root], 1 - root, 0, base)
+                return pkl._decode(items[root])
+            t, d, l = self._obj_transport()
             return coll.scatter_obj(t, sendobj, root, d, l)
+
+    def _pair_exchange(self, f, base, data):
+        """A two-rank object collective's message each way (_exchange_bytes's:
+        the send waited for after the receive, should it not go at once):
+        the peer's bytes."""
+        peer = 1 - self._rank
+        t = q = None
+        if _fast_send_bytes(f, data, peer, 0, base):
+            t = _CollTransport(self, self._ctx + 1, base)
+            q = t.isend(np.frombuffer(data, dtype=np.uint8), peer, 0)
+        other = _pair_recv_bytes(self, f, peer, 0, base)
+        if q is not None:
+            t.waitall([q])
+        return other
 
     def allgather(self, sendobj):
         pkl = self._pkl
         with self._objlock("allgather"):
             pair = self._pair_obj_base()
             if pair is not None:
-                # two ranks: _exchange_bytes's message each way (the send
-                # waited for after the receive, should it not go at once)
                 f, base = pair
-                peer = 1 - self._rank
                 data = pkl._encode(sendobj)
-                t = q = None
-                if _fast_send_bytes(f, data, peer, 0, base):
-                    t = _CollTransport(self, self._ctx + 1, base)
-                    q = t.isend(np.frombuffer(data, dtype=np.uint8), peer, 0)
-                other = pkl._decode(_pair_recv_bytes(self, f, peer, 0, base))
-                if q is not None:
-                    t.waitall([q])
+                other = pkl._decode(self._pair_exchange(f, base, data))
                 mine = pkl._decode(data)
                 return [mine, other] if self._rank == 0 else [other, mine]
             t, d, l = self._obj_transport()
             return coll.allgather_obj(t, sendobj, d, l)
 
     def alltoall(self, sendobj):
-        t, d, l = self._obj_transport()
+        self._check()
         if sendobj is not None:
             sendobj = list(sendobj)
             if len(sendobj) != len(self._ranks):
                 raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
+        pkl = self._pkl
         with self._objlock("alltoall"):
+            pair = self._pair_obj_base()
+            if pair is not None:
+                f, base = pair
+                me = self._rank
+                enc = pkl._encode
+                items = [enc(x) for x in (sendobj or (None, None))]
+                other = pkl._decode(self._pair_exchange(f, base, items[1 - me]))
+                mine = pkl._decode(items[me])
+                return [mine, other] if me == 0 else [other, mine]
+            t, d, l = self._obj_transport()
             return coll.alltoall_obj(t, sendobj, d, l)
 
     def reduce(self, sendobj, op=None, root=0):

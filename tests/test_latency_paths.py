@@ -888,6 +888,30 @@ for mode in ("both", "general0", "general1", "both"):
         assert comm.allreduce([r] * 2, op=cat) == [0, 0, 1, 1], (mode, "rank order")
         slow()
         assert comm.allreduce(r, op=MPI.MAX) == 1
+        for root in (0, 1):
+            slow()
+            items = [{"to": i, "from": r, "pad": bytes(size)} for i in range(2)]
+            got = comm.scatter(items if r == root else None, root)
+            assert (got["to"], got["from"], len(got["pad"])) == (r, root, size), (mode, "scatter")
+            if r == root:
+                assert got is not items[r]       # a copy, as the general path
+            slow()
+            assert comm.scatter(None, root) is None, (mode, "scatter of None")
+        slow()
+        got = comm.alltoall([{"to": i, "from": r, "pad": bytes(size)} for i in range(2)])
+        assert [(x["to"], x["from"]) for x in got] == [(r, 0), (r, 1)], (mode, "alltoall", got)
+        assert len(got[1 - r]["pad"]) == size
+        slow()
+        assert comm.alltoall(None) == [None, None], (mode, "alltoall of None")
+# a wrong number of items is the caller's error, before any message
+for call in (lambda: comm.scatter([1, 2, 3], r), lambda: comm.alltoall([1])):
+    try:
+        call()
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("no ValueError")
+assert comm.alltoall([r, -r]) == ([0, 1] if r == 0 else [0, -1]), "after the errors"
 # errors stay collective errors: an invalid root on every rank
 try:
     comm.bcast(1, 5)
