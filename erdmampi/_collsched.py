@@ -15,7 +15,8 @@ import threading
 from . import _engine
 from .request import engine_exception
 
-__all__ = ["CollSchedule", "notify_started", "icoll_state", "BULK_ROOT_PART", "BULK_TAGS"]
+__all__ = ["CollSchedule", "notify_started", "icoll_state", "icoll_enter", "icoll_exit",
+           "BULK_ROOT_PART", "BULK_TAGS"]
 
 #: chunk size for non-chunked schedules (whole messages)
 _WHOLE = 1 << 62
@@ -47,11 +48,31 @@ BULK_PULL_PART = _part_from_env("ERDMA_BULK_PULL_PART")
 
 #: per-thread state of a nonblocking collective being started (see comm._icoll)
 icoll_state = threading.local()
+_icoll_running = 0            # threads between icoll_enter and icoll_exit
+_icoll_lock = threading.Lock()
+
+
+def icoll_enter(started):
+    """This thread runs a nonblocking collective's algorithm: ``started``
+    (an Event) is set at its first message (notify_started)."""
+    global _icoll_running
+    with _icoll_lock:
+        _icoll_running += 1
+    icoll_state.started = started
+
+
+def icoll_exit():
+    global _icoll_running
+    icoll_state.started = None
+    with _icoll_lock:
+        _icoll_running -= 1
 
 
 def notify_started():
     """Tell the caller of a nonblocking collective that the algorithm running
     in its thread has posted its first message or started its schedule."""
+    if not _icoll_running:      # no thread-local lookup in a blocking call
+        return
     ev = getattr(icoll_state, "started", None)
     if ev is not None:
         icoll_state.started = None

@@ -632,11 +632,11 @@ def _icoll(run):
     started = threading.Event()
 
     def body():
-        _collsched.icoll_state.started = started
+        _collsched.icoll_enter(started)
         try:
             return run()
         finally:
-            _collsched.icoll_state.started = None
+            _collsched.icoll_exit()
             started.set()
     req = Request._new(_ThreadOp(body))
     started.wait()

@@ -34,6 +34,23 @@ _NO_BUFFERS = frozenset((int, float, complex, bool, str, bytes, type(None)))
 _U64 = struct.Struct("<Q")
 
 
+class _OobBuffers(list):
+    """A pickle ``buffer_callback`` collecting the buffers that travel out of
+    band: those of at least ``threshold`` bytes (smaller ones stay in band)."""
+
+    __slots__ = ("threshold",)
+
+    def __init__(self, threshold):
+        self.threshold = threshold
+
+    def __call__(self, pb):
+        raw = _asbuffer(pb, True)  # an MPI.buffer, as mpi4py hands out
+        if raw.nbytes < self.threshold:
+            return True
+        self.append(raw)
+        return False
+
+
 class Pickle:
     """Serializer for Python objects, as ``MPI.Pickle``.
 
@@ -93,18 +110,9 @@ class Pickle:
         return self._dumps_oob(obj, max(protocol, 5))  # oob needs protocol 5
 
     def _dumps_oob(self, obj, protocol):
-        buffers = []
-        threshold = self._threshold
-
-        def callback(pb):
-            raw = _asbuffer(pb, True)  # an MPI.buffer, as mpi4py hands out
-            if raw.nbytes < threshold:
-                return True          # keep in band
-            buffers.append(raw)
-            return False
-
-        data = self._dumps(obj, protocol, buffer_callback=callback)
-        return data, buffers
+        buffers = _OobBuffers(self._threshold)
+        data = self._dumps(obj, protocol, buffer_callback=buffers)
+        return data, list(buffers)
 
     def loads_oob(self, data, buffers):
         """Deserialize an object from a pickle data stream and buffers."""
@@ -120,7 +128,8 @@ class Pickle:
         elif type(obj) in _NO_BUFFERS:
             return self._dumps(obj, protocol)   # nothing out of band (no closure made)
         else:
-            data, buffers = self._dumps_oob(obj, protocol)
+            buffers = _OobBuffers(self._threshold)
+            data = self._dumps(obj, protocol, buffer_callback=buffers)
         if not buffers:
             return data
         nb = len(buffers)
