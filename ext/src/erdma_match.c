@@ -78,15 +78,18 @@ erdma_msg *msg_new(int src, int tag, uint32_t ctx, uint64_t len) {
   return m;
 }
 
-/* Payload buffers of unexpected eager messages of 32 KiB..1 MiB, kept for
- * the next ones: malloc gives freed memory of that size back to the kernel
- * (it trims the heap top, or unmaps), and every 4 KiB of a new buffer then
- * costs a page fault during the copy into it; a sender running ahead of its
- * receiver with 64 KiB messages between two ranks of a host ran at a third
- * of its speed.  One free list per power-of-two size, MSGBUF_BYTES in all,
+/* Payload buffers of unexpected eager messages of 1 KiB..1 MiB, kept for
+ * the next ones: malloc gives freed memory of 32 KiB and more back to the
+ * kernel (it trims the heap top, or unmaps), and every 4 KiB of a new buffer
+ * then costs a page fault during the copy into it; a sender running ahead of
+ * its receiver with 64 KiB messages between two ranks of a host ran at a
+ * third of its speed.  From 1 KiB glibc serves malloc and free from its
+ * sorted bins, merging the small free chunks first: a root receiving a
+ * 4 KiB Gather block that arrived early spent a third of its call there.
+ * One free list per power-of-two size, MSGBUF_BYTES in all,
  * shared by the process's engines (a message may outlive its engine in a
  * probe handle). */
-#define MSGBUF_MIN_SHIFT 15
+#define MSGBUF_MIN_SHIFT 10
 #define MSGBUF_MAX_SHIFT 20
 #define MSGBUF_SIZES (MSGBUF_MAX_SHIFT - MSGBUF_MIN_SHIFT + 1)
 #define MSGBUF_BYTES ((uint64_t)16 << 20)

@@ -277,7 +277,12 @@ TEST(unexpected_payload_buffers_are_reused) {
   CHECK(E->unexp_head && E->unexp_head->pooled);
   CHECK(finish(irecv(buf, n, 1, 3)).error == 0);
   CHECK_MEM(buf, pay, n);
-  /* below 32 KiB: plain malloc */
+  /* a 4 KiB one (a Gather block that came early) is pooled too */
+  CHECK_EQ(feed_frame(0, FR_EAGER, 0, CTX, 3, 4096, 0, pay, 4096), 0);
+  CHECK(E->unexp_head && E->unexp_head->pooled);
+  CHECK(finish(irecv(buf, 4096, 1, 3)).error == 0);
+  CHECK_MEM(buf, pay, 4096);
+  /* below 1 KiB: plain malloc */
   CHECK_EQ(eager(4, "small"), 0);
   CHECK(E->unexp_head && !E->unexp_head->pooled);
   char sb[8];
