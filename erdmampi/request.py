@@ -457,39 +457,31 @@ class Request(HandleBase):
     @classmethod
     def Waitall(cls, requests, statuses=None):
         """Wait for all requests; fills ``statuses`` (a list) when given."""
-        cls.waitall(requests, statuses)
+        if statuses is None and type(requests) is list:
+            start = _end_inline(requests)
+            if start < len(requests):
+                cls._waitall_rest(requests, None, start)
+        else:
+            cls.waitall(requests, statuses)
         return True
 
     @classmethod
     def waitall(cls, requests, statuses=None):
         """Wait for all the requests; returns the list of the objects received."""
         requests = list(requests)
-        errors = []
-        objs = []
         start = 0
         if statuses is None:
-            # requests of the one-call path that complete without an error,
-            # and requests complete from the start: ended here, inline; the
-            # first other one goes on in the general loop below
-            for req in requests:
-                op = req._op
-                t = type(op)
-                if t is _FastOp:
-                    try:
-                        op.wait()
-                    except MPIException:
-                        break           # reported by the general loop
-                    if op.fields[2]:
-                        break
-                elif t is not _DoneOp or op.obj is not None:
-                    break
-                req._op = None
-                if _named:
-                    req._h = 0
-                start += 1
+            start = _end_inline(requests)
             if start == len(requests):
                 return [None] * start
-            objs = [None] * start
+        return cls._waitall_rest(requests, statuses, start)
+
+    @classmethod
+    def _waitall_rest(cls, requests, statuses, start):
+        """waitall of ``requests`` (a list) from index ``start`` on, the
+        ones before ended by _end_inline."""
+        errors = []
+        objs = [None] * start
         sts = _statuses(statuses, len(requests))
         for i, req in enumerate(requests):
             if i < start:
@@ -697,6 +689,31 @@ _by_handle = weakref.WeakValueDictionary()
 # memory holds 0 (null), so completion need not write it (a slot write
 # costs a completed request more than this test)
 _named = False
+
+
+def _end_inline(requests):
+    """End the requests of ``requests`` (a list) that the one-call path
+    completes without an error, and those complete from the start, from
+    the first on: how many.  The first other one is left to the general
+    loop (_waitall_rest), which reports its error."""
+    start = 0
+    for req in requests:
+        op = req._op
+        t = type(op)
+        if t is _FastOp:
+            try:
+                op.wait()
+            except MPIException:
+                break
+            if op.fields[2]:
+                break
+        elif t is not _DoneOp or op.obj is not None:
+            break
+        req._op = None
+        if _named:
+            req._h = 0
+        start += 1
+    return start
 
 
 def _adopt_all(requests):
