@@ -467,22 +467,25 @@ class CommP2P:
     def _p2p_plain(self, buf, readonly):
         """``(pointer, nbytes, array)`` of a spec that is one whole plain host
         array (``numpy.ndarray`` alone, or with a predefined datatype without
-        gaps), else ``(None, 0, None)``.  A small one is remembered per
-        direction by the communicator's fast-path state (by the identity of
-        the spec, its array and datatype), so that the next Send/Recv of the
-        same spec is one C call (see _engine.fast)."""
+        gaps), else ``(None, 0, None)``.  It is remembered per direction by
+        the communicator's fast-path state, so that the next Send/Recv of
+        the same spec is one C call (see _engine.fast): a small one by the
+        identity of the spec, its array and datatype; a larger one, which
+        the state must not keep alive, by the array's layout (the same
+        memory, whichever array object)."""
         arr = _plain_array(buf, readonly)
         if arr is None:
             return None, 0, None
         ptr = _buffer_pointer(arr)
         n = arr.nbytes
-        if n <= _P2P_CACHE_MAX and _engine.fast is not None:
+        if _engine.fast is not None:
             dt = None if arr is buf else buf[1]
             recv = not readonly
+            weak = n > _P2P_CACHE_MAX
             f = self._fast
-            if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+            if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num, weak):
                 f = self._fast_state()
-                if f is not None and _fast_remember(f, recv, buf, arr, dt, arr.flags.num):
+                if f is not None and _fast_remember(f, recv, buf, arr, dt, arr.flags.num, weak):
                     self._fast = f
         return ptr, n, arr
 

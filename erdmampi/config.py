@@ -93,7 +93,8 @@ VARS_LIST = (
        ("ERDMA_SHM_RING", "size", 2 << 20, "bytes of each shared-memory ring (a power of two)",
         {"lo": 4096}),
        ("ERDMA_SHM_EAGER_LIMIT", "size", None, "bytes up to which a message goes into the "
-        "peer's ring (default 1M)", {"lo": 0}),
+        "peer's ring, larger ones by one process_vm_readv copy (default: 8K where such a "
+        "copy is cheap and every local rank has a core, else 1M)", {"lo": 0}),
        ("ERDMA_SHM_CMA", "bool", True, "large messages as one process_vm_readv copy (0: "
         "through the ring)"),
        ("ERDMA_SHM_BULK_CMA", "size", None, "a collective's block to a rank of this host "

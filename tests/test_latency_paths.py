@@ -974,3 +974,79 @@ print("OK", r)
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_packed_sendrecv_runs_in_c_after_the_first_call(nprocs):
     _ok(run_mpi(nprocs, PACKED_SCRIPT, timeout=120), nprocs)
+
+
+# -- large point-to-point buffers: one C call, not kept alive -----------------
+
+LARGE_P2P_SCRIPT = r"""
+import gc, weakref
+import numpy as np
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+Comm = type(comm)
+misses = []
+send_more, recv_more = Comm._send_more, Comm._recv_more
+Comm._send_more = lambda self, *a: misses.append("send") or send_more(self, *a)
+Comm._recv_more = lambda self, *a: misses.append("recv") or recv_more(self, *a)
+peer = (r + 1) % n
+src = (r - 1) % n
+for size in (200 << 10, 3 << 20):           # CMA reads; the second above any ring limit
+    a = np.arange(size, dtype=np.uint8) + r
+    b = np.zeros(size, np.uint8)
+    del misses[:]
+    for k in range(4):
+        a[0] = k
+        if r % 2 == 0:
+            comm.Send(a, peer, 1)
+            comm.Recv(b, src, 1)
+        else:
+            comm.Recv(b, src, 1)
+            comm.Send(a, peer, 1)
+        want = np.arange(size, dtype=np.uint8) + src
+        want[0] = k
+        assert np.array_equal(b, want), (size, k)
+        # [array, datatype] specs of the same arrays
+        comm.Sendrecv([a, MPI.BYTE], peer, 2, [b, MPI.BYTE], src, 2)
+        assert np.array_equal(b, want), (size, k, "with datatype")
+    if n > 1:
+        assert misses == ["send", "recv"] or misses == ["recv", "send"], misses
+    # a fresh view of the same memory is the same call
+    del misses[:]
+    comm.Sendrecv(a[:], peer, 3, b[:], src, 3)
+    comm.Sendrecv(a[:], peer, 3, b[:], src, 3)
+    assert np.array_equal(b, want)
+    # the arrays are not kept: freed once the program drops them
+    ra, rb = weakref.ref(a), weakref.ref(b)
+    del a, b
+    gc.collect()
+    assert ra() is None and rb() is None, "a large buffer was kept alive"
+# an array resized in place: its new memory, not the old
+a = np.full(300 << 10, r, np.uint8)
+b = np.zeros(300 << 10, np.uint8)
+for k in range(2):
+    comm.Sendrecv(a, peer, 4, b, src, 4)
+b.resize((300 << 10) + 4096, refcheck=False)
+b[:] = 255
+a.resize((300 << 10) + 4096, refcheck=False)
+a[:] = r
+comm.Sendrecv(a, peer, 4, b, src, 4)
+assert (b == src).all(), "after resize"
+# a read-only receive buffer is refused, as on the general path
+ro = np.zeros(300 << 10, np.uint8)
+comm.Sendrecv(a[:300 << 10], peer, 5, ro, src, 5)
+ro.flags.writeable = False
+try:
+    comm.Recv(ro, src, 6)
+except Exception:
+    ok = True
+else:
+    ok = False
+assert ok, "read-only receive buffer"
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_large_p2p_buffers_take_the_c_path_without_being_kept(nprocs):
+    _ok(run_mpi(nprocs, LARGE_P2P_SCRIPT, timeout=120), nprocs)

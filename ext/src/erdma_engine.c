@@ -57,7 +57,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->bind_addr = "127.0.0.1";
   cfg->cc_algo = ERDMA_CC_AUTO;
   cfg->eager_limit = 65536;
-  cfg->shm_eager_limit = 1u << 20;
+  cfg->shm_eager_limit = 0; /* chosen at shm set-up (erdma_shm.c) */
   cfg->idle_timeout = 60.0;
   cfg->handshake_timeout = 60.0;
   /* a real peer sends its HELLO with its first 1-RTT packet: 10 s leaves room
@@ -317,7 +317,6 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   e->cfg = *cfg;
   snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
   e->cfg.bind_addr = e->bind_addr;
-  if (e->cfg.shm_eager_limit < e->cfg.eager_limit) e->cfg.shm_eager_limit = e->cfg.eager_limit;
   if (!e->cfg.unexpected_max) e->cfg.unexpected_max = 64u << 20;
   if (!e->cfg.recv_alloc_max) {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
@@ -593,7 +592,9 @@ static int check_src(erdma_engine *e, int source) {
 
 /* Whether a send of these flags may go eager at all (size limits aside). */
 static int eager_ok(const erdma_engine *e, const erdma_conn *c, uint64_t nbytes, int flags) {
-  return !(flags & ERDMA_SEND_SYNC) && !(c->shm && shm_bulk_by_cma(e, nbytes, flags));
+  return !(flags & ERDMA_SEND_SYNC) &&
+         !(c->shm && (shm_bulk_by_cma(e, nbytes, flags) ||
+                      (e->shm.cma && nbytes > e->cfg.shm_eager_limit)));
 }
 
 int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,

@@ -138,7 +138,27 @@ typedef struct {
   Py_buffer view;            /* an export of arr: its memory stays put */
   int have, busy;
   int need;                  /* flag bits arr must still have */
+  /* an array too large to keep alive (remember's `weak`): spec, arr and
+   * view are not kept; a call finds its array in the spec it is given,
+   * checks it against this layout and exports it for the call (pf_mem) */
+  int weak;
+  pf_layout l;
 } pf_entry;
+
+/* The memory one call moves for a remembered entry: the entry's own
+ * export, or for a weak one an export of the array the spec holds now,
+ * released by mem_done. */
+typedef struct {
+  void *buf;
+  uint64_t len;
+  Py_buffer view;
+  int exported;
+} pf_mem;
+
+static void mem_done(pf_mem *m) {
+  if (m->exported) PyBuffer_Release(&m->view);
+  m->exported = 0;
+}
 
 /* A remembered small Allreduce: its specs (sspec is MPI.IN_PLACE when sarr
  * is NULL), op, C codes, and what decided that it runs uncompressed in one
@@ -216,6 +236,12 @@ static const char CAPSULE[] = "erdmampi._erdma_fast.state";
 static void entry_clear(pf_entry *x) {
   if (!x->have) return;
   x->have = 0;
+  if (x->weak) {
+    x->weak = 0;
+    layout_clear(&x->l);
+    Py_CLEAR(x->dt);
+    return;
+  }
   PyBuffer_Release(&x->view);
   Py_CLEAR(x->spec);
   Py_CLEAR(x->arr);
@@ -336,14 +362,17 @@ static PyObject *pf_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return cap;
 }
 
-/* remember(state, recv, spec, arr, dt, flags): arr (a numpy.ndarray that
- * Python found plain, whole and C-contiguous, writeable for a receive) is
- * what `spec` means; flags is arr.flags.num as Python saw it. */
+/* remember(state, recv, spec, arr, dt, flags[, weak]): arr (a
+ * numpy.ndarray that Python found plain, whole and C-contiguous, writeable
+ * for a receive) is what `spec` means; flags is arr.flags.num as Python saw
+ * it.  With weak true, by the array's layout alone (see pf_entry). */
 static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 6) {
-    PyErr_SetString(PyExc_TypeError, "remember() takes 6 arguments");
+  if (n != 6 && n != 7) {
+    PyErr_SetString(PyExc_TypeError, "remember() takes 6 or 7 arguments");
     return NULL;
   }
+  int weak = n == 7 ? PyObject_IsTrue(args[6]) : 0;
+  if (weak < 0) return NULL;
   pf_state *s = state_of(args[0]);
   int recv = PyObject_IsTrue(args[1]);
   long flags = PyLong_AsLong(args[5]);
@@ -356,8 +385,11 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   /* the slot of this spec, else the next one in turn that no thread is
    * sending from or receiving into right now */
   pf_entry *x = NULL;
-  for (int i = 0; i < PF_SLOTS && !x; i++)
-    if (s->ent[recv][i].have && s->ent[recv][i].spec == spec) x = &s->ent[recv][i];
+  for (int i = 0; i < PF_SLOTS && !x; i++) {
+    pf_entry *y = &s->ent[recv][i];
+    if (y->have && (weak ? y->weak && y->dt == dt && layout_is(&y->l, arr) : y->spec == spec))
+      x = y;
+  }
   for (int i = 0; i < PF_SLOTS && !x; i++) {
     pf_entry *y = &s->ent[recv][(s->next[recv] + i) % PF_SLOTS];
     if (!y->busy) {
@@ -366,6 +398,14 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
   }
   if (!x || x->busy) Py_RETURN_FALSE;
+  if (weak) {
+    entry_clear(x);
+    if (!layout_keep(&x->l, arr)) Py_RETURN_FALSE;
+    x->dt = dt ? Py_NewRef(dt) : NULL;
+    x->need = need;
+    x->weak = x->have = 1;
+    Py_RETURN_TRUE;
+  }
   Py_buffer view;
   if (PyObject_GetBuffer(arr, &view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
     PyErr_Clear();
@@ -381,8 +421,10 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   Py_RETURN_TRUE;
 }
 
-/* The remembered entry if `buf` is (still) its spec, else NULL. */
-static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf) {
+/* The remembered entry if `buf` is (still) its spec, else NULL; with m,
+ * the memory the call moves (mem_done after it).  Weak entries match only
+ * with m. */
+static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
   pf_entry *x = NULL;
   for (int i = 0; i < PF_SLOTS; i++)
     if (s->ent[recv][i].spec == buf && s->ent[recv][i].have) {
@@ -397,7 +439,35 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf) {
         x = y;
     }
   }
+  PyObject *warr = NULL;
+  if (!x && m) { /* by layout: a weak entry */
+    PyObject *a = buf, *d = NULL;
+    if (PyList_CheckExact(buf) && PyList_Size(buf) == 2) {
+      a = PyList_GetItem(buf, 0);
+      d = PyList_GetItem(buf, 1);
+    } else if (PyTuple_CheckExact(buf) && PyTuple_Size(buf) == 2) {
+      a = PyTuple_GetItem(buf, 0);
+      d = PyTuple_GetItem(buf, 1);
+    }
+    for (int i = 0; i < PF_SLOTS && !x; i++) {
+      pf_entry *y = &s->ent[recv][i];
+      if (y->have && y->weak && y->dt == d && layout_is(&y->l, a) &&
+          (((np_head *)a)->flags & y->need) == y->need)
+        x = y;
+    }
+    warr = a;
+  }
   if (!x || x->busy) return NULL;
+  if (x->weak) {
+    if (PyObject_GetBuffer(warr, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      return NULL;
+    }
+    m->exported = 1;
+    m->buf = m->view.buf;
+    m->len = (uint64_t)m->view.len;
+    return x;
+  }
   if (x->dt) {
     PyObject *a, *d;
     if (PyList_CheckExact(buf)) {
@@ -414,6 +484,11 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf) {
     if (a != x->arr || d != x->dt) return NULL;
   }
   if ((((np_head *)x->arr)->flags & x->need) != x->need) return NULL;
+  if (m) {
+    m->buf = x->view.buf;
+    m->len = (uint64_t)x->view.len;
+    m->exported = 0;
+  }
   return x;
 }
 
@@ -441,12 +516,12 @@ static PyObject *result(int rc, const erdma_blocking *out) {
  * a tag; a receive also ANY_SOURCE and ANY_TAG (MPI's values are the
  * engine's, erdmampi.comm), never -1 (PROC_NULL). */
 static int p2p_args(PyObject *const *args, int recv, pf_state **sp, pf_entry **xp, int *peer,
-                    long *tag) {
+                    long *tag, pf_mem *m) {
   long p;
   pf_state *s = state_of(args[0]);
-  if (!s || !(*xp = entry_for(s, recv, args[1])) ||
-      !small_int(args[2], recv ? ERDMA_ANY_SOURCE : 0, s->size - 1, &p) || p == -1 ||
-      !small_int(args[3], recv ? ERDMA_ANY_TAG : 0, s->tag_ub, tag))
+  if (!s || !small_int(args[2], recv ? ERDMA_ANY_SOURCE : 0, s->size - 1, &p) || p == -1 ||
+      !small_int(args[3], recv ? ERDMA_ANY_TAG : 0, s->tag_ub, tag) ||
+      !(*xp = entry_for(s, recv, args[1], m)))
     return 0;
   *sp = s;
   *peer = p == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[p];
@@ -458,17 +533,20 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   int dest;
   pf_state *s;
   pf_entry *x;
-  if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag)) return PyLong_FromLong(1);
+  pf_mem m;
+  if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag, &m)) return PyLong_FromLong(1);
   /* an eager message into a local peer's ring never waits: keep the GIL */
-  if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0))
+  if (erdma_shm_try_send(s->e, m.buf, m.len, dest, (int)tag, s->ctx, 0)) {
+    mem_done(&m);
     return PyLong_FromLong(0);
+  }
   erdma_blocking out;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag,
-                      s->ctx, 0, s->slice, &out);
+  int rc = erdma_send(s->e, m.buf, m.len, dest, (int)tag, s->ctx, 0, s->slice, &out);
   PyEval_RestoreThread(ts);
   x->busy--;
+  mem_done(&m);
   return result(rc, &out);
 }
 
@@ -477,14 +555,15 @@ static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status) {
   int src;
   pf_state *s;
   pf_entry *x;
-  if (n != 4 || !p2p_args(args, 1, &s, &x, &src, &tag)) return PyLong_FromLong(1);
+  pf_mem m;
+  if (n != 4 || !p2p_args(args, 1, &s, &x, &src, &tag, &m)) return PyLong_FromLong(1);
   erdma_blocking out;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_recv(s->e, x->view.buf, (uint64_t)x->view.len, src, (int)tag, s->ctx,
-                      s->slice, &out);
+  int rc = erdma_recv(s->e, m.buf, m.len, src, (int)tag, s->ctx, s->slice, &out);
   PyEval_RestoreThread(ts);
   x->busy--;
+  mem_done(&m);
   if (rc == 0 && want_status)
     return Py_BuildValue("(iiiK)", out.error, out.source, out.tag,
                          (unsigned long long)out.nbytes);
@@ -741,7 +820,8 @@ static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   int dest;
   pf_state *s;
   pf_entry *x;
-  if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag)) return PyLong_FromLong(1);
+  /* no weak entries: the request outlives this call, an export for it would not */
+  if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag, NULL)) return PyLong_FromLong(1);
   if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0))
     return PyLong_FromLong(0);
   erdma_req *r = NULL;
@@ -755,7 +835,7 @@ static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   int src;
   pf_state *s;
   pf_entry *x;
-  if (n != 5 || !PyDict_CheckExact(args[4]) || !p2p_args(args, 1, &s, &x, &src, &tag))
+  if (n != 5 || !PyDict_CheckExact(args[4]) || !p2p_args(args, 1, &s, &x, &src, &tag, NULL))
     return PyLong_FromLong(1);
   erdma_req *r = NULL;
   int rc = erdma_irecv(s->e, x->view.buf, (uint64_t)x->view.len, src, (int)tag, s->ctx, 0, &r);
@@ -901,36 +981,41 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
   pf_state *s;
   pf_entry *sx = NULL, *rx = NULL;
   pf_packed *sp = NULL, *rp = NULL;
-  if (n != 7 || !(s = state_of(args[0])) ||
-      (!(sx = entry_for(s, 0, args[1])) && !(sp = packed_for(s, 0, args[1]))) ||
-      (!(rx = entry_for(s, 1, args[4])) && !(rp = packed_for(s, 1, args[4]))) ||
-      !small_int(args[2], 0, s->size - 1, &dest) || !small_int(args[3], 0, s->tag_ub, &stag) ||
-      !small_int(args[5], 0, s->size - 1, &src) ||
-      !small_int(args[6], ERDMA_ANY_TAG, s->tag_ub, &rtag))
+  pf_mem sm, rm;
+  if (n != 7 || !(s = state_of(args[0])) || !small_int(args[2], 0, s->size - 1, &dest) ||
+      !small_int(args[3], 0, s->tag_ub, &stag) || !small_int(args[5], 0, s->size - 1, &src) ||
+      !small_int(args[6], ERDMA_ANY_TAG, s->tag_ub, &rtag) ||
+      (!(sx = entry_for(s, 0, args[1], &sm)) && !(sp = packed_for(s, 0, args[1]))))
     return PyLong_FromLong(1);
+  if (!(rx = entry_for(s, 1, args[4], &rm)) && !(rp = packed_for(s, 1, args[4]))) {
+    if (sx) mem_done(&sm);
+    return PyLong_FromLong(1);
+  }
   /* the packed sides' arrays stay exported while they are read or written */
   Py_buffer sav, rav;
   const void *sbuf;
   void *rbuf;
   uint64_t slen, rlen;
   if (sx) {
-    sbuf = sx->view.buf;
-    slen = (uint64_t)sx->view.len;
+    sbuf = sm.buf;
+    slen = sm.len;
   } else {
     if (PyObject_GetBuffer(sp->arr, &sav, PyBUF_SIMPLE) != 0) {
       PyErr_Clear();
+      if (rx) mem_done(&rm);
       return PyLong_FromLong(1);
     }
     sbuf = packed_direct(sp) ? (const char *)sav.buf + sp->off[0] : sp->tmp.buf;
     slen = sp->total;
   }
   if (rx) {
-    rbuf = rx->view.buf;
-    rlen = (uint64_t)rx->view.len;
+    rbuf = rm.buf;
+    rlen = rm.len;
   } else {
     if (PyObject_GetBuffer(rp->arr, &rav, PyBUF_WRITABLE) != 0) {
       PyErr_Clear();
       if (sp) PyBuffer_Release(&sav);
+      else mem_done(&sm);
       return PyLong_FromLong(1);
     }
     rbuf = packed_direct(rp) ? (char *)rav.buf + rp->off[0] : rp->tmp.buf;
@@ -969,7 +1054,9 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (sx) sx->busy--; else sp->busy--;
   if (rx) rx->busy--; else rp->busy--;
   if (sp) PyBuffer_Release(&sav);
+  else mem_done(&sm);
   if (rp) PyBuffer_Release(&rav);
+  else mem_done(&rm);
   if (rc) {
     if (rc == ERDMA_ERR_TIMEOUT && (sp || rp))
       return Py_BuildValue("(iKK(OO))", rc, (unsigned long long)(uintptr_t)rr,
