@@ -35,7 +35,7 @@ TUNING = {
     "max_stream_window": (1 << 16, 1 << 40), "max_conn_window": (1 << 16, 1 << 40),
     "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16), "lanes": (0, 8),
     "chunk_size": (4096, 1 << 30), "shm_eager_limit": (0, 1 << 30),
-    "shm_bulk_cma_min": (0, 1 << 30),
+    "shm_bulk_cma_min": (0, 1 << 30), "shm_p2p_cma_min": (0, 1 << 30),
     "unexpected_max": (1 << 16, 1 << 44), "recv_alloc_max": (1, 1 << 50),
 }
 
@@ -409,7 +409,7 @@ class Engine:
         ``tuning`` (None or absent: the engine's default): stream_window,
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
         data_streams (count), chunk_size (bytes), lanes (QUIC connections per
-        peer on another host, 0: automatic), shm_eager_limit, shm_bulk_cma_min,
+        peer on another host, 0: automatic), shm_eager_limit, shm_bulk_cma_min, shm_p2p_cma_min,
         unexpected_max (unexpected-message bytes held per peer before its
         sending is held back), recv_alloc_max (largest message an allocating
         receive takes) (bytes); see docs/design.md.
@@ -445,8 +445,8 @@ class Engine:
                 raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
             if name == "shm_bulk_cma_min" and value == 0:
                 value = (1 << 64) - 1       # never (the engine's 0 is: measure)
-            elif name == "shm_eager_limit" and value == 0:
-                value = 1                   # all by CMA (the engine's 0 is: choose)
+            elif name == "shm_p2p_cma_min" and value == 0:
+                value = (1 << 64) - 1       # never (the engine's 0 is: choose)
             setattr(cfg, name, value)
         bind_c = ffi.new("char[]", bind.encode())
         cfg.rank, cfg.size, cfg.bind_addr, cfg.port = rank, size, bind_c, port

@@ -93,13 +93,16 @@ VARS_LIST = (
        ("ERDMA_SHM_RING", "size", 2 << 20, "bytes of each shared-memory ring (a power of two)",
         {"lo": 4096}),
        ("ERDMA_SHM_EAGER_LIMIT", "size", None, "bytes up to which a message goes into the "
-        "peer's ring, larger ones by one process_vm_readv copy (default: 8K where such a "
-        "copy is cheap and every local rank has a core, else 1M)", {"lo": 0}),
+        "peer's ring (default 1M)", {"lo": 0}),
        ("ERDMA_SHM_CMA", "bool", True, "large messages as one process_vm_readv copy (0: "
         "through the ring)"),
        ("ERDMA_SHM_BULK_CMA", "size", None, "a collective's block to a rank of this host "
         "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
-        "(default: measured at start-up; 0: never)", {"lo": 0})),
+        "(default: measured at start-up; 0: never)", {"lo": 0}),
+       ("ERDMA_SHM_P2P_CMA", "size", None, "a point-to-point message to a rank of this host "
+        "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
+        "(default: 16K where such a copy is cheap and every local rank has a core, else "
+        "never; 0: never)", {"lo": 0})),
     _v("between hosts (QUIC)",
        ("ERDMA_CC", "choice", "auto", "congestion control", {"choices": (
            "auto", "cubic", "reno", "bbr", "bbr2")}),

@@ -4,7 +4,9 @@ collectives' Alltoall, Allgather and Bcast (the two-rank root's shortcut
 into the ring included) give the same bytes whichever way a block goes:
 through the ring, read with CMA, or read with CMA refused by the kernel
 mid-job; the threshold is measured at start-up unless
-ERDMA_SHM_BULK_CMA sets it."""
+ERDMA_SHM_BULK_CMA sets it.  Point-to-point messages likewise from
+cfg.shm_p2p_cma_min (ERDMA_SHM_P2P_CMA): a send from that size completes
+once the receiver has read it."""
 import re
 import shutil
 
@@ -86,7 +88,7 @@ def test_threshold_measured_at_start_up():
 
 def test_threshold_set_by_hand_is_not_measured():
     res = _run(2, {"ERDMA_VERBOSE": "1", "ERDMA_SHM_BULK_CMA": "64K"})
-    assert "goes by CMA from" not in res.stderr
+    assert "a collective's block to a rank of this host goes by CMA" not in res.stderr
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
@@ -96,4 +98,111 @@ def test_cma_refused_mid_job(monkeypatch):
     res = _run(2, {"ERDMA_SHM_BULK_CMA": "64K", "ERDMA_VERBOSE": "1"}, mode="refuse",
                extra_cmd=["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps",
                           "-sys_ptrace"], monkeypatch=monkeypatch)
+    assert "refused" in res.stderr, res.stderr[-2000:]
+
+
+# Point-to-point: every kind of send, sizes around the default threshold
+# (16 KiB) and the ring's limit (1 MiB); then how long a send waits for a
+# receiver that posts its receive half a second late.
+_P2P_SCRIPT = r'''
+import ctypes, os, sys, time
+if sys.argv[1] == "refuse" and os.environ.get("ERDMA_RANK") == "1":
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)          # PR_SET_DUMPABLE 0: CMA gets EPERM
+import numpy as np
+from erdmampi import MPI
+
+c = MPI.COMM_WORLD
+r, n = c.Get_rank(), c.Get_size()
+peer, src = (r + 1) % n, (r - 1) % n
+for size in (4096, 16383, 16384, 65536, 300001, 1 << 20, (1 << 20) + 1):
+    a = (np.arange(size) % 251 + r).astype(np.uint8)
+    want = (np.arange(size) % 251 + src).astype(np.uint8)
+    b = np.zeros(size, np.uint8)
+    for k in range(2):                       # the general path, then the C one
+        b[:] = 0
+        if r % 2 == 0:
+            c.Send(a, peer, 1)
+            c.Recv(b, src, 1)
+        else:
+            c.Recv(b, src, 1)
+            c.Send(a, peer, 1)
+        assert np.array_equal(b, want), ("Send/Recv", size, k)
+        b[:] = 0
+        c.Sendrecv(a, peer, 2, b, src, 2)
+        assert np.array_equal(b, want), ("Sendrecv", size, k)
+        b[:] = 0
+        MPI.Request.Waitall([c.Irecv(b, src, 3), c.Isend(a, peer, 3)])
+        assert np.array_equal(b, want), ("Isend", size, k)
+        b[:] = 0
+        MPI.Request.Waitall([c.Irecv(b, src, 4), c.Issend(a, peer, 4)])
+        assert np.array_equal(b, want), ("Issend", size, k)
+if n == 2:
+    waited = {}
+    for size in (4096, 65536):
+        a = np.ones(size, np.uint8)
+        c.Barrier()
+        if r == 0:
+            t0 = time.perf_counter()
+            c.Send(a, 1, 5)
+            waited[size] = time.perf_counter() - t0
+        else:
+            time.sleep(0.5)
+            c.Recv(a, 0, 5)
+    if r == 0:
+        print("waited", waited[4096], waited[65536], flush=True)
+c.Barrier()
+print(f"rank {r}: OK", flush=True)
+'''
+
+
+def _run_p2p(n, env, mode="plain", extra_cmd=None, monkeypatch=None):
+    if extra_cmd:
+        import harness
+        orig = harness.erdmarun_cmd
+        monkeypatch.setattr(harness, "erdmarun_cmd", lambda: extra_cmd + orig())
+    res = run_mpi(n, _P2P_SCRIPT, args=[mode], timeout=120, env=env)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    for i in range(n):
+        assert f"rank {i}: OK" in res.stdout, out[-3000:]
+    m = re.search(r"waited ([0-9.e-]+) ([0-9.e-]+)", res.stdout)
+    return (float(m.group(1)), float(m.group(2))) if m else None, res
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_p2p_by_cma_from_the_threshold(n):
+    # 16K by hand (the default where CMA is cheap): a 64 KiB send waits for
+    # its receive, a 4 KiB one goes into the ring at once
+    waited, _ = _run_p2p(n, {"ERDMA_SHM_P2P_CMA": "16K"})
+    if n == 2:
+        small, large = waited
+        assert small < 0.2 and large > 0.35, waited
+
+
+def test_p2p_by_cma_off():
+    # 0: never; every message up to the ring's limit is sent at once
+    (small, large), _ = _run_p2p(2, {"ERDMA_SHM_P2P_CMA": "0"})
+    assert small < 0.2 and large < 0.2, (small, large)
+
+
+def test_p2p_threshold_chosen_at_start_up():
+    res = run_mpi(2, "from erdmampi import MPI\nMPI.COMM_WORLD.Barrier()\n", timeout=60,
+                  env={"ERDMA_VERBOSE": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    bulk = re.findall(r"a collective's block to a rank of this host goes by CMA from "
+                      r"(\(never\) )?\d+ bytes", res.stderr)
+    p2p = re.findall(r"a point-to-point message to a rank of this host goes by CMA from "
+                     r"(\d+) bytes", res.stderr)
+    # where CMA measured cheap, point-to-point uses it from 16 KiB (2 ranks, 2+ cores)
+    cheap = [b for b in bulk if not b]
+    assert p2p == ["16384"] * len(cheap) or (not cheap and not p2p), res.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_p2p_cma_refused_mid_job(monkeypatch):
+    # rank 1 is not dumpable: reads from it fail with EPERM, and its messages
+    # come through the ring instead, every byte intact
+    _, res = _run_p2p(2, {"ERDMA_SHM_P2P_CMA": "16K", "ERDMA_VERBOSE": "1"}, mode="refuse",
+                      extra_cmd=["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps",
+                                 "-sys_ptrace"], monkeypatch=monkeypatch)
     assert "refused" in res.stderr, res.stderr[-2000:]

@@ -70,12 +70,14 @@ typedef struct erdma_config {
   int port;                  /* 0 = ephemeral */
   int cc_algo;               /* ERDMA_CC_* (ERDMA_CC_AUTO: by path) */
   uint64_t eager_limit;      /* bytes; larger messages use RTS/CTS */
-  uint64_t shm_eager_limit;  /* bytes: a message to a rank of this host up to this size goes
-                                into its ring when it fits there now, a larger one by RTS
-                                and one CMA read (0: chosen at shm set-up, erdma_shm.c) */
+  uint64_t shm_eager_limit;  /* bytes (>= eager_limit): a message to a rank of this host up to
+                                this size goes into its ring when it fits there now, else RTS */
   uint64_t shm_bulk_cma_min; /* bytes from which a collective's block to a rank of this host
                                 goes by RTS and one CMA read even below shm_eager_limit
                                 (0: measured at shm set-up; UINT64_MAX: never) */
+  uint64_t shm_p2p_cma_min;  /* bytes from which a point-to-point message (an even context;
+                                collectives use odd ones) to a rank of this host goes by RTS
+                                and one CMA read (0: chosen at shm set-up; UINT64_MAX: never) */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   double hello_timeout;      /* seconds an accepted connection has, from its first packet, to

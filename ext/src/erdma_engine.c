@@ -57,7 +57,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->bind_addr = "127.0.0.1";
   cfg->cc_algo = ERDMA_CC_AUTO;
   cfg->eager_limit = 65536;
-  cfg->shm_eager_limit = 0; /* chosen at shm set-up (erdma_shm.c) */
+  cfg->shm_eager_limit = 1u << 20;
   cfg->idle_timeout = 60.0;
   cfg->handshake_timeout = 60.0;
   /* a real peer sends its HELLO with its first 1-RTT packet: 10 s leaves room
@@ -317,6 +317,7 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   e->cfg = *cfg;
   snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
   e->cfg.bind_addr = e->bind_addr;
+  if (e->cfg.shm_eager_limit < e->cfg.eager_limit) e->cfg.shm_eager_limit = e->cfg.eager_limit;
   if (!e->cfg.unexpected_max) e->cfg.unexpected_max = 64u << 20;
   if (!e->cfg.recv_alloc_max) {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
@@ -591,10 +592,10 @@ static int check_src(erdma_engine *e, int source) {
 }
 
 /* Whether a send of these flags may go eager at all (size limits aside). */
-static int eager_ok(const erdma_engine *e, const erdma_conn *c, uint64_t nbytes, int flags) {
+static int eager_ok(const erdma_engine *e, const erdma_conn *c, uint64_t nbytes, int flags,
+                    uint32_t ctx) {
   return !(flags & ERDMA_SEND_SYNC) &&
-         !(c->shm && (shm_bulk_by_cma(e, nbytes, flags) ||
-                      (e->shm.cma && nbytes > e->cfg.shm_eager_limit)));
+         !(c->shm && (shm_bulk_by_cma(e, nbytes, flags) || shm_p2p_by_cma(e, nbytes, ctx)));
 }
 
 int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
@@ -641,10 +642,10 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.len = nbytes;
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
-    } else if (nbytes <= conn_eager_max(p->conn) && eager_ok(e, p->conn, nbytes, flags) &&
+    } else if (nbytes <= conn_eager_max(p->conn) && eager_ok(e, p->conn, nbytes, flags, ctx) &&
                (h.type = FR_EAGER, conn_send_now(p->conn, &h, buf, nbytes))) {
       req_complete(r, 0); /* written into the channel (a local peer's ring) */
-    } else if (nbytes <= e->cfg.eager_limit && eager_ok(e, p->conn, nbytes, flags)) {
+    } else if (nbytes <= e->cfg.eager_limit && eager_ok(e, p->conn, nbytes, flags, ctx)) {
       uint8_t *copy = malloc(nbytes ? nbytes : 1);
       if (!copy) {
         req_complete(r, ERDMA_ERR_NOMEM);

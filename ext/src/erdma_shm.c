@@ -259,18 +259,23 @@ static uint64_t shm_bulk_calibrate(void) {
   return read != UINT64_MAX && read * 2 <= copy * 5 ? SHM_BULK_MIN : UINT64_MAX;
 }
 
-/* A point-to-point message to a rank of this host larger than
- * cfg.shm_eager_limit goes by RTS and one CMA read (the sender's request
- * completes once it is read); up to it, into the peer's ring.  Chosen here
- * when 0: where the calibration above finds CMA cheap and every local rank
- * has a CPU of its own, from SHM_P2P_EAGER: a one-way 16 KiB message took
- * 2.2-2.3 us by CMA against 3.1-3.3 through the ring, 64 KiB 4.0 against
- * 6.6-6.8 (Xeon, ping-pong of reused buffers), and a send blocking until
- * its receive is posted is MPICH's behaviour from these sizes too.
- * Otherwise the ring takes messages up to SHM_EAGER_MAX: a sender never
- * waits for a receiver that may not even be running. */
-#define SHM_P2P_EAGER ((uint64_t)8 << 10)
-#define SHM_EAGER_MAX ((uint64_t)1 << 20)
+/* A point-to-point message to a rank of this host from
+ * cfg.shm_p2p_cma_min bytes goes by RTS and one CMA read (the send
+ * completes once it is read); a smaller one into the peer's ring.  Chosen
+ * at set-up when 0: where the calibration above finds CMA cheap and every
+ * local rank has a CPU of its own, from SHM_P2P_CMA_MIN: a one-way 16 KiB
+ * message took 2.2-2.3 us by CMA against 3.1-3.3 through the ring, 64 KiB
+ * 4.0 against 6.6-6.8 (Xeon, ping-pong of reused buffers), and a send
+ * blocking until its receive is posted is MPICH's behaviour from these
+ * sizes too.  Otherwise never: up to shm_eager_limit the ring, where a
+ * sender need not wait for a receiver that may not even be running.  A
+ * collective's messages (odd contexts) keep their own rules. */
+#define SHM_P2P_CMA_MIN ((uint64_t)16 << 10)
+
+int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, uint32_t ctx) {
+  return !(ctx & 1) && e->shm.cma && e->cfg.shm_p2p_cma_min &&
+         nbytes >= e->cfg.shm_p2p_cma_min;
+}
 
 /* In a collective both sides are busy copying, and a block put into the
  * ring usually waits there unexpected: from cfg.shm_bulk_cma_min on, one
@@ -290,8 +295,6 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
     if (local_ranks[i] == e->cfg.rank) me = i;
   }
   if (me < 0) return ERDMA_ERR_INVAL;
-  int auto_eager = !e->cfg.shm_eager_limit;
-  if (auto_eager) e->cfg.shm_eager_limit = SHM_EAGER_MAX; /* until chosen below */
   if (nlocal == 1) return 0;
   uint64_t rb = 4096;
   while (rb < ring_bytes) rb <<= 1; /* power of two: positions wrap with a mask */
@@ -320,8 +323,15 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
               (unsigned long long)(e->cfg.shm_bulk_cma_min == UINT64_MAX
                                        ? 0 : e->cfg.shm_bulk_cma_min));
   }
-  if (auto_eager && s->cma && !s->oversub && e->cfg.shm_bulk_cma_min != UINT64_MAX)
-    e->cfg.shm_eager_limit = SHM_P2P_EAGER;
+  if (!e->cfg.shm_p2p_cma_min) {
+    e->cfg.shm_p2p_cma_min =
+        s->cma && !s->oversub && e->cfg.shm_bulk_cma_min != UINT64_MAX ? SHM_P2P_CMA_MIN
+                                                                        : UINT64_MAX;
+    if (e->cfg.verbose && e->cfg.shm_p2p_cma_min != UINT64_MAX)
+      fprintf(stderr, "erdma[%d]: a point-to-point message to a rank of this host goes by "
+                      "CMA from %llu bytes\n", e->cfg.rank,
+              (unsigned long long)e->cfg.shm_p2p_cma_min);
+  }
   s->map_len = SHM_RINGS + (size_t)nlocal * ring_stride(rb);
   seg_name(e, e->cfg.rank, s->name, sizeof s->name);
   fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -562,7 +572,8 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
   if (dest < 0 || dest >= e->cfg.size || dest == e->cfg.rank || tag < 0 ||
       nbytes > e->cfg.shm_eager_limit || (!buf && nbytes) || !e->shm.seg)
     return 0;
-  if (shm_bulk_by_cma(e, nbytes, flags)) return 0; /* erdma_isend sends it by RTS */
+  if (shm_bulk_by_cma(e, nbytes, flags) || shm_p2p_by_cma(e, nbytes, ctx))
+    return 0; /* erdma_isend sends it by RTS */
   if (pthread_mutex_trylock(&e->mu) != 0) return 0;
   int sent = 0;
   peer_info *p = &e->peers[dest];
