@@ -306,6 +306,7 @@ _req_free = lib.erdma_req_free
 _send = lib.erdma_send
 _recv = lib.erdma_recv
 _SEND_SYNC = lib.ERDMA_SEND_SYNC
+_SEND_BUFFERED = lib.ERDMA_SEND_BUFFERED
 
 #: The CPython fast path of blocking Send/Recv (ext/src/erdma_pyfast.c), or
 #: None (Python < 3.11): ``fast.send(state, buf, dest, tag)`` /
@@ -719,12 +720,13 @@ class Engine:
         return _ROUTES[out[0]]
 
     # -- point to point
-    def _post_send(self, addr, nbytes, dest, tag, ctx, sync):
+    def _post_send(self, addr, nbytes, dest, tag, ctx, sync, buffered=False):
         if _deferred:
             _reap_deferred()
         out = _new("erdma_req **")
         rc = lib.erdma_isend(self._h, _cast("void *", addr), nbytes, dest, tag, ctx,
-                             _SEND_SYNC if sync else 0, out)
+                             (_SEND_SYNC if sync else 0) | (_SEND_BUFFERED if buffered else 0),
+                             out)
         if rc:
             raise EngineError(rc, "send")
         return out[0]
@@ -737,15 +739,18 @@ class Engine:
         return out[0]
 
     def isend(self, addr: int, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
-              keep=None) -> EngineRequest:
-        return EngineRequest(self, self._post_send(addr, nbytes, dest, tag, ctx, sync), keep)
+              keep=None, buffered: bool = False) -> EngineRequest:
+        """``buffered``: complete without the receiver (Bsend) where the
+        size allows an eager message."""
+        return EngineRequest(self, self._post_send(addr, nbytes, dest, tag, ctx, sync, buffered),
+                             keep)
 
     def irecv(self, addr: int, nbytes: int, source: int, tag: int, ctx: int,
               keep=None) -> EngineRequest:
         return EngineRequest(self, self._post_recv(addr, nbytes, source, tag, ctx), keep)
 
     def send(self, addr, nbytes: int, dest: int, tag: int, ctx: int, sync: bool = False,
-             keep=None):
+             keep=None, buffered: bool = False):
         """Blocking :meth:`isend` + wait without a request object, in one
         engine call: a struct with the fields of ``erdma_status`` (as
         RawStatus).  ``addr``: an int or a pointer cdata (``buffer_pointer``).
@@ -754,7 +759,8 @@ class Engine:
             _reap_deferred()
         out = _new("erdma_blocking *")
         rc = _send(self._h, _cast("void *", addr) if type(addr) is int else addr, nbytes,
-                   dest, tag, ctx, _SEND_SYNC if sync else 0, _SLICE, out)
+                   dest, tag, ctx,
+                   (_SEND_SYNC if sync else 0) | (_SEND_BUFFERED if buffered else 0), _SLICE, out)
         if rc:
             return _blocking_rest(rc, out, addr if keep is None else keep, "send")
         return out

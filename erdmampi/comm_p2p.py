@@ -201,7 +201,7 @@ class CommP2P:
 
     # Point-to-point: engine operations (return request operations)
 
-    def _isend_op(self, buf, dest, tag, sync=False):
+    def _isend_op(self, buf, dest, tag, sync=False, buffered=False):
         addr, nbytes, keep, _ = _p2p_buffer(_null_msg(buf, dest), True)
         wdest = self._dest(dest)
         tag = self._send_tag(tag)
@@ -209,7 +209,8 @@ class CommP2P:
             return _DoneOp()
         eng = _engine_or_raise()
         try:
-            ereq = eng.isend(addr, nbytes, wdest, tag, self._ctx, sync=sync, keep=keep)
+            ereq = eng.isend(addr, nbytes, wdest, tag, self._ctx, sync=sync, keep=keep,
+                             buffered=buffered)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         return _EngineOp(ereq, _send_fields, pure=True)
@@ -228,7 +229,7 @@ class CommP2P:
         return _EngineOp(ereq, lambda raw: self._finish_fields(raw, msg) + (None,),
                          pure=msg is None or not msg.device)
 
-    def _send(self, buf, dest, tag, sync):
+    def _send(self, buf, dest, tag, sync, buffered=False):
         """Blocking send without a request (the engine's lean path)."""
         addr, nbytes, keep, _ = _p2p_buffer(_null_msg(buf, dest), True)
         wdest = self._dest(dest)
@@ -237,7 +238,7 @@ class CommP2P:
             return
         eng = _engine_or_raise()
         try:
-            st = eng.send(addr, nbytes, wdest, tag, self._ctx, sync, keep)
+            st = eng.send(addr, nbytes, wdest, tag, self._ctx, sync, keep, buffered)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         if st.error:
@@ -264,7 +265,7 @@ class CommP2P:
             if fields[2]:
                 raise_status_code(st.error)
 
-    def _isend_obj_op(self, obj, dest, tag, sync=False, data=None):
+    def _isend_obj_op(self, obj, dest, tag, sync=False, data=None, buffered=False):
         wdest = self._dest(dest)
         tag = self._send_tag(tag)
         if wdest is None:
@@ -275,7 +276,7 @@ class CommP2P:
         eng = _engine_or_raise()
         try:
             ereq = eng.isend(arr.ctypes.data if arr.size else 0, arr.nbytes, wdest, tag,
-                             self._ctx, sync=sync, keep=(data, arr))
+                             self._ctx, sync=sync, keep=(data, arr), buffered=buffered)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         return _EngineOp(ereq, lambda raw: (ANY_SOURCE, ANY_TAG, error_class(raw.error), 0,
@@ -398,8 +399,8 @@ class CommP2P:
         self._send(buf, dest, tag, False)
 
     def Bsend(self, buf, dest, tag=0):
-        """Buffered send (the engine buffers: same as Send)."""
-        self.Send(buf, dest, tag)
+        """Buffered send: completes without the receiver (the engine buffers)."""
+        self._send(buf, dest, tag, False, buffered=True)
 
     def Rsend(self, buf, dest, tag=0):
         """Ready send (same as Send)."""
@@ -674,7 +675,9 @@ class CommP2P:
         self._p2p_learn(buf, True)
         return req
 
-    Ibsend = Isend
+    def Ibsend(self, buf, dest, tag=0):
+        return Request._new(self._isend_op(buf, dest, tag, buffered=True))
+
     Irsend = Isend
 
     def Issend(self, buf, dest, tag=0):
@@ -720,7 +723,11 @@ class CommP2P:
         self._send_tag(tag)
         return Prequest._persistent(lambda: self._isend_op(buf, dest, tag))
 
-    Bsend_init = Send_init
+    def Bsend_init(self, buf, dest, tag=0):
+        self._dest(dest)
+        self._send_tag(tag)
+        return Prequest._persistent(lambda: self._isend_op(buf, dest, tag, buffered=True))
+
     Rsend_init = Send_init
 
     def Ssend_init(self, buf, dest, tag=0):
@@ -797,7 +804,9 @@ class CommP2P:
             return
         Request._new(self._isend_obj_op(obj, dest, tag, data=data)).wait()
 
-    bsend = send
+    def bsend(self, obj, dest, tag=0):
+        """Buffered send of a Python object: completes without the receiver."""
+        Request._new(self._isend_obj_op(obj, dest, tag, buffered=True)).wait()
 
     def ssend(self, obj, dest, tag=0):
         """Synchronous send of a Python object."""
@@ -828,7 +837,8 @@ class CommP2P:
     def isend(self, obj, dest, tag=0):
         return Request._new(self._isend_obj_op(obj, dest, tag))
 
-    ibsend = isend
+    def ibsend(self, obj, dest, tag=0):
+        return Request._new(self._isend_obj_op(obj, dest, tag, buffered=True))
 
     def issend(self, obj, dest, tag=0):
         return Request._new(self._isend_obj_op(obj, dest, tag, sync=True))

@@ -150,6 +150,22 @@ if n == 2:
             c.Recv(a, 0, 5)
     if r == 0:
         print("waited", waited[4096], waited[65536], flush=True)
+    # buffered sends complete without the receiver, whatever the size rule
+    a = (np.arange(65536) % 249).astype(np.uint8)
+    c.Barrier()
+    if r == 0:
+        t0 = time.perf_counter()
+        c.Bsend(a, 1, 6)
+        MPI.Request.Wait(c.Ibsend(a, 1, 7))
+        c.bsend(a.tobytes(), 1, 8)
+        assert time.perf_counter() - t0 < 0.3, "a buffered send waited for its receiver"
+    else:
+        time.sleep(0.5)
+        for t in (6, 7):
+            b = np.zeros(65536, np.uint8)
+            c.Recv(b, 0, t)
+            assert np.array_equal(b, a), ("Bsend", t)
+        assert c.recv(source=0, tag=8) == a.tobytes()
 c.Barrier()
 print(f"rank {r}: OK", flush=True)
 '''

@@ -56,6 +56,8 @@
 
 /* Send flags. */
 #define ERDMA_SEND_SYNC 1 /* complete only once the receiver matched (Ssend) */
+#define ERDMA_SEND_BUFFERED 4 /* complete without the receiver (Bsend): eager wherever the
+                                 size allows, never by the point-to-point CMA rule */
 #define ERDMA_SEND_BULK 2 /* a collective's block: to a rank of this host, from
                              cfg.shm_bulk_cma_min bytes by one CMA read, not the ring */
 
