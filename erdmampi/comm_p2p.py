@@ -676,6 +676,7 @@ class CommP2P:
         return req
 
     def Ibsend(self, buf, dest, tag=0):
+        """Nonblocking buffered send: completes without the receiver."""
         return Request._new(self._isend_op(buf, dest, tag, buffered=True))
 
     Irsend = Isend
@@ -724,6 +725,7 @@ class CommP2P:
         return Prequest._persistent(lambda: self._isend_op(buf, dest, tag))
 
     def Bsend_init(self, buf, dest, tag=0):
+        """Persistent buffered send."""
         self._dest(dest)
         self._send_tag(tag)
         return Prequest._persistent(lambda: self._isend_op(buf, dest, tag, buffered=True))
@@ -838,6 +840,7 @@ class CommP2P:
         return Request._new(self._isend_obj_op(obj, dest, tag))
 
     def ibsend(self, obj, dest, tag=0):
+        """Nonblocking buffered send of a Python object."""
         return Request._new(self._isend_obj_op(obj, dest, tag, buffered=True))
 
     def issend(self, obj, dest, tag=0):

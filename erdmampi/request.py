@@ -478,8 +478,9 @@ class Request(HandleBase):
 
     @classmethod
     def _waitall_rest(cls, requests, statuses, start):
-        """waitall of ``requests`` (a list) from index ``start`` on, the
-        ones before ended by _end_inline."""
+        """Wait for ``requests`` (a list) from index ``start`` on.
+
+        The ones before were ended by _end_inline; returns as waitall."""
         errors = []
         objs = [None] * start
         sts = _statuses(statuses, len(requests))
