@@ -446,8 +446,6 @@ class Engine:
                 raise ValueError(f"{name} must be an integer in [{lo}, {hi}], not {value!r}")
             if name == "shm_bulk_cma_min" and value == 0:
                 value = (1 << 64) - 1       # never (the engine's 0 is: measure)
-            elif name == "shm_p2p_cma_min" and value == 0:
-                value = (1 << 64) - 1       # never (the engine's 0 is: choose)
             setattr(cfg, name, value)
         bind_c = ffi.new("char[]", bind.encode())
         cfg.rank, cfg.size, cfg.bind_addr, cfg.port = rank, size, bind_c, port

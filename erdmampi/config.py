@@ -101,8 +101,7 @@ VARS_LIST = (
         "(default: measured at start-up; 0: never)", {"lo": 0}),
        ("ERDMA_SHM_P2P_CMA", "size", None, "a point-to-point message to a rank of this host "
         "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
-        "(default: 16K where such a copy is cheap and every local rank has a core, else "
-        "never; 0: never)", {"lo": 0})),
+        "(default 0: never; faster only for a buffer sent again unchanged)", {"lo": 0})),
     _v("between hosts (QUIC)",
        ("ERDMA_CC", "choice", "auto", "congestion control", {"choices": (
            "auto", "cubic", "reno", "bbr", "bbr2")}),

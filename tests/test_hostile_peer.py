@@ -351,10 +351,9 @@ def test_gibibyte_of_unexpected_eager_holds_bounded_memory(shm):
     """A sender pushing 1 GiB of eager messages that are not received yet
     grows the receiver's RSS by at most ERDMA_UNEXPECTED_MAX (16 MiB here)
     plus the stream window (4 MiB) or the shared-memory ring (2 MiB) and
-    slack; all arrive once received.  (Over shared memory such messages
-    would go by CMA reads from 16 KiB: ERDMA_SHM_P2P_CMA=0 keeps them eager.)"""
+    slack; all arrive once received."""
     env = {"ERDMA_SHM": shm, "ERDMA_UNEXPECTED_MAX": "16M", "ERDMA_STREAM_WINDOW": "4M",
-           "ERDMA_MAX_STREAM_WINDOW": "4M", "ERDMA_SHM_RING": "2M", "ERDMA_SHM_P2P_CMA": "0"}
+           "ERDMA_MAX_STREAM_WINDOW": "4M", "ERDMA_SHM_RING": "2M"}
     res = run_mpi(2, FLOOD, env=env, timeout=100)
     assert res.returncode == 0, res.stderr[-3000:]
     line = next(l for l in res.stdout.splitlines() if "HELD" in l).split()

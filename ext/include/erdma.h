@@ -79,7 +79,7 @@ typedef struct erdma_config {
                                 (0: measured at shm set-up; UINT64_MAX: never) */
   uint64_t shm_p2p_cma_min;  /* bytes from which a point-to-point message (an even context;
                                 collectives use odd ones) to a rank of this host goes by RTS
-                                and one CMA read (0: chosen at shm set-up; UINT64_MAX: never) */
+                                and one CMA read (0: never; see erdma_shm.c) */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   double hello_timeout;      /* seconds an accepted connection has, from its first packet, to

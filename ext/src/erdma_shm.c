@@ -260,18 +260,17 @@ static uint64_t shm_bulk_calibrate(void) {
 }
 
 /* A point-to-point message to a rank of this host from
- * cfg.shm_p2p_cma_min bytes goes by RTS and one CMA read (the send
- * completes once it is read); a smaller one into the peer's ring.  Chosen
- * at set-up when 0: where the calibration above finds CMA cheap and every
- * local rank has a CPU of its own, from SHM_P2P_CMA_MIN: a one-way 16 KiB
- * message took 2.2-2.3 us by CMA against 3.1-3.3 through the ring, 64 KiB
- * 4.0 against 6.6-6.8 (Xeon, ping-pong of reused buffers), and a send
- * blocking until its receive is posted is MPICH's behaviour from these
- * sizes too.  Otherwise never: up to shm_eager_limit the ring, where a
- * sender need not wait for a receiver that may not even be running.  A
- * collective's messages (odd contexts) keep their own rules. */
-#define SHM_P2P_CMA_MIN ((uint64_t)16 << 10)
-
+ * cfg.shm_p2p_cma_min bytes (0, the default: never) goes by RTS and one CMA
+ * read, the send completing once it is read; a smaller one into the peer's
+ * ring (up to shm_eager_limit).  The ring stays the default: with data the
+ * sender has just written, as programs send it, its two copies run on two
+ * cores while a CMA read pulls every line from the sender's cache on one:
+ * ping-pong one way 16 KiB 2.9-3.1 us against 5.9-6.0, 1 MiB 104-107
+ * against 171-174 (MPICH+UCX, which reads by CMA: 5.5-5.9 and 187-199).
+ * CMA is faster only when the same unchanged buffer is sent again and
+ * again (OSU's latency test), whose lines the receiver's cache still holds
+ * from the last read: 16 KiB 2.3-2.5 against 3.0-3.1.  A collective's
+ * messages (odd contexts) keep their own rules. */
 int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, uint32_t ctx) {
   return !(ctx & 1) && e->shm.cma && e->cfg.shm_p2p_cma_min &&
          nbytes >= e->cfg.shm_p2p_cma_min;
@@ -322,15 +321,6 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
               e->cfg.shm_bulk_cma_min == UINT64_MAX ? "(never) " : "",
               (unsigned long long)(e->cfg.shm_bulk_cma_min == UINT64_MAX
                                        ? 0 : e->cfg.shm_bulk_cma_min));
-  }
-  if (!e->cfg.shm_p2p_cma_min) {
-    e->cfg.shm_p2p_cma_min =
-        s->cma && !s->oversub && e->cfg.shm_bulk_cma_min != UINT64_MAX ? SHM_P2P_CMA_MIN
-                                                                        : UINT64_MAX;
-    if (e->cfg.verbose && e->cfg.shm_p2p_cma_min != UINT64_MAX)
-      fprintf(stderr, "erdma[%d]: a point-to-point message to a rank of this host goes by "
-                      "CMA from %llu bytes\n", e->cfg.rank,
-              (unsigned long long)e->cfg.shm_p2p_cma_min);
   }
   s->map_len = SHM_RINGS + (size_t)nlocal * ring_stride(rb);
   seg_name(e, e->cfg.rank, s->name, sizeof s->name);
