@@ -265,8 +265,9 @@ static uint64_t shm_bulk_calibrate(void) {
  * ring (up to shm_eager_limit).  The ring stays the default: with data the
  * sender has just written, as programs send it, its two copies run on two
  * cores while a CMA read pulls every line from the sender's cache on one:
- * ping-pong one way 16 KiB 2.9-3.1 us against 5.9-6.0, 1 MiB 104-107
- * against 171-174 (MPICH+UCX, which reads by CMA: 5.5-5.9 and 187-199).
+ * ping-pong one way, each side rewriting its buffer before it sends, 16 KiB
+ * 3.7 us against 6.2, 1 MiB 118-122 against 182-192 (MPICH+UCX, which
+ * reads by CMA: 5.8-6.1 and 176-188).
  * CMA is faster only when the same unchanged buffer is sent again and
  * again (OSU's latency test), whose lines the receiver's cache still holds
  * from the last read: 16 KiB 2.3-2.5 against 3.0-3.1.  A collective's
