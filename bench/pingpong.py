@@ -15,6 +15,16 @@ going by the warm-up). The one-way latency of a repetition is the slower of
 ranks 0 and 1's time / (2 * iters); the reported latency is the median over
 repetitions and the bandwidth is size / latency (10^9 bytes/s).
 Ranks other than 0 and 1 only take part in the barriers.
+
+``--buffers`` chooses what is sent.  ``one`` (default): each rank sends the
+buffer it has just received into, so the data is in the sender's cache, as
+in a program that forwards what it got.  ``two``: a send buffer apart from
+the receive buffer, never changed (OSU's latency test); the receiver's
+cache may still hold its lines from the last round trip, which favours a
+receiver that reads the sender's memory directly (CMA).  ``rewrite``: as
+``two``, but each rank rewrites its whole send buffer before every send,
+as a program sends data it has just computed (the rewrite is in the time,
+the same on every stack).
 """
 import argparse
 import os
@@ -34,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--min-size", type=parse_size, default=8, help="smallest message (default 8)")
     p.add_argument("--max-size", type=parse_size, default=64 * MIB,
                    help="largest message (default 64MiB)")
+    p.add_argument("--buffers", choices=("one", "two", "rewrite"), default="one",
+                   help="what is sent (see below; default one)")
     p.add_argument("--warmup", type=int, default=10,
                    help="untimed round trips per size, 1..iters (default 10)")
     p.add_argument("--budget", type=parse_size, default=32 * MIB,
@@ -50,18 +62,21 @@ def run(stack, args):
         % (stack.library(), stack.size, "bytes", "iters", "latency_us", "bandwidth_GBps"))
     for size in sizes(args.min_size, args.max_size):
         buf, view = stack.alloc(size, np.uint8)
-        if rank == 0:
-            send, recv = stack.send(buf, 1), stack.recv(buf, 1)
-
-            def step():
-                send()
-                recv()
-        elif rank == 1:
-            send, recv = stack.send(buf, 0), stack.recv(buf, 0)
-
-            def step():
-                recv()
-                send()
+        view[:] = np.arange(size) % 251                   # data, not zero pages
+        sbuf = sview = buf
+        if args.buffers != "one":
+            sbuf, sview = stack.alloc(size, np.uint8)
+            sview[:] = np.arange(size) % 241
+        touch = _rewriter(sview) if args.buffers == "rewrite" else None
+        if rank in (0, 1):
+            send, recv = stack.send(sbuf, 1 - rank), stack.recv(buf, 1 - rank)
+            if touch is None:
+                step = _step(rank, send, recv)
+            else:
+                def send_new(send=send, touch=touch):
+                    touch()
+                    send()
+                step = _step(rank, send_new, recv)
         else:
             def step():
                 pass
@@ -77,8 +92,35 @@ def run(stack, args):
             results.append(row)
             say(args, stack, "  %12d %8d %14.2f %14.4f"
                 % (size, iters, row["latency_us"], row["bandwidth_GBps"]))
-        del buf, view
+        del buf, view, sbuf, sview
     return results
+
+
+def _step(rank, send, recv):
+    """One round trip: rank 0 sends first, rank 1 answers."""
+    if rank == 0:
+        def step():
+            send()
+            recv()
+    else:
+        def step():
+            recv()
+            send()
+    return step
+
+
+def _rewriter(view):
+    """A call that rewrites every byte of ``view`` (8 bytes at a time where
+    it can): the sender's fresh data for --buffers rewrite."""
+    import numpy as np
+    words = view[:view.size // 8 * 8].view(np.uint64)
+    tail = view[words.size * 8:]
+
+    def touch():
+        np.add(words, 1, out=words)
+        if tail.size:
+            np.add(tail, 1, out=tail)
+    return touch
 
 
 def main(argv=None):

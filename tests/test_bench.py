@@ -64,6 +64,19 @@ def test_summary_ratio_against_better_peer():
     assert "| 1 MiB |" in md and "| MPICH | 1.82 |" in md
 
 
+def test_pingpong_buffer_kinds(tmp_path):
+    # two buffers (unchanged or rewritten before each send), 3 ranks (the
+    # third only in the barriers), sizes that are not a multiple of 8
+    for kind in ("two", "rewrite"):
+        out = tmp_path / f"pp-{kind}.json"
+        r = _erdmarun(3, "pingpong", "--min-size", "4", "--max-size", "12", "--buffers", kind,
+                      "--json", str(out), *QUICK)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = json.loads(out.read_text())["results"]
+        assert [row["bytes"] for row in rows] == [4, 8], rows
+        assert all(row["latency_us"] > 0 for row in rows)
+
+
 @pytest.mark.slow
 def test_pingpong_json(tmp_path):
     out = tmp_path / "pp.json"
