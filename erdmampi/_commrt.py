@@ -352,6 +352,7 @@ if _engine.fast is not None:
     _fast_rooted, _fast_remember_rooted = _engine.fast.rooted, _engine.fast.remember_rooted
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
+    _fast_recv_obj = _engine.fast.recv_obj
 else:
     _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
     _fast_remember = _fast_remember_allreduce = None
@@ -369,6 +370,9 @@ else:
     def _fast_send_bytes(*args):
         return 1
     _fast_recv_bytes = _fast_sendrecv = _fast_send_bytes
+
+    def _fast_recv_obj(state, source, tag, loads):
+        return 1
     _fast_remember_packed = None
     _fast_isend = _fast_miss4
     _fast_remember_rooted = None

@@ -7,13 +7,14 @@ collectives use them through ``self``.
 
 import operator
 import warnings
+from pickle import loads as _std_loads
 
 from .exceptions import ERR_ARG, ERR_REQUEST
 from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
     _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
-    _fast_send_bytes, _fast_sendrecv, _fast_remember_packed,
+    _fast_send_bytes, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
@@ -819,16 +820,23 @@ class CommP2P:
         if buf is not None:
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
         if buf is None and status is None:
-            # receive and copy out in one C call (_engine.fast)
-            try:
-                got = _recv_bytes_fast(self._fast or self._fast_obj_state(), source, tag)
-            except _engine.EngineError as e:
-                raise engine_exception(e) from None
-            if got is not None:
-                data, err = got
+            # receive, copy out and (an in-band pickle) load in one C call
+            pkl = self._pkl
+            loads = pkl._loads
+            r = _fast_recv_obj(self._fast or self._fast_obj_state(), source, tag,
+                               loads if loads is _std_loads else None)
+            if r != 1:
+                if len(r) == 3:
+                    if r[1]:
+                        raise_status_code(r[1])
+                    return r[0] if r[2] else pkl._decode(r[0])
+                try:
+                    data, err = _engine.fast_rest_bytes(r, "recv")
+                except _engine.EngineError as e:
+                    raise engine_exception(e) from None
                 if err:
                     raise_status_code(err)
-                return self._pkl._decode(data)
+                return pkl._decode(data)
         return _wait_blocking(self._irecv_obj_op(source, tag, buf), status)
 
     def _fast_obj_state(self):

@@ -1050,3 +1050,58 @@ print("OK", r)
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_large_p2p_buffers_take_the_c_path_without_being_kept(nprocs):
     _ok(run_mpi(nprocs, LARGE_P2P_SCRIPT, timeout=120), nprocs)
+
+
+# -- lowercase recv: received, copied out and unpickled in one C call ---------
+
+RECV_OBJ_SCRIPT = r"""
+import json
+import numpy as np
+from erdmampi import MPI
+c = MPI.COMM_WORLD
+r, n = c.Get_rank(), c.Get_size()
+peer, src = (r + 1) % n, (r - 1) % n
+# in-band pickles (loaded in C), an out-of-band frame (a large array: Python
+# decodes it), bytes that look like that frame's magic, and empty ones
+objs = [None, 0, "x", b"", {"a": [1, 2.5]}, np.arange(10), np.arange(300000.0),
+        b"\x00ERDMA5\x00zz", bytes(5000)]
+for o in objs:
+    if r % 2 == 0:
+        c.send(o, peer, 3)
+        got = c.recv(source=src, tag=3)
+    else:
+        got = c.recv(source=src, tag=3)
+        c.send(o, peer, 3)
+    same = (got == o).all() if isinstance(o, np.ndarray) else got == o
+    assert same and type(got) is type(o), (type(o), got)
+# a pickle that fails to load raises in recv, and the next message is fine
+class Bad:
+    def __reduce__(self):
+        return (int, ("not a number",))
+if r % 2 == 0:
+    c.send(Bad(), peer, 5)
+try:
+    c.recv(source=src, tag=5)
+except ValueError:
+    pass
+else:
+    raise AssertionError("no error from a failing load")
+if r % 2 == 1:
+    c.send(Bad(), peer, 5)
+c.Barrier()
+# a custom loads (not pickle.loads) gets the message as bytes
+MPI.pickle.__init__(lambda obj, *a: json.dumps(obj).encode(), lambda b: json.loads(bytes(b)))
+if r % 2 == 0:
+    c.send({"k": r}, peer, 4)
+    got = c.recv(source=src, tag=4)
+else:
+    got = c.recv(source=src, tag=4)
+    c.send({"k": r}, peer, 4)
+assert got == {"k": src}, got
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_lowercase_recv_unpickles_in_c(nprocs):
+    _ok(run_mpi(nprocs, RECV_OBJ_SCRIPT, timeout=120), nprocs)

@@ -43,7 +43,8 @@
  *     (erdma_coll_gather, _scatter, _reduce; see pf_remember_rooted).
  *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
  *     tag[, base]): a pickled object (the lowercase send / recv; with base,
- *     a message of an object collective), see below.
+ *     a message of an object collective), see below; recv_obj(state, source,
+ *     tag, loads) also unpickles an in-band pickle
  * erdma_pyfast_invalidate() retires every state (engine shutdown): they miss.
  *
  * Limited API 3.11 (the module is abi3); older Pythons get no module and
@@ -1705,6 +1706,53 @@ static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
   return Py_BuildValue("(Ni)", b, st.error);
 }
 
+/* recv_obj(state, source, tag, loads): recv_bytes of a lowercase recv that
+ * also unpickles: (obj, 0, 1) when loads (pickle.loads, or None: never
+ * here) took an in-band pickle; (payload or None, error, 0) for Python to
+ * finish (an out-of-band frame, an error); 1 miss; (rc, left) as recv. */
+static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  static const char magic[8] = {0, 'E', 'R', 'D', 'M', 'A', '5', 0}; /* msgpickle.MAGIC */
+  long src, tag;
+  pf_state *s;
+  if (n != 4 || !(s = state_of(args[0])) ||
+      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
+      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag))
+    return PyLong_FromLong(1);
+  PyObject *loads = args[3] == Py_None ? NULL : args[3];
+  erdma_req *req = NULL;
+  int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
+                       (int)tag, s->ctx, 1, &req);
+  if (rc) return Py_BuildValue("(iK)", rc, 0ull);
+  erdma_status st;
+  PyThreadState *ts = PyEval_SaveThread();
+  rc = erdma_req_wait(req, s->slice, &st);
+  while (rc == ERDMA_ERR_PEER_PENDING) { /* blocking from ANY_SOURCE: fails (ULFM) */
+    erdma_req_withdraw_failed(req);
+    rc = erdma_req_wait(req, s->slice, &st);
+  }
+  PyEval_RestoreThread(ts);
+  if (rc == ERDMA_ERR_TIMEOUT) return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req);
+  if (rc) {
+    erdma_req_abort(req);
+    erdma_req_free(req);
+    return Py_BuildValue("(iK)", rc, 0ull);
+  }
+  if (st.error) {
+    erdma_req_free(req);
+    return Py_BuildValue("(Oii)", Py_None, st.error, 0);
+  }
+  const char *d = erdma_req_data(req);
+  int here = loads && st.nbytes && !(st.nbytes >= sizeof magic && !memcmp(d, magic, sizeof magic));
+  PyObject *b = PyBytes_FromStringAndSize(d, (Py_ssize_t)st.nbytes);
+  erdma_req_free(req);
+  if (!b) return NULL;
+  if (!here) return Py_BuildValue("(Nii)", b, 0, 0);
+  PyObject *obj = PyObject_CallFunctionObjArgs(loads, b, NULL);
+  Py_DECREF(b);
+  if (!obj) return NULL;
+  return Py_BuildValue("(Nii)", obj, 0, 1);
+}
+
 static PyMethodDef pf_methods[] = {
     {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
      NULL},
@@ -1739,6 +1787,7 @@ static PyMethodDef pf_methods[] = {
     {"irecv", (PyCFunction)(void (*)(void))pf_irecv, METH_FASTCALL, NULL},
     {"send_bytes", (PyCFunction)(void (*)(void))pf_send_bytes, METH_FASTCALL, NULL},
     {"recv_bytes", (PyCFunction)(void (*)(void))pf_recv_bytes, METH_FASTCALL, NULL},
+    {"recv_obj", (PyCFunction)(void (*)(void))pf_recv_obj, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef pf_module = {PyModuleDef_HEAD_INIT, NULL, NULL, -1, pf_methods,
