@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+from pickle import loads as _std_loads
 
 import numpy as np
 
@@ -371,7 +372,7 @@ else:
         return 1
     _fast_recv_bytes = _fast_sendrecv = _fast_send_bytes
 
-    def _fast_recv_obj(state, source, tag, loads):
+    def _fast_recv_obj(state, source, tag, loads, *base):
         return 1
     _fast_remember_packed = None
     _fast_isend = _fast_miss4
@@ -416,6 +417,28 @@ def _pair_recv_bytes(comm, f, source, tag, base):
         raise_error(error_class(err), "collective receive failed: "
                     + error_text(err, "engine error"))
     return data
+
+
+def _pair_recv_obj(comm, f, source, tag, base, pkl):
+    """:func:`_pair_recv_bytes` and the object it pickles (loaded in the
+    same C call when it is an in-band pickle for pickle.loads)."""
+    loads = pkl._loads
+    r = _fast_recv_obj(f, source, tag, loads if loads is _std_loads else None, base)
+    if r == 1:
+        return pkl._decode(_pair_recv_bytes(comm, f, source, tag, base))
+    if len(r) == 2:
+        try:
+            data, err = _engine.fast_rest_bytes(r, "recv")
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+    else:
+        if r[2]:
+            return r[0]
+        data, err = r[0], r[1]
+    if err:
+        raise_error(error_class(err), "collective receive failed: "
+                    + error_text(err, "engine error"))
+    return pkl._decode(data)
 
 
 def _fast_coll_raise(r, what):

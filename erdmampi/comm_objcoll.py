@@ -4,7 +4,7 @@
 import numpy as np
 
 from ._commrt import (
-    coll, _py_op, _sum, _collsched, _CollTransport, _fast_send_bytes, _pair_recv_bytes,
+    coll, _py_op, _sum, _collsched, _CollTransport, _fast_send_bytes, _pair_recv_obj,
     _pair_send_bytes)
 
 
@@ -62,7 +62,7 @@ class CommObjColl:
                     data = pkl._encode(obj)
                     _pair_send_bytes(self, f, data, 1 - root, 0, base)
                     return pkl._decode(data)
-                return pkl._decode(_pair_recv_bytes(self, f, root, 0, base))
+                return _pair_recv_obj(self, f, root, 0, base, pkl)
             t, d, l = self._obj_transport()
             return coll.bcast_obj(t, obj, root, d, l)
 
@@ -78,7 +78,7 @@ class CommObjColl:
                 if self._rank != root:
                     _pair_send_bytes(self, f, data, root, 0, base)
                     return None
-                other = pkl._decode(_pair_recv_bytes(self, f, 1 - root, 0, base))
+                other = _pair_recv_obj(self, f, 1 - root, 0, base, pkl)
                 mine = pkl._decode(data)
                 return [mine, other] if root == 0 else [other, mine]
             t, d, l = self._obj_transport()
@@ -98,7 +98,7 @@ class CommObjColl:
                 # two ranks: _scatter_bytes's one message
                 f, base = pair
                 if self._rank != root:
-                    return pkl._decode(_pair_recv_bytes(self, f, root, 0, base))
+                    return _pair_recv_obj(self, f, root, 0, base, pkl)
                 enc = pkl._encode
                 items = [enc(x) for x in (sendobj or (None, None))]
                 _pair_send_bytes(self, f, items[1 - root], 1 - root, 0, base)
@@ -106,16 +106,16 @@ class CommObjColl:
             t, d, l = self._obj_transport()
             return coll.scatter_obj(t, sendobj, root, d, l)
 
-    def _pair_exchange(self, f, base, data):
+    def _pair_exchange(self, f, base, data, pkl):
         """A two-rank object collective's message each way (_exchange_bytes's:
         the send waited for after the receive, should it not go at once):
-        the peer's bytes."""
+        the peer's object."""
         peer = 1 - self._rank
         t = q = None
         if _fast_send_bytes(f, data, peer, 0, base):
             t = _CollTransport(self, self._ctx + 1, base)
             q = t.isend(np.frombuffer(data, dtype=np.uint8), peer, 0)
-        other = _pair_recv_bytes(self, f, peer, 0, base)
+        other = _pair_recv_obj(self, f, peer, 0, base, pkl)
         if q is not None:
             t.waitall([q])
         return other
@@ -127,7 +127,7 @@ class CommObjColl:
             if pair is not None:
                 f, base = pair
                 data = pkl._encode(sendobj)
-                other = pkl._decode(self._pair_exchange(f, base, data))
+                other = self._pair_exchange(f, base, data, pkl)
                 mine = pkl._decode(data)
                 return [mine, other] if self._rank == 0 else [other, mine]
             t, d, l = self._obj_transport()
@@ -147,7 +147,7 @@ class CommObjColl:
                 me = self._rank
                 enc = pkl._encode
                 items = [enc(x) for x in (sendobj or (None, None))]
-                other = pkl._decode(self._pair_exchange(f, base, items[1 - me]))
+                other = self._pair_exchange(f, base, items[1 - me], pkl)
                 mine = pkl._decode(items[me])
                 return [mine, other] if me == 0 else [other, mine]
             t, d, l = self._obj_transport()
@@ -169,9 +169,9 @@ class CommObjColl:
             pkl = self._pkl
             if self._rank == 1:
                 _pair_send_bytes(self, f, pkl._encode(sendobj), 0, 0, base)
-                return pkl._decode(_pair_recv_bytes(self, f, 0, 0, base))
+                return _pair_recv_obj(self, f, 0, 0, base, pkl)
             mine = pkl._decode(pkl._encode(sendobj))       # a copy, as _reduce_to_root
-            result = fn(mine, pkl._decode(_pair_recv_bytes(self, f, 1, 0, base)))
+            result = fn(mine, _pair_recv_obj(self, f, 1, 0, base, pkl))
             data = pkl._encode(result)
             _pair_send_bytes(self, f, data, 1, 0, base)
             return pkl._decode(data)

@@ -7,14 +7,13 @@ collectives use them through ``self``.
 
 import operator
 import warnings
-from pickle import loads as _std_loads
 
 from .exceptions import ERR_ARG, ERR_REQUEST
 from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
     _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
-    _fast_send_bytes, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj,
+    _fast_send_bytes, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj, _std_loads,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, Status, TAG_UB_VALUE,

@@ -1706,22 +1706,24 @@ static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
   return Py_BuildValue("(Ni)", b, st.error);
 }
 
-/* recv_obj(state, source, tag, loads): recv_bytes of a lowercase recv that
- * also unpickles: (obj, 0, 1) when loads (pickle.loads, or None: never
- * here) took an in-band pickle; (payload or None, error, 0) for Python to
- * finish (an out-of-band frame, an error); 1 miss; (rc, left) as recv. */
+/* recv_obj(state, source, tag, loads[, base]): recv_bytes of a lowercase
+ * recv (with base: an object collective's message) that also unpickles:
+ * (obj, 0, 1) when loads (pickle.loads, or None: never here) took an
+ * in-band pickle; (payload or None, error, 0) for Python to finish (an
+ * out-of-band frame, an error); 1 miss; (rc, left) as recv. */
 static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   static const char magic[8] = {0, 'E', 'R', 'D', 'M', 'A', '5', 0}; /* msgpickle.MAGIC */
   long src, tag;
+  uint32_t ctx;
   pf_state *s;
-  if (n != 4 || !(s = state_of(args[0])) ||
+  if (n < 4 || !(s = state_of(args[0])) ||
       !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag))
+      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) || !coll_tag(s, args, n, 4, &tag, &ctx))
     return PyLong_FromLong(1);
   PyObject *loads = args[3] == Py_None ? NULL : args[3];
   erdma_req *req = NULL;
   int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
-                       (int)tag, s->ctx, 1, &req);
+                       (int)tag, ctx, 1, &req);
   if (rc) return Py_BuildValue("(iK)", rc, 0ull);
   erdma_status st;
   PyThreadState *ts = PyEval_SaveThread();
