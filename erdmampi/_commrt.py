@@ -414,9 +414,24 @@ def _pair_recv_bytes(comm, f, source, tag, base):
         return _CollTransport(comm, comm._ctx + 1, base).recv_bytes(source, tag)
     data, err = got
     if err:
-        raise_error(error_class(err), "collective receive failed: "
-                    + error_text(err, "engine error"))
+        _coll_recv_error(err)
     return data
+
+
+def _coll_recv_error(err):
+    raise_error(error_class(err), "collective receive failed: "
+                + error_text(err, "engine error"))
+
+
+def _recv_obj_payload(r):
+    """A fast recv_obj's answer that is neither a miss nor a loaded object:
+    ``(payload or None, error)``, waiting on for a receive still pending."""
+    if len(r) == 3:
+        return r[0], r[1]
+    try:
+        return _engine.fast_rest_bytes(r, "recv")
+    except _engine.EngineError as e:
+        raise engine_exception(e) from None
 
 
 def _pair_recv_obj(comm, f, source, tag, base, pkl):
@@ -425,19 +440,12 @@ def _pair_recv_obj(comm, f, source, tag, base, pkl):
     loads = pkl._loads
     r = _fast_recv_obj(f, source, tag, loads if loads is _std_loads else None, base)
     if r == 1:
-        return pkl._decode(_pair_recv_bytes(comm, f, source, tag, base))
-    if len(r) == 2:
-        try:
-            data, err = _engine.fast_rest_bytes(r, "recv")
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
-    else:
-        if r[2]:
-            return r[0]
-        data, err = r[0], r[1]
+        return pkl._decode(_CollTransport(comm, comm._ctx + 1, base).recv_bytes(source, tag))
+    if len(r) == 3 and r[2]:
+        return r[0]
+    data, err = _recv_obj_payload(r)
     if err:
-        raise_error(error_class(err), "collective receive failed: "
-                    + error_text(err, "engine error"))
+        _coll_recv_error(err)
     return pkl._decode(data)
 
 

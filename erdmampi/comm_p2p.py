@@ -14,9 +14,10 @@ from ._commrt import (
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
     _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
     _fast_send_bytes, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj, _std_loads,
+    _recv_obj_payload,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
-    _reap_deferred, _recv_bytes_fast, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
+    _reap_deferred, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
     UNDEFINED, _buffers)
 
 
@@ -825,14 +826,9 @@ class CommP2P:
             r = _fast_recv_obj(self._fast or self._fast_obj_state(), source, tag,
                                loads if loads is _std_loads else None)
             if r != 1:
-                if len(r) == 3:
-                    if r[1]:
-                        raise_status_code(r[1])
-                    return r[0] if r[2] else pkl._decode(r[0])
-                try:
-                    data, err = _engine.fast_rest_bytes(r, "recv")
-                except _engine.EngineError as e:
-                    raise engine_exception(e) from None
+                if len(r) == 3 and r[2]:
+                    return r[0]
+                data, err = _recv_obj_payload(r)
                 if err:
                     raise_status_code(err)
                 return pkl._decode(data)

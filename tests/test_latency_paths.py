@@ -991,7 +991,7 @@ Comm._send_more = lambda self, *a: misses.append("send") or send_more(self, *a)
 Comm._recv_more = lambda self, *a: misses.append("recv") or recv_more(self, *a)
 peer = (r + 1) % n
 src = (r - 1) % n
-for size in (200 << 10, 3 << 20):           # CMA reads; the second above any ring limit
+for size in (200 << 10, 3 << 20):           # the second above the ring's limit (RTS)
     a = np.arange(size, dtype=np.uint8) + r
     b = np.zeros(size, np.uint8)
     del misses[:]

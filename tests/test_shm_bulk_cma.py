@@ -57,12 +57,12 @@ print(f"rank {r}: OK", flush=True)
 '''
 
 
-def _run(n, env, mode="plain", extra_cmd=None, monkeypatch=None):
+def _run(n, env, mode="plain", extra_cmd=None, monkeypatch=None, script=_SCRIPT):
     if extra_cmd:
         import harness
         orig = harness.erdmarun_cmd
         monkeypatch.setattr(harness, "erdmarun_cmd", lambda: extra_cmd + orig())
-    res = run_mpi(n, _SCRIPT, args=[mode], timeout=120, env=env)
+    res = run_mpi(n, script, args=[mode], timeout=120, env=env)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     for i in range(n):
@@ -172,15 +172,8 @@ print(f"rank {r}: OK", flush=True)
 
 
 def _run_p2p(n, env, mode="plain", extra_cmd=None, monkeypatch=None):
-    if extra_cmd:
-        import harness
-        orig = harness.erdmarun_cmd
-        monkeypatch.setattr(harness, "erdmarun_cmd", lambda: extra_cmd + orig())
-    res = run_mpi(n, _P2P_SCRIPT, args=[mode], timeout=120, env=env)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-3000:]
-    for i in range(n):
-        assert f"rank {i}: OK" in res.stdout, out[-3000:]
+    """_run of the point-to-point script: (rank 0's two waits or None, the run)."""
+    res = _run(n, env, mode, extra_cmd, monkeypatch, script=_P2P_SCRIPT)
     m = re.search(r"waited ([0-9.e-]+) ([0-9.e-]+)", res.stdout)
     return (float(m.group(1)), float(m.group(2))) if m else None, res
 

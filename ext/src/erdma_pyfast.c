@@ -1670,35 +1670,59 @@ static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
       erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx, 0) ? 0 : 1);
 }
 
+/* The receive of recv_bytes / recv_obj: args (state, source, tag, ...),
+ * a call tag base at args[at] if present.  1: completed, with *reqp (its
+ * payload allocated by the engine; erdma_req_free after) and *st; 0: done
+ * here, *res is the answer (1 miss, (rc, left) as recv, or NULL with an
+ * exception). */
+static int recv_alloc(PyObject *const *args, Py_ssize_t n, Py_ssize_t at, erdma_req **reqp,
+                      erdma_status *st, PyObject **res) {
+  long src, tag;
+  uint32_t ctx;
+  pf_state *s;
+  if (n < at || !(s = state_of(args[0])) ||
+      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
+      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) ||
+      !coll_tag(s, args, n, at, &tag, &ctx)) {
+    *res = PyLong_FromLong(1);
+    return 0;
+  }
+  erdma_req *req = NULL;
+  int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
+                       (int)tag, ctx, 1, &req);
+  if (rc) {
+    *res = Py_BuildValue("(iK)", rc, 0ull);
+    return 0;
+  }
+  PyThreadState *ts = PyEval_SaveThread();
+  rc = erdma_req_wait(req, s->slice, st);
+  while (rc == ERDMA_ERR_PEER_PENDING) { /* blocking from ANY_SOURCE: fails (ULFM) */
+    erdma_req_withdraw_failed(req);
+    rc = erdma_req_wait(req, s->slice, st);
+  }
+  PyEval_RestoreThread(ts);
+  if (rc == ERDMA_ERR_TIMEOUT) {
+    *res = Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req);
+    return 0;
+  }
+  if (rc) {
+    erdma_req_abort(req);
+    erdma_req_free(req);
+    *res = Py_BuildValue("(iK)", rc, 0ull);
+    return 0;
+  }
+  *reqp = req;
+  return 1;
+}
+
 /* recv_bytes(state, source, tag[, base]): a message of any size, as bytes:
  * (bytes or None, error) when it completed, 1 miss, or (rc, left) as recv
  * (left: the engine's alloc receive, still pending). */
 static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  long src, tag;
-  uint32_t ctx;
-  pf_state *s;
-  if (n < 3 || !(s = state_of(args[0])) ||
-      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) || !coll_tag(s, args, n, 3, &tag, &ctx))
-    return PyLong_FromLong(1);
-  erdma_req *req = NULL;
-  int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
-                       (int)tag, ctx, 1, &req);
-  if (rc) return Py_BuildValue("(iK)", rc, 0ull);
+  erdma_req *req;
   erdma_status st;
-  PyThreadState *ts = PyEval_SaveThread();
-  rc = erdma_req_wait(req, s->slice, &st);
-  while (rc == ERDMA_ERR_PEER_PENDING) { /* blocking from ANY_SOURCE: fails (ULFM) */
-    erdma_req_withdraw_failed(req);
-    rc = erdma_req_wait(req, s->slice, &st);
-  }
-  PyEval_RestoreThread(ts);
-  if (rc == ERDMA_ERR_TIMEOUT) return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req);
-  if (rc) {
-    erdma_req_abort(req);
-    erdma_req_free(req);
-    return Py_BuildValue("(iK)", rc, 0ull);
-  }
+  PyObject *res;
+  if (!recv_alloc(args, n, 3, &req, &st, &res)) return res;
   PyObject *b = st.error ? Py_NewRef(Py_None)
                          : PyBytes_FromStringAndSize(erdma_req_data(req), (Py_ssize_t)st.nbytes);
   erdma_req_free(req);
@@ -1713,32 +1737,11 @@ static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
  * out-of-band frame, an error); 1 miss; (rc, left) as recv. */
 static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   static const char magic[8] = {0, 'E', 'R', 'D', 'M', 'A', '5', 0}; /* msgpickle.MAGIC */
-  long src, tag;
-  uint32_t ctx;
-  pf_state *s;
-  if (n < 4 || !(s = state_of(args[0])) ||
-      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) || !coll_tag(s, args, n, 4, &tag, &ctx))
-    return PyLong_FromLong(1);
-  PyObject *loads = args[3] == Py_None ? NULL : args[3];
-  erdma_req *req = NULL;
-  int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
-                       (int)tag, ctx, 1, &req);
-  if (rc) return Py_BuildValue("(iK)", rc, 0ull);
+  erdma_req *req;
   erdma_status st;
-  PyThreadState *ts = PyEval_SaveThread();
-  rc = erdma_req_wait(req, s->slice, &st);
-  while (rc == ERDMA_ERR_PEER_PENDING) { /* blocking from ANY_SOURCE: fails (ULFM) */
-    erdma_req_withdraw_failed(req);
-    rc = erdma_req_wait(req, s->slice, &st);
-  }
-  PyEval_RestoreThread(ts);
-  if (rc == ERDMA_ERR_TIMEOUT) return Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req);
-  if (rc) {
-    erdma_req_abort(req);
-    erdma_req_free(req);
-    return Py_BuildValue("(iK)", rc, 0ull);
-  }
+  PyObject *res;
+  if (!recv_alloc(args, n, 4, &req, &st, &res)) return res;
+  PyObject *loads = args[3] == Py_None ? NULL : args[3];
   if (st.error) {
     erdma_req_free(req);
     return Py_BuildValue("(Oii)", Py_None, st.error, 0);

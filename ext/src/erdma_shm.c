@@ -271,10 +271,11 @@ static uint64_t shm_bulk_calibrate(void) {
  * CMA is faster only when the same unchanged buffer is sent again and
  * again (OSU's latency test), whose lines the receiver's cache still holds
  * from the last read: 16 KiB 2.3-2.5 against 3.0-3.1.  A collective's
- * messages (odd contexts) keep their own rules. */
-int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, uint32_t ctx) {
-  return !(ctx & 1) && e->shm.cma && e->cfg.shm_p2p_cma_min &&
-         nbytes >= e->cfg.shm_p2p_cma_min;
+ * messages (odd contexts) keep their own rules; a buffered send
+ * (ERDMA_SEND_BUFFERED) never waits for its receiver. */
+int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, int flags, uint32_t ctx) {
+  return !(ctx & 1) && !(flags & ERDMA_SEND_BUFFERED) && e->shm.cma &&
+         e->cfg.shm_p2p_cma_min && nbytes >= e->cfg.shm_p2p_cma_min;
 }
 
 /* In a collective both sides are busy copying, and a block put into the
@@ -563,7 +564,7 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
   if (dest < 0 || dest >= e->cfg.size || dest == e->cfg.rank || tag < 0 ||
       nbytes > e->cfg.shm_eager_limit || (!buf && nbytes) || !e->shm.seg)
     return 0;
-  if (shm_bulk_by_cma(e, nbytes, flags) || shm_p2p_by_cma(e, nbytes, ctx))
+  if (shm_bulk_by_cma(e, nbytes, flags) || shm_p2p_by_cma(e, nbytes, flags, ctx))
     return 0; /* erdma_isend sends it by RTS */
   if (pthread_mutex_trylock(&e->mu) != 0) return 0;
   int sent = 0;

@@ -58,9 +58,9 @@ int shm_cma_ok(erdma_engine *e, int peer);
 /* a send with these flags of nbytes to a local peer goes by RTS and a CMA
  * read rather than into its ring (ERDMA_SEND_BULK, cfg.shm_bulk_cma_min) */
 int shm_bulk_by_cma(const erdma_engine *e, uint64_t nbytes, int flags);
-/* 1 if a point-to-point message (context ctx) goes by CMA rather than into
- * the ring (cfg.shm_p2p_cma_min) */
-int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, uint32_t ctx);
+/* 1 if a point-to-point message (context ctx) with these send flags goes by
+ * CMA rather than into the ring (cfg.shm_p2p_cma_min) */
+int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, int flags, uint32_t ctx);
 /* CMA is on towards `peer` and a read from it has succeeded before */
 int shm_cma_read_seen(erdma_engine *e, int peer);
 int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64_t n,

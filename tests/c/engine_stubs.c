@@ -103,9 +103,10 @@ int shm_bulk_by_cma(const erdma_engine *e, uint64_t nbytes, int flags) {
   (void)flags;
   return 0;
 }
-int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, uint32_t ctx) {
+int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, int flags, uint32_t ctx) {
   (void)e;
   (void)nbytes;
+  (void)flags;
   (void)ctx;
   return 0;
 }
