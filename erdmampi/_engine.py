@@ -36,6 +36,7 @@ TUNING = {
     "sock_buf": (0, (1 << 31) - 1), "data_streams": (0, 16), "lanes": (0, 8),
     "chunk_size": (4096, 1 << 30), "shm_eager_limit": (0, 1 << 30),
     "shm_bulk_cma_min": (0, 1 << 30), "shm_p2p_cma_min": (0, 1 << 30),
+    "shm_p2p_split_min": (0, 1 << 30),
     "unexpected_max": (1 << 16, 1 << 44), "recv_alloc_max": (1, 1 << 50),
 }
 
@@ -411,6 +412,7 @@ class Engine:
         conn_window, max_stream_window, max_conn_window, sock_buf (bytes),
         data_streams (count), chunk_size (bytes), lanes (QUIC connections per
         peer on another host, 0: automatic), shm_eager_limit, shm_bulk_cma_min, shm_p2p_cma_min,
+        shm_p2p_split_min,
         unexpected_max (unexpected-message bytes held per peer before its
         sending is held back), recv_alloc_max (largest message an allocating
         receive takes) (bytes); see docs/design.md.
@@ -577,7 +579,8 @@ class Engine:
                                             "lane_chunks_sent", "lane_chunks_recv",
                                             "lanes_ready", "conns_pending", "retries_sent",
                                             "pending_dropped", "rate_reports_sent",
-                                            "rate_reports_recv")}
+                                            "rate_reports_recv", "split_recvs",
+                                            "split_pushes")}
 
     # -- message trace (tests)
     def trace_start(self, cap: int = 1 << 16) -> None:

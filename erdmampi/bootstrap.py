@@ -75,6 +75,7 @@ _TUNING_ENV = {
     "sock_buf": "ERDMA_SOCK_BUF", "data_streams": "ERDMA_DATA_STREAMS", "lanes": "ERDMA_LANES",
     "chunk_size": "ERDMA_CHUNK", "shm_eager_limit": "ERDMA_SHM_EAGER_LIMIT",
     "shm_bulk_cma_min": "ERDMA_SHM_BULK_CMA", "shm_p2p_cma_min": "ERDMA_SHM_P2P_CMA",
+    "shm_p2p_split_min": "ERDMA_SHM_P2P_SPLIT",
     "unexpected_max": "ERDMA_UNEXPECTED_MAX", "recv_alloc_max": "ERDMA_RECV_ALLOC_MAX",
 }
 

@@ -100,8 +100,12 @@ VARS_LIST = (
         "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
         "(default: measured at start-up; 0: never)", {"lo": 0}),
        ("ERDMA_SHM_P2P_CMA", "size", None, "a point-to-point message to a rank of this host "
-        "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
-        "(default 0: never; faster only for a buffer sent again unchanged)", {"lo": 0})),
+        "below ERDMA_SHM_P2P_SPLIT goes by one process_vm_readv copy of its receiver from "
+        "this size (default 0: never; faster only for a buffer sent again unchanged)",
+        {"lo": 0}),
+       ("ERDMA_SHM_P2P_SPLIT", "size", None, "a point-to-point message to a rank of this host "
+        "from this size is copied half by its receiver, half by its sender at once, with CMA "
+        "(default 16K; 0: never)", {"lo": 0})),
     _v("between hosts (QUIC)",
        ("ERDMA_CC", "choice", "auto", "congestion control", {"choices": (
            "auto", "cubic", "reno", "bbr", "bbr2")}),

@@ -20,7 +20,7 @@ import time
 from quic_peer import (HELLO, Identity, client, configuration)
 
 EAGER, RTS, CTS, DATA, CHUNK, RATE = 2, 3, 4, 5, 6, 7
-FLAG_SYNC, FLAG_CMA, FLAG_CHUNKS = 1, 2, 4
+FLAG_SYNC, FLAG_CMA, FLAG_CHUNKS, FLAG_SPLIT = 1, 2, 4, 16
 CTX = 7
 RAW = struct.Struct("<BBHIQQQ")   # type, flags, 0, ctx, bytes 8..15, len, id
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -5,8 +5,10 @@ into the ring included) give the same bytes whichever way a block goes:
 through the ring, read with CMA, or read with CMA refused by the kernel
 mid-job; the threshold is measured at start-up unless
 ERDMA_SHM_BULK_CMA sets it.  Point-to-point messages likewise from
-cfg.shm_p2p_cma_min (ERDMA_SHM_P2P_CMA, default never): a send from that
-size completes once the receiver has read it."""
+cfg.shm_p2p_cma_min (ERDMA_SHM_P2P_CMA, default never: one read by the
+receiver) and cfg.shm_p2p_split_min (ERDMA_SHM_P2P_SPLIT, default 16 KiB:
+the receiver reads the first part while the sender writes the second): a
+send from those sizes completes once the receiver has its bytes."""
 import re
 import shutil
 
@@ -137,6 +139,18 @@ for size in (4096, 16383, 16384, 65536, 300001, 1 << 20, (1 << 20) + 1):
         MPI.Request.Waitall([c.Irecv(b, src, 4), c.Issend(a, peer, 4)])
         assert np.array_equal(b, want), ("Issend", size, k)
 if n == 2:
+    # a message longer than the receive buffer: truncated, never split
+    a = (np.arange(65536) % 251).astype(np.uint8)
+    if r == 0:
+        c.Send(a, 1, 9)
+    else:
+        b = np.zeros(32768, np.uint8)
+        try:
+            c.Recv(b, 0, 9)
+            raise SystemExit("no truncation error")
+        except MPI.Exception as exc:
+            assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
+        assert np.array_equal(b, a[:32768])
     waited = {}
     for size in (4096, 65536):
         a = np.ones(size, np.uint8)
@@ -167,8 +181,17 @@ if n == 2:
             assert np.array_equal(b, a), ("Bsend", t)
         assert c.recv(source=0, tag=8) == a.tobytes()
 c.Barrier()
+from erdmampi.bootstrap import init_world
+st = init_world().stats()
+print(f"rank {r}: split {st['split_recvs']} {st['split_pushes']}", flush=True)
 print(f"rank {r}: OK", flush=True)
 '''
+
+
+def _splits(res):
+    """{rank: (receives that invited their sender, parts it pushed as sender)}"""
+    return {int(m[0]): (int(m[1]), int(m[2]))
+            for m in re.findall(r"rank (\d+): split (\d+) (\d+)", res.stdout)}
 
 
 def _run_p2p(n, env, mode="plain", extra_cmd=None, monkeypatch=None):
@@ -181,25 +204,46 @@ def _run_p2p(n, env, mode="plain", extra_cmd=None, monkeypatch=None):
 @pytest.mark.parametrize("n", [2, 3])
 def test_p2p_by_cma_from_the_threshold(n):
     # 16K: a 64 KiB send waits for its receive, a 4 KiB one goes into the
-    # ring at once
-    waited, _ = _run_p2p(n, {"ERDMA_SHM_P2P_CMA": "16K"})
+    # ring at once; no split, one read by the receiver
+    waited, res = _run_p2p(n, {"ERDMA_SHM_P2P_CMA": "16K", "ERDMA_SHM_P2P_SPLIT": "0"})
+    assert all(v == (0, 0) for v in _splits(res).values()), _splits(res)
     if n == 2:
         small, large = waited
         assert small < 0.2 and large > 0.35, waited
 
 
-@pytest.mark.parametrize("env", [{}, {"ERDMA_SHM_P2P_CMA": "0"}])
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("env", [{}, {"ERDMA_SHM_P2P_CMA": "16K", "ERDMA_SHM_P2P_SPLIT": "64K"}])
+def test_p2p_split_between_receiver_and_sender(n, env):
+    # the default (from 16 KiB), and split only from 64 KiB with one read by
+    # the receiver below: every kind of send exact, a 64 KiB send waits for
+    # its receive; a blocking sender writes its part while the receiver reads
+    waited, res = _run_p2p(n, env)
+    splits = _splits(res)
+    assert sorted(splits) == list(range(n)), res.stdout[-2000:]
+    assert all(recvs > 0 for recvs, _ in splits.values()), splits
+    if n == 2:
+        small, large = waited
+        assert small < 0.2 and large > 0.35, waited
+        assert sum(pushes for _, pushes in splits.values()) > 0, splits
+
+
+@pytest.mark.parametrize("env", [{"ERDMA_SHM_P2P_SPLIT": "0"},
+                                 {"ERDMA_SHM_P2P_CMA": "0", "ERDMA_SHM_P2P_SPLIT": "0"}])
 def test_p2p_by_cma_off(env):
-    # the default, and 0: never; every message up to the ring's limit is sent at once
-    (small, large), _ = _run_p2p(2, env)
+    # 0: never; every message up to the ring's limit is sent at once
+    (small, large), res = _run_p2p(2, env)
     assert small < 0.2 and large < 0.2, (small, large)
+    assert all(v == (0, 0) for v in _splits(res).values()), _splits(res)
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
-def test_p2p_cma_refused_mid_job(monkeypatch):
-    # rank 1 is not dumpable: reads from it fail with EPERM, and its messages
-    # come through the ring instead, every byte intact
-    _, res = _run_p2p(2, {"ERDMA_SHM_P2P_CMA": "16K", "ERDMA_VERBOSE": "1"}, mode="refuse",
+@pytest.mark.parametrize("split", ["0", "16K"])
+def test_p2p_cma_refused_mid_job(monkeypatch, split):
+    # rank 1 is not dumpable: reads from it and writes into it fail with
+    # EPERM, and its messages come through the ring instead, every byte intact
+    _, res = _run_p2p(2, {"ERDMA_SHM_P2P_CMA": "16K", "ERDMA_SHM_P2P_SPLIT": split,
+                          "ERDMA_VERBOSE": "1"}, mode="refuse",
                       extra_cmd=["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps",
                                  "-sys_ptrace"], monkeypatch=monkeypatch)
     assert "refused" in res.stderr, res.stderr[-2000:]

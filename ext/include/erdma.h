@@ -80,6 +80,9 @@ typedef struct erdma_config {
   uint64_t shm_p2p_cma_min;  /* bytes from which a point-to-point message (an even context;
                                 collectives use odd ones) to a rank of this host goes by RTS
                                 and one CMA read (0: never; see erdma_shm.c) */
+  uint64_t shm_p2p_split_min; /* bytes from which a point-to-point message to a rank of this
+                                host goes by RTS and is copied half by its receiver, half by
+                                its sender at once, with CMA (0: never; see erdma_shm.c) */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   double hello_timeout;      /* seconds an accepted connection has, from its first packet, to
@@ -172,6 +175,10 @@ typedef struct erdma_stats {
   /* RATE frames: arrival rates told to peers, and told by them (ceilings
    * on our pacing) */
   uint64_t rate_reports_sent, rate_reports_recv;
+  /* one-host point-to-point copies split between receiver and sender:
+   * receives that invited their sender, and second parts this rank wrote
+   * into a receiver's buffer as the sender */
+  uint64_t split_recvs, split_pushes;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

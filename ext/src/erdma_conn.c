@@ -345,6 +345,13 @@ static int on_header(erdma_conn *c, rx_state *x) {
       return violation(c, "a CTS for a shared-memory read over QUIC");
     if (h->id > e->next_id) return violation(c, "a CTS for a send id never issued");
     /* (an unknown id: a send cancelled meanwhile) */
+    if (h->flags & FR_FLAG_SPLIT) {
+      if (!(h->flags & FR_FLAG_CMA)) return violation(c, "a split CTS without a CMA read");
+      /* the send stays listed: the receiver's CMA CTS completes it */
+      r = list_find_id(e->rndv_send_head, h->id, src);
+      if (r) conn_push(c, r, h->len);
+      break;
+    }
     r = list_take_id(&e->rndv_send_head, &e->rndv_send_tail, h->id, src);
     if (r && (h->flags & FR_FLAG_CMA)) {
       req_complete(r, 0); /* the receiver copied it out of our memory */
@@ -1373,6 +1380,16 @@ int conn_offer(erdma_conn *c, erdma_req *r) {
 
 int conn_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
   return c->chan->take ? c->chan->take(c, dst, addr, n, sid) : -1;
+}
+
+int conn_can_split(const erdma_conn *c) { return c->chan->take_split && c->chan->push; }
+
+int conn_take_split(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
+  return c->chan->take_split ? c->chan->take_split(c, dst, addr, n, sid) : -1;
+}
+
+void conn_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
+  if (c->chan->push) c->chan->push(c, r, raddr);
 }
 
 static void for_each_conn(erdma_engine *e, void (*fn)(erdma_conn *)) {

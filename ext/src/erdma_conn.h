@@ -28,6 +28,8 @@ enum { FR_HELLO = 1, FR_EAGER = 2, FR_RTS = 3, FR_CTS = 4, FR_DATA = 5, FR_CHUNK
 #define FR_FLAG_CMA 2 /* shared memory: RTS id = sender address, aux = request id; CTS: done */
 #define FR_FLAG_CHUNKS 4 /* CTS: the payload may come as CHUNK frames on data streams */
 #define FR_FLAG_LANE 8   /* HELLO: this connection is extra lane `aux` of the sender */
+#define FR_FLAG_SPLIT 16 /* CTS with FR_FLAG_CMA: len = the receiver's buffer, whose second
+                          * part the sender may write while the receiver reads the first */
 
 typedef struct frame_hdr {
   uint8_t type, flags;
@@ -112,6 +114,13 @@ typedef struct erdma_chan {
   /* n bytes at addr of the peer's offered send `sid` into dst: 0 done; -1
    * not possible (the payload comes as frames); -2 the peer withdrew it */
   int (*take)(struct erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
+  /* the same, with the peer invited (a CTS FR_FLAG_SPLIT sent) to write the
+   * second part into dst at once (push); returns as take once both parts
+   * are in place or the copy is abandoned (nothing written into dst after) */
+  int (*take_split)(struct erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
+  /* our offered send r: write its second part to address raddr of the peer,
+   * unless the peer took it first */
+  void (*push)(struct erdma_conn *c, erdma_req *r, uint64_t raddr);
   int (*flush)(struct erdma_conn *c);     /* write what is queued, as far as it goes */
   void (*release)(struct erdma_conn *c);  /* the connection is freed */
 } erdma_chan;
@@ -229,6 +238,9 @@ uint64_t conn_eager_max(const erdma_conn *c);
 int conn_send_now(erdma_conn *c, const frame_hdr *h, const void *buf, uint64_t n);
 int conn_offer(erdma_conn *c, erdma_req *r);  /* records the channel in r->offered */
 int conn_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
+int conn_can_split(const erdma_conn *c);
+int conn_take_split(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
+void conn_push(erdma_conn *c, erdma_req *r, uint64_t raddr);
 void conn_handle_expiry_all(erdma_engine *e);
 void conn_log_paths(erdma_engine *e); /* one line per QUIC peer: cwnd, RTT, rates */
 uint64_t conn_decrypted_count(void);  /* packets authenticated by this thread so far */

@@ -58,6 +58,7 @@ void erdma_config_default(erdma_config *cfg) {
   cfg->cc_algo = ERDMA_CC_AUTO;
   cfg->eager_limit = 65536;
   cfg->shm_eager_limit = 1u << 20;
+  cfg->shm_p2p_split_min = 16u << 10; /* erdma_shm.c */
   cfg->idle_timeout = 60.0;
   cfg->handshake_timeout = 60.0;
   /* a real peer sends its HELLO with its first 1-RTT packet: 10 s leaves room

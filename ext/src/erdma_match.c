@@ -188,6 +188,26 @@ void recv_finish(erdma_req *r) {
   req_complete(r, r->nbytes > r->cap ? ERDMA_ERR_TRUNCATE : 0);
 }
 
+/* Copy the send that m offers in place into r (see erdma_chan take): a
+ * point-to-point message from cfg.shm_p2p_split_min, which fits, is copied
+ * half by us and half by its sender at once (erdma_shm.c). */
+static int take_offered(erdma_engine *e, erdma_conn *c, erdma_req *r, const erdma_msg *m) {
+  uint32_t sid = (uint32_t)m->sender_id;
+  if (!(m->ctx & 1) && e->cfg.shm_p2p_split_min && m->len >= e->cfg.shm_p2p_split_min &&
+      m->len <= r->cap && conn_can_split(c)) {
+    frame_hdr h = {0};
+    h.type = FR_CTS;
+    h.flags = FR_FLAG_CMA | FR_FLAG_SPLIT;
+    h.id = m->sender_id;
+    h.len = (uint64_t)(uintptr_t)r->buf;
+    conn_enqueue(c, &h, NULL, 0, NULL, NULL);
+    conn_flush(c);
+    e->stats.split_recvs++;
+    return conn_take_split(c, r->buf, m->cma_addr, m->len, sid);
+  }
+  return conn_take(c, r->buf, m->cma_addr, m->len < r->cap ? m->len : r->cap, sid);
+}
+
 /* Bind receive r to message m (already out of the unexpected queue). */
 void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
   if (m->rndv) {
@@ -208,9 +228,7 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
         h.len = ++e->next_id;
         conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
       }
-    } else if (m->cma && (cma = conn_take(p->conn, r->buf, m->cma_addr,
-                                          m->len < r->cap ? m->len : r->cap,
-                                          (uint32_t)m->sender_id)) == -2) {
+    } else if (m->cma && (cma = take_offered(e, p->conn, r, m)) == -2) {
       req_complete(r, ERDMA_ERR_PEER); /* the sender withdrew it (its operation failed) */
     } else if (m->cma && cma == 0) {
       h.type = FR_CTS; /* single copy done: tell the sender it may complete */

@@ -46,14 +46,18 @@
 #include "erdma_match.h"
 #include "erdma_ulfm.h"
 
-#define SHM_MAGIC 0x3230736d616d6465ull /* "edmams02" */
+#define SHM_MAGIC 0x3330736d616d6465ull /* "edmams03" */
 #define SHM_HDR 512
 /* After the header: the ids of our sends whose buffers local peers may read
  * with CMA right now (slot id % SHM_CMA_SLOTS; 0: free).  A reader checks
  * the id before and after process_vm_readv: a send withdrawn meanwhile (its
  * buffer handed back to the application) is never delivered. */
 #define SHM_CMA_SLOTS 512
-#define SHM_RINGS (SHM_HDR + SHM_CMA_SLOTS * sizeof(uint32_t))
+/* Then a claim word per slot, for a copy split between the receiver and the
+ * sender (shm_split_take): the send id << 8 | who copies the second part. */
+#define SHM_CLAIMS (SHM_HDR + SHM_CMA_SLOTS * sizeof(uint32_t))
+#define SHM_RINGS (SHM_CLAIMS + SHM_CMA_SLOTS * sizeof(uint64_t))
+enum { CLAIM_SENDER = 1, CLAIM_SENT = 2, CLAIM_FAILED = 3, CLAIM_RECEIVER = 4 };
 /* An application thread that just left an engine call (between a send and
  * the wait for the reply, say) will poll the rings itself soon: producers
  * skip the doorbell for this long after it left, and the owner's progress
@@ -114,12 +118,18 @@ static _Atomic uint32_t *cma_slot(struct shm_seg *s, uint32_t sid) {
   return (_Atomic uint32_t *)((uint8_t *)s + SHM_HDR) + sid % SHM_CMA_SLOTS;
 }
 
+static _Atomic uint64_t *cma_claim(struct shm_seg *s, uint32_t sid) {
+  return (_Atomic uint64_t *)((uint8_t *)s + SHM_CLAIMS) + sid % SHM_CMA_SLOTS;
+}
+
 /* A send of ours may be read with CMA (r->id is its id on the wire): 1 when
  * its slot was free and now names it (the caller sends a CMA RTS). */
 static int shm_cma_publish(erdma_engine *e, erdma_req *r) {
   uint32_t sid = (uint32_t)r->id, none = 0;
   if (!e->shm.seg || !sid) return 0;
   if (!atomic_compare_exchange_strong(cma_slot(e->shm.seg, sid), &none, sid)) return 0;
+  /* the RTS that follows orders this before any reader's claim */
+  atomic_store_explicit(cma_claim(e->shm.seg, sid), 0, memory_order_relaxed);
   r->cma_sid = sid;
   return 1;
 }
@@ -260,22 +270,25 @@ static uint64_t shm_bulk_calibrate(void) {
 }
 
 /* A point-to-point message to a rank of this host from
- * cfg.shm_p2p_cma_min bytes (0, the default: never) goes by RTS and one CMA
- * read, the send completing once it is read; a smaller one into the peer's
- * ring (up to shm_eager_limit).  The ring stays the default: with data the
- * sender has just written, as programs send it, its two copies run on two
- * cores while a CMA read pulls every line from the sender's cache on one:
- * ping-pong one way, each side rewriting its buffer before it sends, 16 KiB
- * 3.7 us against 6.2, 1 MiB 118-122 against 182-192 (MPICH+UCX, which
- * reads by CMA: 5.8-6.1 and 176-188).
- * CMA is faster only when the same unchanged buffer is sent again and
- * again (OSU's latency test), whose lines the receiver's cache still holds
- * from the last read: 16 KiB 2.3-2.5 against 3.0-3.1.  A collective's
- * messages (odd contexts) keep their own rules; a buffered send
- * (ERDMA_SEND_BUFFERED) never waits for its receiver. */
+ * cfg.shm_p2p_split_min bytes (default 16 KiB) goes by RTS, its receiver
+ * reading the first part with CMA while its sender writes the second
+ * (shm_split_take); from cfg.shm_p2p_cma_min (default never) below that,
+ * by one CMA read.  A send from these sizes completes once its receiver has
+ * the bytes; a smaller one goes into the peer's ring.  Ping-pong one way
+ * (bench.pingpong, 2 ranks, Xeon VM), split against the ring and
+ * MPICH+UCX, which reads by CMA: an unchanged buffer (OSU's latency test)
+ * 64 KiB 3.6 us against 6.4 and 4.2, 1 MiB 31 against 93 and 62; a buffer
+ * rewritten before each send 1 MiB 109 against 119 and 183.  The ring stays
+ * faster at 16-256 KiB when the sender has just written its data (16 KiB
+ * 4.0 against 5.8 split, MPICH 8.0): one CMA read pulls every line from the
+ * sender's cache on one core, and even split the system calls cost more
+ * than the ring's two copies on two cores.  A collective's messages (odd
+ * contexts) keep their own rules; a buffered send (ERDMA_SEND_BUFFERED)
+ * never waits for its receiver. */
 int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, int flags, uint32_t ctx) {
   return !(ctx & 1) && !(flags & ERDMA_SEND_BUFFERED) && e->shm.cma &&
-         e->cfg.shm_p2p_cma_min && nbytes >= e->cfg.shm_p2p_cma_min;
+         ((e->cfg.shm_p2p_cma_min && nbytes >= e->cfg.shm_p2p_cma_min) ||
+          (e->cfg.shm_p2p_split_min && nbytes >= e->cfg.shm_p2p_split_min));
 }
 
 /* In a collective both sides are busy copying, and a block put into the
@@ -961,6 +974,79 @@ static int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uin
   return atomic_load(live) == sid ? 0 : -2;
 }
 
+/* ---- point-to-point copies split between receiver and sender ----
+ * A CMA read pulls every line on one core.  From cfg.shm_p2p_split_min the
+ * receiver of an offered send instead sends a CTS FR_FLAG_SPLIT naming its
+ * buffer, reads the first part, and the sender (spinning in its wait, as a
+ * blocking send is) writes the second part with process_vm_writev at the
+ * same time.  Whoever claims the second part first in the sender's claim
+ * word copies it; a receiver that wins copies everything, as a plain CMA
+ * read.  The send completes only on the receiver's CMA CTS, so the slot
+ * and its claim word outlive both copies. */
+
+/* Where the receiver's part ends (the same on both sides): it starts a CTS
+ * earlier than the sender, so it takes a little more than half (ping-pong
+ * of an unchanged 16 KiB buffer 2.64 -> 2.54 us; larger messages alike). */
+#define SPLIT_LEAD ((uint64_t)2 << 10)
+static uint64_t split_at(uint64_t n) {
+  uint64_t h = (n / 2 + SPLIT_LEAD) & ~(uint64_t)63;
+  return h < n ? h : n;
+}
+
+/* The sender claimed the second part: wait (bounded by cfg.idle_timeout and
+ * the sender's life) until it wrote it or gave up.  The claim word's last
+ * value. */
+static uint64_t split_wait(erdma_engine *e, erdma_conn *c, _Atomic uint64_t *claim,
+                           uint64_t writing) {
+  uint64_t v, deadline = 0;
+  for (uint32_t spins = 1;; spins++) {
+    v = atomic_load_explicit(claim, memory_order_acquire);
+    if (v != writing) return v;
+    if (spins % 1024) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      if (e->shm.oversub) sched_yield(); /* the sender may need our core */
+      continue;
+    }
+    uint64_t now = erdma_now();
+    if (!deadline) deadline = now + (uint64_t)((e->cfg.idle_timeout > 0 ? e->cfg.idle_timeout
+                                                                          : 60.0) * 1e9);
+    if (now > deadline || (kill(c->peer_seg->pid, 0) != 0 && errno == ESRCH)) return 0;
+  }
+}
+
+/* conn take_split for a local peer (see erdma_chan). */
+static int shm_split_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
+  erdma_engine *e = c->e;
+  if (!c->shm || !c->peer_seg) return -1;
+  uint64_t h = split_at(n), tag = (uint64_t)sid << 8, v = 0;
+  _Atomic uint64_t *claim = cma_claim(c->peer_seg, sid);
+  int rv = shm_cma_read(e, c->peer, dst, addr, h, sid);
+  if (atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
+    return rv ? rv : shm_cma_read(e, c->peer, (uint8_t *)dst + h, addr + h, n - h, sid);
+  if (v == (tag | CLAIM_SENDER)) v = split_wait(e, c, claim, v);
+  if (v == (tag | CLAIM_SENT)) return atomic_load(cma_slot(c->peer_seg, sid)) == sid ? rv : -2;
+  if (v == (tag | CLAIM_FAILED) && atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
+    return rv ? rv : shm_cma_read(e, c->peer, (uint8_t *)dst + h, addr + h, n - h, sid);
+  return -2; /* withdrawn, gone or frozen */
+}
+
+/* conn push for a local peer: our send r's second part to raddr.  The
+ * address comes from the peer: a bad one fails the write (EFAULT), and the
+ * receiver then reads the part itself. */
+static void shm_split_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
+  erdma_engine *e = c->e;
+  uint32_t sid = r->cma_sid;
+  if (!sid || !e->shm.seg) return;
+  _Atomic uint64_t *claim = cma_claim(e->shm.seg, sid);
+  uint64_t tag = (uint64_t)sid << 8, none = 0, h = split_at(r->nbytes);
+  if (!atomic_compare_exchange_strong(claim, &none, tag | CLAIM_SENDER)) return;
+  int rv = shm_cma_copy(e, c->peer, (uint8_t *)r->sbuf + h, raddr + h, r->nbytes - h, 1);
+  atomic_store_explicit(claim, tag | (rv ? CLAIM_FAILED : CLAIM_SENT), memory_order_release);
+  e->stats.split_pushes += !rv;
+}
+
 /* ---- bulk copies of the one-host collectives (erdma_bulk.c) ----
  * Unlike shm_cma_read these run without e->mu, so that both processes of a
  * pair copy at once while the engine goes on. */
@@ -1051,6 +1137,8 @@ const erdma_chan erdma_shm_chan = {
     .offer = shm_chan_offer,
     .withdraw = shm_cma_release,
     .take = shm_chan_take,
+    .take_split = shm_split_take,
+    .push = shm_split_push,
     .flush = shm_chan_flush,
     .release = shm_conn_release,
 };
