@@ -347,9 +347,11 @@ static int on_header(erdma_conn *c, rx_state *x) {
     /* (an unknown id: a send cancelled meanwhile) */
     if (h->flags & FR_FLAG_SPLIT) {
       if (!(h->flags & FR_FLAG_CMA)) return violation(c, "a split CTS without a CMA read");
-      /* the send stays listed: the receiver's CMA CTS completes it */
       r = list_find_id(e->rndv_send_head, h->id, src);
-      if (r) conn_push(c, r, h->len);
+      if (r && conn_push(c, r, h->len)) { /* else the receiver's CMA CTS completes it */
+        DL_REMOVE(e->rndv_send_head, e->rndv_send_tail, r);
+        req_complete(r, 0);
+      }
       break;
     }
     r = list_take_id(&e->rndv_send_head, &e->rndv_send_tail, h->id, src);
@@ -1382,14 +1384,18 @@ int conn_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid)
   return c->chan->take ? c->chan->take(c, dst, addr, n, sid) : -1;
 }
 
-int conn_can_split(const erdma_conn *c) { return c->chan->take_split && c->chan->push; }
+/* (a sender that wrote its part waits for the receiver's mark in its
+ * segment, which a receiver without the sender's segment could not make) */
+int conn_can_split(const erdma_conn *c) {
+  return c->chan->take_split && c->chan->push && c->peer_seg;
+}
 
 int conn_take_split(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
   return c->chan->take_split ? c->chan->take_split(c, dst, addr, n, sid) : -1;
 }
 
-void conn_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
-  if (c->chan->push) c->chan->push(c, r, raddr);
+int conn_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
+  return c->chan->push ? c->chan->push(c, r, raddr) : 0;
 }
 
 static void for_each_conn(erdma_engine *e, void (*fn)(erdma_conn *)) {

@@ -116,11 +116,13 @@ typedef struct erdma_chan {
   int (*take)(struct erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
   /* the same, with the peer invited (a CTS FR_FLAG_SPLIT sent) to write the
    * second part into dst at once (push); returns as take once both parts
-   * are in place or the copy is abandoned (nothing written into dst after) */
+   * are in place or the copy is abandoned (nothing written into dst after),
+   * or 1: done, and the peer completes its send without our CTS */
   int (*take_split)(struct erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
   /* our offered send r: write its second part to address raddr of the peer,
-   * unless the peer took it first */
-  void (*push)(struct erdma_conn *c, erdma_req *r, uint64_t raddr);
+   * unless the peer took it first; 1 when r is complete (the peer has read
+   * the rest and sends no CTS), else 0 */
+  int (*push)(struct erdma_conn *c, erdma_req *r, uint64_t raddr);
   int (*flush)(struct erdma_conn *c);     /* write what is queued, as far as it goes */
   void (*release)(struct erdma_conn *c);  /* the connection is freed */
 } erdma_chan;
@@ -240,7 +242,7 @@ int conn_offer(erdma_conn *c, erdma_req *r);  /* records the channel in r->offer
 int conn_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
 int conn_can_split(const erdma_conn *c);
 int conn_take_split(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
-void conn_push(erdma_conn *c, erdma_req *r, uint64_t raddr);
+int conn_push(erdma_conn *c, erdma_req *r, uint64_t raddr);
 void conn_handle_expiry_all(erdma_engine *e);
 void conn_log_paths(erdma_engine *e); /* one line per QUIC peer: cwnd, RTT, rates */
 uint64_t conn_decrypted_count(void);  /* packets authenticated by this thread so far */

@@ -230,6 +230,8 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
       }
     } else if (m->cma && (cma = take_offered(e, p->conn, r, m)) == -2) {
       req_complete(r, ERDMA_ERR_PEER); /* the sender withdrew it (its operation failed) */
+    } else if (m->cma && cma == 1) {
+      recv_finish(r); /* the sender wrote its part and completes its send */
     } else if (m->cma && cma == 0) {
       h.type = FR_CTS; /* single copy done: tell the sender it may complete */
       h.flags = FR_FLAG_CMA;

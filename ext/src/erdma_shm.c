@@ -54,10 +54,9 @@
  * buffer handed back to the application) is never delivered. */
 #define SHM_CMA_SLOTS 512
 /* Then a claim word per slot, for a copy split between the receiver and the
- * sender (shm_split_take): the send id << 8 | who copies the second part. */
+ * sender (shm_split_take): the send id << 8 | CLAIM_* bits. */
 #define SHM_CLAIMS (SHM_HDR + SHM_CMA_SLOTS * sizeof(uint32_t))
 #define SHM_RINGS (SHM_CLAIMS + SHM_CMA_SLOTS * sizeof(uint64_t))
-enum { CLAIM_SENDER = 1, CLAIM_SENT = 2, CLAIM_FAILED = 3, CLAIM_RECEIVER = 4 };
 /* An application thread that just left an engine call (between a send and
  * the wait for the reply, say) will poll the rings itself soon: producers
  * skip the doorbell for this long after it left, and the owner's progress
@@ -128,8 +127,6 @@ static int shm_cma_publish(erdma_engine *e, erdma_req *r) {
   uint32_t sid = (uint32_t)r->id, none = 0;
   if (!e->shm.seg || !sid) return 0;
   if (!atomic_compare_exchange_strong(cma_slot(e->shm.seg, sid), &none, sid)) return 0;
-  /* the RTS that follows orders this before any reader's claim */
-  atomic_store_explicit(cma_claim(e->shm.seg, sid), 0, memory_order_relaxed);
   r->cma_sid = sid;
   return 1;
 }
@@ -977,74 +974,114 @@ static int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uin
 /* ---- point-to-point copies split between receiver and sender ----
  * A CMA read pulls every line on one core.  From cfg.shm_p2p_split_min the
  * receiver of an offered send instead sends a CTS FR_FLAG_SPLIT naming its
- * buffer, reads the first part, and the sender (spinning in its wait, as a
- * blocking send is) writes the second part with process_vm_writev at the
- * same time.  Whoever claims the second part first in the sender's claim
- * word copies it; a receiver that wins copies everything, as a plain CMA
- * read.  The send completes only on the receiver's CMA CTS, so the slot
- * and its claim word outlive both copies. */
+ * buffer and reads the first part, while the sender (spinning in its wait,
+ * as a blocking send is) writes the second part with process_vm_writev.
+ * The send's claim word in the sender's segment (its id << 8 | CLAIM_*
+ * bits) decides: whoever claims the second part first copies it, so a
+ * sender busy elsewhere leaves the whole copy to the receiver, which then
+ * completes the send with a CMA CTS as after a plain read.  A sender that
+ * wrote its part waits for the receiver's CLAIM_READ (it no longer reads
+ * the sender's buffer) and completes its send itself: no message back.
+ * A word whose id is not the send's is unclaimed (words are never reset;
+ * a slot serves every 512th send). */
+enum {
+  CLAIM_SENDER = 1,   /* the sender copies the second part */
+  CLAIM_SENT = 2,     /* ... and has written it */
+  CLAIM_FAILED = 4,   /* ... or could not: the receiver reads it */
+  CLAIM_RECEIVER = 8, /* the receiver copies everything */
+  CLAIM_READ = 16,    /* the receiver read its part (the sender may complete) */
+  CLAIM_UNREAD = 32,  /* it could not: the sender keeps its send for a CTS */
+};
+#define CLAIM_GAVE_UP UINT64_MAX /* a wait timed out or the peer is gone */
 
 /* Where the receiver's part ends (the same on both sides): it starts a CTS
  * earlier than the sender, so it takes a little more than half (ping-pong
- * of an unchanged 16 KiB buffer 2.64 -> 2.54 us; larger messages alike). */
+ * of 16 KiB, 2 KiB more: 2.57 -> 2.55 us sending an unchanged buffer, 3.86
+ * -> 3.73 sending back the one received; 4 KiB more: 2.47 and 4.06). */
 #define SPLIT_LEAD ((uint64_t)2 << 10)
 static uint64_t split_at(uint64_t n) {
   uint64_t h = (n / 2 + SPLIT_LEAD) & ~(uint64_t)63;
   return h < n ? h : n;
 }
 
-/* The sender claimed the second part: wait (bounded by cfg.idle_timeout and
- * the sender's life) until it wrote it or gave up.  The claim word's last
- * value. */
-static uint64_t split_wait(erdma_engine *e, erdma_conn *c, _Atomic uint64_t *claim,
-                           uint64_t writing) {
-  uint64_t v, deadline = 0;
+/* Spin while *w holds v: its next value, or CLAIM_GAVE_UP after
+ * cfg.idle_timeout or once process `pid` (the one that would change it)
+ * is gone.  The other side is copying at that moment, so this is short. */
+static uint64_t claim_wait(erdma_engine *e, pid_t pid, _Atomic uint64_t *w, uint64_t v) {
+  uint64_t deadline = 0;
   for (uint32_t spins = 1;; spins++) {
-    v = atomic_load_explicit(claim, memory_order_acquire);
-    if (v != writing) return v;
+    uint64_t now_v = atomic_load_explicit(w, memory_order_acquire);
+    if (now_v != v) return now_v;
     if (spins % 1024) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
-      if (e->shm.oversub) sched_yield(); /* the sender may need our core */
+      if (e->shm.oversub) sched_yield(); /* the other side may need our core */
       continue;
     }
     uint64_t now = erdma_now();
     if (!deadline) deadline = now + (uint64_t)((e->cfg.idle_timeout > 0 ? e->cfg.idle_timeout
                                                                           : 60.0) * 1e9);
-    if (now > deadline || (kill(c->peer_seg->pid, 0) != 0 && errno == ESRCH)) return 0;
+    if (now > deadline || (kill(pid, 0) != 0 && errno == ESRCH)) return CLAIM_GAVE_UP;
   }
 }
 
-/* conn take_split for a local peer (see erdma_chan). */
+/* conn take_split for a local peer (see erdma_chan): 0 done, the send to be
+ * completed by our CMA CTS; 1 done, the sender completes it; -1, -2 as take. */
 static int shm_split_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
   erdma_engine *e = c->e;
   if (!c->shm || !c->peer_seg) return -1;
-  uint64_t h = split_at(n), tag = (uint64_t)sid << 8, v = 0;
+  uint64_t h = split_at(n), tag = (uint64_t)sid << 8;
   _Atomic uint64_t *claim = cma_claim(c->peer_seg, sid);
+  uint8_t *rest = (uint8_t *)dst + h;
   int rv = shm_cma_read(e, c->peer, dst, addr, h, sid);
-  if (atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
-    return rv ? rv : shm_cma_read(e, c->peer, (uint8_t *)dst + h, addr + h, n - h, sid);
-  if (v == (tag | CLAIM_SENDER)) v = split_wait(e, c, claim, v);
-  if (v == (tag | CLAIM_SENT)) return atomic_load(cma_slot(c->peer_seg, sid)) == sid ? rv : -2;
-  if (v == (tag | CLAIM_FAILED) && atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
-    return rv ? rv : shm_cma_read(e, c->peer, (uint8_t *)dst + h, addr + h, n - h, sid);
-  return -2; /* withdrawn, gone or frozen */
+  uint64_t v = atomic_load(claim);
+  for (;;) { /* claim the rest, or tell the claiming sender we are done */
+    if (v >> 8 != sid) {
+      if (atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
+        return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
+    } else if (v & CLAIM_FAILED) {
+      return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
+    } else if (!(v & CLAIM_SENDER) || (v & (CLAIM_READ | CLAIM_UNREAD))) {
+      return -2; /* not a state this protocol makes */
+    } else if (atomic_compare_exchange_strong(claim, &v,
+                                              v | (rv ? CLAIM_UNREAD : CLAIM_READ))) {
+      break;
+    }
+  }
+  if (rv) return rv; /* the sender keeps its send: the payload comes as frames */
+  while (!(v & (CLAIM_SENT | CLAIM_FAILED))) {
+    v = claim_wait(e, c->peer_seg->pid, claim, v);
+    /* the sender moves on (and a later send may claim the word) only
+     * after CLAIM_SENT; a sender frozen or gone fails the receive */
+    if (v == CLAIM_GAVE_UP || v >> 8 != sid) return -2;
+  }
+  if (v & CLAIM_SENT) return 1;
+  return shm_cma_read(e, c->peer, rest, addr + h, n - h, sid); /* it could not write */
 }
 
-/* conn push for a local peer: our send r's second part to raddr.  The
- * address comes from the peer: a bad one fails the write (EFAULT), and the
- * receiver then reads the part itself. */
-static void shm_split_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
+/* conn push for a local peer: our send r's second part to raddr, unless the
+ * receiver claimed it.  1 when r is complete (written, and the receiver has
+ * read its part), else 0.  The address comes from the peer: a bad one fails
+ * the write (EFAULT), and the receiver then reads the part itself. */
+static int shm_split_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
   erdma_engine *e = c->e;
   uint32_t sid = r->cma_sid;
-  if (!sid || !e->shm.seg) return;
+  if (!sid || !e->shm.seg || !c->peer_seg) return 0;
   _Atomic uint64_t *claim = cma_claim(e->shm.seg, sid);
-  uint64_t tag = (uint64_t)sid << 8, none = 0, h = split_at(r->nbytes);
-  if (!atomic_compare_exchange_strong(claim, &none, tag | CLAIM_SENDER)) return;
+  uint64_t tag = (uint64_t)sid << 8, v = atomic_load(claim), h = split_at(r->nbytes);
+  do {
+    if (v >> 8 == sid) return 0; /* the receiver was first (or a second CTS) */
+  } while (!atomic_compare_exchange_weak(claim, &v, tag | CLAIM_SENDER));
   int rv = shm_cma_copy(e, c->peer, (uint8_t *)r->sbuf + h, raddr + h, r->nbytes - h, 1);
-  atomic_store_explicit(claim, tag | (rv ? CLAIM_FAILED : CLAIM_SENT), memory_order_release);
-  e->stats.split_pushes += !rv;
+  v = atomic_fetch_or(claim, rv ? CLAIM_FAILED : CLAIM_SENT) | (rv ? CLAIM_FAILED : CLAIM_SENT);
+  if (rv) return 0;
+  e->stats.split_pushes++;
+  while (!(v & (CLAIM_READ | CLAIM_UNREAD))) {
+    v = claim_wait(e, c->peer_seg->pid, claim, v);
+    if (v == CLAIM_GAVE_UP) return 0; /* the receiver fails us, or its CTS comes */
+  }
+  return (v & CLAIM_READ) != 0;
 }
 
 /* ---- bulk copies of the one-host collectives (erdma_bulk.c) ----
