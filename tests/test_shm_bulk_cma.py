@@ -139,6 +139,26 @@ for size in (4096, 16383, 16384, 65536, 300001, 1 << 20, (1 << 20) + 1):
         MPI.Request.Waitall([c.Irecv(b, src, 4), c.Issend(a, peer, 4)])
         assert np.array_equal(b, want), ("Issend", size, k)
 if n == 2:
+    # a sender busy in Python when the receiver's CTS comes: the receiver
+    # claims the whole copy, and completes the send with its CTS
+    from erdmampi.bootstrap import init_world
+    eng = init_world()
+    a = (np.arange(65536) % 241).astype(np.uint8)
+    c.Barrier()
+    before = eng.stats()
+    if r == 0:
+        req = c.Isend(a, 1, 10)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.05:
+            pass
+        req.Wait()
+    else:
+        b = np.zeros(65536, np.uint8)
+        c.Recv(b, 0, 10)
+        assert np.array_equal(b, a), "receiver-claimed split"
+    after = eng.stats()
+    print(f"rank {r}: claimed {after['split_recvs'] - before['split_recvs']} "
+          f"{after['split_pushes'] - before['split_pushes']}", flush=True)
     # a message longer than the receive buffer: truncated, never split
     a = (np.arange(65536) % 251).astype(np.uint8)
     if r == 0:
@@ -225,10 +245,10 @@ def test_p2p_split_between_receiver_and_sender(n, env):
     if n == 2:
         small, large = waited
         assert small < 0.2 and large > 0.35, waited
-        # both ways happen: senders that wrote their part, and receivers
-        # that claimed the whole copy first (a Sendrecv's two messages)
-        pushes = sum(pushes for _, pushes in splits.values())
-        assert 0 < pushes < sum(recvs for recvs, _ in splits.values()), splits
+        assert sum(pushes for _, pushes in splits.values()) > 0, splits
+        claimed = {int(m[0]): (int(m[1]), int(m[2]))
+                   for m in re.findall(r"rank (\d+): claimed (\d+) (\d+)", res.stdout)}
+        assert claimed == {0: (0, 0), 1: (1, 0)}, claimed
 
 
 @pytest.mark.parametrize("env", [{"ERDMA_SHM_P2P_SPLIT": "0"},

@@ -1028,11 +1028,12 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (sx) sx->busy++; else sp->busy++;
   if (rx) rx->busy++; else rp->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_irecv(s->e, rbuf, rlen, s->ranks[src], (int)rtag, s->ctx, 0, &rr);
-  if (!rc && sp && sp->total && !packed_direct(sp))
+  int rc = 0;
+  if (sp && sp->total && !packed_direct(sp))
     rc = erdma_pack_runs(sp->tmp.buf, sav.buf, sp->n, sp->step, sp->off, sp->ln, sp->nruns);
   if (!rc && !erdma_shm_try_send(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0))
     rc = erdma_isend(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0, &sr);
+  if (!rc) rc = erdma_irecv(s->e, rbuf, rlen, s->ranks[src], (int)rtag, s->ctx, 0, &rr);
   if (!rc) rc = erdma_req_wait(rr, s->slice, &rst);
   if (!rc && sr) rc = erdma_req_wait(sr, s->slice, &sst);
   if (rc && rc != ERDMA_ERR_TIMEOUT) {
