@@ -1006,7 +1006,9 @@ static uint64_t split_at(uint64_t n) {
 
 /* Spin while *w holds v: its next value, or CLAIM_GAVE_UP after
  * cfg.idle_timeout or once process `pid` (the one that would change it)
- * is gone.  The other side is copying at that moment, so this is short. */
+ * is gone.  The other side is copying at that moment, so this is short;
+ * our beat goes on meanwhile, so that a peer frozen mid-copy does not make
+ * us look frozen to the others. */
 static uint64_t claim_wait(erdma_engine *e, pid_t pid, _Atomic uint64_t *w, uint64_t v) {
   uint64_t deadline = 0;
   for (uint32_t spins = 1;; spins++) {
@@ -1023,6 +1025,7 @@ static uint64_t claim_wait(erdma_engine *e, pid_t pid, _Atomic uint64_t *w, uint
     if (!deadline) deadline = now + (uint64_t)((e->cfg.idle_timeout > 0 ? e->cfg.idle_timeout
                                                                           : 60.0) * 1e9);
     if (now > deadline || (kill(pid, 0) != 0 && errno == ESRCH)) return CLAIM_GAVE_UP;
+    if (e->shm.seg) atomic_fetch_add_explicit(&e->shm.seg->beat, 1, memory_order_relaxed);
   }
 }
 
