@@ -159,18 +159,22 @@ if n == 2:
     after = eng.stats()
     print(f"rank {r}: claimed {after['split_recvs'] - before['split_recvs']} "
           f"{after['split_pushes'] - before['split_pushes']}", flush=True)
-    # a message longer than the receive buffer: truncated, never split
+    # a message longer than the receive buffer: truncated, never split,
+    # nothing written past the buffer
     a = (np.arange(65536) % 251).astype(np.uint8)
+    before = eng.stats()["split_recvs"]
     if r == 0:
         c.Send(a, 1, 9)
     else:
-        b = np.zeros(32768, np.uint8)
+        guard = np.full(65536, 7, np.uint8)
         try:
-            c.Recv(b, 0, 9)
+            c.Recv(guard[:32768], 0, 9)
             raise SystemExit("no truncation error")
         except MPI.Exception as exc:
             assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
-        assert np.array_equal(b, a[:32768])
+        assert np.array_equal(guard[:32768], a[:32768])
+        assert (guard[32768:] == 7).all(), "written past the receive buffer"
+        assert eng.stats()["split_recvs"] == before, "a truncated message was split"
     waited = {}
     for size in (4096, 65536):
         a = np.ones(size, np.uint8)

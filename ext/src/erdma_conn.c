@@ -1384,10 +1384,8 @@ int conn_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid)
   return c->chan->take ? c->chan->take(c, dst, addr, n, sid) : -1;
 }
 
-/* (a sender that wrote its part waits for the receiver's mark in its
- * segment, which a receiver without the sender's segment could not make) */
 int conn_can_split(const erdma_conn *c) {
-  return c->chan->take_split && c->chan->push && c->peer_seg;
+  return c->chan->split_ok && c->chan->split_ok(c) && c->chan->take_split;
 }
 
 int conn_take_split(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {

@@ -114,6 +114,8 @@ typedef struct erdma_chan {
   /* n bytes at addr of the peer's offered send `sid` into dst: 0 done; -1
    * not possible (the payload comes as frames); -2 the peer withdrew it */
   int (*take)(struct erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid);
+  /* a message from the peer may be taken by take_split now */
+  int (*split_ok)(const struct erdma_conn *c);
   /* the same, with the peer invited (a CTS FR_FLAG_SPLIT sent) to write the
    * second part into dst at once (push); returns as take once both parts
    * are in place or the copy is abandoned (nothing written into dst after),

@@ -127,6 +127,9 @@ static int shm_cma_publish(erdma_engine *e, erdma_req *r) {
   uint32_t sid = (uint32_t)r->id, none = 0;
   if (!e->shm.seg || !sid) return 0;
   if (!atomic_compare_exchange_strong(cma_slot(e->shm.seg, sid), &none, sid)) return 0;
+  /* its claim word (shm_split_take) starts unclaimed; the RTS that follows
+   * orders this store before any reader's claim */
+  atomic_store_explicit(cma_claim(e->shm.seg, sid), (uint64_t)sid << 8, memory_order_relaxed);
   r->cma_sid = sid;
   return 1;
 }
@@ -976,21 +979,22 @@ static int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uin
  * receiver of an offered send instead sends a CTS FR_FLAG_SPLIT naming its
  * buffer and reads the first part, while the sender (spinning in its wait,
  * as a blocking send is) writes the second part with process_vm_writev.
- * The send's claim word in the sender's segment (its id << 8 | CLAIM_*
- * bits) decides: whoever claims the second part first copies it, so a
- * sender busy elsewhere leaves the whole copy to the receiver, which then
- * completes the send with a CMA CTS as after a plain read.  A sender that
- * wrote its part waits for the receiver's CLAIM_READ (it no longer reads
- * the sender's buffer) and completes its send itself: no message back.
- * A word whose id is not the send's is unclaimed (words are never reset;
- * a slot serves every 512th send). */
+ * The send's claim word in the sender's segment decides who copies the
+ * second part: the send's id << 8 (set when the send is published) plus
+ * CLAIM_* bits, each side claiming by compare-and-swap from the bare id.
+ * A receiver that claims first copies everything and completes the send
+ * with a CMA CTS, as after a plain read, so a sender busy elsewhere costs
+ * nothing.  When the sender claims, the receiver waits for CLAIM_SENT,
+ * then marks CLAIM_READ, and the sender completes its send itself, with no
+ * message back; the receiver touches the word only before that. */
 enum {
-  CLAIM_SENDER = 1,   /* the sender copies the second part */
-  CLAIM_SENT = 2,     /* ... and has written it */
-  CLAIM_FAILED = 4,   /* ... or could not: the receiver reads it */
-  CLAIM_RECEIVER = 8, /* the receiver copies everything */
-  CLAIM_READ = 16,    /* the receiver read its part (the sender may complete) */
-  CLAIM_UNREAD = 32,  /* it could not: the sender keeps its send for a CTS */
+  CLAIM_SENDER = 1,    /* the sender copies the second part */
+  CLAIM_SENT = 2,      /* ... and has written it */
+  CLAIM_FAILED = 4,    /* ... or could not: the receiver reads it, then CTS */
+  CLAIM_RECEIVER = 8,  /* the receiver copies everything, then CTS */
+  CLAIM_READ = 16,     /* the receiver saw SENT and has its part: the sender completes */
+  CLAIM_UNREAD = 32,   /* ... but could not read its part: the payload comes as frames */
+  CLAIM_ABANDONED = 64 /* the sender gave up waiting for READ: the receiver sends its CTS */
 };
 #define CLAIM_GAVE_UP UINT64_MAX /* a wait timed out or the peer is gone */
 
@@ -1004,13 +1008,19 @@ static uint64_t split_at(uint64_t n) {
   return h < n ? h : n;
 }
 
-/* Spin while *w holds v: its next value, or CLAIM_GAVE_UP after
- * cfg.idle_timeout or once process `pid` (the one that would change it)
- * is gone.  The other side is copying at that moment, so this is short;
- * our beat goes on meanwhile, so that a peer frozen mid-copy does not make
- * us look frozen to the others. */
-static uint64_t claim_wait(erdma_engine *e, pid_t pid, _Atomic uint64_t *w, uint64_t v) {
-  uint64_t deadline = 0;
+/* The deadline of a split copy's waits: cfg.idle_timeout from now, as for
+ * a silent peer. */
+static uint64_t claim_deadline(const erdma_engine *e) {
+  return erdma_now() + (uint64_t)((e->cfg.idle_timeout > 0 ? e->cfg.idle_timeout : 60.0) * 1e9);
+}
+
+/* Spin while *w holds v: its next value, or CLAIM_GAVE_UP past `deadline`
+ * or once process `pid` (the one that would change it) is gone.  The other
+ * side is copying at that moment, so this is short; our beat goes on
+ * meanwhile, so that a peer frozen mid-copy does not make us look frozen
+ * to the others. */
+static uint64_t claim_wait(erdma_engine *e, pid_t pid, _Atomic uint64_t *w, uint64_t v,
+                           uint64_t deadline) {
   for (uint32_t spins = 1;; spins++) {
     uint64_t now_v = atomic_load_explicit(w, memory_order_acquire);
     if (now_v != v) return now_v;
@@ -1021,70 +1031,77 @@ static uint64_t claim_wait(erdma_engine *e, pid_t pid, _Atomic uint64_t *w, uint
       if (e->shm.oversub) sched_yield(); /* the other side may need our core */
       continue;
     }
-    uint64_t now = erdma_now();
-    if (!deadline) deadline = now + (uint64_t)((e->cfg.idle_timeout > 0 ? e->cfg.idle_timeout
-                                                                          : 60.0) * 1e9);
-    if (now > deadline || (kill(pid, 0) != 0 && errno == ESRCH)) return CLAIM_GAVE_UP;
+    if (erdma_now() > deadline || (kill(pid, 0) != 0 && errno == ESRCH)) return CLAIM_GAVE_UP;
     if (e->shm.seg) atomic_fetch_add_explicit(&e->shm.seg->beat, 1, memory_order_relaxed);
   }
 }
 
 /* conn take_split for a local peer (see erdma_chan): 0 done, the send to be
- * completed by our CMA CTS; 1 done, the sender completes it; -1, -2 as take. */
+ * completed by our CMA CTS; 1 done, the sender completes it; -1, -2 as
+ * take.  A sender frozen mid-write for cfg.idle_timeout fails the receive
+ * (-2), as a frozen peer is failed. */
 static int shm_split_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
   erdma_engine *e = c->e;
   if (!c->shm || !c->peer_seg) return -1;
-  uint64_t h = split_at(n), tag = (uint64_t)sid << 8;
+  uint64_t h = split_at(n), tag = (uint64_t)sid << 8, v = tag;
   _Atomic uint64_t *claim = cma_claim(c->peer_seg, sid);
   uint8_t *rest = (uint8_t *)dst + h;
   int rv = shm_cma_read(e, c->peer, dst, addr, h, sid);
-  uint64_t v = atomic_load(claim);
-  for (;;) { /* claim the rest, or tell the claiming sender we are done */
-    if (v >> 8 != sid) {
-      if (atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
-        return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
-    } else if (v & CLAIM_FAILED) {
-      return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
-    } else if (!(v & CLAIM_SENDER) || (v & (CLAIM_READ | CLAIM_UNREAD))) {
-      return -2; /* not a state this protocol makes */
-    } else if (atomic_compare_exchange_strong(claim, &v,
-                                              v | (rv ? CLAIM_UNREAD : CLAIM_READ))) {
-      break;
-    }
+  if (atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
+    return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
+  if (v >> 8 != sid || !(v & CLAIM_SENDER)) return -2; /* withdrawn, or not this protocol */
+  /* the sender claimed the rest: wait until it is written (or not) */
+  uint64_t deadline = claim_deadline(e);
+  while (v >> 8 == sid && !(v & (CLAIM_SENT | CLAIM_FAILED)))
+    if ((v = claim_wait(e, c->peer_seg->pid, claim, v, deadline)) == CLAIM_GAVE_UP) return -2;
+  if (v >> 8 != sid) return -2;
+  if (v & CLAIM_FAILED) /* the sender waits for our CTS */
+    return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
+  /* SENT: our part read, the sender completes; else our CTS decides (an
+   * honest sender changes the word at most once more: ABANDONED) */
+  for (int tries = 0; tries < 8; tries++) {
+    if (v >> 8 != sid) return -2;
+    if (v & CLAIM_ABANDONED) return rv;
+    if (atomic_compare_exchange_strong(claim, &v, v | (rv ? CLAIM_UNREAD : CLAIM_READ)))
+      return rv ? rv : 1;
   }
-  if (rv) return rv; /* the sender keeps its send: the payload comes as frames */
-  while (!(v & (CLAIM_SENT | CLAIM_FAILED))) {
-    v = claim_wait(e, c->peer_seg->pid, claim, v);
-    /* the sender moves on (and a later send may claim the word) only
-     * after CLAIM_SENT; a sender frozen or gone fails the receive */
-    if (v == CLAIM_GAVE_UP || v >> 8 != sid) return -2;
-  }
-  if (v & CLAIM_SENT) return 1;
-  return shm_cma_read(e, c->peer, rest, addr + h, n - h, sid); /* it could not write */
+  return -2;
 }
 
 /* conn push for a local peer: our send r's second part to raddr, unless the
  * receiver claimed it.  1 when r is complete (written, and the receiver has
- * read its part), else 0.  The address comes from the peer: a bad one fails
- * the write (EFAULT), and the receiver then reads the part itself. */
+ * its part), else 0 (a CTS completes it).  The address comes from the
+ * peer: a bad one fails the write (EFAULT), and the receiver then reads
+ * the part itself. */
 static int shm_split_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
   erdma_engine *e = c->e;
   uint32_t sid = r->cma_sid;
   if (!sid || !e->shm.seg || !c->peer_seg) return 0;
   _Atomic uint64_t *claim = cma_claim(e->shm.seg, sid);
-  uint64_t tag = (uint64_t)sid << 8, v = atomic_load(claim), h = split_at(r->nbytes);
-  do {
-    if (v >> 8 == sid) return 0; /* the receiver was first (or a second CTS) */
-  } while (!atomic_compare_exchange_weak(claim, &v, tag | CLAIM_SENDER));
+  uint64_t tag = (uint64_t)sid << 8, v = tag, h = split_at(r->nbytes);
+  if (!atomic_compare_exchange_strong(claim, &v, tag | CLAIM_SENDER))
+    return 0; /* the receiver was first (or a second CTS) */
   int rv = shm_cma_copy(e, c->peer, (uint8_t *)r->sbuf + h, raddr + h, r->nbytes - h, 1);
   v = atomic_fetch_or(claim, rv ? CLAIM_FAILED : CLAIM_SENT) | (rv ? CLAIM_FAILED : CLAIM_SENT);
   if (rv) return 0;
   e->stats.split_pushes++;
-  while (!(v & (CLAIM_READ | CLAIM_UNREAD))) {
-    v = claim_wait(e, c->peer_seg->pid, claim, v);
-    if (v == CLAIM_GAVE_UP) return 0; /* the receiver fails us, or its CTS comes */
+  uint64_t deadline = claim_deadline(e);
+  for (int tries = 0; !(v & (CLAIM_READ | CLAIM_UNREAD));) {
+    uint64_t w = claim_wait(e, c->peer_seg->pid, claim, v, deadline);
+    if (w != CLAIM_GAVE_UP) {
+      v = w;
+    } else if (atomic_compare_exchange_strong(claim, &v, v | CLAIM_ABANDONED) ||
+               ++tries == 8) {
+      return 0; /* the receiver, if it comes back, answers with its CTS */
+    }
   }
   return (v & CLAIM_READ) != 0;
+}
+
+/* conn split_ok for a local peer: both sides can reach the claim word, and
+ * our CMA reads have not been refused. */
+static int shm_split_ok(const erdma_conn *c) {
+  return c->peer_seg && __atomic_load_n(&c->e->shm.cma, __ATOMIC_RELAXED);
 }
 
 /* ---- bulk copies of the one-host collectives (erdma_bulk.c) ----
@@ -1177,6 +1194,7 @@ const erdma_chan erdma_shm_chan = {
     .offer = shm_chan_offer,
     .withdraw = shm_cma_release,
     .take = shm_chan_take,
+    .split_ok = shm_split_ok,
     .take_split = shm_split_take,
     .push = shm_split_push,
     .flush = shm_chan_flush,

@@ -8,6 +8,9 @@
  * defines are left out, and what it needs besides (ULFM, NAT, the UDP
  * backend, the rest of shared memory, TLS identities) is stubbed instead.
  *
+ * With -DERDMA_STUBS_WITH_SHM too, erdma_shm.c is the test's own (it
+ * includes the file to reach its static functions).
+ *
  * Behaviour: no connection is shared-memory local (every one has the QUIC
  * channel, which reads nothing in place; a test may give one another
  * channel), TLS identities fail, and nothing is ever sent on a socket:
@@ -49,8 +52,10 @@ void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, i
 /* ---- erdma_nat.c, erdma_ulfm.c, erdma_shm.c ---- */
 uint64_t nat_keepalive_ns(erdma_engine *e) { (void)e; return 0; }
 void ulfm_note_failure(erdma_engine *e, int peer) { (void)e; (void)peer; }
+#ifndef ERDMA_STUBS_WITH_SHM
 int shm_is_local(erdma_engine *e, int rank) { (void)e; (void)rank; return -1; }
 void shm_wake_waiters(erdma_engine *e) { (void)e; }
+#endif
 
 #ifdef ERDMA_STUBS_WITH_ENGINE
 /* ---- what erdma_engine.c needs besides ---- */
@@ -76,6 +81,7 @@ size_t pktio_udp_path_payload(erdma_engine *e, const struct sockaddr_storage *to
   (void)e; (void)to; (void)tolen;
   return 0;
 }
+#ifndef ERDMA_STUBS_WITH_SHM /* (a test that includes erdma_shm.c) */
 int shm_attach_peers(erdma_engine *e) { (void)e; return 0; }
 int shm_poll(erdma_engine *e) { (void)e; return 0; }
 int shm_poll_rings(erdma_engine *e) { (void)e; return 0; }
@@ -111,6 +117,7 @@ int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, int flags, uint32_t c
   return 0;
 }
 int shm_cma_publish(erdma_engine *e, erdma_req *r) { (void)e; (void)r; return 0; }
+#endif
 int tls_identity_new(erdma_engine *e) { (void)e; return ERDMA_ERR_TLS; }
 void tls_identity_free(erdma_engine *e) { (void)e; }
 #endif
