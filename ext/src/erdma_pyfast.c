@@ -845,7 +845,9 @@ static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 
 /* sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): the
  * remembered send and receive specs, a rank (not ANY_SOURCE) on each side.
- * The receive is posted first, as in MPI_Sendrecv.  Answers 1 (miss:
+ * The send is posted first: a receive matched meanwhile then sees it and
+ * reads the peer's message whole rather than splitting the copy with a peer
+ * busy reading ours (erdma_match.c take_offered).  Answers 1 (miss:
  * nothing done); (rerr, world source, tag, nbytes, serr) when both
  * completed; or (rc, rleft, sleft): rc ERDMA_ERR_TIMEOUT with the requests
  * still to wait for after `slice` seconds (0: none), any other rc an error

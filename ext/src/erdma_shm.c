@@ -277,10 +277,10 @@ static uint64_t shm_bulk_calibrate(void) {
  * the bytes; a smaller one goes into the peer's ring.  Ping-pong one way
  * (bench.pingpong, 2 ranks, Xeon VM), split against the ring and
  * MPICH+UCX, which reads by CMA: an unchanged buffer (OSU's latency test)
- * 64 KiB 3.6 us against 6.4 and 4.2, 1 MiB 31 against 93 and 62; a buffer
- * rewritten before each send 1 MiB 109 against 119 and 183.  The ring stays
+ * 64 KiB 3.5 us against 6.5 and 4.0, 1 MiB 31 against 94 and 57; a buffer
+ * rewritten before each send 1 MiB 109 against 118 and 175.  The ring stays
  * faster at 16-256 KiB when the sender has just written its data (16 KiB
- * 4.0 against 5.8 split, MPICH 8.0): one CMA read pulls every line from the
+ * 4.2 against 6.2 split, MPICH 7.9): one CMA read pulls every line from the
  * sender's cache on one core, and even split the system calls cost more
  * than the ring's two copies on two cores.  A collective's messages (odd
  * contexts) keep their own rules; a buffered send (ERDMA_SEND_BUFFERED)
@@ -1045,18 +1045,15 @@ static int shm_split_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, u
   if (!c->shm || !c->peer_seg) return -1;
   uint64_t h = split_at(n), tag = (uint64_t)sid << 8, v = tag;
   _Atomic uint64_t *claim = cma_claim(c->peer_seg, sid);
-  uint8_t *rest = (uint8_t *)dst + h;
   int rv = shm_cma_read(e, c->peer, dst, addr, h, sid);
-  if (atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER))
-    return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
+  if (atomic_compare_exchange_strong(claim, &v, tag | CLAIM_RECEIVER)) goto rest;
   if (v >> 8 != sid || !(v & CLAIM_SENDER)) return -2; /* withdrawn, or not this protocol */
   /* the sender claimed the rest: wait until it is written (or not) */
   uint64_t deadline = claim_deadline(e);
   while (v >> 8 == sid && !(v & (CLAIM_SENT | CLAIM_FAILED)))
     if ((v = claim_wait(e, c->peer_seg->pid, claim, v, deadline)) == CLAIM_GAVE_UP) return -2;
   if (v >> 8 != sid) return -2;
-  if (v & CLAIM_FAILED) /* the sender waits for our CTS */
-    return rv ? rv : shm_cma_read(e, c->peer, rest, addr + h, n - h, sid);
+  if (v & CLAIM_FAILED) goto rest; /* the sender waits for our CTS */
   /* SENT: our part read, the sender completes; else our CTS decides (an
    * honest sender changes the word at most once more: ABANDONED) */
   for (int tries = 0; tries < 8; tries++) {
@@ -1066,6 +1063,8 @@ static int shm_split_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, u
       return rv ? rv : 1;
   }
   return -2;
+rest: /* the second part is ours to read too */
+  return rv ? rv : shm_cma_read(e, c->peer, (uint8_t *)dst + h, addr + h, n - h, sid);
 }
 
 /* conn push for a local peer: our send r's second part to raddr, unless the

@@ -59,7 +59,8 @@ int shm_cma_ok(erdma_engine *e, int peer);
  * read rather than into its ring (ERDMA_SEND_BULK, cfg.shm_bulk_cma_min) */
 int shm_bulk_by_cma(const erdma_engine *e, uint64_t nbytes, int flags);
 /* 1 if a point-to-point message (context ctx) with these send flags goes by
- * CMA rather than into the ring (cfg.shm_p2p_cma_min) */
+ * RTS and CMA rather than into the ring (cfg.shm_p2p_split_min,
+ * cfg.shm_p2p_cma_min) */
 int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, int flags, uint32_t ctx);
 /* CMA is on towards `peer` and a read from it has succeeded before */
 int shm_cma_read_seen(erdma_engine *e, int peer);

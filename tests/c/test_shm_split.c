@@ -163,12 +163,18 @@ static void *receiver_marks(void *arg) {
   return NULL;
 }
 
+/* shm_split_push's answer while a thread plays the receiver marking `mark` */
+static int push_against(uint64_t mark) {
+  pthread_t t;
+  pthread_create(&t, NULL, receiver_marks, (void *)(uintptr_t)mark);
+  int rv = shm_split_push(&C, &R, (uintptr_t)DST);
+  pthread_join(t, NULL);
+  return rv;
+}
+
 TEST(sender_writes_its_part_and_completes_once_the_receiver_marks_read) {
   setup(2.0);
-  pthread_t t;
-  pthread_create(&t, NULL, receiver_marks, (void *)(uintptr_t)CLAIM_READ);
-  CHECK_EQ(shm_split_push(&C, &R, (uintptr_t)DST), 1);
-  pthread_join(t, NULL);
+  CHECK_EQ(push_against(CLAIM_READ), 1);
   uint64_t h = split_at(N);
   CHECK(all_zero(DST, h));
   CHECK_MEM(DST + h, SRC + h, N - h);
@@ -178,10 +184,7 @@ TEST(sender_writes_its_part_and_completes_once_the_receiver_marks_read) {
 
 TEST(sender_keeps_its_send_when_the_receiver_could_not_read) {
   setup(2.0);
-  pthread_t t;
-  pthread_create(&t, NULL, receiver_marks, (void *)(uintptr_t)CLAIM_UNREAD);
-  CHECK_EQ(shm_split_push(&C, &R, (uintptr_t)DST), 0);
-  pthread_join(t, NULL);
+  CHECK_EQ(push_against(CLAIM_UNREAD), 0);
 }
 
 TEST(sender_gives_up_on_a_silent_receiver_and_marks_it) {
