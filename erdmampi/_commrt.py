@@ -353,7 +353,8 @@ if _engine.fast is not None:
     _fast_rooted, _fast_remember_rooted = _engine.fast.rooted, _engine.fast.remember_rooted
     _fast_remember_allreduce = _engine.fast.remember_allreduce
     _fast_send_bytes, _fast_recv_bytes = _engine.fast.send_bytes, _engine.fast.recv_bytes
-    _fast_recv_obj = _engine.fast.recv_obj
+    _fast_recv_obj, _fast_send_obj = _engine.fast.recv_obj, _engine.fast.send_obj
+    _FastMore, _fast_pair_obj = _engine.fast.More, _engine.fast.pair_obj
 else:
     _fast_send = _fast_recv = _fast_allreduce = _fast_recv_status = _fast_miss4
     _fast_remember = _fast_remember_allreduce = None
@@ -370,10 +371,16 @@ else:
 
     def _fast_send_bytes(*args):
         return 1
-    _fast_recv_bytes = _fast_sendrecv = _fast_send_bytes
+    _fast_recv_bytes = _fast_sendrecv = _fast_send_obj = _fast_send_bytes
 
-    def _fast_recv_obj(state, source, tag, loads, *base):
-        return 1
+    class _FastMore:
+        value = 1
+
+    def _fast_recv_obj(state, source, tag, loads, *base, _miss=_FastMore()):
+        return _miss
+
+    def _fast_pair_obj(state, send, own, recv, wire, loads, nothing, _miss=_FastMore()):
+        return _miss
     _fast_remember_packed = None
     _fast_isend = _fast_miss4
     _fast_remember_rooted = None
@@ -424,10 +431,10 @@ def _coll_recv_error(err):
 
 
 def _recv_obj_payload(r):
-    """A fast recv_obj's answer that is neither a miss nor a loaded object:
+    """The value of a fast recv_obj's More that is not a miss:
     ``(payload or None, error)``, waiting on for a receive still pending."""
-    if len(r) == 3:
-        return r[0], r[1]
+    if type(r[0]) is not int:
+        return r
     try:
         return _engine.fast_rest_bytes(r, "recv")
     except _engine.EngineError as e:
@@ -439,10 +446,11 @@ def _pair_recv_obj(comm, f, source, tag, base, pkl):
     same C call when it is an in-band pickle for pickle.loads)."""
     loads = pkl._loads
     r = _fast_recv_obj(f, source, tag, loads if loads is _std_loads else None, base)
+    if r.__class__ is not _FastMore:
+        return r
+    r = r.value
     if r == 1:
         return pkl._decode(_CollTransport(comm, comm._ctx + 1, base).recv_bytes(source, tag))
-    if len(r) == 3 and r[2]:
-        return r[0]
     data, err = _recv_obj_payload(r)
     if err:
         _coll_recv_error(err)

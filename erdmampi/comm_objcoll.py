@@ -4,8 +4,11 @@
 import numpy as np
 
 from ._commrt import (
-    coll, _py_op, _sum, _collsched, _CollTransport, _fast_send_bytes, _pair_recv_obj,
-    _pair_send_bytes)
+    coll, _py_op, _sum, _collsched, _CollTransport, _fast_pair_obj, _fast_send_bytes,
+    _FastMore, _coll_recv_error, _pair_recv_obj, _pair_send_bytes, _recv_obj_payload,
+    _std_loads)
+
+_NOTHING = object()     # pair_obj: no object to send / to copy
 
 
 class CommObjColl:
@@ -49,8 +52,58 @@ class CommObjColl:
         _collsched.notify_started()
         return f, base
 
+    def _pair_obj(self, key, send, own, recv):
+        """A two-rank object collective in one C call (_engine.fast's
+        pair_obj; ``send`` / ``own``: the object for the other rank / to
+        copy, or _NOTHING; ``recv``: whether the other rank sends one): its
+        answer, or _NOTHING when the general path must run (nothing done)."""
+        pkl = self._pkl
+        loads = pkl._loads
+        with self._objlock(key):
+            r = _fast_pair_obj(self._fast, send, own, recv, pkl._wire,
+                               loads if loads is _std_loads else None, _NOTHING)
+            if r.__class__ is not _FastMore:
+                return r
+            r = r.value
+            if r == 1:
+                return _NOTHING
+            # what pair_obj left: a send (not yet sent: nothing received
+            # either), the receive's payload or pending request, the copy
+            base, sdata, odata, got = r
+            f, other = self._fast, None
+            if sdata is not None:
+                if recv:
+                    other = self._pair_exchange(f, base, sdata, pkl)
+                else:
+                    _pair_send_bytes(self, f, sdata, 1 - self._rank, 0, base)
+            elif got is not None:
+                data, err = _recv_obj_payload(got)
+                if err:
+                    _coll_recv_error(err)
+                other = pkl._decode(data)
+            elif recv:
+                other = _pair_recv_obj(self, f, 1 - self._rank, 0, base, pkl)
+        if odata is None:
+            return other if recv else None
+        mine = pkl._decode(odata)
+        if not recv:
+            return mine
+        return [mine, other] if self._rank == 0 else [other, mine]
+
+    def _pair_ok(self, root=0):
+        """Whether _pair_obj may take this call: two ranks with a fast
+        state, a root in 0..1, not inside a nonblocking collective's thread."""
+        return (root.__class__ is int and 0 <= root <= 1 and not _collsched._icoll_running
+                and (self._fast or self._fast_obj_state()) is not None
+                and len(self._ranks) == 2)
+
     def bcast(self, obj, root=0):
         """Broadcast a Python object from ``root``."""
+        if self._pair_ok(root):
+            r = (self._pair_obj("bcast", obj, obj, False) if self._rank == root
+                 else self._pair_obj("bcast", _NOTHING, _NOTHING, True))
+            if r is not _NOTHING:
+                return r
         root = self._root(root)
         pkl = self._pkl
         with self._objlock("bcast"):
@@ -67,6 +120,11 @@ class CommObjColl:
             return coll.bcast_obj(t, obj, root, d, l)
 
     def gather(self, sendobj, root=0):
+        if self._pair_ok(root):
+            r = (self._pair_obj("gather", _NOTHING, sendobj, True) if self._rank == root
+                 else self._pair_obj("gather", sendobj, _NOTHING, False))
+            if r is not _NOTHING:
+                return r
         root = self._root(root)
         pkl = self._pkl
         with self._objlock("gather"):
@@ -91,6 +149,14 @@ class CommObjColl:
             sendobj = list(sendobj)
             if len(sendobj) != len(self._ranks):
                 raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
+        if self._pair_ok(root):
+            if self._rank == root:
+                items = sendobj or (None, None)
+                r = self._pair_obj("scatter", items[1 - root], items[root], False)
+            else:
+                r = self._pair_obj("scatter", _NOTHING, _NOTHING, True)
+            if r is not _NOTHING:
+                return r
         pkl = self._pkl
         with self._objlock("scatter"):
             pair = self._pair_obj_base()
@@ -121,6 +187,10 @@ class CommObjColl:
         return other
 
     def allgather(self, sendobj):
+        if self._pair_ok():
+            r = self._pair_obj("allgather", sendobj, sendobj, True)
+            if r is not _NOTHING:
+                return r
         pkl = self._pkl
         with self._objlock("allgather"):
             pair = self._pair_obj_base()
@@ -139,6 +209,12 @@ class CommObjColl:
             sendobj = list(sendobj)
             if len(sendobj) != len(self._ranks):
                 raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
+        if self._pair_ok():
+            me = self._rank
+            items = sendobj or (None, None)
+            r = self._pair_obj("alltoall", items[1 - me], items[me], True)
+            if r is not _NOTHING:
+                return r
         pkl = self._pkl
         with self._objlock("alltoall"):
             pair = self._pair_obj_base()

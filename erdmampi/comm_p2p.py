@@ -13,8 +13,8 @@ from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
     _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
-    _fast_send_bytes, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj, _std_loads,
-    _recv_obj_payload,
+    _fast_send_bytes, _fast_send_obj, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj,
+    _std_loads, _recv_obj_payload, _FastMore,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
@@ -801,10 +801,15 @@ class CommP2P:
 
     def send(self, obj, dest, tag=0):
         """Send a Python object."""
-        data = self._pkl._encode(obj)
-        # a small object to a rank of this host: one C call (_engine.fast)
-        if not _fast_send_bytes(self._fast or self._fast_obj_state(), data, dest, tag):
+        # pickled and (small, to a rank of this host) sent in one C call
+        pkl = self._pkl
+        data = _fast_send_obj(self._fast or self._fast_obj_state(), obj, dest, tag, pkl._wire)
+        if not data:
             return
+        if data.__class__ is int:
+            data = pkl._encode(obj)
+            if not _fast_send_bytes(self._fast, data, dest, tag):
+                return
         Request._new(self._isend_obj_op(obj, dest, tag, data=data)).wait()
 
     def bsend(self, obj, dest, tag=0):
@@ -825,9 +830,10 @@ class CommP2P:
             loads = pkl._loads
             r = _fast_recv_obj(self._fast or self._fast_obj_state(), source, tag,
                                loads if loads is _std_loads else None)
+            if r.__class__ is not _FastMore:
+                return r
+            r = r.value
             if r != 1:
-                if len(r) == 3 and r[2]:
-                    return r[0]
                 data, err = _recv_obj_payload(r)
                 if err:
                     raise_status_code(err)
@@ -857,10 +863,16 @@ class CommP2P:
                  recvtag=ANY_TAG, status=None):
         """Send and receive Python objects."""
         if recvbuf is None and status is None:
-            data = self._pkl._encode(sendobj)
             # a small object to a rank of this host goes at once: then the fast recv
-            if not _fast_send_bytes(self._fast or self._fast_obj_state(), data, dest, sendtag):
+            pkl = self._pkl
+            data = _fast_send_obj(self._fast or self._fast_obj_state(), sendobj, dest, sendtag,
+                                  pkl._wire)
+            if not data:
                 return self.recv(None, source, recvtag)
+            if data.__class__ is int:
+                data = pkl._encode(sendobj)
+                if not _fast_send_bytes(self._fast, data, dest, sendtag):
+                    return self.recv(None, source, recvtag)
             sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
             obj = _wait_blocking(self._irecv_obj_op(source, recvtag))
             sreq.wait()

@@ -73,6 +73,14 @@ class Pickle:
         self._loads = loads
         self._protocol = protocol
         self._threshold = threshold
+        self._rewire()
+
+    def _rewire(self):
+        # what the engine's send_obj pickles with in C: (pickle.dumps,
+        # protocol, threshold), or None (another dumps: _encode only)
+        p, t = self._protocol, self._threshold
+        self._wire = ((_dumps, p, t) if self._dumps is _dumps and type(p) is int
+                      and type(t) is int and 0 <= p <= _pickle.HIGHEST_PROTOCOL else None)
 
     @property
     def PROTOCOL(self):
@@ -84,6 +92,7 @@ class Pickle:
         if protocol is None and self._dumps is _dumps:
             protocol = PROTOCOL
         self._protocol = protocol
+        self._rewire()
 
     @property
     def THRESHOLD(self):
@@ -93,6 +102,7 @@ class Pickle:
     @THRESHOLD.setter
     def THRESHOLD(self, threshold):
         self._threshold = THRESHOLD if threshold is None else threshold
+        self._rewire()
 
     def dumps(self, obj):
         """Serialize ``obj`` to a pickle data stream."""

@@ -1,5 +1,6 @@
 """Object collectives on sub-communicators, user ops (tests/scripts/cco_obj.py),
-and one message per pickle (tests/scripts/obj_bytes.py)."""
+one message per pickle (tests/scripts/obj_bytes.py), and the two-rank
+calls made in one C call (tests/scripts/obj_pair.py)."""
 import shutil
 
 import pytest
@@ -27,3 +28,16 @@ def test_object_messages_over_quic():
 def test_object_messages_script_holds_for_mpi4py():
     pytest.importorskip("mpi4py")
     assert_ok(run_script_mpi4py("obj_bytes.py", 3), "obj_bytes.py", 3)
+
+
+@pytest.mark.parametrize("env", [{}, {"ERDMA_SHM": "0"}], ids=["shm", "quic"])
+def test_two_rank_object_calls_in_one_c_call(env):
+    """send / recv and the object collectives of two ranks (pickled, moved
+    and unpickled in one C call; over QUIC every send leaves it midway)."""
+    assert_ok(run_script("obj_pair.py", 2, timeout=150, env=env), "obj_pair.py", 2)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec")
+def test_two_rank_object_script_holds_for_mpi4py():
+    pytest.importorskip("mpi4py")
+    assert_ok(run_script_mpi4py("obj_pair.py", 2), "obj_pair.py", 2)

@@ -43,8 +43,10 @@
  *     (erdma_coll_gather, _scatter, _reduce; see pf_remember_rooted).
  *   send_bytes(state, data, dest, tag[, base]) / recv_bytes(state, source,
  *     tag[, base]): a pickled object (the lowercase send / recv; with base,
- *     a message of an object collective), see below; recv_obj(state, source,
- *     tag, loads) also unpickles an in-band pickle
+ *     a message of an object collective), see below; send_obj(state, obj,
+ *     dest, tag, wire[, base]) also pickles, recv_obj(state, source, tag,
+ *     loads[, base]) also unpickles an in-band pickle, and pair_obj(...)
+ *     makes a two-rank object collective of them (see pf_pair_obj)
  * erdma_pyfast_invalidate() retires every state (engine shutdown): they miss.
  *
  * Limited API 3.11 (the module is abi3); older Pythons get no module and
@@ -1673,11 +1675,110 @@ static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
       erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx, 0) ? 0 : 1);
 }
 
+/* The pickling of send_obj: dumps(obj, protocol[, buffer_callback=cb]),
+ * where cb (one object, oob_cb) keeps a PickleBuffer of fewer than
+ * `threshold` bytes in band, as msgpickle._OobBuffers does, and stops the
+ * pickling at a larger one (exception oob_stop): such an object travels as
+ * Python's out-of-band frame instead. */
+typedef struct {
+  PyObject_HEAD
+  Py_ssize_t threshold;
+  int busy; /* in a dumps (another thread's send takes Python's path) */
+} pf_oobcb;
+
+static PyObject *oob_type, *oob_cb, *oob_kw, *oob_stop;
+
+static PyObject *oobcb_call(PyObject *self, PyObject *args, PyObject *kw) {
+  PyObject *pb;
+  Py_buffer v;
+  if (kw || !PyArg_UnpackTuple(args, "buffer_callback", 1, 1, &pb)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "buffer_callback(pb)");
+    return NULL;
+  }
+  if (PyObject_GetBuffer(pb, &v, PyBUF_FULL_RO) < 0) return NULL;
+  Py_ssize_t len = v.len;
+  PyBuffer_Release(&v);
+  if (len < ((pf_oobcb *)self)->threshold) Py_RETURN_TRUE;
+  PyErr_SetNone(oob_stop);
+  return NULL;
+}
+
+static PyType_Slot oobcb_slots[] = {{Py_tp_call, oobcb_call}, {0, NULL}};
+static PyType_Spec oobcb_spec = {"erdmampi._erdma_fast.OobCallback", sizeof(pf_oobcb), 0,
+                                 Py_TPFLAGS_DEFAULT, oobcb_slots};
+
+/* Types whose pickle holds no buffer (msgpickle._NO_BUFFERS, less complex). */
+static int no_buffers(PyObject *o) {
+  return o == Py_None || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+         PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) || PyBool_Check(o);
+}
+
+/* The pickle of obj for wire (dumps, protocol, threshold): new bytes, NULL
+ * with an exception, or NULL without one: Python encodes it (a large
+ * buffer inside, or another thread pickling). */
+static PyObject *dumps_wire(PyObject *obj, PyObject *wire) {
+  PyObject *dumps, *proto;
+  long protocol;
+  Py_ssize_t threshold;
+  if (!PyTuple_CheckExact(wire) || PyTuple_Size(wire) != 3 || !oob_cb) return NULL;
+  dumps = PyTuple_GetItem(wire, 0);
+  proto = PyTuple_GetItem(wire, 1);
+  if (!small_int(proto, 0, 1000, &protocol) || !PyLong_CheckExact(PyTuple_GetItem(wire, 2)))
+    return NULL;
+  threshold = PyLong_AsSsize_t(PyTuple_GetItem(wire, 2));
+  if (threshold == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return NULL;
+  }
+  PyObject *data;
+  if (protocol < 5 || no_buffers(obj)) {
+    data = PyObject_CallFunctionObjArgs(dumps, obj, proto, NULL);
+  } else {
+    pf_oobcb *cb = (pf_oobcb *)oob_cb;
+    PyObject *a = cb->busy ? NULL : PyTuple_Pack(2, obj, proto);
+    if (!a) return NULL;
+    cb->threshold = threshold;
+    cb->busy = 1;
+    data = PyObject_Call(dumps, a, oob_kw);
+    cb->busy = 0;
+    Py_DECREF(a);
+    if (!data && PyErr_ExceptionMatches(oob_stop)) PyErr_Clear();
+  }
+  if (data && !PyBytes_CheckExact(data)) Py_CLEAR(data); /* not pickle.dumps' */
+  return data;
+}
+
+/* send_obj(state, obj, dest, tag, wire[, base]): send_bytes of obj pickled
+ * here (wire: msgpickle.Pickle._wire, a tuple, or None): 0 sent; the
+ * pickle (bytes) not sent; 1 miss: Python encodes (not picklable here). */
+static PyObject *pf_send_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long dest, tag;
+  uint32_t ctx;
+  pf_state *s;
+  if (n < 5 || !(s = state_of(args[0])) || !small_int(args[2], 0, s->size - 1, &dest) ||
+      !small_int(args[3], 0, s->tag_ub, &tag) || !coll_tag(s, args, n, 5, &tag, &ctx))
+    return PyLong_FromLong(1);
+  PyObject *data = dumps_wire(args[1], args[4]);
+  if (!data) return PyErr_Occurred() ? NULL : PyLong_FromLong(1);
+  char *buf = PyBytes_AsString(data);
+  Py_ssize_t len = PyBytes_Size(data);
+  if (buf && len >= 0 &&
+      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx, 0)) {
+    Py_DECREF(data);
+    return PyLong_FromLong(0);
+  }
+  PyErr_Clear();
+  return data;
+}
+
 /* The receive of recv_bytes / recv_obj: args (state, source, tag, ...),
  * a call tag base at args[at] if present.  1: completed, with *reqp (its
  * payload allocated by the engine; erdma_req_free after) and *st; 0: done
  * here, *res is the answer (1 miss, (rc, left) as recv, or NULL with an
  * exception). */
+static int recv_alloc_at(pf_state *s, int src, long tag, uint32_t ctx, erdma_req **reqp,
+                         erdma_status *st, PyObject **res);
+
 static int recv_alloc(PyObject *const *args, Py_ssize_t n, Py_ssize_t at, erdma_req **reqp,
                       erdma_status *st, PyObject **res) {
   long src, tag;
@@ -1690,9 +1791,15 @@ static int recv_alloc(PyObject *const *args, Py_ssize_t n, Py_ssize_t at, erdma_
     *res = PyLong_FromLong(1);
     return 0;
   }
+  return recv_alloc_at(s, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src], tag, ctx,
+                       reqp, st, res);
+}
+
+/* recv_alloc's receive from world rank src (or ANY_SOURCE). */
+static int recv_alloc_at(pf_state *s, int src, long tag, uint32_t ctx, erdma_req **reqp,
+                         erdma_status *st, PyObject **res) {
   erdma_req *req = NULL;
-  int rc = erdma_irecv(s->e, NULL, 0, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
-                       (int)tag, ctx, 1, &req);
+  int rc = erdma_irecv(s->e, NULL, 0, src, (int)tag, ctx, 1, &req);
   if (rc) {
     *res = Py_BuildValue("(iK)", rc, 0ull);
     return 0;
@@ -1733,32 +1840,168 @@ static PyObject *pf_recv_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
   return Py_BuildValue("(Ni)", b, st.error);
 }
 
-/* recv_obj(state, source, tag, loads[, base]): recv_bytes of a lowercase
- * recv (with base: an object collective's message) that also unpickles:
- * (obj, 0, 1) when loads (pickle.loads, or None: never here) took an
- * in-band pickle; (payload or None, error, 0) for Python to finish (an
- * out-of-band frame, an error); 1 miss; (rc, left) as recv. */
-static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+/* recv_obj's answers other than an object: a More holding the answer of
+ * recv_bytes (a type of its own, which no object unpickled here can be
+ * without a pickle naming it). */
+typedef struct {
+  PyObject_HEAD
+  PyObject *value;
+} pf_more;
+
+static PyObject *more_type;
+
+static void more_dealloc(PyObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  Py_CLEAR(((pf_more *)self)->value);
+  freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+  f(self);
+  Py_DECREF(tp);
+}
+static PyObject *more_get_value(PyObject *self, void *c) {
+  return Py_NewRef(((pf_more *)self)->value);
+}
+static PyGetSetDef more_getset[] = {{"value", more_get_value, NULL, NULL, NULL},
+                                    {NULL, NULL, NULL, NULL, NULL}};
+static PyType_Slot more_slots[] = {
+    {Py_tp_dealloc, more_dealloc}, {Py_tp_getset, more_getset}, {0, NULL}};
+static PyType_Spec more_spec = {"erdmampi._erdma_fast.More", sizeof(pf_more), 0,
+                                Py_TPFLAGS_DEFAULT, more_slots};
+
+/* A More holding `value` (stolen). */
+static PyObject *more_new(PyObject *value) {
+  if (!value) return NULL;
+  PyTypeObject *tp = (PyTypeObject *)more_type;
+  allocfunc a = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+  pf_more *m = (pf_more *)a(tp, 0);
+  if (!m) {
+    Py_DECREF(value);
+    return NULL;
+  }
+  m->value = value;
+  return (PyObject *)m;
+}
+
+/* The object in a completed alloc receive (freed here): 1 and *out, the
+ * object loads made of an in-band pickle; 0 and *out, recv_bytes' answer
+ * (payload or None, error) for Python to finish (an out-of-band frame, an
+ * error); -1: an exception (from loads). */
+static int load_payload(erdma_req *req, const erdma_status *st, PyObject *loads,
+                        PyObject **out) {
   static const char magic[8] = {0, 'E', 'R', 'D', 'M', 'A', '5', 0}; /* msgpickle.MAGIC */
+  *out = NULL;
+  if (st->error) {
+    erdma_req_free(req);
+    *out = Py_BuildValue("(Oi)", Py_None, st->error);
+    return *out ? 0 : -1;
+  }
+  const char *d = erdma_req_data(req);
+  int here = loads && st->nbytes &&
+             !(st->nbytes >= sizeof magic && !memcmp(d, magic, sizeof magic));
+  PyObject *b = PyBytes_FromStringAndSize(d, (Py_ssize_t)st->nbytes);
+  erdma_req_free(req);
+  if (!b) return -1;
+  if (!here) {
+    *out = Py_BuildValue("(Ni)", b, 0);
+    return *out ? 0 : -1;
+  }
+  *out = PyObject_CallFunctionObjArgs(loads, b, NULL);
+  Py_DECREF(b);
+  return *out ? 1 : -1;
+}
+
+/* recv_obj(state, source, tag, loads[, base]): recv_bytes of a lowercase
+ * recv (with base: an object collective's message) that also unpickles: the
+ * object, when loads (pickle.loads, or None: never here) took an in-band
+ * pickle; else a More whose value is (payload or None, error) for Python to
+ * finish (an out-of-band frame, an error), 1 (a miss) or (rc, left) as
+ * recv. */
+static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   erdma_req *req;
   erdma_status st;
   PyObject *res;
-  if (!recv_alloc(args, n, 4, &req, &st, &res)) return res;
-  PyObject *loads = args[3] == Py_None ? NULL : args[3];
-  if (st.error) {
-    erdma_req_free(req);
-    return Py_BuildValue("(Oii)", Py_None, st.error, 0);
+  if (!recv_alloc(args, n, 4, &req, &st, &res)) return more_new(res);
+  int rc = load_payload(req, &st, args[3] == Py_None ? NULL : args[3], &res);
+  return rc == 0 ? more_new(res) : res;
+}
+
+/* pair_obj(state, send, own, recv, wire, loads, nothing): a lowercase
+ * collective of a two-rank communicator in one call, its messages those of
+ * the general algorithms (one, tag 0 of the call's tag base): send (unless
+ * it is `nothing`) pickled to the other rank, receive the other rank's
+ * object (recv true), and a copy of own (unless `nothing`; pickled and
+ * loaded, as the general algorithms do).  Answers the copy, the received
+ * object, the two as a list in rank order, or None; else a More: 1 (a miss:
+ * nothing done, not even the call counted; another size, a pickle Python
+ * makes, loads not pickle.loads) or (base, send pickle not yet sent or
+ * None, own pickle or None, recv_obj's More value of the receive or None)
+ * for Python to finish. */
+static PyObject *pf_pair_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s;
+  if (n != 7 || !(s = state_of(args[0])) || s->size != 2 || args[5] == Py_None)
+    return more_new(PyLong_FromLong(1));
+  PyObject *nothing = args[6], *loads = args[5];
+  PyObject *sobj = args[1] == nothing ? NULL : args[1];
+  PyObject *oobj = args[2] == nothing ? NULL : args[2];
+  int recv = args[3] == Py_True;
+  PyObject *sdata = NULL, *odata = NULL, *got = NULL, *other = NULL, *mine = NULL;
+  if (sobj && !(sdata = dumps_wire(sobj, args[4]))) goto miss;
+  if (oobj && !(odata = oobj == sobj ? Py_NewRef(sdata) : dumps_wire(oobj, args[4]))) goto miss;
+  long base = next_coll_tag(s);
+  if (base < 0) {
+    if (base == -1) goto fail;
+    goto miss;
   }
-  const char *d = erdma_req_data(req);
-  int here = loads && st.nbytes && !(st.nbytes >= sizeof magic && !memcmp(d, magic, sizeof magic));
-  PyObject *b = PyBytes_FromStringAndSize(d, (Py_ssize_t)st.nbytes);
-  erdma_req_free(req);
-  if (!b) return NULL;
-  if (!here) return Py_BuildValue("(Nii)", b, 0, 0);
-  PyObject *obj = PyObject_CallFunctionObjArgs(loads, b, NULL);
-  Py_DECREF(b);
-  if (!obj) return NULL;
-  return Py_BuildValue("(Nii)", obj, 0, 1);
+  int peer = s->ranks[1 - s->me];
+  if (sdata) {
+    if (!erdma_shm_try_send(s->e, PyBytes_AsString(sdata), (uint64_t)PyBytes_Size(sdata), peer,
+                            (int)base, s->ctx + 1, 0))
+      goto rest; /* a full ring, a large pickle, another host: Python sends */
+    Py_CLEAR(sdata);
+  }
+  if (recv) {
+    erdma_req *req;
+    erdma_status st;
+    if (!recv_alloc_at(s, peer, base, s->ctx + 1, &req, &st, &got)) {
+      if (!got) goto fail;
+      goto rest;
+    }
+    int rc = load_payload(req, &st, loads, &got);
+    if (rc < 0) goto fail;
+    if (rc == 0) goto rest;
+    other = got;
+    got = NULL;
+  }
+  if (odata) {
+    mine = PyObject_CallFunctionObjArgs(loads, odata, NULL);
+    Py_CLEAR(odata);
+    if (!mine) goto fail;
+  }
+  if (mine && recv) {
+    PyObject *l = PyList_New(2);
+    if (!l) goto fail;
+    PyList_SetItem(l, s->me, mine);
+    PyList_SetItem(l, 1 - s->me, other);
+    return l;
+  }
+  if (mine) return mine;
+  if (recv) return other;
+  Py_RETURN_NONE;
+rest:
+  return more_new(Py_BuildValue("(lNNN)", base, sdata ? sdata : Py_NewRef(Py_None),
+                                odata ? odata : Py_NewRef(Py_None),
+                                got ? got : Py_NewRef(Py_None)));
+miss:
+  Py_XDECREF(sdata);
+  Py_XDECREF(odata);
+  if (PyErr_Occurred()) return NULL;
+  return more_new(PyLong_FromLong(1));
+fail:
+  Py_XDECREF(sdata);
+  Py_XDECREF(odata);
+  Py_XDECREF(got);
+  Py_XDECREF(other);
+  Py_XDECREF(mine);
+  return NULL;
 }
 
 static PyMethodDef pf_methods[] = {
@@ -1794,8 +2037,10 @@ static PyMethodDef pf_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))pf_configure, METH_FASTCALL, NULL},
     {"irecv", (PyCFunction)(void (*)(void))pf_irecv, METH_FASTCALL, NULL},
     {"send_bytes", (PyCFunction)(void (*)(void))pf_send_bytes, METH_FASTCALL, NULL},
+    {"send_obj", (PyCFunction)(void (*)(void))pf_send_obj, METH_FASTCALL, NULL},
     {"recv_bytes", (PyCFunction)(void (*)(void))pf_recv_bytes, METH_FASTCALL, NULL},
     {"recv_obj", (PyCFunction)(void (*)(void))pf_recv_obj, METH_FASTCALL, NULL},
+    {"pair_obj", (PyCFunction)(void (*)(void))pf_pair_obj, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef pf_module = {PyModuleDef_HEAD_INIT, NULL, NULL, -1, pf_methods,
@@ -1813,6 +2058,17 @@ int erdma_pyfast_init(const char *name) {
     PyObject *m = pf_module.m_name ? PyModule_Create(&pf_module) : NULL;
     if (m && !op_type) op_type = PyType_FromSpec(&op_spec);
     if (m && (!op_type || PyModule_AddObjectRef(m, "Op", op_type) != 0)) Py_CLEAR(m);
+    if (m && !more_type) more_type = PyType_FromSpec(&more_spec);
+    if (m && (!more_type || PyModule_AddObjectRef(m, "More", more_type) != 0)) Py_CLEAR(m);
+    if (m && !oob_cb) { /* send_obj's buffer_callback; without it send_obj misses */
+      oob_stop = PyErr_NewException("erdmampi._erdma_fast.OobStop", NULL, NULL);
+      oob_type = oob_stop ? PyType_FromSpec(&oobcb_spec) : NULL;
+      oob_kw = oob_type ? PyDict_New() : NULL;
+      PyObject *cb = oob_kw ? PyObject_CallNoArgs(oob_type) : NULL;
+      if (cb && PyDict_SetItemString(oob_kw, "buffer_callback", cb) == 0) oob_cb = cb;
+      else Py_XDECREF(cb);
+      PyErr_Clear();
+    }
     if (m) {
       rv = PyDict_SetItemString(mods, name, m) == 0 ? 0 : -1;
       Py_DECREF(m);
