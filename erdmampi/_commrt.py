@@ -652,12 +652,14 @@ def _dev_addr(obj):
     return id(obj)
 
 
-def _sum(op):
+def _sum(op, _cache=[]):
     """Lowercase (object) reductions: None means SUM, as in mpi4py."""
-    if op is None:
+    if op is not None:
+        return op
+    if not _cache:      # imported once (an import statement costs a call's time)
         from .op import SUM
-        return SUM
-    return op
+        _cache.append(SUM)
+    return _cache[0]
 
 
 def _op_arg(op):

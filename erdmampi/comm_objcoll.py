@@ -44,7 +44,7 @@ class CommObjColl:
         """Two ranks with the C fast path: (fast state, tag base of this call)
         for the messages of a two-rank object collective (the call counted
         as started), else None."""
-        f = self._fast
+        f = self._fast or self._fast_obj_state()
         if f is None or len(self._ranks) != 2:
             return None
         self._check()
@@ -52,37 +52,66 @@ class CommObjColl:
         _collsched.notify_started()
         return f, base
 
-    def _pair_obj(self, key, send, own, recv):
+    def _pair_obj(self, key, send, own, recv, root=0):
         """A two-rank object collective in one C call (_engine.fast's
         pair_obj; ``send`` / ``own``: the object for the other rank / to
-        copy, or _NOTHING; ``recv``: whether the other rank sends one): its
-        answer, or _NOTHING when the general path must run (nothing done)."""
+        copy, or _NOTHING; ``recv``: whether the other rank sends one;
+        ``root``: the call's, checked here): its answer, or _NOTHING when
+        the general path must run (nothing done: another size, a root not
+        0 or 1, inside a nonblocking collective's thread, ...)."""
+        f = self._fast
+        if (f is None or root.__class__ is not int or not 0 <= root <= 1
+                or _collsched._icoll_running):
+            if (root.__class__ is not int or not 0 <= root <= 1 or _collsched._icoll_running
+                    or self._fast_obj_state() is None):
+                return _NOTHING
+            f = self._fast
+        locks = self.__dict__.get("_objlocks")
+        lock = locks and locks.get(key) or self._objlock(key)
         pkl = self._pkl
         loads = pkl._loads
-        with self._objlock(key):
-            r = _fast_pair_obj(self._fast, send, own, recv, pkl._wire,
+        with lock:
+            r = _fast_pair_obj(f, send, own, recv, pkl._wire,
                                loads if loads is _std_loads else None, _NOTHING)
             if r.__class__ is not _FastMore:
                 return r
-            r = r.value
-            if r == 1:
+            if r.value == 1:
                 return _NOTHING
-            # what pair_obj left: a send (not yet sent: nothing received
-            # either), the receive's payload or pending request, the copy
-            base, sdata, odata, got = r
-            f, other = self._fast, None
-            if sdata is not None:
-                if recv:
-                    other = self._pair_exchange(f, base, sdata, pkl)
-                else:
-                    _pair_send_bytes(self, f, sdata, 1 - self._rank, 0, base)
-            elif got is not None:
-                data, err = _recv_obj_payload(got)
-                if err:
-                    _coll_recv_error(err)
-                other = pkl._decode(data)
-            elif recv:
-                other = _pair_recv_obj(self, f, 1 - self._rank, 0, base, pkl)
+            return self._pair_obj_rest(r.value, send, own, recv, pkl)
+
+    def _pair_obj_call(self, send, own, recv, base):
+        """pair_obj's message on ``base``, a call's tag base taken already
+        (without a lock; the general path's steps where it misses)."""
+        pkl = self._pkl
+        loads = pkl._loads
+        r = _fast_pair_obj(self._fast, send, own, recv, pkl._wire,
+                           loads if loads is _std_loads else None, _NOTHING, base)
+        if r.__class__ is not _FastMore:
+            return r
+        r = r.value
+        if r == 1:
+            r = (base, None if send is _NOTHING else pkl._encode(send),
+                 None if own is _NOTHING else pkl._encode(own), None)
+        return self._pair_obj_rest(r, send, own, recv, pkl)
+
+    def _pair_obj_rest(self, r, send, own, recv, pkl):
+        """Finish what pair_obj left (its More's value ``r``): a send not
+        yet made (nothing received either), the receive's payload or
+        pending request, the copy."""
+        base, sdata, odata, got = r
+        f, other = self._fast, None
+        if sdata is not None:
+            if recv:
+                other = self._pair_exchange(f, base, sdata, pkl)
+            else:
+                _pair_send_bytes(self, f, sdata, 1 - self._rank, 0, base)
+        elif got is not None:
+            data, err = _recv_obj_payload(got)
+            if err:
+                _coll_recv_error(err)
+            other = pkl._decode(data)
+        elif recv:
+            other = _pair_recv_obj(self, f, 1 - self._rank, 0, base, pkl)
         if odata is None:
             return other if recv else None
         mine = pkl._decode(odata)
@@ -90,20 +119,12 @@ class CommObjColl:
             return mine
         return [mine, other] if self._rank == 0 else [other, mine]
 
-    def _pair_ok(self, root=0):
-        """Whether _pair_obj may take this call: two ranks with a fast
-        state, a root in 0..1, not inside a nonblocking collective's thread."""
-        return (root.__class__ is int and 0 <= root <= 1 and not _collsched._icoll_running
-                and (self._fast or self._fast_obj_state()) is not None
-                and len(self._ranks) == 2)
-
     def bcast(self, obj, root=0):
         """Broadcast a Python object from ``root``."""
-        if self._pair_ok(root):
-            r = (self._pair_obj("bcast", obj, obj, False) if self._rank == root
-                 else self._pair_obj("bcast", _NOTHING, _NOTHING, True))
-            if r is not _NOTHING:
-                return r
+        r = (self._pair_obj("bcast", obj, obj, False, root) if self._rank == root
+             else self._pair_obj("bcast", _NOTHING, _NOTHING, True, root))
+        if r is not _NOTHING:
+            return r
         root = self._root(root)
         pkl = self._pkl
         with self._objlock("bcast"):
@@ -120,11 +141,10 @@ class CommObjColl:
             return coll.bcast_obj(t, obj, root, d, l)
 
     def gather(self, sendobj, root=0):
-        if self._pair_ok(root):
-            r = (self._pair_obj("gather", _NOTHING, sendobj, True) if self._rank == root
-                 else self._pair_obj("gather", sendobj, _NOTHING, False))
-            if r is not _NOTHING:
-                return r
+        r = (self._pair_obj("gather", _NOTHING, sendobj, True, root) if self._rank == root
+             else self._pair_obj("gather", sendobj, _NOTHING, False, root))
+        if r is not _NOTHING:
+            return r
         root = self._root(root)
         pkl = self._pkl
         with self._objlock("gather"):
@@ -149,12 +169,12 @@ class CommObjColl:
             sendobj = list(sendobj)
             if len(sendobj) != len(self._ranks):
                 raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
-        if self._pair_ok(root):
+        if len(self._ranks) == 2:
             if self._rank == root:
                 items = sendobj or (None, None)
-                r = self._pair_obj("scatter", items[1 - root], items[root], False)
+                r = self._pair_obj("scatter", items[1 - root], items[root], False, root)
             else:
-                r = self._pair_obj("scatter", _NOTHING, _NOTHING, True)
+                r = self._pair_obj("scatter", _NOTHING, _NOTHING, True, root)
             if r is not _NOTHING:
                 return r
         pkl = self._pkl
@@ -187,10 +207,9 @@ class CommObjColl:
         return other
 
     def allgather(self, sendobj):
-        if self._pair_ok():
-            r = self._pair_obj("allgather", sendobj, sendobj, True)
-            if r is not _NOTHING:
-                return r
+        r = self._pair_obj("allgather", sendobj, sendobj, True)
+        if r is not _NOTHING:
+            return r
         pkl = self._pkl
         with self._objlock("allgather"):
             pair = self._pair_obj_base()
@@ -209,7 +228,7 @@ class CommObjColl:
             sendobj = list(sendobj)
             if len(sendobj) != len(self._ranks):
                 raise ValueError(f"expecting {len(self._ranks)} items, got {len(sendobj)}")
-        if self._pair_ok():
+        if len(self._ranks) == 2:
             me = self._rank
             items = sendobj or (None, None)
             r = self._pair_obj("alltoall", items[1 - me], items[me], True)
@@ -240,16 +259,13 @@ class CommObjColl:
         pair = self._pair_obj_base()
         if pair is not None:
             # two ranks: allreduce_obj's two messages (rank 1's object to rank
-            # 0, which applies the op in rank order, then the result back)
-            f, base = pair
-            pkl = self._pkl
+            # 0, which applies the op in rank order, then the result back),
+            # each in one C call
+            base = pair[1]
             if self._rank == 1:
-                _pair_send_bytes(self, f, pkl._encode(sendobj), 0, 0, base)
-                return _pair_recv_obj(self, f, 0, 0, base, pkl)
-            mine = pkl._decode(pkl._encode(sendobj))       # a copy, as _reduce_to_root
-            result = fn(mine, _pair_recv_obj(self, f, 1, 0, base, pkl))
-            data = pkl._encode(result)
-            _pair_send_bytes(self, f, data, 1, 0, base)
-            return pkl._decode(data)
+                return self._pair_obj_call(sendobj, _NOTHING, True, base)
+            mine, other = self._pair_obj_call(_NOTHING, sendobj, True, base)  # own: a copy
+            result = fn(mine, other)
+            return self._pair_obj_call(result, result, False, base)
         t, d, l = self._obj_transport()
         return coll.allreduce_obj(t, sendobj, fn, d, l)

@@ -1924,9 +1924,10 @@ static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
   return rc == 0 ? more_new(res) : res;
 }
 
-/* pair_obj(state, send, own, recv, wire, loads, nothing): a lowercase
- * collective of a two-rank communicator in one call, its messages those of
- * the general algorithms (one, tag 0 of the call's tag base): send (unless
+/* pair_obj(state, send, own, recv, wire, loads, nothing[, base]): a
+ * lowercase collective of a two-rank communicator in one call, its messages
+ * those of the general algorithms (one, tag 0 of the call's tag base, or of
+ * `base`: a call's second message): send (unless
  * it is `nothing`) pickled to the other rank, receive the other rank's
  * object (recv true), and a copy of own (unless `nothing`; pickled and
  * loaded, as the general algorithms do).  Answers the copy, the received
@@ -1937,7 +1938,9 @@ static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
  * for Python to finish. */
 static PyObject *pf_pair_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_state *s;
-  if (n != 7 || !(s = state_of(args[0])) || s->size != 2 || args[5] == Py_None)
+  long base = -1;
+  if (n < 7 || n > 8 || !(s = state_of(args[0])) || s->size != 2 || args[5] == Py_None ||
+      (n == 8 && !small_int(args[7], 0, (SEQ_MOD - 1) * COLL_TAGS, &base)))
     return more_new(PyLong_FromLong(1));
   PyObject *nothing = args[6], *loads = args[5];
   PyObject *sobj = args[1] == nothing ? NULL : args[1];
@@ -1946,8 +1949,7 @@ static PyObject *pf_pair_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
   PyObject *sdata = NULL, *odata = NULL, *got = NULL, *other = NULL, *mine = NULL;
   if (sobj && !(sdata = dumps_wire(sobj, args[4]))) goto miss;
   if (oobj && !(odata = oobj == sobj ? Py_NewRef(sdata) : dumps_wire(oobj, args[4]))) goto miss;
-  long base = next_coll_tag(s);
-  if (base < 0) {
+  if (base < 0 && (base = next_coll_tag(s)) < 0) {
     if (base == -1) goto fail;
     goto miss;
   }
@@ -1958,24 +1960,35 @@ static PyObject *pf_pair_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
       goto rest; /* a full ring, a large pickle, another host: Python sends */
     Py_CLEAR(sdata);
   }
+  if (odata) { /* before the receive: off the path of a message still to come */
+    mine = PyObject_CallFunctionObjArgs(loads, odata, NULL);
+    if (!mine && !recv) goto fail;
+  }
   if (recv) {
     erdma_req *req;
     erdma_status st;
-    if (!recv_alloc_at(s, peer, base, s->ctx + 1, &req, &st, &got)) {
-      if (!got) goto fail;
+    PyObject *et = NULL, *ev = NULL, *tb = NULL;
+    if (odata && !mine) PyErr_Fetch(&et, &ev, &tb); /* raised once received */
+    int rc; /* 2 received and loaded, 1 Python finishes (got), 0 an exception */
+    if (recv_alloc_at(s, peer, base, s->ctx + 1, &req, &st, &got)) {
+      int l = load_payload(req, &st, loads, &got);
+      rc = l < 0 ? 0 : l == 0 ? 1 : 2;
+    } else {
+      rc = got ? 1 : 0;
+    }
+    if (rc == 1) { /* Python finishes the receive, then loads the copy again */
+      Py_XDECREF(et);
+      Py_XDECREF(ev);
+      Py_XDECREF(tb);
+      Py_CLEAR(mine);
       goto rest;
     }
-    int rc = load_payload(req, &st, loads, &got);
-    if (rc < 0) goto fail;
-    if (rc == 0) goto rest;
+    if (et) PyErr_Restore(et, ev, tb); /* the copy's error first */
+    if (rc == 0 || et) goto fail;
     other = got;
     got = NULL;
   }
-  if (odata) {
-    mine = PyObject_CallFunctionObjArgs(loads, odata, NULL);
-    Py_CLEAR(odata);
-    if (!mine) goto fail;
-  }
+  Py_CLEAR(odata);
   if (mine && recv) {
     PyObject *l = PyList_New(2);
     if (!l) goto fail;

@@ -1,5 +1,6 @@
 """The lowercase API of two ranks, where one C call pickles, sends, receives
-and unpickles (send / recv and the object collectives): results and copies
+and unpickles (send / recv, sendrecv and the object collectives, allreduce's
+two messages one call each): results and copies
 for every root, objects that leave that call midway (a pickle too large for
 the ring, out-of-band buffers, a receiver waiting longer than one wait
 slice), user pickle settings, and pickling errors.  Also run against mpi4py
@@ -55,6 +56,8 @@ def collectives(tagline):
             check(same(got, (r, objs(root)[i])), f"{tagline} scatter {i} root {root}")
         got = w.allgather(o)
         check(same(got, [o, theirs] if r == 0 else [theirs, o]), f"{tagline} allgather {i}")
+        got = w.allreduce([o])                  # SUM of lists: rank order
+        check(same(got, [objs(0)[i], objs(1)[i]]), f"{tagline} allreduce {i}")
         got = w.alltoall([(r, 0, o), (r, 1, o)])
         check(same(got, [(0, r, objs(0)[i]), (1, r, objs(1)[i])]), f"{tagline} alltoall {i}")
         if r == 0:      # a 2 MiB send waits for its receive (both stacks)
@@ -74,6 +77,8 @@ got = w.bcast(o, 0)
 check(got == o and got is not o, "bcast result is a copy")
 mine = w.allgather(o)[r]
 check(mine == o and mine is not o, "allgather's own item is a copy")
+got = w.allreduce(o["k"], op=MPI.MAX)
+check(got == o["k"] and got is not o["k"], "allreduce result is a copy")
 mine = w.alltoall([o, o])[r]
 check(mine == o and mine is not o, "alltoall's own item is a copy")
 
