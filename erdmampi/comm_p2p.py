@@ -664,12 +664,9 @@ class CommP2P:
         if _deferred:
             _reap_deferred()
         r = _fast_isend(self._fast, buf, dest, tag)
-        if type(r) is not int:  # posted: its operation
+        if type(r) is not int:  # its operation: posted, or complete (in a local peer's ring)
             self._p2p_misses = 0
             return Request._new(r)
-        if r == 0:              # into a local peer's ring: complete
-            self._p2p_misses = 0
-            return Request._new(_DoneOp(ANY_SOURCE, ANY_TAG))
         if r < 0:
             raise engine_exception(_engine.EngineError(r, "send"))
         req = Request._new(self._isend_op(buf, dest, tag))

@@ -813,11 +813,30 @@ static PyObject *op_new(erdma_req *r, PyObject *keep, PyObject *index, double sl
   return (PyObject *)o;
 }
 
+/* An Op complete from the start: a send that went into a local peer's
+ * ring (the fields of a send's status; one tuple shared by all). */
+static PyObject *op_done_send(void) {
+  static PyObject *fields;
+  if (!fields && !(fields = Py_BuildValue("(llliO)", op_any_source, op_any_tag, 0L, 0, Py_False)))
+    return NULL;
+  PyTypeObject *tp = (PyTypeObject *)op_type;
+  allocfunc a = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+  pf_op *o = (pf_op *)a(tp, 0);
+  if (!o) return NULL;
+  o->req = NULL;
+  o->keep = NULL;
+  o->index = NULL;
+  o->fields = Py_NewRef(fields);
+  o->slice = 0;
+  o->waiters = 0;
+  return (PyObject *)o;
+}
+
 /* isend(state, buf, dest, tag) / irecv(state, buf, source, tag, index): a
  * nonblocking operation on a remembered spec, for Comm.Isend / Comm.Irecv
  * (index: the communicator's world rank -> rank dict): 1 (miss: nothing
- * done); 0 (isend only: the message went into the local peer's ring,
- * complete); a negative ERDMA error; else an Op of the posted request. */
+ * done); a negative ERDMA error; else an Op: of the posted request, or
+ * (isend only) complete, the message in the local peer's ring. */
 static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long tag;
   int dest;
@@ -826,7 +845,7 @@ static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   /* no weak entries: the request outlives this call, an export for it would not */
   if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag, NULL)) return PyLong_FromLong(1);
   if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0))
-    return PyLong_FromLong(0);
+    return op_done_send();
   erdma_req *r = NULL;
   int rc = erdma_isend(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0,
                        &r);

@@ -231,5 +231,19 @@ for c in (MPI.COMM_SELF, comm):
     check(raises(MPI.ERR_RANK, c.Isend, s, n, 0), "Isend bad rank")
     check(raises(MPI.ERR_TAG, c.Irecv, d, src, -5), "Irecv bad tag")
     c.Barrier()
+    # small Isends of a remembered buffer (into a local peer's ring: complete
+    # at once here): active until completed, then null
+    sq = [c.Isend(sb[0], peer, 98) for _ in range(3)]
+    check(all(q != MPI.REQUEST_NULL for q in sq), "Isend requests active")
+    for i in range(3):
+        c.Recv(rb[3], src, 98)
+        check(rb[3].tolist() == [100 * src] * 3, f"Isend data {i}")
+    st = MPI.Status()
+    sq[1].Wait(st)
+    check(st.Get_error() == MPI.SUCCESS and not st.Is_cancelled(), "Isend status")
+    check(sq[1] == MPI.REQUEST_NULL and sq[0] != MPI.REQUEST_NULL, "Wait ends one")
+    MPI.Request.Waitall(sq)
+    check(all(q == MPI.REQUEST_NULL for q in sq), "Waitall ends them")
+    c.Barrier()
 
 done("p2p_fast")
