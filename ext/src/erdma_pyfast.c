@@ -1462,6 +1462,9 @@ static int rooted_side(PyObject *spec, int mode, PyObject *want, PyObject *arr, 
 
 /* rooted(state, which, sendbuf, recvbuf, root, op) -> 0 | 1 (miss) |
  * (rc, pending), as allreduce; op None for Gather and Scatter */
+static PyObject *rooted_pair(pf_state *s, int scatter, void *sb, void *rb, uint64_t blk,
+                             int root, long tag);
+
 static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_state *s;
   long which, root;
@@ -1480,6 +1483,11 @@ static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) 
   erdma_coll *pending = NULL;
   void *sb = x->sarr ? x->sview.buf : NULL, *rb = x->rarr ? x->rview.buf : NULL;
   x->busy++;
+  if (which < 2 && s->size == 2 && (s->me == root ? (which ? sb : rb) : (which ? rb : sb))) {
+    PyObject *res = rooted_pair(s, which, sb, rb, x->count, (int)root, tag);
+    x->busy--;
+    return res;
+  }
   PyThreadState *ts = PyEval_SaveThread();
   int rc;
   if (which == 2)
@@ -1555,6 +1563,40 @@ static PyObject *recv_one(pf_state *s, void *buf, uint64_t len, int src, long ta
   if (rc) return coll_result(rc, NULL);
   rc = wait_one(s, r);
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
+
+/* One send of a collective's message, without the collective's state: into
+ * the peer's ring when it fits (flags as erdma_shm_try_send's), else posted
+ * and waited for; answers as recv_one. */
+static PyObject *send_one(pf_state *s, const void *buf, uint64_t len, int dest, long tag,
+                          int flags) {
+  if (erdma_shm_try_send(s->e, buf, len, dest, (int)tag, s->ctx + 1, flags))
+    return PyLong_FromLong(0);
+  erdma_req *r = NULL;
+  int rc = erdma_isend(s->e, buf, len, dest, (int)tag, s->ctx + 1, flags, &r);
+  if (rc) return coll_result(rc, NULL);
+  rc = wait_one(s, r);
+  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
+
+/* The linear Gather / Scatter of two ranks (erdma_coll_gather / _scatter's
+ * one message and the root's own block) without the collective's state. */
+static PyObject *rooted_pair(pf_state *s, int scatter, void *sb, void *rb, uint64_t blk,
+                             int root, long tag) {
+  uint8_t *all = scatter ? sb : rb; /* the root's two blocks */
+  uint8_t *one = scatter ? rb : sb; /* a rank's block; NULL at the root: in place */
+  int peer = 1 - s->me;
+  if (blk == 0) return PyLong_FromLong(0);
+  if (s->me != root)
+    return scatter ? recv_one(s, one, blk, s->ranks[root], tag)
+                   : send_one(s, one, blk, s->ranks[root], tag, 0);
+  uint8_t *mine = all + (uint64_t)s->me * blk, *theirs = all + (uint64_t)peer * blk;
+  if (one && one != mine) {
+    if (scatter) memcpy(one, mine, blk);
+    else memcpy(mine, one, blk);
+  }
+  return scatter ? send_one(s, theirs, blk, s->ranks[peer], tag, 0)
+                 : recv_one(s, theirs, blk, s->ranks[peer], tag);
 }
 
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two

@@ -1,6 +1,7 @@
 """Gather, Scatter and Reduce repeated with the same buffers (one C call from
 the second call on): data, every root, IN_PLACE at the root, an unused
-buffer of None at the other ranks, another op, fresh views, errors."""
+buffer of None at the other ranks, another op, fresh views, blocks too
+large for a shared-memory ring, errors."""
 import numpy as np
 from _mpi import MPI, check, done, raises
 
@@ -65,6 +66,20 @@ for c in (MPI.COMM_SELF, MPI.COMM_WORLD):
             pass
         check(s.tolist() == [5.0] * 3, "a read-only view is left alone")
         c.Barrier()
+    # blocks larger than a shared-memory ring's eager message (posted, waited)
+    bs = np.zeros(1 << 18)                                       # 2 MiB
+    bg = np.zeros((1 << 18) * n)
+    for root in range(n):
+        for i in range(3):
+            bs[:] = 10 * r + i
+            c.Gather(bs, bg if r == root else None, root)
+            if r == root:
+                check(all(bg[k << 18] == bg[((k + 1) << 18) - 1] == 10 * k + i
+                          for k in range(n)), f"Gather of 2 MiB blocks {root} {i}")
+                bg[:] = np.repeat([100.0 * k + i for k in range(n)], 1 << 18)
+            c.Scatter(bg if r == root else None, bs, root)
+            check(bs[0] == bs[-1] == 100 * r + i and bs.min() == bs.max(),
+                  f"Scatter of 2 MiB blocks {root} {i}")
     check(raises(MPI.ERR_ROOT, c.Gather, s, g, n), "Gather bad root")
     check(raises(MPI.ERR_ROOT, c.Reduce, s, red, MPI.SUM, -3), "Reduce bad root")
     c.Barrier()
