@@ -819,23 +819,26 @@ class CommP2P:
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive a Python object; ``buf`` (optional) bounds its pickled size."""
-        if buf is not None:
-            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
         if buf is None and status is None:
             # receive, copy out and (an in-band pickle) load in one C call
-            pkl = self._pkl
-            loads = pkl._loads
+            loads = self._pkl._loads
             r = _fast_recv_obj(self._fast or self._fast_obj_state(), source, tag,
                                loads if loads is _std_loads else None)
             if r.__class__ is not _FastMore:
                 return r
-            r = r.value
-            if r != 1:
-                data, err = _recv_obj_payload(r)
-                if err:
-                    raise_status_code(err)
-                return pkl._decode(data)
+            return self._recv_obj_rest(r.value, source, tag)
+        if buf is not None:
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
         return _wait_blocking(self._irecv_obj_op(source, tag, buf), status)
+
+    def _recv_obj_rest(self, r, source, tag):
+        """A recv whose fast recv_obj answered More(r): finish it."""
+        if r == 1:
+            return _wait_blocking(self._irecv_obj_op(source, tag, None))
+        data, err = _recv_obj_payload(r)
+        if err:
+            raise_status_code(err)
+        return self._pkl._decode(data)
 
     def _fast_obj_state(self):
         """The communicator's _engine.fast state, made now if it has none yet."""
@@ -864,12 +867,17 @@ class CommP2P:
             pkl = self._pkl
             data = _fast_send_obj(self._fast or self._fast_obj_state(), sendobj, dest, sendtag,
                                   pkl._wire)
-            if not data:
-                return self.recv(None, source, recvtag)
-            if data.__class__ is int:
+            if data.__class__ is int and data:      # a miss: pickled here
                 data = pkl._encode(sendobj)
                 if not _fast_send_bytes(self._fast, data, dest, sendtag):
-                    return self.recv(None, source, recvtag)
+                    data = 0
+            if not data:                            # sent: the receive
+                loads = pkl._loads
+                r = _fast_recv_obj(self._fast, source, recvtag,
+                                   loads if loads is _std_loads else None)
+                if r.__class__ is not _FastMore:
+                    return r
+                return self._recv_obj_rest(r.value, source, recvtag)
             sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
             obj = _wait_blocking(self._irecv_obj_op(source, recvtag))
             sreq.wait()
