@@ -150,6 +150,37 @@ for fn in (lambda: w.send(Unpicklable(), peer, 11), lambda: w.bcast(Unpicklable(
 w.barrier()
 check(w.allgather(r) == [0, 1], "collectives still in step after the errors")
 
+# two threads pickling at once (a __reduce__ that lets the other thread
+# run): each message whole, in each thread's order
+class Slow:
+    def __init__(self, v):
+        self.v = v
+
+    def __reduce__(self):
+        time.sleep(0.001)
+        return (Slow, (self.v,))
+
+
+if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+    import threading
+    K = 20
+    if r == 0:
+        def sender(t):
+            for k in range(K):
+                w.send({"t": t, "k": k, "slow": Slow(k), "a": np.arange(4) + k}, 1, 20 + t)
+        ts = [threading.Thread(target=sender, args=(t,)) for t in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    else:
+        for k in range(K):
+            for t in range(2):
+                got = w.recv(source=0, tag=20 + t)
+                check(got["t"] == t and got["k"] == k and got["slow"].v == k
+                      and np.array_equal(got["a"], np.arange(4) + k), f"threads {t} {k}")
+w.barrier()
+
 if not REFERENCE:
     # these calls took the one-call path (a change that drops it fails here)
     from erdmampi.comm_objcoll import _NOTHING
