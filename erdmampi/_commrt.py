@@ -379,7 +379,8 @@ else:
     def _fast_recv_obj(state, source, tag, loads, *base, _miss=_FastMore()):
         return _miss
 
-    def _fast_pair_obj(state, send, own, recv, wire, loads, nothing, _miss=_FastMore()):
+    def _fast_pair_obj(state, send, own, recv, wire, loads, nothing, *base,
+                       _miss=_FastMore()):
         return _miss
     _fast_remember_packed = None
     _fast_isend = _fast_miss4

@@ -90,7 +90,8 @@ class CommObjColl:
             return r
         r = r.value
         if r == 1:
-            r = (base, None if send is _NOTHING else pkl._encode(send),
+            sdata = None if send is _NOTHING else pkl._encode(send)
+            r = (base, sdata, sdata if own is send else
                  None if own is _NOTHING else pkl._encode(own), None)
         return self._pair_obj_rest(r, send, own, recv, pkl)
 

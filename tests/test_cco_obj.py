@@ -41,3 +41,13 @@ def test_two_rank_object_calls_in_one_c_call(env):
 def test_two_rank_object_script_holds_for_mpi4py():
     pytest.importorskip("mpi4py")
     assert_ok(run_script_mpi4py("obj_pair.py", 2), "obj_pair.py", 2)
+
+
+def test_the_fast_modules_answer_types_cannot_be_made_from_python():
+    """recv_obj / pair_obj tell their non-object answers by the More type:
+    Python code (or a pickle naming it) cannot make one."""
+    from erdmampi import _engine
+    if _engine.fast is None:
+        pytest.skip("no C fast path on this Python")
+    with pytest.raises(TypeError):
+        _engine.fast.More()

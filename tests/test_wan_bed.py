@@ -207,9 +207,11 @@ def test_rtt_matches_configured_delay():
     with WanBed(sites=2, rate="1gbit", delay_ms=10) as bed:
         rtts = bed.ping(0, 1, count=60, interval=0.005)
     assert len(rtts) == 60
-    # never early; the median within 0.5 ms of 2 x 10 ms + the bed's own RTT
+    # never early; the median within 1 ms of 2 x 10 ms + the bed's own RTT
+    # (a round trip is four timed wake-ups of delay lines, each late by up to
+    # a few hundred µs on a busy machine: 0.52 ms in all was seen)
     assert min(rtts) >= 20.0 - 0.05, min(rtts)
-    assert abs(_median(rtts) - (20.0 + base)) < 0.5, (_median(rtts), base)
+    assert abs(_median(rtts) - (20.0 + base)) < 1.0, (_median(rtts), base)
 
 
 @needs_bed

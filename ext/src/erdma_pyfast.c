@@ -600,6 +600,7 @@ typedef struct {
 } pf_op;
 
 static PyObject *op_type, *op_errclass, *op_raise, *op_park;
+static PyObject *op_done_fields; /* op_done_send's, from configure's constants on first use */
 static long op_any_source = -2, op_any_tag = -1, op_undefined = -32766, op_err_other = 16;
 
 /* configure(errclass, raise_engine, park, ANY_SOURCE, ANY_TAG, UNDEFINED,
@@ -621,6 +622,7 @@ static PyObject *pf_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
   for (int i = 0; i < 3; i++) Py_XDECREF(old[i]);
   op_any_source = as;
   op_any_tag = at;
+  Py_CLEAR(op_done_fields);
   op_undefined = un;
   op_err_other = eo;
   Py_RETURN_NONE;
@@ -816,8 +818,9 @@ static PyObject *op_new(erdma_req *r, PyObject *keep, PyObject *index, double sl
 /* An Op complete from the start: a send that went into a local peer's
  * ring (the fields of a send's status; one tuple shared by all). */
 static PyObject *op_done_send(void) {
-  static PyObject *fields;
-  if (!fields && !(fields = Py_BuildValue("(llliO)", op_any_source, op_any_tag, 0L, 0, Py_False)))
+  PyObject *fields = op_done_fields;
+  if (!fields && !(fields = op_done_fields = Py_BuildValue("(llliO)", op_any_source,
+                                                           op_any_tag, 0L, 0, Py_False)))
     return NULL;
   PyTypeObject *tp = (PyTypeObject *)op_type;
   allocfunc a = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
@@ -1740,7 +1743,8 @@ static PyObject *pf_send_bytes(PyObject *self, PyObject *const *args, Py_ssize_t
  * where cb (one object, oob_cb) keeps a PickleBuffer of fewer than
  * `threshold` bytes in band, as msgpickle._OobBuffers does, and stops the
  * pickling at a larger one (exception oob_stop): such an object travels as
- * Python's out-of-band frame instead. */
+ * Python's out-of-band frame instead (pickled again there: its __reduce__
+ * runs twice, the price of not scanning every object for buffers first). */
 typedef struct {
   PyObject_HEAD
   Py_ssize_t threshold;
@@ -1766,7 +1770,8 @@ static PyObject *oobcb_call(PyObject *self, PyObject *args, PyObject *kw) {
 
 static PyType_Slot oobcb_slots[] = {{Py_tp_call, oobcb_call}, {0, NULL}};
 static PyType_Spec oobcb_spec = {"erdmampi._erdma_fast.OobCallback", sizeof(pf_oobcb), 0,
-                                 Py_TPFLAGS_DEFAULT, oobcb_slots};
+                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+                                 oobcb_slots};
 
 /* Types whose pickle holds no buffer (msgpickle._NO_BUFFERS, less complex). */
 static int no_buffers(PyObject *o) {
@@ -1872,14 +1877,13 @@ static int recv_alloc_at(pf_state *s, int src, long tag, uint32_t ctx, erdma_req
     rc = erdma_req_wait(req, s->slice, st);
   }
   PyEval_RestoreThread(ts);
-  if (rc == ERDMA_ERR_TIMEOUT) {
-    *res = Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req);
+  if (rc == ERDMA_ERR_TIMEOUT &&
+      (*res = Py_BuildValue("(iK)", rc, (unsigned long long)(uintptr_t)req)))
     return 0;
-  }
-  if (rc) {
+  if (rc) { /* failed, or pending with no answer to hand it over in: withdrawn */
     erdma_req_abort(req);
     erdma_req_free(req);
-    *res = Py_BuildValue("(iK)", rc, 0ull);
+    if (rc != ERDMA_ERR_TIMEOUT) *res = Py_BuildValue("(iK)", rc, 0ull);
     return 0;
   }
   *reqp = req;
@@ -1919,14 +1923,16 @@ static void more_dealloc(PyObject *self) {
   Py_DECREF(tp);
 }
 static PyObject *more_get_value(PyObject *self, void *c) {
-  return Py_NewRef(((pf_more *)self)->value);
+  PyObject *v = ((pf_more *)self)->value;
+  return Py_NewRef(v ? v : Py_None);
 }
 static PyGetSetDef more_getset[] = {{"value", more_get_value, NULL, NULL, NULL},
                                     {NULL, NULL, NULL, NULL, NULL}};
 static PyType_Slot more_slots[] = {
     {Py_tp_dealloc, more_dealloc}, {Py_tp_getset, more_getset}, {0, NULL}};
 static PyType_Spec more_spec = {"erdmampi._erdma_fast.More", sizeof(pf_more), 0,
-                                Py_TPFLAGS_DEFAULT, more_slots};
+                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+                                more_slots};
 
 /* A More holding `value` (stolen). */
 static PyObject *more_new(PyObject *value) {
@@ -2060,7 +2066,7 @@ static PyObject *pf_pair_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (mine) return mine;
   if (recv) return other;
   Py_RETURN_NONE;
-rest:
+rest: /* (out of memory here: the MemoryError leaves an unsent message unsent) */
   return more_new(Py_BuildValue("(lNNN)", base, sdata ? sdata : Py_NewRef(Py_None),
                                 odata ? odata : Py_NewRef(Py_None),
                                 got ? got : Py_NewRef(Py_None)));
@@ -2138,7 +2144,11 @@ int erdma_pyfast_init(const char *name) {
       oob_stop = PyErr_NewException("erdmampi._erdma_fast.OobStop", NULL, NULL);
       oob_type = oob_stop ? PyType_FromSpec(&oobcb_spec) : NULL;
       oob_kw = oob_type ? PyDict_New() : NULL;
-      PyObject *cb = oob_kw ? PyObject_CallNoArgs(oob_type) : NULL;
+      PyObject *cb = NULL;
+      if (oob_kw) {
+        allocfunc a = (allocfunc)PyType_GetSlot((PyTypeObject *)oob_type, Py_tp_alloc);
+        cb = a((PyTypeObject *)oob_type, 0);
+      }
       if (cb && PyDict_SetItemString(oob_kw, "buffer_callback", cb) == 0) oob_cb = cb;
       else Py_XDECREF(cb);
       PyErr_Clear();
