@@ -196,7 +196,12 @@ def render_page(functions, values, classes, methods):
             "  the same 10 arise on the CPU with Numba's simulator arrays).",
             "- `MPI.get_vendor()` names erdmampi, so code that branches on \"MPICH\"",
             "  takes its generic path (mpi4py's suite renames `FLOAT16_T` only for",
-            "  MPICH).", ""]
+            "  MPICH).",
+            "- The lowercase API pickles in C and stops at a buffer of",
+            "  `Pickle.THRESHOLD` bytes or more (protocol 5), which erdmampi sends",
+            "  out of band: such an object is pickled again in Python, so the",
+            "  `__reduce__` (or `__getstate__`) of what was pickled before that",
+            "  buffer runs twice, where mpi4py runs it once.", ""]
     return "\n".join(out)
 
 
