@@ -59,13 +59,11 @@ class CommObjColl:
         ``root``: the call's, checked here): its answer, or _NOTHING when
         the general path must run (nothing done: another size, a root not
         0 or 1, inside a nonblocking collective's thread, ...)."""
-        f = self._fast
-        if (f is None or root.__class__ is not int or not 0 <= root <= 1
-                or _collsched._icoll_running):
-            if (root.__class__ is not int or not 0 <= root <= 1 or _collsched._icoll_running
-                    or self._fast_obj_state() is None):
-                return _NOTHING
-            f = self._fast
+        if root.__class__ is not int or not 0 <= root <= 1 or _collsched._icoll_running:
+            return _NOTHING
+        f = self._fast or self._fast_obj_state()
+        if f is None:
+            return _NOTHING
         locks = self.__dict__.get("_objlocks")
         lock = locks and locks.get(key) or self._objlock(key)
         pkl = self._pkl

@@ -872,12 +872,7 @@ class CommP2P:
                 if not _fast_send_bytes(self._fast, data, dest, sendtag):
                     data = 0
             if not data:                            # sent: the receive
-                loads = pkl._loads
-                r = _fast_recv_obj(self._fast, source, recvtag,
-                                   loads if loads is _std_loads else None)
-                if r.__class__ is not _FastMore:
-                    return r
-                return self._recv_obj_rest(r.value, source, recvtag)
+                return self.recv(None, source, recvtag)
             sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
             obj = _wait_blocking(self._irecv_obj_op(source, recvtag))
             sreq.wait()
