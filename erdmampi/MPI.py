@@ -500,3 +500,7 @@ del _sys
 from ._docsig import sign as _sign_docstrings  # noqa: E402
 _sign_docstrings(globals())
 del _sign_docstrings
+# then Comm's one-call methods in C, with those signed docstrings
+from .comm import c_methods as _c_methods  # noqa: E402
+_c_methods()
+del _c_methods

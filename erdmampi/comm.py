@@ -9,9 +9,9 @@ counts; this module translates ranks through the communicator's
 (``ctx + 1``), with engine tags unique per call.
 """
 
-import zlib
-
+import pickle as _pickle
 import weakref
+import zlib
 
 from . import attributes as _attributes
 
@@ -44,6 +44,7 @@ from .comm_coll import CommColl
 from .comm_objcoll import CommObjColl
 from .comm_ulfm import CommULFM
 from ._objmodel import HandleBase
+from . import _membuf
 from .intracomm_inter import IntracommInter
 from .intracomm_topo import IntracommTopo
 
@@ -118,7 +119,6 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
     the state of that communicator when first checked (``_adopt``).
     """
 
-    _fast = None
     _p2p_misses = 0             # fast-path misses of Isend/Irecv/Sendrecv in a row
     _handle = HandleBase._h
     _csmall = _cranks = _arcache = _bccache = _bkcache = None
@@ -134,6 +134,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
         pass
 
     def _construct(self, comm=None):
+        self._fast = None
         self._ranks = None
         self._group = None
         self._rank = UNDEFINED
@@ -545,6 +546,49 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
 
 
 from .dpm import IntracommDPM  # noqa: E402
+
+
+# Comm's calls that are one fast call when it hits, as C method descriptors
+# (erdma_pyfast.c, "methods"): name -> (fast call; its arguments after the
+# state: the method's by index, the constants below by -1 - k; the
+# constants; the method that finishes any other answer; a mask of the
+# arguments that must be None; the extra argument: 1 the Pickle's wire, 2
+# its loads if pickle.loads; 1 if the call answers the method's result).
+# The Python method stays as _py_<name>: the C one calls it for keywords
+# and whatever else it does not take.
+_C_METHODS = {
+    "Send": ("send", (0, 1, 2), (), "_send_more", 0, 0, 0),
+    "Recv": ("recv", (0, 1, 2), (), "_recv_fast_more", 0b1000, 0, 0),
+    "Barrier": ("barrier", (), (), "_barrier_more", 0, 0, 0),
+    "Bcast": ("bcast", (0, 1), (), "_bcast_more", 0, 0, 0),
+    "Allreduce": ("allreduce", (0, 1, 2), (), "_allreduce_more", 0, 0, 0),
+    "Reduce_scatter_block": ("reduce_scatter", (0, 1, 2), (), "_reduce_scatter_more", 0, 0, 0),
+    "Alltoall": ("alltoall", (0, 1), (), "_alltoall_more", 0, 0, 0),
+    "Allgather": ("allgather", (0, 1), (), "_allgather_more", 0, 0, 0),
+    "Reduce": ("rooted", (-1, 0, 1, 3, 2), (2,), "_reduce_more", 0, 0, 0),
+    "Gather": ("rooted", (-1, 0, 1, 2, -2), (0, None), "_gather_more", 0, 0, 0),
+    "Scatter": ("rooted", (-1, 0, 1, 2, -2), (1, None), "_scatter_more", 0, 0, 0),
+    "send": ("send_obj", (0, 1, 2), (), "_send_obj_more", 0, 1, 0),
+    "recv": ("recv_obj", (1, 2), (), "_recv_obj_more", 0b1001, 2, 1),
+}
+
+
+def c_methods():
+    """Put the C methods of _C_METHODS on Comm, with the docstrings of the
+    Python ones (MPI signs those first); without the C module, nothing."""
+    fast = _engine.fast
+    if fast is None or not hasattr(fast, "method") or "_py_Send" in vars(Comm):
+        return
+    fast.setup(HandleBase, _membuf.FAST_OFFSET, _engine._deferred, _pickle.loads)
+    for slot, (name, spec) in enumerate(_C_METHODS.items()):
+        call, order, consts, more, none_mask, extra, result = spec
+        py = getattr(Comm, name)
+        dflt = py.__defaults__ or ()
+        nmax = py.__code__.co_argcount - 1
+        setattr(Comm, "_py_" + name, py)
+        setattr(Comm, name, fast.method(
+            Comm, slot, call, nmax - len(dflt), nmax, none_mask, dflt + consts, order,
+            more, "_py_" + name, name, py.__doc__, extra, result))
 
 
 class Intracomm(IntracommInter, IntracommTopo, IntracommDPM, Comm):

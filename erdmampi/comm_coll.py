@@ -471,8 +471,11 @@ class CommColl:
     def Barrier(self):
         """Block until every process has entered."""
         r = _fast_barrier(self._fast)       # one C call once remembered
-        if not r:
-            return
+        if r:
+            self._barrier_more(r)
+
+    def _barrier_more(self, r):
+        """Barrier after the fast call answered ``r`` (see _engine.fast)."""
         if r != 1:
             return _fast_coll_raise(r, "barrier")
         if self._small_ok("barrier"):
@@ -489,11 +492,16 @@ class CommColl:
     def Bcast(self, buf, root=0, *, compress=None):
         if compress is None:
             r = _fast_bcast(self._fast, buf, root)      # the Bcast remembered last
-            if not r:
-                return
-            if r != 1:
-                return _fast_coll_raise(r, "bcast")
-        if compress is None and type(root) is int and self._small_ok("bcast"):
+            if r:
+                self._bcast_more(r, buf, root)
+            return
+        self._c_bcast(buf, root, compress)()
+
+    def _bcast_more(self, r, buf, root):
+        """Bcast (no ``compress``) after the fast call answered ``r``."""
+        if r != 1:
+            return _fast_coll_raise(r, "bcast")
+        if type(root) is int and self._small_ok("bcast"):
             c = self._bccache       # the last call's resolved buffer, if the same
             n = len(self._ranks)
             if (c is not None and _spec_is(buf, c[0], c[1]) and c[0].nbytes == c[2]
@@ -524,7 +532,7 @@ class CommColl:
                 except _engine.EngineError as e:
                     raise engine_exception(e) from None
                 return
-        self._c_bcast(buf, root, compress)()
+        self._c_bcast(buf, root, None)()
 
     # -- small collectives in one engine call (erdma_coll_*) ----------------
     #
@@ -901,8 +909,11 @@ class CommColl:
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
         r = _fast_rooted(self._fast, 2, sendbuf, recvbuf, root, op)    # the one remembered last
-        if not r:
-            return
+        if r:
+            self._reduce_more(r, sendbuf, recvbuf, op, root)
+
+    def _reduce_more(self, r, sendbuf, recvbuf, op, root):
+        """Reduce after the fast call answered ``r`` (see _engine.fast)."""
         if r != 1:
             return _fast_coll_raise(r, "reduce")
         if self._rooted_fast("reduce", sendbuf, recvbuf, root, op):
@@ -913,18 +924,26 @@ class CommColl:
         if compress is None:
             # the small Allreduce remembered last: one C call (_engine.fast)
             r = _fast_allreduce(self._fast, sendbuf, recvbuf, op)
-            if not r:
-                return
-            if r != 1:
-                return _fast_coll_raise(r, "allreduce")
-            if self._small_allreduce(sendbuf, recvbuf, op):
-                return
+            if r:
+                self._allreduce_more(r, sendbuf, recvbuf, op)
+            return
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), compress)()
+
+    def _allreduce_more(self, r, sendbuf, recvbuf, op):
+        """Allreduce (no ``compress``) after the fast call answered ``r``."""
+        if r != 1:
+            return _fast_coll_raise(r, "allreduce")
+        if self._small_allreduce(sendbuf, recvbuf, op):
+            return
+        self._c_allreduce(sendbuf, recvbuf, _op_arg(op), None)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
         r = _fast_reduce_scatter(self._fast, sendbuf, recvbuf, op)  # the one remembered last
-        if not r:
-            return
+        if r:
+            self._reduce_scatter_more(r, sendbuf, recvbuf, op)
+
+    def _reduce_scatter_more(self, r, sendbuf, recvbuf, op):
+        """Reduce_scatter_block after the fast call answered ``r``."""
         if r != 1:
             return _fast_coll_raise(r, "reduce_scatter")
         if self._blocks_fast("reduce_scatter", sendbuf, recvbuf, op):
@@ -937,13 +956,18 @@ class CommColl:
     def Gather(self, sendbuf, recvbuf, root=0, *, compress=None):
         if compress is None:
             r = _fast_rooted(self._fast, 0, sendbuf, recvbuf, root, None)
-            if not r:
-                return
-            if r != 1:
-                return _fast_coll_raise(r, "gather")
-            if self._rooted_fast("gather", sendbuf, recvbuf, root):
-                return
+            if r:
+                self._gather_more(r, sendbuf, recvbuf, root)
+            return
         self._c_gather(sendbuf, recvbuf, root, compress)()
+
+    def _gather_more(self, r, sendbuf, recvbuf, root):
+        """Gather (no ``compress``) after the fast call answered ``r``."""
+        if r != 1:
+            return _fast_coll_raise(r, "gather")
+        if self._rooted_fast("gather", sendbuf, recvbuf, root):
+            return
+        self._c_gather(sendbuf, recvbuf, root, None)()
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         self._c_gatherv(sendbuf, recvbuf, root)()
@@ -951,27 +975,37 @@ class CommColl:
     def Scatter(self, sendbuf, recvbuf, root=0, *, compress=None):
         if compress is None:
             r = _fast_rooted(self._fast, 1, sendbuf, recvbuf, root, None)
-            if not r:
-                return
-            if r != 1:
-                return _fast_coll_raise(r, "scatter")
-            if self._rooted_fast("scatter", sendbuf, recvbuf, root):
-                return
+            if r:
+                self._scatter_more(r, sendbuf, recvbuf, root)
+            return
         self._c_scatter(sendbuf, recvbuf, root, compress)()
+
+    def _scatter_more(self, r, sendbuf, recvbuf, root):
+        """Scatter (no ``compress``) after the fast call answered ``r``."""
+        if r != 1:
+            return _fast_coll_raise(r, "scatter")
+        if self._rooted_fast("scatter", sendbuf, recvbuf, root):
+            return
+        self._c_scatter(sendbuf, recvbuf, root, None)()
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
         self._c_scatterv(sendbuf, recvbuf, root)()
 
     def Allgather(self, sendbuf, recvbuf, *, compress=None):
         if compress is None:
-            r = _fast_allgather(self._fast, sendbuf, recvbuf)   # the one remembered last
-            if not r:
-                return
-            if r != 1:
-                return _fast_coll_raise(r, "allgather")
-            if self._blocks_fast("allgather", sendbuf, recvbuf):
-                return
+            r = _fast_allgather(self._fast, sendbuf, recvbuf)    # the one remembered last
+            if r:
+                self._allgather_more(r, sendbuf, recvbuf)
+            return
         self._c_allgather(sendbuf, recvbuf, compress)()
+
+    def _allgather_more(self, r, sendbuf, recvbuf):
+        """Allgather (no ``compress``) after the fast call answered ``r``."""
+        if r != 1:
+            return _fast_coll_raise(r, "allgather")
+        if self._blocks_fast("allgather", sendbuf, recvbuf):
+            return
+        self._c_allgather(sendbuf, recvbuf, None)()
 
     def Allgatherv(self, sendbuf, recvbuf):
         self._c_allgatherv(sendbuf, recvbuf)()
@@ -979,13 +1013,18 @@ class CommColl:
     def Alltoall(self, sendbuf, recvbuf, *, compress=None):
         if compress is None:
             r = _fast_alltoall(self._fast, sendbuf, recvbuf)    # the one remembered last
-            if not r:
-                return
-            if r != 1:
-                return _fast_coll_raise(r, "alltoall")
-            if self._blocks_fast("alltoall", sendbuf, recvbuf):
-                return
+            if r:
+                self._alltoall_more(r, sendbuf, recvbuf)
+            return
         self._c_alltoall(sendbuf, recvbuf, compress)()
+
+    def _alltoall_more(self, r, sendbuf, recvbuf):
+        """Alltoall (no ``compress``) after the fast call answered ``r``."""
+        if r != 1:
+            return _fast_coll_raise(r, "alltoall")
+        if self._blocks_fast("alltoall", sendbuf, recvbuf):
+            return
+        self._c_alltoall(sendbuf, recvbuf, None)()
 
     def Alltoallv(self, sendbuf, recvbuf):
         self._c_alltoallv(sendbuf, recvbuf)()

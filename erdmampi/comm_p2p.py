@@ -426,6 +426,13 @@ class CommP2P:
                 return self._fast_status(r, buf, status)
         self._recv_more(buf, source, tag, status)
 
+    def _recv_fast_more(self, r, buf, source, tag, status=None):
+        """Recv (no ``status``) after the fast call answered ``r`` != 0
+        (see _engine.fast)."""
+        if r != 1:
+            return _fast_raise(r, buf, "recv")
+        self._recv_more(buf, source, tag, None)
+
     def _fast_status(self, r, keep, status):
         """Fill ``status`` from a fast receive's answer (as Request.Wait:
         MPI_ERROR untouched), then raise its error, if any."""
@@ -799,12 +806,16 @@ class CommP2P:
     def send(self, obj, dest, tag=0):
         """Send a Python object."""
         # pickled and (small, to a rank of this host) sent in one C call
-        pkl = self._pkl
-        data = _fast_send_obj(self._fast or self._fast_obj_state(), obj, dest, tag, pkl._wire)
-        if not data:
-            return
+        data = _fast_send_obj(self._fast or self._fast_obj_state(), obj, dest, tag,
+                              self._pkl._wire)
+        if data:
+            self._send_obj_more(data, obj, dest, tag)
+
+    def _send_obj_more(self, data, obj, dest, tag):
+        """send after send_obj answered ``data``: 1 (a miss: Python
+        pickles) or the pickle it made but did not send."""
         if data.__class__ is int:
-            data = pkl._encode(obj)
+            data = self._pkl._encode(obj)
             if not _fast_send_bytes(self._fast, data, dest, tag):
                 return
         Request._new(self._isend_obj_op(obj, dest, tag, data=data)).wait()
@@ -830,6 +841,10 @@ class CommP2P:
         if buf is not None:
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
         return _wait_blocking(self._irecv_obj_op(source, tag, buf), status)
+
+    def _recv_obj_more(self, more, buf, source, tag, status):
+        """recv (no ``buf``, no ``status``) after recv_obj answered a More."""
+        return self._recv_obj_rest(more.value, source, tag)
 
     def _recv_obj_rest(self, r, source, tag):
         """A recv whose fast recv_obj answered More(r): finish it."""
@@ -930,3 +945,4 @@ def _wait_blocking(op, status=None):
         except _engine.EngineError as e:
             raise engine_exception(e) from None
     return Request._new(op).wait(status)
+

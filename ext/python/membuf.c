@@ -590,10 +590,14 @@ static PyObject *mod_asbuffer(PyObject *mod, PyObject *args)
  * mpi4py's objects hold theirs (ob_mpi).  Python reads and writes it through
  * the member descriptor `_h` (each class may alias it under its own name);
  * `addressof(obj)` gives the field's address, so that C code (ctypes, cffi)
- * can read a handle or write one into an object (MPI._addressof). */
+ * can read a handle or write one into an object (MPI._addressof).
+ * `fast` (`_fast`) is a communicator's state of the one-call paths, which
+ * Comm sets when it builds the object: the engine's C methods read it at
+ * FAST_OFFSET (NULL reads as None there). */
 typedef struct {
     PyObject_HEAD
     uint64_t handle;
+    PyObject *fast;
 } HandleObject;
 
 static PyTypeObject *Handle_Type;
@@ -604,6 +608,7 @@ static void Handle_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    Py_CLEAR(((HandleObject *)self)->fast);
     tp_free(self);
     Py_DECREF((PyObject *)tp);
 }
@@ -611,6 +616,8 @@ static void Handle_dealloc(PyObject *self)
 static PyMemberDef Handle_members[] = {
     {"_h", T_ULONGLONG, offsetof(HandleObject, handle), 0,
      "The MPI handle, as stored in the object's C memory."},
+    {"_fast", T_OBJECT_EX, offsetof(HandleObject, fast), 0,
+     "A communicator's state of the one-call paths (unset until Comm sets it)."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -703,7 +710,9 @@ PyMODINIT_FUNC PyInit__membuf(void)
     Py_DECREF(type);
     type = PyType_FromSpec(&Handle_spec);
     if (type == NULL || PyModule_AddObjectRef(m, "handle", type) < 0
-            || PyModule_AddIntConstant(m, "HANDLE_SIZE", (long)sizeof(uint64_t)) < 0) {
+            || PyModule_AddIntConstant(m, "HANDLE_SIZE", (long)sizeof(uint64_t)) < 0
+            || PyModule_AddIntConstant(m, "FAST_OFFSET",
+                                       (long)offsetof(HandleObject, fast)) < 0) {
         Py_XDECREF(type);
         Py_DECREF(m);
         return NULL;

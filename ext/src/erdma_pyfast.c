@@ -2084,7 +2084,248 @@ fail:
   return NULL;
 }
 
+
+/* ---- methods: Comm's calls as C method descriptors ----
+ * A Python method costs a frame around its one fast call; a method
+ * descriptor (PyDescr_NewMethod) is called as directly as mpi4py's compiled
+ * methods.  setup(handle_type, fast_offset, reap, std_loads) tells where a
+ * communicator keeps its state (the `fast` field of erdmampi._membuf's
+ * handle base), the list of requests that wait to be reaped and
+ * pickle.loads.  method(cls, slot, fast, nmin, nmax, none_mask, defaults,
+ * order, more, full, name, doc, extra, result) fills slot `slot` of the
+ * table below and answers the descriptor, which takes nmin..nmax
+ * positional arguments, the last nmax - nmin with defaults[:nmax - nmin].
+ * A call with no keyword, the arguments named by none_mask (bit i:
+ * argument i) None, a state and no request waiting to be reaped calls the
+ * fast function `fast` on (state, then for each item i of `order`: argument
+ * i, or the constant defaults[nmax - nmin - 1 - i] for i < 0, then the
+ * `extra` argument: 1 self._pkl._wire, 2 self._pkl._loads if it is
+ * pickle.loads, else None).  result 0: an answer 0 returns None; result 1:
+ * an answer that is not a More is returned.  Any other answer r returns
+ * self.<more>(r, arguments...), the rest of the Python method; every other
+ * call returns self.<full>(*args, **kwargs), the Python method itself. */
+typedef PyObject *(*pf_fn)(PyObject *, PyObject *const *, Py_ssize_t);
+
+#define PF_MAXARGS 8
+typedef struct {
+  pf_fn fn;
+  int nmin, nmax, none_mask, norder, extra, result;
+  signed char order[PF_MAXARGS];
+  PyObject *dflt; /* tuple: nmax - nmin defaults, then the constants */
+  PyObject *more, *full;
+  PyMethodDef def;
+} pf_meth;
+
+static PyTypeObject *handle_type;
+static Py_ssize_t fast_offset;
+static PyObject *reap_list, *std_loads, *str_pkl, *str_wire, *str_loads;
+
+static PyObject *meth_full(pf_meth *m, PyObject *self, PyObject *const *args, Py_ssize_t n,
+                           PyObject *kwnames) {
+  Py_ssize_t nk = kwnames ? PyTuple_Size(kwnames) : 0;
+  PyObject *fn = PyObject_GetAttr(self, m->full);
+  PyObject *t = fn ? PyTuple_New(n) : NULL;
+  PyObject *kw = t && nk ? PyDict_New() : NULL;
+  PyObject *r = NULL;
+  if (!t || (nk && !kw)) goto out;
+  for (Py_ssize_t i = 0; i < n; i++) PyTuple_SetItem(t, i, Py_NewRef(args[i]));
+  for (Py_ssize_t i = 0; i < nk; i++)
+    if (PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[n + i]) < 0) goto out;
+  r = PyObject_Call(fn, t, kw);
+out:
+  Py_XDECREF(fn);
+  Py_XDECREF(t);
+  Py_XDECREF(kw);
+  return r;
+}
+
+/* The `extra` argument of m (a new reference), or NULL: take the full path
+ * (no error set). */
+static PyObject *meth_extra(const pf_meth *m, PyObject *self) {
+  PyObject *pkl = PyObject_GetAttr(self, str_pkl), *x = NULL;
+  if (pkl) {
+    x = PyObject_GetAttr(pkl, m->extra == 1 ? str_wire : str_loads);
+    Py_DECREF(pkl);
+  }
+  if (!x) PyErr_Clear();
+  else if (m->extra == 2 && x != std_loads) {
+    Py_DECREF(x);
+    x = Py_NewRef(Py_None);
+  }
+  return x;
+}
+
+static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py_ssize_t n,
+                           PyObject *kwnames) {
+  if (kwnames || n < m->nmin || n > m->nmax || PyList_Size(reap_list) != 0)
+    return meth_full(m, self, args, n, kwnames);
+  PyObject *all[PF_MAXARGS], *a[PF_MAXARGS + 2];
+  for (int i = 0; i < m->nmax; i++) {
+    all[i] = i < n ? args[i] : PyTuple_GetItem(m->dflt, i - m->nmin);
+    if ((m->none_mask >> i & 1) && all[i] != Py_None)
+      return meth_full(m, self, args, n, kwnames);
+  }
+  PyObject *state = *(PyObject **)((char *)self + fast_offset);
+  if (!state || (m->extra && state == Py_None)) /* Python makes the state */
+    return meth_full(m, self, args, n, kwnames);
+  int na = 1;
+  a[0] = state;
+  for (int i = 0; i < m->norder; i++)
+    a[na++] = m->order[i] >= 0
+                  ? all[m->order[i]]
+                  : PyTuple_GetItem(m->dflt, m->nmax - m->nmin - 1 - m->order[i]);
+  PyObject *x = NULL;
+  if (m->extra && !(a[na++] = x = meth_extra(m, self)))
+    return meth_full(m, self, args, n, kwnames);
+  Py_INCREF(state); /* the call may release the GIL, and another thread reset the field */
+  PyObject *r = m->fn(NULL, a, na);
+  Py_DECREF(state);
+  Py_XDECREF(x);
+  if (!r) return NULL;
+  if (m->result == 0 ? PyLong_CheckExact(r) && PyLong_AsLong(r) == 0
+                     : Py_TYPE(r) != (PyTypeObject *)more_type) {
+    if (m->result == 1) return r;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+  }
+  PyObject *more = PyObject_GetAttr(self, m->more);
+  PyObject *t = more ? PyTuple_New(m->nmax + 1) : NULL;
+  PyObject *out = NULL;
+  if (t) {
+    PyTuple_SetItem(t, 0, r);
+    r = NULL;
+    for (int i = 0; i < m->nmax; i++) PyTuple_SetItem(t, 1 + i, Py_NewRef(all[i]));
+    out = PyObject_Call(more, t, NULL);
+  }
+  Py_XDECREF(r);
+  Py_XDECREF(more);
+  Py_XDECREF(t);
+  return out;
+}
+
+#define PF_NMETH 16
+static pf_meth meths[PF_NMETH];
+#define PF_TRAMP(i)                                                                        \
+  static PyObject *meth_##i(PyObject *self, PyObject *const *args, Py_ssize_t n,          \
+                            PyObject *kw) {                                               \
+    return meth_call(&meths[i], self, args, n, kw);                                       \
+  }
+PF_TRAMP(0) PF_TRAMP(1) PF_TRAMP(2) PF_TRAMP(3) PF_TRAMP(4) PF_TRAMP(5) PF_TRAMP(6)
+PF_TRAMP(7) PF_TRAMP(8) PF_TRAMP(9) PF_TRAMP(10) PF_TRAMP(11) PF_TRAMP(12) PF_TRAMP(13)
+PF_TRAMP(14) PF_TRAMP(15)
+typedef PyObject *(*pf_fastkw)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
+static const pf_fastkw tramps[PF_NMETH] = {meth_0, meth_1, meth_2, meth_3, meth_4, meth_5,
+                                           meth_6, meth_7, meth_8, meth_9, meth_10, meth_11,
+                                           meth_12, meth_13, meth_14, meth_15};
+
+static const struct {
+  const char *name;
+  pf_fn fn;
+} fast_fns[] = {{"send", pf_send},
+                {"recv", pf_recv},
+                {"barrier", pf_barrier},
+                {"bcast", pf_bcast},
+                {"allreduce", pf_allreduce},
+                {"reduce_scatter", pf_reduce_scatter},
+                {"alltoall", pf_alltoall},
+                {"allgather", pf_allgather},
+                {"rooted", pf_rooted},
+                {"send_obj", pf_send_obj},
+                {"recv_obj", pf_recv_obj},
+                {NULL, NULL}};
+
+/* setup(handle_type, fast_offset, reap, std_loads) */
+static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long off;
+  if (n != 4 || !PyType_Check(args[0]) ||
+      !small_int(args[1], (long)sizeof(PyObject), 4096, &off) || !PyList_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "setup(): bad arguments");
+    return NULL;
+  }
+  if (handle_type) {
+    PyErr_SetString(PyExc_ValueError, "setup(): already done");
+    return NULL;
+  }
+  if (!(str_pkl = PyUnicode_InternFromString("_pkl")) ||
+      !(str_wire = PyUnicode_InternFromString("_wire")) ||
+      !(str_loads = PyUnicode_InternFromString("_loads")))
+    return NULL;
+  handle_type = (PyTypeObject *)Py_NewRef(args[0]);
+  fast_offset = off;
+  reap_list = Py_NewRef(args[2]);
+  std_loads = Py_NewRef(args[3]);
+  Py_RETURN_NONE;
+}
+
+static int utf8_dup(PyObject *o, char **out) {
+  const char *u = PyUnicode_Check(o) ? PyUnicode_AsUTF8AndSize(o, NULL) : NULL;
+  *out = u ? strdup(u) : NULL;
+  return *out != NULL;
+}
+
+/* method(cls, slot, fast, nmin, nmax, none_mask, defaults, order, more, full,
+ * name, doc, extra, result) */
+static PyObject *pf_method(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  long slot, nmin, nmax, none_mask, extra, res;
+  Py_ssize_t nd = n == 14 && PyTuple_Check(args[6]) ? PyTuple_Size(args[6]) : -1;
+  Py_ssize_t no = n == 14 && PyTuple_Check(args[7]) ? PyTuple_Size(args[7]) : -1;
+  if (n != 14 || !handle_type || !PyType_Check(args[0]) ||
+      !PyType_IsSubtype((PyTypeObject *)args[0], handle_type) ||
+      !small_int(args[1], 0, PF_NMETH - 1, &slot) || !PyUnicode_Check(args[2]) ||
+      !small_int(args[3], 0, PF_MAXARGS, &nmin) || !small_int(args[4], nmin, PF_MAXARGS, &nmax) ||
+      !small_int(args[5], 0, (1L << nmax) - 1, &none_mask) || nd < nmax - nmin || no < 0 ||
+      no > PF_MAXARGS || !PyUnicode_Check(args[8]) || !PyUnicode_Check(args[9]) ||
+      !small_int(args[12], 0, 2, &extra) || !small_int(args[13], 0, 1, &res)) {
+    PyErr_SetString(PyExc_TypeError, "method(): bad arguments");
+    return NULL;
+  }
+  pf_meth *m = &meths[slot];
+  if (m->def.ml_name) {
+    PyErr_SetString(PyExc_ValueError, "method(): slot taken");
+    return NULL;
+  }
+  for (Py_ssize_t i = 0; i < no; i++) {
+    long o;
+    if (!small_int(PyTuple_GetItem(args[7], i), -(nd - (nmax - nmin)), nmax - 1, &o)) {
+      PyErr_SetString(PyExc_ValueError, "method(): order names no argument or constant");
+      return NULL;
+    }
+    m->order[i] = (signed char)o;
+  }
+  const char *fname = PyUnicode_AsUTF8AndSize(args[2], NULL);
+  pf_fn fn = NULL;
+  for (int i = 0; fname && fast_fns[i].name; i++)
+    if (!strcmp(fast_fns[i].name, fname)) fn = fast_fns[i].fn;
+  if (!fn) {
+    PyErr_SetString(PyExc_ValueError, "method(): no such fast call");
+    return NULL;
+  }
+  char *name, *doc = NULL; /* doc None: none */
+  if (!utf8_dup(args[10], &name)) return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+  if (args[11] != Py_None && !utf8_dup(args[11], &doc)) {
+    free(name);
+    return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+  }
+  m->fn = fn;
+  m->nmin = (int)nmin;
+  m->nmax = (int)nmax;
+  m->none_mask = (int)none_mask;
+  m->norder = (int)no;
+  m->extra = (int)extra;
+  m->result = (int)res;
+  m->dflt = Py_NewRef(args[6]);
+  m->more = Py_NewRef(args[8]);
+  m->full = Py_NewRef(args[9]);
+  m->def.ml_name = name;
+  m->def.ml_meth = (PyCFunction)(void (*)(void))tramps[slot];
+  m->def.ml_flags = METH_FASTCALL | METH_KEYWORDS;
+  m->def.ml_doc = doc;
+  return PyDescr_NewMethod((PyTypeObject *)args[0], &m->def);
+}
+
 static PyMethodDef pf_methods[] = {
+    {"method", (PyCFunction)(void (*)(void))pf_method, METH_FASTCALL, NULL},
+    {"setup", (PyCFunction)(void (*)(void))pf_setup, METH_FASTCALL, NULL},
     {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
      NULL},
     {"allreduce", (PyCFunction)(void (*)(void))pf_allreduce, METH_FASTCALL, NULL},
