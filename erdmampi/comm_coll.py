@@ -490,6 +490,7 @@ class CommColl:
         self._c_barrier()()
 
     def Bcast(self, buf, root=0, *, compress=None):
+        """Broadcast a buffer from ``root`` to every process."""
         if compress is None:
             r = _fast_bcast(self._fast, buf, root)      # the Bcast remembered last
             if r:
@@ -908,6 +909,7 @@ class CommColl:
             (0 if sarr is None else sarr.nbytes) + (0 if rarr is None else rarr.nbytes))
 
     def Reduce(self, sendbuf, recvbuf, op=_SUM, root=0):
+        """Reduce every process's buffer with ``op`` into ``root``'s."""
         r = _fast_rooted(self._fast, 2, sendbuf, recvbuf, root, op)    # the one remembered last
         if r:
             self._reduce_more(r, sendbuf, recvbuf, op, root)
@@ -921,6 +923,7 @@ class CommColl:
         self._c_reduce(sendbuf, recvbuf, _op_arg(op), root)()
 
     def Allreduce(self, sendbuf, recvbuf, op=_SUM, *, compress=None):
+        """Reduce every process's buffer with ``op``; every process gets the result."""
         if compress is None:
             # the small Allreduce remembered last: one C call (_engine.fast)
             r = _fast_allreduce(self._fast, sendbuf, recvbuf, op)
@@ -938,6 +941,7 @@ class CommColl:
         self._c_allreduce(sendbuf, recvbuf, _op_arg(op), None)()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=_SUM):
+        """Reduce with ``op``, then scatter equal blocks of the result."""
         r = _fast_reduce_scatter(self._fast, sendbuf, recvbuf, op)  # the one remembered last
         if r:
             self._reduce_scatter_more(r, sendbuf, recvbuf, op)
@@ -954,6 +958,7 @@ class CommColl:
         self._c_reduce_scatter(sendbuf, recvbuf, recvcounts, _op_arg(op), False)()
 
     def Gather(self, sendbuf, recvbuf, root=0, *, compress=None):
+        """Gather every process's buffer into ``root``'s receive buffer."""
         if compress is None:
             r = _fast_rooted(self._fast, 0, sendbuf, recvbuf, root, None)
             if r:
@@ -973,6 +978,7 @@ class CommColl:
         self._c_gatherv(sendbuf, recvbuf, root)()
 
     def Scatter(self, sendbuf, recvbuf, root=0, *, compress=None):
+        """Scatter equal blocks of ``root``'s send buffer to every process."""
         if compress is None:
             r = _fast_rooted(self._fast, 1, sendbuf, recvbuf, root, None)
             if r:
@@ -992,6 +998,7 @@ class CommColl:
         self._c_scatterv(sendbuf, recvbuf, root)()
 
     def Allgather(self, sendbuf, recvbuf, *, compress=None):
+        """Gather every process's buffer into every process's receive buffer."""
         if compress is None:
             r = _fast_allgather(self._fast, sendbuf, recvbuf)    # the one remembered last
             if r:
@@ -1011,6 +1018,7 @@ class CommColl:
         self._c_allgatherv(sendbuf, recvbuf)()
 
     def Alltoall(self, sendbuf, recvbuf, *, compress=None):
+        """Send block i of the send buffer to process i; receive block j from process j."""
         if compress is None:
             r = _fast_alltoall(self._fast, sendbuf, recvbuf)    # the one remembered last
             if r:
