@@ -555,7 +555,7 @@ from .dpm import IntracommDPM  # noqa: E402
 # arguments that must be None; the extra argument: 1 the Pickle's wire, 2
 # its loads if pickle.loads; 1 if the call answers the method's result).
 # The Python method stays as _py_<name>: the C one calls it for keywords
-# and whatever else it does not take.
+# it does not know (keyword-only ones) and whatever else it does not take.
 _C_METHODS = {
     "Send": ("send", (0, 1, 2), (), "_send_more", 0, 0, 0),
     "Recv": ("recv", (0, 1, 2), (), "_recv_fast_more", 0b1000, 0, 0),
@@ -588,7 +588,8 @@ def c_methods():
         setattr(Comm, "_py_" + name, py)
         setattr(Comm, name, fast.method(
             Comm, slot, call, nmax - len(dflt), nmax, none_mask, dflt + consts, order,
-            more, "_py_" + name, name, py.__doc__, extra, result))
+            more, "_py_" + name, name, py.__doc__, extra, result,
+            py.__code__.co_varnames[1:nmax + 1]))
 
 
 class Intracomm(IntracommInter, IntracommTopo, IntracommDPM, Comm):

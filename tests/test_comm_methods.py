@@ -57,8 +57,9 @@ from erdmampi import MPI
 from erdmampi._engine import fast
 from erdmampi._membuf import handle
 # cls, slot, fast, nmin, nmax, none_mask, defaults, order, more, full, name, doc,
-# extra, result: valid but for the one item changed
-GOOD = [MPI.Comm, 15, "send", 2, 3, 0, (0,), (0, 1, 2), "a", "b", "X", None, 0, 0]
+# extra, result, names: valid but for the one item changed
+GOOD = [MPI.Comm, 15, "send", 2, 3, 0, (0,), (0, 1, 2), "a", "b", "X", None, 0, 0,
+        ("buf", "dest", "tag")]
 def refused(exc, i, value):
     args = list(GOOD)
     if i is None:
@@ -82,6 +83,7 @@ ok = [
     refused(TypeError, 5, 8),                   # None-mask past the arguments
     refused(TypeError, 12, 3),                  # no such extra argument
     refused(TypeError, 13, 2),                  # no such result
+    refused(TypeError, 14, ("buf", "dest")),    # a name missing
 ]
 try:
     fast.setup(handle, 24, [], pickle.loads)
@@ -89,7 +91,7 @@ except ValueError:
     ok.append(True)
 print(ok)
 """)
-    assert out.strip() == str([True] * 12)
+    assert out.strip() == str([True] * 13)
 
 
 def test_a_request_waiting_to_be_reaped_sends_the_call_to_python():
@@ -106,10 +108,24 @@ def spy(self, *args, **kw):
     calls.append(args)
     return py(self, *args, **kw)
 MPI.Comm._py_Send = spy
-rq = c.Irecv(b, 0, 1)
-c.Send(a, 0, 1)
-rq.Wait()
+for _ in range(3):       # positional and keyword calls stay in C
+    rq = c.Irecv(b, 0, 1)
+    c.Send(a, 0, 1)
+    rq.Wait()
+    rq = c.Irecv(b, 0, 1)
+    c.Send(tag=1, buf=a, dest=0)
+    rq.Wait()
 assert calls == [], calls
+rq = c.Irecv(b, 0, 1)
+try:
+    c.Send(a, 0, dest=0)
+except TypeError:
+    pass
+else:
+    raise AssertionError("no TypeError for dest given twice")
+rq.Cancel()
+rq.Wait()
+calls.clear()
 _engine._deferred.append(type("Fake", (), {"free": lambda self: None})())
 rq = c.Irecv(b, 0, 2)
 c.Send(a, 0, 2)

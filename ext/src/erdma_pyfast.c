@@ -2092,11 +2092,12 @@ fail:
  * communicator keeps its state (the `fast` field of erdmampi._membuf's
  * handle base), the list of requests that wait to be reaped and
  * pickle.loads.  method(cls, slot, fast, nmin, nmax, none_mask, defaults,
- * order, more, full, name, doc, extra, result) fills slot `slot` of the
- * table below and answers the descriptor, which takes nmin..nmax
- * positional arguments, the last nmax - nmin with defaults[:nmax - nmin].
- * A call with no keyword, the arguments named by none_mask (bit i:
- * argument i) None, a state and no request waiting to be reaped calls the
+ * order, more, full, name, doc, extra, result, names) fills slot `slot` of
+ * the table below and answers the descriptor, which takes nmin..nmax
+ * arguments, by position or by the keywords `names`, the last nmax - nmin
+ * with defaults[:nmax - nmin].  A call whose arguments all bind so, those
+ * named by none_mask (bit i: argument i) None, with a state and no request
+ * waiting to be reaped, calls the
  * fast function `fast` on (state, then for each item i of `order`: argument
  * i, or the constant defaults[nmax - nmin - 1 - i] for i < 0, then the
  * `extra` argument: 1 self._pkl._wire, 2 self._pkl._loads if it is
@@ -2112,6 +2113,7 @@ typedef struct {
   int nmin, nmax, none_mask, norder, extra, result;
   signed char order[PF_MAXARGS];
   PyObject *dflt; /* tuple: nmax - nmin defaults, then the constants */
+  PyObject *names; /* tuple: the nmax parameters' names */
   PyObject *more, *full;
   PyMethodDef def;
 } pf_meth;
@@ -2155,13 +2157,38 @@ static PyObject *meth_extra(const pf_meth *m, PyObject *self) {
   return x;
 }
 
+/* The index of parameter `kw` of m, else -1 (an error set only when a
+ * comparison failed). */
+static int meth_param(const pf_meth *m, PyObject *kw) {
+  for (int i = 0; i < m->nmax; i++)
+    if (PyTuple_GetItem(m->names, i) == kw) return i; /* call sites' names are interned */
+  for (int i = 0; i < m->nmax; i++) {
+    int eq = PyObject_RichCompareBool(PyTuple_GetItem(m->names, i), kw, Py_EQ);
+    if (eq) return eq > 0 ? i : -1;
+  }
+  return -1;
+}
+
 static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py_ssize_t n,
                            PyObject *kwnames) {
-  if (kwnames || n < m->nmin || n > m->nmax || PyList_Size(reap_list) != 0)
+  Py_ssize_t nk = kwnames ? PyTuple_Size(kwnames) : 0;
+  if (n > m->nmax || nk > m->nmax || PyList_Size(reap_list) != 0)
     return meth_full(m, self, args, n, kwnames);
   PyObject *all[PF_MAXARGS], *a[PF_MAXARGS + 2];
+  for (int i = 0; i < m->nmax; i++) all[i] = i < n ? args[i] : NULL;
+  for (Py_ssize_t k = 0; k < nk; k++) { /* a keyword the Python method would refuse: it does */
+    int i = meth_param(m, PyTuple_GetItem(kwnames, k));
+    if (i < 0 || all[i]) {
+      PyErr_Clear();
+      return meth_full(m, self, args, n, kwnames);
+    }
+    all[i] = args[n + k];
+  }
   for (int i = 0; i < m->nmax; i++) {
-    all[i] = i < n ? args[i] : PyTuple_GetItem(m->dflt, i - m->nmin);
+    if (!all[i]) {
+      if (i < m->nmin) return meth_full(m, self, args, n, kwnames);
+      all[i] = PyTuple_GetItem(m->dflt, i - m->nmin);
+    }
     if ((m->none_mask >> i & 1) && all[i] != Py_None)
       return meth_full(m, self, args, n, kwnames);
   }
@@ -2264,18 +2291,19 @@ static int utf8_dup(PyObject *o, char **out) {
 }
 
 /* method(cls, slot, fast, nmin, nmax, none_mask, defaults, order, more, full,
- * name, doc, extra, result) */
+ * name, doc, extra, result, names) */
 static PyObject *pf_method(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long slot, nmin, nmax, none_mask, extra, res;
-  Py_ssize_t nd = n == 14 && PyTuple_Check(args[6]) ? PyTuple_Size(args[6]) : -1;
-  Py_ssize_t no = n == 14 && PyTuple_Check(args[7]) ? PyTuple_Size(args[7]) : -1;
-  if (n != 14 || !handle_type || !PyType_Check(args[0]) ||
+  Py_ssize_t nd = n == 15 && PyTuple_Check(args[6]) ? PyTuple_Size(args[6]) : -1;
+  Py_ssize_t no = n == 15 && PyTuple_Check(args[7]) ? PyTuple_Size(args[7]) : -1;
+  if (n != 15 || !handle_type || !PyType_Check(args[0]) ||
       !PyType_IsSubtype((PyTypeObject *)args[0], handle_type) ||
       !small_int(args[1], 0, PF_NMETH - 1, &slot) || !PyUnicode_Check(args[2]) ||
       !small_int(args[3], 0, PF_MAXARGS, &nmin) || !small_int(args[4], nmin, PF_MAXARGS, &nmax) ||
       !small_int(args[5], 0, (1L << nmax) - 1, &none_mask) || nd < nmax - nmin || no < 0 ||
       no > PF_MAXARGS || !PyUnicode_Check(args[8]) || !PyUnicode_Check(args[9]) ||
-      !small_int(args[12], 0, 2, &extra) || !small_int(args[13], 0, 1, &res)) {
+      !small_int(args[12], 0, 2, &extra) || !small_int(args[13], 0, 1, &res) ||
+      !PyTuple_Check(args[14]) || PyTuple_Size(args[14]) != nmax) {
     PyErr_SetString(PyExc_TypeError, "method(): bad arguments");
     return NULL;
   }
@@ -2314,6 +2342,7 @@ static PyObject *pf_method(PyObject *self, PyObject *const *args, Py_ssize_t n) 
   m->extra = (int)extra;
   m->result = (int)res;
   m->dflt = Py_NewRef(args[6]);
+  m->names = Py_NewRef(args[14]);
   m->more = Py_NewRef(args[8]);
   m->full = Py_NewRef(args[9]);
   m->def.ml_name = name;
