@@ -579,7 +579,11 @@ def c_methods():
     fast = _engine.fast
     if fast is None or not hasattr(fast, "method") or "_py_Send" in vars(Comm):
         return
-    fast.setup(HandleBase, _membuf.FAST_OFFSET, _engine._deferred, _pickle.loads)
+    try:
+        fast.setup(HandleBase, _membuf.FAST_OFFSET, _engine._deferred, _engine._reap_deferred,
+                   _pickle.loads)
+    except ValueError:      # done by an earlier import of this module (reloaded)
+        return
     for slot, (name, spec) in enumerate(_C_METHODS.items()):
         call, order, consts, more, none_mask, extra, result = spec
         py = getattr(Comm, name)

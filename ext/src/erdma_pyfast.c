@@ -2088,16 +2088,16 @@ fail:
 /* ---- methods: Comm's calls as C method descriptors ----
  * A Python method costs a frame around its one fast call; a method
  * descriptor (PyDescr_NewMethod) is called as directly as mpi4py's compiled
- * methods.  setup(handle_type, fast_offset, reap, std_loads) tells where a
- * communicator keeps its state (the `fast` field of erdmampi._membuf's
- * handle base), the list of requests that wait to be reaped and
- * pickle.loads.  method(cls, slot, fast, nmin, nmax, none_mask, defaults,
+ * methods.  setup(handle_type, fast_offset, reap_list, reap, std_loads)
+ * tells where a communicator keeps its state (the `fast` field of
+ * erdmampi._membuf's handle base), the list of requests freed by the user
+ * that wait to be reaped, the function that reaps them (called first while
+ * the list is not empty, as the Python Send does) and pickle.loads.  method(cls, slot, fast, nmin, nmax, none_mask, defaults,
  * order, more, full, name, doc, extra, result, names) fills slot `slot` of
  * the table below and answers the descriptor, which takes nmin..nmax
  * arguments, by position or by the keywords `names`, the last nmax - nmin
  * with defaults[:nmax - nmin].  A call whose arguments all bind so, those
- * named by none_mask (bit i: argument i) None, with a state and no request
- * waiting to be reaped, calls the
+ * named by none_mask (bit i: argument i) None, and with a state, calls the
  * fast function `fast` on (state, then for each item i of `order`: argument
  * i, or the constant defaults[nmax - nmin - 1 - i] for i < 0, then the
  * `extra` argument: 1 self._pkl._wire, 2 self._pkl._loads if it is
@@ -2120,7 +2120,7 @@ typedef struct {
 
 static PyTypeObject *handle_type;
 static Py_ssize_t fast_offset;
-static PyObject *reap_list, *std_loads, *str_pkl, *str_wire, *str_loads;
+static PyObject *reap_list, *reap, *std_loads, *str_pkl, *str_wire, *str_loads;
 
 static PyObject *meth_full(pf_meth *m, PyObject *self, PyObject *const *args, Py_ssize_t n,
                            PyObject *kwnames) {
@@ -2172,8 +2172,12 @@ static int meth_param(const pf_meth *m, PyObject *kw) {
 static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py_ssize_t n,
                            PyObject *kwnames) {
   Py_ssize_t nk = kwnames ? PyTuple_Size(kwnames) : 0;
-  if (n > m->nmax || nk > m->nmax || PyList_Size(reap_list) != 0)
-    return meth_full(m, self, args, n, kwnames);
+  if (n > m->nmax || nk > m->nmax) return meth_full(m, self, args, n, kwnames);
+  if (PyList_Size(reap_list) != 0) { /* requests freed by the user: as Python's Send */
+    PyObject *o = PyObject_CallNoArgs(reap);
+    if (!o) return NULL;
+    Py_DECREF(o);
+  }
   PyObject *all[PF_MAXARGS], *a[PF_MAXARGS + 2];
   for (int i = 0; i < m->nmax; i++) all[i] = i < n ? args[i] : NULL;
   for (Py_ssize_t k = 0; k < nk; k++) { /* a keyword the Python method would refuse: it does */
@@ -2195,6 +2199,9 @@ static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py
   PyObject *state = *(PyObject **)((char *)self + fast_offset);
   if (!state || (m->extra && state == Py_None)) /* Python makes the state */
     return meth_full(m, self, args, n, kwnames);
+  /* held: the calls below may run Python code (a property, another thread
+   * while the GIL is released) that resets the field */
+  Py_INCREF(state);
   int na = 1;
   a[0] = state;
   for (int i = 0; i < m->norder; i++)
@@ -2202,14 +2209,15 @@ static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py
                   ? all[m->order[i]]
                   : PyTuple_GetItem(m->dflt, m->nmax - m->nmin - 1 - m->order[i]);
   PyObject *x = NULL;
-  if (m->extra && !(a[na++] = x = meth_extra(m, self)))
+  if (m->extra && !(a[na++] = x = meth_extra(m, self))) {
+    Py_DECREF(state);
     return meth_full(m, self, args, n, kwnames);
-  Py_INCREF(state); /* the call may release the GIL, and another thread reset the field */
+  }
   PyObject *r = m->fn(NULL, a, na);
   Py_DECREF(state);
   Py_XDECREF(x);
   if (!r) return NULL;
-  if (m->result == 0 ? PyLong_CheckExact(r) && PyLong_AsLong(r) == 0
+  if (m->result == 0 ? PyLong_CheckExact(r) && PyObject_IsTrue(r) == 0
                      : Py_TYPE(r) != (PyTypeObject *)more_type) {
     if (m->result == 1) return r;
     Py_DECREF(r);
@@ -2227,6 +2235,8 @@ static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py
   Py_XDECREF(r);
   Py_XDECREF(more);
   Py_XDECREF(t);
+  if (out && m->result == 0) /* the Python method returned None after its rest */
+    Py_DECREF(out), out = Py_NewRef(Py_None);
   return out;
 }
 
@@ -2261,11 +2271,12 @@ static const struct {
                 {"recv_obj", pf_recv_obj},
                 {NULL, NULL}};
 
-/* setup(handle_type, fast_offset, reap, std_loads) */
+/* setup(handle_type, fast_offset, reap_list, reap, std_loads) */
 static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long off;
-  if (n != 4 || !PyType_Check(args[0]) ||
-      !small_int(args[1], (long)sizeof(PyObject), 4096, &off) || !PyList_Check(args[2])) {
+  if (n != 5 || !PyType_Check(args[0]) ||
+      !small_int(args[1], (long)sizeof(PyObject), 4096, &off) || !PyList_Check(args[2]) ||
+      !PyCallable_Check(args[3]) || !PyCallable_Check(args[4])) {
     PyErr_SetString(PyExc_TypeError, "setup(): bad arguments");
     return NULL;
   }
@@ -2273,20 +2284,28 @@ static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     PyErr_SetString(PyExc_ValueError, "setup(): already done");
     return NULL;
   }
-  if (!(str_pkl = PyUnicode_InternFromString("_pkl")) ||
-      !(str_wire = PyUnicode_InternFromString("_wire")) ||
-      !(str_loads = PyUnicode_InternFromString("_loads")))
+  if ((!str_pkl && !(str_pkl = PyUnicode_InternFromString("_pkl"))) ||
+      (!str_wire && !(str_wire = PyUnicode_InternFromString("_wire"))) ||
+      (!str_loads && !(str_loads = PyUnicode_InternFromString("_loads"))))
     return NULL;
   handle_type = (PyTypeObject *)Py_NewRef(args[0]);
   fast_offset = off;
   reap_list = Py_NewRef(args[2]);
-  std_loads = Py_NewRef(args[3]);
+  reap = Py_NewRef(args[3]);
+  std_loads = Py_NewRef(args[4]);
   Py_RETURN_NONE;
 }
 
+/* a malloc'd copy of str o: 1; else 0 with an exception set */
 static int utf8_dup(PyObject *o, char **out) {
-  const char *u = PyUnicode_Check(o) ? PyUnicode_AsUTF8AndSize(o, NULL) : NULL;
-  *out = u ? strdup(u) : NULL;
+  *out = NULL;
+  if (!PyUnicode_Check(o)) {
+    PyErr_SetString(PyExc_TypeError, "method(): a name or doc is not a str");
+    return 0;
+  }
+  const char *u = PyUnicode_AsUTF8AndSize(o, NULL);
+  if (!u) return 0;
+  if (!(*out = strdup(u))) PyErr_NoMemory();
   return *out != NULL;
 }
 
@@ -2329,10 +2348,10 @@ static PyObject *pf_method(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     return NULL;
   }
   char *name, *doc = NULL; /* doc None: none */
-  if (!utf8_dup(args[10], &name)) return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+  if (!utf8_dup(args[10], &name)) return NULL;
   if (args[11] != Py_None && !utf8_dup(args[11], &doc)) {
     free(name);
-    return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    return NULL;
   }
   m->fn = fn;
   m->nmin = (int)nmin;
@@ -2349,7 +2368,13 @@ static PyObject *pf_method(PyObject *self, PyObject *const *args, Py_ssize_t n) 
   m->def.ml_meth = (PyCFunction)(void (*)(void))tramps[slot];
   m->def.ml_flags = METH_FASTCALL | METH_KEYWORDS;
   m->def.ml_doc = doc;
-  return PyDescr_NewMethod((PyTypeObject *)args[0], &m->def);
+  PyObject *d = PyDescr_NewMethod((PyTypeObject *)args[0], &m->def);
+  if (!d) { /* the slot stays free (its references are kept: a few bytes) */
+    m->def.ml_name = NULL;
+    free(name);
+    free(doc);
+  }
+  return d;
 }
 
 static PyMethodDef pf_methods[] = {
