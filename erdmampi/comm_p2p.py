@@ -416,14 +416,12 @@ class CommP2P:
         # fast path as in Send
         if status is None:
             r = _fast_recv(self._fast, buf, source, tag)
-            if not r:
-                return
-            if r != 1:
-                return _fast_raise(r, buf, "recv")
-        else:
-            r = _fast_recv_status(self._fast, buf, source, tag)
-            if r != 1:
-                return self._fast_status(r, buf, status)
+            if r:
+                self._recv_fast_more(r, buf, source, tag)
+            return
+        r = _fast_recv_status(self._fast, buf, source, tag)
+        if r != 1:
+            return self._fast_status(r, buf, status)
         self._recv_more(buf, source, tag, status)
 
     def _recv_fast_more(self, r, buf, source, tag, status=None):
@@ -945,4 +943,3 @@ def _wait_blocking(op, status=None):
         except _engine.EngineError as e:
             raise engine_exception(e) from None
     return Request._new(op).wait(status)
-

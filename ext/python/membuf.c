@@ -593,7 +593,7 @@ static PyObject *mod_asbuffer(PyObject *mod, PyObject *args)
  * can read a handle or write one into an object (MPI._addressof).
  * `fast` (`_fast`) is a communicator's state of the one-call paths, which
  * Comm sets when it builds the object: the engine's C methods read it at
- * FAST_OFFSET (NULL reads as None there). */
+ * FAST_OFFSET (NULL: they hand the call to the Python method). */
 typedef struct {
     PyObject_HEAD
     uint64_t handle;
