@@ -121,7 +121,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
 
     _p2p_misses = 0             # fast-path misses of Isend/Irecv/Sendrecv in a row
     _handle = HandleBase._h
-    _csmall = _cranks = _arcache = _bccache = _bkcache = None
+    _csmall = _cranks = _arcache = _bccache = _bkcache = _lastlay = None
 
     def __new__(cls, comm=None, *args, **kwargs):
         # mpi4py's types build the object in __new__ (a subclass overriding

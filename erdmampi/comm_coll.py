@@ -666,7 +666,22 @@ class CommColl:
         self._fast_remember("allreduce", _fast_remember_allreduce, (
             IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],
             c[10], c[11], c[12], 0 if sarr is None else sarr.flags.num, rarr.flags.num,
-            _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints))
+            _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints,
+            self._new_arrays("allreduce", rarr, sarr), 0, -1.0))
+
+    def _new_arrays(self, name, rarr, sarr):
+        """Whether the call of ``name`` just resolved passed arrays of the
+        layouts of the one resolved before (a program that makes its arrays
+        anew for every call, ``comm.Allreduce(np.array([x]), out)``): the C
+        fast path then remembers the call by the arrays' layouts, not by the
+        arrays themselves."""
+        key = (rarr.shape, rarr.strides, rarr.dtype,
+               None if sarr is None else (sarr.shape, sarr.strides, sarr.dtype))
+        if self._lastlay is None:
+            self._lastlay = {}
+        old = self._lastlay.get(name)
+        self._lastlay[name] = key
+        return old == key
 
     # -- block collectives in one engine call --------------------------------
     #
@@ -703,7 +718,9 @@ class CommColl:
                 IN_PLACE if c[3] is _UNUSED else sendbuf, None if c[3] is _UNUSED else c[2],
                 None if c[3] is _UNUSED else c[3], recvbuf, c[0], c[1], op, count, opc, dtc,
                 0 if c[3] is _UNUSED else c[2].flags.num, c[0].flags.num, _environ_data,
-                _COLL_ENV[name], _cz._config, self._chints, c[4] + c[5] > _COLL_CACHE_MAX,
+                _COLL_ENV[name], _cz._config, self._chints,
+                c[4] + c[5] > _COLL_CACHE_MAX or self._new_arrays(
+                    name, c[0], None if c[3] is _UNUSED else c[2]),
                 bulk, float(part)))
         return self._one_call(name, c)
 

@@ -477,9 +477,10 @@ class CommP2P:
         gaps), else ``(None, 0, None)``.  It is remembered per direction by
         the communicator's fast-path state, so that the next Send/Recv of
         the same spec is one C call (see _engine.fast): a small one by the
-        identity of the spec, its array and datatype; a larger one, which
-        the state must not keep alive, by the array's layout (the same
-        memory, whichever array object)."""
+        identity of its array and datatype, and also by the array's layout
+        (type, dtype, shape, strides: a program may pass a new array every
+        call); a larger one, which the state must not keep alive, by the
+        layout alone."""
         arr = _plain_array(buf, readonly)
         if arr is None:
             return None, 0, None
@@ -492,8 +493,11 @@ class CommP2P:
             f = self._fast
             if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num, weak):
                 f = self._fast_state()
-                if f is not None and _fast_remember(f, recv, buf, arr, dt, arr.flags.num, weak):
-                    self._fast = f
+                if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num, weak):
+                    return ptr, n, arr
+                self._fast = f
+            if not weak:
+                _fast_remember(f, recv, buf, arr, dt, arr.flags.num, True)
         return ptr, n, arr
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,

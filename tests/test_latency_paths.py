@@ -514,7 +514,14 @@ if have_fast:
     else:
         assert _engine.fast.recv(comm._fast, spec, 0, 50) == 0
         a[:] = 7; assert _engine.fast.send(comm._fast, spec, 0, 51) == 0
-    assert _engine.fast.send(comm._fast, [a, MPI.INT], peer, 1) == 1   # another list: miss
+    # a new list of the same array and datatype (the spec written in the
+    # call): a hit; another datatype: a miss
+    if r == 0:
+        assert _engine.fast.send(comm._fast, [a, MPI.INT], 1, 52) == 0
+    else:
+        a[:] = 0; assert _engine.fast.recv(comm._fast, [a, MPI.INT], 0, 52) == 0
+        assert (a == 7).all()
+    assert _engine.fast.send(comm._fast, [a, MPI.UNSIGNED], peer, 1) == 1
 # bad arguments with a remembered spec: the normal path's errors
 for dest, tag, cls in [(2, 0, MPI.ERR_RANK), (-7, 0, MPI.ERR_RANK), (0, -3, MPI.ERR_TAG),
                        (0, MPI.TAG_UB + 1, MPI.ERR_TAG)]:
@@ -645,7 +652,10 @@ for it in range(12):
 if have_fast:
     bb[:] = r + 7
     assert _engine.fast.bcast(comm._fast, bs, 1) == 0 and (bb == 8).all(), bb
-    assert _engine.fast.bcast(comm._fast, [bb, MPI.INT64_T], 0) == 1   # another list: miss
+    # a new list of the same array and datatype: a hit; another array: a miss
+    bb[:] = r + 9
+    assert _engine.fast.bcast(comm._fast, [bb, MPI.INT64_T], 0) == 0 and (bb == 9).all(), bb
+    assert _engine.fast.bcast(comm._fast, [bb.copy(), MPI.INT64_T], 0) == 1
     assert _engine.fast.barrier(comm._fast) == 0
 for var, val in (("ERDMA_COLL_BCAST", "binomial"), ("ERDMA_COLL_BARRIER", "dissemination")):
     os.environ[var] = val

@@ -97,12 +97,13 @@ static int same_array(PyObject *o, PyObject *arr) {
 }
 
 /* An array's layout as a remembered call saw it: its type and dtype object
- * (held, so that their addresses stay theirs), data pointer, shape and
- * strides (up to PF_ND dimensions). */
+ * (held, so that their addresses stay theirs), shape and strides (up to
+ * PF_ND dimensions).  Not its memory: a program that passes a new array of
+ * the same layout every call (`comm.Allreduce(np.array([x]), out)`) gets
+ * the one-call path too; each call exports the array it passes. */
 #define PF_ND 8
 typedef struct {
   PyObject *type, *descr; /* NULL: none kept */
-  char *data;
   int nd;
   intptr_t dims[PF_ND], strides[PF_ND];
 } pf_layout;
@@ -112,7 +113,6 @@ static int layout_keep(pf_layout *l, PyObject *arr) {
   if (a->nd < 0 || a->nd > PF_ND) return 0;
   l->type = Py_NewRef((PyObject *)Py_TYPE(arr));
   l->descr = Py_NewRef(a->descr);
-  l->data = a->data;
   l->nd = a->nd;
   for (int i = 0; i < a->nd; i++) {
     l->dims[i] = a->dimensions[i];
@@ -126,11 +126,11 @@ static void layout_clear(pf_layout *l) {
   Py_CLEAR(l->descr);
 }
 
-/* Is `o` an array of that layout (whichever object it is)? */
+/* Is `o` an array of that layout (whichever object, wherever its memory)? */
 static int layout_is(const pf_layout *l, PyObject *o) {
   if (!l->type || (PyObject *)Py_TYPE(o) != l->type) return 0;
   const np_head *a = (const np_head *)o;
-  if (a->data != l->data || a->nd != l->nd || a->descr != l->descr) return 0;
+  if (a->nd != l->nd || a->descr != l->descr) return 0;
   for (int i = 0; i < a->nd; i++)
     if (a->dimensions[i] != l->dims[i] || a->strides[i] != l->strides[i]) return 0;
   return 1;
@@ -141,9 +141,11 @@ typedef struct {
   Py_buffer view;            /* an export of arr: its memory stays put */
   int have, busy;
   int need;                  /* flag bits arr must still have */
-  /* an array too large to keep alive (remember's `weak`): spec, arr and
-   * view are not kept; a call finds its array in the spec it is given,
-   * checks it against this layout and exports it for the call (pf_mem) */
+  /* remember's `weak`: any array of this layout (one too large to keep
+   * alive, or a small one's layout beside its own entry, for programs that
+   * pass new arrays): spec, arr and view are not kept; a call finds its
+   * array in the spec it is given, checks it against this layout and
+   * exports it for the call (pf_mem) */
   int weak;
   pf_layout l;
 } pf_entry;
@@ -178,7 +180,8 @@ typedef struct {
    * used at this rank (not checked), 1 MPI.IN_PLACE (the spec itself), 2 an
    * array (sarr/rarr) */
   int root, smode, rmode;
-  /* arrays too large to keep alive (remember_* with `weak`): sarr, rarr and
+  /* arrays too large to keep alive, or made anew by the program for every
+   * call (remember_* with `weak`): sarr, rarr and
    * their specs are not held (NULL; sspec stays for MPI.IN_PLACE) and not
    * exported; each call finds its arrays in the specs passed, checks them
    * against these layouts and exports them for the call's duration */
@@ -424,6 +427,21 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   Py_RETURN_TRUE;
 }
 
+/* `spec` is a list or tuple of two: its items (borrowed) in *a and *d. */
+static int spec_pair(PyObject *spec, PyObject **a, PyObject **d) {
+  if (PyList_CheckExact(spec) && PyList_Size(spec) == 2) {
+    *a = PyList_GetItem(spec, 0);
+    *d = PyList_GetItem(spec, 1);
+    return 1;
+  }
+  if (PyTuple_CheckExact(spec) && PyTuple_Size(spec) == 2) {
+    *a = PyTuple_GetItem(spec, 0);
+    *d = PyTuple_GetItem(spec, 1);
+    return 1;
+  }
+  return 0;
+}
+
 /* The remembered entry if `buf` is (still) its spec, else NULL; with m,
  * the memory the call moves (mem_done after it).  Weak entries match only
  * with m. */
@@ -434,35 +452,29 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
       x = &s->ent[recv][i];
       break;
     }
-  if (!x) { /* a new array object over a remembered array's memory */
-    for (int i = 0; i < PF_SLOTS && !x; i++) {
-      pf_entry *y = &s->ent[recv][i];
-      if (y->have && !y->dt && same_array(buf, y->arr) &&
-          (((np_head *)buf)->flags & y->need) == y->need)
-        x = y;
-    }
+  PyObject *a = buf, *d = NULL;
+  int pair = spec_pair(buf, &a, &d);
+  /* a new array object over a remembered array's memory, or a new
+   * [array, datatype] of a remembered pair (`comm.Send([buf, MPI.INT], ...)`
+   * makes one every call) */
+  for (int i = 0; i < PF_SLOTS && !x; i++) {
+    pf_entry *y = &s->ent[recv][i];
+    if (!y->have || y->weak) continue;
+    if (y->dt ? pair && a == y->arr && d == y->dt
+              : same_array(buf, y->arr) && (((np_head *)buf)->flags & y->need) == y->need)
+      x = y;
   }
-  PyObject *warr = NULL;
   if (!x && m) { /* by layout: a weak entry */
-    PyObject *a = buf, *d = NULL;
-    if (PyList_CheckExact(buf) && PyList_Size(buf) == 2) {
-      a = PyList_GetItem(buf, 0);
-      d = PyList_GetItem(buf, 1);
-    } else if (PyTuple_CheckExact(buf) && PyTuple_Size(buf) == 2) {
-      a = PyTuple_GetItem(buf, 0);
-      d = PyTuple_GetItem(buf, 1);
-    }
     for (int i = 0; i < PF_SLOTS && !x; i++) {
       pf_entry *y = &s->ent[recv][i];
       if (y->have && y->weak && y->dt == d && layout_is(&y->l, a) &&
           (((np_head *)a)->flags & y->need) == y->need)
         x = y;
     }
-    warr = a;
   }
   if (!x || x->busy) return NULL;
   if (x->weak) {
-    if (PyObject_GetBuffer(warr, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+    if (PyObject_GetBuffer(a, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
       PyErr_Clear();
       return NULL;
     }
@@ -471,21 +483,8 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
     m->len = (uint64_t)m->view.len;
     return x;
   }
-  if (x->dt) {
-    PyObject *a, *d;
-    if (PyList_CheckExact(buf)) {
-      if (PyList_Size(buf) != 2) return NULL;
-      a = PyList_GetItem(buf, 0);
-      d = PyList_GetItem(buf, 1);
-    } else if (PyTuple_CheckExact(buf)) {
-      if (PyTuple_Size(buf) != 2) return NULL;
-      a = PyTuple_GetItem(buf, 0);
-      d = PyTuple_GetItem(buf, 1);
-    } else {
-      return NULL;
-    }
-    if (a != x->arr || d != x->dt) return NULL;
-  }
+  /* the remembered spec object may have been changed since */
+  if (x->dt && !(pair && a == x->arr && d == x->dt)) return NULL;
   if ((((np_head *)x->arr)->flags & x->need) != x->need) return NULL;
   if (m) {
     m->buf = x->view.buf;
@@ -1260,41 +1259,21 @@ static int coll_still(pf_coll *x) {
   return 1;
 }
 
-/* Is `spec` (still) the remembered spec of arr (with dt; NULL: arr alone)? */
+/* Is `spec` (still) the remembered spec of arr (with dt; NULL: arr alone)?
+ * With dt, any [arr, dt] list or tuple is: a program that writes the pair
+ * in the call makes a new one every time. */
 static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) {
-  if (spec != want) return !dt && arr && want == arr && same_array(spec, arr);
-  if (!dt) return 1;
   PyObject *a, *d;
-  if (PyList_CheckExact(spec)) {
-    if (PyList_Size(spec) != 2) return 0;
-    a = PyList_GetItem(spec, 0);
-    d = PyList_GetItem(spec, 1);
-  } else if (PyTuple_CheckExact(spec)) {
-    if (PyTuple_Size(spec) != 2) return 0;
-    a = PyTuple_GetItem(spec, 0);
-    d = PyTuple_GetItem(spec, 1);
-  } else {
-    return 0;
-  }
-  return a == arr && d == dt;
+  if (!dt) return spec == want || (arr && want == arr && same_array(spec, arr));
+  return spec_pair(spec, &a, &d) && a == arr && d == dt;
 }
 
 /* The array a weakly remembered spec passes (the spec itself, or the first
  * of an [array, dt] pair with the remembered dt) if it has the remembered
  * layout and the flags `need`; else NULL. */
 static PyObject *weak_array(PyObject *spec, const pf_layout *l, PyObject *dt, int need) {
-  PyObject *a = spec;
-  if (dt) {
-    if (PyList_CheckExact(spec) && PyList_Size(spec) == 2) {
-      a = PyList_GetItem(spec, 0);
-      if (PyList_GetItem(spec, 1) != dt) return NULL;
-    } else if (PyTuple_CheckExact(spec) && PyTuple_Size(spec) == 2) {
-      a = PyTuple_GetItem(spec, 0);
-      if (PyTuple_GetItem(spec, 1) != dt) return NULL;
-    } else {
-      return NULL;
-    }
-  }
+  PyObject *a = spec, *d;
+  if (dt && !(spec_pair(spec, &a, &d) && d == dt)) return NULL;
   if (!layout_is(l, a) || (((np_head *)a)->flags & need) != need) return NULL;
   return a;
 }
@@ -1358,6 +1337,14 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   }
   if (sa && PyObject_GetBuffer(sa, &sv, PyBUF_SIMPLE) != 0) {
     PyErr_Clear();
+    PyBuffer_Release(&rv);
+    return PyLong_FromLong(1);
+  }
+  /* a weak entry's arrays may be any two of its layouts: two that share
+   * memory go to Python, which checks them as the first call was */
+  if (sa && ra && (const char *)sv.buf < (const char *)rv.buf + rv.len &&
+      (const char *)rv.buf < (const char *)sv.buf + sv.len) {
+    PyBuffer_Release(&sv);
     PyBuffer_Release(&rv);
     return PyLong_FromLong(1);
   }

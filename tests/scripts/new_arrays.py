@@ -1,0 +1,100 @@
+"""Calls written the way programs write them: the [array, datatype] list
+made in the call, a new array every call, an overlapping pair of views.
+Results as mpi4py's; under erdmampi, such repeated calls take the one-call
+C path (erdma_pyfast.c: a new list of a remembered array and datatype, a
+new array of a remembered layout) and overlapping buffers do not."""
+import os
+
+import numpy as np
+from _mpi import MPI, check, done
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+nxt, prv = (rank + 1) % size, (rank - 1) % size
+erdma = os.environ.get("ERDMA_REFERENCE") != "mpi4py"
+fast = None
+if erdma:
+    from erdmampi import _engine
+    fast = _engine.fast
+
+b = np.zeros(4, "i")
+for i in range(20):
+    # the pair written in the call, both ways round the ring
+    b[:] = rank * 100 + i
+    r = np.empty(4, "i")
+    if rank % 2 == 0:
+        comm.Send([b, MPI.INT], dest=nxt, tag=3)
+        comm.Recv([r, MPI.INT], source=prv, tag=3)
+    else:
+        comm.Recv([r, MPI.INT], source=prv, tag=3)
+        comm.Send([b, MPI.INT], dest=nxt, tag=3)
+    check((r == prv * 100 + i).all(), f"list Send/Recv {i}: {r}")
+    # a new array every call, sent and received
+    out = np.full(3, rank + i, "d")
+    got = np.empty(3, "d")
+    rq = comm.Irecv(got, source=prv, tag=4)
+    comm.Send(out, dest=nxt, tag=4)
+    rq.Wait()
+    check((got == prv + i).all(), f"new-array Send {i}: {got}")
+    # collectives on new arrays
+    s = comm.allreduce(0)  # keeps the ranks in step between the calls below
+    tot = np.empty(1, "d")
+    comm.Allreduce(np.array([float(rank + i)]), tot, op=MPI.SUM)
+    check(tot[0] == sum(range(size)) + size * i, f"new-array Allreduce {i}: {tot}")
+    g = np.empty(2 * size, "i")
+    comm.Allgather(np.array([rank, i], "i"), g)
+    check(list(g) == [v for k in range(size) for v in (k, i)], f"new-array Allgather {i}: {g}")
+    a = np.empty(size, "l")
+    comm.Alltoall(np.arange(size, dtype="l") + 10 * rank + i, a)
+    check(list(a) == [10 * k + rank + i for k in range(size)], f"new-array Alltoall {i}: {a}")
+    rs = np.empty(2, "f")
+    comm.Reduce_scatter_block([np.full(2 * size, i, "f"), MPI.FLOAT], [rs, MPI.FLOAT],
+                              op=MPI.SUM)
+    check((rs == size * i).all(), f"new-array Reduce_scatter_block {i}: {rs}")
+    check(s == 0, "allreduce")
+
+if erdma and fast is not None and size > 1:
+    st = comm._fast
+    # the next such calls are one C call each (0: done, 1: a miss)
+    tot = np.empty(1, "d")
+    check(fast.allreduce(st, np.array([1.0]), tot, MPI.SUM) == 0 and tot[0] == size,
+          "a new-array Allreduce is one C call")
+    g = np.empty(2 * size, "i")
+    check(fast.allgather(st, np.array([rank, 7], "i"), g) == 0
+          and list(g) == [v for k in range(size) for v in (k, 7)],
+          "a new-array Allgather is one C call")
+    # another layout, a read-only receive buffer, overlapping buffers: misses
+    check(fast.allreduce(st, np.array([1.0, 2.0]), np.empty(2), MPI.SUM) == 1,
+          "another shape misses")
+    ro = np.empty(1, "d")
+    ro.flags.writeable = False
+    check(fast.allreduce(st, np.array([1.0]), ro, MPI.SUM) == 1, "read-only output misses")
+    check(fast.allgather(st, g[:2], g) == 1, "a send buffer inside the receive buffer misses")
+    # point-to-point: a new array and a new list of a remembered pair
+    out = np.full(3, 5.0 + rank)
+    got = np.empty(3)
+    if rank % 2 == 0:
+        check(fast.send(st, out, nxt, 9) == 0, "a new-array Send is one C call")
+        check(fast.recv(st, got, prv, 9) == 0, "a new-array Recv is one C call")
+    else:
+        check(fast.recv(st, got, prv, 9) == 0, "a new-array Recv is one C call")
+        check(fast.send(st, out, nxt, 9) == 0, "a new-array Send is one C call")
+    check((got == 5.0 + prv).all(), f"new-array fast Send/Recv: {got}")
+    check(fast.send(st, [b, MPI.UNSIGNED], nxt, 9) == 1, "another datatype misses")
+    check(fast.send(st, np.empty(3, "f"), nxt, 9) == 1, "another dtype misses")
+    ro = np.empty(3)
+    ro.flags.writeable = False
+    check(fast.recv(st, ro, prv, 9) == 1, "a read-only receive buffer misses")
+    comm.Barrier()
+
+# an overlapping send buffer through the method: as the first such call
+g = np.zeros(2 * size, "i")
+for _ in range(3):
+    comm.Allgather(np.array([rank, 1], "i"), g)
+try:
+    g[:2] = (rank, 2)
+    comm.Allgather(g[:2].copy(), g)
+    check(list(g) == [v for k in range(size) for v in (k, 2)], f"Allgather after: {g}")
+except MPI.Exception as e:  # noqa: BLE001
+    check(False, f"Allgather: {e}")
+done("new_arrays")
