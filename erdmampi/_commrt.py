@@ -234,6 +234,7 @@ def message_p2p(*args, **kw):
 _ndarray = np.ndarray
 _plain_datatype = _buffers.plain_datatype
 _plain_spec = _buffers.plain_spec
+_plain_counted = _buffers.plain_counted
 _SMALL_COLL_MAX = 64 * 1024  # bytes: Bcast/Allreduce in one engine call (eager size)
 _C_OPS = {name: _engine.SCHED_OPS[name] for name in _engine.SCHED_OPS}
 # os.environ's own mapping (encoded keys): a cheap look for ERDMA_COLL_<NAME>
@@ -689,38 +690,40 @@ def _icoll(run):
     return req
 
 
+class _PairOp:
+    """The operation of a request completing when both halves of an
+    Isendrecv have."""
+    __slots__ = ("fields", "obj", "_rop", "_sop")
+    persistent = False
+
+    def __init__(self, rop, sop):
+        self.fields = None
+        self.obj = None
+        self._rop, self._sop = rop, sop
+
+    def test(self):
+        if self.fields is not None:
+            return True
+        if self._rop.test() and self._sop.test():
+            self.fields = self._rop.fields
+            self.obj = self._rop.obj
+            return True
+        return False
+
+    def wait(self):
+        self._rop.wait()
+        self._sop.wait()
+        self.test()
+
+    def cancel(self):
+        self._rop.cancel()
+        self._sop.cancel()
+
+    def free(self):
+        self._rop.free()
+        self._sop.free()
+
+
 def _pair_request(recv_req, send_req):
     """One request completing when both halves have (Isendrecv)."""
-    rop, sop = recv_req._op, send_req._op
-
-    class _PairOp:
-        __slots__ = ("fields", "obj")
-        persistent = False
-
-        def __init__(self):
-            self.fields = None
-            self.obj = None
-
-        def test(self):
-            if self.fields is not None:
-                return True
-            if rop.test() and sop.test():
-                self.fields = rop.fields
-                self.obj = rop.obj
-                return True
-            return False
-
-        def wait(self):
-            rop.wait()
-            sop.wait()
-            self.test()
-
-        def cancel(self):
-            rop.cancel()
-            sop.cancel()
-
-        def free(self):
-            rop.free()
-            sop.free()
-
-    return Request._new(_PairOp())
+    return Request._new(_PairOp(recv_req._op, send_req._op))

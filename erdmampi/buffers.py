@@ -1172,6 +1172,24 @@ def plain_spec(spec, readonly):
     return arr
 
 
+def plain_size(dt):
+    """Bytes of one element of a datatype plain_spec accepts."""
+    return _SPEC_TYPES[id(dt)][1]
+
+
+def plain_counted(spec, readonly):
+    """The array of an ``[array, count, datatype]`` spec (an exact list or
+    tuple) whose count covers the whole array, as ``[array, datatype]``
+    would (see plain_spec), else ``None``.  Never raises."""
+    if len(spec) != 3:
+        return None
+    arr, count, dt = spec
+    if type(count) is not int or count <= 0:
+        return None
+    arr = plain_spec((arr, dt), readonly)
+    return arr if arr is not None and count * _SPEC_TYPES[id(dt)][1] == arr.nbytes else None
+
+
 def _learn_plain(arr, msg):
     """Cache ``msg.datatype`` for ``arr.dtype`` if it fits the fast path."""
     dt = arr.dtype

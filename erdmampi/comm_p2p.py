@@ -16,7 +16,7 @@ from ._commrt import (
     _fast_send_bytes, _fast_send_obj, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj,
     _std_loads, _recv_obj_payload, _FastMore,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
-    _pair_request, _plain_array, Prequest, PROC_NULL, raise_error, raise_status_code,
+    _pair_request, _plain_array, _plain_counted, Prequest, PROC_NULL, raise_error, raise_status_code,
     _reap_deferred, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
     UNDEFINED, _buffers)
 
@@ -474,7 +474,8 @@ class CommP2P:
     def _p2p_plain(self, buf, readonly):
         """``(pointer, nbytes, array)`` of a spec that is one whole plain host
         array (``numpy.ndarray`` alone, or with a predefined datatype without
-        gaps), else ``(None, 0, None)``.  It is remembered per direction by
+        gaps, and a count that covers the array if one is given), else
+        ``(None, 0, None)``.  It is remembered per direction by
         the communicator's fast-path state, so that the next Send/Recv of
         the same spec is one C call (see _engine.fast): a small one by the
         identity of its array and datatype, and also by the array's layout
@@ -482,22 +483,31 @@ class CommP2P:
         call); a larger one, which the state must not keep alive, by the
         layout alone."""
         arr = _plain_array(buf, readonly)
+        count = 0
         if arr is None:
-            return None, 0, None
+            t = type(buf)
+            arr = _plain_counted(buf, readonly) if t is list or t is tuple else None
+            if arr is None:
+                return None, 0, None
+            count, dt = buf[1], buf[2]
+        else:
+            dt = None if arr is buf else buf[1]
+            if dt is not None:
+                count = arr.nbytes // _buffers.plain_size(dt)
         ptr = _buffer_pointer(arr)
         n = arr.nbytes
         if _engine.fast is not None:
-            dt = None if arr is buf else buf[1]
             recv = not readonly
             weak = n > _P2P_CACHE_MAX
+            flags = arr.flags.num
             f = self._fast
-            if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num, weak):
+            if f is None or not _fast_remember(f, recv, buf, arr, dt, flags, weak, count):
                 f = self._fast_state()
-                if f is None or not _fast_remember(f, recv, buf, arr, dt, arr.flags.num, weak):
+                if f is None or not _fast_remember(f, recv, buf, arr, dt, flags, weak, count):
                     return ptr, n, arr
                 self._fast = f
             if not weak:
-                _fast_remember(f, recv, buf, arr, dt, arr.flags.num, True)
+                _fast_remember(f, recv, buf, arr, dt, flags, True, count)
         return ptr, n, arr
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
@@ -664,6 +674,13 @@ class CommP2P:
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
                          status=None):
         """Send and receive in one buffer."""
+        arr = _plain_array(buf, False)
+        if arr is not None:
+            # a whole plain array: a Sendrecv from a copy of it (the copy has
+            # the array's layout every call: the one-call path)
+            tmp = arr.copy()
+            return self.Sendrecv(tmp if arr is buf else [tmp, buf[1]], dest, sendtag, buf,
+                                 source, recvtag, status)
         self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 
     # -- Point-to-point: nonblocking ----------------------------------------

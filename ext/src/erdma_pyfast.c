@@ -13,7 +13,7 @@
  * erdma_pyfast_init(name) makes the module `name` (erdmampi._erdma_fast):
  *   new(engine_addr, owner, ctx, ranks, me, tag_ub, slice, seq) -> state (a
  *     capsule; seq: the communicator's collective call counter, an iterator)
- *   remember(state, recv, spec, arr, dt, flags) -> bool
+ *   remember(state, recv, spec, arr, dt, flags[, weak, count]) -> bool
  *   send(state, buf, dest, tag) / recv(state, buf, source, tag) ->
  *     0 done; 1 miss (nothing done); a negative ERDMA error the operation
  *     completed with; or (rc, left): erdma_send/erdma_recv's own error, with
@@ -148,6 +148,7 @@ typedef struct {
    * exports it for the call (pf_mem) */
   int weak;
   pf_layout l;
+  long count; /* with dt: the count an [arr, count, dt] spec gives (0: none) */
 } pf_entry;
 
 /* The memory one call moves for a remembered entry: the entry's own
@@ -368,17 +369,24 @@ static PyObject *pf_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return cap;
 }
 
-/* remember(state, recv, spec, arr, dt, flags[, weak]): arr (a
+/* remember(state, recv, spec, arr, dt, flags[, weak, count]): arr (a
  * numpy.ndarray that Python found plain, whole and C-contiguous, writeable
  * for a receive) is what `spec` means; flags is arr.flags.num as Python saw
- * it.  With weak true, by the array's layout alone (see pf_entry). */
+ * it.  With weak true, by the array's layout alone (see pf_entry).  count:
+ * the count of dt elements that covers arr, with which an [arr, count, dt]
+ * spec means the same (0: such specs are not this entry's). */
 static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 6 && n != 7) {
-    PyErr_SetString(PyExc_TypeError, "remember() takes 6 or 7 arguments");
+  if (n < 6 || n > 8) {
+    PyErr_SetString(PyExc_TypeError, "remember() takes 6 to 8 arguments");
     return NULL;
   }
-  int weak = n == 7 ? PyObject_IsTrue(args[6]) : 0;
+  int weak = n >= 7 ? PyObject_IsTrue(args[6]) : 0;
   if (weak < 0) return NULL;
+  long count = n == 8 ? PyLong_AsLong(args[7]) : 0;
+  if (count < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "remember(): a negative count");
+    return NULL;
+  }
   pf_state *s = state_of(args[0]);
   int recv = PyObject_IsTrue(args[1]);
   long flags = PyLong_AsLong(args[5]);
@@ -393,7 +401,8 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   pf_entry *x = NULL;
   for (int i = 0; i < PF_SLOTS && !x; i++) {
     pf_entry *y = &s->ent[recv][i];
-    if (y->have && (weak ? y->weak && y->dt == dt && layout_is(&y->l, arr) : y->spec == spec))
+    if (y->have && (weak ? y->weak && y->dt == dt && y->count == count && layout_is(&y->l, arr)
+                         : y->spec == spec))
       x = y;
   }
   for (int i = 0; i < PF_SLOTS && !x; i++) {
@@ -408,6 +417,7 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
     entry_clear(x);
     if (!layout_keep(&x->l, arr)) Py_RETURN_FALSE;
     x->dt = dt ? Py_NewRef(dt) : NULL;
+    x->count = dt ? count : 0;
     x->need = need;
     x->weak = x->have = 1;
     Py_RETURN_TRUE;
@@ -422,24 +432,49 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   x->spec = Py_NewRef(spec);
   x->arr = Py_NewRef(arr);
   x->dt = dt ? Py_NewRef(dt) : NULL;
+  x->count = dt ? count : 0;
   x->need = need;
   x->have = 1;
   Py_RETURN_TRUE;
 }
 
-/* `spec` is a list or tuple of two: its items (borrowed) in *a and *d. */
-static int spec_pair(PyObject *spec, PyObject **a, PyObject **d) {
-  if (PyList_CheckExact(spec) && PyList_Size(spec) == 2) {
+/* `spec` as [array, datatype] (a list or tuple): its items (borrowed) in
+ * *a and *d, *count -1; or [array, count, datatype]: *count the count if it
+ * is an exact int >= 0, else -2.  0 for anything else. */
+static int spec_items(PyObject *spec, PyObject **a, long *count, PyObject **d) {
+  Py_ssize_t n;
+  PyObject *c = NULL;
+  if (PyList_CheckExact(spec) && ((n = PyList_Size(spec)) == 2 || n == 3)) {
     *a = PyList_GetItem(spec, 0);
-    *d = PyList_GetItem(spec, 1);
-    return 1;
-  }
-  if (PyTuple_CheckExact(spec) && PyTuple_Size(spec) == 2) {
+    if (n == 3) c = PyList_GetItem(spec, 1);
+    *d = PyList_GetItem(spec, n - 1);
+  } else if (PyTuple_CheckExact(spec) && ((n = PyTuple_Size(spec)) == 2 || n == 3)) {
     *a = PyTuple_GetItem(spec, 0);
-    *d = PyTuple_GetItem(spec, 1);
-    return 1;
+    if (n == 3) c = PyTuple_GetItem(spec, 1);
+    *d = PyTuple_GetItem(spec, n - 1);
+  } else {
+    return 0;
   }
-  return 0;
+  *count = -1;
+  if (c) {
+    *count = PyLong_CheckExact(c) ? PyLong_AsLong(c) : -2;
+    if (*count < 0) {
+      PyErr_Clear();
+      *count = -2;
+    }
+  }
+  return 1;
+}
+
+/* `spec` as [array, datatype] alone (see spec_items). */
+static int spec_pair(PyObject *spec, PyObject **a, PyObject **d) {
+  long count;
+  return spec_items(spec, a, &count, d) && count == -1;
+}
+
+/* Do the items of a spec (spec_items) give entry y's datatype and count? */
+static int entry_dt_is(const pf_entry *y, PyObject *d, long count) {
+  return d == y->dt && (count == -1 || (y->count > 0 && count == y->count));
 }
 
 /* The remembered entry if `buf` is (still) its spec, else NULL; with m,
@@ -453,22 +488,23 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
       break;
     }
   PyObject *a = buf, *d = NULL;
-  int pair = spec_pair(buf, &a, &d);
+  long count = -1;
+  int items = spec_items(buf, &a, &count, &d);
   /* a new array object over a remembered array's memory, or a new
-   * [array, datatype] of a remembered pair (`comm.Send([buf, MPI.INT], ...)`
-   * makes one every call) */
+   * [array, (count,) datatype] of a remembered one (`comm.Send([buf,
+   * MPI.INT], ...)` makes one every call) */
   for (int i = 0; i < PF_SLOTS && !x; i++) {
     pf_entry *y = &s->ent[recv][i];
     if (!y->have || y->weak) continue;
-    if (y->dt ? pair && a == y->arr && d == y->dt
+    if (y->dt ? items && a == y->arr && entry_dt_is(y, d, count)
               : same_array(buf, y->arr) && (((np_head *)buf)->flags & y->need) == y->need)
       x = y;
   }
   if (!x && m) { /* by layout: a weak entry */
     for (int i = 0; i < PF_SLOTS && !x; i++) {
       pf_entry *y = &s->ent[recv][i];
-      if (y->have && y->weak && y->dt == d && layout_is(&y->l, a) &&
-          (((np_head *)a)->flags & y->need) == y->need)
+      if (y->have && y->weak && (y->dt ? items && entry_dt_is(y, d, count) : !items) &&
+          layout_is(&y->l, a) && (((np_head *)a)->flags & y->need) == y->need)
         x = y;
     }
   }
@@ -484,7 +520,7 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
     return x;
   }
   /* the remembered spec object may have been changed since */
-  if (x->dt && !(pair && a == x->arr && d == x->dt)) return NULL;
+  if (x->dt && !(items && a == x->arr && entry_dt_is(x, d, count))) return NULL;
   if ((((np_head *)x->arr)->flags & x->need) != x->need) return NULL;
   if (m) {
     m->buf = x->view.buf;

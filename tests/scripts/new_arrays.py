@@ -1,5 +1,6 @@
-"""Calls written the way programs write them: the [array, datatype] list
-made in the call, a new array every call, an overlapping pair of views.
+"""Calls written the way programs write them: the [array, datatype] or
+[array, count, datatype] list made in the call, a new array every call, an
+overlapping pair of views.
 Results as mpi4py's; under erdmampi, such repeated calls take the one-call
 C path (erdma_pyfast.c: a new list of a remembered array and datatype, a
 new array of a remembered layout) and overlapping buffers do not."""
@@ -29,6 +30,19 @@ for i in range(20):
         comm.Recv([r, MPI.INT], source=prv, tag=3)
         comm.Send([b, MPI.INT], dest=nxt, tag=3)
     check((r == prv * 100 + i).all(), f"list Send/Recv {i}: {r}")
+    # with a count: the whole array, then part of it
+    b[:] = rank * 100 + i + 1
+    r = np.zeros(4, "i")
+    st = MPI.Status()
+    part = 4 if i % 2 else 2
+    if rank % 2 == 0:
+        comm.Send([b, part, MPI.INT], dest=nxt, tag=5)
+        comm.Recv([r, 4, MPI.INT], source=prv, tag=5, status=st)
+    else:
+        comm.Recv([r, 4, MPI.INT], source=prv, tag=5, status=st)
+        comm.Send([b, part, MPI.INT], dest=nxt, tag=5)
+    check((r[:part] == prv * 100 + i + 1).all() and (r[part:] == 0).all()
+          and st.Get_count(MPI.INT) == part, f"counted Send/Recv {i}: {r}")
     # a new array every call, sent and received
     out = np.full(3, rank + i, "d")
     got = np.empty(3, "d")
@@ -80,6 +94,19 @@ if erdma and fast is not None and size > 1:
         check(fast.recv(st, got, prv, 9) == 0, "a new-array Recv is one C call")
         check(fast.send(st, out, nxt, 9) == 0, "a new-array Send is one C call")
     check((got == 5.0 + prv).all(), f"new-array fast Send/Recv: {got}")
+    b[:] = rank
+    r = np.zeros(4, "i")
+    if rank % 2 == 0:
+        check(fast.send(st, [b, 4, MPI.INT], nxt, 10) == 0, "a counted Send is one C call")
+        check(fast.recv(st, (r, 4, MPI.INT), prv, 10) == 0, "a counted Recv is one C call")
+    else:
+        check(fast.recv(st, (r, 4, MPI.INT), prv, 10) == 0, "a counted Recv is one C call")
+        check(fast.send(st, [b, 4, MPI.INT], nxt, 10) == 0, "a counted Send is one C call")
+    check((r == prv).all(), f"counted fast Send/Recv: {r}")
+    check(fast.send(st, [b, 2, MPI.INT], nxt, 9) == 1, "a part of the array misses")
+    check(fast.send(st, [b, 4.0, MPI.INT], nxt, 9) == 1, "a float count misses")
+    check(fast.send(st, [b, -4, MPI.INT], nxt, 9) == 1, "a negative count misses")
+    check(fast.send(st, [b, 1 << 70, MPI.INT], nxt, 9) == 1, "a huge count misses")
     check(fast.send(st, [b, MPI.UNSIGNED], nxt, 9) == 1, "another datatype misses")
     check(fast.send(st, np.empty(3, "f"), nxt, 9) == 1, "another dtype misses")
     ro = np.empty(3)
