@@ -19,7 +19,10 @@ short string (the kind of record scripts pass around).  Buffer calls:
 runs its counterparts: gather/scatter/reduce and send/recv, irecv + isend
 on tensors, send/recv of objects, broadcast_object_list, gather_object,
 scatter_object_list, all_gather_object; it has no Sendrecv, object
-alltoall, allreduce or sendrecv ("-").
+alltoall, allreduce or sendrecv ("-").  ``--set idioms`` times calls of
+the same kinds written as programs often write them (the ``[array,
+datatype]`` list made in the call, a new array every call, a Status,
+``MPI.IN_PLACE``), on the MPI stacks.
 """
 import argparse
 import json
@@ -35,7 +38,14 @@ from bench.common import open_stack  # noqa: E402
 
 CALLS = ("Gather", "Scatter", "Reduce", "Send/Recv", "Sendrecv", "Isend/Irecv", "send/recv",
          "sendrecv", "bcast", "gather", "scatter", "allgather", "alltoall", "allreduce")
-ONE_WAY = ("Send/Recv", "send/recv")         # ping-pongs: half the round trip
+# the same kind of calls written as programs write them (--set idioms): the
+# spec list made in the call, a new array every call, a Status, in place
+IDIOMS = ("Send [a, T]", "Send [a, n, T]", "Send new array", "Recv Status",
+          "Recv ANY_SOURCE", "Sendrecv_replace", "Allreduce new arrays", "Allreduce IN_PLACE",
+          "Allreduce 1 float", "Bcast [a, T]", "Reduce new array", "Gather new array",
+          "Allgather new array", "Isend [a, T]")
+ONE_WAY = ("Send/Recv", "send/recv", "Send [a, T]", "Send [a, n, T]", "Send new array",
+           "Recv Status", "Recv ANY_SOURCE")         # ping-pongs: half the round trip
 RECORD = {"i": 1, "x": [1.0, 2.0, 3.0], "s": "hello"}
 
 
@@ -67,7 +77,44 @@ def mpi_calls(st, nbytes):
 
     def exchange():
         MPI.Request.Waitall([c.Irecv(red, src, 8), c.Isend(s, peer, 8)])
-    return {"Gather": lambda: c.Gather(s, big, 0), "Scatter": lambda: c.Scatter(big, s, 0),
+    def pp(send, recv):
+        def f():
+            if r == 0:
+                send(1)
+                recv(1)
+            elif r == 1:
+                recv(0)
+                send(0)
+        return f
+    F = MPI.FLOAT
+    ANY = MPI.ANY_SOURCE
+    one = np.zeros(1)
+    idioms = {
+        "Send [a, T]": pp(lambda d: c.Send([s, F], dest=d, tag=5),
+                          lambda o: c.Recv([red, F], source=o, tag=5)),
+        "Send [a, n, T]": pp(lambda d: c.Send([s, cnt, F], dest=d, tag=5),
+                             lambda o: c.Recv([red, cnt, F], source=o, tag=5)),
+        "Send new array": pp(lambda d: c.Send(np.full(cnt, 1.0, np.float32), dest=d, tag=5),
+                             lambda o: c.Recv(red, source=o, tag=5)),
+        "Recv Status": pp(lambda d: c.Send(s, dest=d, tag=5),
+                          lambda o: c.Recv(red, source=o, tag=5, status=MPI.Status())),
+        "Recv ANY_SOURCE": pp(lambda d: c.Send(s, dest=d, tag=5),
+                              lambda o: c.Recv(red, source=ANY, tag=MPI.ANY_TAG)),
+        "Sendrecv_replace": lambda: c.Sendrecv_replace(red, dest=peer, source=src),
+        "Allreduce new arrays": lambda: c.Allreduce(np.full(cnt, 1.0, np.float32),
+                                                    np.empty(cnt, np.float32), op=MPI.SUM),
+        "Allreduce IN_PLACE": lambda: c.Allreduce(MPI.IN_PLACE, red, op=MPI.SUM),
+        "Allreduce 1 float": lambda: c.Allreduce(np.array([1.0]), one, op=MPI.SUM),
+        "Bcast [a, T]": lambda: c.Bcast([red, F], root=0),
+        "Reduce new array": lambda: c.Reduce(np.full(cnt, 1.0, np.float32), red, op=MPI.SUM,
+                                             root=0),
+        "Gather new array": lambda: c.Gather(np.full(cnt, 1.0, np.float32), big, root=0),
+        "Allgather new array": lambda: c.Allgather(np.full(cnt, 1.0, np.float32), big),
+        "Isend [a, T]": lambda: MPI.Request.Waitall([c.Irecv([red, F], src, 8),
+                                                     c.Isend([s, F], peer, 8)]),
+    }
+    return {**idioms,
+            "Gather": lambda: c.Gather(s, big, 0), "Scatter": lambda: c.Scatter(big, s, 0),
             "Reduce": lambda: c.Reduce(s, red, MPI.SUM, 0), "Send/Recv": buf_pingpong,
             "Sendrecv": lambda: c.Sendrecv(s, peer, 7, red, src, 7),
             "Isend/Irecv": exchange, "send/recv": pingpong,
@@ -127,11 +174,15 @@ def gloo_calls(st, nbytes):
             "gather": gather, "scatter": scatter, "allgather": allgather}
 
 
+def _calls(which):
+    return {"basic": CALLS, "idioms": IDIOMS, "all": CALLS + IDIOMS}[which]
+
+
 def worker(args):
     st = open_stack(args.stack)
     calls = gloo_calls(st, args.bytes) if st.name == "gloo" else mpi_calls(st, args.bytes)
     out = {}
-    for name in CALLS:
+    for name in _calls(args.set):
         fn = calls.get(name)
         if fn is None:
             continue
@@ -166,7 +217,7 @@ def _launch(stack, n, json_out, args):
         return None
     cmd = launch_cmd(stack, n) + ["-m", "bench.smallcalls", "--worker", "--stack", stack,
                                   "--json", json_out, "--iters", str(args.iters),
-                                  "--bytes", str(args.bytes)]
+                                  "--bytes", str(args.bytes), "--set", args.set]
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -180,7 +231,7 @@ def _launch(stack, n, json_out, args):
         return json.load(f)
 
 
-def table(results, stacks, nps):
+def table(results, stacks, nps, calls=CALLS):
     lines = []
     peers = [s for s in stacks if s != "erdmampi"] if "erdmampi" in stacks else []
     for n in nps:
@@ -189,7 +240,7 @@ def table(results, stacks, nps):
                   "| " + " | ".join(["call"] + list(stacks) +
                                     ["%s / erdmampi" % s for s in peers]) + " |",
                   "|---|" + "---:|" * (len(stacks) + len(peers))]
-        for call in CALLS:
+        for call in calls:
             med = {}
             for s in stacks:
                 xs = [d["us"][call] for d in results.get((s, n), []) if call in d["us"]]
@@ -214,6 +265,10 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=2000, help="timed calls per call (default 2000)")
     p.add_argument("--bytes", type=int, default=4096,
                    help="bytes of the buffer calls (default 4096)")
+    p.add_argument("--set", choices=("basic", "idioms", "all"), default="basic",
+                   help="basic: the calls above (default); idioms: calls written as programs "
+                        "often write them (the [array, datatype] list made in the call, a new "
+                        "array every call, a Status, MPI.IN_PLACE; MPI stacks only); all: both")
     p.add_argument("--timeout", type=float, default=300.0, help="driver: seconds per job")
     p.add_argument("--json", help="worker: this rank-0 JSON; driver: all results")
     p.add_argument("--md", help="driver: write the markdown table here too")
@@ -235,7 +290,7 @@ def main(argv=None):
     if os.path.exists(tmp):
         os.unlink(tmp)
     ran = [s for s in stacks if any(k[0] == s for k in results)]
-    md = table(results, ran, nps)
+    md = table(results, ran, nps, _calls(args.set))
     print(md)
     if args.json:
         with open(args.json, "w") as f:
