@@ -675,8 +675,7 @@ class CommColl:
         anew for every call, ``comm.Allreduce(np.array([x]), out)``): the C
         fast path then remembers the call by the arrays' layouts, not by the
         arrays themselves."""
-        key = (rarr.shape, rarr.strides, rarr.dtype,
-               None if sarr is None else (sarr.shape, sarr.strides, sarr.dtype))
+        key = tuple(None if a is None else (a.shape, a.strides, a.dtype) for a in (rarr, sarr))
         if self._lastlay is None:
             self._lastlay = {}
         old = self._lastlay.get(name)
@@ -858,7 +857,8 @@ class CommColl:
             recvbuf, rarr, None if rarr is None else c[6], rmode,
             op if name == "reduce" else None, args[2], opc, dtc,
             0 if sarr is None else sarr.flags.num, 0 if rarr is None else rarr.flags.num,
-            _environ_data, _COLL_ENV[name], _cz._config, self._chints))
+            _environ_data, _COLL_ENV[name], _cz._config, self._chints,
+            self._new_arrays(name, rarr, sarr)))
 
     def _rooted_resolve(self, name, sendbuf, recvbuf, root, op):
         """The cache entry of a rooted collective (see above), or None."""

@@ -179,7 +179,7 @@ typedef struct {
   int opc, dtc;
   /* rooted calls (remember_rooted): the root, and what each side is: 0 not
    * used at this rank (not checked), 1 MPI.IN_PLACE (the spec itself), 2 an
-   * array (sarr/rarr) */
+   * array (sarr/rarr), 3 any array of the layout sl/rl (remembered weak) */
   int root, smode, rmode;
   /* arrays too large to keep alive, or made anew by the program for every
    * call (remember_* with `weak`): sarr, rarr and
@@ -1421,15 +1421,18 @@ static PyObject *pf_allgather(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 /* remember_rooted(state, which, root, sspec, sarr, sdt, smode, rspec, rarr,
  *                 rdt, rmode, op, count, opc, dtc, sflags, rflags, env, envkey,
- *                 cfg, hints): Python found this Gather (which 0), Scatter (1)
- * or Reduce (2) one for erdma_coll_gather / _scatter (count: block bytes) /
- * _reduce (count elements, opc, dtc); smode / rmode as in pf_coll (the
- * array arguments None where not 2). */
+ *                 cfg, hints[, weak]): Python found this Gather (which 0), Scatter
+ * (1) or Reduce (2) one for erdma_coll_gather / _scatter (count: block
+ * bytes) / _reduce (count elements, opc, dtc); smode / rmode as in pf_coll
+ * (the array arguments None where not 2); weak: the array sides by their
+ * layouts (mode 3), the arrays not kept. */
 static PyObject *pf_remember_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 21) {
-    PyErr_SetString(PyExc_TypeError, "remember_rooted() takes 21 arguments");
+  if (n != 21 && n != 22) {
+    PyErr_SetString(PyExc_TypeError, "remember_rooted() takes 21 or 22 arguments");
     return NULL;
   }
+  int weak = n == 22 ? PyObject_IsTrue(args[21]) : 0;
+  if (weak < 0) return NULL;
   pf_state *s = state_of(args[0]);
   long which = PyLong_AsLong(args[1]), root = PyLong_AsLong(args[2]);
   long smode = PyLong_AsLong(args[6]), rmode = PyLong_AsLong(args[10]);
@@ -1448,21 +1451,41 @@ static PyObject *pf_remember_rooted(PyObject *self, PyObject *const *args, Py_ss
   if (!mode) return NULL;
   pf_coll x = {0};
   PyObject *sarr = smode == 2 ? args[4] : NULL, *rarr = rmode == 2 ? args[8] : NULL;
-  if (sarr && !coll_view(sarr, sflags, NP_C_CONTIGUOUS, 0, &x.sview)) {
-    Py_DECREF(mode);
-    Py_RETURN_FALSE;
-  }
-  if (rarr && !coll_view(rarr, rflags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
-    if (sarr) PyBuffer_Release(&x.sview);
-    Py_DECREF(mode);
-    Py_RETURN_FALSE;
+  if (weak) {
+    /* each array side by its layout (mode 3), as remember_sr's weak */
+    int ok = (!sarr || (((np_head *)sarr)->flags == (int)sflags &&
+                        (sflags & NP_C_CONTIGUOUS) && layout_keep(&x.sl, sarr))) &&
+             (!rarr || (((np_head *)rarr)->flags == (int)rflags &&
+                        (rflags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) ==
+                            (NP_C_CONTIGUOUS | NP_WRITEABLE) &&
+                        layout_keep(&x.rl, rarr)));
+    if (!ok) {
+      layout_clear(&x.sl);
+      layout_clear(&x.rl);
+      Py_DECREF(mode);
+      Py_RETURN_FALSE;
+    }
+    if (sarr) smode = 3;
+    if (rarr) rmode = 3;
+    sarr = rarr = NULL;
+  } else {
+    if (sarr && !coll_view(sarr, sflags, NP_C_CONTIGUOUS, 0, &x.sview)) {
+      Py_DECREF(mode);
+      Py_RETURN_FALSE;
+    }
+    if (rarr && !coll_view(rarr, rflags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
+      if (sarr) PyBuffer_Release(&x.sview);
+      Py_DECREF(mode);
+      Py_RETURN_FALSE;
+    }
   }
   coll_clear(slot);
   x.have = 1;
-  x.sspec = Py_NewRef(args[3]);
+  x.weak = weak;
+  x.sspec = smode == 3 ? NULL : Py_NewRef(args[3]);
   x.sarr = sarr ? Py_NewRef(sarr) : NULL;
   x.sdt = args[5] == Py_None ? NULL : Py_NewRef(args[5]);
-  x.rspec = Py_NewRef(args[7]);
+  x.rspec = rmode == 3 ? NULL : Py_NewRef(args[7]);
   x.rarr = rarr ? Py_NewRef(rarr) : NULL;
   x.rdt = args[9] == Py_None ? NULL : Py_NewRef(args[9]);
   x.op = Py_NewRef(args[11]);
@@ -1477,11 +1500,22 @@ static PyObject *pf_remember_rooted(PyObject *self, PyObject *const *args, Py_ss
   Py_RETURN_TRUE;
 }
 
-/* One side of a remembered rooted call still what it was (see pf_coll). */
+/* One side of a remembered rooted call still what it was (see pf_coll):
+ * for a side by layout (mode 3), its array exported into *v (*got 1). */
 static int rooted_side(PyObject *spec, int mode, PyObject *want, PyObject *arr, PyObject *dt,
-                       int need) {
+                       const pf_layout *l, int need, Py_buffer *v, int *got) {
+  *got = 0;
   if (mode == 0) return 1;
   if (mode == 1) return spec == want;
+  if (mode == 3) {
+    PyObject *a = weak_array(spec, l, dt, need);
+    if (!a || PyObject_GetBuffer(a, v, (need & NP_WRITEABLE) ? PyBUF_WRITABLE : PyBUF_SIMPLE)) {
+      PyErr_Clear();
+      return 0;
+    }
+    *got = 1;
+    return 1;
+  }
   return spec_is(spec, want, arr, dt) &&
          (((np_head *)(dt ? arr : spec))->flags & need) == need;
 }
@@ -1498,20 +1532,38 @@ static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) 
       !small_int(args[4], 0, s->size - 1, &root))
     return PyLong_FromLong(1);
   pf_coll *x = &s->rooted[which];
-  if (!x->have || x->busy || root != x->root || args[5] != x->op ||
-      !rooted_side(args[2], x->smode, x->sspec, x->sarr, x->sdt, NP_C_CONTIGUOUS) ||
-      !rooted_side(args[3], x->rmode, x->rspec, x->rarr, x->rdt,
-                   NP_C_CONTIGUOUS | NP_WRITEABLE) ||
-      !coll_still(x))
+  if (!x->have || x->busy || root != x->root || args[5] != x->op || !coll_still(x))
     return PyLong_FromLong(1);
+  Py_buffer sv, rv;
+  int sgot, rgot;
+  if (!rooted_side(args[2], x->smode, x->sspec, x->sarr, x->sdt, &x->sl, NP_C_CONTIGUOUS, &sv,
+                   &sgot))
+    return PyLong_FromLong(1);
+  if (!rooted_side(args[3], x->rmode, x->rspec, x->rarr, x->rdt, &x->rl,
+                   NP_C_CONTIGUOUS | NP_WRITEABLE, &rv, &rgot) ||
+      /* new arrays that share memory: Python checks them */
+      (sgot && rgot && (const char *)sv.buf < (const char *)rv.buf + rv.len &&
+       (const char *)rv.buf < (const char *)sv.buf + sv.len)) {
+    if (sgot) PyBuffer_Release(&sv);
+    if (rgot) PyBuffer_Release(&rv);
+    return PyLong_FromLong(1);
+  }
   long tag = next_coll_tag(s);
-  if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  if (tag < 0) {
+    if (sgot) PyBuffer_Release(&sv);
+    if (rgot) PyBuffer_Release(&rv);
+    return tag == -1 ? NULL : PyLong_FromLong(1);
+  }
   erdma_coll *pending = NULL;
-  void *sb = x->sarr ? x->sview.buf : NULL, *rb = x->rarr ? x->rview.buf : NULL;
+  void *sb = sgot ? sv.buf : x->sarr ? x->sview.buf : NULL;
+  void *rb = rgot ? rv.buf : x->rarr ? x->rview.buf : NULL;
+  PyObject *res = NULL;
   x->busy++;
   if (which < 2 && s->size == 2 && (s->me == root ? (which ? sb : rb) : (which ? rb : sb))) {
-    PyObject *res = rooted_pair(s, which, sb, rb, x->count, (int)root, tag);
+    res = rooted_pair(s, which, sb, rb, x->count, (int)root, tag);
     x->busy--;
+    if (sgot) PyBuffer_Release(&sv);
+    if (rgot) PyBuffer_Release(&rv);
     return res;
   }
   PyThreadState *ts = PyEval_SaveThread();
@@ -1525,6 +1577,8 @@ static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) 
         s->slice, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
+  if (sgot) PyBuffer_Release(&sv);
+  if (rgot) PyBuffer_Release(&rv);
   return coll_result(rc, pending);
 }
 

@@ -65,6 +65,16 @@ for i in range(20):
     comm.Reduce_scatter_block([np.full(2 * size, i, "f"), MPI.FLOAT], [rs, MPI.FLOAT],
                               op=MPI.SUM)
     check((rs == size * i).all(), f"new-array Reduce_scatter_block {i}: {rs}")
+    red = np.empty(3, "d") if rank == 0 else None
+    comm.Reduce(np.full(3, float(rank + i)), red, op=MPI.SUM, root=0)
+    check(rank != 0 or (red == sum(range(size)) + size * i).all(), f"new-array Reduce {i}")
+    gat = np.empty(2 * size, "i") if rank == 0 else None
+    comm.Gather(np.array([rank, i], "i"), gat, root=0)
+    check(rank != 0 or list(gat) == [v for k in range(size) for v in (k, i)],
+          f"new-array Gather {i}: {gat}")
+    sc = np.empty(2, "i")
+    comm.Scatter(np.arange(2 * size, dtype="i") + i if rank == 0 else None, sc, root=0)
+    check(list(sc) == [2 * rank + i, 2 * rank + 1 + i], f"new-array Scatter {i}: {sc}")
     check(s == 0, "allreduce")
 
 if erdma and fast is not None and size > 1:
@@ -77,6 +87,19 @@ if erdma and fast is not None and size > 1:
     check(fast.allgather(st, np.array([rank, 7], "i"), g) == 0
           and list(g) == [v for k in range(size) for v in (k, 7)],
           "a new-array Allgather is one C call")
+    red = np.empty(3, "d") if rank == 0 else None
+    check(fast.rooted(st, 2, np.full(3, 2.0), red, 0, MPI.SUM) == 0
+          and (rank != 0 or (red == 2.0 * size).all()), "a new-array Reduce is one C call")
+    gat = np.empty(2 * size, "i") if rank == 0 else None
+    check(fast.rooted(st, 0, np.array([rank, 3], "i"), gat, 0, None) == 0
+          and (rank != 0 or list(gat) == [v for k in range(size) for v in (k, 3)]),
+          "a new-array Gather is one C call")
+    if rank == 0:   # the root's misses: nothing is sent
+        g2 = np.empty(2 * size, "i")
+        check(fast.rooted(st, 0, g2[:2], g2, 0, None) == 1,
+              "a Gather send buffer inside the receive buffer misses")
+        check(fast.rooted(st, 2, np.full(3, 2.0), np.empty(3, "f"), 0, MPI.SUM) == 1,
+              "a Reduce into another dtype misses")
     # another layout, a read-only receive buffer, overlapping buffers: misses
     check(fast.allreduce(st, np.array([1.0, 2.0]), np.empty(2), MPI.SUM) == 1,
           "another shape misses")
