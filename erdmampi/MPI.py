@@ -379,7 +379,7 @@ def _handleof(arg):
     """Unsigned integer value of the underlying MPI handle (a Status: its address)."""
     if _handle_kind(arg) is Status:
         _handle_field(arg)
-        return arg._mem.ctypes.data
+        return arg._mem.buffer_info()[0]
     return _handle_field(arg)._h
 
 
@@ -393,7 +393,7 @@ def _addressof(arg):
     """
     if _handle_kind(arg) is Status:
         _handle_field(arg)
-        return arg._mem.ctypes.data
+        return arg._mem.buffer_info()[0]
     # imported here: a C function in this module's namespace would be walked
     # by documentation tools as one of its functions
     from ._objmodel import handle_address

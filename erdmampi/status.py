@@ -1,11 +1,13 @@
 """Status: the envelope of a received (or probed) message."""
 
-import numpy as _np
+from array import array as _array
 
 UNDEFINED = -32766
 ANY_SOURCE = -2
 ANY_TAG = -1
 SUCCESS = 0
+# count 0, not cancelled, ANY_SOURCE, ANY_TAG, SUCCESS
+_INIT = (0, 0, ANY_SOURCE, ANY_TAG, SUCCESS)
 
 
 def _byte():
@@ -28,11 +30,12 @@ class Status:
 
     # The fields live in MPICH's MPI_Status layout (five C ints: count low
     # word, count high word << 1 | cancelled, source, tag, error) so that
-    # ``tomemory()`` can expose them writable, as mpi4py does.
+    # ``tomemory()`` can expose them writable, as mpi4py does; an
+    # array.array, whose items cost a fraction of a numpy array's.
     __slots__ = ("_mem", "__weakref__")
 
     def _get(i):
-        return property(lambda self: int(self._mem[i]),
+        return property(lambda self: self._mem[i],
                         lambda self, v: self._mem.__setitem__(i, v))
 
     _source = _get(2)
@@ -60,12 +63,7 @@ class Status:
         self._mem[1] = (int(self._mem[1]) & ~1) | (1 if flag else 0)
 
     def __init__(self, status=None):
-        self._mem = _np.zeros(5, dtype=_np.intc)
-        self._source = ANY_SOURCE
-        self._tag = ANY_TAG
-        self._error = SUCCESS
-        self._nbytes = 0
-        self._cancelled = False
+        self._mem = _array("i", _INIT)
         if status is not None:
             if not isinstance(status, Status):
                 raise TypeError(f"expected Status, got {type(status).__name__}")
@@ -81,11 +79,16 @@ class Status:
         self._cancelled = other._cancelled
 
     def _fill(self, source, tag, error, nbytes, cancelled=False):
-        self._source = source
-        self._tag = tag
-        self._error = error
-        self._nbytes = nbytes
-        self._cancelled = cancelled
+        m = self._mem
+        m[2] = source
+        m[3] = tag
+        m[4] = error
+        if 0 <= nbytes < 1 << 31:
+            m[0] = nbytes
+            m[1] = 1 if cancelled else 0
+        else:
+            self._nbytes = nbytes
+            self._cancelled = cancelled
 
     # Public API
 
@@ -183,7 +186,7 @@ class Status:
         values = [int(v) for v in arg]
         if len(values) != len(st._mem):
             raise ValueError(f"expecting {len(st._mem)} integers, got {len(values)}")
-        st._mem[:] = values
+        st._mem[:] = _array("i", values)
         return st
 
     source = property(Get_source, Set_source, doc="source")
@@ -207,5 +210,5 @@ class Status:
 
 def _rebuild_status(cls, mem):
     st = cls()
-    st._mem[:] = mem
+    st._mem[:] = _array("i", mem)
     return st
