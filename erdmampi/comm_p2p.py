@@ -440,7 +440,7 @@ class CommP2P:
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             r = (st.error, st.source, st.tag, st.nbytes)
-        status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)
+        status._fill_recv(self._comm_rank(r[1]), r[2], r[3])
         if r[0]:
             raise_status_code(r[0])
 

@@ -90,6 +90,19 @@ class Status:
             self._nbytes = nbytes
             self._cancelled = cancelled
 
+    def _fill_recv(self, source, tag, nbytes):
+        """A receive's envelope; MPI_ERROR is left as it is (as MPICH's
+        MPI_Recv and MPI_Wait do)."""
+        m = self._mem
+        m[2] = source
+        m[3] = tag
+        if 0 <= nbytes < 1 << 31:
+            m[0] = nbytes
+            m[1] = 0
+        else:
+            self._nbytes = nbytes
+            self._cancelled = False
+
     # Public API
 
     def __eq__(self, other):
