@@ -1,7 +1,9 @@
 """Comm's one-call methods in C (erdma_pyfast.c, "methods"): the same
 behaviour as the Python methods they replace, by every route of calling
-(tests/scripts/comm_methods.py, also run against mpi4py), and a C method
-that takes only what it can check."""
+(tests/scripts/comm_methods.py), calls written as programs write them (a
+new [array, datatype] list or a new array every call take the one-call
+path: tests/scripts/new_arrays.py), both also run against mpi4py, and a C
+method that takes only what it can check."""
 import shutil
 import subprocess
 import sys
@@ -11,15 +13,20 @@ import pytest
 from _ranks import assert_ok, run_script, run_script_mpi4py
 
 
+SCRIPTS = ["comm_methods.py", "new_arrays.py"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
-def test_comm_methods_by_every_route(nprocs):
-    assert_ok(run_script("comm_methods.py", nprocs), "comm_methods.py", nprocs)
+def test_comm_methods_by_every_route(script, nprocs):
+    assert_ok(run_script(script, nprocs), script, nprocs)
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec")
-def test_comm_methods_script_holds_for_mpi4py():
+@pytest.mark.parametrize("script,nprocs", [("comm_methods.py", 2), ("new_arrays.py", 3)])
+def test_comm_methods_script_holds_for_mpi4py(script, nprocs):
     pytest.importorskip("mpi4py")
-    assert_ok(run_script_mpi4py("comm_methods.py", 2), "comm_methods.py", 2)
+    assert_ok(run_script_mpi4py(script, nprocs), script, nprocs)
 
 
 def _python(code):
