@@ -349,6 +349,7 @@ if _engine.fast is not None:
     _fast_remember_reduce_scatter = _engine.fast.remember_reduce_scatter
     _fast_recv_status = _engine.fast.recv_status
     _fast_sendrecv = _engine.fast.sendrecv
+    _fast_sendrecv_replace = _engine.fast.sendrecv_replace
     _fast_remember_packed = _engine.fast.remember_packed
     _fast_isend, _fast_irecv = _engine.fast.isend, _engine.fast.irecv
     _fast_rooted, _fast_remember_rooted = _engine.fast.rooted, _engine.fast.remember_rooted
@@ -373,6 +374,7 @@ else:
     def _fast_send_bytes(*args):
         return 1
     _fast_recv_bytes = _fast_sendrecv = _fast_send_obj = _fast_send_bytes
+    _fast_sendrecv_replace = _fast_send_bytes
 
     class _FastMore:
         value = 1

@@ -13,10 +13,12 @@ from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
     _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
-    _fast_send_bytes, _fast_send_obj, _fast_sendrecv, _fast_remember_packed, _fast_recv_obj,
+    _fast_send_bytes, _fast_send_obj, _fast_sendrecv, _fast_sendrecv_replace,
+    _fast_remember_packed, _fast_recv_obj,
     _std_loads, _recv_obj_payload, _FastMore,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
-    _pair_request, _plain_array, _plain_counted, Prequest, PROC_NULL, raise_error, raise_status_code,
+    _pair_request, _plain_array, _plain_counted, Prequest, PROC_NULL, raise_error,
+    raise_status_code,
     _reap_deferred, Request, _rt, _send_fields, Status, TAG_UB_VALUE,
     UNDEFINED, _buffers)
 
@@ -674,13 +676,25 @@ class CommP2P:
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
                          status=None):
         """Send and receive in one buffer."""
+        # fast path: the spec remembered both ways and a message that goes
+        # into a local peer's ring at once (its bytes are copied out before
+        # the receive lands): one C call
+        if _deferred:
+            _reap_deferred()
+        r = _fast_sendrecv_replace(self._fast, buf, dest, sendtag, source, recvtag)
+        if r != 1:
+            self._p2p_misses = 0
+            self._sendrecv_fast_done(r, buf, buf, status)
+            return
         arr = _plain_array(buf, False)
         if arr is not None:
             # a whole plain array: a Sendrecv from a copy of it (the copy has
             # the array's layout every call: the one-call path)
             tmp = arr.copy()
-            return self.Sendrecv(tmp if arr is buf else [tmp, buf[1]], dest, sendtag, buf,
-                                 source, recvtag, status)
+            self.Sendrecv(tmp if arr is buf else [tmp, buf[1]], dest, sendtag, buf, source,
+                          recvtag, status)
+            self._p2p_learn(buf, True)
+            return
         self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 
     # -- Point-to-point: nonblocking ----------------------------------------

@@ -23,7 +23,9 @@
  *     answers (error, world source, tag, nbytes)
  *   sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): both
  *     remembered specs in one call (see pf_sendrecv); remember_packed(...)
- *     remembers a `[array, count, derived datatype]` side for it
+ *     remembers a `[array, count, derived datatype]` side for it;
+ *     sendrecv_replace(state, buf, dest, sendtag, source, recvtag) the same
+ *     with one buffer, when the message goes into a local peer's ring
  *   isend(state, buf, dest, tag) / irecv(state, buf, source, tag, index):
  *     an Op (a Request's operation) for Comm.Isend / Comm.Irecv (see
  *     pf_isend); configure(...) sets what Ops report errors with
@@ -1038,19 +1040,28 @@ static pf_packed *packed_for(pf_state *s, int recv, PyObject *buf) {
  * entries (None for a plain side), which keep the temporaries the requests
  * still use and tell Python what to unpack; rent is the array itself when
  * the receive goes straight into it (packed_direct). */
-static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+/* replace: Sendrecv_replace, sendbuf and recvbuf one plain spec: only a send
+ * that goes into a local peer's ring now (its bytes copied before the
+ * receive can land) runs here. */
+static PyObject *sendrecv_impl(PyObject *const *args, int replace) {
   long dest, stag, src, rtag;
   pf_state *s;
   pf_entry *sx = NULL, *rx = NULL;
   pf_packed *sp = NULL, *rp = NULL;
   pf_mem sm, rm;
-  if (n != 7 || !(s = state_of(args[0])) || !small_int(args[2], 0, s->size - 1, &dest) ||
+  if (!(s = state_of(args[0])) || !small_int(args[2], 0, s->size - 1, &dest) ||
       !small_int(args[3], 0, s->tag_ub, &stag) || !small_int(args[5], 0, s->size - 1, &src) ||
       !small_int(args[6], ERDMA_ANY_TAG, s->tag_ub, &rtag) ||
-      (!(sx = entry_for(s, 0, args[1], &sm)) && !(sp = packed_for(s, 0, args[1]))))
+      (!(sx = entry_for(s, 0, args[1], &sm)) && (replace || !(sp = packed_for(s, 0, args[1])))))
     return PyLong_FromLong(1);
-  if (!(rx = entry_for(s, 1, args[4], &rm)) && !(rp = packed_for(s, 1, args[4]))) {
+  if (!(rx = entry_for(s, 1, args[4], &rm)) &&
+      (replace || !(rp = packed_for(s, 1, args[4])))) {
     if (sx) mem_done(&sm);
+    return PyLong_FromLong(1);
+  }
+  if (replace && (sm.buf != rm.buf || sm.len != rm.len)) {
+    mem_done(&sm);
+    mem_done(&rm);
     return PyLong_FromLong(1);
   }
   /* the packed sides' arrays stay exported while they are read or written */
@@ -1092,7 +1103,16 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
   int rc = 0;
   if (sp && sp->total && !packed_direct(sp))
     rc = erdma_pack_runs(sp->tmp.buf, sav.buf, sp->n, sp->step, sp->off, sp->ln, sp->nruns);
-  if (!rc && !erdma_shm_try_send(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0))
+  int sent = !rc && erdma_shm_try_send(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0);
+  if (!sent && replace) { /* nothing done: Python sends from a copy */
+    PyEval_RestoreThread(ts);
+    sx->busy--;
+    rx->busy--;
+    mem_done(&sm);
+    mem_done(&rm);
+    return PyLong_FromLong(1);
+  }
+  if (!rc && !sent)
     rc = erdma_isend(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0, &sr);
   if (!rc) rc = erdma_irecv(s->e, rbuf, rlen, s->ranks[src], (int)rtag, s->ctx, 0, &rr);
   if (!rc) rc = erdma_req_wait(rr, s->slice, &rst);
@@ -1133,6 +1153,19 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (sr) erdma_req_free(sr);
   return Py_BuildValue("(iiiKi)", rst.error, rst.source, rst.tag,
                        (unsigned long long)rst.nbytes, sst.error);
+}
+
+static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return n == 7 ? sendrecv_impl(args, 0) : PyLong_FromLong(1);
+}
+
+/* sendrecv_replace(state, buf, dest, sendtag, source, recvtag): Sendrecv_replace
+ * of a plain spec remembered both ways whose message goes into a local
+ * peer's ring now; answers as sendrecv (1: nothing done). */
+static PyObject *pf_sendrecv_replace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 6) return PyLong_FromLong(1);
+  PyObject *a[7] = {args[0], args[1], args[2], args[3], args[1], args[4], args[5]};
+  return sendrecv_impl(a, 1);
 }
 
 /* Buffer export of a remembered array: flags as Python saw them (the layout
@@ -2483,6 +2516,8 @@ static PyMethodDef pf_methods[] = {
     {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
     {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
+    {"sendrecv_replace", (PyCFunction)(void (*)(void))pf_sendrecv_replace, METH_FASTCALL,
+     NULL},
     {"remember_packed", (PyCFunction)(void (*)(void))pf_remember_packed, METH_FASTCALL,
      NULL},
     {"isend", (PyCFunction)(void (*)(void))pf_isend, METH_FASTCALL, NULL},

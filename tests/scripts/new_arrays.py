@@ -75,6 +75,18 @@ for i in range(20):
     sc = np.empty(2, "i")
     comm.Scatter(np.arange(2 * size, dtype="i") + i if rank == 0 else None, sc, root=0)
     check(list(sc) == [2 * rank + i, 2 * rank + 1 + i], f"new-array Scatter {i}: {sc}")
+    # Sendrecv_replace around the ring: small (the one-call path), with a
+    # list spec and a Status, and large (from a copy)
+    rb = np.full(5, rank * 10 + i, "i")
+    st = MPI.Status()
+    comm.Sendrecv_replace([rb, MPI.INT], dest=nxt, sendtag=6, source=prv, recvtag=6,
+                          status=st)
+    check((rb == prv * 10 + i).all() and st.Get_source() == prv and st.Get_tag() == 6
+          and st.Get_count(MPI.INT) == 5, f"Sendrecv_replace {i}: {rb}")
+    if i % 5 == 0:
+        big = np.full(1 << 16, float(rank + i))
+        comm.Sendrecv_replace(big, dest=nxt, source=prv)
+        check((big == prv + i).all(), f"large Sendrecv_replace {i}")
     check(s == 0, "allreduce")
 
 if erdma and fast is not None and size > 1:
@@ -126,6 +138,13 @@ if erdma and fast is not None and size > 1:
         check(fast.recv(st, (r, 4, MPI.INT), prv, 10) == 0, "a counted Recv is one C call")
         check(fast.send(st, [b, 4, MPI.INT], nxt, 10) == 0, "a counted Send is one C call")
     check((r == prv).all(), f"counted fast Send/Recv: {r}")
+    rb[:] = rank
+    res = fast.sendrecv_replace(st, [rb, MPI.INT], nxt, 11, prv, 11)
+    check(type(res) is tuple and res[0] == 0 and res[3] == rb.nbytes and (rb == prv).all(),
+          f"a Sendrecv_replace is one C call: {res} {rb}")
+    if rank == 0:   # larger than a ring message: nothing done, Python sends a copy
+        check(fast.sendrecv_replace(st, big, nxt, 11, prv, 11) == 1,
+              "a large Sendrecv_replace misses")
     check(fast.send(st, [b, 2, MPI.INT], nxt, 9) == 1, "a part of the array misses")
     check(fast.send(st, [b, 4.0, MPI.INT], nxt, 9) == 1, "a float count misses")
     check(fast.send(st, [b, -4, MPI.INT], nxt, 9) == 1, "a negative count misses")
