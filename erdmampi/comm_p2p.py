@@ -687,13 +687,20 @@ class CommP2P:
             self._sendrecv_fast_done(r, buf, buf, status)
             return
         arr = _plain_array(buf, False)
+        if arr is None and type(buf) in _SEQ3:
+            arr = _plain_counted(buf, False)
         if arr is not None:
-            # a whole plain array: a Sendrecv from a copy of it (the copy has
-            # the array's layout every call: the one-call path)
+            # a whole plain array: a Sendrecv from a copy of it, the copy not
+            # remembered (a new one every call); ``buf`` both ways
             tmp = arr.copy()
-            self.Sendrecv(tmp if arr is buf else [tmp, buf[1]], dest, sendtag, buf, source,
-                          recvtag, status)
+            rop, sop = self._sendrecv_ops(tmp if arr is buf else [tmp, buf[-1]], dest, sendtag,
+                                          buf, source, recvtag)
+            rreq = Request._new(rop)
+            sreq = Request._new(sop)
+            rreq.Wait(status)
+            sreq.Wait()
             self._p2p_learn(buf, True)
+            self._p2p_learn(buf, False)
             return
         self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 

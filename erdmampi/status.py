@@ -223,5 +223,7 @@ class Status:
 
 def _rebuild_status(cls, mem):
     st = cls()
+    if len(mem) != len(st._mem):
+        raise ValueError(f"expecting {len(st._mem)} integers, got {len(mem)}")
     st._mem[:] = _array("i", mem)
     return st

@@ -404,7 +404,8 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   for (int i = 0; i < PF_SLOTS && !x; i++) {
     pf_entry *y = &s->ent[recv][i];
     if (y->have && (weak ? y->weak && y->dt == dt && y->count == count && layout_is(&y->l, arr)
-                         : y->spec == spec))
+                         : !y->weak && (y->spec == spec || (y->arr == arr && y->dt == dt &&
+                                                            y->count == count))))
       x = y;
   }
   for (int i = 0; i < PF_SLOTS && !x; i++) {
@@ -1050,7 +1051,8 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace) {
   pf_packed *sp = NULL, *rp = NULL;
   pf_mem sm, rm;
   if (!(s = state_of(args[0])) || !small_int(args[2], 0, s->size - 1, &dest) ||
-      !small_int(args[3], 0, s->tag_ub, &stag) || !small_int(args[5], 0, s->size - 1, &src) ||
+      !small_int(args[3], 0, s->tag_ub, &stag) ||
+      !small_int(args[5], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
       !small_int(args[6], ERDMA_ANY_TAG, s->tag_ub, &rtag) ||
       (!(sx = entry_for(s, 0, args[1], &sm)) && (replace || !(sp = packed_for(s, 0, args[1])))))
     return PyLong_FromLong(1);
@@ -1114,7 +1116,9 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace) {
   }
   if (!rc && !sent)
     rc = erdma_isend(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0, &sr);
-  if (!rc) rc = erdma_irecv(s->e, rbuf, rlen, s->ranks[src], (int)rtag, s->ctx, 0, &rr);
+  if (!rc)
+    rc = erdma_irecv(s->e, rbuf, rlen, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
+                     (int)rtag, s->ctx, 0, &rr);
   if (!rc) rc = erdma_req_wait(rr, s->slice, &rst);
   if (!rc && sr) rc = erdma_req_wait(sr, s->slice, &sst);
   if (rc && rc != ERDMA_ERR_TIMEOUT) {
@@ -1382,7 +1386,8 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   if (n != (reduces ? 4 : 3) || !(s = state_of(args[0]))) return PyLong_FromLong(1);
   pf_coll *x = sr_slot(s, which);
   PyObject *sa = NULL, *ra = NULL;
-  if (!x->have || x->busy || (reduces && args[3] != x->op)) return PyLong_FromLong(1);
+  if (!x->have || x->busy || (reduces && args[3] != x->op) || !coll_still(x))
+    return PyLong_FromLong(1);
   if (x->weak) {
     if (!(ra = weak_array(args[2], &x->rl, x->rdt, NP_C_CONTIGUOUS | NP_WRITEABLE)) ||
         (x->sl.type ? !(sa = weak_array(args[1], &x->sl, x->sdt, NP_C_CONTIGUOUS))
@@ -1397,7 +1402,6 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
              (x->sarr && !(((np_head *)(x->sdt ? x->sarr : args[1]))->flags & NP_C_CONTIGUOUS))) {
     return PyLong_FromLong(1);
   }
-  if (!coll_still(x)) return PyLong_FromLong(1);
   /* a weak entry's arrays are exported for the call: their memory stays put */
   Py_buffer sv, rv;
   if (ra && PyObject_GetBuffer(ra, &rv, PyBUF_WRITABLE) != 0) {

@@ -83,6 +83,10 @@ for i in range(20):
                           status=st)
     check((rb == prv * 10 + i).all() and st.Get_source() == prv and st.Get_tag() == 6
           and st.Get_count(MPI.INT) == 5, f"Sendrecv_replace {i}: {rb}")
+    rb[:] = rank + i
+    comm.Sendrecv_replace([rb, 5, MPI.INT], dest=nxt, sendtag=7, status=st)  # ANY_SOURCE
+    check((rb == prv + i).all() and st.Get_source() == prv and st.Get_tag() == 7,
+          f"counted Sendrecv_replace from any source {i}: {rb}")
     if i % 5 == 0:
         big = np.full(1 << 16, float(rank + i))
         comm.Sendrecv_replace(big, dest=nxt, source=prv)
@@ -142,6 +146,10 @@ if erdma and fast is not None and size > 1:
     res = fast.sendrecv_replace(st, [rb, MPI.INT], nxt, 11, prv, 11)
     check(type(res) is tuple and res[0] == 0 and res[3] == rb.nbytes and (rb == prv).all(),
           f"a Sendrecv_replace is one C call: {res} {rb}")
+    rb[:] = rank + 50
+    res = fast.sendrecv_replace(st, [rb, 5, MPI.INT], nxt, 12, MPI.ANY_SOURCE, MPI.ANY_TAG)
+    check(type(res) is tuple and res[:3] == (0, prv, 12) and (rb == prv + 50).all(),
+          f"a counted Sendrecv_replace from any source is one C call: {res} {rb}")
     if rank == 0:   # larger than a ring message: nothing done, Python sends a copy
         check(fast.sendrecv_replace(st, big, nxt, 11, prv, 11) == 1,
               "a large Sendrecv_replace misses")
