@@ -693,8 +693,7 @@ def _icoll(run):
 
 
 class _PairOp:
-    """The operation of a request completing when both halves of an
-    Isendrecv have."""
+    """The operation of a request that completes with both halves of an Isendrecv."""
     __slots__ = ("fields", "obj", "_rop", "_sop")
     persistent = False
 

@@ -670,11 +670,13 @@ class CommColl:
             self._new_arrays("allreduce", rarr, sarr), 0, -1.0))
 
     def _new_arrays(self, name, rarr, sarr):
-        """Whether the call of ``name`` just resolved passed arrays of the
-        layouts of the one resolved before (a program that makes its arrays
-        anew for every call, ``comm.Allreduce(np.array([x]), out)``): the C
-        fast path then remembers the call by the arrays' layouts, not by the
-        arrays themselves."""
+        """Whether this call's arrays have the layouts of the last resolved.
+
+        True for the call of ``name`` just resolved when the one resolved
+        before passed arrays of the same layouts (a program that makes its
+        arrays anew for every call, ``comm.Allreduce(np.array([x]), out)``):
+        the C fast path then remembers the call by the arrays' layouts, not
+        by the arrays themselves."""
         key = tuple(None if a is None else (a.shape, a.strides, a.dtype) for a in (rarr, sarr))
         if self._lastlay is None:
             self._lastlay = {}

@@ -91,8 +91,9 @@ class Status:
             self._cancelled = cancelled
 
     def _fill_recv(self, source, tag, nbytes):
-        """A receive's envelope; MPI_ERROR is left as it is (as MPICH's
-        MPI_Recv and MPI_Wait do)."""
+        """Fill in a receive's envelope.
+
+        MPI_ERROR is left as it is, as MPICH's MPI_Recv and MPI_Wait do."""
         m = self._mem
         m[2] = source
         m[3] = tag
