@@ -33,12 +33,18 @@ def checked_allreduce():
     done += 1
 
 
+def agreed(flag):
+    """``flag`` as every rank sees it: true if it is on any rank, so that
+    all ranks take the same branch and run the same collectives."""
+    return bool(comm.allreduce(int(bool(flag)), op=MPI.MAX))
+
+
 for _ in range(5):
     checked_allreduce()
 start_route = eng.peer_route(peer)
 (flags / f"started-{rank}").write_text(start_route)
 t0 = time.monotonic()
-while not (flags / "opened").exists():
+while not agreed((flags / "opened").exists()):
     assert time.monotonic() - t0 < 60, "the test never opened the direct path"
     checked_allreduce()
     time.sleep(0.05)
@@ -46,7 +52,7 @@ t_open = time.monotonic()
 while True:
     checked_allreduce()
     both_direct = comm.allreduce(int(eng.peer_route(peer) == "direct"), op=MPI.MIN)
-    if both_direct or time.monotonic() - t_open > limit:
+    if both_direct or agreed(time.monotonic() - t_open > limit):
         break
     time.sleep(0.05)
 seconds = time.monotonic() - t_open
