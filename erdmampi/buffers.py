@@ -1187,7 +1187,7 @@ def plain_counted(spec, readonly):
     if type(count) is not int or count <= 0:
         return None
     arr = plain_spec((arr, dt), readonly)
-    return arr if arr is not None and count * _SPEC_TYPES[id(dt)][1] == arr.nbytes else None
+    return arr if arr is not None and count * plain_size(dt) == arr.nbytes else None
 
 
 def _learn_plain(arr, msg):

@@ -264,7 +264,7 @@ class CommP2P:
             # as Request.Wait: finish, fill the status (MPI_ERROR untouched), raise
             fields = self._finish_fields(st, msg)
             if status is not None:
-                status._fill(*fields[:2], status._error, fields[3], bool(fields[4]))
+                status._fill(*fields[:2], None, fields[3], bool(fields[4]))
             if fields[2]:
                 raise_status_code(st.error)
 
@@ -442,7 +442,7 @@ class CommP2P:
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             r = (st.error, st.source, st.tag, st.nbytes)
-        status._fill_recv(self._comm_rank(r[1]), r[2], r[3])
+        status._fill(self._comm_rank(r[1]), r[2], None, r[3])
         if r[0]:
             raise_status_code(r[0])
 
@@ -527,12 +527,19 @@ class CommP2P:
             if self._packed_sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
                                      status):
                 return
+        self._sendrecv_general(sendbuf, dest, sendtag, recvbuf, source, recvtag, status,
+                               sendbuf)
+
+    def _sendrecv_general(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status,
+                          learn):
+        """Sendrecv through the parser, then learn ``learn`` (the send side
+        to remember) and ``recvbuf`` for the one-call path."""
         rop, sop = self._sendrecv_ops(sendbuf, dest, sendtag, recvbuf, source, recvtag)
         rreq = Request._new(rop)
         sreq = Request._new(sop)
         rreq.Wait(status)
         sreq.Wait()
-        self._p2p_learn(sendbuf, True)
+        self._p2p_learn(learn, True)
         self._p2p_learn(recvbuf, False)
 
     def _packed_side(self, buf, readonly):
@@ -651,7 +658,7 @@ class CommP2P:
             if type(rent) is tuple and not r[0] and r[3]:   # else received in place
                 _unpack_side(rent, r[3])
         if status is not None:
-            status._fill(self._comm_rank(r[1]), r[2], status._error, r[3], False)
+            status._fill(self._comm_rank(r[1]), r[2], None, r[3])
         if r[0]:
             raise_status_code(r[0])
         if r[4]:
@@ -693,14 +700,8 @@ class CommP2P:
             # a whole plain array: a Sendrecv from a copy of it, the copy not
             # remembered (a new one every call); ``buf`` both ways
             tmp = arr.copy()
-            rop, sop = self._sendrecv_ops(tmp if arr is buf else [tmp, buf[-1]], dest, sendtag,
-                                          buf, source, recvtag)
-            rreq = Request._new(rop)
-            sreq = Request._new(sop)
-            rreq.Wait(status)
-            sreq.Wait()
-            self._p2p_learn(buf, True)
-            self._p2p_learn(buf, False)
+            self._sendrecv_general(tmp if arr is buf else [tmp, buf[-1]], dest, sendtag, buf,
+                                   source, recvtag, status, buf)
             return
         self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 

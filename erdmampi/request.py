@@ -339,7 +339,7 @@ class Request(HandleBase):
         fields = op.fields
         if status is not None and fields is not None:
             # MPI_Wait/Test/Recv leave MPI_ERROR alone (MPICH); the error is raised
-            status._fill(*fields[:2], status._error, *fields[3:])
+            status._fill(*fields[:2], None, *fields[3:])
         self._release()
         _raise_status_error(fields)
         return op.obj

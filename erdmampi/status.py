@@ -79,30 +79,20 @@ class Status:
         self._cancelled = other._cancelled
 
     def _fill(self, source, tag, error, nbytes, cancelled=False):
+        """Fill in the envelope; ``error`` None leaves MPI_ERROR as it is.
+
+        MPICH's MPI_Recv and MPI_Wait leave it so."""
         m = self._mem
         m[2] = source
         m[3] = tag
-        m[4] = error
+        if error is not None:
+            m[4] = error
         if 0 <= nbytes < 1 << 31:
             m[0] = nbytes
             m[1] = 1 if cancelled else 0
         else:
             self._nbytes = nbytes
             self._cancelled = cancelled
-
-    def _fill_recv(self, source, tag, nbytes):
-        """Fill in a receive's envelope.
-
-        MPI_ERROR is left as it is, as MPICH's MPI_Recv and MPI_Wait do."""
-        m = self._mem
-        m[2] = source
-        m[3] = tag
-        if 0 <= nbytes < 1 << 31:
-            m[0] = nbytes
-            m[1] = 0
-        else:
-            self._nbytes = nbytes
-            self._cancelled = False
 
     # Public API
 
@@ -223,8 +213,4 @@ class Status:
 
 
 def _rebuild_status(cls, mem):
-    st = cls()
-    if len(mem) != len(st._mem):
-        raise ValueError(f"expecting {len(st._mem)} integers, got {len(mem)}")
-    st._mem[:] = _array("i", mem)
-    return st
+    return cls.f2py(mem)

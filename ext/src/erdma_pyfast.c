@@ -1341,6 +1341,12 @@ static int spec_is(PyObject *spec, PyObject *want, PyObject *arr, PyObject *dt) 
   return spec_pair(spec, &a, &d) && a == arr && d == dt;
 }
 
+/* Do two exports share memory? */
+static int views_overlap(const Py_buffer *a, const Py_buffer *b) {
+  return (const char *)a->buf < (const char *)b->buf + b->len &&
+         (const char *)b->buf < (const char *)a->buf + a->len;
+}
+
 /* The array a weakly remembered spec passes (the spec itself, or the first
  * of an [array, dt] pair with the remembered dt) if it has the remembered
  * layout and the flags `need`; else NULL. */
@@ -1415,8 +1421,7 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   }
   /* a weak entry's arrays may be any two of its layouts: two that share
    * memory go to Python, which checks them as the first call was */
-  if (sa && ra && (const char *)sv.buf < (const char *)rv.buf + rv.len &&
-      (const char *)rv.buf < (const char *)sv.buf + sv.len) {
+  if (sa && ra && views_overlap(&sv, &rv)) {
     PyBuffer_Release(&sv);
     PyBuffer_Release(&rv);
     return PyLong_FromLong(1);
@@ -1557,14 +1562,39 @@ static int rooted_side(PyObject *spec, int mode, PyObject *want, PyObject *arr, 
          (((np_head *)(dt ? arr : spec))->flags & need) == need;
 }
 
-/* rooted(state, which, sendbuf, recvbuf, root, op) -> 0 | 1 (miss) |
- * (rc, pending), as allreduce; op None for Gather and Scatter */
 static PyObject *rooted_pair(pf_state *s, int scatter, void *sb, void *rb, uint64_t blk,
                              int root, long tag);
 
+/* The engine call of a remembered rooted call on buffers sb / rb. */
+static PyObject *rooted_run(pf_state *s, pf_coll *x, int which, int root, long tag, void *sb,
+                            void *rb) {
+  erdma_coll *pending = NULL;
+  PyObject *res;
+  x->busy++;
+  if (which < 2 && s->size == 2 && (s->me == root ? (which ? sb : rb) : (which ? rb : sb))) {
+    res = rooted_pair(s, which, sb, rb, x->count, root, tag);
+    x->busy--;
+    return res;
+  }
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc;
+  if (which == 2)
+    rc = erdma_coll_reduce(s->e, sb, rb, x->count, x->opc, x->dtc, root, s->ranks, s->size,
+                           s->me, (int)tag, s->ctx + 1, s->slice, &pending);
+  else
+    rc = (which == 0 ? erdma_coll_gather : erdma_coll_scatter)(
+        s->e, sb, rb, x->count, root, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
+        s->slice, &pending);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  return coll_result(rc, pending);
+}
+
+/* rooted(state, which, sendbuf, recvbuf, root, op) -> 0 | 1 (miss) |
+ * (rc, pending), as allreduce; op None for Gather and Scatter */
 static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_state *s;
-  long which, root;
+  long which, root, tag;
   if (n != 6 || !(s = state_of(args[0])) || !small_int(args[1], 0, 2, &which) ||
       !small_int(args[4], 0, s->size - 1, &root))
     return PyLong_FromLong(1);
@@ -1572,51 +1602,24 @@ static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) 
   if (!x->have || x->busy || root != x->root || args[5] != x->op || !coll_still(x))
     return PyLong_FromLong(1);
   Py_buffer sv, rv;
-  int sgot, rgot;
+  int sgot, rgot = 0;
+  PyObject *res;
   if (!rooted_side(args[2], x->smode, x->sspec, x->sarr, x->sdt, &x->sl, NP_C_CONTIGUOUS, &sv,
-                   &sgot))
-    return PyLong_FromLong(1);
-  if (!rooted_side(args[3], x->rmode, x->rspec, x->rarr, x->rdt, &x->rl,
+                   &sgot) ||
+      !rooted_side(args[3], x->rmode, x->rspec, x->rarr, x->rdt, &x->rl,
                    NP_C_CONTIGUOUS | NP_WRITEABLE, &rv, &rgot) ||
       /* new arrays that share memory: Python checks them */
-      (sgot && rgot && (const char *)sv.buf < (const char *)rv.buf + rv.len &&
-       (const char *)rv.buf < (const char *)sv.buf + sv.len)) {
-    if (sgot) PyBuffer_Release(&sv);
-    if (rgot) PyBuffer_Release(&rv);
-    return PyLong_FromLong(1);
-  }
-  long tag = next_coll_tag(s);
-  if (tag < 0) {
-    if (sgot) PyBuffer_Release(&sv);
-    if (rgot) PyBuffer_Release(&rv);
-    return tag == -1 ? NULL : PyLong_FromLong(1);
-  }
-  erdma_coll *pending = NULL;
-  void *sb = sgot ? sv.buf : x->sarr ? x->sview.buf : NULL;
-  void *rb = rgot ? rv.buf : x->rarr ? x->rview.buf : NULL;
-  PyObject *res = NULL;
-  x->busy++;
-  if (which < 2 && s->size == 2 && (s->me == root ? (which ? sb : rb) : (which ? rb : sb))) {
-    res = rooted_pair(s, which, sb, rb, x->count, (int)root, tag);
-    x->busy--;
-    if (sgot) PyBuffer_Release(&sv);
-    if (rgot) PyBuffer_Release(&rv);
-    return res;
-  }
-  PyThreadState *ts = PyEval_SaveThread();
-  int rc;
-  if (which == 2)
-    rc = erdma_coll_reduce(s->e, sb, rb, x->count, x->opc, x->dtc, (int)root, s->ranks,
-                           s->size, s->me, (int)tag, s->ctx + 1, s->slice, &pending);
+      (sgot && rgot && views_overlap(&sv, &rv)))
+    res = PyLong_FromLong(1);
+  else if ((tag = next_coll_tag(s)) < 0)
+    res = tag == -1 ? NULL : PyLong_FromLong(1);
   else
-    rc = (which == 0 ? erdma_coll_gather : erdma_coll_scatter)(
-        s->e, sb, rb, x->count, (int)root, s->ranks, s->size, s->me, (int)tag, s->ctx + 1,
-        s->slice, &pending);
-  PyEval_RestoreThread(ts);
-  x->busy--;
+    res = rooted_run(s, x, (int)which, (int)root, tag,
+                     sgot ? sv.buf : x->sarr ? x->sview.buf : NULL,
+                     rgot ? rv.buf : x->rarr ? x->rview.buf : NULL);
   if (sgot) PyBuffer_Release(&sv);
   if (rgot) PyBuffer_Release(&rv);
-  return coll_result(rc, pending);
+  return res;
 }
 
 /* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints): Python
