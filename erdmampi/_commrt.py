@@ -347,7 +347,7 @@ if _engine.fast is not None:
     _fast_remember_allgather = _engine.fast.remember_allgather
     _fast_reduce_scatter = _engine.fast.reduce_scatter
     _fast_remember_reduce_scatter = _engine.fast.remember_reduce_scatter
-    _fast_recv_status = _engine.fast.recv_status
+    _fast_recv_status, _fast_hits = _engine.fast.recv_status, _engine.fast.hits
     _fast_sendrecv = _engine.fast.sendrecv
     _fast_sendrecv_replace = _engine.fast.sendrecv_replace
     _fast_remember_packed = _engine.fast.remember_packed
@@ -374,6 +374,7 @@ else:
     def _fast_send_bytes(*args):
         return 1
     _fast_recv_bytes = _fast_sendrecv = _fast_send_obj = _fast_send_bytes
+    _fast_hits = _fast_send_bytes
     _fast_sendrecv_replace = _fast_send_bytes
 
     class _FastMore:
@@ -672,6 +673,13 @@ def _op_arg(op):
         raise TypeError(f"Argument 'op' has incorrect type (expected MPI.Op, "
                         f"got {type(op).__name__})")
     return op
+
+
+def _status_arg(status):
+    """mpi4py's TypeError for a ``status`` that is neither None nor a Status."""
+    if status is not None and not isinstance(status, Status):
+        raise TypeError(f"Argument 'status' has incorrect type (expected MPI.Status, "
+                        f"got {type(status).__name__})")
 
 
 def _icoll(run):

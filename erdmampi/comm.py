@@ -120,6 +120,7 @@ class Comm(CommP2P, CommColl, CommObjColl, HasErrhandler, CommULFM, HandleBase):
     """
 
     _p2p_misses = 0             # fast-path misses of Isend/Irecv/Sendrecv in a row
+    _p2p_hits = 0               # _fast_hits when _p2p_misses was last counted
     _handle = HandleBase._h
     _csmall = _cranks = _arcache = _bccache = _bkcache = _lastlay = None
 
@@ -558,7 +559,10 @@ from .dpm import IntracommDPM  # noqa: E402
 # it does not know (keyword-only ones) and whatever else it does not take.
 _C_METHODS = {
     "Send": ("send", (0, 1, 2), (), "_send_more", 0, 0, 0),
-    "Recv": ("recv", (0, 1, 2), (), "_recv_fast_more", 0b1000, 0, 0),
+    "Recv": ("recv_st", (0, 1, 2, 3), (), "_recv_fast_more", 0, 0, 0),
+    "Sendrecv": ("sendrecv_st", (0, 1, 2, 3, 4, 5, 6), (), "_sendrecv_more", 0, 0, 0),
+    "Sendrecv_replace": ("sendrecv_replace_st", (0, 1, 2, 3, 4, 5), (), "_sendrecv_replace_more",
+                         0, 0, 0),
     "Barrier": ("barrier", (), (), "_barrier_more", 0, 0, 0),
     "Bcast": ("bcast", (0, 1), (), "_bcast_more", 0, 0, 0),
     "Allreduce": ("allreduce", (0, 1, 2), (), "_allreduce_more", 0, 0, 0),
@@ -570,6 +574,9 @@ _C_METHODS = {
     "Scatter": ("rooted", (-1, 0, 1, 2, -2), (1, None), "_scatter_more", 0, 0, 0),
     "send": ("send_obj", (0, 1, 2), (), "_send_obj_more", 0, 1, 0),
     "recv": ("recv_obj", (1, 2), (), "_recv_obj_more", 0b1001, 2, 1),
+    "Isend": ("isend", (0, 1, 2), (), "_isend_more", 0, 0, 2),
+    "Irecv": ("irecv", (0, 1, 2), (), "_irecv_more", 0, 4, 2),
+    "sendrecv": ("sendrecv_obj", (0, 1, 2, 4, 5), (), "_sendrecv_obj_more", 0b1001000, 3, 1),
 }
 
 
@@ -581,7 +588,7 @@ def c_methods():
         return
     try:
         fast.setup(HandleBase, _membuf.FAST_OFFSET, _engine._deferred, _engine._reap_deferred,
-                   _pickle.loads)
+                   _pickle.loads, Request)
     except ValueError:      # done by an earlier import of this module (reloaded)
         return
     for slot, (name, spec) in enumerate(_C_METHODS.items()):

@@ -12,10 +12,10 @@ from .exceptions import ERR_ARG, ERR_REQUEST
 from ._commrt import (
     ANY_SOURCE, ANY_TAG, _buffer_pointer, _deferred, _DoneOp, _engine, engine_exception,
     _engine_or_raise, _EngineOp, ERR_RANK, ERR_ROOT, ERR_TAG, error_class, _fast_raise,
-    _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember, _fast_send,
-    _fast_send_bytes, _fast_send_obj, _fast_sendrecv, _fast_sendrecv_replace,
+    _fast_hits, _fast_irecv, _fast_isend, _fast_recv, _fast_recv_status, _fast_remember,
+    _fast_send, _fast_send_bytes, _fast_send_obj, _fast_sendrecv, _fast_sendrecv_replace,
     _fast_remember_packed, _fast_recv_obj,
-    _std_loads, _recv_obj_payload, _FastMore,
+    _std_loads, _recv_obj_payload, _FastMore, _status_arg,
     Message, MESSAGE_NO_PROC, message_p2p, np, _p2p_buffer, _P2P_CACHE_MAX,
     _pair_request, _plain_array, _plain_counted, Prequest, PROC_NULL, raise_error,
     raise_status_code,
@@ -421,17 +421,22 @@ class CommP2P:
             if r:
                 self._recv_fast_more(r, buf, source, tag)
             return
+        _status_arg(status)
         r = _fast_recv_status(self._fast, buf, source, tag)
         if r != 1:
             return self._fast_status(r, buf, status)
         self._recv_more(buf, source, tag, status)
 
     def _recv_fast_more(self, r, buf, source, tag, status=None):
-        """Recv (no ``status``) after the fast call answered ``r`` != 0
-        (see _engine.fast)."""
-        if r != 1:
-            return _fast_raise(r, buf, "recv")
-        self._recv_more(buf, source, tag, None)
+        """Recv after the fast call answered ``r`` != 0 (see _engine.fast):
+        with a ``status``, recv_status's answers."""
+        if r == 1:
+            _status_arg(status)
+            self._recv_more(buf, source, tag, status)
+        elif status is None:
+            _fast_raise(r, buf, "recv")
+        else:
+            self._fast_status(r, buf, status)
 
     def _fast_status(self, r, keep, status):
         """Fill ``status`` from a fast receive's answer (as Request.Wait:
@@ -516,12 +521,23 @@ class CommP2P:
                  recvtag=ANY_TAG, status=None):
         """Send and receive."""
         # fast path as in Send: both specs remembered, ranks on both sides
+        if status is not None:
+            _status_arg(status)
         if _deferred:
             _reap_deferred()
         r = _fast_sendrecv(self._fast, sendbuf, dest, sendtag, recvbuf, source, recvtag)
         if r != 1:
             self._p2p_misses = 0
-            return self._sendrecv_fast_done(r, sendbuf, recvbuf, status)
+            self._sendrecv_fast_done(r, sendbuf, recvbuf, status)
+            return
+        self._sendrecv_more(r, sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+
+    def _sendrecv_more(self, r, sendbuf, dest, sendtag, recvbuf, source, recvtag, status):
+        """Sendrecv after the fast call answered ``r`` (1: a miss)."""
+        _status_arg(status)
+        if r != 1:
+            self._sendrecv_fast_done(r, sendbuf, recvbuf, status)
+            return
         if (type(sendbuf) in _SEQ3 and len(sendbuf) == 3
                 or type(recvbuf) in _SEQ3 and len(recvbuf) == 3):
             if self._packed_sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
@@ -631,6 +647,10 @@ class CommP2P:
         buffers than the state keeps, where remembering only costs): then
         one in 64."""
         m = self._p2p_misses + 1
+        h = _fast_hits(self._fast)
+        if h != self._p2p_hits:     # a Sendrecv ran in C since (the C method)
+            self._p2p_hits = h
+            m = 1
         self._p2p_misses = m
         if m <= 16 or not m & 63:
             self._p2p_plain(buf, readonly)
@@ -686,11 +706,20 @@ class CommP2P:
         # fast path: the spec remembered both ways and a message that goes
         # into a local peer's ring at once (its bytes are copied out before
         # the receive lands): one C call
+        if status is not None:
+            _status_arg(status)
         if _deferred:
             _reap_deferred()
         r = _fast_sendrecv_replace(self._fast, buf, dest, sendtag, source, recvtag)
         if r != 1:
             self._p2p_misses = 0
+        self._sendrecv_replace_more(r, buf, dest, sendtag, source, recvtag, status)
+
+    def _sendrecv_replace_more(self, r, buf, dest, sendtag, source, recvtag, status):
+        """Sendrecv_replace after the fast call answered ``r`` (1: nothing
+        done)."""
+        _status_arg(status)
+        if r != 1:
             self._sendrecv_fast_done(r, buf, buf, status)
             return
         arr = _plain_array(buf, False)
@@ -708,6 +737,7 @@ class CommP2P:
     # -- Point-to-point: nonblocking ----------------------------------------
 
     def Isend(self, buf, dest, tag=0):
+        """Nonblocking send."""
         # fast path as in Send: a remembered spec, a valid rank and tag
         if _deferred:
             _reap_deferred()
@@ -715,6 +745,11 @@ class CommP2P:
         if type(r) is not int:  # its operation: posted, or complete (in a local peer's ring)
             self._p2p_misses = 0
             return Request._new(r)
+        return self._isend_more(r, buf, dest, tag)
+
+    def _isend_more(self, r, buf, dest, tag):
+        """Isend after the fast call answered ``r`` (1: a miss, < 0: an
+        engine error)."""
         if r < 0:
             raise engine_exception(_engine.EngineError(r, "send"))
         req = Request._new(self._isend_op(buf, dest, tag))
@@ -731,6 +766,7 @@ class CommP2P:
         return Request._new(self._isend_op(buf, dest, tag, sync=True))
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG):
+        """Nonblocking receive."""
         # fast path as in Isend
         f = self._fast
         if f is not None:
@@ -738,8 +774,14 @@ class CommP2P:
             if type(r) is not int:
                 self._p2p_misses = 0
                 return Request._new(r)
-            if r < 0:
-                raise engine_exception(_engine.EngineError(r, "recv"))
+            return self._irecv_more(r, buf, source, tag)
+        return self._irecv_more(1, buf, source, tag)
+
+    def _irecv_more(self, r, buf, source, tag):
+        """Irecv after the fast call answered ``r`` (1: a miss, < 0: an
+        engine error)."""
+        if r < 0:
+            raise engine_exception(_engine.EngineError(r, "recv"))
         req = Request._new(self._irecv_op(buf, source, tag))
         self._p2p_learn(buf, False)
         return req
@@ -920,22 +962,35 @@ class CommP2P:
         """Send and receive Python objects."""
         if recvbuf is None and status is None:
             # a small object to a rank of this host goes at once: then the fast recv
-            pkl = self._pkl
             data = _fast_send_obj(self._fast or self._fast_obj_state(), sendobj, dest, sendtag,
-                                  pkl._wire)
-            if data.__class__ is int and data:      # a miss: pickled here
-                data = pkl._encode(sendobj)
-                if not _fast_send_bytes(self._fast, data, dest, sendtag):
-                    data = 0
-            if not data:                            # sent: the receive
+                                  self._pkl._wire)
+            if data.__class__ is int and not data:  # sent: the receive
                 return self.recv(None, source, recvtag)
-            sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
-            obj = _wait_blocking(self._irecv_obj_op(source, recvtag))
-            sreq.wait()
-            return obj
+            return self._sendrecv_obj_unsent(data, sendobj, dest, sendtag, source, recvtag)
         rop = self._irecv_obj_op(source, recvtag)
         sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag))
         obj = _wait_blocking(rop, status)
+        sreq.wait()
+        return obj
+
+    def _sendrecv_obj_more(self, more, sendobj, dest, sendtag, recvbuf, source, recvtag,
+                           status):
+        """sendrecv (no ``recvbuf``, no ``status``) after sendrecv_obj
+        answered a More: its send not done (a 1-tuple), or the receive's."""
+        v = more.value
+        if type(v) is tuple and len(v) == 1:
+            return self._sendrecv_obj_unsent(v[0], sendobj, dest, sendtag, source, recvtag)
+        return self._recv_obj_rest(v, source, recvtag)
+
+    def _sendrecv_obj_unsent(self, data, sendobj, dest, sendtag, source, recvtag):
+        """sendrecv whose fast send did not send: ``data`` the pickle, or 1
+        (not pickled there)."""
+        if data.__class__ is int:                   # a miss: pickled here
+            data = self._pkl._encode(sendobj)
+            if not _fast_send_bytes(self._fast, data, dest, sendtag):
+                return self.recv(None, source, recvtag)     # sent
+        sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag, data=data))
+        obj = _wait_blocking(self._irecv_obj_op(source, recvtag))
         sreq.wait()
         return obj
 

@@ -458,7 +458,7 @@ class Request(HandleBase):
     def Waitall(cls, requests, statuses=None):
         """Wait for all requests; fills ``statuses`` (a list) when given."""
         if statuses is None and type(requests) is list:
-            start = _end_inline(requests)
+            start = _end_fast(requests, _named, MPIException, _DoneOp)
             if start < len(requests):
                 cls._waitall_rest(requests, None, start)
         else:
@@ -471,7 +471,7 @@ class Request(HandleBase):
         requests = list(requests)
         start = 0
         if statuses is None:
-            start = _end_inline(requests)
+            start = _end_fast(requests, _named, MPIException, _DoneOp)
             if start == len(requests):
                 return [None] * start
         return cls._waitall_rest(requests, statuses, start)
@@ -715,6 +715,15 @@ def _end_inline(requests):
             req._h = 0
         start += 1
     return start
+
+
+def _end_inline_args(requests, named, exc, done):
+    """_end_inline with the arguments of erdma_pyfast.c's end_inline."""
+    return _end_inline(requests)
+
+
+# the C loop when there is one
+_end_fast = getattr(_engine.fast, "end_inline", _end_inline_args)
 
 
 def _adopt_all(requests):

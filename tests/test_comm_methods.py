@@ -65,7 +65,7 @@ from erdmampi._engine import fast
 from erdmampi._membuf import handle
 # cls, slot, fast, nmin, nmax, none_mask, defaults, order, more, full, name, doc,
 # extra, result, names: valid but for the one item changed
-GOOD = [MPI.Comm, 15, "send", 2, 3, 0, (0,), (0, 1, 2), "a", "b", "X", None, 0, 0,
+GOOD = [MPI.Comm, 19, "send", 2, 3, 0, (0,), (0, 1, 2), "a", "b", "X", None, 0, 0,
         ("buf", "dest", "tag")]
 def refused(exc, i, value):
     args = list(GOOD)
@@ -82,18 +82,18 @@ ok = [
     refused(TypeError, None, None),             # too few arguments
     refused(TypeError, 0, int),                 # not a handle class
     refused(ValueError, 1, 0),                  # a slot in use
-    refused(TypeError, 1, 16),                  # no such slot
+    refused(TypeError, 1, 20),                  # no such slot
     refused(ValueError, 2, "nosuch"),           # no such fast call
     refused(ValueError, 7, (0, 1, 5)),          # argument 5 of 3
     refused(ValueError, 7, (-1,)),              # no constant
     refused(TypeError, 6, ()),                  # a default missing
     refused(TypeError, 5, 8),                   # None-mask past the arguments
-    refused(TypeError, 12, 3),                  # no such extra argument
-    refused(TypeError, 13, 2),                  # no such result
+    refused(TypeError, 12, 5),                  # no such extra argument
+    refused(TypeError, 13, 3),                  # no such result
     refused(TypeError, 14, ("buf", "dest")),    # a name missing
 ]
 try:
-    fast.setup(handle, 24, [], len, pickle.loads)
+    fast.setup(handle, 24, [], len, pickle.loads, MPI.Request)
 except ValueError:
     ok.append(True)
 print(ok)

@@ -234,6 +234,7 @@ typedef struct {
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   pf_packed pk[2][PF_SLOTS];   /* packed Sendrecv sides, [0]: send, [1]: recv */
   int pk_next[2];
+  unsigned long hits; /* Sendrecv, Isend, Irecv calls run here (see hits()) */
   int ranks[];
 } pf_state;
 
@@ -666,6 +667,90 @@ static PyObject *pf_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
   Py_RETURN_NONE;
 }
 
+/* ---- a Status filled in C (the methods Recv and Sendrecv) ----
+ * erdmampi.status keeps a Status's fields in `_mem`, an array.array of five
+ * C ints in MPICH's MPI_Status layout (count low word, count high word << 1
+ * | cancelled, source, tag, error).  A receive that completes without error
+ * fills them here as Status._fill(source, tag, None, nbytes) does: MPI_ERROR
+ * left as it is. */
+static PyObject *str_mem;
+
+/* A writable view of status._mem (1), else 0: Python fills it (no error). */
+static int status_view(PyObject *status, Py_buffer *v) {
+  if (!str_mem && !(str_mem = PyUnicode_InternFromString("_mem"))) {
+    PyErr_Clear();
+    return 0;
+  }
+  PyObject *mem = PyObject_GetAttr(status, str_mem);
+  if (!mem) {
+    PyErr_Clear();
+    return 0;
+  }
+  int ok = PyObject_GetBuffer(mem, v, PyBUF_WRITABLE | PyBUF_FORMAT) == 0;
+  Py_DECREF(mem); /* the view holds its own reference */
+  if (!ok) {
+    PyErr_Clear();
+    return 0;
+  }
+  if (v->len != 5 * (Py_ssize_t)sizeof(int) || v->itemsize != (Py_ssize_t)sizeof(int) ||
+      !v->format || strcmp(v->format, "i")) {
+    PyBuffer_Release(v);
+    return 0;
+  }
+  return 1;
+}
+
+/* The communicator rank of world rank w (UNDEFINED if not a member). */
+static long comm_rank(const pf_state *s, int w) {
+  if (w < 0) return w;
+  if (w < s->size && s->ranks[w] == w) return w;
+  for (int i = 0; i < s->size; i++)
+    if (s->ranks[i] == w) return i;
+  return op_undefined;
+}
+
+static void status_fill(Py_buffer *v, long source, long tag, uint64_t nbytes) {
+  int *f = v->buf;
+  f[0] = (int)(uint32_t)(nbytes & 0xFFFFFFFFu);
+  f[1] = (int)(((nbytes >> 32) & 0x3FFFFFFFu) << 1); /* not cancelled */
+  f[2] = (int)source;
+  f[3] = (int)tag;
+}
+
+/* recv_st(state, buf, source, tag, status): the method Recv.  With status
+ * None, recv; else a completed receive without error fills status and
+ * answers 0, any other answer is recv_status's (1 miss, (error, world
+ * source, tag, nbytes), (rc, left)) for Python to finish. */
+static PyObject *pf_recv_st(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 5) return PyLong_FromLong(1);
+  if (args[4] == Py_None) return do_recv(args, 4, 0);
+  Py_buffer v;
+  if (!status_view(args[4], &v)) return PyLong_FromLong(1);
+  long tag;
+  int src;
+  pf_state *s;
+  pf_entry *x;
+  pf_mem m;
+  if (!p2p_args(args, 1, &s, &x, &src, &tag, &m)) {
+    PyBuffer_Release(&v);
+    return PyLong_FromLong(1);
+  }
+  erdma_blocking out;
+  x->busy++;
+  PyThreadState *ts = PyEval_SaveThread();
+  int rc = erdma_recv(s->e, m.buf, m.len, src, (int)tag, s->ctx, s->slice, &out);
+  PyEval_RestoreThread(ts);
+  x->busy--;
+  mem_done(&m);
+  if (rc == 0 && out.error == 0) status_fill(&v, comm_rank(s, out.source), out.tag, out.nbytes);
+  PyBuffer_Release(&v);
+  if (rc == 0 && out.error == 0) return PyLong_FromLong(0);
+  if (rc == 0)
+    return Py_BuildValue("(iiiK)", out.error, out.source, out.tag,
+                         (unsigned long long)out.nbytes);
+  return result(rc, &out);
+}
+
 static void op_release(pf_op *o) {
   if (o->req && o->fields && !o->waiters) {
     erdma_req_free(o->req);
@@ -756,6 +841,74 @@ static PyObject *op_wait(PyObject *self, PyObject *unused) {
   if (rc) return op_fail(rc, "wait");
   if (op_complete(o, &st)) return NULL;
   Py_RETURN_NONE;
+}
+
+/* end_inline(requests, named, exc, done_type): request._end_inline in C:
+ * from the first request of the list `requests` on, end those whose Op (a
+ * C Op waited here, or a done_type complete from the start with no object)
+ * completes without an error: `_op` None, and `_h` 0 when `named`.  Answers
+ * how many; the first other one is left to Python (an exception of class
+ * exc from the wait stops there, cleared: Python's loop reports it). */
+static PyObject *str_group, *str_index, *str_op, *str_predef, *str_start, *no_args;
+static PyObject *str_h, *str_obj;
+static PyObject *pf_end_inline(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 4 || !PyList_Check(args[0]) || !PyType_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError, "end_inline(list, named, exc, done_type)");
+    return NULL;
+  }
+  if ((!str_op && !(str_op = PyUnicode_InternFromString("_op"))) ||
+      (!str_h && !(str_h = PyUnicode_InternFromString("_h"))) ||
+      (!str_obj && !(str_obj = PyUnicode_InternFromString("obj"))))
+    return NULL;
+  int named = PyObject_IsTrue(args[1]);
+  if (named < 0) return NULL;
+  PyObject *list = args[0], *zero = NULL;
+  Py_ssize_t start = 0;
+  for (;; start++) {
+    if (start >= PyList_Size(list)) break; /* the list may change while the GIL is released */
+    PyObject *req = PyList_GetItem(list, start);
+    if (!req) return NULL;
+    Py_INCREF(req);
+    PyObject *op = PyObject_GetAttr(req, str_op);
+    int end = 0;
+    if (!op) {
+      PyErr_Clear();
+    } else if (Py_TYPE(op) == (PyTypeObject *)op_type) {
+      PyObject *r = op_wait(op, NULL);
+      if (r) {
+        Py_DECREF(r);
+        PyObject *f = ((pf_op *)op)->fields, *cls = f ? PyTuple_GetItem(f, 2) : NULL;
+        end = cls && PyObject_IsTrue(cls) == 0;
+        PyErr_Clear();
+      } else if (PyErr_ExceptionMatches(args[2])) {
+        PyErr_Clear();
+      } else { /* an interrupt: raised */
+        Py_DECREF(op);
+        Py_DECREF(req);
+        return NULL;
+      }
+    } else if (Py_TYPE(op) == (PyTypeObject *)args[3]) {
+      PyObject *obj = PyObject_GetAttr(op, str_obj);
+      end = obj == Py_None;
+      Py_XDECREF(obj);
+      PyErr_Clear();
+    }
+    Py_XDECREF(op);
+    if (end && PyObject_SetAttr(req, str_op, Py_None) == 0 && named) {
+      if (!zero) zero = PyLong_FromLong(0);
+      if (!zero || PyObject_SetAttr(req, str_h, zero)) end = 0;
+    }
+    Py_DECREF(req);
+    if (!end) {
+      if (PyErr_Occurred()) {
+        Py_XDECREF(zero);
+        return NULL;
+      }
+      break;
+    }
+  }
+  Py_XDECREF(zero);
+  return PyLong_FromSsize_t(start);
 }
 
 static PyObject *op_cancel(PyObject *self, PyObject *unused) {
@@ -885,6 +1038,7 @@ static PyObject *pf_isend(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_entry *x;
   /* no weak entries: the request outlives this call, an export for it would not */
   if (n != 4 || !p2p_args(args, 0, &s, &x, &dest, &tag, NULL)) return PyLong_FromLong(1);
+  s->hits++;
   if (erdma_shm_try_send(s->e, x->view.buf, (uint64_t)x->view.len, dest, (int)tag, s->ctx, 0))
     return op_done_send();
   erdma_req *r = NULL;
@@ -901,6 +1055,7 @@ static PyObject *pf_irecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (n != 5 || !PyDict_CheckExact(args[4]) || !p2p_args(args, 1, &s, &x, &src, &tag, NULL))
     return PyLong_FromLong(1);
   erdma_req *r = NULL;
+  s->hits++;
   int rc = erdma_irecv(s->e, x->view.buf, (uint64_t)x->view.len, src, (int)tag, s->ctx, 0, &r);
   return rc ? PyLong_FromLong(rc < 0 ? rc : -rc) : op_new(r, args[1], args[4], s->slice);
 }
@@ -1043,8 +1198,9 @@ static pf_packed *packed_for(pf_state *s, int recv, PyObject *buf) {
  * the receive goes straight into it (packed_direct). */
 /* replace: Sendrecv_replace, sendbuf and recvbuf one plain spec: only a send
  * that goes into a local peer's ring now (its bytes copied before the
- * receive can land) runs here. */
-static PyObject *sendrecv_impl(PyObject *const *args, int replace) {
+ * receive can land) runs here.  method: the method Sendrecv, whose clean
+ * completion answers 0 and fills the status view sv (unless NULL). */
+static PyObject *sendrecv_impl(PyObject *const *args, int replace, int method, Py_buffer *sv) {
   long dest, stag, src, rtag;
   pf_state *s;
   pf_entry *sx = NULL, *rx = NULL;
@@ -1138,6 +1294,7 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace) {
                              rp->ln, rp->nruns);
   }
   PyEval_RestoreThread(ts);
+  s->hits++;
   if (sx) sx->busy--; else sp->busy--;
   if (rx) rx->busy--; else rp->busy--;
   if (sp) PyBuffer_Release(&sav);
@@ -1155,12 +1312,36 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace) {
   }
   erdma_req_free(rr);
   if (sr) erdma_req_free(sr);
+  if (method && !rst.error && !sst.error) {
+    if (sv) status_fill(sv, comm_rank(s, rst.source), rst.tag, rst.nbytes);
+    return PyLong_FromLong(0);
+  }
   return Py_BuildValue("(iiiKi)", rst.error, rst.source, rst.tag,
                        (unsigned long long)rst.nbytes, sst.error);
 }
 
 static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return n == 7 ? sendrecv_impl(args, 0) : PyLong_FromLong(1);
+  return n == 7 ? sendrecv_impl(args, 0, 0, NULL) : PyLong_FromLong(1);
+}
+
+/* hits(state): how many Sendrecv, Isend and Irecv calls ran here (their C
+ * methods do not tell Python of them; comm_p2p._p2p_learn reads this). */
+static PyObject *pf_hits(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pf_state *s = n == 1 ? state_of(args[0]) : NULL;
+  return PyLong_FromUnsignedLong(s ? s->hits : 0);
+}
+
+/* sendrecv_st(state, sendbuf, dest, sendtag, recvbuf, source, recvtag,
+ * status): the method Sendrecv: as sendrecv, but a clean completion fills
+ * status (unless None) and answers 0. */
+static PyObject *pf_sendrecv_st(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 8) return PyLong_FromLong(1);
+  if (args[7] == Py_None) return sendrecv_impl(args, 0, 1, NULL);
+  Py_buffer v;
+  if (!status_view(args[7], &v)) return PyLong_FromLong(1);
+  PyObject *r = sendrecv_impl(args, 0, 1, &v);
+  PyBuffer_Release(&v);
+  return r;
 }
 
 /* sendrecv_replace(state, buf, dest, sendtag, source, recvtag): Sendrecv_replace
@@ -1169,7 +1350,20 @@ static PyObject *pf_sendrecv(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *pf_sendrecv_replace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (n != 6) return PyLong_FromLong(1);
   PyObject *a[7] = {args[0], args[1], args[2], args[3], args[1], args[4], args[5]};
-  return sendrecv_impl(a, 1);
+  return sendrecv_impl(a, 1, 0, NULL);
+}
+
+/* sendrecv_replace_st(state, buf, dest, sendtag, source, recvtag, status):
+ * the method Sendrecv_replace, as sendrecv_st is Sendrecv's. */
+static PyObject *pf_sendrecv_replace_st(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 7) return PyLong_FromLong(1);
+  PyObject *a[7] = {args[0], args[1], args[2], args[3], args[1], args[4], args[5]};
+  if (args[6] == Py_None) return sendrecv_impl(a, 1, 1, NULL);
+  Py_buffer v;
+  if (!status_view(args[6], &v)) return PyLong_FromLong(1);
+  PyObject *r = sendrecv_impl(a, 1, 1, &v);
+  PyBuffer_Release(&v);
+  return r;
 }
 
 /* Buffer export of a remembered array: flags as Python saw them (the layout
@@ -2108,6 +2302,26 @@ static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
   return rc == 0 ? more_new(res) : res;
 }
 
+/* sendrecv_obj(state, obj, dest, sendtag, source, recvtag, wire, loads):
+ * the method sendrecv (no recvbuf, no status): send_obj, then, once it is
+ * sent, recv_obj's answer.  A send not done here answers a More whose value
+ * is a 1-tuple: (the pickle, not sent,) or (1,): not pickled here; recv_obj's
+ * More values are never 1-tuples. */
+static PyObject *pf_sendrecv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 8) return more_new(Py_BuildValue("(i)", 1));
+  PyObject *sa[5] = {args[0], args[1], args[2], args[3], args[6]};
+  PyObject *r = pf_send_obj(NULL, sa, 5);
+  if (!r) return NULL;
+  if (!PyLong_CheckExact(r) || PyObject_IsTrue(r) != 0) {
+    PyObject *t = PyTuple_Pack(1, r);
+    Py_DECREF(r);
+    return more_new(t);
+  }
+  Py_DECREF(r);
+  PyObject *ra[4] = {args[0], args[4], args[5], args[7]};
+  return pf_recv_obj(NULL, ra, 4);
+}
+
 /* pair_obj(state, send, own, recv, wire, loads, nothing[, base]): a
  * lowercase collective of a two-rank communicator in one call, its messages
  * those of the general algorithms (one, tag 0 of the call's tag base, or of
@@ -2218,8 +2432,9 @@ fail:
  * fast function `fast` on (state, then for each item i of `order`: argument
  * i, or the constant defaults[nmax - nmin - 1 - i] for i < 0, then the
  * `extra` argument: 1 self._pkl._wire, 2 self._pkl._loads if it is
- * pickle.loads, else None).  result 0: an answer 0 returns None; result 1:
- * an answer that is not a More is returned.  Any other answer r returns
+ * pickle.loads, else None, 3 both of those, 4 self._group._index).  result
+ * 0: an answer 0 returns None; result 1: an answer that is not a More is
+ * returned; result 2: an Op answered returns a Request of it.  Any other answer r returns
  * self.<more>(r, arguments...), the rest of the Python method; every other
  * call returns self.<full>(*args, **kwargs), the Python method itself. */
 typedef PyObject *(*pf_fn)(PyObject *, PyObject *const *, Py_ssize_t);
@@ -2238,6 +2453,18 @@ typedef struct {
 static PyTypeObject *handle_type;
 static Py_ssize_t fast_offset;
 static PyObject *reap_list, *reap, *std_loads, *str_pkl, *str_wire, *str_loads;
+static PyTypeObject *request_type;
+
+/* A Request of the Op `op` (as Request._new: the handle type's new, then
+ * _predef False, _op, _start None). */
+static PyObject *request_of(PyObject *op) {
+  newfunc nf = (newfunc)PyType_GetSlot(handle_type, Py_tp_new);
+  PyObject *req = nf ? nf(request_type, no_args, NULL) : NULL;
+  if (req && (PyObject_SetAttr(req, str_predef, Py_False) || PyObject_SetAttr(req, str_op, op) ||
+              PyObject_SetAttr(req, str_start, Py_None)))
+    Py_CLEAR(req);
+  return req;
+}
 
 static PyObject *meth_full(pf_meth *m, PyObject *self, PyObject *const *args, Py_ssize_t n,
                            PyObject *kwnames) {
@@ -2258,16 +2485,25 @@ out:
   return r;
 }
 
-/* The `extra` argument of m (a new reference), or NULL: take the full path
- * (no error set). */
-static PyObject *meth_extra(const pf_meth *m, PyObject *self) {
+/* An `extra` argument (kind 1, 2 or 4, see method) as a new reference, or
+ * NULL: take the full path (no error set). */
+static PyObject *meth_extra(int kind, PyObject *self) {
+  if (kind == 4) {
+    PyObject *g = PyObject_GetAttr(self, str_group), *x = NULL;
+    if (g) {
+      x = PyObject_GetAttr(g, str_index);
+      Py_DECREF(g);
+    }
+    if (!x) PyErr_Clear();
+    return x;
+  }
   PyObject *pkl = PyObject_GetAttr(self, str_pkl), *x = NULL;
   if (pkl) {
-    x = PyObject_GetAttr(pkl, m->extra == 1 ? str_wire : str_loads);
+    x = PyObject_GetAttr(pkl, kind == 1 ? str_wire : str_loads);
     Py_DECREF(pkl);
   }
   if (!x) PyErr_Clear();
-  else if (m->extra == 2 && x != std_loads) {
+  else if (kind == 2 && x != std_loads) {
     Py_DECREF(x);
     x = Py_NewRef(Py_None);
   }
@@ -2295,7 +2531,7 @@ static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py
     if (!o) return NULL;
     Py_DECREF(o);
   }
-  PyObject *all[PF_MAXARGS], *a[PF_MAXARGS + 2];
+  PyObject *all[PF_MAXARGS], *a[PF_MAXARGS + 3];
   for (int i = 0; i < m->nmax; i++) all[i] = i < n ? args[i] : NULL;
   for (Py_ssize_t k = 0; k < nk; k++) { /* a keyword the Python method would refuse: it does */
     int i = meth_param(m, PyTuple_GetItem(kwnames, k));
@@ -2325,17 +2561,26 @@ static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py
     a[na++] = m->order[i] >= 0
                   ? all[m->order[i]]
                   : PyTuple_GetItem(m->dflt, m->nmax - m->nmin - 1 - m->order[i]);
-  PyObject *x = NULL;
-  if (m->extra && !(a[na++] = x = meth_extra(m, self))) {
+  PyObject *x = NULL, *x2 = NULL;
+  if ((m->extra && !(a[na++] = x = meth_extra(m->extra == 3 ? 1 : m->extra, self))) ||
+      (m->extra == 3 && !(a[na++] = x2 = meth_extra(2, self)))) {
     Py_DECREF(state);
+    Py_XDECREF(x);
     return meth_full(m, self, args, n, kwnames);
   }
   PyObject *r = m->fn(NULL, a, na);
   Py_DECREF(state);
   Py_XDECREF(x);
+  Py_XDECREF(x2);
   if (!r) return NULL;
-  if (m->result == 0 ? PyLong_CheckExact(r) && PyObject_IsTrue(r) == 0
-                     : Py_TYPE(r) != (PyTypeObject *)more_type) {
+  if (m->result == 2) {
+    if (Py_TYPE(r) == (PyTypeObject *)op_type) {
+      PyObject *req = request_of(r);
+      Py_DECREF(r);
+      return req;
+    }
+  } else if (m->result == 0 ? PyLong_CheckExact(r) && PyObject_IsTrue(r) == 0
+                            : Py_TYPE(r) != (PyTypeObject *)more_type) {
     if (m->result == 1) return r;
     Py_DECREF(r);
     Py_RETURN_NONE;
@@ -2357,7 +2602,7 @@ static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py
   return out;
 }
 
-#define PF_NMETH 16
+#define PF_NMETH 20
 static pf_meth meths[PF_NMETH];
 #define PF_TRAMP(i)                                                                        \
   static PyObject *meth_##i(PyObject *self, PyObject *const *args, Py_ssize_t n,          \
@@ -2366,11 +2611,12 @@ static pf_meth meths[PF_NMETH];
   }
 PF_TRAMP(0) PF_TRAMP(1) PF_TRAMP(2) PF_TRAMP(3) PF_TRAMP(4) PF_TRAMP(5) PF_TRAMP(6)
 PF_TRAMP(7) PF_TRAMP(8) PF_TRAMP(9) PF_TRAMP(10) PF_TRAMP(11) PF_TRAMP(12) PF_TRAMP(13)
-PF_TRAMP(14) PF_TRAMP(15)
+PF_TRAMP(14) PF_TRAMP(15) PF_TRAMP(16) PF_TRAMP(17) PF_TRAMP(18) PF_TRAMP(19)
 typedef PyObject *(*pf_fastkw)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
 static const pf_fastkw tramps[PF_NMETH] = {meth_0, meth_1, meth_2, meth_3, meth_4, meth_5,
                                            meth_6, meth_7, meth_8, meth_9, meth_10, meth_11,
-                                           meth_12, meth_13, meth_14, meth_15};
+                                           meth_12, meth_13, meth_14, meth_15, meth_16, meth_17,
+                                           meth_18, meth_19};
 
 static const struct {
   const char *name;
@@ -2386,14 +2632,21 @@ static const struct {
                 {"rooted", pf_rooted},
                 {"send_obj", pf_send_obj},
                 {"recv_obj", pf_recv_obj},
+                {"recv_st", pf_recv_st},
+                {"sendrecv_st", pf_sendrecv_st},
+                {"sendrecv_replace_st", pf_sendrecv_replace_st},
+                {"sendrecv_obj", pf_sendrecv_obj},
+                {"isend", pf_isend},
+                {"irecv", pf_irecv},
                 {NULL, NULL}};
 
-/* setup(handle_type, fast_offset, reap_list, reap, std_loads) */
+/* setup(handle_type, fast_offset, reap_list, reap, std_loads, request_type) */
 static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long off;
-  if (n != 5 || !PyType_Check(args[0]) ||
+  if (n != 6 || !PyType_Check(args[0]) ||
       !small_int(args[1], (long)sizeof(PyObject), 4096, &off) || !PyList_Check(args[2]) ||
-      !PyCallable_Check(args[3]) || !PyCallable_Check(args[4])) {
+      !PyCallable_Check(args[3]) || !PyCallable_Check(args[4]) || !PyType_Check(args[5]) ||
+      !PyType_IsSubtype((PyTypeObject *)args[5], (PyTypeObject *)args[0])) {
     PyErr_SetString(PyExc_TypeError, "setup(): bad arguments");
     return NULL;
   }
@@ -2403,8 +2656,15 @@ static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   }
   if ((!str_pkl && !(str_pkl = PyUnicode_InternFromString("_pkl"))) ||
       (!str_wire && !(str_wire = PyUnicode_InternFromString("_wire"))) ||
-      (!str_loads && !(str_loads = PyUnicode_InternFromString("_loads"))))
+      (!str_loads && !(str_loads = PyUnicode_InternFromString("_loads"))) ||
+      (!str_group && !(str_group = PyUnicode_InternFromString("_group"))) ||
+      (!str_index && !(str_index = PyUnicode_InternFromString("_index"))) ||
+      (!str_op && !(str_op = PyUnicode_InternFromString("_op"))) ||
+      (!str_predef && !(str_predef = PyUnicode_InternFromString("_predef"))) ||
+      (!str_start && !(str_start = PyUnicode_InternFromString("_start"))) ||
+      (!no_args && !(no_args = PyTuple_New(0))))
     return NULL;
+  request_type = (PyTypeObject *)Py_NewRef(args[5]);
   handle_type = (PyTypeObject *)Py_NewRef(args[0]);
   fast_offset = off;
   reap_list = Py_NewRef(args[2]);
@@ -2438,7 +2698,7 @@ static PyObject *pf_method(PyObject *self, PyObject *const *args, Py_ssize_t n) 
       !small_int(args[3], 0, PF_MAXARGS, &nmin) || !small_int(args[4], nmin, PF_MAXARGS, &nmax) ||
       !small_int(args[5], 0, (1L << nmax) - 1, &none_mask) || nd < nmax - nmin || no < 0 ||
       no > PF_MAXARGS || !PyUnicode_Check(args[8]) || !PyUnicode_Check(args[9]) ||
-      !small_int(args[12], 0, 2, &extra) || !small_int(args[13], 0, 1, &res) ||
+      !small_int(args[12], 0, 4, &extra) || !small_int(args[13], 0, 2, &res) ||
       !PyTuple_Check(args[14]) || PyTuple_Size(args[14]) != nmax) {
     PyErr_SetString(PyExc_TypeError, "method(): bad arguments");
     return NULL;
@@ -2522,6 +2782,8 @@ static PyMethodDef pf_methods[] = {
     {"send", (PyCFunction)(void (*)(void))pf_send, METH_FASTCALL, NULL},
     {"recv", (PyCFunction)(void (*)(void))pf_recv, METH_FASTCALL, NULL},
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
+    {"hits", (PyCFunction)(void (*)(void))pf_hits, METH_FASTCALL, NULL},
+    {"end_inline", (PyCFunction)(void (*)(void))pf_end_inline, METH_FASTCALL, NULL},
     {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
     {"sendrecv_replace", (PyCFunction)(void (*)(void))pf_sendrecv_replace, METH_FASTCALL,
      NULL},

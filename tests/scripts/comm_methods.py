@@ -152,6 +152,72 @@ for c in (MPI.COMM_SELF, comm):
         check(got == [pv] * 3 and st3.Get_source() == pv and st3.Get_tag() == 12,
               f"recv with a status {k}")
 
+        # Sendrecv, Sendrecv_replace and sendrecv by every route; a status is
+        # filled with the envelope and its MPI_ERROR left as it was
+        sb = np.arange(4, dtype="i") + 100 * me
+        rb = np.zeros(4, "i")
+        want = list(np.arange(4, dtype="i") + 100 * pv)
+        routes = (lambda st: c.Sendrecv(sb, nx, 20, rb, pv, 20),
+                  lambda st: c.Sendrecv(sb, nx, 21, rb, pv, 21, st),
+                  lambda st: c.Sendrecv(sendbuf=sb, dest=nx, sendtag=22, recvbuf=rb,
+                                        source=MPI.ANY_SOURCE, recvtag=MPI.ANY_TAG, status=st),
+                  lambda st: MPI.Comm.Sendrecv(c, [sb, MPI.INT], nx, 23, [rb, MPI.INT], pv, 23,
+                                               st),
+                  lambda st: c.Sendrecv(sb, nx, 24, rb, pv, status=st))
+        for i, route in enumerate(routes):
+            rb[:] = -1
+            st4 = MPI.Status()
+            st4.Set_error(99)
+            r = route(st4)
+            check(r is None and list(rb) == want, f"Sendrecv route {i} {k}")
+            check(i == 0 or (st4.Get_source(), st4.Get_tag(), st4.Get_count(MPI.INT),
+                             st4.Get_error()) == (pv, 20 + i, 4, 99),
+                  f"Sendrecv route {i} status {k}")
+        for i, route in enumerate((lambda b, st: c.Sendrecv_replace(b, nx, 30, pv, 30),
+                                   lambda b, st: c.Sendrecv_replace(b, nx, 31, pv, 31, st),
+                                   lambda b, st: c.Sendrecv_replace(buf=[b, MPI.INT], dest=nx,
+                                                                    sendtag=32, source=pv,
+                                                                    recvtag=32, status=st))):
+            b = np.arange(4, dtype="i") + 100 * me
+            st5 = MPI.Status()
+            route(b, st5)
+            check(list(b) == want, f"Sendrecv_replace route {i} {k}")
+            check(i == 0 or (st5.Get_source(), st5.Get_tag(), st5.Get_count(MPI.INT))
+                  == (pv, 30 + i, 4), f"Sendrecv_replace route {i} status {k}")
+        objs = (lambda o: c.sendrecv(o, nx, source=pv),
+                lambda o: c.sendrecv(o, nx, 41, None, pv, 41),
+                lambda o: c.sendrecv(sendobj=o, dest=nx, sendtag=42, source=MPI.ANY_SOURCE,
+                                     recvtag=MPI.ANY_TAG),
+                lambda o: MPI.Comm.sendrecv(c, o, nx, 43, None, pv, 43, st3),
+                lambda o: c.sendrecv(o, nx, 44, source=pv, recvtag=44, status=st3),
+                lambda o: c.sendrecv(o, nx, 45, source=pv, recvtag=45))
+        for i, route in enumerate(objs):
+            big = bytes(300000) if i == 5 else b""       # a pickle past the rings
+            o = {"rank": me, "i": i, "a": np.arange(2) + me, "big": big}
+            got = route(o)
+            check(got["rank"] == pv and got["i"] == i and list(got["a"]) == [pv, pv + 1]
+                  and got["big"] == big, f"sendrecv route {i} {k}")
+            check(i not in (3, 4) or (st3.Get_source(), st3.Get_tag()) == (pv, 40 + i),
+                  f"sendrecv route {i} status {k}")
+        check(c.sendrecv(None, nx, 46, None, pv, 46) is None, f"sendrecv None {k}")
+
+        # Isend / Irecv by every route: Requests that complete as mpi4py's
+        for i, (isnd, ircv) in enumerate((
+                (lambda b: c.Isend(b, nx), lambda b: c.Irecv(b, pv)),
+                (lambda b: c.Isend(b, nx, 50), lambda b: c.Irecv(b, pv, 50)),
+                (lambda b: c.Isend(buf=[b, MPI.INT], dest=nx, tag=51),
+                 lambda b: c.Irecv(buf=[b, MPI.INT], source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)),
+                (lambda b: MPI.Comm.Isend(c, b, nx, 52), lambda b: MPI.Comm.Irecv(c, b, pv, 52)))):
+            rb[:] = -1
+            rq = [ircv(rb), isnd(sb)]
+            check(all(type(q) is MPI.Request for q in rq), f"Isend/Irecv route {i} Requests {k}")
+            st6 = MPI.Status()
+            rq[0].Wait(st6)
+            rq[1].Wait()
+            check(list(rb) == want and st6.Get_source() == pv and st6.Get_count(MPI.INT) == 4
+                  and rq[0] == MPI.REQUEST_NULL and rq[1] == MPI.REQUEST_NULL,
+                  f"Isend/Irecv route {i} {k}")
+
     # errors: the class mpi4py raises, by any route
     a = np.zeros(2)
     check(raises(MPI.ERR_RANK, c.Send, a, n), "Send to size")
@@ -163,9 +229,26 @@ for c in (MPI.COMM_SELF, comm):
     check(raises(MPI.ERR_RANK, c.send, 1, n), "send to size")
     check(raises(MPI.ERR_TAG, c.send, 1, 0, -5), "send tag")
     check(raises(MPI.ERR_RANK, c.recv, None, n), "recv from size")
+    check(raises(MPI.ERR_RANK, c.Isend, a, n), "Isend to size")
+    check(raises(MPI.ERR_TAG, c.Isend, a, 0, -5), "Isend tag")
+    check(raises(MPI.ERR_RANK, c.Irecv, a, n), "Irecv from size")
+    check(raises(MPI.ERR_RANK, c.Sendrecv, a, n, 0, a, 0), "Sendrecv to size")
+    check(raises(MPI.ERR_RANK, c.Sendrecv_replace, a, 0, 0, n), "Sendrecv_replace from size")
+    check(raises(MPI.ERR_TAG, c.sendrecv, 1, 0, -5), "sendrecv tag")
+    for call, args in ((c.Recv, (a, 0, 0, object())),
+                       (c.Sendrecv, (a, 0, 0, a, 0, 0, object())),
+                       (c.Sendrecv_replace, (a, 0, 0, 0, 0, object()))):
+        try:
+            call(*args)
+        except TypeError:
+            pass
+        else:
+            check(False, f"{call.__name__} with a status that is not a Status: no TypeError")
     for call, args in ((c.Send, ()), (c.Send, (a,)), (c.Recv, ()), (c.Send, (a, 0, 0, 0)),
                        (c.Bcast, ()), (c.Barrier, (1,)), (c.Allreduce, (a,)),
-                       (c.send, (1,)), (c.recv, (None, 0, 0, None, 1))):
+                       (c.send, (1,)), (c.recv, (None, 0, 0, None, 1)),
+                       (c.Sendrecv, (a, 0)), (c.sendrecv, (1,)),
+                       (c.sendrecv, (1, 0, 0, None, 0, 0, None, 1))):
         try:
             call(*args)
         except TypeError:
@@ -188,4 +271,44 @@ for k in range(3):
     sub.Bcast(b)
     check((b == 0).all(), f"subclass Bcast {k}")
 check(Counting.sends == 3 and Counting.bcasts == 3, "subclass methods ran")
+# erdmampi: once the buffers are known, these calls with a Status, Isend,
+# Irecv and the pickle sendrecv between two ranks of one host run in C,
+# without the Python rest of the method
+if hasattr(MPI.Comm, "_py_Recv") and size == 2:
+    rests = ("_py_Recv", "_recv_fast_more", "_py_Sendrecv", "_sendrecv_more",
+             "_py_Sendrecv_replace", "_sendrecv_replace_more", "_py_sendrecv",
+             "_sendrecv_obj_more", "_py_Isend", "_isend_more", "_py_Irecv", "_irecv_more")
+    ran = []
+    saved = {name: vars(MPI.Comm).get(name) for name in rests}
+    for name in rests:
+        def spy(self, *args, _f=getattr(MPI.Comm, name), _n=name, **kw):
+            ran.append(_n)
+            return _f(self, *args, **kw)
+        setattr(MPI.Comm, name, spy)
+    sb, rb, st = np.arange(8.0) + rank, np.zeros(8), MPI.Status()
+    for k in range(4):
+        if k == 2:
+            del ran[:]              # the first calls learn the buffers
+        if rank == 0:
+            comm.Send(sb, peer, 1)
+            comm.Recv(rb, peer, 1, st)
+        else:
+            comm.Recv(rb, MPI.ANY_SOURCE, 1, st)
+            comm.Send(sb, peer, 1)
+        check(st.Get_source() == peer and rb[0] == peer, f"fast Recv status {k}")
+        comm.Sendrecv(sb, peer, 2, rb, peer, 2, st)
+        check(st.Get_tag() == 2 and rb[0] == peer, f"fast Sendrecv status {k}")
+        rb[:] = rank
+        comm.Sendrecv_replace(rb, peer, 3, peer, 3, st)
+        check(st.Get_tag() == 3 and rb[0] == peer, f"fast Sendrecv_replace status {k}")
+        check(comm.sendrecv((rank, k), peer, 4, None, peer, 4) == (peer, k), f"fast sendrecv {k}")
+        rb[:] = -1
+        MPI.Request.Waitall([comm.Irecv(rb, peer, 5), comm.Isend(sb, peer, 5)])
+        check(rb[0] == peer, f"fast Isend/Irecv {k}")
+    for name, f in saved.items():
+        if f is None:
+            delattr(MPI.Comm, name)
+        else:
+            setattr(MPI.Comm, name, f)
+    check(ran == [], f"the Python rest ran: {ran}")
 done("comm_methods")
