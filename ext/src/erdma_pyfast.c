@@ -2419,12 +2419,13 @@ fail:
 /* ---- methods: Comm's calls as C method descriptors ----
  * A Python method costs a frame around its one fast call; a method
  * descriptor (PyDescr_NewMethod) is called as directly as mpi4py's compiled
- * methods.  setup(handle_type, fast_offset, reap_list, reap, std_loads)
- * tells where a communicator keeps its state (the `fast` field of
- * erdmampi._membuf's handle base), the list of requests freed by the user
- * that wait to be reaped, the function that reaps them (called first while
- * the list is not empty, as the Python Send does) and pickle.loads.  method(cls, slot, fast, nmin, nmax, none_mask, defaults,
- * order, more, full, name, doc, extra, result, names) fills slot `slot` of
+ * methods.  setup(handle_type, fast_offset, reap_list, reap, std_loads,
+ * request_type) tells where a communicator keeps its state (the `fast`
+ * field of erdmampi._membuf's handle base), the list of requests freed by
+ * the user that wait to be reaped, the function that reaps them (called
+ * first while the list is not empty, as the Python Send does), pickle.loads
+ * and the Request class.  method(cls, slot, fast, nmin, nmax, none_mask,
+ * defaults, order, more, full, name, doc, extra, result, names) fills slot `slot` of
  * the table below and answers the descriptor, which takes nmin..nmax
  * arguments, by position or by the keywords `names`, the last nmax - nmin
  * with defaults[:nmax - nmin].  A call whose arguments all bind so, those
