@@ -588,7 +588,7 @@ def c_methods():
         return
     try:
         fast.setup(HandleBase, _membuf.FAST_OFFSET, _engine._deferred, _engine._reap_deferred,
-                   _pickle.loads, Request)
+                   _pickle.loads, Request, Status)
     except ValueError:      # done by an earlier import of this module (reloaded)
         return
     for slot, (name, spec) in enumerate(_C_METHODS.items()):

@@ -205,9 +205,17 @@ class CommP2P:
     # Point-to-point: engine operations (return request operations)
 
     def _isend_op(self, buf, dest, tag, sync=False, buffered=False):
+        return self._post_isend(self._isend_args(buf, dest, tag), sync, buffered)
+
+    def _isend_args(self, buf, dest, tag):
+        """A send's checked arguments: (address, nbytes, keep, world dest
+        or None for PROC_NULL, tag)."""
         addr, nbytes, keep, _ = _p2p_buffer(_null_msg(buf, dest), True)
-        wdest = self._dest(dest)
-        tag = self._send_tag(tag)
+        return addr, nbytes, keep, self._dest(dest), self._send_tag(tag)
+
+    def _post_isend(self, args, sync=False, buffered=False):
+        """Post the send of _isend_args' ``args``: its operation."""
+        addr, nbytes, keep, wdest, tag = args
         if wdest is None:
             return _DoneOp()
         eng = _engine_or_raise()
@@ -534,10 +542,10 @@ class CommP2P:
 
     def _sendrecv_more(self, r, sendbuf, dest, sendtag, recvbuf, source, recvtag, status):
         """Sendrecv after the fast call answered ``r`` (1: a miss)."""
-        _status_arg(status)
         if r != 1:
             self._sendrecv_fast_done(r, sendbuf, recvbuf, status)
             return
+        _status_arg(status)
         if (type(sendbuf) in _SEQ3 and len(sendbuf) == 3
                 or type(recvbuf) in _SEQ3 and len(recvbuf) == 3):
             if self._packed_sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
@@ -686,11 +694,14 @@ class CommP2P:
         return r
 
     def _sendrecv_ops(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
-        """Post the receive, then the send; a send that fails its checks
-        takes the receive back (it would match a later message)."""
+        """Check both sides, then post the receive, then the send (as MPICH,
+        nothing moves when an argument is wrong: a receive posted and taken
+        back could match a message meanwhile); a send the engine refuses
+        takes the receive back."""
+        sargs = self._isend_args(sendbuf, dest, sendtag)
         rop = self._irecv_op(recvbuf, source, recvtag)
         try:
-            sop = self._isend_op(sendbuf, dest, sendtag)
+            sop = self._post_isend(sargs)
         except BaseException:
             rop.cancel()
             try:
@@ -718,10 +729,10 @@ class CommP2P:
     def _sendrecv_replace_more(self, r, buf, dest, sendtag, source, recvtag, status):
         """Sendrecv_replace after the fast call answered ``r`` (1: nothing
         done)."""
-        _status_arg(status)
         if r != 1:
             self._sendrecv_fast_done(r, buf, buf, status)
             return
+        _status_arg(status)
         arr = _plain_array(buf, False)
         if arr is None and type(buf) in _SEQ3:
             arr = _plain_counted(buf, False)
@@ -967,8 +978,12 @@ class CommP2P:
             if data.__class__ is int and not data:  # sent: the receive
                 return self.recv(None, source, recvtag)
             return self._sendrecv_obj_unsent(data, sendobj, dest, sendtag, source, recvtag)
-        rop = self._irecv_obj_op(source, recvtag)
+        # every argument checked (and the object pickled) before anything is
+        # posted, so that a failing call leaves no receive behind
+        self._source(source)
+        self._recv_tag(recvtag)
         sreq = Request._new(self._isend_obj_op(sendobj, dest, sendtag))
+        rop = self._irecv_obj_op(source, recvtag)
         obj = _wait_blocking(rop, status)
         sreq.wait()
         return obj

@@ -458,7 +458,7 @@ class Request(HandleBase):
     def Waitall(cls, requests, statuses=None):
         """Wait for all requests; fills ``statuses`` (a list) when given."""
         if statuses is None and type(requests) is list:
-            start = _end_fast(requests, _named, MPIException, _DoneOp)
+            start = _end_fast(requests, _GLOBALS, MPIException, _DoneOp)
             if start < len(requests):
                 cls._waitall_rest(requests, None, start)
         else:
@@ -471,7 +471,7 @@ class Request(HandleBase):
         requests = list(requests)
         start = 0
         if statuses is None:
-            start = _end_fast(requests, _named, MPIException, _DoneOp)
+            start = _end_fast(requests, _GLOBALS, MPIException, _DoneOp)
             if start == len(requests):
                 return [None] * start
         return cls._waitall_rest(requests, statuses, start)
@@ -717,13 +717,14 @@ def _end_inline(requests):
     return start
 
 
-def _end_inline_args(requests, named, exc, done):
+def _end_inline_args(requests, names, exc, done):
     """_end_inline with the arguments of erdma_pyfast.c's end_inline."""
     return _end_inline(requests)
 
 
-# the C loop when there is one
+# the C loop when there is one; it reads _named from this module's globals
 _end_fast = getattr(_engine.fast, "end_inline", _end_inline_args)
+_GLOBALS = globals()
 
 
 def _adopt_all(requests):

@@ -93,7 +93,7 @@ ok = [
     refused(TypeError, 14, ("buf", "dest")),    # a name missing
 ]
 try:
-    fast.setup(handle, 24, [], len, pickle.loads, MPI.Request)
+    fast.setup(handle, 24, [], len, pickle.loads, MPI.Request, MPI.Status)
 except ValueError:
     ok.append(True)
 print(ok)

@@ -235,6 +235,7 @@ typedef struct {
   pf_packed pk[2][PF_SLOTS];   /* packed Sendrecv sides, [0]: send, [1]: recv */
   int pk_next[2];
   unsigned long hits; /* Sendrecv, Isend, Irecv calls run here (see hits()) */
+  int *inv, ninv;     /* world rank -> rank (comm_rank), made on first use */
   int ranks[];
 } pf_state;
 
@@ -308,6 +309,7 @@ static void state_free(PyObject *cap) {
   Py_XDECREF(s->bar_key);
   Py_XDECREF(s->owner);
   Py_XDECREF(s->seq);
+  free(s->inv);
   free(s);
 }
 
@@ -675,8 +677,12 @@ static PyObject *pf_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
  * left as it is. */
 static PyObject *str_mem;
 
-/* A writable view of status._mem (1), else 0: Python fills it (no error). */
+static PyTypeObject *status_type; /* erdmampi.status.Status (setup) */
+
+/* A writable view of status._mem (1), else 0: Python fills it or raises
+ * mpi4py's TypeError (not a Status; no error set here). */
 static int status_view(PyObject *status, Py_buffer *v) {
+  if (!status_type || !PyObject_TypeCheck(status, status_type)) return 0;
   if (!str_mem && !(str_mem = PyUnicode_InternFromString("_mem"))) {
     PyErr_Clear();
     return 0;
@@ -700,13 +706,28 @@ static int status_view(PyObject *status, Py_buffer *v) {
   return 1;
 }
 
-/* The communicator rank of world rank w (UNDEFINED if not a member). */
-static long comm_rank(const pf_state *s, int w) {
+/* The communicator rank of world rank w (UNDEFINED if not a member): the
+ * inverse of s->ranks, made on first use. */
+static long comm_rank(pf_state *s, int w) {
   if (w < 0) return w;
   if (w < s->size && s->ranks[w] == w) return w;
-  for (int i = 0; i < s->size; i++)
-    if (s->ranks[i] == w) return i;
-  return op_undefined;
+  if (!s->inv) {
+    int top = 0;
+    for (int i = 0; i < s->size; i++)
+      if (s->ranks[i] >= top) top = s->ranks[i] + 1;
+    int *inv = malloc(sizeof(int) * (size_t)(top ? top : 1));
+    if (!inv) { /* no memory: search */
+      for (int i = 0; i < s->size; i++)
+        if (s->ranks[i] == w) return i;
+      return op_undefined;
+    }
+    for (int i = 0; i < top; i++) inv[i] = -1;
+    for (int i = 0; i < s->size; i++)
+      if (s->ranks[i] >= 0) inv[s->ranks[i]] = i;
+    s->inv = inv;
+    s->ninv = top;
+  }
+  return w < s->ninv && s->inv[w] >= 0 ? s->inv[w] : op_undefined;
 }
 
 static void status_fill(Py_buffer *v, long source, long tag, uint64_t nbytes) {
@@ -843,25 +864,25 @@ static PyObject *op_wait(PyObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
-/* end_inline(requests, named, exc, done_type): request._end_inline in C:
+/* end_inline(requests, names, exc, done_type): request._end_inline in C:
  * from the first request of the list `requests` on, end those whose Op (a
  * C Op waited here, or a done_type complete from the start with no object)
- * completes without an error: `_op` None, and `_h` 0 when `named`.  Answers
+ * completes without an error: `_op` None, and `_h` 0 when names["_named"]
+ * (erdmampi.request's globals) is true.  Answers
  * how many; the first other one is left to Python (an exception of class
  * exc from the wait stops there, cleared: Python's loop reports it). */
 static PyObject *str_group, *str_index, *str_op, *str_predef, *str_start, *no_args;
-static PyObject *str_h, *str_obj;
+static PyObject *str_h, *str_obj, *str_named;
 static PyObject *pf_end_inline(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 4 || !PyList_Check(args[0]) || !PyType_Check(args[3])) {
-    PyErr_SetString(PyExc_TypeError, "end_inline(list, named, exc, done_type)");
+  if (n != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyType_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError, "end_inline(list, names, exc, done_type)");
     return NULL;
   }
   if ((!str_op && !(str_op = PyUnicode_InternFromString("_op"))) ||
       (!str_h && !(str_h = PyUnicode_InternFromString("_h"))) ||
-      (!str_obj && !(str_obj = PyUnicode_InternFromString("obj"))))
+      (!str_obj && !(str_obj = PyUnicode_InternFromString("obj"))) ||
+      (!str_named && !(str_named = PyUnicode_InternFromString("_named"))))
     return NULL;
-  int named = PyObject_IsTrue(args[1]);
-  if (named < 0) return NULL;
   PyObject *list = args[0], *zero = NULL;
   Py_ssize_t start = 0;
   for (;; start++) {
@@ -885,6 +906,7 @@ static PyObject *pf_end_inline(PyObject *self, PyObject *const *args, Py_ssize_t
       } else { /* an interrupt: raised */
         Py_DECREF(op);
         Py_DECREF(req);
+        Py_XDECREF(zero);
         return NULL;
       }
     } else if (Py_TYPE(op) == (PyTypeObject *)args[3]) {
@@ -894,9 +916,14 @@ static PyObject *pf_end_inline(PyObject *self, PyObject *const *args, Py_ssize_t
       PyErr_Clear();
     }
     Py_XDECREF(op);
-    if (end && PyObject_SetAttr(req, str_op, Py_None) == 0 && named) {
-      if (!zero) zero = PyLong_FromLong(0);
-      if (!zero || PyObject_SetAttr(req, str_h, zero)) end = 0;
+    if (end && PyObject_SetAttr(req, str_op, Py_None)) end = 0;
+    if (end) { /* _named read now: another thread may have named a handle meanwhile */
+      PyObject *nm = PyDict_GetItemWithError(args[1], str_named);
+      int named = nm ? PyObject_IsTrue(nm) : PyErr_Occurred() ? -1 : 0;
+      if (named < 0 ||
+          (named && (!(zero = zero ? zero : PyLong_FromLong(0)) ||
+                     PyObject_SetAttr(req, str_h, zero))))
+        end = 0;
     }
     Py_DECREF(req);
     if (!end) {
@@ -2420,11 +2447,11 @@ fail:
  * A Python method costs a frame around its one fast call; a method
  * descriptor (PyDescr_NewMethod) is called as directly as mpi4py's compiled
  * methods.  setup(handle_type, fast_offset, reap_list, reap, std_loads,
- * request_type) tells where a communicator keeps its state (the `fast`
+ * request_type, status_type) tells where a communicator keeps its state (the `fast`
  * field of erdmampi._membuf's handle base), the list of requests freed by
  * the user that wait to be reaped, the function that reaps them (called
  * first while the list is not empty, as the Python Send does), pickle.loads
- * and the Request class.  method(cls, slot, fast, nmin, nmax, none_mask,
+ * and the Request and Status classes.  method(cls, slot, fast, nmin, nmax, none_mask,
  * defaults, order, more, full, name, doc, extra, result, names) fills slot `slot` of
  * the table below and answers the descriptor, which takes nmin..nmax
  * arguments, by position or by the keywords `names`, the last nmax - nmin
@@ -2641,10 +2668,11 @@ static const struct {
                 {"irecv", pf_irecv},
                 {NULL, NULL}};
 
-/* setup(handle_type, fast_offset, reap_list, reap, std_loads, request_type) */
+/* setup(handle_type, fast_offset, reap_list, reap, std_loads, request_type,
+ * status_type) */
 static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long off;
-  if (n != 6 || !PyType_Check(args[0]) ||
+  if (n != 7 || !PyType_Check(args[0]) || !PyType_Check(args[6]) ||
       !small_int(args[1], (long)sizeof(PyObject), 4096, &off) || !PyList_Check(args[2]) ||
       !PyCallable_Check(args[3]) || !PyCallable_Check(args[4]) || !PyType_Check(args[5]) ||
       !PyType_IsSubtype((PyTypeObject *)args[5], (PyTypeObject *)args[0])) {
@@ -2666,6 +2694,7 @@ static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
       (!no_args && !(no_args = PyTuple_New(0))))
     return NULL;
   request_type = (PyTypeObject *)Py_NewRef(args[5]);
+  status_type = (PyTypeObject *)Py_NewRef(args[6]);
   handle_type = (PyTypeObject *)Py_NewRef(args[0]);
   fast_offset = off;
   reap_list = Py_NewRef(args[2]);

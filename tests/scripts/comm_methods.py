@@ -24,6 +24,10 @@ class Counting(MPI.Intracomm):
         return super().Bcast(buf, root)
 
 
+class Sub(MPI.Status):
+    """A Status subclass: filled as a Status."""
+
+
 def ring(c, send, recv, tag=0):
     """Send to the next rank and receive from the previous one with
     send(buf, dest) / recv(buf, source), the even ranks sending first (one
@@ -67,6 +71,11 @@ for c in (MPI.COMM_SELF, comm):
               f"status {k}")
         check((st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT))
               == ((c.Get_rank() - 1) % n, 9, 4), f"status fields {k}")
+        st1 = Sub()
+        check(ring(c, lambda b, d: c.Send(b, d, 13), lambda b, s: c.Recv(b, s, 13, st1), 13),
+              f"status subclass {k}")
+        check((st1.Get_source(), st1.Get_tag(), st1.Get_count(MPI.INT))
+              == ((c.Get_rank() - 1) % n, 13, 4), f"status subclass fields {k}")
         st2 = MPI.Status()
         check(ring(c, lambda b, d: c.Send(b, d, 10),
                    lambda b, s: c.Recv(b, s, 10, status=st2), 10), f"status keyword {k}")
@@ -234,8 +243,36 @@ for c in (MPI.COMM_SELF, comm):
     check(raises(MPI.ERR_RANK, c.Irecv, a, n), "Irecv from size")
     check(raises(MPI.ERR_RANK, c.Sendrecv, a, n, 0, a, 0), "Sendrecv to size")
     check(raises(MPI.ERR_RANK, c.Sendrecv_replace, a, 0, 0, n), "Sendrecv_replace from size")
+    if n > 1:
+        # a Sendrecv or sendrecv that fails its checks moves nothing: a
+        # message already waiting, or sent after, is there for the receive
+        if c.Get_rank() == 0:
+            c.Send(np.array([7], "i"), 1, 60)
+        c.Barrier()
+        if c.Get_rank() == 1:
+            check(raises(MPI.ERR_RANK, c.Sendrecv, a, n, 0, a, 0), "Sendrecv to size, waiting")
+            check(raises(MPI.ERR_RANK, c.sendrecv, 1, n, 0, None, 0, 61, MPI.Status()),
+                  "sendrecv to size, with a status")
+            check(raises(MPI.ERR_RANK, c.sendrecv, 1, 0, 0, None, n, 61), "sendrecv from size")
+        c.Barrier()
+        if c.Get_rank() == 0:
+            c.send("late", 1, 61)
+        elif c.Get_rank() == 1:
+            t0 = MPI.Wtime()
+            while not c.Iprobe(0, 61) and MPI.Wtime() - t0 < 20:
+                pass
+            check(c.Iprobe(0, 60) and c.Iprobe(0, 61), "a failed call took a message")
+            if c.Iprobe(0, 60) and c.Iprobe(0, 61):
+                m = np.zeros(1, "i")
+                c.Recv(m, 0, 60)
+                check(m[0] == 7 and c.recv(None, 0, 61) == "late", "the messages after")
     check(raises(MPI.ERR_TAG, c.sendrecv, 1, 0, -5), "sendrecv tag")
-    for call, args in ((c.Recv, (a, 0, 0, object())),
+    class Mem:
+        """Not a Status, though it has a Status's field array."""
+        _mem = MPI.Status()._mem if hasattr(MPI.Status(), "_mem") else None
+
+    for call, args in ((c.Recv, (a, 0, 0, object())), (c.Recv, (a, 0, 0, Mem())),
+                       (c.Sendrecv, (a, 0, 0, a, 0, 0, Mem())),
                        (c.Sendrecv, (a, 0, 0, a, 0, 0, object())),
                        (c.Sendrecv_replace, (a, 0, 0, 0, 0, object()))):
         try:
