@@ -594,7 +594,13 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   return result(rc, &out);
 }
 
-static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status) {
+static long comm_rank(pf_state *s, int w);
+static void status_fill(Py_buffer *v, long source, long tag, uint64_t nbytes);
+
+/* recv; want_status: a completed receive answers (error, world source,
+ * tag, nbytes), or, with a status view sv (see status_view) and no error,
+ * fills it and answers 0. */
+static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status, Py_buffer *sv) {
   long tag;
   int src;
   pf_state *s;
@@ -608,6 +614,10 @@ static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status) {
   PyEval_RestoreThread(ts);
   x->busy--;
   mem_done(&m);
+  if (rc == 0 && sv && out.error == 0) {
+    status_fill(sv, comm_rank(s, out.source), out.tag, out.nbytes);
+    return PyLong_FromLong(0);
+  }
   if (rc == 0 && want_status)
     return Py_BuildValue("(iiiK)", out.error, out.source, out.tag,
                          (unsigned long long)out.nbytes);
@@ -615,13 +625,13 @@ static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status) {
 }
 
 static PyObject *pf_recv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return do_recv(args, n, 0);
+  return do_recv(args, n, 0, NULL);
 }
 
 /* recv_status(state, buf, source, tag): as recv, but a completed receive
  * answers (error, world source, tag, nbytes) for the caller's Status. */
 static PyObject *pf_recv_status(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  return do_recv(args, n, 1);
+  return do_recv(args, n, 1, NULL);
 }
 
 /* ---- Op: the operation of a Request posted by isend/irecv ----
@@ -744,32 +754,12 @@ static void status_fill(Py_buffer *v, long source, long tag, uint64_t nbytes) {
  * source, tag, nbytes), (rc, left)) for Python to finish. */
 static PyObject *pf_recv_st(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (n != 5) return PyLong_FromLong(1);
-  if (args[4] == Py_None) return do_recv(args, 4, 0);
+  if (args[4] == Py_None) return do_recv(args, 4, 0, NULL);
   Py_buffer v;
   if (!status_view(args[4], &v)) return PyLong_FromLong(1);
-  long tag;
-  int src;
-  pf_state *s;
-  pf_entry *x;
-  pf_mem m;
-  if (!p2p_args(args, 1, &s, &x, &src, &tag, &m)) {
-    PyBuffer_Release(&v);
-    return PyLong_FromLong(1);
-  }
-  erdma_blocking out;
-  x->busy++;
-  PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_recv(s->e, m.buf, m.len, src, (int)tag, s->ctx, s->slice, &out);
-  PyEval_RestoreThread(ts);
-  x->busy--;
-  mem_done(&m);
-  if (rc == 0 && out.error == 0) status_fill(&v, comm_rank(s, out.source), out.tag, out.nbytes);
+  PyObject *r = do_recv(args, 4, 1, &v);
   PyBuffer_Release(&v);
-  if (rc == 0 && out.error == 0) return PyLong_FromLong(0);
-  if (rc == 0)
-    return Py_BuildValue("(iiiK)", out.error, out.source, out.tag,
-                         (unsigned long long)out.nbytes);
-  return result(rc, &out);
+  return r;
 }
 
 static void op_release(pf_op *o) {
