@@ -716,6 +716,17 @@ static int status_view(PyObject *status, Py_buffer *v) {
   return 1;
 }
 
+/* A method's `status` argument: 1, with *sv NULL for None or v, a view of
+ * the Status's fields, to be released after the call; 0 (a miss): not a
+ * Status, which Python refuses as mpi4py does. */
+static int status_arg(PyObject *status, Py_buffer *v, Py_buffer **sv) {
+  *sv = NULL;
+  if (status == Py_None) return 1;
+  if (!status_view(status, v)) return 0;
+  *sv = v;
+  return 1;
+}
+
 /* The communicator rank of world rank w (UNDEFINED if not a member): the
  * inverse of s->ranks, made on first use. */
 static long comm_rank(pf_state *s, int w) {
@@ -753,12 +764,10 @@ static void status_fill(Py_buffer *v, long source, long tag, uint64_t nbytes) {
  * answers 0, any other answer is recv_status's (1 miss, (error, world
  * source, tag, nbytes), (rc, left)) for Python to finish. */
 static PyObject *pf_recv_st(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 5) return PyLong_FromLong(1);
-  if (args[4] == Py_None) return do_recv(args, 4, 0, NULL);
-  Py_buffer v;
-  if (!status_view(args[4], &v)) return PyLong_FromLong(1);
-  PyObject *r = do_recv(args, 4, 1, &v);
-  PyBuffer_Release(&v);
+  Py_buffer v, *sv;
+  if (n != 5 || !status_arg(args[4], &v, &sv)) return PyLong_FromLong(1);
+  PyObject *r = do_recv(args, 4, sv != NULL, sv);
+  if (sv) PyBuffer_Release(sv);
   return r;
 }
 
@@ -1352,34 +1361,34 @@ static PyObject *pf_hits(PyObject *self, PyObject *const *args, Py_ssize_t n) {
  * status): the method Sendrecv: as sendrecv, but a clean completion fills
  * status (unless None) and answers 0. */
 static PyObject *pf_sendrecv_st(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 8) return PyLong_FromLong(1);
-  if (args[7] == Py_None) return sendrecv_impl(args, 0, 1, NULL);
-  Py_buffer v;
-  if (!status_view(args[7], &v)) return PyLong_FromLong(1);
-  PyObject *r = sendrecv_impl(args, 0, 1, &v);
-  PyBuffer_Release(&v);
+  Py_buffer v, *sv;
+  if (n != 8 || !status_arg(args[7], &v, &sv)) return PyLong_FromLong(1);
+  PyObject *r = sendrecv_impl(args, 0, 1, sv);
+  if (sv) PyBuffer_Release(sv);
   return r;
+}
+
+/* Sendrecv_replace's call of sendrecv_impl: args (state, buf, dest,
+ * sendtag, source, recvtag), buf both ways. */
+static PyObject *sendrecv_replace_impl(PyObject *const *args, int method, Py_buffer *sv) {
+  PyObject *a[7] = {args[0], args[1], args[2], args[3], args[1], args[4], args[5]};
+  return sendrecv_impl(a, 1, method, sv);
 }
 
 /* sendrecv_replace(state, buf, dest, sendtag, source, recvtag): Sendrecv_replace
  * of a plain spec remembered both ways whose message goes into a local
  * peer's ring now; answers as sendrecv (1: nothing done). */
 static PyObject *pf_sendrecv_replace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 6) return PyLong_FromLong(1);
-  PyObject *a[7] = {args[0], args[1], args[2], args[3], args[1], args[4], args[5]};
-  return sendrecv_impl(a, 1, 0, NULL);
+  return n == 6 ? sendrecv_replace_impl(args, 0, NULL) : PyLong_FromLong(1);
 }
 
 /* sendrecv_replace_st(state, buf, dest, sendtag, source, recvtag, status):
  * the method Sendrecv_replace, as sendrecv_st is Sendrecv's. */
 static PyObject *pf_sendrecv_replace_st(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 7) return PyLong_FromLong(1);
-  PyObject *a[7] = {args[0], args[1], args[2], args[3], args[1], args[4], args[5]};
-  if (args[6] == Py_None) return sendrecv_impl(a, 1, 1, NULL);
-  Py_buffer v;
-  if (!status_view(args[6], &v)) return PyLong_FromLong(1);
-  PyObject *r = sendrecv_impl(a, 1, 1, &v);
-  PyBuffer_Release(&v);
+  Py_buffer v, *sv;
+  if (n != 7 || !status_arg(args[6], &v, &sv)) return PyLong_FromLong(1);
+  PyObject *r = sendrecv_replace_impl(args, 1, sv);
+  if (sv) PyBuffer_Release(sv);
   return r;
 }
 
