@@ -38,6 +38,7 @@ TUNING = {
     "shm_bulk_cma_min": (0, 1 << 30), "shm_p2p_cma_min": (0, 1 << 30),
     "shm_p2p_split_min": (0, 1 << 30),
     "unexpected_max": (1 << 16, 1 << 44), "recv_alloc_max": (1, 1 << 50),
+    "shm_unexpected_max": (1 << 16, 1 << 44),
 }
 
 PKTIO_KINDS = {"udp": lib.ERDMA_PKTIO_UDP, "dpdk": lib.ERDMA_PKTIO_DPDK}
@@ -414,8 +415,9 @@ class Engine:
         peer on another host, 0: automatic), shm_eager_limit, shm_bulk_cma_min, shm_p2p_cma_min,
         shm_p2p_split_min,
         unexpected_max (unexpected-message bytes held per peer before its
-        sending is held back), recv_alloc_max (largest message an allocating
-        receive takes) (bytes); see docs/design.md.
+        sending is held back), shm_unexpected_max (the same for a rank of
+        this host while nothing here waits on a peer), recv_alloc_max (largest
+        message an allocating receive takes) (bytes); see docs/design.md.
         ``pktio``: "udp" (kernel socket) or "dpdk"; the ``dpdk_*`` keywords
         configure the latter (docs/dpdk.md): EAL arguments, port id, queue,
         prefix length of the subnet ``bind`` is on, gateway, static

@@ -77,6 +77,7 @@ _TUNING_ENV = {
     "shm_bulk_cma_min": "ERDMA_SHM_BULK_CMA", "shm_p2p_cma_min": "ERDMA_SHM_P2P_CMA",
     "shm_p2p_split_min": "ERDMA_SHM_P2P_SPLIT",
     "unexpected_max": "ERDMA_UNEXPECTED_MAX", "recv_alloc_max": "ERDMA_RECV_ALLOC_MAX",
+    "shm_unexpected_max": "ERDMA_SHM_UNEXPECTED_MAX",
 }
 
 

@@ -92,6 +92,10 @@ VARS_LIST = (
         "loopback)"),
        ("ERDMA_SHM_RING", "size", 2 << 20, "bytes of each shared-memory ring (a power of two)",
         {"lo": 4096}),
+       ("ERDMA_SHM_UNEXPECTED_MAX", "size", None, "unexpected-message bytes held per rank "
+        "of this host while this rank waits on no peer; beyond, its sends wait for room in "
+        "the ring (default 1M; ERDMA_UNEXPECTED_MAX while a receive, probe or send waits)",
+        {"lo": 1 << 16}),
        ("ERDMA_SHM_EAGER_LIMIT", "size", None, "bytes up to which a message goes into the "
         "peer's ring (default 1M)", {"lo": 0}),
        ("ERDMA_SHM_CMA", "bool", True, "large messages as one process_vm_readv copy (0: "

@@ -114,6 +114,11 @@ typedef struct erdma_config {
   uint64_t recv_alloc_max;   /* the largest message a receive without a buffer (object,
                                 Mrecv) allocates; larger fail with ERDMA_ERR_NOMEM (0:
                                 the machine's physical memory) */
+  uint64_t shm_unexpected_max; /* bytes of unexpected messages held per rank of this host
+                                while nothing here waits for a message (a receive, a probe)
+                                or for a peer (a send); beyond, its bytes stay in its ring and
+                                its sends wait for room (0: default 1 MiB; at most
+                                unexpected_max, which applies while something waits) */
   int spin_us;               /* a waiter polls the socket this long before sleeping */
   int verbose;
   /* NAT traversal (erdma_nat.c) */

@@ -549,9 +549,9 @@ void unexp_release(erdma_engine *e, int peer, uint64_t n) {
   if (c && c->q && !c->closed && c->credit_owed && credit_release(c)) {
     c->dirty = 1; /* the progress thread sends the MAX_STREAM_DATA */
     engine_wake(e);
-  } else if (c && c->shm && before > e->cfg.unexpected_max &&
-             p->unexp_bytes <= e->cfg.unexpected_max) {
-    engine_wake(e); /* drain_ring left the peer's bytes in its ring: read on */
+  } else if (c && c->shm && before > p->unexp_bytes && e->shm.held &&
+             p->unexp_bytes <= shm_hold_max(e)) {
+    shm_hold_lifted(e); /* drain_ring left the peer's bytes in its ring: read on */
   }
 }
 

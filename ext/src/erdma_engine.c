@@ -320,6 +320,9 @@ int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   e->cfg.bind_addr = e->bind_addr;
   if (e->cfg.shm_eager_limit < e->cfg.eager_limit) e->cfg.shm_eager_limit = e->cfg.eager_limit;
   if (!e->cfg.unexpected_max) e->cfg.unexpected_max = 64u << 20;
+  if (!e->cfg.shm_unexpected_max) e->cfg.shm_unexpected_max = 1u << 20;
+  if (e->cfg.shm_unexpected_max > e->cfg.unexpected_max)
+    e->cfg.shm_unexpected_max = e->cfg.unexpected_max;
   if (!e->cfg.recv_alloc_max) {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     e->cfg.recv_alloc_max = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 1ull << 34;
@@ -646,6 +649,16 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     } else if (nbytes <= conn_eager_max(p->conn) && eager_ok(e, p->conn, nbytes, flags, ctx) &&
                (h.type = FR_EAGER, conn_send_now(p->conn, &h, buf, nbytes))) {
       req_complete(r, 0); /* written into the channel (a local peer's ring) */
+    } else if (p->conn->shm && nbytes <= conn_eager_max(p->conn) &&
+               eager_ok(e, p->conn, nbytes, flags, ctx)) {
+      /* a local peer's ring is full (or messages wait before this one): the
+       * send waits in the queue for room, its buffer in place, and completes
+       * once written.  A copy would let a sender outrun its receiver by any
+       * amount, each message in newly faulted pages (~3 us a page on a VM). */
+      h.type = FR_EAGER;
+      conn_enqueue(p->conn, &h, buf, nbytes, NULL, r);
+      conn_flush(p->conn);
+      shm_hold_lifted(e); /* the peer may wait for room in our ring */
     } else if (nbytes <= e->cfg.eager_limit && eager_ok(e, p->conn, nbytes, flags, ctx)) {
       uint8_t *copy = malloc(nbytes ? nbytes : 1);
       if (!copy) {
@@ -667,6 +680,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
         h.id = (uint64_t)(uintptr_t)buf;
       }
       DL_APPEND(e->rndv_send_head, e->rndv_send_tail, r);
+      shm_hold_lifted(e); /* its CTS may be behind held bytes */
       conn_enqueue(p->conn, &h, NULL, 0, NULL, NULL);
       conn_flush(p->conn);
     }
@@ -707,6 +721,7 @@ int erdma_irecv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, u
     req_complete(r, e->peers[source].error);
   } else {
     DL_APPEND(e->posted_head, e->posted_tail, r);
+    shm_hold_lifted(e); /* its message may be behind held bytes */
   }
   shm_app_active(e);
   pthread_mutex_unlock(&e->mu);
@@ -725,8 +740,9 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
                       int take, int *flag, erdma_msg **msg, erdma_status *st) {
   if (!check_src(e, source)) return ERDMA_ERR_RANK;
   uint64_t deadline = deadline_of(timeout);
-  int rv = 0;
+  int rv = 0, read_on = 0;
   pthread_mutex_lock(&e->mu);
+  e->probing++; /* a held peer's bytes are read (shm_hold_max) */
   for (;;) {
     erdma_msg *m = unexp_find(e, source, tag, ctx);
     if (m) {
@@ -748,6 +764,13 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
       rv = ERDMA_ERR_PEER; /* a blocking probe from ANY_SOURCE fails as its receive would */
       break;
     }
+    if (e->shm.held && !read_on) { /* what was left in a ring, read here and now */
+      read_on = 1;
+      e->shm.held = 0;
+      shm_poll_rings(e);
+      engine_wake(e);
+      continue;
+    }
     if (flag && timeout == 0) {
       *flag = 0;
       break;
@@ -759,6 +782,7 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
     shm_app_idle(e); /* producers ring the doorbell for us again */
     deadline_wait(e, deadline < erdma_now() + 100000000ull ? deadline : erdma_now() + 100000000ull);
   }
+  e->probing--;
   pthread_mutex_unlock(&e->mu);
   return rv;
 }

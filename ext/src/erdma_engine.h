@@ -59,6 +59,7 @@ struct erdma_engine {
   erdma_msg *unexp_head, *unexp_tail;         /* unexpected messages */
   erdma_req *rndv_send_head, *rndv_send_tail; /* sends waiting for CTS */
   erdma_req *rndv_recv_head, *rndv_recv_tail; /* receives waiting for DATA */
+  int probing;                                /* threads in a probe (shm_hold_max) */
   uint64_t next_id;
   /* io buffers (used under mu) */
   uint8_t *txbuf;

@@ -252,6 +252,7 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
     } else {
       r->id = ++e->next_id;
       DL_APPEND(e->rndv_recv_head, e->rndv_recv_tail, r);
+      shm_hold_lifted(e); /* its DATA may be behind held bytes */
       r->rndv_listed = 1;
       h.type = FR_CTS;
       h.flags = p->conn->chan->chunks ? FR_FLAG_CHUNKS : 0; /* CHUNKs on any stream */

@@ -601,6 +601,37 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
 
 /* Hand everything in c's inbound ring to the frame parser; -1 on a bad frame
  * or a corrupt ring. */
+/* How much of a local peer's traffic drain_ring takes in as unexpected
+ * messages.  A sender that runs ahead of its receiver (back-to-back Gathers,
+ * a Bcast root) would otherwise fill up to cfg.unexpected_max of newly
+ * allocated buffers at the receiver, each page faulted in on first use
+ * (~3 us a page on a VM, more than the message): past
+ * cfg.shm_unexpected_max its bytes stay in the ring and its sends wait for
+ * room, as in MPICH's fixed cells.  While anything here waits on a peer (a
+ * posted receive, a probe, a rendezvous, our own frames queued for a full
+ * ring) the bound is cfg.unexpected_max, so that a message it waits for is
+ * never stuck behind held bytes (two ranks flooding each other, a receive
+ * of the tag sent last). */
+uint64_t shm_hold_max(const erdma_engine *e) {
+  const shm_state *s = &e->shm;
+  if (e->cfg.shm_unexpected_max >= e->cfg.unexpected_max || e->posted_head || e->probing ||
+      e->rndv_send_head || e->rndv_recv_head)
+    return e->cfg.unexpected_max;
+  for (int i = 0; i < s->nlocal; i++) {
+    int p = s->local[i];
+    const erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
+    if (c && c->shm && c->tx_head) return e->cfg.unexpected_max;
+  }
+  return e->cfg.shm_unexpected_max;
+}
+
+void shm_hold_lifted(erdma_engine *e) {
+  if (!e->shm.held) return;
+  e->shm.held = 0;
+  engine_wake(e); /* the progress thread reads the rings again */
+}
+
+#define DRAIN_STEP (64u << 10)
 static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
   uint64_t cap = e->shm.ring_bytes;
   struct shm_ring *r = c->rx_ring;
@@ -615,14 +646,26 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
    * bytes in the ring, so its sends wait for room (the back-pressure QUIC
    * gets from withheld flow-control credit); unexp_release wakes us. */
   const peer_info *p = &e->peers[c->peer];
-  while (tail != head && rv == 0 && p->unexp_bytes <= e->cfg.unexpected_max) {
+  /* (a frame begun is read to its end: a receive may wait on its payload;
+   * the bound is looked at every DRAIN_STEP bytes, as a receive waited for
+   * may have been matched meanwhile) */
+  while (tail != head && rv == 0) {
     uint64_t off = tail & (cap - 1), n = head - tail;
     if (n > cap - off) n = cap - off;
+    if (n > DRAIN_STEP) n = DRAIN_STEP;
+    if (p->unexp_bytes > shm_hold_max(e)) { /* held: only the rest of a frame begun */
+      uint64_t rest = c->rx.hdr_got < ERDMA_HDR_LEN && c->rx.hdr_got
+                          ? ERDMA_HDR_LEN - c->rx.hdr_got /* the header's rest */
+                          : c->rx.remaining;             /* its payload's */
+      if (!rest) break;
+      if (n > rest) n = rest;
+    }
     rv = conn_rx_feed(c, r->data + off, (size_t)n);
     tail += n;
     *total += (int)n;
     e->stats.bytes_recv += n;
   }
+  if (tail != head && rv == 0) e->shm.held = 1;
   atomic_store_explicit(&r->tail, tail, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&r->prod_waiting, memory_order_relaxed)) {
@@ -741,11 +784,13 @@ int shm_sleep_prepare(erdma_engine *e) {
   shm_state *s = &e->shm;
   if (!s->seg) return 0;
   atomic_store_explicit(&s->seg->sleeping, 1, memory_order_seq_cst);
+  uint64_t hold = shm_hold_max(e);
   for (int i = 0; i < s->nlocal; i++) {
     int p = s->local[i];
     erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
     /* bytes a held-back peer left in its ring are no reason to stay awake */
-    if (c && c->shm && !c->closed && e->peers[p].unexp_bytes <= e->cfg.unexpected_max &&
+    if (c && c->shm && !c->closed &&
+        (e->peers[p].unexp_bytes <= hold || c->rx.hdr_got || c->rx.remaining) &&
         atomic_load_explicit(&c->rx_ring->head, memory_order_seq_cst) !=
             atomic_load_explicit(&c->rx_ring->tail, memory_order_relaxed)) {
       atomic_store_explicit(&s->seg->sleeping, 0, memory_order_relaxed);

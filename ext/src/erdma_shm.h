@@ -33,6 +33,7 @@ typedef struct shm_state {
   int oversub;           /* more local ranks than CPUs: spinners yield every turn */
   int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
   uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
+  int held;              /* drain_ring left a peer's bytes in its ring (shm_hold_max) */
 } shm_state;
 
 /* shm.c (all under e->mu) */
@@ -41,6 +42,12 @@ int shm_is_local(erdma_engine *e, int rank);
 int shm_poll(erdma_engine *e);          /* returns bytes consumed */
 int shm_poll_rings(erdma_engine *e);    /* the same without liveness checks (spinners) */
 int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
+/* unexpected bytes taken from a local peer before its bytes stay in its
+ * ring: cfg.shm_unexpected_max, or cfg.unexpected_max while a receive, a
+ * probe or a send here waits (see erdma_shm.c) */
+uint64_t shm_hold_max(const erdma_engine *e);
+/* something here now waits: if a peer's bytes were left in its ring, read on */
+void shm_hold_lifted(erdma_engine *e);
 void shm_sleep_done(erdma_engine *e);
 void shm_spin_begin(erdma_engine *e);
 void shm_spin_end(erdma_engine *e);
