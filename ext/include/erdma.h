@@ -317,6 +317,13 @@ int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int 
                uint32_t ctx, int flags, double timeout, erdma_blocking *out);
 int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
                uint32_t ctx, double timeout, erdma_blocking *out);
+/* erdma_recv's shortcut: the first message that matches is here whole
+ * (eager, not a synchronous send's): taken, copied and freed under one
+ * lock, without a request; 1 and *out as erdma_recv's, else 0 (nothing
+ * done: post the receive).  Never waits (the engine lock busy: 0), so a
+ * caller may hold the GIL. */
+int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
+                   uint32_t ctx, erdma_blocking *out);
 int erdma_req_cancel(erdma_req *r);
 /* Withdraw a pending request whatever its state, so the engine never touches
  * its buffer again (a send's unsent bytes are copied first); it completes as

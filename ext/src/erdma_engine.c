@@ -1020,10 +1020,38 @@ int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int 
   return rv ? rv : wait_blocking(r, timeout, out);
 }
 
+int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
+                   uint32_t ctx, erdma_blocking *out) {
+  if (!check_src(e, source) || (!buf && cap) || (tag < 0 && tag != ERDMA_ANY_TAG) ||
+      pthread_mutex_trylock(&e->mu) != 0)
+    return 0;
+  erdma_msg *m = e->unexp_head ? unexp_find(e, source, tag, ctx) : NULL;
+  if (!m || m->rndv || m->error || !m->complete || m->sync || m->sreq) {
+    pthread_mutex_unlock(&e->mu);
+    return 0; /* (the first match decides: messages are taken in order) */
+  }
+  TRACE_MSG(e, ERDMA_TRACE_RECV, source, tag, ctx, cap);
+  DL_REMOVE(e->unexp_head, e->unexp_tail, m);
+  m->queued = 0;
+  uint64_t n = m->len < cap ? m->len : cap;
+  if (n) memcpy(buf, m->data, n);
+  out->source = m->source;
+  out->tag = m->tag;
+  out->error = m->len > cap ? ERDMA_ERR_TRUNCATE : 0;
+  out->cancelled = 0;
+  out->nbytes = n;
+  out->left = NULL;
+  msg_free(m);
+  shm_app_active(e);
+  pthread_mutex_unlock(&e->mu);
+  return 1;
+}
+
 int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
                double timeout, erdma_blocking *out) {
   erdma_req *r;
   out->left = NULL;
+  if (erdma_recv_now(e, buf, cap, source, tag, ctx, out)) return 0;
   int rv = erdma_irecv(e, buf, cap, source, tag, ctx, 0, &r);
   return rv ? rv : wait_blocking(r, timeout, out);
 }

@@ -1899,6 +1899,9 @@ static int wait_one(pf_state *s, erdma_req *r) {
  * exception between slices withdraws the receive. */
 static PyObject *recv_one(pf_state *s, void *buf, uint64_t len, int src, long tag) {
   erdma_req *r = NULL;
+  erdma_blocking now;
+  if (erdma_recv_now(s->e, buf, len, src, (int)tag, s->ctx + 1, &now))
+    return coll_result(now.error, NULL); /* (its block arrived first) */
   int rc = erdma_irecv(s->e, buf, len, src, (int)tag, s->ctx + 1, 0, &r);
   if (rc) return coll_result(rc, NULL);
   rc = wait_one(s, r);

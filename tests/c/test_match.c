@@ -461,6 +461,55 @@ TEST(truncated_receive_unexpected) {
   teardown();
 }
 
+TEST(recv_now_takes_a_whole_unexpected_message) {
+  /* erdma_recv_now: the first match, here whole, taken without a request */
+  setup();
+  CHECK_EQ(eager(4, "first"), 0);
+  CHECK_EQ(eager(4, "second"), 0);
+  CHECK_EQ(eager(6, "0123456789"), 0);
+  char buf[8];
+  memset(buf, '#', sizeof buf);
+  erdma_blocking out;
+  CHECK_EQ(erdma_recv_now(E, buf, sizeof buf, ERDMA_ANY_SOURCE, 4, CTX, &out), 1);
+  CHECK_MEM(buf, "first###", 8); /* the older of the two */
+  CHECK_EQ(out.source, 1);
+  CHECK_EQ(out.tag, 4);
+  CHECK_EQ(out.error, 0);
+  CHECK_EQ(out.nbytes, 5);
+  CHECK_EQ(unexpected_count(), 2);
+  CHECK_EQ(erdma_recv_now(E, buf, 3, 1, 6, CTX, &out), 1); /* truncated */
+  CHECK_EQ(out.error, ERDMA_ERR_TRUNCATE);
+  CHECK_EQ(out.nbytes, 3);
+  CHECK_MEM(buf, "012", 3);
+  CHECK_EQ(erdma_recv_now(E, buf, sizeof buf, 1, 9, CTX, &out), 0); /* none */
+  CHECK_EQ(erdma_recv_now(E, buf, sizeof buf, 1, 4, CTX + 2, &out), 0); /* another context */
+  CHECK_EQ(erdma_recv_now(E, buf, sizeof buf, 5, 4, CTX, &out), 0); /* no such rank */
+  CHECK_EQ(unexpected_count(), 1);
+  CHECK_EQ(erdma_recv_now(E, buf, sizeof buf, 1, ERDMA_ANY_TAG, CTX, &out), 1);
+  CHECK_MEM(buf, "second", 6);
+  CHECK_EQ(unexpected_count(), 0);
+  teardown();
+}
+
+TEST(recv_now_leaves_a_rendezvous_or_partial_first_match) {
+  /* the first match decides: an RTS (or a payload still arriving) before
+   * an eager message of the same tag is left to the posted receive */
+  setup();
+  CHECK_EQ(feed_frame(0, FR_RTS, 0, CTX, 11, 100000, 0xabc, NULL, 0), 0);
+  CHECK_EQ(eager(11, "later"), 0);
+  char buf[8];
+  erdma_blocking out;
+  CHECK_EQ(erdma_recv_now(E, buf, sizeof buf, 1, 11, CTX, &out), 0);
+  CHECK_EQ(unexpected_count(), 2);
+  CHECK_EQ(nsent(), 0); /* nothing answered */
+  teardown();
+  setup();
+  CHECK_EQ(feed_frame(0, FR_EAGER, 0, CTX, 12, 10, 0, "01234", 5), 0); /* half here */
+  CHECK_EQ(erdma_recv_now(E, buf, sizeof buf, 1, 12, CTX, &out), 0);
+  CHECK_EQ(unexpected_count(), 1);
+  teardown();
+}
+
 TEST(cancel_posted_receive) {
   setup();
   char buf[8] = {0};
