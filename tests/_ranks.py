@@ -33,3 +33,13 @@ def run_script_mpi4py(name, nprocs, timeout=150):
     return subprocess.run([shutil.which("mpiexec"), "-n", str(nprocs), sys.executable, script],
                           capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=str(SCRIPTS))
+
+
+def assert_reference(name, nprocs, timeout=150):
+    """The script holds for mpi4py + MPICH too (skipped without mpiexec or
+    mpi4py)."""
+    import pytest
+    if shutil.which("mpiexec") is None:
+        pytest.skip("no mpiexec")
+    pytest.importorskip("mpi4py")
+    assert_ok(run_script_mpi4py(name, nprocs, timeout), name, nprocs)

@@ -650,11 +650,12 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
                (h.type = FR_EAGER, conn_send_now(p->conn, &h, buf, nbytes))) {
       req_complete(r, 0); /* written into the channel (a local peer's ring) */
     } else if (p->conn->shm && nbytes <= conn_eager_max(p->conn) &&
-               eager_ok(e, p->conn, nbytes, flags, ctx)) {
+               !(flags & ERDMA_SEND_BUFFERED) && eager_ok(e, p->conn, nbytes, flags, ctx)) {
       /* a local peer's ring is full (or messages wait before this one): the
        * send waits in the queue for room, its buffer in place, and completes
        * once written.  A copy would let a sender outrun its receiver by any
-       * amount, each message in newly faulted pages (~3 us a page on a VM). */
+       * amount, each message in newly faulted pages (~3 us a page on a VM).
+       * A buffered send (Bsend) completes without the receiver: copied. */
       h.type = FR_EAGER;
       conn_enqueue(p->conn, &h, buf, nbytes, NULL, r);
       conn_flush(p->conn);

@@ -632,7 +632,8 @@ void shm_hold_lifted(erdma_engine *e) {
 }
 
 #define DRAIN_STEP (64u << 10)
-static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
+/* all: read everything (the peer said goodbye or exited), whatever the bound */
+static int drain_ring(erdma_engine *e, erdma_conn *c, int *total, int all) {
   uint64_t cap = e->shm.ring_bytes;
   struct shm_ring *r = c->rx_ring;
   uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
@@ -642,6 +643,7 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
    * back to the producer's on its next send) */
   if (head == tail) return 0;
   if (head - tail > cap) return -1; /* a producer that broke the protocol */
+  uint64_t start = tail;
   /* Unexpected messages from this peer beyond cfg.unexpected_max: leave its
    * bytes in the ring, so its sends wait for room (the back-pressure QUIC
    * gets from withheld flow-control credit); unexp_release wakes us. */
@@ -653,7 +655,7 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
     uint64_t off = tail & (cap - 1), n = head - tail;
     if (n > cap - off) n = cap - off;
     if (n > DRAIN_STEP) n = DRAIN_STEP;
-    if (p->unexp_bytes > shm_hold_max(e)) { /* held: only the rest of a frame begun */
+    if (!all && p->unexp_bytes > shm_hold_max(e)) { /* held: the rest of a frame begun */
       uint64_t rest = c->rx.hdr_got < ERDMA_HDR_LEN && c->rx.hdr_got
                           ? ERDMA_HDR_LEN - c->rx.hdr_got /* the header's rest */
                           : c->rx.remaining;             /* its payload's */
@@ -666,6 +668,7 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total) {
     e->stats.bytes_recv += n;
   }
   if (tail != head && rv == 0) e->shm.held = 1;
+  if (tail == start) return 0; /* held from the start: no room made, nobody to ring */
   atomic_store_explicit(&r->tail, tail, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&r->prod_waiting, memory_order_relaxed)) {
@@ -710,11 +713,11 @@ static void check_alive(erdma_engine *e, erdma_conn *c, uint64_t now) {
               (double)(now - c->beat_at) / 1e9);
     shm_fail(e, c);
   } else if (atomic_load(&ps->closed)) {
-    drain_ring(e, c, &total); /* its last messages, published before `closed` */
+    drain_ring(e, c, &total, 1); /* its last messages, published before `closed` */
     c->closed = 1; /* a goodbye: later use of the peer fails quietly */
     if (!e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
   } else if (kill(ps->pid, 0) != 0 && errno == ESRCH) {
-    drain_ring(e, c, &total);
+    drain_ring(e, c, &total, 1);
     if (!e->stopping)
       fprintf(stderr, "erdma[%d]: rank %d (pid %d, same host) has exited\n", e->cfg.rank,
               c->peer, ps->pid);
@@ -741,12 +744,13 @@ static int shm_poll_ex(erdma_engine *e, int full) {
   shm_state *s = &e->shm;
   int total = 0;
   if (!s->seg) return 0;
+  s->held = 0; /* (set again by a ring left with bytes in this pass) */
   if (!full) {
     for (int i = 0; i < s->nlocal; i++) {
       int p = s->local[i];
       erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
       if (!c || !c->shm || c->closed) continue;
-      if (drain_ring(e, c, &total) != 0) shm_bad_frame(e, c);
+      if (drain_ring(e, c, &total, 0) != 0) shm_bad_frame(e, c);
     }
     return total;
   }
@@ -771,7 +775,7 @@ static int shm_poll_ex(erdma_engine *e, int full) {
     int p = s->local[i];
     erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
     if (!c || !c->shm || c->closed) continue;
-    if (drain_ring(e, c, &total) != 0) {
+    if (drain_ring(e, c, &total, 0) != 0) {
       shm_bad_frame(e, c);
       continue;
     }
@@ -969,8 +973,9 @@ int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) 
     atomic_fetch_add_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
     uint32_t v = atomic_load_explicit(&seg->bell, memory_order_seq_cst);
     __atomic_add_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL); /* teardown waits for us */
+    int held = s->held; /* bytes left in a ring (shm_hold_max): no reason to spin */
     pthread_mutex_unlock(&e->mu);
-    if (!shm_rx_ready(e) && !reqs_done(reqs, n))
+    if ((held || !shm_rx_ready(e)) && !reqs_done(reqs, n))
       syscall(SYS_futex, &seg->bell, FUTEX_WAIT, v, &ts, NULL, 0);
     atomic_fetch_sub_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
     __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);

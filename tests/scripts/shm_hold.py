@@ -7,6 +7,8 @@ of a local peer's unexpected messages while it waits for nothing (the rest
 stays in the peer's ring and its sends wait); a receive, a probe or a send
 of its own lifts that bound to ERDMA_UNEXPECTED_MAX, so none of these
 waits forever.  Two ranks."""
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -111,6 +113,31 @@ else:
         comm.Recv(got, source=1, tag=4)
         check(bool((got == one + k).all()), f"1 MiB message {k}")
 comm.Barrier()
+
+# buffered sends complete without the receiver, even one outside MPI: rank
+# 1 Bsends 4 MiB, then says so through a file that rank 0 waits for
+# without calling MPI
+path = comm.bcast(tempfile.mkdtemp() if rank == 0 else None, root=0)
+flag = os.path.join(path, "bsends-done")
+m8 = np.zeros(1024, np.float64)                # 8 KiB
+if rank == 1:
+    MPI.Attach_buffer(bytearray(512 * (m8.nbytes + MPI.BSEND_OVERHEAD)))
+    for k in range(512):
+        comm.Bsend(m8, dest=0, tag=6)
+    open(flag, "w").close()
+else:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    check(os.path.exists(flag), "Bsend: the sender waited for its receiver")
+    for k in range(512):
+        comm.Recv(m8, source=1, tag=6)
+comm.Barrier()
+if rank == 1:
+    MPI.Detach_buffer()
+else:
+    os.remove(flag) if os.path.exists(flag) else None
+    os.rmdir(path)
 
 # both ranks flood each other before either receives
 flood(peer)
