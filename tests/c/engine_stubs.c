@@ -55,6 +55,8 @@ void ulfm_note_failure(erdma_engine *e, int peer) { (void)e; (void)peer; }
 #ifndef ERDMA_STUBS_WITH_SHM
 int shm_is_local(erdma_engine *e, int rank) { (void)e; (void)rank; return -1; }
 void shm_wake_waiters(erdma_engine *e) { (void)e; }
+uint64_t shm_hold_max(const erdma_engine *e) { return e->cfg.unexpected_max; }
+void shm_hold_lifted(erdma_engine *e) { (void)e; }
 #endif
 
 #ifdef ERDMA_STUBS_WITH_ENGINE
@@ -85,8 +87,6 @@ size_t pktio_udp_path_payload(erdma_engine *e, const struct sockaddr_storage *to
 int shm_attach_peers(erdma_engine *e) { (void)e; return 0; }
 int shm_poll(erdma_engine *e) { (void)e; return 0; }
 int shm_poll_rings(erdma_engine *e) { (void)e; return 0; }
-uint64_t shm_hold_max(const erdma_engine *e) { return e->cfg.unexpected_max; }
-void shm_hold_lifted(erdma_engine *e) { (void)e; }
 int shm_sleep_prepare(erdma_engine *e) { (void)e; return 0; }
 void shm_sleep_done(erdma_engine *e) { (void)e; }
 void shm_spin_begin(erdma_engine *e) { (void)e; }
