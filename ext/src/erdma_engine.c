@@ -767,8 +767,7 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
     }
     if (e->shm.held && !read_on) { /* what was left in a ring, read here and now */
       read_on = 1;
-      e->shm.held = 0;
-      shm_poll_rings(e);
+      shm_poll_rings(e); /* (which clears held, or sets it again) */
       engine_wake(e);
       continue;
     }

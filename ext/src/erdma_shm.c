@@ -599,8 +599,6 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
   return sent;
 }
 
-/* Hand everything in c's inbound ring to the frame parser; -1 on a bad frame
- * or a corrupt ring. */
 /* How much of a local peer's traffic drain_ring takes in as unexpected
  * messages.  A sender that runs ahead of its receiver (back-to-back Gathers,
  * a Bcast root) would otherwise fill up to cfg.unexpected_max of newly
@@ -631,8 +629,16 @@ void shm_hold_lifted(erdma_engine *e) {
   engine_wake(e); /* the progress thread reads the rings again */
 }
 
+/* Bytes of the frame c's parser has begun still to read (0: between frames). */
+static uint64_t frame_rest(const erdma_conn *c) {
+  return c->rx.hdr_got && c->rx.hdr_got < ERDMA_HDR_LEN ? ERDMA_HDR_LEN - c->rx.hdr_got
+                                                        : c->rx.remaining;
+}
+
 #define DRAIN_STEP (64u << 10)
-/* all: read everything (the peer said goodbye or exited), whatever the bound */
+/* Hand c's inbound ring to the frame parser, as far as shm_hold_max allows;
+ * -1 on a bad frame or a corrupt ring.  all: read everything (the peer said
+ * goodbye or exited), whatever the bound */
 static int drain_ring(erdma_engine *e, erdma_conn *c, int *total, int all) {
   uint64_t cap = e->shm.ring_bytes;
   struct shm_ring *r = c->rx_ring;
@@ -644,9 +650,9 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total, int all) {
   if (head == tail) return 0;
   if (head - tail > cap) return -1; /* a producer that broke the protocol */
   uint64_t start = tail;
-  /* Unexpected messages from this peer beyond cfg.unexpected_max: leave its
-   * bytes in the ring, so its sends wait for room (the back-pressure QUIC
-   * gets from withheld flow-control credit); unexp_release wakes us. */
+  /* Unexpected messages from this peer beyond shm_hold_max: leave its bytes
+   * in the ring, so its sends wait for room (the back-pressure QUIC gets
+   * from withheld flow-control credit); unexp_release wakes us. */
   const peer_info *p = &e->peers[c->peer];
   /* (a frame begun is read to its end: a receive may wait on its payload;
    * the bound is looked at every DRAIN_STEP bytes, as a receive waited for
@@ -656,9 +662,7 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total, int all) {
     if (n > cap - off) n = cap - off;
     if (n > DRAIN_STEP) n = DRAIN_STEP;
     if (!all && p->unexp_bytes > shm_hold_max(e)) { /* held: the rest of a frame begun */
-      uint64_t rest = c->rx.hdr_got < ERDMA_HDR_LEN && c->rx.hdr_got
-                          ? ERDMA_HDR_LEN - c->rx.hdr_got /* the header's rest */
-                          : c->rx.remaining;             /* its payload's */
+      uint64_t rest = frame_rest(c);
       if (!rest) break;
       if (n > rest) n = rest;
     }
@@ -794,7 +798,7 @@ int shm_sleep_prepare(erdma_engine *e) {
     erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
     /* bytes a held-back peer left in its ring are no reason to stay awake */
     if (c && c->shm && !c->closed &&
-        (e->peers[p].unexp_bytes <= hold || c->rx.hdr_got || c->rx.remaining) &&
+        (e->peers[p].unexp_bytes <= hold || frame_rest(c)) &&
         atomic_load_explicit(&c->rx_ring->head, memory_order_seq_cst) !=
             atomic_load_explicit(&c->rx_ring->tail, memory_order_relaxed)) {
       atomic_store_explicit(&s->seg->sleeping, 0, memory_order_relaxed);
