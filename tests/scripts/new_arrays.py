@@ -18,6 +18,32 @@ if erdma:
     from erdmampi import _engine
     fast = _engine.fast
 
+
+def one(r, keep, what):
+    """A fast call's answer, a request still pending after its first wait
+    slice (a loaded host) waited on as the methods do: still one C call."""
+    if type(r) is tuple and len(r) == 2:
+        return _engine.fast_rest(r, keep, what).error
+    return r
+
+
+def coll(r):
+    """As one, for a fast collective's answer: ``(rc, pending)`` while pending
+    (the caller's names keep its buffers)."""
+    if type(r) is tuple:
+        _engine.fast_coll_rest(r, "collective")
+        return 0
+    return r
+
+
+def one_sr(r, buf):
+    """As one, for a fast sendrecv's answer: ``(rc, rleft, sleft)`` while
+    pending, else ``(rerr, world source, tag, nbytes, serr)``."""
+    if type(r) is tuple and len(r) == 3:
+        st, serr = _engine.fast_rest_sendrecv(r, buf, buf)
+        return (st.error, st.source, st.tag, st.nbytes, serr)
+    return r
+
 b = np.zeros(4, "i")
 for i in range(20):
     # the pair written in the call, both ways round the ring
@@ -96,18 +122,18 @@ for i in range(20):
 if erdma and fast is not None and size > 1:
     st = comm._fast
     # the next such calls are one C call each (0: done, 1: a miss)
-    tot = np.empty(1, "d")
-    check(fast.allreduce(st, np.array([1.0]), tot, MPI.SUM) == 0 and tot[0] == size,
+    tot, one_d = np.empty(1, "d"), np.array([1.0])
+    check(coll(fast.allreduce(st, one_d, tot, MPI.SUM)) == 0 and tot[0] == size,
           "a new-array Allreduce is one C call")
-    g = np.empty(2 * size, "i")
-    check(fast.allgather(st, np.array([rank, 7], "i"), g) == 0
+    g, pair = np.empty(2 * size, "i"), np.array([rank, 7], "i")
+    check(coll(fast.allgather(st, pair, g)) == 0
           and list(g) == [v for k in range(size) for v in (k, 7)],
           "a new-array Allgather is one C call")
-    red = np.empty(3, "d") if rank == 0 else None
-    check(fast.rooted(st, 2, np.full(3, 2.0), red, 0, MPI.SUM) == 0
+    red, twos = (np.empty(3, "d") if rank == 0 else None), np.full(3, 2.0)
+    check(coll(fast.rooted(st, 2, twos, red, 0, MPI.SUM)) == 0
           and (rank != 0 or (red == 2.0 * size).all()), "a new-array Reduce is one C call")
-    gat = np.empty(2 * size, "i") if rank == 0 else None
-    check(fast.rooted(st, 0, np.array([rank, 3], "i"), gat, 0, None) == 0
+    gat, pair = (np.empty(2 * size, "i") if rank == 0 else None), np.array([rank, 3], "i")
+    check(coll(fast.rooted(st, 0, pair, gat, 0, None)) == 0
           and (rank != 0 or list(gat) == [v for k in range(size) for v in (k, 3)]),
           "a new-array Gather is one C call")
     if rank == 0:   # the root's misses: nothing is sent
@@ -127,27 +153,36 @@ if erdma and fast is not None and size > 1:
     out = np.full(3, 5.0 + rank)
     got = np.empty(3)
     if rank % 2 == 0:
-        check(fast.send(st, out, nxt, 9) == 0, "a new-array Send is one C call")
-        check(fast.recv(st, got, prv, 9) == 0, "a new-array Recv is one C call")
+        check(one(fast.send(st, out, nxt, 9), out, "send") == 0,
+              "a new-array Send is one C call")
+        check(one(fast.recv(st, got, prv, 9), got, "recv") == 0,
+              "a new-array Recv is one C call")
     else:
-        check(fast.recv(st, got, prv, 9) == 0, "a new-array Recv is one C call")
-        check(fast.send(st, out, nxt, 9) == 0, "a new-array Send is one C call")
+        check(one(fast.recv(st, got, prv, 9), got, "recv") == 0,
+              "a new-array Recv is one C call")
+        check(one(fast.send(st, out, nxt, 9), out, "send") == 0,
+              "a new-array Send is one C call")
     check((got == 5.0 + prv).all(), f"new-array fast Send/Recv: {got}")
     b[:] = rank
     r = np.zeros(4, "i")
     if rank % 2 == 0:
-        check(fast.send(st, [b, 4, MPI.INT], nxt, 10) == 0, "a counted Send is one C call")
-        check(fast.recv(st, (r, 4, MPI.INT), prv, 10) == 0, "a counted Recv is one C call")
+        check(one(fast.send(st, [b, 4, MPI.INT], nxt, 10), [b, 4, MPI.INT], "send") == 0,
+              "a counted Send is one C call")
+        check(one(fast.recv(st, (r, 4, MPI.INT), prv, 10), (r, 4, MPI.INT), "recv") == 0,
+              "a counted Recv is one C call")
     else:
-        check(fast.recv(st, (r, 4, MPI.INT), prv, 10) == 0, "a counted Recv is one C call")
-        check(fast.send(st, [b, 4, MPI.INT], nxt, 10) == 0, "a counted Send is one C call")
+        check(one(fast.recv(st, (r, 4, MPI.INT), prv, 10), (r, 4, MPI.INT), "recv") == 0,
+              "a counted Recv is one C call")
+        check(one(fast.send(st, [b, 4, MPI.INT], nxt, 10), [b, 4, MPI.INT], "send") == 0,
+              "a counted Send is one C call")
     check((r == prv).all(), f"counted fast Send/Recv: {r}")
     rb[:] = rank
-    res = fast.sendrecv_replace(st, [rb, MPI.INT], nxt, 11, prv, 11)
+    res = one_sr(fast.sendrecv_replace(st, [rb, MPI.INT], nxt, 11, prv, 11), rb)
     check(type(res) is tuple and res[0] == 0 and res[3] == rb.nbytes and (rb == prv).all(),
           f"a Sendrecv_replace is one C call: {res} {rb}")
     rb[:] = rank + 50
-    res = fast.sendrecv_replace(st, [rb, 5, MPI.INT], nxt, 12, MPI.ANY_SOURCE, MPI.ANY_TAG)
+    res = one_sr(fast.sendrecv_replace(st, [rb, 5, MPI.INT], nxt, 12,
+                                       MPI.ANY_SOURCE, MPI.ANY_TAG), rb)
     check(type(res) is tuple and res[:3] == (0, prv, 12) and (rb == prv + 50).all(),
           f"a counted Sendrecv_replace from any source is one C call: {res} {rb}")
     if rank == 0:   # larger than a ring message: nothing done, Python sends a copy
