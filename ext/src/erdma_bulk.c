@@ -21,6 +21,7 @@
 #include "erdma.h"
 #include "erdma_coll.h"
 #include "erdma_shm.h"
+#include "erdma_copy.h"
 
 typedef struct bulk_hdr {
   uint64_t addr;   /* the buffer (or block) in the sender's address space */
@@ -122,7 +123,7 @@ static void bulk_copy(uint8_t *d, const uint8_t *s, uint64_t n, int nt) {
 #else
   (void)nt;
 #endif
-  memcpy(d, s, n);
+  erdma_copy(d, s, n);
 }
 
 /* Pieces that both sides of a pair claim from opposite ends: each side
@@ -494,7 +495,7 @@ int erdma_coll_alltoall_bulk(erdma_engine *e, const void *sbuf, void *rbuf, uint
   const uint8_t *s = sbuf;
   uint8_t *d = rbuf;
   if (n == 1) {
-    if (blk) memcpy(d, s, blk);
+    if (blk) erdma_copy(d, s, blk);
     return 0;
   }
   if (n == 2) {
@@ -639,12 +640,12 @@ static int pair_cma(erdma_engine *e, int peer, int me, const uint8_t *s, const p
       if (shm_cma_copy(e, peer, tmp, theirs->addr + at, len, 0)) fail = 1;
       else if (!(*rc = erdma_reduce_local(d, tmp, cnt, op, dtype))) {
         *wrote = 1;
-        memcpy(d, tmp, len);
+        erdma_copy(d, tmp, len);
       }
     } else { /* d = in0 OP in1: in1 copied to d (already there in place), in0 in tmp */
       if (shm_cma_copy(e, peer, tmp, theirs->addr + at, len, 0)) fail = 1;
       else {
-        if (d != s + at) memcpy(d, s + at, len);
+        if (d != s + at) erdma_copy(d, s + at, len);
         *rc = erdma_reduce_local(tmp, d, cnt, op, dtype);
         if (p->inplace) *wrote = 1;
       }
@@ -675,9 +676,9 @@ static int pair_messages(erdma_engine *e, int peer, int me, const uint8_t *s,
   uint64_t count = fall->len / (uint64_t)es;
   if (!rc && me == 0) { /* in0 OP in1 with in1 = in */
     rc = erdma_reduce_local(s + fall->lo, in, count, op, dtype);
-    if (!rc) memcpy(fall->out, in, fall->len);
+    if (!rc) erdma_copy(fall->out, in, fall->len);
   } else if (!rc) {
-    if (fall->out != s + fall->lo) memcpy(fall->out, s + fall->lo, fall->len);
+    if (fall->out != s + fall->lo) erdma_copy(fall->out, s + fall->lo, fall->len);
     rc = erdma_reduce_local(in, fall->out, count, op, dtype);
   }
   free(in);
@@ -744,7 +745,7 @@ int erdma_coll_allreduce_pair(erdma_engine *e, const void *sbuf, void *rbuf, uin
   }
   int rc = pair_reduce(e, sbuf, rbuf, nbytes, &p, &whole, op, dtype, ranks, me, tag, ctx,
                        timeout);
-  if (!rc && scratch) memcpy(rbuf, scratch, nbytes);
+  if (!rc && scratch) erdma_copy(rbuf, scratch, nbytes);
   free(scratch);
   return rc;
 }
@@ -823,7 +824,7 @@ static int slices_reduce(erdma_engine *e, const int *ranks, int n, int me, const
       /* the last operand lands where the result goes */
       uint8_t *d = j == n - 1 ? out + off : (a == tmp ? acc : tmp);
       if (j == me) {
-        if (d != s + at) memcpy(d, s + at, l);
+        if (d != s + at) erdma_copy(d, s + at, l);
       } else if (shm_cma_copy(e, ranks[j], d, hin[j].addr + at, l, 0)) {
         return 1;
       }

@@ -12,6 +12,7 @@
 
 #include "erdma.h"
 #include "erdma_coll.h"
+#include "erdma_copy.h"
 
 enum { ACT_NONE, ACT_REDUCE_INTO_ACC, ACT_REDUCE_INTO_TMP_SWAP, ACT_REDUCE_AT };
 
@@ -116,7 +117,7 @@ static int coll_step(erdma_coll *c, double slice) {
     if (rc) return rc;
   }
   if (c->lc_len) {
-    memcpy(c->lc_dst, c->lc_src, c->lc_len);
+    erdma_copy(c->lc_dst, c->lc_src, c->lc_len);
     c->lc_len = 0;
   }
   for (; c->mdone < c->nmsg; c->mdone++)
@@ -156,7 +157,7 @@ static int coll_step(erdma_coll *c, double slice) {
     }
     c->cur++;
   }
-  if (c->out && c->buf[0] != c->out) memcpy(c->out, c->buf[0], c->nbytes);
+  if (c->out && c->buf[0] != c->out) erdma_copy(c->out, c->buf[0], c->nbytes);
   return 0;
 }
 
@@ -203,7 +204,7 @@ int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   int es = erdma_dtype_size(dtype);
   if (coll_check_comm(e, ranks, n, me) || es <= 0 || (count && !rbuf)) return ERDMA_ERR_INVAL;
   uint64_t nbytes = count * (uint64_t)es;
-  if (sbuf && sbuf != rbuf && nbytes) memcpy(rbuf, sbuf, nbytes);
+  if (sbuf && sbuf != rbuf && nbytes) erdma_copy(rbuf, sbuf, nbytes);
   if (n == 1 || nbytes == 0) return 0;
   erdma_coll *c = coll_new(e, nbytes, ctx, n);
   if (!c || !(c->tmp_mem = malloc(nbytes))) {
@@ -332,7 +333,7 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
   *pending = NULL;
   if (coll_check_comm(e, ranks, n, me) || (blk && !rbuf)) return ERDMA_ERR_INVAL;
   if (blk == 0 || n == 1) {
-    if (blk && sbuf && sbuf != rbuf) memcpy(rbuf, sbuf, blk);
+    if (blk && sbuf && sbuf != rbuf) erdma_copy(rbuf, sbuf, blk);
     return 0;
   }
   uint8_t *d = rbuf;
@@ -344,7 +345,7 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
       coll_free(c);
       return ERDMA_ERR_NOMEM;
     }
-    s = memcpy(c->tmp_mem, d, blk * (uint64_t)n);
+    s = erdma_copy(c->tmp_mem, d, blk * (uint64_t)n);
   } else {
     c->lc_dst = d + (uint64_t)me * blk;
     c->lc_src = s + (uint64_t)me * blk;
@@ -368,7 +369,7 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   *pending = NULL;
   if (coll_check_comm(e, ranks, n, me) || (blk && !rbuf)) return ERDMA_ERR_INVAL;
   uint8_t *mine = (uint8_t *)rbuf + (uint64_t)me * blk;
-  if (blk && sbuf && sbuf != mine) memcpy(mine, sbuf, blk);
+  if (blk && sbuf && sbuf != mine) erdma_copy(mine, sbuf, blk);
   if (blk == 0 || n == 1) return 0;
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
@@ -391,7 +392,7 @@ int erdma_coll_reduce_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uin
   uint64_t blk = count * (uint64_t)es, all = blk * (uint64_t)n;
   if (blk == 0) return 0;
   if (n == 1) {
-    if (sbuf && sbuf != rbuf) memcpy(rbuf, sbuf, blk);
+    if (sbuf && sbuf != rbuf) erdma_copy(rbuf, sbuf, blk);
     return 0;
   }
   erdma_coll *c = coll_new(e, blk, ctx, n);
@@ -400,7 +401,7 @@ int erdma_coll_reduce_scatter(erdma_engine *e, const void *sbuf, void *rbuf, uin
     return ERDMA_ERR_NOMEM;
   }
   uint8_t *acc = c->tmp_mem, *tmp = acc + all;
-  memcpy(acc, sbuf ? sbuf : rbuf, all);
+  erdma_copy(acc, sbuf ? sbuf : rbuf, all);
   c->count = count;
   c->op = op;
   c->dtype = dtype;
@@ -439,8 +440,8 @@ static int coll_linear(erdma_engine *e, int scatter, const void *sbuf, void *rbu
   if (blk == 0) return 0;
   uint8_t *mine = all + (uint64_t)me * blk;
   if (me == root && one && one != mine) {
-    if (scatter) memcpy(one, mine, blk);
-    else memcpy(mine, one, blk);
+    if (scatter) erdma_copy(one, mine, blk);
+    else erdma_copy(mine, one, blk);
   }
   if (n == 1) return 0;
   erdma_coll *c = coll_new_msgs(e, ctx, n, n - 1);
@@ -478,7 +479,7 @@ int erdma_coll_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t co
   uint64_t nbytes = count * (uint64_t)es;
   if (nbytes == 0) return 0;
   if (n == 1) {
-    if (sbuf && sbuf != rbuf) memcpy(rbuf, sbuf, nbytes);
+    if (sbuf && sbuf != rbuf) erdma_copy(rbuf, sbuf, nbytes);
     return 0;
   }
   erdma_coll *c = coll_new(e, nbytes, ctx, n);
@@ -489,7 +490,7 @@ int erdma_coll_reduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t co
   c->count = count;
   c->op = op;
   c->dtype = dtype;
-  c->buf[0] = memcpy(c->tmp_mem, in, nbytes); /* acc */
+  c->buf[0] = erdma_copy(c->tmp_mem, in, nbytes); /* acc */
   c->buf[1] = (uint8_t *)c->tmp_mem + nbytes; /* tmp */
   c->out = me == root ? rbuf : NULL;
   /* reduce_binomial's messages (commutative: a tree rooted at root, tag 0) */

@@ -17,6 +17,7 @@
 #include "erdma_nat.h"
 #include "erdma_quic.h"
 #include "erdma_shm.h"
+#include "erdma_copy.h"
 
 /* ---------------------------------------------------------------- frames */
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
@@ -184,7 +185,7 @@ static void payload_done(erdma_conn *c, rx_state *x) {
     m->complete = 1;
     if (m->bound) {
       erdma_req *b = m->bound;
-      if (m->len) memcpy(b->buf, m->data, m->len < b->cap ? m->len : b->cap);
+      if (m->len) erdma_copy(b->buf, m->data, m->len < b->cap ? m->len : b->cap);
       recv_finish(b);
       msg_free(m);
     } else if (!m->queued && !m->taken) {
@@ -444,7 +445,7 @@ static int rx_feed(erdma_conn *c, rx_state *x, const uint8_t *data, size_t len) 
       if (w <= RX_WORDS_MAX)
         copy_words(x->dst, data, w);
       else
-        memcpy(x->dst, data, w);
+        erdma_copy(x->dst, data, w);
       x->dst += w;
       x->room -= w;
     }

@@ -27,6 +27,7 @@
 #include "erdma_shm.h"
 #include "erdma_tls.h"
 #include "erdma_ulfm.h"
+#include "erdma_copy.h"
 
 uint64_t erdma_now(void) {
   struct timespec ts;
@@ -625,7 +626,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
       free(m);
       req_complete(r, ERDMA_ERR_NOMEM);
     } else {
-      if (nbytes) memcpy(m->data, buf, nbytes);
+      if (nbytes) erdma_copy(m->data, buf, nbytes);
       m->complete = 1;
       if (flags & ERDMA_SEND_SYNC) m->sreq = r;
       erdma_req *rr = posted_take(e, dest, tag, ctx);
@@ -665,7 +666,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
       if (!copy) {
         req_complete(r, ERDMA_ERR_NOMEM);
       } else {
-        if (nbytes) memcpy(copy, buf, nbytes);
+        if (nbytes) erdma_copy(copy, buf, nbytes);
         h.type = FR_EAGER;
         conn_enqueue(p->conn, &h, copy, nbytes, copy, NULL);
         req_complete(r, 0);
@@ -1034,7 +1035,7 @@ int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag
   DL_REMOVE(e->unexp_head, e->unexp_tail, m);
   m->queued = 0;
   uint64_t n = m->len < cap ? m->len : cap;
-  if (n) memcpy(buf, m->data, n);
+  if (n) erdma_copy(buf, m->data, n);
   out->source = m->source;
   out->tag = m->tag;
   out->error = m->len > cap ? ERDMA_ERR_TRUNCATE : 0;

@@ -11,6 +11,7 @@
 #include "erdma_conn.h"
 #include "erdma_engine.h"
 #include "erdma_ulfm.h"
+#include "erdma_copy.h"
 
 erdma_req *req_new(erdma_engine *e, int kind) {
   erdma_req *r = calloc(1, sizeof *r);
@@ -287,7 +288,7 @@ void bind_recv(erdma_engine *e, erdma_req *r, erdma_msg *m) {
     m->data = NULL;
   } else {
     recv_prepare(r, m->source, m->tag, m->len);
-    if (m->len) memcpy(r->buf, m->data, m->len < r->cap ? m->len : r->cap);
+    if (m->len) erdma_copy(r->buf, m->data, m->len < r->cap ? m->len : r->cap);
   }
   if (m->sreq) req_complete(m->sreq, 0);
   recv_finish(r);
@@ -405,7 +406,7 @@ int erdma_req_abort(erdma_req *r) {
           if (!t->owned && t->plen) { /* QUIC may still retransmit it: keep a copy */
             uint8_t *copy = malloc(t->plen);
             if (copy) {
-              memcpy(copy, t->payload, t->plen);
+              erdma_copy(copy, t->payload, t->plen);
               t->owned = copy;
               t->payload = copy;
             }

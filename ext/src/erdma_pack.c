@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "erdma.h"
+#include "erdma_copy.h"
 
 static int check_args(const void *a, const void *b, uint64_t count, const int64_t *off,
                       const int64_t *len, uint64_t nruns) {
@@ -44,9 +45,9 @@ static void copy_vector(uint8_t *u, uint8_t *p, uint64_t count, int64_t extent,
   } else if (n == 4) {
     VECTOR_LOOP(uint32_t);
   } else if (pack) {
-    for (uint64_t i = 0; i < count; i++, u += extent, p += n) memcpy(p, u, n);
+    for (uint64_t i = 0; i < count; i++, u += extent, p += n) erdma_copy(p, u, n);
   } else {
-    for (uint64_t i = 0; i < count; i++, u += extent, p += n) memcpy(u, p, n);
+    for (uint64_t i = 0; i < count; i++, u += extent, p += n) erdma_copy(u, p, n);
   }
 }
 
@@ -63,9 +64,9 @@ static int copy_runs(uint8_t *mem, uint8_t *packed, uint64_t count, int64_t exte
     for (uint64_t j = 0; j < nruns; j++) {
       size_t n = (size_t)len[j];
       if (pack)
-        memcpy(p, mem + off[j], n);
+        erdma_copy(p, mem + off[j], n);
       else
-        memcpy(mem + off[j], p, n);
+        erdma_copy(mem + off[j], p, n);
       p += n;
     }
   }
@@ -92,7 +93,7 @@ int erdma_unpack_runs_head(void *dst, const void *src, uint64_t nbytes, uint64_t
   for (uint64_t i = 0; i < count && nbytes; i++, mem += extent)
     for (uint64_t j = 0; j < nruns && nbytes; j++) {
       size_t n = (size_t)len[j] < nbytes ? (size_t)len[j] : (size_t)nbytes;
-      memcpy(mem + off[j], p, n);
+      erdma_copy(mem + off[j], p, n);
       p += n;
       nbytes -= n;
     }

@@ -64,6 +64,7 @@
 #include <string.h>
 
 #include "erdma.h"
+#include "erdma_copy.h"
 
 static volatile unsigned pyfast_epoch = 1;
 
@@ -1935,8 +1936,8 @@ static PyObject *rooted_pair(pf_state *s, int scatter, void *sb, void *rb, uint6
                    : send_one(s, one, blk, s->ranks[root], tag, 0);
   uint8_t *mine = all + (uint64_t)s->me * blk, *theirs = all + (uint64_t)peer * blk;
   if (one && one != mine) {
-    if (scatter) memcpy(one, mine, blk);
-    else memcpy(mine, one, blk);
+    if (scatter) erdma_copy(one, mine, blk);
+    else erdma_copy(mine, one, blk);
   }
   return scatter ? send_one(s, theirs, blk, s->ranks[peer], tag, 0)
                  : recv_one(s, theirs, blk, s->ranks[peer], tag);

@@ -1,0 +1,59 @@
+/* erdma_copy (erdma_copy.h): the bytes memcpy would give, and nothing
+ * outside the destination, for every size class (below the vector loop's
+ * threshold, whole 128-byte rounds, ragged tails, larger than a page) and
+ * every kind of distance between the buffers (the stalling 1-63 bytes
+ * after the source modulo a page, and others); erdma_copy_aliases names
+ * exactly those distances. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "ctest.h"
+#include "erdma_copy.h"
+
+#define POOL (3u << 20)
+
+static uint8_t *pool(void) {
+  uint8_t *p = NULL;
+  if (posix_memalign((void **)&p, 4096, POOL)) return NULL;
+  return p;
+}
+
+TEST(aliases_names_one_to_63_bytes_after_modulo_a_page) {
+  static uint8_t buf[3 * 4096] __attribute__((aligned(4096)));
+  uint8_t *s = buf + 4096;
+  CHECK(!erdma_copy_aliases(s, s));
+  CHECK(erdma_copy_aliases(s + 1, s));
+  CHECK(erdma_copy_aliases(s + 16, s));
+  CHECK(erdma_copy_aliases(s + 63, s));
+  CHECK(!erdma_copy_aliases(s + 64, s));
+  CHECK(!erdma_copy_aliases(s + 4095, s)); /* the destination before the source */
+  CHECK(!erdma_copy_aliases(s - 16, s));
+  CHECK(erdma_copy_aliases(s + 4096 + 16, s));
+  CHECK(erdma_copy_aliases(s - 4096 + 1, s));
+}
+
+TEST(copies_every_size_at_every_distance) {
+  static const size_t sizes[] = {0, 1, 7, 127, 128, 129, 2047, 2048, 2049, 4096, 4096 + 17,
+                                 65536 + 5, 300000, (1u << 20) + 3};
+  static const size_t dists[] = {0, 1, 8, 16, 31, 48, 63, 64, 100, 4080, 4095};
+  uint8_t *src = pool(), *dst = pool();
+  CHECK(src && dst);
+  for (size_t i = 0; i < POOL; i++) src[i] = (uint8_t)(i * 131u + (i >> 9) * 7u + 1u);
+  for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+    for (size_t b = 0; b < sizeof dists / sizeof *dists; b++) {
+      size_t n = sizes[a], so = 16, doff = (so + dists[b]) % 4096 + 4096;
+      memset(dst, 0xEE, POOL);
+      void *r = erdma_copy(dst + doff, src + so, n);
+      CHECK(r == dst + doff);
+      CHECK(erdma_copy_aliases(dst + doff, src + so) == (dists[b] >= 1 && dists[b] < 64));
+      if (memcmp(dst + doff, src + so, n) != 0)
+        fprintf(stderr, "size %zu distance %zu differs\n", n, dists[b]);
+      CHECK_MEM(dst + doff, src + so, n);
+      for (size_t k = 0; k < doff; k++) CHECK_EQ(dst[k], 0xEE);
+      for (size_t k = doff + n; k < doff + n + 4096 && k < POOL; k++) CHECK_EQ(dst[k], 0xEE);
+    }
+  free(src);
+  free(dst);
+}
+
+CTEST_MAIN()
