@@ -522,7 +522,7 @@ int erdma_coll_allgather_bulk(erdma_engine *e, const void *sbuf, void *rbuf,
     pair_bufs pb = {s != d + offs[me] ? s : NULL, d + offs[me], s, d + offs[p]};
     return swap_pair(e, &pb, lens[0], ranks, me, -1.0, tag, ctx, timeout);
   }
-  if (sbuf && lens[me] && s != d + offs[me]) memmove(d + offs[me], s, lens[me]);
+  if (sbuf && lens[me] && s != d + offs[me]) erdma_move(d + offs[me], s, lens[me]);
   if (n == 1) return 0;
   bulk_xchg x = {s, d, 0, offs, lens};
   return bulk_exchange(e, &x, ranks, n, me, tag, ctx, timeout);

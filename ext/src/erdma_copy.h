@@ -79,4 +79,11 @@ static inline void *erdma_copy(void *dst, const void *src, size_t n) {
   return memcpy(dst, src, n);
 }
 
+/* memmove(dst, src, n): erdma_copy where the buffers do not overlap */
+static inline void *erdma_move(void *dst, const void *src, size_t n) {
+  uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+  if (d - s >= n && s - d >= n) return erdma_copy(dst, src, n);
+  return memmove(dst, src, n);
+}
+
 #endif

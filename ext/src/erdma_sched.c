@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "erdma.h"
+#include "erdma_copy.h"
 
 #define SCHED_WINDOW 8
 
@@ -219,7 +220,7 @@ static int post_chunk(erdma_sched *s, int i, int c) {
     return 0;
   }
   if (st->kind == ST_COPY) {
-    memmove(st->dst + off, st->src + off, len);
+    erdma_move(st->dst + off, st->src + off, len);
     step_progress(s, st, c);
     return 0;
   }

@@ -3,7 +3,8 @@
  * threshold, whole 128-byte rounds, ragged tails, larger than a page) and
  * every kind of distance between the buffers (the stalling 1-63 bytes
  * after the source modulo a page, and others); erdma_copy_aliases names
- * exactly those distances. */
+ * exactly those distances; erdma_move gives memmove's bytes, overlapping or
+ * not. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -54,6 +55,22 @@ TEST(copies_every_size_at_every_distance) {
     }
   free(src);
   free(dst);
+}
+
+TEST(move_handles_overlap_either_way) {
+  static const long shifts[] = {-4096, -100, -16, -1, 1, 16, 63, 100, 4096, 70000};
+  uint8_t *a = pool(), *b = pool();
+  CHECK(a && b);
+  for (size_t k = 0; k < sizeof shifts / sizeof *shifts; k++) {
+    size_t n = 65536 + 7, at = 100000;
+    for (size_t i = 0; i < POOL; i++) a[i] = b[i] = (uint8_t)(i * 7u + (i >> 8));
+    void *r = erdma_move(a + at + shifts[k], a + at, n);
+    memmove(b + at + shifts[k], b + at, n);
+    CHECK(r == a + at + shifts[k]);
+    CHECK_MEM(a, b, POOL);
+  }
+  free(a);
+  free(b);
 }
 
 CTEST_MAIN()
