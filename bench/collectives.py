@@ -28,7 +28,12 @@ it kept), so first-touch page faults and anything cached per buffer are
 part of the time.  ``--dtype`` (float32,
 float64, int32, int64, uint8) sets the element type; sizes stay in bytes.
 ``--plain`` passes bare arrays to the MPI stacks instead of ``[array,
-datatype]``.
+datatype]``.  ``--page-offset S,R`` places the send and receive buffers S
+and R bytes into pages of their own: a copy whose destination lies 1-63
+bytes after its source modulo the page can run 10-20x slower (glibc's and
+the kernel's `rep movsb` on AMD), and where NumPy's malloc puts two arrays
+allocated one after the other (16 bytes apart modulo the page when their
+size is a multiple of it) decides whether a benchmark meets that case.
 
 Calls: MPI ``Allreduce``, ``Bcast`` (root 0), ``Allgather``, ``Alltoall``,
 ``Reduce_scatter_block`` (op SUM); gloo ``all_reduce`` (in place),
@@ -93,10 +98,21 @@ def parse_args(argv=None, default_ops=OPS):
     p.add_argument("--budget", type=parse_size, default=64 * MIB,
                    help="bytes per repetition; sets iters = budget/size, clamped to "
                         "1..200 (default 64MiB)")
+    p.add_argument("--page-offset", type=_offsets, default=None, metavar="S[,R]",
+                   help="place the send buffer S bytes and the receive buffer R bytes "
+                        "(default S) into a page of their own (0-4095); default: where "
+                        "NumPy's malloc puts them, which depends on earlier allocations")
     args = p.parse_args(argv)
     if args.fresh:
         args.timing = "each"
     return args
+
+
+def _offsets(text):
+    parts = [int(x) for x in text.split(",")]
+    if not 1 <= len(parts) <= 2 or not all(0 <= x < 4096 for x in parts):
+        raise argparse.ArgumentTypeError("S or S,R with each in 0..4095")
+    return (parts[0], parts[-1])
 
 
 def layout(op, nbytes, n, itemsize=4):
@@ -163,13 +179,15 @@ def run(stack, args):
     results = []
     for op in args.ops:
         say(args, stack, "# %s %s, %s, %d processes, timing %s%s\n# %12s %8s %12s %12s %12s"
-            % (op, dt.name, stack.library(), n, args.timing, ", fresh buffers" if args.fresh
-               else "", "bytes", "iters", "time_us", "algbw_GBps", "busbw_GBps"))
+            % (op, dt.name, stack.library(), n, args.timing, (", fresh buffers" if args.fresh else "")
+               + (", buffers %d,%d bytes into a page" % args.page_offset if args.page_offset
+                  else ""), "bytes", "iters", "time_us", "algbw_GBps", "busbw_GBps"))
         for nbytes in sizes(args.min_size, args.max_size):
             scount, rcount = layout(op, nbytes, n, dt.itemsize)
-            send, send_view = stack.alloc(scount, dt)
+            soff, roff = args.page_offset or (None, None)
+            send, send_view = stack.alloc(scount, dt, offset=soff)
             if rcount:
-                recv, recv_view = stack.alloc(rcount, dt)
+                recv, recv_view = stack.alloc(rcount, dt, offset=roff)
             else:
                 recv, recv_view = None, None
             if op == "allreduce" and stack.allreduce_in_place:
@@ -194,7 +212,8 @@ def run(stack, args):
                     else rcount) * dt.itemsize
             algbw = real / t / 1e9
             row = {"op": op, "bytes": real, "dtype": dt.name, "timing": args.timing,
-                   "fresh": args.fresh, "iters": iters, "repeats": args.repeats,
+                   "fresh": args.fresh, "page_offset": args.page_offset, "iters": iters,
+                   "repeats": args.repeats,
                    "time_us": t * 1e6, "algbw_GBps": algbw,
                    "busbw_GBps": algbw * busbw_factor(op, n), "correct": ok,
                    "time_us_all": [x * 1e6 for x in times]}

@@ -56,14 +56,27 @@ def _np():
     return numpy
 
 
-def fresh_array(count, dtype):
+def fresh_array(count, dtype, offset=0):
     """A zero array on pages the kernel maps anew (an anonymous mmap): not
-    yet touched, unlike malloc's, which may come back already faulted in."""
+    yet touched, unlike malloc's, which may come back already faulted in;
+    it starts ``offset`` bytes into its first page."""
     import mmap
     np = _np()
     dtype = np.dtype(dtype)
-    buf = mmap.mmap(-1, max(1, count * dtype.itemsize))
-    return np.frombuffer(buf, dtype=dtype, count=count)
+    buf = mmap.mmap(-1, max(1, count * dtype.itemsize + offset))
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
+
+
+def new_array(count, dtype, fresh=False, offset=None):
+    """The zero array of a stack's alloc: malloc'd by NumPy (where it lands
+    in a page depends on what was allocated before), new pages (``fresh``),
+    or, with ``offset``, touched pages of its own, starting ``offset`` bytes
+    into the first one."""
+    if offset is not None:
+        a = fresh_array(count, dtype, offset)
+        a[:] = 0
+        return a
+    return fresh_array(count, dtype) if fresh else _np().zeros(count, dtype=dtype)
 
 
 def detect_stack():
@@ -129,8 +142,8 @@ class MPIStack(Stack):
             lib = self.name
         return "%s (%s)" % (self.name, " ".join(lib.split()))
 
-    def alloc(self, count, dtype, fresh=False):
-        a = fresh_array(count, dtype) if fresh else _np().zeros(count, dtype=dtype)
+    def alloc(self, count, dtype, fresh=False, offset=None):
+        a = new_array(count, dtype, fresh, offset)
         return a, a
 
     def barrier(self):
@@ -200,8 +213,8 @@ class GlooStack(Stack):
     def library(self):
         return "gloo (torch %s)" % self.torch.__version__
 
-    def alloc(self, count, dtype, fresh=False):
-        a = fresh_array(count, dtype) if fresh else _np().zeros(count, dtype=dtype)
+    def alloc(self, count, dtype, fresh=False, offset=None):
+        a = new_array(count, dtype, fresh, offset)
         t = self.torch.from_numpy(a)
         return t, t.numpy()
 
