@@ -14,9 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "erdma.h"
 #include "erdma_coll.h"
@@ -73,41 +70,6 @@ static int bulk_nt(uint64_t blk, int n) {
   return blk >= BULK_NT_MIN && blk > (llc + llc / 2) / nn;
 }
 
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static void bulk_copy_nt_avx2(uint8_t *d, const uint8_t *s,
-                                                             uint64_t n) {
-  uint64_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
-    __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
-    __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-    _mm256_stream_si256((__m256i *)(d + i), a);
-    _mm256_stream_si256((__m256i *)(d + i + 32), b);
-    _mm256_stream_si256((__m256i *)(d + i + 64), c);
-    _mm256_stream_si256((__m256i *)(d + i + 96), e);
-  }
-  _mm_sfence();
-  if (i < n) memcpy(d + i, s + i, n - i);
-}
-
-static void bulk_copy_nt_sse2(uint8_t *d, const uint8_t *s, uint64_t n) {
-  uint64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-    __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-    __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-    _mm_stream_si128((__m128i *)(d + i), a);
-    _mm_stream_si128((__m128i *)(d + i + 16), b);
-    _mm_stream_si128((__m128i *)(d + i + 32), c);
-    _mm_stream_si128((__m128i *)(d + i + 48), e);
-  }
-  _mm_sfence();
-  if (i < n) memcpy(d + i, s + i, n - i);
-}
-#endif
-
 /* n bytes s -> d (not overlapping); nt: with non-temporal stores */
 static void bulk_copy(uint8_t *d, const uint8_t *s, uint64_t n, int nt) {
 #if defined(__x86_64__)
@@ -115,9 +77,9 @@ static void bulk_copy(uint8_t *d, const uint8_t *s, uint64_t n, int nt) {
     uint64_t head = (64 - ((uintptr_t)d & 63)) & 63; /* stores: whole cache lines */
     memcpy(d, s, head);
     if (__builtin_cpu_supports("avx2"))
-      bulk_copy_nt_avx2(d + head, s + head, n - head);
+      erdma_copy_nt_avx2(d + head, s + head, n - head);
     else
-      bulk_copy_nt_sse2(d + head, s + head, n - head);
+      erdma_copy_nt_sse2(d + head, s + head, n - head);
     return;
   }
 #else

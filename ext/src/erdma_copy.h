@@ -32,35 +32,46 @@ static inline int erdma_copy_aliases(const void *dst, const void *src) {
 }
 
 #if defined(__x86_64__)
+/* The loops: four unaligned loads, then four stores (STORE: storeu, or
+ * stream for non-temporal stores), 128 bytes a turn with AVX2, 64 with
+ * SSE2; what is left (less than a turn) by memcpy, which copies that
+ * without rep movsb. */
+#define ERDMA_COPY_LOOP(W, T, LOAD, STORE)                                    \
+  size_t i = 0;                                                             \
+  for (; i + 4 * (W) <= n; i += 4 * (W)) {                                  \
+    T a = LOAD((const T *)(s + i)), b = LOAD((const T *)(s + i + (W)));     \
+    T c = LOAD((const T *)(s + i + 2 * (W))), x = LOAD((const T *)(s + i + 3 * (W))); \
+    STORE((T *)(d + i), a);                                                 \
+    STORE((T *)(d + i + (W)), b);                                           \
+    STORE((T *)(d + i + 2 * (W)), c);                                       \
+    STORE((T *)(d + i + 3 * (W)), x);                                       \
+  }
+
 __attribute__((target("avx2"), unused)) static void erdma_copy_avx2(uint8_t *d,
                                                                     const uint8_t *s,
                                                                     size_t n) {
-  size_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
-    __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
-    __m256i x = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-    _mm256_storeu_si256((__m256i *)(d + i), a);
-    _mm256_storeu_si256((__m256i *)(d + i + 32), b);
-    _mm256_storeu_si256((__m256i *)(d + i + 64), c);
-    _mm256_storeu_si256((__m256i *)(d + i + 96), x);
-  }
-  if (i < n) memcpy(d + i, s + i, n - i); /* < 128 bytes: no rep movsb */
+  ERDMA_COPY_LOOP(32, __m256i, _mm256_loadu_si256, _mm256_storeu_si256)
+  if (i < n) memcpy(d + i, s + i, n - i);
 }
 
 __attribute__((unused)) static void erdma_copy_sse2(uint8_t *d, const uint8_t *s, size_t n) {
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-    __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-    __m128i x = _mm_loadu_si128((const __m128i *)(s + i + 48));
-    _mm_storeu_si128((__m128i *)(d + i), a);
-    _mm_storeu_si128((__m128i *)(d + i + 16), b);
-    _mm_storeu_si128((__m128i *)(d + i + 32), c);
-    _mm_storeu_si128((__m128i *)(d + i + 48), x);
-  }
+  ERDMA_COPY_LOOP(16, __m128i, _mm_loadu_si128, _mm_storeu_si128)
+  if (i < n) memcpy(d + i, s + i, n - i);
+}
+
+/* With non-temporal stores (erdma_bulk.c: a large own block that would only
+ * push the caches' useful lines out); d should start a cache line. */
+__attribute__((target("avx2"), unused)) static void erdma_copy_nt_avx2(uint8_t *d,
+                                                                       const uint8_t *s,
+                                                                       size_t n) {
+  ERDMA_COPY_LOOP(32, __m256i, _mm256_loadu_si256, _mm256_stream_si256)
+  _mm_sfence();
+  if (i < n) memcpy(d + i, s + i, n - i);
+}
+
+__attribute__((unused)) static void erdma_copy_nt_sse2(uint8_t *d, const uint8_t *s, size_t n) {
+  ERDMA_COPY_LOOP(16, __m128i, _mm_loadu_si128, _mm_stream_si128)
+  _mm_sfence();
   if (i < n) memcpy(d + i, s + i, n - i);
 }
 #endif
