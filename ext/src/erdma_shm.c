@@ -1024,11 +1024,12 @@ static void bounce_key_make(void) {
 static uint8_t *cma_bounce(void) {
   pthread_once(&bounce_once, bounce_key_make);
   if (!bounce_ok) return NULL;
-  uint8_t *b = pthread_getspecific(bounce_key);
-  if (!b && posix_memalign((void **)&b, 4096, CMA_BOUNCE + 4096) == 0 &&
-      pthread_setspecific(bounce_key, b) != 0) {
+  void *b = pthread_getspecific(bounce_key);
+  if (b) return b;
+  if (posix_memalign(&b, 4096, CMA_BOUNCE + 4096) != 0) return NULL;
+  if (pthread_setspecific(bounce_key, b) != 0) {
     free(b);
-    b = NULL;
+    return NULL;
   }
   return b;
 }
