@@ -156,16 +156,18 @@ def fill_and_expect(op, rank, n, send, recv):
     return lambda: bool(np.all(recv == n * (n + 1) // 2))
 
 
-def _maker(stack, op, scount, rcount, dt, fn, fresh):
+def _maker(stack, op, scount, rcount, dt, fn, fresh, offsets=(None, None)):
     """The calls --timing each times: ``fn`` on the size's buffers, or with
-    --fresh the same collective on new buffers each time."""
+    --fresh the same collective on new buffers each time (at ``offsets``
+    into their pages, as --page-offset asks)."""
     if not fresh:
         return lambda: fn
 
     def make():
-        send, send_view = stack.alloc(scount, dt, fresh=True)
+        send, send_view = stack.alloc(scount, dt, fresh=True, offset=offsets[0])
         send_view[:] = 1                       # touched, as a program's data is
-        recv, _ = stack.alloc(rcount, dt, fresh=True) if rcount else (None, None)
+        recv, _ = (stack.alloc(rcount, dt, fresh=True, offset=offsets[1]) if rcount
+                   else (None, None))
         if op == "allreduce" and stack.allreduce_in_place:
             send = recv
         return stack.op(op, send, recv)
@@ -177,14 +179,16 @@ def run(stack, args):
     n = stack.size
     dt = np.dtype(args.dtype)
     results = []
+    soff, roff = args.page_offset or (None, None)
+    bufs = ", fresh buffers" if args.fresh else ""
+    if args.page_offset:
+        bufs += ", buffers %d,%d bytes into a page" % args.page_offset
     for op in args.ops:
         say(args, stack, "# %s %s, %s, %d processes, timing %s%s\n# %12s %8s %12s %12s %12s"
-            % (op, dt.name, stack.library(), n, args.timing, (", fresh buffers" if args.fresh else "")
-               + (", buffers %d,%d bytes into a page" % args.page_offset if args.page_offset
-                  else ""), "bytes", "iters", "time_us", "algbw_GBps", "busbw_GBps"))
+            % (op, dt.name, stack.library(), n, args.timing, bufs, "bytes", "iters", "time_us",
+               "algbw_GBps", "busbw_GBps"))
         for nbytes in sizes(args.min_size, args.max_size):
             scount, rcount = layout(op, nbytes, n, dt.itemsize)
-            soff, roff = args.page_offset or (None, None)
             send, send_view = stack.alloc(scount, dt, offset=soff)
             if rcount:
                 recv, recv_view = stack.alloc(rcount, dt, offset=roff)
@@ -206,7 +210,7 @@ def run(stack, args):
                                              args.repeats, args.target_time)
             else:
                 t, times, iters = time_each(stack, _maker(stack, op, scount, rcount, dt, fn,
-                                                          args.fresh),
+                                                          args.fresh, (soff, roff)),
                                             max(5, min(iters, 50)), min(args.warmup, iters))
             real = (scount if op in ("allreduce", "bcast", "alltoall", "reduce_scatter")
                     else rcount) * dt.itemsize

@@ -69,14 +69,15 @@ def fresh_array(count, dtype, offset=0):
 
 def new_array(count, dtype, fresh=False, offset=None):
     """The zero array of a stack's alloc: malloc'd by NumPy (where it lands
-    in a page depends on what was allocated before), new pages (``fresh``),
-    or, with ``offset``, touched pages of its own, starting ``offset`` bytes
-    into the first one."""
-    if offset is not None:
-        a = fresh_array(count, dtype, offset)
-        a[:] = 0
-        return a
-    return fresh_array(count, dtype) if fresh else _np().zeros(count, dtype=dtype)
+    in a page depends on what was allocated before), or, with ``offset``,
+    pages of its own, starting ``offset`` bytes into the first one; new,
+    untouched pages with ``fresh``."""
+    if offset is None and not fresh:
+        return _np().zeros(count, dtype=dtype)
+    a = fresh_array(count, dtype, offset or 0)
+    if not fresh:
+        a[:] = 0   # touched, as malloc's would mostly be
+    return a
 
 
 def detect_stack():

@@ -125,6 +125,17 @@ def test_collectives_page_offsets(tmp_path):
     assert bad.returncode == 2 and "0..4095" in bad.stderr
 
 
+def test_new_array_places_and_touches_as_asked():
+    """A stack's buffer: NumPy's, or at the asked offset into a page of its
+    own, touched, or fresh (--fresh: untouched pages) at that offset too."""
+    from bench.common import new_array
+    for fresh in (False, True):
+        for off in (0, 16, 4080):
+            a = new_array(1000, "float32", fresh, off)
+            assert a.ctypes.data % 4096 == off and a.size == 1000 and not a.any()
+    assert new_array(10, "uint8").dtype == "uint8"
+
+
 def test_collectives_rejects_unknown_op():
     r = subprocess.run([sys.executable, "-m", "bench.collectives", "--ops", "allreduce,scan"],
                        cwd=REPO, capture_output=True, text=True, timeout=30)
