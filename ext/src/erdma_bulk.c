@@ -72,20 +72,10 @@ static int bulk_nt(uint64_t blk, int n) {
 
 /* n bytes s -> d (not overlapping); nt: with non-temporal stores */
 static void bulk_copy(uint8_t *d, const uint8_t *s, uint64_t n, int nt) {
-#if defined(__x86_64__)
-  if (nt && n >= 64) {
-    uint64_t head = (64 - ((uintptr_t)d & 63)) & 63; /* stores: whole cache lines */
-    memcpy(d, s, head);
-    if (__builtin_cpu_supports("avx2"))
-      erdma_copy_nt_avx2(d + head, s + head, n - head);
-    else
-      erdma_copy_nt_sse2(d + head, s + head, n - head);
-    return;
-  }
-#else
-  (void)nt;
-#endif
-  erdma_copy(d, s, n);
+  if (nt)
+    erdma_copy_nt(d, s, n);
+  else
+    erdma_copy(d, s, n);
 }
 
 /* Pieces that both sides of a pair claim from opposite ends: each side

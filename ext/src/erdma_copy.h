@@ -59,8 +59,7 @@ __attribute__((unused)) static void erdma_copy_sse2(uint8_t *d, const uint8_t *s
   if (i < n) memcpy(d + i, s + i, n - i);
 }
 
-/* With non-temporal stores (erdma_bulk.c: a large own block that would only
- * push the caches' useful lines out); d should start a cache line. */
+/* With non-temporal stores, d at the start of a cache line (erdma_copy_nt) */
 __attribute__((target("avx2"), unused)) static void erdma_copy_nt_avx2(uint8_t *d,
                                                                        const uint8_t *s,
                                                                        size_t n) {
@@ -88,6 +87,25 @@ static inline void *erdma_copy(void *dst, const void *src, size_t n) {
   }
 #endif
   return memcpy(dst, src, n);
+}
+
+/* erdma_copy with non-temporal stores, for a copy that would only push the
+ * caches' useful lines out (erdma_bulk.c: a large own block) */
+static inline void erdma_copy_nt(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+  if (n >= 64) {
+    size_t head = (64 - ((uintptr_t)d & 63)) & 63; /* stores: whole cache lines */
+    memcpy(d, s, head);
+    if (__builtin_cpu_supports("avx2"))
+      erdma_copy_nt_avx2(d + head, s + head, n - head);
+    else
+      erdma_copy_nt_sse2(d + head, s + head, n - head);
+    return;
+  }
+#endif
+  erdma_copy(dst, src, n);
 }
 
 /* memmove(dst, src, n): erdma_copy where the buffers do not overlap */

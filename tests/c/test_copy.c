@@ -3,8 +3,8 @@
  * threshold, whole 128-byte rounds, ragged tails, larger than a page) and
  * every kind of distance between the buffers (the stalling 1-63 bytes
  * after the source modulo a page, and others); erdma_copy_aliases names
- * exactly those distances; erdma_move gives memmove's bytes, overlapping or
- * not. */
+ * exactly those distances; erdma_copy_nt gives the same bytes; erdma_move
+ * gives memmove's bytes, overlapping or not. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -52,6 +52,24 @@ TEST(copies_every_size_at_every_distance) {
       CHECK_MEM(dst + doff, src + so, n);
       for (size_t k = 0; k < doff; k++) CHECK_EQ(dst[k], 0xEE);
       for (size_t k = doff + n; k < doff + n + 4096 && k < POOL; k++) CHECK_EQ(dst[k], 0xEE);
+    }
+  free(src);
+  free(dst);
+}
+
+TEST(non_temporal_copy_gives_the_same_bytes) {
+  static const size_t sizes[] = {0, 1, 63, 64, 65, 200, 4096 + 17, 300000};
+  uint8_t *src = pool(), *dst = pool();
+  CHECK(src && dst);
+  for (size_t i = 0; i < POOL; i++) src[i] = (uint8_t)(i * 13u + (i >> 10));
+  for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+    for (size_t doff = 4096; doff < 4096 + 130; doff += 43) { /* cache-line heads of 0-63 */
+      size_t n = sizes[a];
+      memset(dst, 0xEE, POOL);
+      erdma_copy_nt(dst + doff, src + 16, n);
+      CHECK_MEM(dst + doff, src + 16, n);
+      CHECK_EQ(dst[doff - 1], 0xEE);
+      CHECK_EQ(dst[doff + n], 0xEE);
     }
   free(src);
   free(dst);
