@@ -102,8 +102,7 @@ VARS_LIST = (
         "through the ring)"),
        ("ERDMA_SHM_BULK_CMA", "size", None, "a collective's block to a rank of this host "
         "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
-        "(default: from 64K, while copies through the ring cost more than a read, both "
-        "timed as they happen; 0: never)", {"lo": 0}),
+        "(default: measured at start-up; 0: never)", {"lo": 0}),
        ("ERDMA_SHM_P2P_CMA", "size", None, "a point-to-point message to a rank of this host "
         "below ERDMA_SHM_P2P_SPLIT goes by one process_vm_readv copy of its receiver from "
         "this size (default 0: never; faster only for a buffer sent again unchanged)",

@@ -59,8 +59,7 @@
 #define ERDMA_SEND_BUFFERED 4 /* complete without the receiver (Bsend): eager wherever the
                                  size allows, never by the point-to-point CMA rule */
 #define ERDMA_SEND_BULK 2 /* a collective's block: to a rank of this host, from
-                             cfg.shm_bulk_cma_min bytes (or while the ring costs more)
-                             by one CMA read, not the ring */
+                             cfg.shm_bulk_cma_min bytes by one CMA read, not the ring */
 
 typedef struct erdma_engine erdma_engine;
 typedef struct erdma_req erdma_req;
@@ -77,8 +76,7 @@ typedef struct erdma_config {
                                 this size goes into its ring when it fits there now, else RTS */
   uint64_t shm_bulk_cma_min; /* bytes from which a collective's block to a rank of this host
                                 goes by RTS and one CMA read even below shm_eager_limit
-                                (0: by what the ring's copies and CMA reads cost as they
-                                happen, from 64 KiB; UINT64_MAX: never) */
+                                (0: measured at shm set-up; UINT64_MAX: never) */
   uint64_t shm_p2p_cma_min;  /* bytes from which a point-to-point message (an even context;
                                 collectives use odd ones) to a rank of this host goes by RTS
                                 and one CMA read (0: never; see erdma_shm.c) */
@@ -186,9 +184,6 @@ typedef struct erdma_stats {
    * receives that invited their sender, and second parts this rank wrote
    * into a receiver's buffer as the sender */
   uint64_t split_recvs, split_pushes;
-  /* messages from ranks of this host that this rank read from the
-   * sender's buffer with CMA (one-host collectives' pair copies aside) */
-  uint64_t cma_reads;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

@@ -99,13 +99,6 @@ typedef struct tx_stream {
  * (erdma_shm.c: erdma_shm_chan).  The send path (erdma_isend) and matching
  * reach a transport only through it (the conn_* calls below); a NULL entry
  * is a capability the transport lacks. */
-/* What copies of a shared-memory connection's ring cost lately: ns per
- * 256 KiB, when last timed, and bytes timed since the cost was last stale
- * (erdma_shm.c: shm_cost_note). */
-typedef struct shm_cost {
-  uint64_t ns, at, fresh;
-} shm_cost;
-
 struct erdma_conn;
 typedef struct erdma_chan {
   const char *name;
@@ -178,12 +171,6 @@ typedef struct erdma_conn {
   struct shm_seg *peer_seg;
   size_t peer_map_len;
   uint64_t beat_seen, beat_at; /* the peer's heartbeat, and when it last moved */
-  /* copies into tx_ring, out of rx_ring, CMA reads of the peer's sends
-   * (shm_cost_note); collective blocks to it by CMA, and since when
-   * (shm_bulk_by_cma) */
-  shm_cost tx_cost, rx_cost, rd_cost;
-  int route_cma, route_known;
-  uint64_t route_at;
 } erdma_conn;
 
 #define ERDMA_MAX_LANES 8

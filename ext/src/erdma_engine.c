@@ -597,10 +597,10 @@ static int check_src(erdma_engine *e, int source) {
 }
 
 /* Whether a send of these flags may go eager at all (size limits aside). */
-static int eager_ok(const erdma_engine *e, erdma_conn *c, uint64_t nbytes, int flags,
+static int eager_ok(const erdma_engine *e, const erdma_conn *c, uint64_t nbytes, int flags,
                     uint32_t ctx) {
   return !(flags & ERDMA_SEND_SYNC) &&
-         !(c->shm && (shm_bulk_by_cma(e, c, nbytes, flags) || shm_p2p_by_cma(e, nbytes, flags, ctx)));
+         !(c->shm && (shm_bulk_by_cma(e, nbytes, flags) || shm_p2p_by_cma(e, nbytes, flags, ctx)));
 }
 
 int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,

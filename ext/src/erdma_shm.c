@@ -69,20 +69,11 @@
 /* An eager payload written into a ring is published in pieces of this size. */
 #define SHM_PIECE ((uint64_t)16 << 10)
 
-/* A collective's block from this size may leave the ring for a CMA read
- * (shm_bulk_by_cma); copies from a quarter of it are timed. */
-#define SHM_ROUTE_MIN ((uint64_t)64 << 10)
-
 struct shm_ring {
   _Alignas(64) _Atomic uint64_t head;   /* bytes produced */
   _Alignas(64) _Atomic uint64_t tail;   /* bytes consumed */
   _Alignas(64) _Atomic uint32_t prod_waiting;
   _Atomic uint32_t dropped;            /* the consumer failed the producer */
-  /* the consumer's costs, ns per 256 KiB, of copying out of this ring and
-   * of reading the producer's blocks with CMA (0: not known): hints, read
-   * by the producer to route a collective's blocks (shm_bulk_by_cma) */
-  _Alignas(64) _Atomic uint64_t out_cost;
-  _Atomic uint64_t read_cost;
   _Alignas(64) uint8_t data[];
 };
 
@@ -235,43 +226,56 @@ int shm_is_local(erdma_engine *e, int rank) {
   return -1;
 }
 
-/* What one CMA read of a 256 KiB block costs here, the yardstick of
- * shm_bulk_by_cma: the median of nine reads of our own pages (a process may
- * read itself) after one to warm up, in well under a millisecond; 0 if a
- * read fails.  How much the pinning of the pages costs depends on the
- * machine: a 256 KiB read took 1.9x a memcpy on a 480 MiB-L3 Xeon and
- * 2.2-4.3x on an EPYC KVM guest, whose copies between two cores moreover
- * change speed several-fold from one second to the next; comparing the
- * read with a memcpy once at start-up chose CMA or the ring at random
- * there (the two ranks of one job often disagreed), so the ring's own
- * copies are timed as they happen instead. */
+/* Where a collective's block to a local peer should leave the ring for a
+ * CMA read (cfg.shm_bulk_cma_min 0: measured here).  Through the ring a
+ * block is copied twice (in, then out, by another core), and in a
+ * collective the receiver has usually not posted its receive yet, so the
+ * way out goes through an unexpected-message buffer: three copies.  A CMA
+ * read is one copy plus the pinning of the sender's pages and an RTS.  How
+ * much the pinning costs depends on the machine: a 256 KiB read of our own
+ * pages (a process may read itself) took 1.9x a memcpy on a 480 MiB-L3
+ * Xeon, where blocks from 16 KiB were faster by CMA in every
+ * collective; on an EPYC VM whose pinning ran at 13 GB/s, a 512 KiB
+ * message took 2.8x longer by CMA than through the ring.  The median of
+ * nine timed pairs after one to warm up, in well under a millisecond.  On
+ * that VM the best of five of each flipped between launches and between
+ * the two ranks of one job (both start at once): medians were 2.5-4.3,
+ * single pairs 0.3-8, and the ring was faster there (two-rank Bcast of
+ * 16 KiB-1 MiB 1.3-1.6x, Alltoall up to 1.4x); the Xeon read at 1.9x.
+ * Returns UINT64_MAX (never) when a read costs more than 2.2 copies or
+ * fails. */
 #define SHM_BULK_PROBE ((uint64_t)256 << 10)
+#define SHM_BULK_MIN ((uint64_t)16 << 10)
 #define SHM_BULK_TRIES 9
-static uint64_t shm_read_cost(void) {
+static uint64_t shm_bulk_calibrate(void) {
   const uint64_t n = SHM_BULK_PROBE;
   uint8_t *a = NULL, *b = NULL;
-  uint64_t rd[SHM_BULK_TRIES];
+  uint64_t ratio[SHM_BULK_TRIES]; /* read / copy, in hundredths */
   int ok = 1;
   if (posix_memalign((void **)&a, 4096, n) || posix_memalign((void **)&b, 4096, n)) {
     free(a);
-    return 0;
+    return UINT64_MAX;
   }
   memset(a, 1, n);
   memset(b, 2, n);
   pid_t me = getpid();
   for (int k = -1; k < SHM_BULK_TRIES && ok; k++) { /* k = -1: a round to warm up */
-    struct iovec l = {b, (size_t)n}, r = {a, (size_t)n};
     uint64_t t0 = erdma_now();
-    ok = process_vm_readv(me, &l, 1, &r, 1, 0) == (ssize_t)n;
-    uint64_t v = erdma_now() - t0;
+    memcpy(b, a, n);
+    uint64_t t1 = erdma_now();
+    struct iovec l = {b, (size_t)n}, r = {a, (size_t)n};
+    ssize_t got = process_vm_readv(me, &l, 1, &r, 1, 0);
+    uint64_t t2 = erdma_now();
+    ok = got == (ssize_t)n;
     if (k < 0 || !ok) continue;
-    int j = k; /* insertion: rd[0..k] ascending */
-    for (; j > 0 && rd[j - 1] > v; j--) rd[j] = rd[j - 1];
-    rd[j] = v ? v : 1;
+    uint64_t v = (t2 - t1) * 100 / (t1 - t0 ? t1 - t0 : 1);
+    int j = k; /* insertion: ratio[0..k] ascending */
+    for (; j > 0 && ratio[j - 1] > v; j--) ratio[j] = ratio[j - 1];
+    ratio[j] = v;
   }
   free(a);
   free(b);
-  return ok ? rd[SHM_BULK_TRIES / 2] : 0;
+  return ok && ratio[SHM_BULK_TRIES / 2] <= 220 ? SHM_BULK_MIN : UINT64_MAX;
 }
 
 /* A point-to-point message to a rank of this host from
@@ -298,68 +302,10 @@ int shm_p2p_by_cma(const erdma_engine *e, uint64_t nbytes, int flags, uint32_t c
 
 /* In a collective both sides are busy copying, and a block put into the
  * ring usually waits there unexpected: from cfg.shm_bulk_cma_min on, one
- * read straight from the sender's buffer costs less.
- *
- * By default (cfg.shm_bulk_cma_min measured: cma_read_ns) a block from
- * SHM_ROUTE_MIN goes the way that has cost less lately.  Through the ring
- * each rank of an exchange makes two copies of a block, ours in
- * (c->tx_cost) and the peer's out (the ring's out_cost, which it
- * publishes); by CMA one read (its read_cost).  On an EPYC KVM guest the
- * copies between two cores slow down 2-5x for seconds at a time while a
- * read of the sender's buffer does not (per 256 KiB: in + out 20-30 us,
- * then 75-80 us; a read 35-50 us; a two-rank 1 MiB Alltoall 60-70 us
- * through the ring, then 190-220 us, by CMA 90-105 us; MPICH 95-120 us).
- * Either way costs 2-4x more just after a switch (lines left alone for a
- * while), so the way not taken is timed for the first SHM_ROUTE_TRY_NS of
- * every period, and the two are compared at its end; a cost counts once a
- * whole ring's worth of copies was timed after a pause.  The first period
- * is short, so that a job learns its way within 50 ms. */
-#define SHM_ROUTE_PERIOD_NS 500000000ull
-#define SHM_ROUTE_FIRST_NS 50000000ull
-#define SHM_ROUTE_TRY_NS 10000000ull
-#define SHM_ROUTE_STALE_NS 20000000ull
-int shm_bulk_by_cma(const erdma_engine *e, erdma_conn *c, uint64_t nbytes, int flags) {
-  if (!(flags & ERDMA_SEND_BULK) || !e->shm.cma || !e->cfg.shm_bulk_cma_min) return 0;
-  if (nbytes >= e->cfg.shm_bulk_cma_min) return 1;
-  if (!e->shm.cma_read_ns || !c || !c->tx_ring || nbytes < SHM_ROUTE_MIN) return 0;
-  uint64_t now = erdma_now();
-  if (!c->route_at || now - c->route_at >= (c->route_known ? SHM_ROUTE_PERIOD_NS
-                                                            : SHM_ROUTE_FIRST_NS)) {
-    uint64_t in = shm_cost_of(&c->tx_cost, e->shm.ring_bytes),
-             out = atomic_load_explicit(&c->tx_ring->out_cost, memory_order_relaxed),
-             rd = atomic_load_explicit(&c->tx_ring->read_cost, memory_order_relaxed);
-    if (in && out && rd) { /* (the peer's hints may be anything: no wrap-around) */
-      c->route_cma = rd < in + (out < UINT64_MAX - in ? out : UINT64_MAX - in);
-      c->route_known = 1;
-    }
-    c->route_at = now;
-  }
-  return c->route_cma ^ (now - c->route_at < SHM_ROUTE_TRY_NS);
-}
-
-/* A copy of n bytes that took t ns, ending at `now`, into *k (ns per 256
- * KiB): an average over the last few, which one much slower copy (a
- * preemption) moves by 3/4 of its value at most; after a pause of
- * SHM_ROUTE_STALE_NS, the latest copy's until a ring's worth (ring_bytes)
- * was timed. */
-void shm_cost_note(shm_cost *k, uint64_t ring_bytes, uint64_t n, uint64_t t, uint64_t now) {
-  if (n < SHM_ROUTE_MIN / 4) return;
-  uint64_t v = t * (SHM_BULK_PROBE >> 10) / (n >> 10);
-  if (!v) v = 1;
-  if (!k->ns || now - k->at >= SHM_ROUTE_STALE_NS) k->fresh = 0;
-  if (k->fresh < ring_bytes) {
-    k->ns = v;
-  } else {
-    if (v > 4 * k->ns) v = 4 * k->ns;
-    k->ns = (3 * k->ns + v) / 4;
-  }
-  k->fresh += n;
-  k->at = now;
-}
-
-/* *k's cost once a ring's worth of copies was timed since a pause, else 0 */
-uint64_t shm_cost_of(const shm_cost *k, uint64_t ring_bytes) {
-  return k->fresh >= ring_bytes ? k->ns : 0;
+ * read straight from the sender's buffer costs less. */
+int shm_bulk_by_cma(const erdma_engine *e, uint64_t nbytes, int flags) {
+  return (flags & ERDMA_SEND_BULK) && e->shm.cma && e->cfg.shm_bulk_cma_min &&
+         nbytes >= e->cfg.shm_bulk_cma_min;
 }
 
 int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ranks,
@@ -392,15 +338,13 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
   s->oversub = nlocal > ncpu;
   if (use_cma) s->cma = cma_grant(e);
   if (s->cma && !e->cfg.shm_bulk_cma_min) {
-    /* measured: by the ring's copies (shm_bulk_by_cma) */
-    s->cma_read_ns = shm_read_cost();
-    e->cfg.shm_bulk_cma_min = UINT64_MAX;
+    e->cfg.shm_bulk_cma_min = shm_bulk_calibrate();
     if (e->cfg.verbose)
-      fprintf(stderr, "erdma[%d]: a collective's block of %llu bytes or more to a rank of this "
-                      "host goes by CMA %s (a 256 KiB read: %llu ns)\n", e->cfg.rank,
-              (unsigned long long)SHM_ROUTE_MIN,
-              s->cma_read_ns ? "while copies through its ring cost more than a read"
-                             : "never", (unsigned long long)s->cma_read_ns);
+      fprintf(stderr, "erdma[%d]: a collective's block to a rank of this host goes by CMA "
+                      "from %s%llu bytes\n", e->cfg.rank,
+              e->cfg.shm_bulk_cma_min == UINT64_MAX ? "(never) " : "",
+              (unsigned long long)(e->cfg.shm_bulk_cma_min == UINT64_MAX
+                                       ? 0 : e->cfg.shm_bulk_cma_min));
   }
   s->map_len = SHM_RINGS + (size_t)nlocal * ring_stride(rb);
   seg_name(e, e->cfg.rank, s->name, sizeof s->name);
@@ -571,12 +515,7 @@ static int shm_flush(erdma_conn *c) {
         uint64_t done = t->written - ERDMA_HDR_LEN;
         n = t->plen - done;
         if (n > room) n = room;
-        uint64_t t0 = n >= SHM_PIECE && e->shm.cma_read_ns ? erdma_now() : 0;
         ring_put(r, cap, head, t->payload + done, n);
-        if (t0) {
-          uint64_t t1 = erdma_now();
-          shm_cost_note(&c->tx_cost, cap, n, t1 - t0, t1);
-        }
       }
       t->written += n;
       head += n;
@@ -622,17 +561,12 @@ static int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, u
   /* the payload in pieces, each published at once: a consumer polling the
    * ring copies one piece out while we copy the next in (two copies in a
    * row cost 64 KiB 13.9 us against MPICH's 8.6 in a two-rank Bcast) */
-  uint64_t t0 = n >= SHM_PIECE && e->shm.cma_read_ns ? erdma_now() : 0;
   for (uint64_t off = 0; off < n;) {
     uint64_t k = n - off < SHM_PIECE ? n - off : SHM_PIECE;
     ring_put(r, cap, head + ERDMA_HDR_LEN + off, (const uint8_t *)buf + off, k);
     off += k;
     if (off < n)
       atomic_store_explicit(&r->head, head + ERDMA_HDR_LEN + off, memory_order_release);
-  }
-  if (t0) {
-    uint64_t t1 = erdma_now();
-    shm_cost_note(&c->tx_cost, cap, n, t1 - t0, t1);
   }
   atomic_store_explicit(&r->head, head + len, memory_order_release);
   c->tx_offset += len; /* as if queued and written at once */
@@ -652,13 +586,13 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
   if (dest < 0 || dest >= e->cfg.size || dest == e->cfg.rank || tag < 0 ||
       nbytes > e->cfg.shm_eager_limit || (!buf && nbytes) || !e->shm.seg)
     return 0;
-  if (shm_p2p_by_cma(e, nbytes, flags, ctx)) return 0; /* erdma_isend sends it by RTS */
+  if (shm_bulk_by_cma(e, nbytes, flags) || shm_p2p_by_cma(e, nbytes, flags, ctx))
+    return 0; /* erdma_isend sends it by RTS */
   if (pthread_mutex_trylock(&e->mu) != 0) return 0;
   int sent = 0;
   peer_info *p = &e->peers[dest];
   erdma_conn *c = p->conn;
-  if (e->started && e->running && !p->error && c && c->shm && !c->closed &&
-      !shm_bulk_by_cma(e, c, nbytes, flags)) {
+  if (e->started && e->running && !p->error && c && c->shm && !c->closed) {
     frame_hdr h = {0};
     h.type = FR_EAGER;
     h.ctx = ctx;
@@ -741,13 +675,7 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total, int all) {
       if (!rest) break;
       if (n > rest) n = rest;
     }
-    uint64_t t0 = n >= SHM_PIECE && e->shm.cma_read_ns ? erdma_now() : 0;
     rv = conn_rx_feed(c, r->data + off, (size_t)n);
-    if (t0) { /* the producer reads it (shm_bulk_by_cma) */
-      uint64_t t1 = erdma_now();
-      shm_cost_note(&c->rx_cost, cap, n, t1 - t0, t1);
-      atomic_store_explicit(&r->out_cost, shm_cost_of(&c->rx_cost, cap), memory_order_relaxed);
-    }
     tail += n;
     *total += (int)n;
     e->stats.bytes_recv += n;
@@ -1362,17 +1290,7 @@ static int shm_chan_offer(erdma_conn *c, erdma_req *r) {
 }
 
 static int shm_chan_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, uint32_t sid) {
-  erdma_engine *e = c->e;
-  uint64_t t0 = n >= SHM_PIECE && e->shm.cma_read_ns ? erdma_now() : 0;
-  int rc = shm_cma_read(e, c->peer, dst, addr, n, sid);
-  if (!rc) e->stats.cma_reads++;
-  if (t0 && !rc && c->rx_ring) { /* the producer reads it (shm_bulk_by_cma) */
-    uint64_t t1 = erdma_now();
-    shm_cost_note(&c->rd_cost, e->shm.ring_bytes, n, t1 - t0, t1);
-    atomic_store_explicit(&c->rx_ring->read_cost, shm_cost_of(&c->rd_cost, e->shm.ring_bytes),
-                          memory_order_relaxed);
-  }
-  return rc;
+  return shm_cma_read(c->e, c->peer, dst, addr, n, sid);
 }
 
 static int shm_chan_flush(erdma_conn *c) { return c->closed ? 0 : shm_flush(c); }

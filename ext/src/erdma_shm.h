@@ -34,8 +34,6 @@ typedef struct shm_state {
   int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
   uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
   int held;              /* drain_ring left a peer's bytes in its ring (shm_hold_max) */
-  uint64_t cma_read_ns;  /* start-up: ns of a 256 KiB CMA read; 0: not measured
-                            (collective blocks by cfg.shm_bulk_cma_min alone) */
 } shm_state;
 
 /* shm.c (all under e->mu) */
@@ -64,13 +62,9 @@ uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
 void shm_teardown(erdma_engine *e);
 /* bulk copies for the one-host collectives (no lock needed) */
 int shm_cma_ok(erdma_engine *e, int peer);
-/* a send with these flags of nbytes to local peer c goes by RTS and a CMA
- * read rather than into its ring (ERDMA_SEND_BULK, cfg.shm_bulk_cma_min, or
- * while c's ring copies cost more than a read); under e->mu */
-int shm_bulk_by_cma(const erdma_engine *e, erdma_conn *c, uint64_t nbytes, int flags);
-/* a copy of n bytes through a ring of ring_bytes took t ns (ending at now): into *k */
-void shm_cost_note(shm_cost *k, uint64_t ring_bytes, uint64_t n, uint64_t t, uint64_t now);
-uint64_t shm_cost_of(const shm_cost *k, uint64_t ring_bytes); /* 0: not known yet */
+/* a send with these flags of nbytes to a local peer goes by RTS and a CMA
+ * read rather than into its ring (ERDMA_SEND_BULK, cfg.shm_bulk_cma_min) */
+int shm_bulk_by_cma(const erdma_engine *e, uint64_t nbytes, int flags);
 /* 1 if a point-to-point message (context ctx) with these send flags goes by
  * RTS and CMA rather than into the ring (cfg.shm_p2p_split_min,
  * cfg.shm_p2p_cma_min) */
