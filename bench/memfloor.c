@@ -18,7 +18,7 @@
  * shared mapping (shmem THP is off on this host); for cma each process
  * reads the pages the other made after fork().
  *
- *   memfloor a2a COPY REMOTE PAGES [SIZE_MIB [ITERS [WARMUP]]]
+ *   memfloor a2a COPY REMOTE PAGES [SIZE_BYTES [ITERS [WARMUP]]]
  *   memfloor pvr PAGES [ITERS]        per-page cost of process_vm_readv
  *
  * One JSON line per run on stdout (times in microseconds).
@@ -381,19 +381,19 @@ static int pages_arg(const char *s) {
 
 int main(int argc, char **argv) {
   if (argc >= 5 && !strcmp(argv[1], "a2a")) {
-    size_t mib = argc > 5 ? strtoul(argv[5], NULL, 10) : 16;
+    size_t size = argc > 5 ? strtoul(argv[5], NULL, 10) : (size_t)16 << 20;
     int iters = argc > 6 ? atoi(argv[6]) : 200, warmup = argc > 7 ? atoi(argv[7]) : 20;
-    if (mib < 1 || iters < 1 || warmup < 0) {
-      fprintf(stderr, "memfloor: bad size/iters\n");
+    if (size < 2 || size % 2 || size > ((size_t)1 << 34) || iters < 1 || warmup < 0) {
+      fprintf(stderr, "memfloor: bad size (bytes, even) or iters\n");
       return 2;
     }
-    return run_a2a(argv[2], argv[3], pages_arg(argv[4]), mib << 20, iters, warmup);
+    return run_a2a(argv[2], argv[3], pages_arg(argv[4]), size, iters, warmup);
   }
   if (argc >= 3 && !strcmp(argv[1], "pvr"))
     return run_pvr(pages_arg(argv[2]), argc > 3 ? atoi(argv[3]) : 100);
   fprintf(stderr,
           "usage: memfloor a2a memcpy|movsb|nt128|nt256|nt512 shm|cma[N]|cma1m|cmab[N]|bounce[N] "
           "4k|thp "
-          "[SIZE_MIB [ITERS [WARMUP]]]\n       memfloor pvr 4k|thp [ITERS]\n");
+          "[SIZE_BYTES [ITERS [WARMUP]]]\n       memfloor pvr 4k|thp [ITERS]\n");
   return 2;
 }

@@ -24,6 +24,10 @@ import sys
 import tempfile
 import time
 
+if __package__ in (None, ""):  # run as a file: python bench/memfloor.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import parse_size  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "bench", "memfloor.c")
 
@@ -194,13 +198,17 @@ def main(argv=None):
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stack", default="erdmampi", help=argparse.SUPPRESS)
     ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--size", type=int, default=16 << 20, help="bytes per rank (default 16 MiB)")
+    ap.add_argument("--size", type=parse_size, default=16 << 20,
+                    help="bytes per rank, e.g. 1048576 or 1MiB (default 16 MiB)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--floor", default=FLOOR_DEFAULT,
                     help="COPY/REMOTE/PAGES,... (copy: memcpy movsb nt128 nt256 nt512; "
-                         "remote: shm cma cma1m; pages: 4k thp; '' for none)")
+                         "remote: shm, cma (cma1m, cmaN: in 1 MiB or N KiB pieces), "
+                         "bounce[N] (through a shared ring of 64 or N KiB chunks), "
+                         "cmab[N] (CMA into a cached buffer, then the copy); "
+                         "pages: 4k thp; '' for none)")
     ap.add_argument("--stacks", default="erdmampi,mpi4py",
                     help="real Alltoalls to alternate with: erdmampi, mpi4py, gloo, "
                          "erdmampi:ROOT (the engine built in tree ROOT)")
@@ -210,6 +218,8 @@ def main(argv=None):
                     help="before each run wait (up to 60 s) until the CPUs were at most this "
                          "busy over half a second (e.g. 0.1); the host is shared")
     args = ap.parse_args(argv)
+    if args.size % 2:
+        ap.error("--size: an even number of bytes (each rank's two blocks)")
     if args.child:
         return child(args)
     with tempfile.TemporaryDirectory() as tmp:
@@ -217,7 +227,7 @@ def main(argv=None):
         jobs = []
         for spec in filter(None, args.floor.split(",")):
             copy, remote, pages = spec.split("/")
-            jobs.append(([exe, "a2a", copy, remote, pages, str(args.size >> 20),
+            jobs.append(([exe, "a2a", copy, remote, pages, str(args.size),
                           str(args.iters), str(args.warmup)], ROOT))
         for s in filter(None, args.stacks.split(",")):
             jobs.append(launch(s, args))

@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark suite (bench/): tiny sizes, JSON shape, no timings."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -123,6 +124,29 @@ def test_collectives_page_offsets(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "bench.collectives", "--page-offset", "4096"],
                          cwd=REPO, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "0..4095" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="bench.memfloor builds a C program")
+def test_memfloor_floors_at_the_size_asked(tmp_path):
+    """bench.memfloor's floors move the bytes of the size asked, below 1 MiB
+    and off whole MiB too (sizes used to be cut to whole MiB, so that a
+    floor of 1.5 MiB ran at 1 MiB and one below 1 MiB failed), and check
+    them; an odd size is refused."""
+    out = tmp_path / "floor.jsonl"
+    for size, want in (("64KiB", 65536), ("1536K", 1536 << 10)):
+        r = subprocess.run([sys.executable, "-m", "bench.memfloor", "--size", size, "--rounds",
+                            "1", "--iters", "3", "--warmup", "1", "--stacks", "",
+                            "--floor", "memcpy/bounce/4k,memcpy/shm/4k",
+                            "--json", str(out)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "failed" not in r.stderr + r.stdout, r.stdout + r.stderr
+        rows = [json.loads(line) for line in out.read_text().splitlines()][-2:]
+        assert [(x["remote"], x["size"], x["ok"]) for x in rows] == \
+            [("bounce", want, True), ("shm", want, True)], rows
+    bad = subprocess.run([sys.executable, "-m", "bench.memfloor", "--size", "65537"],
+                         cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "even number of bytes" in bad.stderr
 
 
 def test_new_array_places_and_touches_as_asked():
