@@ -235,9 +235,12 @@ def main(argv=None, default_ops=OPS):
         return fail("--repeats must be at least 1")
     stack = open_stack(args.stack)
     stack.plain = args.plain
+    settings = stack.settings()
+    for key, per_rank in settings.items():
+        say(args, stack, "# %s by rank: %s" % (key, ", ".join(map(str, per_rank))))
     results = run(stack, args)
     if stack.rank == 0 and args.json:
-        write_json(args.json, "collectives", stack, args, results)
+        write_json(args.json, "collectives", stack, args, results, settings)
     stack.close()
     bad = [r for r in results if not r["correct"]]
     if bad and stack.rank == 0:

@@ -126,6 +126,11 @@ class Stack:
     def wtime(self):
         return time.perf_counter()
 
+    def settings(self):
+        """What the stack chose at start-up that changes the figures, every
+        rank's (a collective call; {} if nothing)."""
+        return {}
+
 
 class MPIStack(Stack):
     def __init__(self, name):
@@ -146,6 +151,17 @@ class MPIStack(Stack):
     def alloc(self, count, dtype, fresh=False, offset=None):
         a = new_array(count, dtype, fresh, offset)
         return a, a
+
+    def settings(self):
+        """erdmampi: from which size each rank sends a collective's blocks to a
+        rank of its host by CMA rather than through the ring (None: never),
+        which start-up measures (ERDMA_SHM_BULK_CMA unset) and may choose
+        differently from one launch, or rank, to the next."""
+        if self.name != "erdmampi":
+            return {}
+        from erdmampi.bootstrap import init_world
+        mine = init_world().config()["shm_bulk_cma_min"]
+        return {"shm_bulk_cma_min": self.comm.allgather(mine)}
 
     def barrier(self):
         self.comm.Barrier()
@@ -356,12 +372,12 @@ def write_between_markers(path, text, begin, end, required=False):
         f.write(text if text.endswith("\n") else text + "\n")
 
 
-def write_json(path, benchmark, stack, args, results):
+def write_json(path, benchmark, stack, args, results, settings=None):
     doc = {"benchmark": benchmark, "stack": stack.name, "library": stack.library(),
            "nprocs": stack.size, "host": platform.node(), "python": platform.python_version(),
            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "args": {k: v for k, v in vars(args).items() if k != "json"},
-           "results": results}
+           "settings": settings or {}, "results": results}
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = path + ".tmp"

@@ -570,6 +570,18 @@ class Engine:
         return fast.new(int(_cast("uintptr_t", self._h)), self, ctx, ranks, me, tag_ub, _SLICE,
                         seq)
 
+    def config(self) -> dict:
+        """The numeric settings in effect (``TUNING``'s and the eager limits),
+        measured ones included: ``shm_bulk_cma_min`` is None where the
+        engine sends a collective's blocks to ranks of this host through
+        the ring alone (never by CMA)."""
+        cfg = ffi.new("erdma_config *")
+        _check(lib.erdma_engine_config(self._h, cfg), "engine config")
+        out = {k: getattr(cfg, k) for k in (*TUNING, "eager_limit")}
+        if out["shm_bulk_cma_min"] in (0, (1 << 64) - 1):   # (0: shared memory not set up)
+            out["shm_bulk_cma_min"] = None
+        return out
+
     def stats(self) -> dict:
         st = ffi.new("erdma_stats *")
         lib.erdma_engine_stats(self._h, st)

@@ -16,10 +16,10 @@ from bench.run_all import markdown, summarize  # noqa: E402
 QUICK = ["--repeats", "2", "--warmup", "1", "--target-time", "0.01", "--quiet"]
 
 
-def _erdmarun(n, module, *args, timeout=50):
+def _erdmarun(n, module, *args, timeout=50, env=None):
     cmd = erdmarun_cmd() + ["-n", str(n), "--timeout", str(timeout - 5), sys.executable, "-m",
                             "bench." + module, "--stack", "erdmampi"] + list(args)
-    env = rank_env({"PYTHONPATH": str(REPO)})
+    env = rank_env({"PYTHONPATH": str(REPO), **(env or {})})
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -109,6 +109,26 @@ def test_collectives_json(tmp_path):
         assert row["busbw_GBps"] == pytest.approx(
             row["algbw_GBps"] * busbw_factor(row["op"], 2))
         assert len(row["time_us_all"]) == 2
+
+
+@pytest.mark.parametrize("setting, want", [(None, None), ("64K", [65536, 65536]),
+                                           ("0", [None, None])])
+def test_collectives_records_the_cma_threshold(tmp_path, setting, want):
+    """The JSON and the heading say from which block size each rank sent a
+    collective's blocks by CMA (None: never), as start-up measured it
+    (ERDMA_SHM_BULK_CMA unset: 16 KiB or never, per rank) or as set."""
+    out = tmp_path / "coll.json"
+    r = _erdmarun(2, "collectives", "--ops", "alltoall", "--min-size", "64K", "--max-size",
+                  "64K", "--json", str(out), "--repeats", "1", "--warmup", "1",
+                  "--target-time", "0.01",
+                  env={} if setting is None else {"ERDMA_SHM_BULK_CMA": setting})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(out.read_text())["settings"]["shm_bulk_cma_min"]
+    if want is None:
+        assert len(got) == 2 and all(v in (None, 16384) for v in got), got
+    else:
+        assert got == want
+    assert "# shm_bulk_cma_min by rank: %s, %s" % tuple(got) in r.stdout, r.stdout
 
 
 def test_collectives_page_offsets(tmp_path):

@@ -71,3 +71,19 @@ def test_crashed_job_leaves_no_shared_memory():
     assert res.returncode == 3, res.stdout + res.stderr
     assert "segments exist" in res.stdout
     assert set(glob.glob("/dev/shm/erdma-*")) <= before
+
+
+def test_engine_config_reports_the_settings_in_effect():
+    """Engine.config(): the settings given, the defaults otherwise, and the
+    CMA threshold for a collective's blocks as None where it means never."""
+    from erdmampi._engine import Engine
+    for tuning, want in (({}, None), ({"shm_bulk_cma_min": 65536}, 65536),
+                         ({"shm_bulk_cma_min": 0}, None)):
+        e = Engine.create(0, 1, eager_limit=32768, chunk_size=1 << 20, **tuning)
+        try:
+            cfg = e.config()
+            assert cfg["shm_bulk_cma_min"] == want, (tuning, cfg)
+            assert cfg["eager_limit"] == 32768 and cfg["chunk_size"] == 1 << 20
+            assert cfg["shm_eager_limit"] >= 32768
+        finally:
+            e.shutdown(1.0)

@@ -216,6 +216,11 @@ int erdma_engine_connect(erdma_engine *e);
 int erdma_engine_shutdown(erdma_engine *e, double timeout);
 void erdma_engine_free(erdma_engine *e);
 int erdma_engine_stats(erdma_engine *e, erdma_stats *st);
+/* The configuration in effect: erdma_engine_new's, with what the engine has
+ * measured or settled since (cfg.shm_bulk_cma_min after shared memory was
+ * set up: UINT64_MAX for never).  Its bind_addr is the engine's own: valid
+ * while the engine lives. */
+int erdma_engine_config(erdma_engine *e, erdma_config *out);
 /* Name of the peer failure, if any ("" if none). */
 int erdma_engine_peer_error(erdma_engine *e, int rank);
 /* A text list of the pending operations (posted receives, sends waiting for

@@ -586,6 +586,14 @@ int erdma_engine_stats(erdma_engine *e, erdma_stats *st) {
   return 0;
 }
 
+int erdma_engine_config(erdma_engine *e, erdma_config *out) {
+  if (!e || !out) return ERDMA_ERR_INVAL;
+  pthread_mutex_lock(&e->mu);
+  *out = e->cfg;
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
 int erdma_engine_peer_error(erdma_engine *e, int rank) {
   if (rank < 0 || rank >= e->cfg.size) return ERDMA_ERR_RANK;
   return e->peers[rank].error;
