@@ -24,12 +24,11 @@ import sys
 import tempfile
 import time
 
-if __package__ in (None, ""):  # run as a file: python bench/memfloor.py
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import parse_size  # noqa: E402
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "bench", "memfloor.c")
+if __package__ in (None, ""):  # run as a file: python bench/memfloor.py
+    sys.path.insert(0, ROOT)
+from bench.common import parse_size  # noqa: E402
 
 FLOOR_DEFAULT = ("memcpy/shm/4k,memcpy/shm/thp,movsb/shm/4k,movsb/shm/thp,"
                  "nt256/shm/4k,nt256/shm/thp,nt512/shm/thp,"
