@@ -152,6 +152,7 @@ typedef struct {
   int weak;
   pf_layout l;
   long count; /* with dt: the count an [arr, count, dt] spec gives (0: none) */
+  unsigned long used; /* the state's tick when last remembered or matched */
 } pf_entry;
 
 /* The memory one call moves for a remembered entry: the entry's own
@@ -210,6 +211,7 @@ typedef struct {
   long count;
   pf_layout l;
   int need, have, busy;
+  unsigned long used; /* as pf_entry's */
   uint64_t n, nruns, total;
   int64_t step;
   const int64_t *off, *ln; /* the plan's arrays (ent holds the plan) */
@@ -226,15 +228,17 @@ typedef struct {
   long tag_ub;
   double slice;
   /* remembered specs, [0]: send, [1]: recv; PF_SLOTS each (a halo exchange
-   * cycles through a few buffers), replaced in turn */
+   * cycles through a few buffers).  A new one replaces the one least
+   * recently used, so that buffers a program passes once (a new array for
+   * an Irecv) do not push out the ones it passes every time, whatever the
+   * order of its calls and misses. */
   pf_entry ent[2][PF_SLOTS];
-  int next[2];
+  unsigned long tick; /* counts matches and remembers, for `used` */
   pf_coll ar, rs, bc, a2a, ag; /* Allreduce, Reduce_scatter_block; Bcast (its buffer
                                   as the receive side); Alltoall, Allgather */
   pf_coll rooted[3];           /* Gather, Scatter, Reduce (remember_rooted) */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   pf_packed pk[2][PF_SLOTS];   /* packed Sendrecv sides, [0]: send, [1]: recv */
-  int pk_next[2];
   unsigned long hits; /* Sendrecv, Isend, Irecv calls run here (see hits()) */
   int *inv, ninv;     /* world rank -> rank (comm_rank), made on first use */
   int ranks[];
@@ -402,8 +406,8 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
   int need = NP_C_CONTIGUOUS | (recv ? NP_WRITEABLE : 0);
   /* the layout above is numpy's (else never read it) */
   if (((np_head *)arr)->flags != (int)flags || (flags & need) != need) Py_RETURN_FALSE;
-  /* the slot of this spec, else the next one in turn that no thread is
-   * sending from or receiving into right now */
+  /* the slot of this spec, else the least recently used one that no
+   * thread is sending from or receiving into right now */
   pf_entry *x = NULL;
   for (int i = 0; i < PF_SLOTS && !x; i++) {
     pf_entry *y = &s->ent[recv][i];
@@ -412,14 +416,13 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
                                                             y->count == count))))
       x = y;
   }
-  for (int i = 0; i < PF_SLOTS && !x; i++) {
-    pf_entry *y = &s->ent[recv][(s->next[recv] + i) % PF_SLOTS];
-    if (!y->busy) {
-      x = y;
-      s->next[recv] = (s->next[recv] + i + 1) % PF_SLOTS;
-    }
+  int found = x != NULL;
+  for (int i = 0; !found && i < PF_SLOTS; i++) {
+    pf_entry *y = &s->ent[recv][i];
+    if (!y->busy && (!x || !y->have || (x->have && y->used < x->used))) x = y;
   }
   if (!x || x->busy) Py_RETURN_FALSE;
+  x->used = ++s->tick;
   if (weak) {
     entry_clear(x);
     if (!layout_keep(&x->l, arr)) Py_RETURN_FALSE;
@@ -516,6 +519,7 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
     }
   }
   if (!x || x->busy) return NULL;
+  x->used = ++s->tick;
   if (x->weak) {
     if (PyObject_GetBuffer(a, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
       PyErr_Clear();
@@ -1128,14 +1132,13 @@ static PyObject *pf_remember_packed(PyObject *self, PyObject *const *args, Py_ss
     pf_packed *y = &s->pk[recv][i];
     if (y->have && y->arr == arr && y->dt == dt && y->count == count) x = y;
   }
-  for (int i = 0; i < PF_SLOTS && !x; i++) {
-    pf_packed *y = &s->pk[recv][(s->pk_next[recv] + i) % PF_SLOTS];
-    if (!y->busy) {
-      x = y;
-      s->pk_next[recv] = (s->pk_next[recv] + i + 1) % PF_SLOTS;
-    }
+  int found = x != NULL;
+  for (int i = 0; !found && i < PF_SLOTS; i++) {
+    pf_packed *y = &s->pk[recv][i];
+    if (!y->busy && (!x || !y->have || (x->have && y->used < x->used))) x = y;
   }
   if (!x || x->busy) Py_RETURN_FALSE;
+  x->used = ++s->tick;
   Py_buffer tmp;
   if (PyObject_GetBuffer(PyTuple_GetItem(ent, 5), &tmp, PyBUF_WRITABLE) != 0) {
     PyErr_Clear();
@@ -1210,7 +1213,9 @@ static pf_packed *packed_for(pf_state *s, int recv, PyObject *buf) {
     return NULL;
   }
   Py_DECREF(r); /* compared by identity only; x->rec holds the one remembered */
-  return r == x->rec ? x : NULL;
+  if (r != x->rec) return NULL;
+  x->used = ++s->tick;
+  return x;
 }
 
 /* sendrecv(state, sendbuf, dest, sendtag, recvbuf, source, recvtag): each

@@ -188,6 +188,26 @@ if erdma and fast is not None and size > 1:
     if rank == 0:   # larger than a ring message: nothing done, Python sends a copy
         check(fast.sendrecv_replace(st, big, nxt, 11, prv, 11) == 1,
               "a large Sendrecv_replace misses")
+    # a spec passed every time stays remembered among one-off buffers (a new
+    # array for every Irecv, each remembered after its miss): the entry
+    # replaced is the least recently used, not the next in turn
+    rest = []
+    for k in range(20):
+        b[:] = rank + k
+        comm.Send([b, MPI.INT], dest=nxt, tag=13)
+        comm.Send(np.full(3, float(k)), dest=nxt, tag=14)
+        r = np.zeros(4, "i")
+        hit = fast.recv(st, [r, 4, MPI.INT], prv, 13)
+        if hit == 1:
+            rest.append(k)
+            comm.Recv([r, 4, MPI.INT], source=prv, tag=13)
+        else:
+            one(hit, [r, 4, MPI.INT], "recv")
+        check((r == prv + k).all(), f"a hot spec among one-off buffers {k}: {r}")
+        got = np.empty(3)
+        comm.Irecv(got, source=prv, tag=14).Wait()
+        check((got == k).all(), f"a one-off Irecv {k}: {got}")
+    check(rest == [], f"a spec passed every time missed at {rest}")
     check(fast.send(st, [b, 2, MPI.INT], nxt, 9) == 1, "a part of the array misses")
     check(fast.send(st, [b, 4.0, MPI.INT], nxt, 9) == 1, "a float count misses")
     check(fast.send(st, [b, -4, MPI.INT], nxt, 9) == 1, "a negative count misses")
