@@ -531,3 +531,23 @@ def test_stranger_cannot_make_rank_buffer_out_of_order_data():
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_client_names_a_foreign_certificate(engines, capfd):
+    """A rank's published address answered by another engine (another job's
+    rank, a process that took the port): the dialling rank fails at once
+    and says why, not with a bare ERR_CRYPTO."""
+    a, b = job_pair(engines, connect_timeout=10.0)
+    other = engines(0, connect_timeout=3.0)  # another job's rank 0
+    other.set_peer(1, *host_port(b), b.fingerprint)
+    b.set_peer(0, *host_port(other), a.fingerprint)
+    serving = in_thread(other.connect)  # it answers handshakes while it connects
+    t0 = time.monotonic()
+    with pytest.raises(EngineError):
+        b.connect()
+    assert time.monotonic() - t0 < 5.0
+    err = capfd.readouterr().err
+    assert "connection to rank 0 lost: the process at its address presented a certificate " \
+           "other than the one its rank published" in err, err
+    with pytest.raises(EngineError):  # rank 1 never reaches it as itself
+        serving(15)

@@ -48,6 +48,24 @@ def test_sixteen_ranks_connect_quickly():
     assert wall < 30, wall
 
 
+def test_engine_never_shares_its_udp_port():
+    # with SO_REUSEADDR on both sockets Linux lets two bind one port (and may
+    # give two port-0 binds the same one): a rank then receives another's
+    # handshakes and its peers fail with a foreign certificate
+    import socket
+    from erdmampi._engine import Engine, EngineError
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    try:
+        with pytest.raises(EngineError, match="in use"):
+            e = Engine.create(0, 2, bind="127.0.0.1", port=port, insecure=True)
+            e.shutdown(1.0)
+    finally:
+        s.close()
+
+
 @pytest.mark.slow
 def test_crashed_job_leaves_no_shared_memory():
     # rank 1 dies between creating its segment and mapping rank 0's, so no

@@ -81,6 +81,9 @@ static void conn_lost(erdma_conn *c, int rv) {
     /* always said: the user needs to know why their job failed */
     fprintf(stderr, "erdma[%d]: connection to rank %d lost: %s\n", e->cfg.rank, c->peer,
             c->violation ? "it broke the wire protocol"
+            : c->foreign_cert ? "the process at its address presented a certificate other "
+                                "than the one its rank published (another program on that "
+                                "port, or a stale address)"
             : rv == NGTCP2_ERR_IDLE_CLOSE ? "no reply within ERDMA_TIMEOUT"
             : rv < -200 ? ngtcp2_strerror(rv) : erdma_strerror(rv));
     engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
@@ -488,6 +491,7 @@ static int on_verify_peer(void *user, const char *fp) {
   if (c->is_client) {
     const char *want = e->peers[c->peer].fingerprint;
     if (want[0] ? strcmp(fp, want) == 0 : e->cfg.insecure) return 0;
+    c->foreign_cert = 1; /* conn_lost says so: another process at that address */
   } else {
     if (e->cfg.insecure) return 0;
     for (int i = 0; i < e->cfg.size; i++)

@@ -161,6 +161,7 @@ typedef struct erdma_conn {
   uint64_t credit_owed;  /* control-stream bytes consumed but not yet credited back to
                             the peer (held while its unexpected messages exceed the bound) */
   const char *violation; /* how the peer broke the wire protocol (NULL: it did not) */
+  int foreign_cert;       /* a client: the address dialled showed another certificate */
   struct erdma_conn *next_pending; /* server conns awaiting HELLO */
   uint64_t accepted_at;  /* server conns: first packet (the HELLO deadline counts from it) */
   int from_peer_host;    /* server conns: from a source where a rank was published */

@@ -282,7 +282,10 @@ int pktio_udp_open(erdma_engine *e) {
   e->io.close = udp_close;
   e->io.fd = e->fd = socket(e->local.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (e->fd < 0) return ERDMA_ERR_SOCKET;
-  setsockopt(e->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  /* no SO_REUSEADDR: UDP has no TIME_WAIT to skip, and with it on two
+   * sockets bound to port 0 may be given the same port (Linux picks a port
+   * only those without it hold), so that a rank would receive another's
+   * packets */
   if (cfg->sock_buf > 0) {
     /* FORCE works as root (CAP_NET_ADMIN) and ignores rmem_max/wmem_max;
      * otherwise the kernel caps the request at those limits */
