@@ -164,8 +164,9 @@ def test_every_pair_of_nat_kinds_runs_a_job(kinds):
     UDP (then it reaches its TURN server over TCP and the pair is relayed)."""
     with NatBed(list(kinds)) as bed:
         job = Job(bed)
-        envs = [job.env(ERDMA_TURN=_turn_uri(job)) if k == "udp_blocked" else job.env()
-                for k in kinds]
+        # ERDMA_VERBOSE: a failure shows each rank's candidates and paths
+        envs = [job.env(ERDMA_TURN=_turn_uri(job), ERDMA_VERBOSE="1") if k == "udp_blocked"
+                else job.env(ERDMA_VERBOSE="1") for k in kinds]
         _, _, recs = job.run([(0, 0, 1), (1, 0, 1)], 2, args=[2], env=envs)
     relayed = "udp_blocked" in kinds or kinds in _RELAYED
     if relayed:
