@@ -1,5 +1,5 @@
-"""Per-call time of the calls a script makes many times with small data: the
-rooted collectives (Gather, Scatter, Reduce), point-to-point of buffers
+"""Per-call time of the calls a script makes many times with small data:
+Barrier, the rooted collectives (Gather, Scatter, Reduce), point-to-point of buffers
 (Send/Recv ping-pong, Sendrecv around a ring, Irecv + Isend + Waitall around
 a ring) and the lowercase pickle API (send/recv, sendrecv, bcast, gather,
 scatter, allgather, alltoall, allreduce of small Python objects), on
@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a file
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import open_stack  # noqa: E402
 
-CALLS = ("Gather", "Scatter", "Reduce", "Send/Recv", "Sendrecv", "Isend/Irecv", "send/recv",
+CALLS = ("Barrier", "Gather", "Scatter", "Reduce", "Send/Recv", "Sendrecv", "Isend/Irecv", "send/recv",
          "sendrecv", "bcast", "gather", "scatter", "allgather", "alltoall", "allreduce")
 # the same kind of calls written as programs write them (--set idioms): the
 # spec list made in the call, a new array every call, a Status, in place
@@ -114,6 +114,7 @@ def mpi_calls(st, nbytes):
                                                      c.Isend([s, F], peer, 8)]),
     }
     return {**idioms,
+            "Barrier": c.Barrier,
             "Gather": lambda: c.Gather(s, big, 0), "Scatter": lambda: c.Scatter(big, s, 0),
             "Reduce": lambda: c.Reduce(s, red, MPI.SUM, 0), "Send/Recv": buf_pingpong,
             "Sendrecv": lambda: c.Sendrecv(s, peer, 7, red, src, 7),
@@ -167,7 +168,8 @@ def gloo_calls(st, nbytes):
 
     def allgather():
         dist.all_gather_object([None] * n, RECORD)
-    return {"Gather": lambda: dist.gather(s, parts if r == 0 else None, 0),
+    return {"Barrier": dist.barrier,
+            "Gather": lambda: dist.gather(s, parts if r == 0 else None, 0),
             "Scatter": lambda: dist.scatter(t1, parts if r == 0 else None, 0),
             "Reduce": lambda: dist.reduce(t1, 0), "Send/Recv": buf_pingpong,
             "Isend/Irecv": exchange, "send/recv": pingpong, "bcast": bcast,
