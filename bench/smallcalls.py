@@ -1,7 +1,7 @@
 """Per-call time of the calls a script makes many times with small data:
-Barrier, the rooted collectives (Gather, Scatter, Reduce), point-to-point of buffers
-(Send/Recv ping-pong, Sendrecv around a ring, Irecv + Isend + Waitall around
-a ring) and the lowercase pickle API (send/recv, sendrecv, bcast, gather,
+Barrier, the rooted collectives (Gather, Scatter, Reduce), point-to-point of
+buffers (Send/Recv ping-pong, Sendrecv around a ring, Irecv + Isend + Waitall
+around a ring) and the lowercase pickle API (send/recv, sendrecv, bcast, gather,
 scatter, allgather, alltoall, allreduce of small Python objects), on
 erdmampi, mpi4py+MPICH and gloo.
 
@@ -36,8 +36,9 @@ if __package__ in (None, ""):  # run as a file
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import open_stack  # noqa: E402
 
-CALLS = ("Barrier", "Gather", "Scatter", "Reduce", "Send/Recv", "Sendrecv", "Isend/Irecv", "send/recv",
-         "sendrecv", "bcast", "gather", "scatter", "allgather", "alltoall", "allreduce")
+CALLS = ("Barrier", "Gather", "Scatter", "Reduce", "Send/Recv", "Sendrecv", "Isend/Irecv",
+         "send/recv", "sendrecv", "bcast", "gather", "scatter", "allgather", "alltoall",
+         "allreduce")
 # the same kind of calls written as programs write them (--set idioms): the
 # spec list made in the call, a new array every call, a Status, in place
 IDIOMS = ("Send [a, T]", "Send [a, n, T]", "Send new array", "Recv Status",

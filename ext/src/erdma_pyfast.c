@@ -198,6 +198,12 @@ typedef struct {
 
 #define PF_SLOTS 8
 
+/* Of two remembered slots, is (have, used) replaced before (xhave, xused)?
+ * An empty one first, then the one least recently used. */
+static int evicts_before(int have, unsigned long used, int xhave, unsigned long xused) {
+  return !have ? xhave : xhave && used < xused;
+}
+
 /* A `[array, count, derived datatype]` side of a Sendrecv (a halo
  * exchange).  Python (comm_p2p._packed_side) keeps per spec the packing
  * plan and a temporary of the packed bytes in a tuple `ent` = (arr, dt,
@@ -416,11 +422,11 @@ static PyObject *pf_remember(PyObject *self, PyObject *const *args, Py_ssize_t n
                                                             y->count == count))))
       x = y;
   }
-  int found = x != NULL;
-  for (int i = 0; !found && i < PF_SLOTS; i++) {
-    pf_entry *y = &s->ent[recv][i];
-    if (!y->busy && (!x || !y->have || (x->have && y->used < x->used))) x = y;
-  }
+  if (!x) /* a new one: the slot to replace */
+    for (int i = 0; i < PF_SLOTS; i++) {
+      pf_entry *y = &s->ent[recv][i];
+      if (!y->busy && (!x || evicts_before(y->have, y->used, x->have, x->used))) x = y;
+    }
   if (!x || x->busy) Py_RETURN_FALSE;
   x->used = ++s->tick;
   if (weak) {
@@ -1132,11 +1138,11 @@ static PyObject *pf_remember_packed(PyObject *self, PyObject *const *args, Py_ss
     pf_packed *y = &s->pk[recv][i];
     if (y->have && y->arr == arr && y->dt == dt && y->count == count) x = y;
   }
-  int found = x != NULL;
-  for (int i = 0; !found && i < PF_SLOTS; i++) {
-    pf_packed *y = &s->pk[recv][i];
-    if (!y->busy && (!x || !y->have || (x->have && y->used < x->used))) x = y;
-  }
+  if (!x) /* a new one: the slot to replace */
+    for (int i = 0; i < PF_SLOTS; i++) {
+      pf_packed *y = &s->pk[recv][i];
+      if (!y->busy && (!x || evicts_before(y->have, y->used, x->have, x->used))) x = y;
+    }
   if (!x || x->busy) Py_RETURN_FALSE;
   x->used = ++s->tick;
   Py_buffer tmp;
