@@ -282,9 +282,29 @@ int erdma_trace_start(erdma_engine *e, uint64_t cap);
 uint64_t erdma_trace_take(erdma_engine *e, erdma_trace_rec *out, uint64_t max,
                           uint64_t *dropped);
 
+/* Two-rank Barriers between ranks of one host by flags in shared memory
+ * (erdma_shm.c), once both ranks agreed at a Barrier by messages: each sends
+ * erdma_pair_offer's byte as its 1-byte token (0: not offered; an agreed
+ * pair's slot is 0x80 | slot) and both then call erdma_pair_settle with the
+ * two bytes; it returns the slot when both offered, else -1.  ctx: the
+ * communicator's collective context.  erdma_pair_find: the slot agreed for
+ * (peer, ctx), else -1; erdma_pair_gen changes whenever one is agreed or
+ * forgotten (erdma_ctx_group with n = 0 forgets ctx's).  A Barrier by flags:
+ * erdma_pair_arrive, then erdma_pair_done (lock-free) or erdma_pair_wait
+ * (0; ERDMA_ERR_TIMEOUT when timeout, in seconds, ran out: wait again; the
+ * peer's error once it failed). */
+int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx);
+int erdma_pair_settle(erdma_engine *e, uint32_t ctx, int mine, int theirs);
+int erdma_pair_find(erdma_engine *e, int peer, uint32_t ctx);
+unsigned erdma_pair_gen(erdma_engine *e);
+int erdma_pair_is(erdma_engine *e, int slot, uint32_t ctx);
+void erdma_pair_arrive(erdma_engine *e, int slot);
+int erdma_pair_done(erdma_engine *e, int slot);
+int erdma_pair_wait(erdma_engine *e, int slot, double timeout);
+
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
- * world ranks a receive on context ctx can match (n = 0: forget ctx; a
- * context never named counts every rank).  While a failed member's failure
+ * world ranks a receive on context ctx can match (n = 0: forget ctx, and
+ * its two-rank Barrier slots; a context never named counts every rank).  While a failed member's failure
  * is not acknowledged, waits and tests of a pending ANY_SOURCE receive on
  * ctx return ERDMA_ERR_PEER_PENDING. */
 int erdma_ctx_group(erdma_engine *e, uint32_t ctx, const int *ranks, int n);

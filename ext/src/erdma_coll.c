@@ -286,6 +286,14 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
   *pending = NULL;
   if (coll_check_comm(e, ranks, n, me)) return ERDMA_ERR_INVAL;
   if (n == 1) return 0;
+  int slot = n == 2 ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
+  if (slot >= 0) { /* the two agreed on flags at an earlier Barrier (erdma_pair_settle) */
+    int rc;
+    erdma_pair_arrive(e, slot);
+    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
+    }
+    return rc;
+  }
   erdma_coll *c = coll_new(e, 1, ctx, n); /* 1-byte tokens, as the Python algorithm */
   if (!c || !(c->tmp_mem = calloc(2, 1))) {
     free(c);

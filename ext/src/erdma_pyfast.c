@@ -244,6 +244,8 @@ typedef struct {
                                   as the receive side); Alltoall, Allgather */
   pf_coll rooted[3];           /* Gather, Scatter, Reduce (remember_rooted) */
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
+  int pair;                    /* two ranks: the Barrier's flag slot (erdma_pair_*), or -1 */
+  unsigned pair_gen;           /* erdma_pair_gen when `pair` was looked up */
   pf_packed pk[2][PF_SLOTS];   /* packed Sendrecv sides, [0]: send, [1]: recv */
   unsigned long hits; /* Sendrecv, Isend, Irecv calls run here (see hits()) */
   int *inv, ninv;     /* world rank -> rank (comm_rank), made on first use */
@@ -376,6 +378,7 @@ static PyObject *pf_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   s->size = (int)size;
   s->tag_ub = tag_ub;
   s->slice = slice;
+  s->pair = -1;
   PyObject *cap = PyCapsule_New(s, CAPSULE, state_free);
   if (!cap) {
     Py_DECREF(s->owner);
@@ -2021,19 +2024,46 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
   if (s->size == 2) {
-    /* two ranks: the dissemination's one round (1-byte tokens) without the
-     * collective's state, in its order (the receive posted first), the
-     * send straight into a local peer's ring where it fits */
-    static const uint8_t token = 0;
-    uint8_t got;
     int peer = s->ranks[1 - s->me], rc;
+    uint32_t cctx = s->ctx + 1;
+    unsigned gen = erdma_pair_gen(s->e);
+    if (gen != s->pair_gen) { /* a pair agreed or forgotten since: ours, by another object? */
+      s->pair = erdma_pair_find(s->e, peer, cctx);
+      s->pair_gen = gen;
+    }
+    if (s->pair >= 0 && erdma_pair_is(s->e, s->pair, cctx)) {
+      erdma_pair_arrive(s->e, s->pair);
+      for (int i = 0; i < 64; i++) { /* the peer is usually a moment behind: keep the GIL */
+        if (erdma_pair_done(s->e, s->pair)) return PyLong_FromLong(0);
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      for (;;) {
+        PyThreadState *ts = PyEval_SaveThread();
+        rc = erdma_pair_wait(s->e, s->pair, s->slice);
+        PyEval_RestoreThread(ts);
+        if (rc != ERDMA_ERR_TIMEOUT) return coll_result(rc, NULL);
+        if (PyErr_CheckSignals()) return NULL;
+      }
+    }
+    /* the dissemination's one round (1-byte tokens) without the
+     * collective's state; the token offers flags for the Barriers to come.
+     * It goes first, straight into a local peer's ring where it fits: the
+     * peer's wait ends sooner by the cost of posting our receive */
+    uint8_t token = (uint8_t)erdma_pair_offer(s->e, peer, cctx), got = 0;
     erdma_req *r = NULL, *sr = NULL;
-    if ((rc = erdma_irecv(s->e, &got, 1, peer, (int)tag, s->ctx + 1, 0, &r)))
+    if (!erdma_shm_try_send(s->e, &token, 1, peer, (int)tag, cctx, 0) &&
+        (rc = erdma_isend(s->e, &token, 1, peer, (int)tag, cctx, 0, &sr))) {
+      if (token) erdma_pair_settle(s->e, cctx, token, 0);
       return coll_result(rc, NULL);
-    if (!erdma_shm_try_send(s->e, &token, 1, peer, (int)tag, s->ctx + 1, 0) &&
-        (rc = erdma_isend(s->e, &token, 1, peer, (int)tag, s->ctx + 1, 0, &sr))) {
-      erdma_req_abort(r);
-      erdma_req_free(r);
+    }
+    if ((rc = erdma_irecv(s->e, &got, 1, peer, (int)tag, cctx, 0, &r))) {
+      if (sr) {
+        erdma_req_abort(sr);
+        erdma_req_free(sr);
+      }
+      if (token) erdma_pair_settle(s->e, cctx, token, 0);
       return coll_result(rc, NULL);
     }
     rc = wait_one(s, r);
@@ -2044,6 +2074,10 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
       } else {
         rc = wait_one(s, sr);
       }
+    }
+    if (token) { /* both now know both tokens: the same answer on both sides */
+      s->pair = erdma_pair_settle(s->e, cctx, token, rc ? 0 : got);
+      s->pair_gen = erdma_pair_gen(s->e);
     }
     return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
   }

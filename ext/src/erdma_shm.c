@@ -48,7 +48,7 @@
 #include "erdma_ulfm.h"
 #include "erdma_copy.h"
 
-#define SHM_MAGIC 0x3330736d616d6465ull /* "edmams03" */
+#define SHM_MAGIC 0x3430736d616d6465ull /* "edmams04" */
 #define SHM_HDR 512
 /* After the header: the ids of our sends whose buffers local peers may read
  * with CMA right now (slot id % SHM_CMA_SLOTS; 0: free).  A reader checks
@@ -58,7 +58,10 @@
 /* Then a claim word per slot, for a copy split between the receiver and the
  * sender (shm_split_take): the send id << 8 | CLAIM_* bits. */
 #define SHM_CLAIMS (SHM_HDR + SHM_CMA_SLOTS * sizeof(uint32_t))
-#define SHM_RINGS (SHM_CLAIMS + SHM_CMA_SLOTS * sizeof(uint64_t))
+/* Then the two-rank Barrier slots (shm_pair_*), a cache line each: the
+ * communicator's context << 32 | the Barriers its owner entered. */
+#define SHM_PAIR_WORDS (SHM_CLAIMS + SHM_CMA_SLOTS * sizeof(uint64_t))
+#define SHM_RINGS (SHM_PAIR_WORDS + SHM_PAIRS * 64)
 /* An application thread that just left an engine call (between a send and
  * the wait for the reply, say) will poll the rings itself soon: producers
  * skip the doorbell for this long after it left, and the owner's progress
@@ -117,6 +120,10 @@ static struct shm_ring *ring_at(struct shm_seg *s, int i) {
 
 static _Atomic uint32_t *cma_slot(struct shm_seg *s, uint32_t sid) {
   return (_Atomic uint32_t *)((uint8_t *)s + SHM_HDR) + sid % SHM_CMA_SLOTS;
+}
+
+static _Atomic uint64_t *pair_word(struct shm_seg *s, int slot) {
+  return (_Atomic uint64_t *)((uint8_t *)s + SHM_PAIR_WORDS + (size_t)slot * 64);
 }
 
 static _Atomic uint64_t *cma_claim(struct shm_seg *s, uint32_t sid) {
@@ -327,7 +334,14 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
       s->job[j++] = *p;
   s->job[j] = 0;
   s->local = malloc(sizeof(int) * (size_t)nlocal);
-  if (!s->local) return ERDMA_ERR_NOMEM;
+  s->maps = calloc((size_t)nlocal, sizeof *s->maps);
+  if (!s->local || !s->maps) {
+    free(s->local);
+    free(s->maps);
+    s->local = NULL;
+    s->maps = NULL;
+    return ERDMA_ERR_NOMEM;
+  }
   memcpy(s->local, local_ranks, sizeof(int) * (size_t)nlocal);
   s->nlocal = nlocal;
   s->my_index = me;
@@ -444,6 +458,7 @@ int shm_attach_peers(erdma_engine *e) {
     c->remote_len = e->peers[p].addr_len;
     c->peer_seg = ps;
     c->peer_map_len = s->map_len;
+    s->maps[i] = ps;
     c->tx_ring = ring_at(ps, s->my_index);
     ring_prefault(e, c->tx_ring);
     c->rx_ring = ring_at(s->seg, i);
@@ -1261,8 +1276,7 @@ int shm_cma_read_seen(erdma_engine *e, int peer) {
 }
 
 static void shm_conn_release(erdma_conn *c) {
-  if (c->peer_seg) munmap(c->peer_seg, c->peer_map_len);
-  c->peer_seg = NULL;
+  c->peer_seg = NULL; /* unmapped at teardown (shm_state.maps) */
 }
 
 void shm_teardown(erdma_engine *e) {
@@ -1278,8 +1292,181 @@ void shm_teardown(erdma_engine *e) {
     if (!s->unlinked) shm_unlink(s->name);
     munmap(s->seg, s->map_len);
   }
+  for (int i = 0; s->maps && i < s->nlocal; i++)
+    if (s->maps[i]) munmap(s->maps[i], s->map_len);
+  free(s->maps);
   free(s->local);
   memset(s, 0, sizeof *s);
+}
+
+/* ---- two-rank Barriers by flags ----
+ * A two-rank Barrier by messages costs each side a ring write, a match and
+ * a request; by flags it is one store and one load of a line each.  Both
+ * ranks must take the same way at every Barrier, so they agree at one by
+ * messages: each sends erdma_pair_offer's byte as its token (0: no, as
+ * every other Barrier's token), and after the exchange both call
+ * erdma_pair_settle with the two bytes, which both now know.  From then on
+ * a Barrier counts its owner's slot up and waits for the peer's count to
+ * reach it.  A slot holds ctx << 32 | count: a reader that finds another
+ * context there knows that the peer freed the communicator, which it does
+ * only after its last Barrier on it (context ids are never reused within a
+ * job). */
+
+static int pair_done(const shm_pair *p) {
+  uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
+  return (uint32_t)(w >> 32) != p->ctx || (int32_t)((uint32_t)w - p->count) >= 0;
+}
+
+int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx) {
+  if (!e || peer < 0 || peer >= e->cfg.size || peer == e->cfg.rank || !ctx) return 0;
+  shm_state *s = &e->shm;
+  int tok = 0, at = -1;
+  pthread_mutex_lock(&e->mu);
+  erdma_conn *c = e->peers[peer].conn;
+  if (s->seg && c && c->shm && !c->closed && c->peer_seg && !e->peers[peer].error) {
+    for (int i = 0; i < SHM_PAIRS; i++) {
+      if (s->pair[i].ctx == ctx && !s->pair[i].on) { /* an offer never settled */
+        at = i;
+        break;
+      }
+      if (!s->pair[i].ctx && at < 0) at = i;
+    }
+  }
+  if (at >= 0) {
+    shm_pair *p = &s->pair[at];
+    memset(p, 0, sizeof *p);
+    p->ctx = ctx;
+    p->peer = peer;
+    p->mine = pair_word(s->seg, at);
+    p->peer_seg = c->peer_seg;
+    atomic_store_explicit(p->mine, (uint64_t)ctx << 32, memory_order_release);
+    tok = 0x80 | at;
+  }
+  pthread_mutex_unlock(&e->mu);
+  return tok;
+}
+
+static void pair_free(shm_state *s, shm_pair *p) {
+  atomic_store_explicit(p->mine, 0, memory_order_release);
+  if (p->on) s->pair_gen++; /* (an offer never agreed was never found) */
+  memset(p, 0, sizeof *p);
+}
+
+int erdma_pair_settle(erdma_engine *e, uint32_t ctx, int mine, int theirs) {
+  if (!e || !(mine & 0x80) || (mine & 0x7f) >= SHM_PAIRS) return -1;
+  shm_state *s = &e->shm;
+  int slot = -1;
+  pthread_mutex_lock(&e->mu);
+  shm_pair *p = &s->pair[mine & 0x7f];
+  if (p->ctx == ctx && !p->on) {
+    if ((theirs & 0x80) && (theirs & 0x7f) < SHM_PAIRS) {
+      p->theirs = pair_word(p->peer_seg, theirs & 0x7f);
+      p->on = 1;
+      s->pair_gen++;
+      slot = mine & 0x7f;
+    } else {
+      pair_free(s, p);
+    }
+  }
+  pthread_mutex_unlock(&e->mu);
+  return slot;
+}
+
+int erdma_pair_find(erdma_engine *e, int peer, uint32_t ctx) {
+  int slot = -1;
+  if (!e || !ctx) return -1;
+  pthread_mutex_lock(&e->mu);
+  for (int i = 0; i < SHM_PAIRS && slot < 0; i++)
+    if (e->shm.pair[i].on && e->shm.pair[i].ctx == ctx && e->shm.pair[i].peer == peer) slot = i;
+  pthread_mutex_unlock(&e->mu);
+  return slot;
+}
+
+unsigned erdma_pair_gen(erdma_engine *e) {
+  return e ? __atomic_load_n(&e->shm.pair_gen, __ATOMIC_ACQUIRE) : 0;
+}
+
+int erdma_pair_is(erdma_engine *e, int slot, uint32_t ctx) {
+  return e && slot >= 0 && slot < SHM_PAIRS && e->shm.pair[slot].on &&
+         e->shm.pair[slot].ctx == ctx;
+}
+
+void shm_pair_forget(erdma_engine *e, uint32_t ctx) {
+  shm_state *s = &e->shm;
+  for (int i = 0; i < SHM_PAIRS; i++) /* its point-to-point and collective contexts */
+    if (s->pair[i].ctx && (s->pair[i].ctx == ctx || s->pair[i].ctx == ctx + 1))
+      pair_free(s, &s->pair[i]);
+}
+
+void erdma_pair_arrive(erdma_engine *e, int slot) {
+  shm_pair *p = &e->shm.pair[slot];
+  p->count++;
+  atomic_store_explicit(p->mine, (uint64_t)p->ctx << 32 | p->count, memory_order_release);
+  /* against a peer thread that announced its sleep and looked before our store */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
+}
+
+int erdma_pair_done(erdma_engine *e, int slot) { return pair_done(&e->shm.pair[slot]); }
+
+/* Spin as erdma_req_wait's waiter would, then sleep on our bell; a wake-up
+ * with bytes in our rings drains them, as shm_wait does, since producers
+ * that saw us asleep rang the bell instead of the doorbell. */
+int erdma_pair_wait(erdma_engine *e, int slot, double timeout) {
+  shm_state *s = &e->shm;
+  shm_pair *p = &s->pair[slot];
+  if (pair_done(p)) return 0;
+  uint64_t now = erdma_now();
+  uint64_t deadline = timeout < 0 ? UINT64_MAX : now + (uint64_t)(timeout * 1e9);
+  uint64_t until = now + (s->spin_ns ? s->spin_ns : (uint64_t)e->cfg.spin_us * 1000u);
+  struct shm_seg *seg = s->seg;
+  int rv = 0;
+  __atomic_add_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL); /* teardown waits for us */
+  for (unsigned it = 1; !pair_done(p); it++) {
+    if ((it & 63) == 0 && (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
+      break;
+    if (s->oversub) sched_yield(); /* the peer may need our core */
+#if defined(__x86_64__)
+    else __builtin_ia32_pause();
+#endif
+  }
+  for (;;) {
+    if (pair_done(p)) break;
+    int err = __atomic_load_n(&e->peers[p->peer].error, __ATOMIC_RELAXED);
+    if (!__atomic_load_n(&e->running, __ATOMIC_RELAXED)) {
+      rv = ERDMA_ERR_STATE;
+      break;
+    }
+    if (err || atomic_load_explicit(&p->peer_seg->closed, memory_order_relaxed)) {
+      rv = err ? err : ERDMA_ERR_PEER;
+      break;
+    }
+    if ((now = erdma_now()) >= deadline) {
+      rv = ERDMA_ERR_TIMEOUT;
+      break;
+    }
+    if (shm_rx_ready(e)) {
+      __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL); /* never wait for the lock counted */
+      pthread_mutex_lock(&e->mu);
+      if (s->seg == seg && e->running) {
+        shm_poll(e);
+        conn_flush_all(e);
+      }
+      __atomic_add_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);
+      pthread_mutex_unlock(&e->mu);
+      continue;
+    }
+    uint64_t ns = deadline - now;
+    if (ns > 50000000ull) ns = 50000000ull; /* the peer's failure, shutdown */
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    atomic_fetch_add_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
+    uint32_t v = atomic_load_explicit(&seg->bell, memory_order_seq_cst);
+    if (!pair_done(p) && !shm_rx_ready(e))
+      syscall(SYS_futex, &seg->bell, FUTEX_WAIT, v, &ts, NULL, 0);
+    atomic_fetch_sub_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
+  }
+  __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);
+  return rv;
 }
 
 /* ---- the channel of a shared-memory connection (erdma_chan) ---- */

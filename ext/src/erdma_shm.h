@@ -18,6 +18,19 @@
 /* ---- shared memory between ranks on one host (erdma_shm.c) ----
  * A connection to a local rank is reached through its channel,
  * erdma_shm_chan (erdma_conn.h): eager frames into the ring, CMA reads. */
+/* Two-rank Barriers by flags (shm_pair_*, erdma_pair_* in erdma.h): slots
+ * per rank, each a 64-byte line of its segment; a Barrier's token names one
+ * as 0x80 | slot. */
+#define SHM_PAIRS 128
+typedef struct shm_pair {
+  uint32_t ctx;                 /* the communicator's collective context; 0: free */
+  int on;                       /* agreed with the peer */
+  int peer;                     /* world rank */
+  uint32_t count;               /* our Barriers by flags so far */
+  _Atomic uint64_t *mine, *theirs; /* ctx << 32 | count, ours and the peer's slot */
+  struct shm_seg *peer_seg;
+} shm_pair;
+
 typedef struct shm_state {
   char job[64];
   int *local;            /* world ranks on this host, ascending */
@@ -34,6 +47,10 @@ typedef struct shm_state {
   int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
   uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
   int held;              /* drain_ring left a peer's bytes in its ring (shm_hold_max) */
+  struct shm_seg **maps; /* local peers' segments by local index, mapped until teardown
+                          * (a pair slot's reader holds pointers into them) */
+  shm_pair pair[SHM_PAIRS];
+  unsigned pair_gen;     /* bumped when a pair is agreed or forgotten */
 } shm_state;
 
 /* shm.c (all under e->mu) */
@@ -60,6 +77,7 @@ void shm_app_active(erdma_engine *e);   /* an application thread leaves a call *
 void shm_app_idle(erdma_engine *e);     /* ... or sleeps on e->cv */
 uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
 void shm_teardown(erdma_engine *e);
+void shm_pair_forget(erdma_engine *e, uint32_t ctx); /* a communicator freed (e->mu held) */
 /* bulk copies for the one-host collectives (no lock needed) */
 int shm_cma_ok(erdma_engine *e, int peer);
 /* a send with these flags of nbytes to a local peer goes by RTS and a CMA

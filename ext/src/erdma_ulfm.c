@@ -150,6 +150,7 @@ int erdma_ctx_group(erdma_engine *e, uint32_t ctx, const int *ranks, int n) {
   int rv = 0;
   ctx_group *g = group_find(e, ctx);
   if (n == 0) { /* forget it */
+    shm_pair_forget(e, ctx);
     if (g) {
       struct ulfm_state *u = e->ulfm;
       free(g->ranks);
