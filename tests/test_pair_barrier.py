@@ -1,0 +1,116 @@
+"""Two-rank Barriers of one host by flags in shared memory (erdma_pair_* in
+erdma_shm.c): Barrier's semantics however the communicator is reached
+(tests/scripts/pair_barrier.py, also against mpi4py), a peer that dies or
+stops while the other waits on its flag, and a signal during that wait."""
+import re
+import time
+
+import pytest
+
+from _ranks import assert_ok, assert_reference, run_script
+from harness import run_mpi
+
+SCRIPT = "pair_barrier.py"
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_barrier_semantics_by_flags_and_messages(nprocs):
+    assert_ok(run_script(SCRIPT, nprocs), SCRIPT, nprocs)
+
+
+def test_barrier_semantics_hold_for_mpi4py():
+    assert_reference(SCRIPT, 2)
+
+
+TIMEOUT = 3.0   # ERDMA_TIMEOUT of the jobs below
+
+_FAULT = r"""
+import os, signal, sys, time
+from erdmampi import MPI
+from erdmampi._commrt import _rt
+from erdmampi._engine import lib
+comm = MPI.COMM_WORLD
+comm.Set_errhandler(MPI.ERRORS_RETURN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+mode = sys.argv[1]
+pids = comm.allgather(os.getpid())
+for _ in range(5):
+    comm.Barrier()
+print(f"rank {comm.rank}: flags={lib.erdma_pair_find(_rt.engine._h, 1 - comm.rank, comm._ctx + 1) >= 0}",
+      flush=True)
+comm.Barrier()
+if comm.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP if mode == "stop" else signal.SIGKILL)
+    time.sleep(600)
+t0 = time.monotonic()
+try:
+    for _ in range(1000):
+        comm.Barrier()
+    print("rank 0: no error", flush=True)
+except MPI.Exception as e:
+    same = e.Get_error_class() == MPI.ERR_PROC_FAILED
+    print(f"rank 0: PROC_FAILED={same} after {time.monotonic() - t0:.2f} s", flush=True)
+os.kill(pids[1], signal.SIGKILL)    # (a stopped one too)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["kill", "stop"])
+def test_a_dead_or_stopped_peer_fails_a_barrier_by_flags(mode):
+    res = run_mpi(2, _FAULT, args=(mode,), timeout=60,
+                  env={"ERDMA_TIMEOUT": str(TIMEOUT), "ERDMA_SHM": "1"},
+                  extra=["--kill-grace", "40"])
+    out = res.stdout + res.stderr
+    assert "rank 0: flags=True" in out and "rank 1: flags=True" in out, out
+    m = re.search(r"rank 0: PROC_FAILED=(\w+) after ([\d.]+) s", res.stdout)
+    assert m and m.group(1) == "True", out
+    took = float(m.group(2))
+    if mode == "kill":      # an exited local process is seen within a liveness tick
+        assert took < 1.5, out
+    else:                   # a frozen one once its heartbeat stood still ERDMA_TIMEOUT
+        assert TIMEOUT - 0.5 <= took < 2 * TIMEOUT + 3, out
+
+
+_SIGNAL = r"""
+import signal, time
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+for _ in range(5):
+    comm.Barrier()
+class Alarm(Exception):
+    pass
+def ring(*_):
+    raise Alarm()
+if comm.rank == 0:
+    signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    t0 = time.monotonic()
+    try:
+        comm.Barrier()
+        print("rank 0: no signal", flush=True)
+    except Alarm:
+        print(f"rank 0: interrupted after {time.monotonic() - t0:.2f} s", flush=True)
+else:
+    time.sleep(2.0)
+    comm.Barrier()      # meets the Barrier rank 0 entered and left
+# both count the same Barriers from here on
+for i in range(20):
+    t0 = time.monotonic()
+    if comm.rank == i % 2:
+        time.sleep(0.02)
+    comm.Barrier()
+    dt = time.monotonic() - t0
+    if comm.rank != i % 2 and dt < 0.018:
+        print(f"rank {comm.rank}: round {i} left early ({dt * 1e3:.1f} ms)", flush=True)
+print(f"rank {comm.rank}: done", flush=True)
+"""
+
+
+def test_a_signal_interrupts_a_barrier_by_flags():
+    res = run_mpi(2, _SIGNAL, timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    m = re.search(r"rank 0: interrupted after ([\d.]+) s", out)
+    assert m and float(m.group(1)) < 1.5, out   # within the 0.5 s wait slice of the alarm
+    assert "left early" not in out, out
+    assert "rank 0: done" in out and "rank 1: done" in out, out
