@@ -113,7 +113,7 @@ class _CollTransport:
     """
 
     __slots__ = ("rank", "size", "_hosts", "_eng", "_ranks", "_ctx", "_base", "_pkl", "_fast",
-                 "_comm")
+                 "_comm", "blocking")
 
     def __init__(self, comm, ctx, base, ranks=None, rank=None):
         self._eng = _engine_or_raise()
@@ -126,6 +126,7 @@ class _CollTransport:
         self._comm = comm if ranks is None and rank is None and ctx == comm._ctx + 1 else None
         self._fast = None       # the communicator's _engine.fast state, on first use
         self._hosts = False
+        self.blocking = False   # a blocking call's (pair_barrier)
 
     @property
     def hosts(self):
@@ -139,6 +140,20 @@ class _CollTransport:
         """A builder for :mod:`erdmampi.collectives.sched` algorithms."""
         return _collsched.CollSchedule(self._eng, self._ranks, self._ctx, self._base,
                                        chunked)
+
+    def pair_barrier(self):
+        """A blocking Barrier of two ranks by flags in shared memory, once
+        the two agreed on them at an earlier Barrier (erdma_pair_* in
+        erdma_shm.c; the C paths offer them): True when done, False (nothing
+        done) otherwise.  Every path of a blocking Barrier takes them once
+        agreed, so that ranks on different paths still meet; a nonblocking
+        one never does (it matches only its own kind)."""
+        if not self.blocking or self.size != 2:
+            return False
+        try:
+            return self._eng.pair_barrier(self._ranks[1 - self.rank], self._ctx)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
 
     def isend(self, buf, dest, tag):
         _collsched.notify_started()

@@ -642,6 +642,21 @@ class Engine:
         lib.erdma_engine_describe(self._h, buf, len(buf), limit)
         return ffi.string(buf).decode("utf-8", "replace")
 
+    # -- two-rank Barriers by flags (ext/src/erdma_shm.c)
+    def pair_barrier(self, peer: int, ctx: int) -> bool:
+        """A Barrier with world rank ``peer`` by flags in shared memory when
+        the two agreed on them for context ``ctx`` at an earlier Barrier:
+        True when done, False (nothing done) when they did not."""
+        slot = lib.erdma_pair_find(self._h, peer, ctx)
+        if slot < 0:
+            return False
+        lib.erdma_pair_arrive(self._h, slot)
+        # the GIL is released in each wait; a signal's handler runs between two
+        while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
+            pass
+        _check(rc, "barrier")
+        return True
+
     # -- failures and ANY_SOURCE receives (ext/src/erdma_ulfm.c)
     def ctx_group(self, ctx: int, ranks) -> None:
         """The world ranks a receive on context ``ctx`` can match (empty: forget ctx)."""

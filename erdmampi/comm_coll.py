@@ -143,9 +143,10 @@ class CommColl:
             return lambda: algo(t, sarr, rarr, cd)
         return lambda: algo(t, sarr, rarr, root, cd)
 
-    def _c_barrier(self):
+    def _c_barrier(self, blocking=False):
         self._check()
         t = self._transport()
+        t.blocking = blocking
         return lambda: coll.barrier(t)
 
     def _c_bcast(self, buf, root, compress=None):
@@ -487,7 +488,7 @@ class CommColl:
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             return
-        self._c_barrier()()
+        self._c_barrier(blocking=True)()
 
     def Bcast(self, buf, root=0, *, compress=None):
         """Broadcast a buffer from ``root`` to every process."""

@@ -16,6 +16,9 @@ def barrier_dissemination(t: Transport) -> None:
     n, r = t.size, t.rank
     if n <= 1:
         return
+    pair = getattr(t, "pair_barrier", None)     # two ranks of one host: flags once agreed
+    if n == 2 and pair is not None and pair():
+        return
     token = np.zeros(1, dtype=np.uint8)
     sink = np.empty(1, dtype=np.uint8)
     dist, step = 1, 0
