@@ -290,16 +290,17 @@ uint64_t erdma_trace_take(erdma_engine *e, erdma_trace_rec *out, uint64_t max,
  * communicator's collective context.  erdma_pair_find: the slot agreed for
  * (peer, ctx), else -1; erdma_pair_gen changes whenever one is agreed or
  * forgotten (erdma_ctx_group with n = 0 forgets ctx's).  A Barrier by flags:
- * erdma_pair_arrive, then erdma_pair_done (lock-free) or erdma_pair_wait
- * (0; ERDMA_ERR_TIMEOUT when timeout, in seconds, ran out: wait again; the
- * peer's error once it failed). */
+ * erdma_pair_arrive, then erdma_pair_poll (lock-free: 1 when the peer
+ * arrived, looking up to `spins` times, once where local ranks outnumber
+ * the CPUs) and erdma_pair_wait (0; ERDMA_ERR_TIMEOUT when timeout, in
+ * seconds, ran out: wait again; the peer's error once it failed). */
 int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx);
 int erdma_pair_settle(erdma_engine *e, uint32_t ctx, int mine, int theirs);
 int erdma_pair_find(erdma_engine *e, int peer, uint32_t ctx);
 unsigned erdma_pair_gen(erdma_engine *e);
 int erdma_pair_is(erdma_engine *e, int slot, uint32_t ctx);
 void erdma_pair_arrive(erdma_engine *e, int slot);
-int erdma_pair_done(erdma_engine *e, int slot);
+int erdma_pair_poll(erdma_engine *e, int slot, int spins);
 int erdma_pair_wait(erdma_engine *e, int slot, double timeout);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the

@@ -2033,12 +2033,8 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
     }
     if (s->pair >= 0 && erdma_pair_is(s->e, s->pair, cctx)) {
       erdma_pair_arrive(s->e, s->pair);
-      for (int i = 0; i < 64; i++) { /* the peer is usually a moment behind: keep the GIL */
-        if (erdma_pair_done(s->e, s->pair)) return PyLong_FromLong(0);
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-      }
+      /* the peer is usually a moment behind: look for it keeping the GIL */
+      if (erdma_pair_poll(s->e, s->pair, 64)) return PyLong_FromLong(0);
       for (;;) {
         PyThreadState *ts = PyEval_SaveThread();
         rc = erdma_pair_wait(s->e, s->pair, s->slice);

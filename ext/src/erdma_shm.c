@@ -1407,7 +1407,17 @@ void erdma_pair_arrive(erdma_engine *e, int slot) {
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
 }
 
-int erdma_pair_done(erdma_engine *e, int slot) { return pair_done(&e->shm.pair[slot]); }
+int erdma_pair_poll(erdma_engine *e, int slot, int spins) {
+  const shm_pair *p = &e->shm.pair[slot];
+  if (e->shm.oversub) spins = 1; /* the peer may be waiting for our core */
+  for (int i = 0; i < spins; i++) {
+    if (pair_done(p)) return 1;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return 0;
+}
 
 /* Spin as erdma_req_wait's waiter would, then sleep on our bell; a wake-up
  * with bytes in our rings drains them, as shm_wait does, since producers
@@ -1425,6 +1435,9 @@ int erdma_pair_wait(erdma_engine *e, int slot, double timeout) {
   for (unsigned it = 1; !pair_done(p); it++) {
     if ((it & 63) == 0 && (erdma_now() >= until || !__atomic_load_n(&e->running, __ATOMIC_RELAXED)))
       break;
+    /* the peer on our CPU: sleep at once rather than keep it from running
+     * (as spin_shm) */
+    if (!s->oversub && (it & 63) == 1 && shm_shares_cpu(e) && !shm_move_off_cpu(e)) break;
     if (s->oversub) sched_yield(); /* the peer may need our core */
 #if defined(__x86_64__)
     else __builtin_ia32_pause();
