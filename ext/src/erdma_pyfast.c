@@ -1909,6 +1909,22 @@ static int wait_one(pf_state *s, erdma_req *r) {
   return rc ? rc : st.error;
 }
 
+/* wait_one without the signal checks between slices: a wait whose
+ * abandon would leave the two ranks with different knowledge (a Barrier
+ * that offered flags, see pf_barrier); a failed peer still ends it. */
+static int wait_through(pf_state *s, erdma_req *r) {
+  erdma_status st;
+  int rc;
+  do {
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = erdma_req_wait(r, s->slice, &st);
+    PyEval_RestoreThread(ts);
+  } while (rc == ERDMA_ERR_TIMEOUT);
+  if (rc) erdma_req_abort(r);
+  erdma_req_free(r);
+  return rc ? rc : st.error;
+}
+
 /* One receive of a collective's message, without the collective's state;
  * answers as erdma_coll_* would (0, or an error as (rc, 0)); a signal's
  * exception between slices withdraws the receive. */
@@ -2062,18 +2078,23 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
       if (token) erdma_pair_settle(s->e, cctx, token, 0);
       return coll_result(rc, NULL);
     }
-    rc = wait_one(s, r);
+    /* With an offer out, the peer decides once it has both tokens: a wait
+     * we left on a signal would leave us without its token, deciding
+     * otherwise.  So that one Barrier per communicator runs to its end (or
+     * to the peer's failure) and the signal's handler runs after it. */
+    rc = token ? wait_through(s, r) : wait_one(s, r);
     if (sr) {
       if (rc) { /* the receive failed or a signal came: withdraw the send too */
         erdma_req_abort(sr);
         erdma_req_free(sr);
       } else {
-        rc = wait_one(s, sr);
+        rc = token ? wait_through(s, sr) : wait_one(s, sr);
       }
     }
     if (token) { /* both now know both tokens: the same answer on both sides */
       s->pair = erdma_pair_settle(s->e, cctx, token, rc ? 0 : got);
       s->pair_gen = erdma_pair_gen(s->e);
+      if (!rc && PyErr_CheckSignals()) return NULL;
     }
     return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
   }
