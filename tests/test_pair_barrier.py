@@ -71,11 +71,16 @@ def test_a_dead_or_stopped_peer_fails_a_barrier_by_flags(mode):
         assert TIMEOUT - 0.5 <= took < 2 * TIMEOUT + 3, out
 
 
-_SIGNAL = r"""
-import signal, time
+# rank 0 is in a Barrier (after `before` others) when SIGALRM comes 0.3 s
+# in; rank 1 enters it `late` s in; then both check they still agree
+_ALARMED = r"""
+import signal, sys, time
 from erdmampi import MPI
+from erdmampi._commrt import _rt
+from erdmampi._engine import lib
 comm = MPI.COMM_WORLD
-for _ in range(5):
+before, late = int(sys.argv[1]), float(sys.argv[2])
+for _ in range(before):
     comm.Barrier()
 class Alarm(Exception):
     pass
@@ -91,8 +96,10 @@ if comm.rank == 0:
     except Alarm:
         print(f"rank 0: interrupted after {time.monotonic() - t0:.2f} s", flush=True)
 else:
-    time.sleep(2.0)
-    comm.Barrier()      # meets the Barrier rank 0 entered and left
+    time.sleep(late)
+    comm.Barrier()      # meets the Barrier rank 0 entered
+on = lib.erdma_pair_find(_rt.engine._h, 1 - comm.rank, comm._ctx + 1) >= 0
+print(f"rank {comm.rank}: flags={on} same={comm.allgather(on) == [on, on]}", flush=True)
 # both count the same Barriers from here on: no rank leaves one before the
 # other entered (CLOCK_MONOTONIC is one clock for the processes of a host)
 stamps = []
@@ -112,55 +119,24 @@ print(f"rank {comm.rank}: done", flush=True)
 """
 
 
-def test_a_signal_interrupts_a_barrier_by_flags():
-    res = run_mpi(2, _SIGNAL, timeout=60)
+def _alarmed(before, late):
+    res = run_mpi(2, _ALARMED, args=(before, late), timeout=60)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     m = re.search(r"rank 0: interrupted after ([\d.]+) s", out)
-    assert m and float(m.group(1)) < 1.5, out   # within the 0.5 s wait slice of the alarm
+    assert m, out
+    assert "rank 0: flags=True same=True" in out and "rank 1: flags=True same=True" in out, out
     assert "left early" not in out, out
     assert "rank 0: done" in out and "rank 1: done" in out, out
+    return float(m.group(1))
 
 
-_SIGNAL_AT_AGREEMENT = r"""
-import signal, time
-from erdmampi import MPI
-from erdmampi._commrt import _rt
-from erdmampi._engine import lib
-comm = MPI.COMM_WORLD
-comm.Barrier()                  # the first: by the Python-resolved path
-class Alarm(Exception):
-    pass
-def ring(*_):
-    raise Alarm()
-if comm.rank == 0:              # the second offers flags: a signal must not split the two
-    signal.signal(signal.SIGALRM, ring)
-    signal.setitimer(signal.ITIMER_REAL, 0.3)
-    t0 = time.monotonic()
-    try:
-        comm.Barrier()
-        print("rank 0: no signal", flush=True)
-    except Alarm:
-        print(f"rank 0: interrupted after {time.monotonic() - t0:.2f} s", flush=True)
-else:
-    time.sleep(1.0)
-    comm.Barrier()
-on = lib.erdma_pair_find(_rt.engine._h, 1 - comm.rank, comm._ctx + 1) >= 0
-print(f"rank {comm.rank}: flags={on} same={comm.allgather(on) == [on, on]}", flush=True)
-for _ in range(50):
-    comm.Barrier()
-print(f"rank {comm.rank}: done", flush=True)
-"""
+def test_a_signal_interrupts_a_barrier_by_flags():
+    assert _alarmed(5, 2.0) < 1.5       # within the 0.5 s wait slice of the alarm
 
 
 def test_a_signal_at_the_agreeing_barrier_leaves_both_ranks_alike():
-    # the Barrier that offers flags runs to its end, then the handler runs:
-    # a rank that left it early would not know the peer's answer, and the
-    # two would wait for each other on different ways
-    res = run_mpi(2, _SIGNAL_AT_AGREEMENT, timeout=60)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
-    m = re.search(r"rank 0: interrupted after ([\d.]+) s", out)
-    assert m and float(m.group(1)) >= 0.9, out       # after rank 1 arrived, not at 0.3 s
-    assert "rank 0: flags=True same=True" in out and "rank 1: flags=True same=True" in out, out
-    assert "rank 0: done" in out and "rank 1: done" in out, out
+    # the Barrier that offers flags (the second) runs to its end, then the
+    # handler runs: a rank that left it early would not know the peer's
+    # answer, and the two would wait for each other on different ways
+    assert _alarmed(1, 1.0) >= 0.9
