@@ -483,8 +483,12 @@ class CommColl:
             self._fast_remember("barrier", _fast_remember_barrier,
                                 (_environ_data, _COLL_ENV["barrier"]), compressible=False)
             try:
+                base = self._coll_base()
+                if len(self._ranks) == 2 and _rt.engine.pair_barrier(
+                        self._ranks[1 - self._rank], self._ctx + 1):
+                    return              # agreed flags, waited for in slices (signals)
                 _engine.coll_barrier(_rt.engine, self._cranks, len(self._ranks), self._rank,
-                                     self._coll_base(), self._ctx + 1)
+                                     base, self._ctx + 1)
             except _engine.EngineError as e:
                 raise engine_exception(e) from None
             return

@@ -71,15 +71,18 @@ def test_a_dead_or_stopped_peer_fails_a_barrier_by_flags(mode):
         assert TIMEOUT - 0.5 <= took < 2 * TIMEOUT + 3, out
 
 
-# rank 0 is in a Barrier (after `before` others) when SIGALRM comes 0.3 s
-# in; rank 1 enters it `late` s in; then both check they still agree
+# rank 0 is in a Barrier (after `before` others; through a second object of
+# the communicator, whose first call takes the Python-resolved path, with
+# `alias`) when SIGALRM comes 0.3 s in; rank 1 enters it `late` s in; then
+# both check they still agree
 _ALARMED = r"""
 import signal, sys, time
 from erdmampi import MPI
 from erdmampi._commrt import _rt
 from erdmampi._engine import lib
 comm = MPI.COMM_WORLD
-before, late = int(sys.argv[1]), float(sys.argv[2])
+before, late, alias = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+
 for _ in range(before):
     comm.Barrier()
 class Alarm(Exception):
@@ -91,7 +94,7 @@ if comm.rank == 0:
     signal.setitimer(signal.ITIMER_REAL, 0.3)
     t0 = time.monotonic()
     try:
-        comm.Barrier()
+        (MPI.Intracomm(comm) if alias else comm).Barrier()
         print("rank 0: no signal", flush=True)
     except Alarm:
         print(f"rank 0: interrupted after {time.monotonic() - t0:.2f} s", flush=True)
@@ -119,8 +122,8 @@ print(f"rank {comm.rank}: done", flush=True)
 """
 
 
-def _alarmed(before, late):
-    res = run_mpi(2, _ALARMED, args=(before, late), timeout=60)
+def _alarmed(before, late, alias=False):
+    res = run_mpi(2, _ALARMED, args=(before, late, int(alias)), timeout=60)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     m = re.search(r"rank 0: interrupted after ([\d.]+) s", out)
@@ -131,8 +134,9 @@ def _alarmed(before, late):
     return float(m.group(1))
 
 
-def test_a_signal_interrupts_a_barrier_by_flags():
-    assert _alarmed(5, 2.0) < 1.5       # within the 0.5 s wait slice of the alarm
+@pytest.mark.parametrize("alias", [False, True])
+def test_a_signal_interrupts_a_barrier_by_flags(alias):
+    assert _alarmed(5, 2.0, alias) < 1.5    # within the 0.5 s wait slice of the alarm
 
 
 def test_a_signal_at_the_agreeing_barrier_leaves_both_ranks_alike():

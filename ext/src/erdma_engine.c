@@ -531,6 +531,7 @@ void erdma_engine_free(erdma_engine *e) {
   }
   pthread_mutex_unlock(&e->mu);
   shm_teardown(e);
+  shm_unmap_peers(e); /* the connections pointing into them are freed */
   ulfm_free(e);
   nat_free(e);
   tls_identity_free(e);

@@ -246,6 +246,7 @@ typedef struct {
   PyObject *bar_env, *bar_key; /* Barrier: remembered when both set */
   int pair;                    /* two ranks: the Barrier's flag slot (erdma_pair_*), or -1 */
   unsigned pair_gen;           /* erdma_pair_gen when `pair` was looked up */
+  int pair_refused;            /* offers the peer did not take (none past PAIR_OFFERS) */
   pf_packed pk[2][PF_SLOTS];   /* packed Sendrecv sides, [0]: send, [1]: recv */
   unsigned long hits; /* Sendrecv, Isend, Irecv calls run here (see hits()) */
   int *inv, ninv;     /* world rank -> rank (comm_rank), made on first use */
@@ -253,6 +254,7 @@ typedef struct {
 } pf_state;
 
 #define SEQ_MOD (1L << 20) /* erdmampi.comm: _SEQ_MOD, _COLL_TAGS */
+#define PAIR_OFFERS 3      /* two-rank Barrier flags offered per communicator state */
 #define COLL_TAGS 1024
 
 static const char CAPSULE[] = "erdmampi._erdma_fast.state";
@@ -2063,7 +2065,10 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
      * collective's state; the token offers flags for the Barriers to come.
      * It goes first, straight into a local peer's ring where it fits: the
      * peer's wait ends sooner by the cost of posting our receive */
-    uint8_t token = (uint8_t)erdma_pair_offer(s->e, peer, cctx), got = 0;
+    /* a peer that never offers (its slots taken, no fast path) would make
+     * every such Barrier wait through signals: offer a few times only */
+    uint8_t token = s->pair_refused < PAIR_OFFERS ? (uint8_t)erdma_pair_offer(s->e, peer, cctx) : 0;
+    uint8_t got = 0;
     erdma_req *r = NULL, *sr = NULL;
     if (!erdma_shm_try_send(s->e, &token, 1, peer, (int)tag, cctx, 0) &&
         (rc = erdma_isend(s->e, &token, 1, peer, (int)tag, cctx, 0, &sr))) {
@@ -2094,6 +2099,7 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
     if (token) { /* both now know both tokens: the same answer on both sides */
       s->pair = erdma_pair_settle(s->e, cctx, token, rc ? 0 : got);
       s->pair_gen = erdma_pair_gen(s->e);
+      if (s->pair < 0 && !rc) s->pair_refused++;
       if (!rc && PyErr_CheckSignals()) return NULL;
     }
     return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);

@@ -335,6 +335,7 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
   s->job[j] = 0;
   s->local = malloc(sizeof(int) * (size_t)nlocal);
   s->maps = calloc((size_t)nlocal, sizeof *s->maps);
+  s->nmaps = nlocal;
   if (!s->local || !s->maps) {
     free(s->local);
     free(s->maps);
@@ -360,7 +361,7 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
               (unsigned long long)(e->cfg.shm_bulk_cma_min == UINT64_MAX
                                        ? 0 : e->cfg.shm_bulk_cma_min));
   }
-  s->map_len = SHM_RINGS + (size_t)nlocal * ring_stride(rb);
+  s->map_len = s->maps_len = SHM_RINGS + (size_t)nlocal * ring_stride(rb);
   seg_name(e, e->cfg.rank, s->name, sizeof s->name);
   fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0 && errno == EEXIST) { /* left over by a crashed job with this id */
@@ -1292,11 +1293,25 @@ void shm_teardown(erdma_engine *e) {
     if (!s->unlinked) shm_unlink(s->name);
     munmap(s->seg, s->map_len);
   }
-  for (int i = 0; s->maps && i < s->nlocal; i++)
-    if (s->maps[i]) munmap(s->maps[i], s->map_len);
-  free(s->maps);
+  /* the peers' segments stay mapped while connections point into them
+   * (shm_unmap_peers, once erdma_engine_free has freed those) */
+  struct shm_seg **maps = s->maps;
+  int nmaps = s->nmaps;
+  size_t maps_len = s->maps_len;
   free(s->local);
   memset(s, 0, sizeof *s);
+  s->maps = maps;
+  s->nmaps = nmaps;
+  s->maps_len = maps_len;
+}
+
+void shm_unmap_peers(erdma_engine *e) {
+  shm_state *s = &e->shm;
+  for (int i = 0; s->maps && i < s->nmaps; i++)
+    if (s->maps[i]) munmap(s->maps[i], s->maps_len);
+  free(s->maps);
+  s->maps = NULL;
+  s->nmaps = 0;
 }
 
 /* ---- two-rank Barriers by flags ----
@@ -1443,14 +1458,12 @@ int erdma_pair_wait(erdma_engine *e, int slot, double timeout) {
     else __builtin_ia32_pause();
 #endif
   }
+  int slept = 0;
   for (;;) {
     if (pair_done(p)) break;
     int err = __atomic_load_n(&e->peers[p->peer].error, __ATOMIC_RELAXED);
-    if (!__atomic_load_n(&e->running, __ATOMIC_RELAXED)) {
-      rv = ERDMA_ERR_STATE;
-      break;
-    }
     if (err || atomic_load_explicit(&p->peer_seg->closed, memory_order_relaxed)) {
+      if (pair_done(p)) break; /* it arrived, then left or failed */
       rv = err ? err : ERDMA_ERR_PEER;
       break;
     }
@@ -1458,27 +1471,39 @@ int erdma_pair_wait(erdma_engine *e, int slot, double timeout) {
       rv = ERDMA_ERR_TIMEOUT;
       break;
     }
-    if (shm_rx_ready(e)) {
-      __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL); /* never wait for the lock counted */
-      pthread_mutex_lock(&e->mu);
-      if (s->seg == seg && e->running) {
-        shm_poll(e);
-        conn_flush_all(e);
-      }
-      __atomic_add_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);
+    /* as shm_wait: while we sleep, producers and consumers that see us
+     * asleep ring our bell instead of the doorbell, so our rings and our
+     * stalled sends are ours to move */
+    __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL); /* never wait for the lock counted */
+    pthread_mutex_lock(&e->mu);
+    if (s->seg != seg || !e->running) { /* shut down meanwhile: teardown may have run */
       pthread_mutex_unlock(&e->mu);
-      continue;
+      return ERDMA_ERR_STATE;
     }
+    shm_poll(e);
+    conn_flush_all(e);
+    int held = s->held; /* bytes left in a ring (shm_hold_max): no reason to poll again */
     uint64_t ns = deadline - now;
     if (ns > 50000000ull) ns = 50000000ull; /* the peer's failure, shutdown */
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     atomic_fetch_add_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
     uint32_t v = atomic_load_explicit(&seg->bell, memory_order_seq_cst);
-    if (!pair_done(p) && !shm_rx_ready(e))
+    __atomic_add_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_unlock(&e->mu);
+    if (!pair_done(p) && (held || !shm_rx_ready(e)))
       syscall(SYS_futex, &seg->bell, FUTEX_WAIT, v, &ts, NULL, 0);
     atomic_fetch_sub_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
+    slept = 1;
   }
   __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);
+  if (slept && !rv) { /* what came while we slept, as shm_wait leaves */
+    pthread_mutex_lock(&e->mu);
+    if (s->seg == seg && e->running) {
+      shm_poll(e);
+      conn_flush_all(e);
+    }
+    pthread_mutex_unlock(&e->mu);
+  }
   return rv;
 }
 

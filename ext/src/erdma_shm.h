@@ -47,8 +47,11 @@ typedef struct shm_state {
   int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
   uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
   int held;              /* drain_ring left a peer's bytes in its ring (shm_hold_max) */
-  struct shm_seg **maps; /* local peers' segments by local index, mapped until teardown
-                          * (a pair slot's reader holds pointers into them) */
+  struct shm_seg **maps; /* local peers' segments by local index, mapped until the
+                          * engine is freed (a pair slot's reader and connections
+                          * hold pointers into them) */
+  int nmaps;
+  size_t maps_len;
   shm_pair pair[SHM_PAIRS];
   unsigned pair_gen;     /* bumped when a pair is agreed or forgotten */
 } shm_state;
@@ -77,6 +80,7 @@ void shm_app_active(erdma_engine *e);   /* an application thread leaves a call *
 void shm_app_idle(erdma_engine *e);     /* ... or sleeps on e->cv */
 uint64_t shm_next_wake(erdma_engine *e, uint64_t exp, uint64_t now);
 void shm_teardown(erdma_engine *e);
+void shm_unmap_peers(erdma_engine *e); /* after the connections are freed */
 void shm_pair_forget(erdma_engine *e, uint32_t ctx); /* a communicator freed (e->mu held) */
 /* bulk copies for the one-host collectives (no lock needed) */
 int shm_cma_ok(erdma_engine *e, int peer);
