@@ -850,14 +850,6 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
   return rv;
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* Every peer is on this host: waiters sleep on the shared-memory bell. */
 static int all_shm(erdma_engine *e) {
   return e->shm.seg && e->shm.nlocal == e->cfg.size && e->running;

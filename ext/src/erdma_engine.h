@@ -103,6 +103,15 @@ static inline void trace_msg(erdma_engine *e, int op, int peer, int tag, uint32_
 
 /* engine.c */
 uint64_t erdma_now(void);
+/* a spin-wait loop's pause */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 int addr_is_loopback(const struct sockaddr_storage *a);
 /* numeric host and port of an IPv4/IPv6 address ("" and 0 for another family) */
 void addr_format(const struct sockaddr_storage *a, char *host, size_t hostcap, int *port);

@@ -1888,11 +1888,13 @@ static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssi
 }
 
 /* Wait for a collective's request posted without the collective's state,
- * in slices with signal checks between them; frees it.  The error it ended
- * with (or erdma_req_wait's), or PF_SIGNALLED with a signal's exception set
- * (the request withdrawn). */
+ * in slices with signal checks between them (without: a wait whose abandon
+ * would leave the two ranks knowing different things, as a Barrier that
+ * offered flags, see pf_barrier; a failed peer still ends it); frees it.
+ * The error it ended with (or erdma_req_wait's), or PF_SIGNALLED with a
+ * signal's exception set (the request withdrawn). */
 #define PF_SIGNALLED INT32_MIN
-static int wait_one(pf_state *s, erdma_req *r) {
+static int wait_signals(pf_state *s, erdma_req *r, int signals) {
   erdma_status st;
   int rc;
   for (;;) {
@@ -1900,7 +1902,7 @@ static int wait_one(pf_state *s, erdma_req *r) {
     rc = erdma_req_wait(r, s->slice, &st);
     PyEval_RestoreThread(ts);
     if (rc != ERDMA_ERR_TIMEOUT) break;
-    if (PyErr_CheckSignals()) {
+    if (signals && PyErr_CheckSignals()) {
       erdma_req_abort(r);
       erdma_req_free(r);
       return PF_SIGNALLED;
@@ -1911,21 +1913,7 @@ static int wait_one(pf_state *s, erdma_req *r) {
   return rc ? rc : st.error;
 }
 
-/* wait_one without the signal checks between slices: a wait whose
- * abandon would leave the two ranks with different knowledge (a Barrier
- * that offered flags, see pf_barrier); a failed peer still ends it. */
-static int wait_through(pf_state *s, erdma_req *r) {
-  erdma_status st;
-  int rc;
-  do {
-    PyThreadState *ts = PyEval_SaveThread();
-    rc = erdma_req_wait(r, s->slice, &st);
-    PyEval_RestoreThread(ts);
-  } while (rc == ERDMA_ERR_TIMEOUT);
-  if (rc) erdma_req_abort(r);
-  erdma_req_free(r);
-  return rc ? rc : st.error;
-}
+static int wait_one(pf_state *s, erdma_req *r) { return wait_signals(s, r, 1); }
 
 /* One receive of a collective's message, without the collective's state;
  * answers as erdma_coll_* would (0, or an error as (rc, 0)); a signal's
@@ -2064,9 +2052,9 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
     /* the dissemination's one round (1-byte tokens) without the
      * collective's state; the token offers flags for the Barriers to come.
      * It goes first, straight into a local peer's ring where it fits: the
-     * peer's wait ends sooner by the cost of posting our receive */
-    /* a peer that never offers (its slots taken, no fast path) would make
-     * every such Barrier wait through signals: offer a few times only */
+     * peer's wait ends sooner by the cost of posting our receive.  A peer
+     * that never offers (its slots taken, no fast path) would make every
+     * such Barrier wait through signals (below): offer a few times only */
     uint8_t token = s->pair_refused < PAIR_OFFERS ? (uint8_t)erdma_pair_offer(s->e, peer, cctx) : 0;
     uint8_t got = 0;
     erdma_req *r = NULL, *sr = NULL;
@@ -2087,13 +2075,13 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
      * we left on a signal would leave us without its token, deciding
      * otherwise.  So that one Barrier per communicator runs to its end (or
      * to the peer's failure) and the signal's handler runs after it. */
-    rc = token ? wait_through(s, r) : wait_one(s, r);
+    rc = wait_signals(s, r, !token);
     if (sr) {
       if (rc) { /* the receive failed or a signal came: withdraw the send too */
         erdma_req_abort(sr);
         erdma_req_free(sr);
       } else {
-        rc = token ? wait_through(s, sr) : wait_one(s, sr);
+        rc = wait_signals(s, sr, !token);
       }
     }
     if (token) { /* both now know both tokens: the same answer on both sides */

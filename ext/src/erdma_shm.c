@@ -1427,9 +1427,7 @@ int erdma_pair_poll(erdma_engine *e, int slot, int spins) {
   if (e->shm.oversub) spins = 1; /* the peer may be waiting for our core */
   for (int i = 0; i < spins; i++) {
     if (pair_done(p)) return 1;
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+    cpu_relax();
   }
   return 0;
 }
@@ -1454,9 +1452,7 @@ int erdma_pair_wait(erdma_engine *e, int slot, double timeout) {
      * (as spin_shm) */
     if (!s->oversub && (it & 63) == 1 && shm_shares_cpu(e) && !shm_move_off_cpu(e)) break;
     if (s->oversub) sched_yield(); /* the peer may need our core */
-#if defined(__x86_64__)
-    else __builtin_ia32_pause();
-#endif
+    else cpu_relax();
   }
   int slept = 0;
   for (;;) {
