@@ -155,6 +155,22 @@ class _CollTransport:
         except _engine.EngineError as e:
             raise engine_exception(e) from None
 
+    def pair_bcast(self, buf, root):
+        """A blocking Bcast of two ranks of at most _engine.PAIR_DATA_MAX
+        bytes by flags, as pair_barrier (the C paths take them too): True
+        when done, False (nothing done) otherwise."""
+        if not self.blocking or self.size != 2 or not 0 < buf.nbytes <= _engine.PAIR_DATA_MAX:
+            return False
+        arr = buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)
+        try:
+            done = self._eng.pair_bcast(self._ranks[1 - self.rank], self._ctx, arr.ctypes.data,
+                                        arr.nbytes, self.rank == root)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if done and arr is not buf and self.rank != root:
+            buf[...] = arr
+        return done
+
     def isend(self, buf, dest, tag):
         _collsched.notify_started()
         buf = np.ascontiguousarray(buf)

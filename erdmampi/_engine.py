@@ -26,6 +26,8 @@ ERR_AUTH = lib.ERDMA_ERR_AUTH
 ERR_PKTIO = lib.ERDMA_ERR_PKTIO
 ERR_PEER_PENDING = lib.ERDMA_ERR_PEER_PENDING
 
+PAIR_DATA_MAX = lib.ERDMA_PAIR_DATA_MAX   # a two-rank Bcast by flags, at most
+
 CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
             "cubic": lib.ERDMA_CC_CUBIC, "bbr": lib.ERDMA_CC_BBR, "bbr2": lib.ERDMA_CC_BBR2}
 
@@ -657,6 +659,30 @@ class Engine:
         _check(rc, "barrier")
         return True
 
+    def pair_bcast(self, peer: int, ctx: int, addr, nbytes: int, isroot: bool) -> bool:
+        """A Bcast of at most PAIR_DATA_MAX bytes at ``addr`` with world rank
+        ``peer`` by flags, as pair_barrier: True when done, False (nothing
+        done) when the two did not agree on flags."""
+        if not 0 < nbytes <= PAIR_DATA_MAX:
+            return False
+        slot = lib.erdma_pair_find(self._h, peer, ctx)
+        if slot < 0:
+            return False
+        if not isroot:
+            lib.erdma_pair_expect(self._h, slot)
+        try:
+            while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
+                pass
+        except BaseException:   # a signal's handler raised between two slices
+            if not isroot:
+                lib.erdma_pair_withdraw(self._h, slot)
+            raise
+        _check(rc, "bcast")
+        buf = ffi.cast("void *", addr)
+        _check(lib.erdma_pair_put(self._h, slot, buf, nbytes) if isroot
+               else lib.erdma_pair_take(self._h, slot, buf, nbytes), "bcast")
+        return True
+
     # -- failures and ANY_SOURCE receives (ext/src/erdma_ulfm.c)
     def ctx_group(self, ctx: int, ranks) -> None:
         """The world ranks a receive on context ``ctx`` can match (empty: forget ctx)."""
@@ -935,7 +961,10 @@ def coll_allreduce(eng, saddr, raddr, count, op, dtype, cranks, n, me, tag, ctx)
 
 
 def coll_bcast(eng, addr, nbytes, root, cranks, n, me, tag, ctx):
-    """Binomial Bcast in one engine call (erdma_coll_bcast)."""
+    """Binomial Bcast in one engine call (erdma_coll_bcast); two ranks that
+    agreed on flags: by flags, waited for in slices (signals)."""
+    if n == 2 and eng.pair_bcast(cranks[1 - me], ctx, addr, nbytes, me == root):
+        return
     _coll_call(lib.erdma_coll_bcast, "bcast", eng._h, addr, nbytes, root, cranks, n, me, tag,
                ctx)
 

@@ -149,7 +149,7 @@ class CommColl:
         t.blocking = blocking
         return lambda: coll.barrier(t)
 
-    def _c_bcast(self, buf, root, compress=None):
+    def _c_bcast(self, buf, root, compress=None, blocking=False):
         self._check()
         root = self._root(root)
         if _dev(buf) is not None and self._cdev(compress):
@@ -168,6 +168,8 @@ class CommColl:
                 _czcoll.bcast(t, msg.array, root, cd)
                 msg.finish()
             return crun
+
+        t.blocking = blocking
 
         def run():
             coll.bcast(t, _u8(msg.array), root)
@@ -501,7 +503,7 @@ class CommColl:
             if r:
                 self._bcast_more(r, buf, root)
             return
-        self._c_bcast(buf, root, compress)()
+        self._c_bcast(buf, root, compress, blocking=True)()
 
     def _bcast_more(self, r, buf, root):
         """Bcast (no ``compress``) after the fast call answered ``r``."""
@@ -538,7 +540,7 @@ class CommColl:
                 except _engine.EngineError as e:
                     raise engine_exception(e) from None
                 return
-        self._c_bcast(buf, root, None)()
+        self._c_bcast(buf, root, None, blocking=True)()
 
     # -- small collectives in one engine call (erdma_coll_*) ----------------
     #

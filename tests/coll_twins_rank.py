@@ -30,6 +30,7 @@ import numpy as np
 
 from erdmampi import MPI
 from erdmampi._commrt import _COLL_TAGS, _rt
+from erdmampi._engine import PAIR_DATA_MAX
 import erdmampi.collectives as coll
 
 QUICK = "--quick" in sys.argv
@@ -113,15 +114,17 @@ def forced(var, value, call, ranks=None):
             del os.environ[var]
 
 
-def twin(label, env, algo, call, other=None, strided=None):
+def twin(label, env, algo, call, other=None, strided=None, flags=False):
     """Compare the C call with the Python ``algo`` (``ERDMA_COLL_<env>``).
     ``call`` builds fresh inputs each time.  Also: the C call again (the
     cached / fast route), and a mixed run (even ranks Python, odd ones C:
     the two must interoperate).  ``strided``: the same call with a strided
     buffer, which takes the Python path with the default rule.  ``other``: a
-    different algorithm of that collective for --break."""
+    different algorithm of that collective for --break.  ``flags``: two ranks
+    that agreed on flags take them on every path (erdma_pair_*): no
+    algorithm runs and no message is sent, the forced call included."""
     global failures, compared
-    if BREAK and not other:
+    if BREAK and (not other or flags):
         return
     var = coll.ENV_PREFIX + env
     c_out, c_trace, c_py = traced(call)
@@ -137,8 +140,11 @@ def twin(label, env, algo, call, other=None, strided=None):
             runs.append(("strided", traced(strided)))
     compared += 1
     bad = []
-    if not BREAK and p_py[:1] != [f"{env.lower()}:{algo}"]:
+    want = [] if flags else [f"{env.lower()}:{algo}"]
+    if not BREAK and p_py[:1] != want:
         bad.append(f"forced path ran {p_py}")
+    if flags and p_trace:
+        bad.append(f"sent by messages: {p_trace[:2]}")
     if (env.lower(), algo) in UNORDERED:
         c_trace, p_trace = sorted(c_trace), sorted(p_trace)
         runs = [(t, (o, sorted(tr), py)) for t, (o, tr, py) in runs]
@@ -147,7 +153,7 @@ def twin(label, env, algo, call, other=None, strided=None):
             bad.append(f"{tag} results differ")
         if tr != p_trace:
             bad.append(f"{tag} messages differ: {first_diff(tr, p_trace)}")
-    if strided is not None and not BREAK and runs[-1][1][2][:1] != [f"{env.lower()}:{algo}"]:
+    if strided is not None and not BREAK and runs[-1][1][2][:1] != want:
         bad.append(f"strided path ran {runs[-1][1][2]}")
     if bad:
         failures += 1
@@ -186,7 +192,8 @@ small = [1, 3, 1000] if QUICK else [1, 3, 1000, 8192]
 twin("barrier", "BARRIER", "dissemination", lambda: (comm.Barrier(), [])[1],
      other=None)
 
-# -- bcast (binomial; two ranks up to 4 MiB)
+# -- bcast (binomial; two ranks up to 4 MiB; two ranks, up to PAIR_DATA_MAX
+# bytes: by flags on every path)
 for count in small + ([131072] if n == 2 else []):
     for root in sorted({0, n - 1}):
         def bcast(count=count, root=root):
@@ -200,7 +207,8 @@ for count in small + ([131072] if n == 2 else []):
             comm.Bcast([b2, 1, strided_type(MPI.DOUBLE, count)], root=root)
             return [b2[:, 0]]
         twin(f"bcast n={count} root={root}", "BCAST", "binomial", bcast,
-             other="scatter_allgather", strided=bcast_strided)
+             other="scatter_allgather", strided=bcast_strided,
+             flags=n == 2 and 8 * count <= PAIR_DATA_MAX)
 
 # -- allreduce (recursive doubling; two ranks of one host: the pair)
 for dt in ("f8", "i4"):

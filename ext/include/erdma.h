@@ -302,6 +302,18 @@ int erdma_pair_is(erdma_engine *e, int slot, uint32_t ctx);
 void erdma_pair_arrive(erdma_engine *e, int slot);
 int erdma_pair_poll(erdma_engine *e, int slot, int spins);
 int erdma_pair_wait(erdma_engine *e, int slot, double timeout);
+/* A two-rank Bcast of 1 to ERDMA_PAIR_DATA_MAX bytes on an agreed pair
+ * (every blocking path takes it, as the Barrier): the root waits
+ * (erdma_pair_wait: the peer took its last bytes), then erdma_pair_put; the
+ * other rank calls erdma_pair_expect, waits (erdma_pair_wait), then
+ * erdma_pair_take (0; ERDMA_ERR_TRUNCATE when the root's bytes were not n
+ * by flags; ERDMA_ERR_PEER when it freed the communicator instead), or
+ * erdma_pair_withdraw where it gives the wait up (a signal). */
+#define ERDMA_PAIR_DATA_MAX 48
+int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n);
+void erdma_pair_expect(erdma_engine *e, int slot);
+void erdma_pair_withdraw(erdma_engine *e, int slot);
+int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
  * world ranks a receive on context ctx can match (n = 0: forget ctx, and

@@ -260,6 +260,15 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n || (nbytes && !buf))
     return ERDMA_ERR_INVAL;
   if (n == 1) return 0;
+  int slot = n == 2 && nbytes && nbytes <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
+  if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
+    int rc;
+    if (me != root) erdma_pair_expect(e, slot);
+    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
+    }
+    if (rc) return rc;
+    return me == root ? erdma_pair_put(e, slot, buf, nbytes) : erdma_pair_take(e, slot, buf, nbytes);
+  }
   erdma_coll *c = coll_new(e, nbytes, ctx, n);
   if (!c) return ERDMA_ERR_NOMEM;
   c->buf[0] = buf;

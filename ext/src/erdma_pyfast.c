@@ -1966,6 +1966,46 @@ static PyObject *rooted_pair(pf_state *s, int scatter, void *sb, void *rb, uint6
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
  * ranks hands its one message of the binomial tree to the peer's ring
  * itself when it fits there, as erdma_coll_bcast would. */
+/* A two-rank communicator whose ranks agreed on flags at an earlier Barrier
+ * (pf_barrier): 1 with s->pair its slot. */
+static int pair_of(pf_state *s) {
+  uint32_t cctx = s->ctx + 1;
+  unsigned gen = erdma_pair_gen(s->e);
+  if (gen != s->pair_gen) { /* a pair agreed or forgotten since: ours, by another object? */
+    s->pair = erdma_pair_find(s->e, s->ranks[1 - s->me], cctx);
+    s->pair_gen = gen;
+  }
+  return s->pair >= 0 && erdma_pair_is(s->e, s->pair, cctx);
+}
+
+/* erdma_pair_wait on s->pair: the peer is usually a moment behind, so look
+ * for it keeping the GIL first, then wait in slices with signal checks
+ * between them.  0, the peer's error, or PF_SIGNALLED (exception set). */
+static int pair_wait(pf_state *s) {
+  if (erdma_pair_poll(s->e, s->pair, 64)) return 0;
+  for (;;) {
+    PyThreadState *ts = PyEval_SaveThread();
+    int rc = erdma_pair_wait(s->e, s->pair, s->slice);
+    PyEval_RestoreThread(ts);
+    if (rc != ERDMA_ERR_TIMEOUT) return rc;
+    if (PyErr_CheckSignals()) return PF_SIGNALLED;
+  }
+}
+
+/* A Bcast of two ranks that agreed on flags, small enough for the root's
+ * line (erdma_pair_put / _take). */
+static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
+  int rc;
+  if (s->me == root) {
+    if (!(rc = pair_wait(s))) rc = erdma_pair_put(s->e, s->pair, buf, len);
+  } else {
+    erdma_pair_expect(s->e, s->pair);
+    if (!(rc = pair_wait(s))) rc = erdma_pair_take(s->e, s->pair, buf, len);
+    else if (rc == PF_SIGNALLED) erdma_pair_withdraw(s->e, s->pair);
+  }
+  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
+
 static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_state *s;
   long root;
@@ -1979,6 +2019,12 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return PyLong_FromLong(1);
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
+  if (s->size == 2 && x->rview.len > 0 && x->rview.len <= ERDMA_PAIR_DATA_MAX && pair_of(s)) {
+    x->busy++;
+    PyObject *res = pair_bcast(s, x->rview.buf, (uint64_t)x->rview.len, (int)root);
+    x->busy--;
+    return res;
+  }
   if (s->size == 2 && s->me == root &&
       erdma_shm_try_send(s->e, x->rview.buf, (uint64_t)x->rview.len, s->ranks[1 - root],
                          (int)tag, s->ctx + 1, ERDMA_SEND_BULK))
@@ -2032,22 +2078,10 @@ static PyObject *pf_barrier(PyObject *self, PyObject *const *args, Py_ssize_t n)
   if (s->size == 2) {
     int peer = s->ranks[1 - s->me], rc;
     uint32_t cctx = s->ctx + 1;
-    unsigned gen = erdma_pair_gen(s->e);
-    if (gen != s->pair_gen) { /* a pair agreed or forgotten since: ours, by another object? */
-      s->pair = erdma_pair_find(s->e, peer, cctx);
-      s->pair_gen = gen;
-    }
-    if (s->pair >= 0 && erdma_pair_is(s->e, s->pair, cctx)) {
+    if (pair_of(s)) {
       erdma_pair_arrive(s->e, s->pair);
-      /* the peer is usually a moment behind: look for it keeping the GIL */
-      if (erdma_pair_poll(s->e, s->pair, 64)) return PyLong_FromLong(0);
-      for (;;) {
-        PyThreadState *ts = PyEval_SaveThread();
-        rc = erdma_pair_wait(s->e, s->pair, s->slice);
-        PyEval_RestoreThread(ts);
-        if (rc != ERDMA_ERR_TIMEOUT) return coll_result(rc, NULL);
-        if (PyErr_CheckSignals()) return NULL;
-      }
+      rc = pair_wait(s);
+      return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
     }
     /* the dissemination's one round (1-byte tokens) without the
      * collective's state; the token offers flags for the Barriers to come.

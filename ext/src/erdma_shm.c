@@ -48,7 +48,7 @@
 #include "erdma_ulfm.h"
 #include "erdma_copy.h"
 
-#define SHM_MAGIC 0x3430736d616d6465ull /* "edmams04" */
+#define SHM_MAGIC 0x3530736d616d6465ull /* "edmams05" */
 #define SHM_HDR 512
 /* After the header: the ids of our sends whose buffers local peers may read
  * with CMA right now (slot id % SHM_CMA_SLOTS; 0: free).  A reader checks
@@ -58,8 +58,9 @@
 /* Then a claim word per slot, for a copy split between the receiver and the
  * sender (shm_split_take): the send id << 8 | CLAIM_* bits. */
 #define SHM_CLAIMS (SHM_HDR + SHM_CMA_SLOTS * sizeof(uint32_t))
-/* Then the two-rank Barrier slots (shm_pair_*), a cache line each: the
- * communicator's context << 32 | the Barriers its owner entered. */
+/* Then the two-rank slots (shm_pair_*), a cache line each: the
+ * communicator's context << 32 | the operations by flags its owner entered,
+ * then a small Bcast's count << 32 | length and its bytes (erdma_pair_put). */
 #define SHM_PAIR_WORDS (SHM_CLAIMS + SHM_CMA_SLOTS * sizeof(uint64_t))
 #define SHM_RINGS (SHM_PAIR_WORDS + SHM_PAIRS * 64)
 /* An application thread that just left an engine call (between a send and
@@ -1420,6 +1421,51 @@ void erdma_pair_arrive(erdma_engine *e, int slot) {
   /* against a peer thread that announced its sleep and looked before our store */
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
+}
+
+/* A two-rank Bcast of at most ERDMA_PAIR_DATA_MAX bytes by flags: the
+ * root's line carries the bytes, after a word naming the operation it
+ * belongs to (count << 32 | length), so that a receiver whose root took
+ * another way (sizes that differ between the ranks: an erroneous program)
+ * gets an error rather than stale bytes.  The root writes only once the
+ * peer's count shows it took the last bytes (erdma_pair_wait first); the
+ * receiver counts the operation, waits, copies, and only then publishes its
+ * count. */
+#define PAIR_DATA(w) ((uint8_t *)(w) + 16)
+_Static_assert(16 + ERDMA_PAIR_DATA_MAX <= 64, "a pair's Bcast bytes fill one line");
+
+int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
+  shm_pair *p = &e->shm.pair[slot];
+  if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
+  if (n) memcpy(PAIR_DATA(p->mine), buf, n);
+  atomic_store_explicit(p->mine + 1, (uint64_t)(p->count + 1) << 32 | n, memory_order_relaxed);
+  erdma_pair_arrive(e, slot); /* (its release store publishes the bytes) */
+  return 0;
+}
+
+void erdma_pair_expect(erdma_engine *e, int slot) { e->shm.pair[slot].count++; }
+
+/* A receiver's wait given up (a signal) before erdma_pair_take: as if never
+ * expected, so that the Bcast called again takes the root's bytes, as a
+ * receive withdrawn and posted again takes its message. */
+void erdma_pair_withdraw(erdma_engine *e, int slot) { e->shm.pair[slot].count--; }
+
+int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
+  shm_pair *p = &e->shm.pair[slot];
+  uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
+  uint64_t d = atomic_load_explicit(p->theirs + 1, memory_order_relaxed);
+  int rc = 0;
+  if ((uint32_t)(w >> 32) != p->ctx)
+    rc = ERDMA_ERR_PEER; /* the root freed the communicator instead */
+  else if ((uint32_t)(d >> 32) != p->count || (uint32_t)d != n)
+    rc = ERDMA_ERR_TRUNCATE; /* the root sent other bytes, or none this way */
+  else if (n)
+    memcpy(buf, PAIR_DATA(p->theirs), n);
+  /* taken: the root may write its next bytes (and the peer's Barriers go on) */
+  atomic_store_explicit(p->mine, (uint64_t)p->ctx << 32 | p->count, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
+  return rc;
 }
 
 int erdma_pair_poll(erdma_engine *e, int slot, int spins) {

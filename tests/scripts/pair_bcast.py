@@ -1,0 +1,155 @@
+"""Bcast's semantics where two ranks of one host hold small Bcasts by flags
+in shared memory (erdma_pair_put / _take, up to PAIR_DATA_MAX bytes): every
+size around the limit, both roots, a root that runs ahead of a slow
+receiver, between Barriers, pickled bcasts, Ibcast and Allreduce, through a
+second object of the communicator on one rank only, with one rank on the
+Python algorithm or a strided datatype while the other is in C, a read-only
+root buffer, and from two threads on two communicators.  Run at 2 ranks
+(flags) and 3 (messages), and against mpi4py."""
+import os
+import threading
+import time
+
+import numpy as np
+
+from _mpi import MPI, check, done
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+REFERENCE = os.environ.get("ERDMA_REFERENCE") == "mpi4py"
+SIZES = [1, 2, 7, 8, 16, 24, 40, 47, 48, 49, 64, 1000]
+
+
+def pair_on(c):
+    """Whether erdmampi agreed on flags for c (None: not erdmampi, or not 2 ranks)."""
+    if REFERENCE or c.Get_size() != 2:
+        return None
+    from erdmampi._commrt import _rt
+    from erdmampi._engine import lib
+    return lib.erdma_pair_find(_rt.engine._h, c._ranks[1 - c.Get_rank()], c._ctx + 1) >= 0
+
+
+def pattern(nbytes, i, root):
+    return np.random.default_rng([nbytes, i, root]).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def rounds(c, what, count=60, slow_every=0, buf_of=None):
+    """``count`` Bcasts of every size, the root turning; the receivers check
+    every byte.  ``slow_every``: a receiver sleeps before every such call,
+    so that the root runs ahead and must wait for its last bytes to be taken."""
+    me, n = c.Get_rank(), c.Get_size()
+    for nbytes in SIZES:
+        for i in range(count):
+            root = i % n
+            want = pattern(nbytes, i, root)
+            buf = want.copy() if me == root else np.zeros(nbytes, np.uint8)
+            if slow_every and me != root and i % slow_every == 0:
+                time.sleep(0.002)
+            if buf_of is not None:
+                buf_of(buf, root)
+            else:
+                c.Bcast(buf, root=root)
+            if me != root and not np.array_equal(buf, want):
+                check(False, f"{what}: {nbytes} B, round {i}, root {root}: wrong bytes")
+                return
+
+
+comm.Barrier()
+comm.Barrier()
+comm.Barrier()
+if size == 2 and not REFERENCE:
+    check(pair_on(comm), "two ranks of one host did not agree on flags")
+
+rounds(comm, "world")
+rounds(comm, "slow receiver", count=30, slow_every=3)
+
+# float64 and int32 arrays, as [buffer, datatype]
+for count in (1, 3, 6, 7):
+    for root in range(size):
+        a = np.arange(count, dtype=np.float64) + 0.5 * root if rank == root else np.zeros(count)
+        comm.Bcast([a, MPI.DOUBLE], root=root)
+        check(np.array_equal(a, np.arange(count) + 0.5 * root), f"float64 x{count} root {root}")
+        b = np.arange(count, dtype=np.int32) * (root + 2) if rank == root else np.zeros(count, np.int32)
+        comm.Bcast([b, MPI.INT], root=root)
+        check(np.array_equal(b, np.arange(count) * (root + 2)), f"int32 x{count} root {root}")
+
+# between other collectives, blocking and not
+fresh = comm.Dup()
+for i in range(40):
+    fresh.Barrier()
+    v = np.full(4, i if rank == 0 else -1, np.int32)
+    fresh.Bcast(v, root=0)
+    check((v == i).all(), f"mixed Bcast {i}")
+    r = fresh.Ibcast(w := np.full(2, i if rank == size - 1 else -1, np.int64), root=size - 1)
+    x = fresh.bcast({"i": i} if rank == 0 else None, root=0)
+    check(x == {"i": i}, f"mixed bcast {i}")
+    r.Wait()
+    check((w == i).all(), f"mixed Ibcast {i}")
+    s = np.zeros(1, np.int64)
+    fresh.Allreduce(np.array([i], np.int64), s)
+    check(s[0] == i * size, f"mixed Allreduce {i}")
+    u = np.full(3, i if rank == size - 1 else -1, np.int16)
+    fresh.Bcast(u, root=size - 1)
+    check((u == i).all(), f"mixed Bcast back {i}")
+
+# a second object of the same communicator, on rank 0 only
+alias = MPI.Intracomm(fresh) if rank == 0 else fresh
+rounds(alias, "second object on rank 0", count=6)
+
+# rank 0 on the Python algorithm (an ERDMA_COLL_BCAST override), the others in C
+if rank == 0:
+    os.environ["ERDMA_COLL_BCAST"] = "binomial"
+rounds(fresh, "Python path on rank 0", count=6)
+if rank == 0:
+    del os.environ["ERDMA_COLL_BCAST"]
+
+# a strided datatype on rank 0 (the Python path), a contiguous buffer elsewhere
+vec = MPI.DOUBLE.Create_vector(5, 1, 2).Commit()
+for root in range(size):
+    if rank == 0:
+        b2 = np.zeros((5, 2))
+        if rank == root:
+            b2[:, 0] = np.arange(5) + root
+        fresh.Bcast([b2, 1, vec], root=root)
+        got = b2[:, 0]
+    else:
+        got = np.arange(5.0) + root if rank == root else np.zeros(5)
+        fresh.Bcast([got, MPI.DOUBLE], root=root)
+    check(np.array_equal(got, np.arange(5) + root), f"strided on rank 0, root {root}")
+vec.Free()
+
+# a read-only buffer at the root
+for root in range(size):
+    ro = np.arange(6, dtype=np.int32) * (root + 1)
+    if rank == root:
+        ro.flags.writeable = False
+        fresh.Bcast(ro, root=root)
+    else:
+        got = np.zeros(6, np.int32)
+        fresh.Bcast(got, root=root)
+        check(np.array_equal(got, ro), f"read-only root {root}")
+
+# two threads, two communicators
+if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+    a, b = comm.Dup(), comm.Dup()
+    for c in (a, b):
+        for _ in range(3):
+            c.Barrier()
+    errs = []
+
+    def run(c, what):
+        try:
+            rounds(c, what, count=10)
+        except Exception as e:  # noqa: BLE001
+            errs.append(repr(e))
+
+    ts = [threading.Thread(target=run, args=(c, n)) for c, n in ((a, "thread a"), (b, "thread b"))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    check(not errs, f"threads: {errs}")
+    a.Free()
+    b.Free()
+fresh.Free()
+done("pair_bcast")
