@@ -2,7 +2,8 @@
 shared memory (erdma_pair_*): no rank leaves before the other entered, on
 the first Barriers (by messages) and the later ones (by flags), on many
 communicators made and freed (more than the slots), on communicators never
-freed (the slots run out: messages again), through a second object of the
+freed (the slots run out: messages again), a message sent before a Barrier
+found by Iprobe and Test after it, through a second object of the
 same communicator on one rank only, with one rank on the Python algorithm,
 between nonblocking Barriers and other collectives, and from two threads on
 two communicators at once.  Run at 2 ranks (flags) and 3 (messages), and
@@ -10,6 +11,8 @@ against mpi4py."""
 import os
 import threading
 import time
+
+import numpy as np
 
 from _mpi import MPI, check, done
 
@@ -99,6 +102,25 @@ if rank == 0:
 waits_for_late(fresh, 6, "Python path on rank 0")
 if rank == 0:
     del os.environ["ERDMA_COLL_BARRIER"]
+
+# what a rank sent before a Barrier is there after it: Iprobe finds it, the
+# Test of a receive posted before sees it done (a Barrier by flags drains no
+# ring, so probes and tests read the rings themselves)
+for i in range(40):
+    got = np.full(4, -1, np.int64)
+    req = fresh.Irecv(got, source=0, tag=77) if rank == 1 and i % 2 else None
+    if rank == 0:
+        fresh.Send(np.full(4, i, np.int64), dest=1, tag=77)
+    fresh.Barrier()
+    if rank == 1:
+        if req is None:
+            check(fresh.Iprobe(source=0, tag=77), f"Iprobe after Barrier {i}")
+            fresh.Recv(got, source=0, tag=77)
+        else:
+            check(req.Test(), f"Test after Barrier {i}")
+            req.Wait()
+        check((got == i).all(), f"sent before Barrier {i}")
+    fresh.Barrier()
 
 # nonblocking Barriers and other collectives in between
 for i in range(20):
