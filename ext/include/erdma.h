@@ -309,7 +309,7 @@ int erdma_pair_wait(erdma_engine *e, int slot, double timeout);
  * erdma_pair_take (0; ERDMA_ERR_TRUNCATE when the root's bytes were not n
  * by flags; ERDMA_ERR_PEER when it freed the communicator instead), or
  * erdma_pair_withdraw where it gives the wait up (a signal). */
-#define ERDMA_PAIR_DATA_MAX 48
+#define ERDMA_PAIR_DATA_MAX 112
 int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n);
 void erdma_pair_expect(erdma_engine *e, int slot);
 void erdma_pair_withdraw(erdma_engine *e, int slot);

@@ -58,11 +58,13 @@
 /* Then a claim word per slot, for a copy split between the receiver and the
  * sender (shm_split_take): the send id << 8 | CLAIM_* bits. */
 #define SHM_CLAIMS (SHM_HDR + SHM_CMA_SLOTS * sizeof(uint32_t))
-/* Then the two-rank slots (shm_pair_*), a cache line each: the
+/* Then the two-rank slots (shm_pair_*), two cache lines each: the
  * communicator's context << 32 | the operations by flags its owner entered,
- * then a small Bcast's count << 32 | length and its bytes (erdma_pair_put). */
+ * then a small Bcast's count << 32 | length and its bytes (erdma_pair_put;
+ * up to 48 of them share the first line with the count). */
+#define SHM_PAIR_BYTES 128
 #define SHM_PAIR_WORDS (SHM_CLAIMS + SHM_CMA_SLOTS * sizeof(uint64_t))
-#define SHM_RINGS (SHM_PAIR_WORDS + SHM_PAIRS * 64)
+#define SHM_RINGS (SHM_PAIR_WORDS + SHM_PAIRS * SHM_PAIR_BYTES)
 /* An application thread that just left an engine call (between a send and
  * the wait for the reply, say) will poll the rings itself soon: producers
  * skip the doorbell for this long after it left, and the owner's progress
@@ -124,7 +126,7 @@ static _Atomic uint32_t *cma_slot(struct shm_seg *s, uint32_t sid) {
 }
 
 static _Atomic uint64_t *pair_word(struct shm_seg *s, int slot) {
-  return (_Atomic uint64_t *)((uint8_t *)s + SHM_PAIR_WORDS + (size_t)slot * 64);
+  return (_Atomic uint64_t *)((uint8_t *)s + SHM_PAIR_WORDS + (size_t)slot * SHM_PAIR_BYTES);
 }
 
 static _Atomic uint64_t *cma_claim(struct shm_seg *s, uint32_t sid) {
@@ -1432,7 +1434,7 @@ void erdma_pair_arrive(erdma_engine *e, int slot) {
  * receiver counts the operation, waits, copies, and only then publishes its
  * count. */
 #define PAIR_DATA(w) ((uint8_t *)(w) + 16)
-_Static_assert(16 + ERDMA_PAIR_DATA_MAX <= 64, "a pair's Bcast bytes fill one line");
+_Static_assert(16 + ERDMA_PAIR_DATA_MAX <= SHM_PAIR_BYTES, "a pair's Bcast bytes fit its slot");
 
 int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];

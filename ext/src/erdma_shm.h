@@ -19,7 +19,7 @@
  * A connection to a local rank is reached through its channel,
  * erdma_shm_chan (erdma_conn.h): eager frames into the ring, CMA reads. */
 /* Two-rank Barriers by flags (shm_pair_*, erdma_pair_* in erdma.h): slots
- * per rank, each a 64-byte line of its segment; a Barrier's token names one
+ * per rank, each two lines of its segment; a Barrier's token names one
  * as 0x80 | slot. */
 #define SHM_PAIRS 128
 typedef struct shm_pair {

@@ -17,7 +17,7 @@ from _mpi import MPI, check, done
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 REFERENCE = os.environ.get("ERDMA_REFERENCE") == "mpi4py"
-SIZES = [1, 2, 7, 8, 16, 24, 40, 47, 48, 49, 64, 1000]
+SIZES = [1, 2, 7, 8, 16, 24, 47, 48, 49, 64, 100, 111, 112, 113, 128, 1000]
 
 
 def pair_on(c):
