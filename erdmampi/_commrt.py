@@ -171,6 +171,30 @@ class _CollTransport:
             buf[...] = arr
         return done
 
+    def pair_allgather(self, sendbuf, recvbuf, counts, displs):
+        """A blocking Allgather of two ranks by flags, blocks of at most
+        _engine.PAIR_DATA_MAX bytes packed in ``recvbuf`` (as pair_bcast;
+        ``sendbuf`` None: in place): True when done, False otherwise."""
+        if not self.blocking or self.size != 2 or len(counts) != 2 or counts[0] != counts[1]:
+            return False
+        blk = int(counts[0]) * recvbuf.itemsize
+        if not 0 < blk <= _engine.PAIR_DATA_MAX or (
+                displs is not None and [int(d) for d in displs] != [0, int(counts[0])]):
+            return False
+        rarr = recvbuf if recvbuf.flags.c_contiguous else np.ascontiguousarray(recvbuf)
+        sarr = None
+        if sendbuf is not None:
+            sarr = np.ascontiguousarray(sendbuf).view(np.uint8)[:blk]
+        try:
+            done = self._eng.pair_allgather(self._ranks[1 - self.rank], self._ctx,
+                                            None if sarr is None else sarr.ctypes.data,
+                                            rarr.ctypes.data, blk, self.rank)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if done and rarr is not recvbuf:
+            recvbuf[...] = rarr
+        return done
+
     def isend(self, buf, dest, tag):
         _collsched.notify_started()
         buf = np.ascontiguousarray(buf)

@@ -670,18 +670,42 @@ class Engine:
             return False
         if not isroot:
             lib.erdma_pair_expect(self._h, slot)
-        try:
-            while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
-                pass
-        except BaseException:   # a signal's handler raised between two slices
-            if not isroot:
-                lib.erdma_pair_withdraw(self._h, slot)
-            raise
-        _check(rc, "bcast")
+        self._pair_wait(slot, not isroot, "bcast")
         buf = ffi.cast("void *", addr)
         _check(lib.erdma_pair_put(self._h, slot, buf, nbytes) if isroot
                else lib.erdma_pair_take(self._h, slot, buf, nbytes), "bcast")
         return True
+
+    def pair_allgather(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
+        """A two-rank Allgather of ``blk``-byte blocks (at most PAIR_DATA_MAX)
+        with world rank ``peer`` by flags, as pair_bcast; ``saddr`` None: in
+        place in ``raddr``, where this rank's block is block ``me``."""
+        if not 0 < blk <= PAIR_DATA_MAX:
+            return False
+        slot = lib.erdma_pair_find(self._h, peer, ctx)
+        if slot < 0:
+            return False
+        rbuf = ffi.cast("char *", raddr)
+        mine, theirs = rbuf + me * blk, rbuf + (1 - me) * blk
+        if saddr is not None:
+            ffi.memmove(mine, ffi.cast("char *", saddr), blk)
+        self._pair_wait(slot, False)
+        _check(lib.erdma_pair_share(self._h, slot, mine, blk), "allgather")
+        self._pair_wait(slot, True)
+        _check(lib.erdma_pair_take(self._h, slot, theirs, blk), "allgather")
+        return True
+
+    def _pair_wait(self, slot: int, withdraw: bool, what: str = "allgather") -> None:
+        """erdma_pair_wait in slices; a signal's handler raising between two
+        withdraws the operation counted (``withdraw``)."""
+        try:
+            while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
+                pass
+        except BaseException:
+            if withdraw:
+                lib.erdma_pair_withdraw(self._h, slot)
+            raise
+        _check(rc, what)
 
     # -- failures and ANY_SOURCE receives (ext/src/erdma_ulfm.c)
     def ctx_group(self, ctx: int, ranks) -> None:
@@ -983,7 +1007,10 @@ def coll_alltoall(eng, saddr, raddr, blk, cranks, n, me, tag, ctx):
 
 def coll_allgather(eng, saddr, raddr, blk, cranks, n, me, tag, ctx):
     """Direct Allgather of ``blk``-byte blocks in one engine call
-    (erdma_coll_allgather); ``saddr`` None: in place."""
+    (erdma_coll_allgather); ``saddr`` None: in place.  Two ranks that agreed
+    on flags: by flags, waited for in slices (signals)."""
+    if n == 2 and eng.pair_allgather(cranks[1 - me], ctx, saddr, raddr, blk, me):
+        return
     _coll_call(lib.erdma_coll_allgather, "allgather", eng._h,
                ffi.NULL if saddr is None else saddr, raddr, blk, cranks, n, me, tag, ctx)
 

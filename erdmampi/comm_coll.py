@@ -399,7 +399,7 @@ class CommColl:
             raise ValueError(f"mismatch in send count and receive count {rmsg.count}")
         return _run_scatterv(self._transport(), smsg, rmsg, counts, displs, root)
 
-    def _c_allgather(self, sendbuf, recvbuf, compress=None):
+    def _c_allgather(self, sendbuf, recvbuf, compress=None, blocking=False):
         self._check()
         size = len(self._ranks)
         inplace = is_in_place(sendbuf)
@@ -423,6 +423,7 @@ class CommColl:
         cd = self._cplan_msgs("allgather", compress, rmsg, None, size)
         if cd is not None:
             return _run_compressed(_czcoll.allgather, t, smsg, rmsg, cd)
+        t.blocking = blocking       # (pair_allgather)
         return _run_allgatherv(t, smsg, rmsg, counts, displs)
 
     def _c_allgatherv(self, sendbuf, recvbuf):
@@ -1030,7 +1031,7 @@ class CommColl:
             if r:
                 self._allgather_more(r, sendbuf, recvbuf)
             return
-        self._c_allgather(sendbuf, recvbuf, compress)()
+        self._c_allgather(sendbuf, recvbuf, compress, blocking=True)()
 
     def _allgather_more(self, r, sendbuf, recvbuf):
         """Allgather (no ``compress``) after the fast call answered ``r``."""
@@ -1038,7 +1039,7 @@ class CommColl:
             return _fast_coll_raise(r, "allgather")
         if self._blocks_fast("allgather", sendbuf, recvbuf):
             return
-        self._c_allgather(sendbuf, recvbuf, None)()
+        self._c_allgather(sendbuf, recvbuf, None, blocking=True)()
 
     def Allgatherv(self, sendbuf, recvbuf):
         self._c_allgatherv(sendbuf, recvbuf)()

@@ -309,7 +309,8 @@ for blk in [1, 512] + ([] if QUICK else [16384]):
             twin(f"scatter blk={blk} root={root} inplace={inplace}", "SCATTER", "linear",
                  scatter, other="binomial")
 
-# -- allgather (direct; >= 256 KiB: the bulk ring)
+# -- allgather (direct; >= 256 KiB: the bulk ring; two ranks, blocks up to
+# PAIR_DATA_MAX bytes: by flags on every path)
 for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
     for inplace in (False, True):
         def allgather(blk=blk, inplace=inplace):
@@ -323,7 +324,7 @@ for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
             return [r]
         algo = "sched_ring" if blk * n * 8 >= coll.SCHED_MIN else "direct"
         twin(f"allgather blk={blk} inplace={inplace}", "ALLGATHERV", algo, allgather,
-             other="ring")
+             other="ring", flags=n == 2 and 8 * blk <= PAIR_DATA_MAX)
 
 # -- alltoall (direct; the bulk one from ERDMA_SCHED_MIN both ways, or with two
 # ranks from BULK_ALLTOALL_PAIR_MIN)

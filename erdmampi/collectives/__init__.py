@@ -407,6 +407,9 @@ def allgatherv(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
                counts: Sequence[int], displs: Optional[Sequence[int]],
                algorithm: Optional[str] = None) -> None:
     """Gather blocks on every rank; ``sendbuf=None``: own block in place."""
+    pair = getattr(t, "pair_allgather", None)   # a two-rank Allgather: flags once agreed
+    if pair is not None and t.size == 2 and pair(sendbuf, recvbuf, counts, displs):
+        return
     total = sum(int(c) for c in counts)
     nbytes = _nbytes(recvbuf, total)
     if (algorithm is None and ENV_PREFIX + "ALLGATHERV" not in os.environ

@@ -308,11 +308,15 @@ int erdma_pair_wait(erdma_engine *e, int slot, double timeout);
  * other rank calls erdma_pair_expect, waits (erdma_pair_wait), then
  * erdma_pair_take (0; ERDMA_ERR_TRUNCATE when the root's bytes were not n
  * by flags; ERDMA_ERR_PEER when it freed the communicator instead), or
- * erdma_pair_withdraw where it gives the wait up (a signal). */
+ * erdma_pair_withdraw where it gives the wait up (a signal).  A two-rank
+ * Allgather of 1 to ERDMA_PAIR_DATA_MAX bytes a block: both wait
+ * (erdma_pair_wait), erdma_pair_share their block, wait again, then
+ * erdma_pair_take the peer's (or erdma_pair_withdraw). */
 #define ERDMA_PAIR_DATA_MAX 112
 int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n);
 void erdma_pair_expect(erdma_engine *e, int slot);
 void erdma_pair_withdraw(erdma_engine *e, int slot);
+int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n);
 int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the

@@ -388,6 +388,16 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   uint8_t *mine = (uint8_t *)rbuf + (uint64_t)me * blk;
   if (blk && sbuf && sbuf != mine) erdma_copy(mine, sbuf, blk);
   if (blk == 0 || n == 1) return 0;
+  int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
+  if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_bcast) */
+    int rc;
+    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
+    }
+    if (rc || (rc = erdma_pair_share(e, slot, mine, blk))) return rc;
+    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
+    }
+    return rc ? rc : erdma_pair_take(e, slot, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk);
+  }
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
   /* allgatherv_direct's messages: tag 0.  Sent from the caller's send

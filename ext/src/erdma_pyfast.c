@@ -1596,6 +1596,9 @@ static PyObject *weak_array(PyObject *spec, const pf_layout *l, PyObject *dt, in
 
 /* The engine call of a remembered Allreduce, Reduce_scatter_block, Alltoall
  * or Allgather (GIL released). */
+static int pair_of(pf_state *s);
+static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk);
+
 static int sr_run(pf_state *s, pf_coll *x, int which, const void *sb, void *rb, int tag,
                   erdma_coll **pending) {
   if (which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER)
@@ -1673,6 +1676,14 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   const void *sb = x->weak ? (sa ? sv.buf : NULL) : x->sarr ? x->sview.buf : NULL;
   void *rb = x->weak ? rv.buf : x->rview.buf;
   x->busy++;
+  if (which == SR_ALLGATHER && s->size == 2 && x->count && x->count <= ERDMA_PAIR_DATA_MAX &&
+      pair_of(s)) { /* by flags (every path of a blocking Allgather, as Bcast's) */
+    PyObject *res = pair_allgather(s, sb, rb, x->count);
+    x->busy--;
+    if (sa) PyBuffer_Release(&sv);
+    if (ra) PyBuffer_Release(&rv);
+    return res;
+  }
   PyThreadState *ts = PyEval_SaveThread();
   int rc = sr_run(s, x, which, sb, rb, (int)tag, &pending);
   PyEval_RestoreThread(ts);
@@ -2002,6 +2013,21 @@ static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
     erdma_pair_expect(s->e, s->pair);
     if (!(rc = pair_wait(s))) rc = erdma_pair_take(s->e, s->pair, buf, len);
     else if (rc == PF_SIGNALLED) erdma_pair_withdraw(s->e, s->pair);
+  }
+  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
+
+/* An Allgather of two ranks that agreed on flags, blocks of blk bytes
+ * small enough for a line (erdma_pair_share / _take); sb NULL: in place. */
+static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk) {
+  uint8_t *mine = (uint8_t *)rb + (uint64_t)s->me * blk;
+  int rc;
+  if (sb && sb != mine) memcpy(mine, sb, blk);
+  if (!(rc = pair_wait(s)) && !(rc = erdma_pair_share(s->e, s->pair, mine, blk))) {
+    if (!(rc = pair_wait(s)))
+      rc = erdma_pair_take(s->e, s->pair, (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk);
+    else if (rc == PF_SIGNALLED)
+      erdma_pair_withdraw(s->e, s->pair);
   }
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }

@@ -1332,7 +1332,10 @@ void shm_unmap_peers(erdma_engine *e) {
 
 static int pair_done(const shm_pair *p) {
   uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
-  return (uint32_t)(w >> 32) != p->ctx || (int32_t)((uint32_t)w - p->count) >= 0;
+  if ((uint32_t)(w >> 32) != p->ctx || (int32_t)((uint32_t)w - p->count) >= 0) return 1;
+  if (!p->data_wait) return 0;
+  uint64_t d = atomic_load_explicit(p->theirs + 1, memory_order_acquire);
+  return (int32_t)((uint32_t)(d >> 32) - p->count) >= 0;
 }
 
 int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx) {
@@ -1447,16 +1450,37 @@ int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
 
 void erdma_pair_expect(erdma_engine *e, int slot) { e->shm.pair[slot].count++; }
 
+/* A two-rank Allgather's exchange: both ranks put their block as a Bcast
+ * root does, but the word naming it (released last) is what the peer waits
+ * for, and the count is published only once the peer's block is taken
+ * (erdma_pair_take), so that neither writes its next block over one the
+ * other has not read. */
+int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
+  shm_pair *p = &e->shm.pair[slot];
+  if (!n || n > ERDMA_PAIR_DATA_MAX || !buf) return ERDMA_ERR_INVAL;
+  memcpy(PAIR_DATA(p->mine), buf, n);
+  p->count++;
+  p->data_wait = 1;
+  atomic_store_explicit(p->mine + 1, (uint64_t)p->count << 32 | n, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
+  return 0;
+}
+
 /* A receiver's wait given up (a signal) before erdma_pair_take: as if never
  * expected, so that the Bcast called again takes the root's bytes, as a
  * receive withdrawn and posted again takes its message. */
-void erdma_pair_withdraw(erdma_engine *e, int slot) { e->shm.pair[slot].count--; }
+void erdma_pair_withdraw(erdma_engine *e, int slot) {
+  e->shm.pair[slot].count--;
+  e->shm.pair[slot].data_wait = 0;
+}
 
 int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];
   uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
-  uint64_t d = atomic_load_explicit(p->theirs + 1, memory_order_relaxed);
+  uint64_t d = atomic_load_explicit(p->theirs + 1, memory_order_acquire);
   int rc = 0;
+  p->data_wait = 0;
   if ((uint32_t)(w >> 32) != p->ctx)
     rc = ERDMA_ERR_PEER; /* the root freed the communicator instead */
   else if ((uint32_t)(d >> 32) != p->count || (uint32_t)d != n)

@@ -26,7 +26,8 @@ typedef struct shm_pair {
   uint32_t ctx;                 /* the communicator's collective context; 0: free */
   int on;                       /* agreed with the peer */
   int peer;                     /* world rank */
-  uint32_t count;               /* our Barriers by flags so far */
+  uint32_t count;               /* our operations by flags so far */
+  int data_wait;                /* erdma_pair_share's: the peer's bytes also end a wait */
   _Atomic uint64_t *mine, *theirs; /* ctx << 32 | count, ours and the peer's slot */
   struct shm_seg *peer_seg;
 } shm_pair;

@@ -1,11 +1,12 @@
-"""Bcast's semantics where two ranks of one host hold small Bcasts by flags
-in shared memory (erdma_pair_put / _take, up to PAIR_DATA_MAX bytes): every
-size around the limit, both roots, a root that runs ahead of a slow
-receiver, between Barriers, pickled bcasts, Ibcast and Allreduce, through a
-second object of the communicator on one rank only, with one rank on the
-Python algorithm or a strided datatype while the other is in C, a read-only
-root buffer, and from two threads on two communicators.  Run at 2 ranks
-(flags) and 3 (messages), and against mpi4py."""
+"""Bcast's and Allgather's semantics where two ranks of one host hold small
+ones by flags in shared memory (erdma_pair_put / _share / _take, up to
+PAIR_DATA_MAX bytes): every size around the limit, both roots, a rank that
+runs ahead of a slow peer, in place, between Barriers, pickled bcasts,
+Ibcast, Iallgather and Allreduce, through a second object of the
+communicator on one rank only, with one rank on the Python algorithm or a
+strided datatype while the other is in C, a read-only root buffer, and from
+two threads on two communicators.  Run at 2 ranks (flags) and 3 (messages),
+and against mpi4py."""
 import os
 import threading
 import time
@@ -31,6 +32,27 @@ def pair_on(c):
 
 def pattern(nbytes, i, root):
     return np.random.default_rng([nbytes, i, root]).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def gathers(c, what, count=40, slow_every=0):
+    """``count`` Allgathers of every block size (every other one in place);
+    every rank checks every byte.  ``slow_every``: one rank (in turn)
+    sleeps before every such call, so that the other runs ahead."""
+    me, n = c.Get_rank(), c.Get_size()
+    for blk in SIZES:
+        for i in range(count):
+            want = np.concatenate([pattern(blk, i, r) for r in range(n)])
+            if slow_every and i % slow_every == 0 and me == (i // slow_every) % n:
+                time.sleep(0.002)
+            r = np.zeros(blk * n, np.uint8)
+            if i % 2:
+                r[me * blk:(me + 1) * blk] = pattern(blk, i, me)
+                c.Allgather(MPI.IN_PLACE, r)
+            else:
+                c.Allgather(pattern(blk, i, me), r)
+            if not np.array_equal(r, want):
+                check(False, f"{what}: Allgather {blk} B a block, round {i}: wrong bytes")
+                return
 
 
 def rounds(c, what, count=60, slow_every=0, buf_of=None):
@@ -62,6 +84,8 @@ if size == 2 and not REFERENCE:
 
 rounds(comm, "world")
 rounds(comm, "slow receiver", count=30, slow_every=3)
+gathers(comm, "world")
+gathers(comm, "one rank late", count=30, slow_every=3)
 
 # float64 and int32 arrays, as [buffer, datatype]
 for count in (1, 3, 6, 7):
@@ -91,10 +115,19 @@ for i in range(40):
     u = np.full(3, i if rank == size - 1 else -1, np.int16)
     fresh.Bcast(u, root=size - 1)
     check((u == i).all(), f"mixed Bcast back {i}")
+    ag = np.zeros(2 * size, np.int32)
+    ir = fresh.Iallgather(np.array([i, rank], np.int32), ag)
+    g = np.zeros(size, np.float64)
+    fresh.Allgather(np.array([i + rank / 10]), g)
+    check(np.allclose(g, [i + k / 10 for k in range(size)]), f"mixed Allgather {i}")
+    ir.Wait()
+    check(ag.tolist() == sum(([i, k] for k in range(size)), []), f"mixed Iallgather {i}")
 
 # a second object of the same communicator, on rank 0 only
 alias = MPI.Intracomm(fresh) if rank == 0 else fresh
 rounds(alias, "second object on rank 0", count=6)
+gathers(MPI.Intracomm(fresh) if rank == 0 else fresh, "Allgather, second object on rank 0",
+        count=4)
 
 # rank 0 on the Python algorithm (an ERDMA_COLL_BCAST override), the others in C
 if rank == 0:
@@ -102,6 +135,10 @@ if rank == 0:
 rounds(fresh, "Python path on rank 0", count=6)
 if rank == 0:
     del os.environ["ERDMA_COLL_BCAST"]
+    os.environ["ERDMA_COLL_ALLGATHERV"] = "direct"
+gathers(fresh, "Allgather, Python path on rank 0", count=6)
+if rank == 0:
+    del os.environ["ERDMA_COLL_ALLGATHERV"]
 
 # a strided datatype on rank 0 (the Python path), a contiguous buffer elsewhere
 vec = MPI.DOUBLE.Create_vector(5, 1, 2).Commit()
@@ -140,6 +177,7 @@ if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
     def run(c, what):
         try:
             rounds(c, what, count=10)
+            gathers(c, what, count=6)
         except Exception as e:  # noqa: BLE001
             errs.append(repr(e))
 
@@ -152,4 +190,4 @@ if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
     a.Free()
     b.Free()
 fresh.Free()
-done("pair_bcast")
+done("pair_collectives")

@@ -1,8 +1,9 @@
-"""Small two-rank Bcasts of one host by flags in shared memory
-(erdma_pair_put / _take in erdma_shm.c): Bcast's semantics on every path
-(tests/scripts/pair_bcast.py, also against mpi4py), a root that dies or
-stops while the other waits for its bytes, a signal during that wait, and
-a Bcast whose sizes differ between the ranks."""
+"""Small two-rank Bcasts and Allgathers of one host by flags in shared
+memory (erdma_pair_put / _share / _take in erdma_shm.c): their semantics on
+every path (tests/scripts/pair_collectives.py, also against mpi4py), a root
+that dies or stops while the other waits for its bytes, a signal during a
+Bcast's or an Allgather's wait, and a Bcast whose sizes differ between the
+ranks."""
 import re
 
 import pytest
@@ -10,15 +11,15 @@ import pytest
 from _ranks import assert_ok, assert_reference, run_script
 from harness import run_mpi
 
-SCRIPT = "pair_bcast.py"
+SCRIPT = "pair_collectives.py"
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_bcast_semantics_by_flags_and_messages(nprocs):
+def test_semantics_by_flags_and_messages(nprocs):
     assert_ok(run_script(SCRIPT, nprocs), SCRIPT, nprocs)
 
 
-def test_bcast_semantics_hold_for_mpi4py():
+def test_semantics_hold_for_mpi4py():
     assert_reference(SCRIPT, 2)
 
 
@@ -26,8 +27,9 @@ TIMEOUT = 3.0   # ERDMA_TIMEOUT of the jobs below
 
 # rank 1 waits in a Bcast by flags whose root (rank 0) is killed or stopped
 # (mode), or rings itself an alarm 0.3 s in (mode "signal"; "signal-alias":
-# in a second object's first call, which takes the Python-resolved path), the
-# root being late; then both check that they still agree
+# in a second object's first call, which takes the Python-resolved path;
+# "signal-allgather": in an Allgather), the root being late; then both check
+# that they still agree
 _WAITER = r"""
 import os, signal, sys, time
 import numpy as np
@@ -54,15 +56,24 @@ if mode.startswith("signal"):
         signal.setitimer(signal.ITIMER_REAL, 0.3)
         t0 = time.monotonic()
         try:
-            (MPI.Intracomm(comm) if mode == "signal-alias" else comm).Bcast(buf, root=0)
+            if mode == "signal-allgather":
+                comm.Allgather(np.array([1, 1], np.int32), buf)
+            else:
+                (MPI.Intracomm(comm) if mode == "signal-alias" else comm).Bcast(buf, root=0)
             print("rank 1: no signal", flush=True)
         except Alarm:
             print(f"rank 1: interrupted after {time.monotonic() - t0:.2f} s", flush=True)
-        comm.Bcast(buf, root=0)         # the root's bytes, taken now
+        if mode == "signal-allgather":
+            comm.Allgather(np.array([7, 7], np.int32), buf)     # called again
+        else:
+            comm.Bcast(buf, root=0)     # the root's bytes, taken now
     else:
         time.sleep(2.0)
-        buf[:] = 7
-        comm.Bcast(buf, root=0)
+        if mode == "signal-allgather":
+            comm.Allgather(np.array([7, 7], np.int32), buf)
+        else:
+            buf[:] = 7
+            comm.Bcast(buf, root=0)
     print(f"rank {comm.rank}: got={buf.tolist()}", flush=True)
     for i in range(50):                 # the two still count alike
         v = np.full(3, i if comm.rank == i % 2 else -1, np.int64)
@@ -103,7 +114,7 @@ def test_a_dead_or_stopped_root_fails_a_bcast_by_flags(mode):
         assert TIMEOUT - 0.5 <= took < 2 * TIMEOUT + 3, out
 
 
-@pytest.mark.parametrize("mode", ["signal", "signal-alias"])
+@pytest.mark.parametrize("mode", ["signal", "signal-alias", "signal-allgather"])
 def test_a_signal_interrupts_a_bcast_by_flags(mode):
     # the interrupted Bcast leaves no trace: called again, it takes the
     # root's bytes (as a withdrawn receive posted again)
