@@ -11,6 +11,27 @@ from harness import run_mpi
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
+# The start of a two-rank job whose ranks agreed on flags in shared memory
+# (erdma_pair_*) at their first Barriers: errors returned, SIGTERM ignored
+# (the fault tests stop or kill a rank), sys.argv[1] as `mode`, `pids`.
+PAIR_JOB = r"""
+import os, signal, sys, time
+import numpy as np
+from erdmampi import MPI
+from erdmampi._commrt import _rt
+from erdmampi._engine import lib
+comm = MPI.COMM_WORLD
+comm.Set_errhandler(MPI.ERRORS_RETURN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+mode = sys.argv[1]
+pids = comm.allgather(os.getpid())
+for _ in range(5):
+    comm.Barrier()
+on = lib.erdma_pair_find(_rt.engine._h, 1 - comm.rank, comm._ctx + 1) >= 0
+print(f"rank {comm.rank}: flags={on}", flush=True)
+"""
+
+
 def run_script(name, nprocs, timeout=90, env=None, python_args=()):
     env = dict(env or {})
     p = run_mpi(nprocs, str(SCRIPTS / name), timeout=timeout, env=env,

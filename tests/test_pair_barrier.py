@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from _ranks import assert_ok, assert_reference, run_script
+from _ranks import PAIR_JOB, assert_ok, assert_reference, run_script
 from harness import run_mpi
 
 SCRIPT = "pair_barrier.py"
@@ -24,20 +24,7 @@ def test_barrier_semantics_hold_for_mpi4py():
 
 TIMEOUT = 3.0   # ERDMA_TIMEOUT of the jobs below
 
-_FAULT = r"""
-import os, signal, sys, time
-from erdmampi import MPI
-from erdmampi._commrt import _rt
-from erdmampi._engine import lib
-comm = MPI.COMM_WORLD
-comm.Set_errhandler(MPI.ERRORS_RETURN)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-mode = sys.argv[1]
-pids = comm.allgather(os.getpid())
-for _ in range(5):
-    comm.Barrier()
-print(f"rank {comm.rank}: flags={lib.erdma_pair_find(_rt.engine._h, 1 - comm.rank, comm._ctx + 1) >= 0}",
-      flush=True)
+_FAULT = PAIR_JOB + r"""
 comm.Barrier()
 if comm.rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP if mode == "stop" else signal.SIGKILL)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from _ranks import assert_ok, assert_reference, run_script
+from _ranks import PAIR_JOB, assert_ok, assert_reference, run_script
 from harness import run_mpi
 
 SCRIPT = "pair_collectives.py"
@@ -30,21 +30,7 @@ TIMEOUT = 3.0   # ERDMA_TIMEOUT of the jobs below
 # in a second object's first call, which takes the Python-resolved path;
 # "signal-allgather": in an Allgather), the root being late; then both check
 # that they still agree
-_WAITER = r"""
-import os, signal, sys, time
-import numpy as np
-from erdmampi import MPI
-from erdmampi._commrt import _rt
-from erdmampi._engine import lib
-comm = MPI.COMM_WORLD
-comm.Set_errhandler(MPI.ERRORS_RETURN)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-mode = sys.argv[1]
-pids = comm.allgather(os.getpid())
-for _ in range(5):
-    comm.Barrier()
-on = lib.erdma_pair_find(_rt.engine._h, 1 - comm.rank, comm._ctx + 1) >= 0
-print(f"rank {comm.rank}: flags={on}", flush=True)
+_WAITER = PAIR_JOB + r"""
 buf = np.zeros(4, np.int32)
 class Alarm(Exception):
     pass

@@ -29,6 +29,35 @@ def raises(errclass, fn, *args, **kw):
     return False
 
 
+def on_two_comms(comm, body):
+    """``body(c, what)`` on two fresh duplicates of comm at once, a thread
+    each (under THREAD_MULTIPLE; else nothing), after three Barriers on
+    each; an exception in a thread is a failure."""
+    import threading
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return
+    comms = [comm.Dup(), comm.Dup()]
+    for c in comms:
+        for _ in range(3):
+            c.Barrier()
+    errs = []
+
+    def run(c, what):
+        try:
+            body(c, what)
+        except Exception as e:  # noqa: BLE001
+            errs.append(repr(e))
+
+    ts = [threading.Thread(target=run, args=(c, f"thread {i}")) for i, c in enumerate(comms)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    check(not errs, f"threads: {errs}")
+    for c in comms:
+        c.Free()
+
+
 def done(name):
     comm = MPI.COMM_WORLD
     nfail = comm.allreduce(len(FAILURES))

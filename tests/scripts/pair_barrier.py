@@ -9,12 +9,11 @@ between nonblocking Barriers and other collectives, and from two threads on
 two communicators at once.  Run at 2 ranks (flags) and 3 (messages), and
 against mpi4py."""
 import os
-import threading
 import time
 
 import numpy as np
 
-from _mpi import MPI, check, done
+from _mpi import MPI, check, done, on_two_comms
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -133,26 +132,6 @@ for i in range(20):
 waits_for_late(fresh, 4, "after Ibarrier")
 
 # two threads, two communicators
-if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-    a, b = comm.Dup(), comm.Dup()
-    for c in (a, b):
-        for _ in range(3):
-            c.Barrier()
-    errs = []
-
-    def run(c, what):
-        try:
-            waits_for_late(c, 10, what)
-        except Exception as e:  # noqa: BLE001
-            errs.append(repr(e))
-
-    ts = [threading.Thread(target=run, args=(c, n)) for c, n in ((a, "thread a"), (b, "thread b"))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    check(not errs, f"threads: {errs}")
-    a.Free()
-    b.Free()
+on_two_comms(comm, lambda c, what: waits_for_late(c, 10, what))
 fresh.Free()
 done("pair_barrier")

@@ -8,12 +8,11 @@ strided datatype while the other is in C, a read-only root buffer, and from
 two threads on two communicators.  Run at 2 ranks (flags) and 3 (messages),
 and against mpi4py."""
 import os
-import threading
 import time
 
 import numpy as np
 
-from _mpi import MPI, check, done
+from _mpi import MPI, check, done, on_two_comms
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -167,27 +166,6 @@ for root in range(size):
         check(np.array_equal(got, ro), f"read-only root {root}")
 
 # two threads, two communicators
-if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-    a, b = comm.Dup(), comm.Dup()
-    for c in (a, b):
-        for _ in range(3):
-            c.Barrier()
-    errs = []
-
-    def run(c, what):
-        try:
-            rounds(c, what, count=10)
-            gathers(c, what, count=6)
-        except Exception as e:  # noqa: BLE001
-            errs.append(repr(e))
-
-    ts = [threading.Thread(target=run, args=(c, n)) for c, n in ((a, "thread a"), (b, "thread b"))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    check(not errs, f"threads: {errs}")
-    a.Free()
-    b.Free()
+on_two_comms(comm, lambda c, what: (rounds(c, what, count=10), gathers(c, what, count=6)))
 fresh.Free()
 done("pair_collectives")
