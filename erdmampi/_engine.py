@@ -653,10 +653,7 @@ class Engine:
         if slot < 0:
             return False
         lib.erdma_pair_arrive(self._h, slot)
-        # the GIL is released in each wait; a signal's handler runs between two
-        while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
-            pass
-        _check(rc, "barrier")
+        self._pair_wait(slot, False, "barrier")
         return True
 
     def pair_bcast(self, peer: int, ctx: int, addr, nbytes: int, isroot: bool) -> bool:
@@ -689,15 +686,16 @@ class Engine:
         mine, theirs = rbuf + me * blk, rbuf + (1 - me) * blk
         if saddr is not None:
             ffi.memmove(mine, ffi.cast("char *", saddr), blk)
-        self._pair_wait(slot, False)
+        self._pair_wait(slot, False, "allgather")
         _check(lib.erdma_pair_share(self._h, slot, mine, blk), "allgather")
-        self._pair_wait(slot, True)
+        self._pair_wait(slot, True, "allgather")
         _check(lib.erdma_pair_take(self._h, slot, theirs, blk), "allgather")
         return True
 
-    def _pair_wait(self, slot: int, withdraw: bool, what: str = "allgather") -> None:
-        """erdma_pair_wait in slices; a signal's handler raising between two
-        withdraws the operation counted (``withdraw``)."""
+    def _pair_wait(self, slot: int, withdraw: bool, what: str) -> None:
+        """erdma_pair_wait in slices (the GIL released in each; a signal's
+        handler runs between two); a handler that raises withdraws the
+        operation counted (``withdraw``)."""
         try:
             while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
                 pass

@@ -253,6 +253,15 @@ int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   return coll_go(c, slice, pending);
 }
 
+/* erdma_pair_wait to its end, slice by slice: a collective on an agreed pair
+ * (its callers' Python paths wait in slices themselves, with signal checks) */
+static int pair_wait(erdma_engine *e, int slot, double slice) {
+  int rc;
+  while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
+  }
+  return rc;
+}
+
 int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
                      int n, int me, int tag, uint32_t ctx, double slice,
                      erdma_coll **pending) {
@@ -262,10 +271,8 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   if (n == 1) return 0;
   int slot = n == 2 && nbytes && nbytes <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
-    int rc;
     if (me != root) erdma_pair_expect(e, slot);
-    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
-    }
+    int rc = pair_wait(e, slot, slice);
     if (rc) return rc;
     return me == root ? erdma_pair_put(e, slot, buf, nbytes) : erdma_pair_take(e, slot, buf, nbytes);
   }
@@ -297,11 +304,8 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
   if (n == 1) return 0;
   int slot = n == 2 ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* the two agreed on flags at an earlier Barrier (erdma_pair_settle) */
-    int rc;
     erdma_pair_arrive(e, slot);
-    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
-    }
-    return rc;
+    return pair_wait(e, slot, slice);
   }
   erdma_coll *c = coll_new(e, 1, ctx, n); /* 1-byte tokens, as the Python algorithm */
   if (!c || !(c->tmp_mem = calloc(2, 1))) {
@@ -390,12 +394,9 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   if (blk == 0 || n == 1) return 0;
   int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_bcast) */
-    int rc;
-    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
-    }
+    int rc = pair_wait(e, slot, slice);
     if (rc || (rc = erdma_pair_share(e, slot, mine, blk))) return rc;
-    while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
-    }
+    rc = pair_wait(e, slot, slice);
     return rc ? rc : erdma_pair_take(e, slot, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk);
   }
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));

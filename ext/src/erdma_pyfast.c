@@ -1594,11 +1594,11 @@ static PyObject *weak_array(PyObject *spec, const pf_layout *l, PyObject *dt, in
   return a;
 }
 
-/* The engine call of a remembered Allreduce, Reduce_scatter_block, Alltoall
- * or Allgather (GIL released). */
 static int pair_of(pf_state *s);
 static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk);
 
+/* The engine call of a remembered Allreduce, Reduce_scatter_block, Alltoall
+ * or Allgather (GIL released). */
 static int sr_run(pf_state *s, pf_coll *x, int which, const void *sb, void *rb, int tag,
                   erdma_coll **pending) {
   if (which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER)
@@ -1974,9 +1974,6 @@ static PyObject *rooted_pair(pf_state *s, int scatter, void *sb, void *rb, uint6
                  : recv_one(s, theirs, blk, s->ranks[peer], tag);
 }
 
-/* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
- * ranks hands its one message of the binomial tree to the peer's ring
- * itself when it fits there, as erdma_coll_bcast would. */
 /* A two-rank communicator whose ranks agreed on flags at an earlier Barrier
  * (pf_barrier): 1 with s->pair its slot. */
 static int pair_of(pf_state *s) {
@@ -2032,6 +2029,9 @@ static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t 
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }
 
+/* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
+ * ranks hands its one message of the binomial tree to the peer's ring
+ * itself when it fits there, as erdma_coll_bcast would. */
 static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_state *s;
   long root;
