@@ -653,7 +653,7 @@ class Engine:
         if slot < 0:
             return False
         lib.erdma_pair_arrive(self._h, slot)
-        self._pair_wait(slot, False, "barrier")
+        self._pair_wait(slot, "barrier")
         return True
 
     def pair_bcast(self, peer: int, ctx: int, addr, nbytes: int, isroot: bool) -> bool:
@@ -665,12 +665,19 @@ class Engine:
         slot = lib.erdma_pair_find(self._h, peer, ctx)
         if slot < 0:
             return False
-        if not isroot:
-            lib.erdma_pair_expect(self._h, slot)
-        self._pair_wait(slot, not isroot, "bcast")
         buf = ffi.cast("void *", addr)
-        _check(lib.erdma_pair_put(self._h, slot, buf, nbytes) if isroot
-               else lib.erdma_pair_take(self._h, slot, buf, nbytes), "bcast")
+        if isroot:
+            self._pair_wait(slot, "bcast")
+            _check(lib.erdma_pair_put(self._h, slot, buf, nbytes), "bcast")
+            return True
+        try:    # (a handler that raises anywhere in here withdraws what was expected)
+            lib.erdma_pair_expect(self._h, slot)
+            self._pair_wait(slot, "bcast")
+            rc = lib.erdma_pair_take(self._h, slot, buf, nbytes)
+        except BaseException:
+            lib.erdma_pair_withdraw(self._h, slot)
+            raise
+        _check(rc, "bcast")
         return True
 
     def pair_allgather(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
@@ -686,23 +693,23 @@ class Engine:
         mine, theirs = rbuf + me * blk, rbuf + (1 - me) * blk
         if saddr is not None:
             ffi.memmove(mine, ffi.cast("char *", saddr), blk)
-        self._pair_wait(slot, False, "allgather")
-        _check(lib.erdma_pair_share(self._h, slot, mine, blk), "allgather")
-        self._pair_wait(slot, True, "allgather")
-        _check(lib.erdma_pair_take(self._h, slot, theirs, blk), "allgather")
+        self._pair_wait(slot, "allgather")
+        try:    # (as pair_bcast's receiver)
+            rc = lib.erdma_pair_share(self._h, slot, mine, blk)
+            if rc == 0:
+                self._pair_wait(slot, "allgather")
+                rc = lib.erdma_pair_take(self._h, slot, theirs, blk)
+        except BaseException:
+            lib.erdma_pair_withdraw(self._h, slot)
+            raise
+        _check(rc, "allgather")
         return True
 
-    def _pair_wait(self, slot: int, withdraw: bool, what: str) -> None:
+    def _pair_wait(self, slot: int, what: str) -> None:
         """erdma_pair_wait in slices (the GIL released in each; a signal's
-        handler runs between two); a handler that raises withdraws the
-        operation counted (``withdraw``)."""
-        try:
-            while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
-                pass
-        except BaseException:
-            if withdraw:
-                lib.erdma_pair_withdraw(self._h, slot)
-            raise
+        handler runs between two)."""
+        while (rc := lib.erdma_pair_wait(self._h, slot, _SLICE)) == ERR_TIMEOUT:
+            pass
         _check(rc, what)
 
     # -- failures and ANY_SOURCE receives (ext/src/erdma_ulfm.c)

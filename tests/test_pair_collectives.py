@@ -143,3 +143,88 @@ def test_bcast_sizes_that_differ_give_an_error_not_stale_bytes():
     out = res.stdout + res.stderr
     assert "rank 0: ok" in out and "rank 1: class=True" in out, out
     assert "rank 0: after=[5, 5]" in out and "rank 1: after=[5, 5]" in out, out
+
+
+# A signal's handler may raise between any two steps of the Python-resolved
+# receiver (Engine.pair_bcast / pair_allgather): right after the count, a
+# wait slice or the take.  Rank 1 runs those wrappers with `lib` wrapped so
+# that one named C call raises once it returned; before the take the call
+# made again gets the root's bytes, after it the bytes are there already;
+# then the two ranks still agree for 40 rounds of both collectives.
+_INTERRUPTED = PAIR_JOB + r"""
+import erdmampi._engine as eng
+real, E, ctx = eng.lib, _rt.engine, comm._ctx + 1
+class Hit(Exception):
+    pass
+class Raising:
+    def __init__(self, after):
+        self.after, self.armed = after, True
+    def __getattr__(self, name):
+        f = getattr(real, name)
+        if name != self.after:
+            return f
+        def g(*a):
+            r = f(*a)
+            if self.armed:
+                self.armed = False
+                raise Hit(name)
+            return r
+        return g
+def interrupted(after, call):
+    eng.lib = Raising(after)
+    try:
+        call()
+        return False
+    except Hit:
+        return True
+    finally:
+        eng.lib = real
+bad = []
+for k, after in enumerate(("erdma_pair_expect", "erdma_pair_wait", "erdma_pair_take")):
+    buf = np.full(4, 100 + k if comm.rank == 0 else 0, np.int32)
+    if comm.rank == 0:
+        time.sleep(0.05)
+        comm.Bcast(buf, root=0)
+    else:
+        once = lambda: E.pair_bcast(0, ctx, buf.ctypes.data, buf.nbytes, False)
+        if not interrupted(after, once):
+            bad.append(f"bcast {after}: no raise")
+        if after != "erdma_pair_take":
+            once()
+        if (buf != 100 + k).any():
+            bad.append(f"bcast after {after}: {buf.tolist()}")
+for k, after in enumerate(("erdma_pair_share", "erdma_pair_wait", "erdma_pair_take")):
+    mine = np.full(2, 10 * k + comm.rank, np.int32)
+    out = np.zeros(4, np.int32)
+    if comm.rank == 0:
+        time.sleep(0.05)
+        comm.Allgather(mine, out)
+    else:
+        once = lambda: E.pair_allgather(0, ctx, mine.ctypes.data, out.ctypes.data, 8, 1)
+        if not interrupted(after, once):
+            bad.append(f"allgather {after}: no raise")
+        if after != "erdma_pair_take":
+            once()
+    if out.tolist() != [10 * k] * 2 + [10 * k + 1] * 2:
+        bad.append(f"allgather after {after}: {out.tolist()}")
+for i in range(40):
+    v = np.full(3, i if comm.rank == i % 2 else -1, np.int64)
+    try:
+        comm.Bcast(v, root=i % 2)
+        g = np.zeros(2, np.int64)
+        comm.Allgather(np.array([i * 2 + comm.rank]), g)
+    except MPI.Exception as e:
+        bad.append(f"round {i}: {e}")
+        break
+    if (v != i).any() or g.tolist() != [2 * i, 2 * i + 1]:
+        bad.append(f"round {i}: {v.tolist()} {g.tolist()}")
+print(f"rank {comm.rank}: bad={bad}", flush=True)
+"""
+
+
+def test_a_handler_raising_between_the_steps_of_a_receive_leaves_the_counts_in_step():
+    res = run_mpi(2, _INTERRUPTED, args=("-",), timeout=60, env={"ERDMA_TIMEOUT": str(TIMEOUT)})
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "rank 0: flags=True" in out and "rank 1: flags=True" in out, out
+    assert "rank 0: bad=[]" in out and "rank 1: bad=[]" in out, out

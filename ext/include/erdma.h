@@ -311,7 +311,11 @@ int erdma_pair_wait(erdma_engine *e, int slot, double timeout);
  * erdma_pair_withdraw where it gives the wait up (a signal).  A two-rank
  * Allgather of 1 to ERDMA_PAIR_DATA_MAX bytes a block: both wait
  * (erdma_pair_wait), erdma_pair_share their block, wait again, then
- * erdma_pair_take the peer's (or erdma_pair_withdraw). */
+ * erdma_pair_take the peer's (or erdma_pair_withdraw).  erdma_pair_withdraw
+ * undoes an expect or share not yet taken, and does nothing otherwise, so a
+ * caller interrupted anywhere between the first and the take may call it.
+ * A communicator freed before the peer took its last bytes keeps its slot
+ * until the peer did (erdma_pair_offer reuses it only then). */
 #define ERDMA_PAIR_DATA_MAX 112
 int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n);
 void erdma_pair_expect(erdma_engine *e, int slot);

@@ -775,7 +775,7 @@ static int probe_impl(erdma_engine *e, int source, int tag, uint32_t ctx, double
       rv = ERDMA_ERR_PEER; /* a blocking probe from ANY_SOURCE fails as its receive would */
       break;
     }
-    if (!read_on && e->shm.seg && e->running) {
+    if (!read_on && e->running && shm_rx_ready(e)) {
       /* what sits in our rings, read here and now: bytes left there
        * (shm_hold_max), or a local peer's message sent before a Barrier by
        * flags, which drains nothing */
@@ -849,9 +849,9 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
   pthread_mutex_lock(&e->mu);
   /* a test makes progress: what a local peer put in our ring before a
    * Barrier by flags (no message to drain it) is matched by then */
-  if (!r->done && e->shm.seg && e->running) {
+  if (!r->done && e->running && shm_rx_ready(e)) {
     shm_poll_rings(e);
-    conn_flush_all(e);
+    conn_flush_all(e); /* (what the frames read made us send) */
   }
   *done = r->done;
   if (r->done && st) *st = r->st;

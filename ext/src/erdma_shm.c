@@ -1338,33 +1338,16 @@ static int pair_done(const shm_pair *p) {
   return (int32_t)((uint32_t)(d >> 32) - p->count) >= 0;
 }
 
-int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx) {
-  if (!e || peer < 0 || peer >= e->cfg.size || peer == e->cfg.rank || !ctx) return 0;
-  shm_state *s = &e->shm;
-  int tok = 0, at = -1;
-  pthread_mutex_lock(&e->mu);
-  erdma_conn *c = e->peers[peer].conn;
-  if (s->seg && c && c->shm && !c->closed && c->peer_seg && !e->peers[peer].error) {
-    for (int i = 0; i < SHM_PAIRS; i++) {
-      if (s->pair[i].ctx == ctx && !s->pair[i].on) { /* an offer never settled */
-        at = i;
-        break;
-      }
-      if (!s->pair[i].ctx && at < 0) at = i;
-    }
-  }
-  if (at >= 0) {
-    shm_pair *p = &s->pair[at];
-    memset(p, 0, sizeof *p);
-    p->ctx = ctx;
-    p->peer = peer;
-    p->mine = pair_word(s->seg, at);
-    p->peer_seg = c->peer_seg;
-    atomic_store_explicit(p->mine, (uint64_t)ctx << 32, memory_order_release);
-    tok = 0x80 | at;
-  }
-  pthread_mutex_unlock(&e->mu);
-  return tok;
+/* Whether the peer has taken everything we put in a slot: its count caught
+ * up with ours, or it left the communicator (another context in its word),
+ * or it failed.  Until then a freed slot stays as it was (parked): a
+ * receiver may still be on its way to a small Bcast's bytes that our rank
+ * put there and returned from. */
+static int pair_peer_done(erdma_engine *e, const shm_pair *p) {
+  uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
+  return (uint32_t)(w >> 32) != p->ctx || (int32_t)((uint32_t)w - p->count) >= 0 ||
+         e->peers[p->peer].error ||
+         atomic_load_explicit(&p->peer_seg->closed, memory_order_relaxed);
 }
 
 static void pair_free(shm_state *s, shm_pair *p) {
@@ -1373,13 +1356,45 @@ static void pair_free(shm_state *s, shm_pair *p) {
   memset(p, 0, sizeof *p);
 }
 
+int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx) {
+  if (!e || peer < 0 || peer >= e->cfg.size || peer == e->cfg.rank || !ctx) return 0;
+  shm_state *s = &e->shm;
+  int tok = 0, at = -1;
+  pthread_mutex_lock(&e->mu);
+  erdma_conn *c = e->peers[peer].conn;
+  if (s->seg && c && c->shm && !c->closed && c->peer_seg && !e->peers[peer].error) {
+    for (int i = 0; i < SHM_PAIRS; i++) {
+      shm_pair *p = &s->pair[i];
+      if (p->ctx == ctx && !p->on && !p->parked) { /* an offer never settled */
+        at = i;
+        break;
+      }
+      if (at < 0 && (!p->ctx || (p->parked && pair_peer_done(e, p)))) at = i;
+    }
+  }
+  if (at >= 0) {
+    shm_pair *p = &s->pair[at];
+    if (p->parked) pair_free(s, p);
+    memset(p, 0, sizeof *p);
+    p->ctx = ctx;
+    p->peer = peer;
+    p->mine = pair_word(s->seg, at);
+    p->peer_seg = c->peer_seg;
+    atomic_store_explicit(p->mine + 1, 0, memory_order_relaxed);
+    atomic_store_explicit(p->mine, (uint64_t)ctx << 32, memory_order_release);
+    tok = 0x80 | at;
+  }
+  pthread_mutex_unlock(&e->mu);
+  return tok;
+}
+
 int erdma_pair_settle(erdma_engine *e, uint32_t ctx, int mine, int theirs) {
   if (!e || !(mine & 0x80) || (mine & 0x7f) >= SHM_PAIRS) return -1;
   shm_state *s = &e->shm;
   int slot = -1;
   pthread_mutex_lock(&e->mu);
   shm_pair *p = &s->pair[mine & 0x7f];
-  if (p->ctx == ctx && !p->on) {
+  if (p->ctx == ctx && !p->on && !p->parked) {
     if ((theirs & 0x80) && (theirs & 0x7f) < SHM_PAIRS) {
       p->theirs = pair_word(p->peer_seg, theirs & 0x7f);
       p->on = 1;
@@ -1414,9 +1429,17 @@ int erdma_pair_is(erdma_engine *e, int slot, uint32_t ctx) {
 
 void shm_pair_forget(erdma_engine *e, uint32_t ctx) {
   shm_state *s = &e->shm;
-  for (int i = 0; i < SHM_PAIRS; i++) /* its point-to-point and collective contexts */
-    if (s->pair[i].ctx && (s->pair[i].ctx == ctx || s->pair[i].ctx == ctx + 1))
-      pair_free(s, &s->pair[i]);
+  for (int i = 0; i < SHM_PAIRS; i++) { /* its point-to-point and collective contexts */
+    shm_pair *p = &s->pair[i];
+    if (!p->ctx || p->parked || (p->ctx != ctx && p->ctx != ctx + 1)) continue;
+    if (p->on && !pair_peer_done(e, p)) { /* reused by an offer once it is (erdma_pair_offer) */
+      p->on = 0;
+      p->parked = 1;
+      s->pair_gen++;
+    } else {
+      pair_free(s, p);
+    }
+  }
 }
 
 void erdma_pair_arrive(erdma_engine *e, int slot) {
@@ -1448,7 +1471,10 @@ int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   return 0;
 }
 
-void erdma_pair_expect(erdma_engine *e, int slot) { e->shm.pair[slot].count++; }
+void erdma_pair_expect(erdma_engine *e, int slot) {
+  e->shm.pair[slot].count++;
+  e->shm.pair[slot].expecting = 1;
+}
 
 /* A two-rank Allgather's exchange: both ranks put their block as a Bcast
  * root does, but the word naming it (released last) is what the peer waits
@@ -1461,6 +1487,7 @@ int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   memcpy(PAIR_DATA(p->mine), buf, n);
   p->count++;
   p->data_wait = 1;
+  p->expecting = 1;
   atomic_store_explicit(p->mine + 1, (uint64_t)p->count << 32 | n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
@@ -1469,10 +1496,14 @@ int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
 
 /* A receiver's wait given up (a signal) before erdma_pair_take: as if never
  * expected, so that the Bcast called again takes the root's bytes, as a
- * receive withdrawn and posted again takes its message. */
+ * receive withdrawn and posted again takes its message.  Nothing once taken
+ * (or never expected), so that a caller interrupted anywhere may call it. */
 void erdma_pair_withdraw(erdma_engine *e, int slot) {
-  e->shm.pair[slot].count--;
-  e->shm.pair[slot].data_wait = 0;
+  shm_pair *p = &e->shm.pair[slot];
+  if (!p->expecting) return;
+  p->count--;
+  p->expecting = 0;
+  p->data_wait = 0;
 }
 
 int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
@@ -1481,6 +1512,7 @@ int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
   uint64_t d = atomic_load_explicit(p->theirs + 1, memory_order_acquire);
   int rc = 0;
   p->data_wait = 0;
+  p->expecting = 0;
   if ((uint32_t)(w >> 32) != p->ctx)
     rc = ERDMA_ERR_PEER; /* the root freed the communicator instead */
   else if ((uint32_t)(d >> 32) != p->count || (uint32_t)d != n)

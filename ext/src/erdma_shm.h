@@ -28,6 +28,8 @@ typedef struct shm_pair {
   int peer;                     /* world rank */
   uint32_t count;               /* our operations by flags so far */
   int data_wait;                /* erdma_pair_share's: the peer's bytes also end a wait */
+  int expecting;                /* counted by _expect / _share, not yet taken (_withdraw) */
+  int parked;                   /* freed before the peer took our last bytes (shm_pair_forget) */
   _Atomic uint64_t *mine, *theirs; /* ctx << 32 | count, ours and the peer's slot */
   struct shm_seg *peer_seg;
 } shm_pair;
