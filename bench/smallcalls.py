@@ -22,7 +22,7 @@ scatter_object_list, all_gather_object; it has no Sendrecv, object
 alltoall, allreduce or sendrecv ("-").  ``--set idioms`` times calls of
 the same kinds written as programs often write them (the ``[array,
 datatype]`` list made in the call, a new array every call, a Status,
-``MPI.IN_PLACE``), on the MPI stacks.
+``MPI.IN_PLACE``, ``bytes`` sent into a ``bytearray``), on the MPI stacks.
 """
 import argparse
 import json
@@ -44,9 +44,9 @@ CALLS = ("Barrier", "Gather", "Scatter", "Reduce", "Send/Recv", "Sendrecv", "Ise
 IDIOMS = ("Send [a, T]", "Send [a, n, T]", "Send new array", "Recv Status",
           "Recv ANY_SOURCE", "Sendrecv_replace", "Allreduce new arrays", "Allreduce IN_PLACE",
           "Allreduce 1 float", "Bcast [a, T]", "Reduce new array", "Gather new array",
-          "Allgather new array", "Isend [a, T]")
+          "Allgather new array", "Isend [a, T]", "Send bytes")
 ONE_WAY = ("Send/Recv", "send/recv", "Send [a, T]", "Send [a, n, T]", "Send new array",
-           "Recv Status", "Recv ANY_SOURCE")         # ping-pongs: half the round trip
+           "Recv Status", "Recv ANY_SOURCE", "Send bytes")         # ping-pongs: half the round trip
 RECORD = {"i": 1, "x": [1.0, 2.0, 3.0], "s": "hello"}
 
 
@@ -89,6 +89,7 @@ def mpi_calls(st, nbytes):
         return f
     F = MPI.FLOAT
     ANY = MPI.ANY_SOURCE
+    raw, rawin = s.tobytes(), bytearray(s.nbytes)
     one = np.zeros(1)
     idioms = {
         "Send [a, T]": pp(lambda d: c.Send([s, F], dest=d, tag=5),
@@ -113,6 +114,8 @@ def mpi_calls(st, nbytes):
         "Allgather new array": lambda: c.Allgather(np.full(cnt, 1.0, np.float32), big),
         "Isend [a, T]": lambda: MPI.Request.Waitall([c.Irecv([red, F], src, 8),
                                                      c.Isend([s, F], peer, 8)]),
+        "Send bytes": pp(lambda d: c.Send(raw, dest=d, tag=5),
+                         lambda o: c.Recv(rawin, source=o, tag=5)),
     }
     return {**idioms,
             "Barrier": c.Barrier,

@@ -54,6 +54,9 @@ def _check_partition(i, n):
     return i
 
 
+_RAW = (bytes, bytearray)    # buffers the C fast path takes as they are (BYTE)
+
+
 class _PsendOp:
     """A started partitioned send: the send is posted at the last Pready."""
 
@@ -391,6 +394,8 @@ class CommP2P:
         """Send after the fast call answered ``r`` (see _engine.fast)."""
         if r != 1:
             return _fast_raise(r, buf, "send")
+        if type(buf) in _RAW and self._fast is None and self._fast_obj_state() is not None:
+            return self.Send(buf, dest, tag)    # (bytes go in one C call once a state exists)
         # a plain host array (alone or with a predefined datatype, see
         # _p2p_plain), a valid rank and tag; everything else goes through
         # _send, which parses and checks
@@ -463,6 +468,8 @@ class CommP2P:
         """Recv after a fast-call miss: a plain host array as in _send_more
         (remembered, so that the next call takes the one-call path; with a
         status this one still goes through _recv), the rest through _recv."""
+        if type(buf) is bytearray and self._fast is None and self._fast_obj_state() is not None:
+            return self.Recv(buf, source, tag, status)     # (as _send_more's bytes)
         ranks = self._ranks
         eng = _rt.engine
         if (type(source) is int and type(tag) is int and ranks is not None and eng is not None

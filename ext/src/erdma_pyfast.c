@@ -14,7 +14,8 @@
  *   new(engine_addr, owner, ctx, ranks, me, tag_ub, slice, seq) -> state (a
  *     capsule; seq: the communicator's collective call counter, an iterator)
  *   remember(state, recv, spec, arr, dt, flags[, weak, count]) -> bool
- *   send(state, buf, dest, tag) / recv(state, buf, source, tag) ->
+ *   send(state, buf, dest, tag) / recv(state, buf, source, tag) (also of
+ *     bytes to send and bytearray both ways, never remembered) ->
  *     0 done; 1 miss (nothing done); a negative ERDMA error the operation
  *     completed with; or (rc, left): erdma_send/erdma_recv's own error, with
  *     left the address of the request still pending after `slice` seconds
@@ -239,6 +240,7 @@ typedef struct {
    * an Irecv) do not push out the ones it passes every time, whatever the
    * order of its calls and misses. */
   pf_entry ent[2][PF_SLOTS];
+  pf_entry raw;                /* entry_for's for bytes and bytearray: never remembered */
   unsigned long tick; /* counts matches and remembers, for `used` */
   pf_coll ar, rs, bc, a2a, ag; /* Allreduce, Reduce_scatter_block; Bcast (its buffer
                                   as the receive side); Alltoall, Allgather */
@@ -503,6 +505,18 @@ static int entry_dt_is(const pf_entry *y, PyObject *d, long count) {
  * with m. */
 static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
   pf_entry *x = NULL;
+  /* bytes (sent) and bytearray: their own memory, as BYTE, exported for the
+   * call (an exported bytearray cannot be resized meanwhile) */
+  if (m && ((!recv && PyBytes_CheckExact(buf)) || PyByteArray_CheckExact(buf))) {
+    if (PyObject_GetBuffer(buf, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      return NULL;
+    }
+    m->exported = 1;
+    m->buf = m->view.buf;
+    m->len = (uint64_t)m->view.len;
+    return &s->raw;
+  }
   for (int i = 0; i < PF_SLOTS; i++)
     if (s->ent[recv][i].spec == buf && s->ent[recv][i].have) {
       x = &s->ent[recv][i];
