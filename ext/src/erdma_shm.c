@@ -707,8 +707,13 @@ static int drain_ring(erdma_engine *e, erdma_conn *c, int *total, int all) {
     atomic_store_explicit(&r->prod_waiting, 0, memory_order_relaxed);
     if (atomic_load_explicit(&c->peer_seg->bell_waiters, memory_order_seq_cst))
       ring_bell(c->peer_seg); /* its waiting thread flushes */
-    else
+    else if (!atomic_load_explicit(&c->peer_seg->spinners, memory_order_seq_cst))
       doorbell(e, c);
+    /* else a thread of the producer spins on its rings: it flushes its
+     * stalled frames itself, and once more after it stops counting
+     * (spin_progress, shm_wait), so the room is seen without a datagram
+     * (a sendto and its softirq, several microseconds of ours per drain
+     * when a Gather's or a Bcast's sender runs ahead) */
   }
   return rv ? -1 : 0;
 }
@@ -1016,6 +1021,7 @@ int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) 
   }
   atomic_fetch_sub_explicit(&seg->spinners, 1, memory_order_seq_cst);
   shm_poll(e); /* what a producer published counting on us */
+  conn_flush_all(e); /* room a consumer made counting on us (drain_ring) */
   return done || reqs_done(reqs, n);
 }
 
