@@ -670,14 +670,9 @@ class Engine:
             self._pair_wait(slot, "bcast")
             _check(lib.erdma_pair_put(self._h, slot, buf, nbytes), "bcast")
             return True
-        try:    # (a handler that raises anywhere in here withdraws what was expected)
-            lib.erdma_pair_expect(self._h, slot)
-            self._pair_wait(slot, "bcast")
-            rc = lib.erdma_pair_take(self._h, slot, buf, nbytes)
-        except BaseException:
-            lib.erdma_pair_withdraw(self._h, slot)
-            raise
-        _check(rc, "bcast")
+        h = self._h
+        self._pair_receive(slot, "bcast", lambda: lib.erdma_pair_expect(h, slot) or 0,
+                           lambda: lib.erdma_pair_take(h, slot, buf, nbytes))
         return True
 
     def pair_allgather(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
@@ -694,16 +689,24 @@ class Engine:
         if saddr is not None:
             ffi.memmove(mine, ffi.cast("char *", saddr), blk)
         self._pair_wait(slot, "allgather")
-        try:    # (as pair_bcast's receiver)
-            rc = lib.erdma_pair_share(self._h, slot, mine, blk)
+        h = self._h
+        self._pair_receive(slot, "allgather", lambda: lib.erdma_pair_share(h, slot, mine, blk),
+                           lambda: lib.erdma_pair_take(h, slot, theirs, blk))
+        return True
+
+    def _pair_receive(self, slot: int, what: str, count, take) -> None:
+        """``count()`` (erdma_pair_expect or _share: the operation counted;
+        its error code), the wait, then ``take()``; a signal's handler that
+        raises anywhere in here withdraws what was counted and not taken."""
+        try:
+            rc = count()
             if rc == 0:
-                self._pair_wait(slot, "allgather")
-                rc = lib.erdma_pair_take(self._h, slot, theirs, blk)
+                self._pair_wait(slot, what)
+                rc = take()
         except BaseException:
             lib.erdma_pair_withdraw(self._h, slot)
             raise
-        _check(rc, "allgather")
-        return True
+        _check(rc, what)
 
     def _pair_wait(self, slot: int, what: str) -> None:
         """erdma_pair_wait in slices (the GIL released in each; a signal's

@@ -503,20 +503,25 @@ static int entry_dt_is(const pf_entry *y, PyObject *d, long count) {
 /* The remembered entry if `buf` is (still) its spec, else NULL; with m,
  * the memory the call moves (mem_done after it).  Weak entries match only
  * with m. */
+/* Export obj's memory for one call into m (writable for a receive): 1, or
+ * 0 (no error set) when it cannot be. */
+static int mem_export(pf_mem *m, PyObject *obj, int recv) {
+  if (PyObject_GetBuffer(obj, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  m->exported = 1;
+  m->buf = m->view.buf;
+  m->len = (uint64_t)m->view.len;
+  return 1;
+}
+
 static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
   pf_entry *x = NULL;
   /* bytes (sent) and bytearray: their own memory, as BYTE, exported for the
    * call (an exported bytearray cannot be resized meanwhile) */
-  if (m && ((!recv && PyBytes_CheckExact(buf)) || PyByteArray_CheckExact(buf))) {
-    if (PyObject_GetBuffer(buf, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
-      PyErr_Clear();
-      return NULL;
-    }
-    m->exported = 1;
-    m->buf = m->view.buf;
-    m->len = (uint64_t)m->view.len;
-    return &s->raw;
-  }
+  if (m && ((!recv && PyBytes_CheckExact(buf)) || PyByteArray_CheckExact(buf)))
+    return mem_export(m, buf, recv) ? &s->raw : NULL;
   for (int i = 0; i < PF_SLOTS; i++)
     if (s->ent[recv][i].spec == buf && s->ent[recv][i].have) {
       x = &s->ent[recv][i];
@@ -545,16 +550,7 @@ static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
   }
   if (!x || x->busy) return NULL;
   x->used = ++s->tick;
-  if (x->weak) {
-    if (PyObject_GetBuffer(a, &m->view, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
-      PyErr_Clear();
-      return NULL;
-    }
-    m->exported = 1;
-    m->buf = m->view.buf;
-    m->len = (uint64_t)m->view.len;
-    return x;
-  }
+  if (x->weak) return mem_export(m, a, recv) ? x : NULL;
   /* the remembered spec object may have been changed since */
   if (x->dt && !(items && a == x->arr && entry_dt_is(x, d, count))) return NULL;
   if ((((np_head *)x->arr)->flags & x->need) != x->need) return NULL;

@@ -249,57 +249,43 @@ for c in (MPI.COMM_SELF, comm):
 # bytes and bytearray as buffers (BYTE; one C call once the communicator has
 # a fast-path state): every size, a new object every call, statuses, too
 # small a bytearray, bytes as a receive buffer (not writable)
+def pattern(r, i, nbytes):
+    return bytes((r * 7 + i + k) % 256 for k in range(nbytes))
+
+
+def exchange(c, send, recv):
+    """Even ranks send first, odd ones receive first."""
+    for step in ((send, recv) if c.Get_rank() % 2 == 0 else (recv, send)):
+        step()
+
+
+def bad_receives(c, src):
+    check(raises(MPI.ERR_TRUNCATE, c.Recv, bytearray(2), src, 61), "bytearray too small")
+    try:
+        c.Recv(bytes(4), src, 62)
+        check(False, "bytes as a receive buffer")
+    except BufferError:
+        pass
+    c.Recv(bytearray(4), src, 62)
+
+
 if size > 1:
     c = comm.Dup()          # (a communicator whose first calls are these)
     peer, src = (rank + 1) % size, (rank - 1) % size
     for i, nbytes in enumerate((0, 1, 69, 4096, 300000) * 3):
-        data = bytes((rank * 7 + i + k) % 256 for k in range(min(nbytes, 256))) * (
-            -(-nbytes // 256) if nbytes else 0)
-        data = data[:nbytes]
-        want = bytes((src * 7 + i + k) % 256 for k in range(min(nbytes, 256))) * (
-            -(-nbytes // 256) if nbytes else 0)
-        got = bytearray(nbytes + 3)
-        st = MPI.Status()
+        data, want = pattern(rank, i, nbytes), pattern(src, i, nbytes)
+        got, st = bytearray(nbytes + 3), MPI.Status()
         send = data if i % 2 else bytearray(data)
-        if rank % 2 == 0:
-            c.Send(send, peer, 40 + i)
-            c.Recv(got, src, 40 + i, st)
-        else:
-            c.Recv(got, src, 40 + i, st)
-            c.Send(send, peer, 40 + i)
-        check(bytes(got[:nbytes]) == want[:nbytes] and got[nbytes:] == bytearray(3),
+        exchange(c, lambda: c.Send(send, peer, 40 + i), lambda: c.Recv(got, src, 40 + i, st))
+        check(bytes(got[:nbytes]) == want and got[nbytes:] == bytearray(3),
               f"bytes {nbytes}: data")
         check(st.Get_count(MPI.BYTE) == nbytes and st.Get_source() == src,
               f"bytes {nbytes}: status")
         got = bytearray(nbytes + 1)
-        if rank % 2 == 0:
-            c.Send(data, peer, 60)
-            c.Recv(got, src, 60)
-        else:
-            c.Recv(got, src, 60)
-            c.Send(data, peer, 60)
-        check(bytes(got[:nbytes]) == want[:nbytes], f"bytes {nbytes}: data, no status")
-    small = bytearray(2)
-    if rank % 2 == 0:
-        c.Send(b"abcd", peer, 61)
-        c.Send(b"efgh", peer, 62)
-        check(raises(MPI.ERR_TRUNCATE, c.Recv, small, src, 61), "bytearray too small")
-        try:
-            c.Recv(bytes(4), src, 62)
-            check(False, "bytes as a receive buffer")
-        except BufferError:
-            pass
-        c.Recv(small + bytearray(2), src, 62)
-    else:
-        check(raises(MPI.ERR_TRUNCATE, c.Recv, small, src, 61), "bytearray too small")
-        try:
-            c.Recv(bytes(4), src, 62)
-            check(False, "bytes as a receive buffer")
-        except BufferError:
-            pass
-        c.Recv(bytearray(4), src, 62)
-        c.Send(b"abcd", peer, 61)
-        c.Send(b"efgh", peer, 62)
+        exchange(c, lambda: c.Send(data, peer, 60), lambda: c.Recv(got, src, 60))
+        check(bytes(got[:nbytes]) == want, f"bytes {nbytes}: data, no status")
+    exchange(c, lambda: (c.Send(b"abcd", peer, 61), c.Send(b"efgh", peer, 62)),
+             lambda: bad_receives(c, src))
     c.Barrier()
     c.Free()
 
