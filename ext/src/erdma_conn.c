@@ -556,14 +556,7 @@ void unexp_release(erdma_engine *e, int peer, uint64_t n) {
     engine_wake(e);
   } else if (c && c->shm && before > p->unexp_bytes && e->shm.held &&
              p->unexp_bytes <= shm_hold_max(e)) {
-    /* drain_ring left the peer's bytes in its ring: read on, but without
-     * waking the progress thread.  The thread that took the message is in
-     * an engine call: its next wait reads the ring straight into its
-     * receive, and once it has been out of calls for SHM_GRACE_NS the
-     * progress thread reads on (shm_next_wake).  Woken at every message,
-     * it copied a sender's backlog into unexpected messages under the
-     * receiving thread (half the bytes of back-to-back 4 KiB Gathers). */
-    e->shm.held = 0;
+    shm_hold_taken(e); /* drain_ring left the peer's bytes in its ring: read on */
   }
 }
 

@@ -240,7 +240,8 @@ typedef struct {
    * an Irecv) do not push out the ones it passes every time, whatever the
    * order of its calls and misses. */
   pf_entry ent[2][PF_SLOTS];
-  pf_entry raw;                /* entry_for's for bytes and bytearray: never remembered */
+  pf_entry raw;                /* entry_for's for bytes and bytearray: never remembered
+                                * (its busy count unused) */
   unsigned long tick; /* counts matches and remembers, for `used` */
   pf_coll ar, rs, bc, a2a, ag; /* Allreduce, Reduce_scatter_block; Bcast (its buffer
                                   as the receive side); Alltoall, Allgather */
@@ -519,7 +520,7 @@ static int mem_export(pf_mem *m, PyObject *obj, int recv) {
 static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
   pf_entry *x = NULL;
   /* bytes (sent) and bytearray: their own memory, as BYTE, exported for the
-   * call (an exported bytearray cannot be resized meanwhile) */
+   * whole call (an exported bytearray cannot be resized; see raw_wait) */
   if (m && ((!recv && PyBytes_CheckExact(buf)) || PyByteArray_CheckExact(buf)))
     return mem_export(m, buf, recv) ? &s->raw : NULL;
   for (int i = 0; i < PF_SLOTS; i++)
@@ -598,6 +599,47 @@ static int p2p_args(PyObject *const *args, int recv, pf_state **sp, pf_entry **x
   return 1;
 }
 
+/* A call on bytes or a bytearray (entry_for's raw entry) still pending
+ * after a slice (out->left): wait on here with its memory exported, in
+ * slices with signal checks, as erdma_send / erdma_recv's own wait.  Handed
+ * to Python with only a reference, a bytearray could be resized under the
+ * engine.  A signal's exception withdraws it (erdma_req_abort: a send's
+ * bytes are copied first): RAW_SIGNALLED.  Else the request's end, as
+ * erdma_send / erdma_recv answer it. */
+#define RAW_SIGNALLED INT32_MIN
+static int raw_wait(pf_state *s, erdma_blocking *out) {
+  erdma_req *r = out->left;
+  erdma_status st;
+  int rc;
+  out->left = NULL;
+  do {
+    if (PyErr_CheckSignals()) {
+      erdma_req_abort(r);
+      erdma_req_free(r);
+      return RAW_SIGNALLED;
+    }
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = erdma_req_wait(r, s->slice, &st);
+    while (rc == ERDMA_ERR_PEER_PENDING) { /* a blocking ANY_SOURCE receive fails (ULFM) */
+      erdma_req_withdraw_failed(r);
+      rc = erdma_req_wait(r, s->slice, &st);
+    }
+    PyEval_RestoreThread(ts);
+  } while (rc == ERDMA_ERR_TIMEOUT);
+  if (rc) {
+    erdma_req_abort(r);
+    erdma_req_free(r);
+    return rc;
+  }
+  erdma_req_free(r);
+  out->source = st.source;
+  out->tag = st.tag;
+  out->error = st.error;
+  out->cancelled = st.cancelled;
+  out->nbytes = st.nbytes;
+  return 0;
+}
+
 static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   long tag;
   int dest;
@@ -615,9 +657,10 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   PyThreadState *ts = PyEval_SaveThread();
   int rc = erdma_send(s->e, m.buf, m.len, dest, (int)tag, s->ctx, 0, s->slice, &out);
   PyEval_RestoreThread(ts);
+  if (rc == ERDMA_ERR_TIMEOUT && x == &s->raw && out.left) rc = raw_wait(s, &out);
   x->busy--;
   mem_done(&m);
-  return result(rc, &out);
+  return rc == RAW_SIGNALLED ? NULL : result(rc, &out);
 }
 
 static long comm_rank(pf_state *s, int w);
@@ -638,8 +681,10 @@ static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status, P
   PyThreadState *ts = PyEval_SaveThread();
   int rc = erdma_recv(s->e, m.buf, m.len, src, (int)tag, s->ctx, s->slice, &out);
   PyEval_RestoreThread(ts);
+  if (rc == ERDMA_ERR_TIMEOUT && x == &s->raw && out.left) rc = raw_wait(s, &out);
   x->busy--;
   mem_done(&m);
+  if (rc == RAW_SIGNALLED) return NULL;
   if (rc == 0 && sv && out.error == 0) {
     status_fill(sv, comm_rank(s, out.source), out.tag, out.nbytes);
     return PyLong_FromLong(0);
@@ -1268,6 +1313,11 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace, int method, P
   if (!(rx = entry_for(s, 1, args[4], &rm)) &&
       (replace || !(rp = packed_for(s, 1, args[4])))) {
     if (sx) mem_done(&sm);
+    return PyLong_FromLong(1);
+  }
+  if (sx == &s->raw || rx == &s->raw) { /* bytes, bytearray: Python's Sendrecv (raw_wait) */
+    if (sx) mem_done(&sm);
+    if (rx) mem_done(&rm);
     return PyLong_FromLong(1);
   }
   if (replace && (sm.buf != rm.buf || sm.len != rm.len)) {

@@ -651,6 +651,18 @@ uint64_t shm_hold_max(const erdma_engine *e) {
   return e->cfg.shm_unexpected_max;
 }
 
+/* A thread that took an unexpected message lifts the hold (e->mu held): it
+ * reads on in its next wait, and the progress thread once SHM_GRACE_NS
+ * passed without a call (shm_next_wake); woken at every message it would
+ * copy a running-ahead sender's backlog into unexpected messages under the
+ * receiving thread.  A progress thread asleep for longer (no call marked
+ * this thread active: a probe, a test) is woken. */
+void shm_hold_taken(erdma_engine *e) {
+  if (!e->shm.held) return;
+  e->shm.held = 0;
+  if (e->wake_at > erdma_now() + SHM_GRACE_NS) engine_wake(e);
+}
+
 void shm_hold_lifted(erdma_engine *e) {
   if (!e->shm.held) return;
   e->shm.held = 0;
@@ -987,6 +999,23 @@ static int reqs_done(erdma_req *const *reqs, int n) {
  * message instead of the progress thread's and then this one's.  It counts
  * as a spinner, so producers never count on the progress thread for it.
  * 1 when done, 0 at the deadline. */
+/* (e->mu held) Has a consumer made room in a ring our stalled frames wait
+ * for since we last flushed?  A consumer that saw this thread counted as a
+ * spinner sent no doorbell for it (drain_ring); read after bell_waiters is
+ * counted, as the consumer reads bell_waiters after its tail, so that one
+ * of the two sees the other. */
+static int tx_room(erdma_engine *e) {
+  shm_state *s = &e->shm;
+  for (int i = 0; i < s->nlocal; i++) {
+    int p = s->local[i];
+    erdma_conn *c = p == e->cfg.rank ? NULL : e->peers[p].conn;
+    if (c && c->shm && !c->closed && c->tx_write &&
+        atomic_load_explicit(&c->tx_ring->tail, memory_order_seq_cst) != c->tx_ring_tail)
+      return 1;
+  }
+  return 0;
+}
+
 int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) {
   shm_state *s = &e->shm;
   struct shm_seg *seg = s->seg;
@@ -1011,8 +1040,9 @@ int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) 
     uint32_t v = atomic_load_explicit(&seg->bell, memory_order_seq_cst);
     __atomic_add_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL); /* teardown waits for us */
     int held = s->held; /* bytes left in a ring (shm_hold_max): no reason to spin */
+    int room = tx_room(e); /* made before the consumer could see us asleep */
     pthread_mutex_unlock(&e->mu);
-    if ((held || !shm_rx_ready(e)) && !reqs_done(reqs, n))
+    if ((held || !shm_rx_ready(e)) && !room && !reqs_done(reqs, n))
       syscall(SYS_futex, &seg->bell, FUTEX_WAIT, v, &ts, NULL, 0);
     atomic_fetch_sub_explicit(&seg->bell_waiters, 1, memory_order_seq_cst);
     __atomic_sub_fetch(&s->lf_spin, 1, __ATOMIC_ACQ_REL);
@@ -1334,7 +1364,8 @@ void shm_unmap_peers(erdma_engine *e) {
  * reach it.  A slot holds ctx << 32 | count: a reader that finds another
  * context there knows that the peer freed the communicator, which it does
  * only after its last Barrier on it (context ids are never reused within a
- * job). */
+ * job).  A slot freed before the peer took its last bytes stays as it is
+ * (parked, found by no lookup) until the peer's count shows them taken. */
 
 static int pair_done(const shm_pair *p) {
   uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);

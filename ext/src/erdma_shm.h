@@ -71,6 +71,7 @@ int shm_sleep_prepare(erdma_engine *e); /* 1: data pending, don't sleep */
 uint64_t shm_hold_max(const erdma_engine *e);
 /* something here now waits: if a peer's bytes were left in its ring, read on */
 void shm_hold_lifted(erdma_engine *e);
+void shm_hold_taken(erdma_engine *e);  /* an unexpected message taken (e->mu held) */
 void shm_sleep_done(erdma_engine *e);
 void shm_spin_begin(erdma_engine *e);
 void shm_spin_end(erdma_engine *e);

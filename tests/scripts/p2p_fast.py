@@ -1,4 +1,7 @@
 """Blocking Send/Recv of plain arrays (the lean path): data, statuses, errors."""
+import threading
+import time
+
 import numpy as np
 from _mpi import MPI, check, done, raises
 
@@ -286,6 +289,29 @@ if size > 1:
         check(bytes(got[:nbytes]) == want, f"bytes {nbytes}: data, no status")
     exchange(c, lambda: (c.Send(b"abcd", peer, 61), c.Send(b"efgh", peer, 62)),
              lambda: bad_receives(c, src))
+    # a receive into a bytearray that waits past the engine's 0.5 s wait
+    # slice: the bytearray cannot be resized meanwhile (its memory stays
+    # exported for the whole call)
+    c.Barrier()
+    if rank == 0:
+        time.sleep(1.5)
+        c.Send(b"late" * 4, 1, 70)
+    elif rank == 1:
+        ba, seen = bytearray(16), []
+
+        def resize():
+            time.sleep(0.8)
+            try:
+                ba.extend(bytes(100000))
+                seen.append("resized")
+            except BufferError:
+                seen.append("refused")
+        th = threading.Thread(target=resize)
+        th.start()
+        c.Recv(ba, 0, 70)
+        th.join()
+        check(seen == ["refused"] and ba == bytearray(b"late" * 4),
+              f"bytearray resized during a long Recv: {seen}")
     c.Barrier()
     c.Free()
 
