@@ -57,6 +57,7 @@ int shm_is_local(erdma_engine *e, int rank) { (void)e; (void)rank; return -1; }
 void shm_wake_waiters(erdma_engine *e) { (void)e; }
 uint64_t shm_hold_max(const erdma_engine *e) { return e->cfg.unexpected_max; }
 void shm_hold_lifted(erdma_engine *e) { (void)e; }
+void shm_hold_taken(erdma_engine *e) { (void)e; }
 #endif
 
 #ifdef ERDMA_STUBS_WITH_ENGINE
