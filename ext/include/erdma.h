@@ -363,6 +363,10 @@ int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int 
                uint32_t ctx, int flags, double timeout, erdma_blocking *out);
 int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
                uint32_t ctx, double timeout, erdma_blocking *out);
+/* Wait on up to timeout for a blocking call's request r (its out->left),
+ * answering as the call does (r freed unless ERDMA_ERR_TIMEOUT: then
+ * out->left is r again). */
+int erdma_blocking_wait(erdma_req *r, double timeout, erdma_blocking *out);
 /* erdma_recv's shortcut: the first message that matches is here whole
  * (eager, not a synchronous send's): taken, copied and freed under one
  * lock, without a request; 1 and *out as erdma_recv's, else 0 (nothing

@@ -1024,6 +1024,11 @@ static int wait_blocking(erdma_req *r, double timeout, erdma_blocking *out) {
   return rv;
 }
 
+int erdma_blocking_wait(erdma_req *r, double timeout, erdma_blocking *out) {
+  out->left = NULL;
+  return wait_blocking(r, timeout, out);
+}
+
 int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int tag,
                uint32_t ctx, int flags, double timeout, erdma_blocking *out) {
   erdma_req *r;

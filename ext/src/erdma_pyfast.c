@@ -608,36 +608,20 @@ static int p2p_args(PyObject *const *args, int recv, pf_state **sp, pf_entry **x
  * erdma_send / erdma_recv answer it. */
 #define RAW_SIGNALLED INT32_MIN
 static int raw_wait(pf_state *s, erdma_blocking *out) {
-  erdma_req *r = out->left;
-  erdma_status st;
   int rc;
-  out->left = NULL;
   do {
+    erdma_req *r = out->left;
     if (PyErr_CheckSignals()) {
       erdma_req_abort(r);
       erdma_req_free(r);
+      out->left = NULL;
       return RAW_SIGNALLED;
     }
     PyThreadState *ts = PyEval_SaveThread();
-    rc = erdma_req_wait(r, s->slice, &st);
-    while (rc == ERDMA_ERR_PEER_PENDING) { /* a blocking ANY_SOURCE receive fails (ULFM) */
-      erdma_req_withdraw_failed(r);
-      rc = erdma_req_wait(r, s->slice, &st);
-    }
+    rc = erdma_blocking_wait(r, s->slice, out);
     PyEval_RestoreThread(ts);
   } while (rc == ERDMA_ERR_TIMEOUT);
-  if (rc) {
-    erdma_req_abort(r);
-    erdma_req_free(r);
-    return rc;
-  }
-  erdma_req_free(r);
-  out->source = st.source;
-  out->tag = st.tag;
-  out->error = st.error;
-  out->cancelled = st.cancelled;
-  out->nbytes = st.nbytes;
-  return 0;
+  return rc;
 }
 
 static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
