@@ -501,9 +501,6 @@ static int entry_dt_is(const pf_entry *y, PyObject *d, long count) {
   return d == y->dt && (count == -1 || (y->count > 0 && count == y->count));
 }
 
-/* The remembered entry if `buf` is (still) its spec, else NULL; with m,
- * the memory the call moves (mem_done after it).  Weak entries match only
- * with m. */
 /* Export obj's memory for one call into m (writable for a receive): 1, or
  * 0 (no error set) when it cannot be. */
 static int mem_export(pf_mem *m, PyObject *obj, int recv) {
@@ -517,6 +514,9 @@ static int mem_export(pf_mem *m, PyObject *obj, int recv) {
   return 1;
 }
 
+/* The remembered entry if `buf` is (still) its spec, else NULL; with m,
+ * the memory the call moves (mem_done after it).  Weak entries match only
+ * with m. */
 static pf_entry *entry_for(pf_state *s, int recv, PyObject *buf, pf_mem *m) {
   pf_entry *x = NULL;
   /* bytes (sent) and bytearray: their own memory, as BYTE, exported for the
@@ -604,9 +604,9 @@ static int p2p_args(PyObject *const *args, int recv, pf_state **sp, pf_entry **x
  * slices with signal checks, as erdma_send / erdma_recv's own wait.  Handed
  * to Python with only a reference, a bytearray could be resized under the
  * engine.  A signal's exception withdraws it (erdma_req_abort: a send's
- * bytes are copied first): RAW_SIGNALLED.  Else the request's end, as
+ * bytes are copied first): PF_SIGNALLED.  Else the request's end, as
  * erdma_send / erdma_recv answer it. */
-#define RAW_SIGNALLED INT32_MIN
+#define PF_SIGNALLED INT32_MIN /* a wait ended by a signal's exception (set) */
 static int raw_wait(pf_state *s, erdma_blocking *out) {
   int rc;
   do {
@@ -615,7 +615,7 @@ static int raw_wait(pf_state *s, erdma_blocking *out) {
       erdma_req_abort(r);
       erdma_req_free(r);
       out->left = NULL;
-      return RAW_SIGNALLED;
+      return PF_SIGNALLED;
     }
     PyThreadState *ts = PyEval_SaveThread();
     rc = erdma_blocking_wait(r, s->slice, out);
@@ -644,7 +644,7 @@ static PyObject *pf_send(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (rc == ERDMA_ERR_TIMEOUT && x == &s->raw && out.left) rc = raw_wait(s, &out);
   x->busy--;
   mem_done(&m);
-  return rc == RAW_SIGNALLED ? NULL : result(rc, &out);
+  return rc == PF_SIGNALLED ? NULL : result(rc, &out);
 }
 
 static long comm_rank(pf_state *s, int w);
@@ -668,7 +668,7 @@ static PyObject *do_recv(PyObject *const *args, Py_ssize_t n, int want_status, P
   if (rc == ERDMA_ERR_TIMEOUT && x == &s->raw && out.left) rc = raw_wait(s, &out);
   x->busy--;
   mem_done(&m);
-  if (rc == RAW_SIGNALLED) return NULL;
+  if (rc == PF_SIGNALLED) return NULL;
   if (rc == 0 && sv && out.error == 0) {
     status_fill(sv, comm_rank(s, out.source), out.tag, out.nbytes);
     return PyLong_FromLong(0);
@@ -1948,7 +1948,6 @@ static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssi
  * offered flags, see pf_barrier; a failed peer still ends it); frees it.
  * The error it ended with (or erdma_req_wait's), or PF_SIGNALLED with a
  * signal's exception set (the request withdrawn). */
-#define PF_SIGNALLED INT32_MIN
 static int wait_signals(pf_state *s, erdma_req *r, int signals) {
   erdma_status st;
   int rc;

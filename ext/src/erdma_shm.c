@@ -992,13 +992,6 @@ static int reqs_done(erdma_req *const *reqs, int n) {
   return 0;
 }
 
-/* Wait (e->mu held; returned held) until one of reqs completes or the
- * deadline passes, when every peer is on shared memory: the thread sleeps on
- * the `bell` futex of our segment, which producers ring instead of the UDP
- * doorbell while it sleeps, and drains the rings itself: one wake-up per
- * message instead of the progress thread's and then this one's.  It counts
- * as a spinner, so producers never count on the progress thread for it.
- * 1 when done, 0 at the deadline. */
 /* (e->mu held) Has a consumer made room in a ring our stalled frames wait
  * for since we last flushed?  A consumer that saw this thread counted as a
  * spinner sent no doorbell for it (drain_ring); read after bell_waiters is
@@ -1016,6 +1009,13 @@ static int tx_room(erdma_engine *e) {
   return 0;
 }
 
+/* Wait (e->mu held; returned held) until one of reqs completes or the
+ * deadline passes, when every peer is on shared memory: the thread sleeps on
+ * the `bell` futex of our segment, which producers ring instead of the UDP
+ * doorbell while it sleeps, and drains the rings itself: one wake-up per
+ * message instead of the progress thread's and then this one's.  It counts
+ * as a spinner, so producers never count on the progress thread for it.
+ * 1 when done, 0 at the deadline. */
 int shm_wait(erdma_engine *e, erdma_req *const *reqs, int n, uint64_t deadline) {
   shm_state *s = &e->shm;
   struct shm_seg *seg = s->seg;
@@ -1410,8 +1410,7 @@ int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx) {
     }
   }
   if (at >= 0) {
-    shm_pair *p = &s->pair[at];
-    if (p->parked) pair_free(s, p);
+    shm_pair *p = &s->pair[at]; /* (a parked one's words are all written anew below) */
     memset(p, 0, sizeof *p);
     p->ctx = ctx;
     p->peer = peer;
