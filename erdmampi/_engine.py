@@ -467,6 +467,7 @@ class Engine:
             cfg.cc_log = 2 if config.get("ERDMA_CC_LOG_ALL") else 1
         cfg.path_log_ms = config.get("ERDMA_PATH_LOG_MS")
         cfg.pace = int(config.get("ERDMA_PACE"))
+        cfg.shm_cma_bounce = {"auto": 0, "on": 1, "off": 2}[config.get("ERDMA_SHM_CMA_BOUNCE")]
         cfg.max_pacing_rate = config.get("ERDMA_MAX_PACING_RATE") or 0
         cfg.pace_learn = int(config.get("ERDMA_PACE_LEARN"))
         cfg.launcher_pid = config.get("ERDMA_LAUNCHER_PID") or 0
@@ -576,12 +577,16 @@ class Engine:
         """The numeric settings in effect (``TUNING``'s and the eager limits),
         measured ones included: ``shm_bulk_cma_min`` is None where the
         engine sends a collective's blocks to ranks of this host through
-        the ring alone (never by CMA)."""
+        the ring alone (never by CMA); ``shm_cma_bounce`` whether a CMA copy
+        whose destination lies 1-63 bytes after its source modulo the page
+        goes through a buffer (None where CMA is off)."""
         cfg = ffi.new("erdma_config *")
         _check(lib.erdma_engine_config(self._h, cfg), "engine config")
         out = {k: getattr(cfg, k) for k in (*TUNING, "eager_limit")}
         if out["shm_bulk_cma_min"] in (0, (1 << 64) - 1):   # (0: shared memory not set up)
             out["shm_bulk_cma_min"] = None
+        # True / False: an aliased CMA copy bounces or not (None: not measured, no CMA)
+        out["shm_cma_bounce"] = {1: True, 2: False}.get(cfg.shm_cma_bounce)
         return out
 
     def stats(self) -> dict:

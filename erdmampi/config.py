@@ -100,6 +100,10 @@ VARS_LIST = (
         "peer's ring (default 1M)", {"lo": 0}),
        ("ERDMA_SHM_CMA", "bool", True, "large messages as one process_vm_readv copy (0: "
         "through the ring)"),
+       ("ERDMA_SHM_CMA_BOUNCE", "choice", "auto", "a CMA copy whose destination lies 1-63 "
+        "bytes after its source modulo the page goes through a buffer of the reader (the "
+        "kernel's copy stalls there on AMD CPUs): auto (if a read of 256 KiB at start-up "
+        "shows the stall), on or off", {"choices": ("auto", "on", "off")}),
        ("ERDMA_SHM_BULK_CMA", "size", None, "a collective's block to a rank of this host "
         "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
         "(default: measured at start-up; 0: never)", {"lo": 0}),

@@ -4,7 +4,9 @@ collectives' Alltoall, Allgather and Bcast (the two-rank root's shortcut
 into the ring included) give the same bytes whichever way a block goes:
 through the ring, read with CMA, or read with CMA refused by the kernel
 mid-job; the threshold is measured at start-up unless
-ERDMA_SHM_BULK_CMA sets it.  Point-to-point messages likewise from
+ERDMA_SHM_BULK_CMA sets it, and so is whether a read 1-63 bytes after its
+source modulo the page goes through a bounce buffer (ERDMA_SHM_CMA_BOUNCE),
+exact either way.  Point-to-point messages likewise from
 cfg.shm_p2p_cma_min (ERDMA_SHM_P2P_CMA, default never: one read by the
 receiver) and cfg.shm_p2p_split_min (ERDMA_SHM_P2P_SPLIT, default 16 KiB:
 the receiver reads the first part while the sender writes the second): a
@@ -89,8 +91,71 @@ def test_threshold_measured_at_start_up():
 
 
 def test_threshold_set_by_hand_is_not_measured():
-    res = _run(2, {"ERDMA_VERBOSE": "1", "ERDMA_SHM_BULK_CMA": "64K"})
+    res = _run(2, {"ERDMA_VERBOSE": "1", "ERDMA_SHM_BULK_CMA": "64K",
+                   "ERDMA_SHM_CMA_BOUNCE": "on"})
     assert "a collective's block to a rank of this host goes by CMA" not in res.stderr
+    res = _run(2, {"ERDMA_VERBOSE": "1", "ERDMA_SHM_BULK_CMA": "64K"})   # the bounce measured
+    got = re.findall(r"goes by CMA from (\d+) bytes", res.stderr)
+    assert got == ["65536", "65536"], res.stderr[-2000:]
+
+
+# Buffers placed so that every copy between them runs 16 bytes after its
+# source modulo the page (where the kernel's copy stalls on AMD and a CMA
+# read may bounce): collectives by CMA and point-to-point messages split
+# between reader and writer give the same bytes, bounced or not.
+_ALIAS_SCRIPT = r'''
+import numpy as np
+from erdmampi import MPI
+
+def placed(n, off):
+    raw = np.zeros(n + 8192, np.uint8)
+    at = (-raw.ctypes.data) % 4096 + off
+    return raw[at:at + n]
+
+c = MPI.COMM_WORLD
+r, n = c.Get_rank(), c.Get_size()
+for blk in (4096, 65536, 200003, 1 << 20):
+    send, rbuf = placed(n * blk, 0), placed(n * blk, 16)
+    send[:] = (np.arange(n * blk) % 251 + 7 * r).astype(np.uint8)
+    for _ in range(2):
+        rbuf[:] = 0
+        c.Alltoall(send, rbuf)
+        for p in range(n):
+            want = ((np.arange(n * blk) % 251 + 7 * p).astype(np.uint8))[r * blk:(r + 1) * blk]
+            assert np.array_equal(rbuf[p * blk:(p + 1) * blk], want), ("Alltoall", blk)
+        rbuf[:] = 0
+        c.Allgather(send[:blk], rbuf)
+        for p in range(n):
+            want = ((np.arange(blk) % 251 + 7 * p).astype(np.uint8))
+            assert np.array_equal(rbuf[p * blk:(p + 1) * blk], want), ("Allgather", blk)
+    if r < 2:
+        peer = 1 - r
+        if r == 0:
+            c.Send(send[:blk], dest=1, tag=5)
+            c.Recv(rbuf[:blk], source=1, tag=6)
+        else:
+            c.Recv(rbuf[:blk], source=0, tag=5)
+            c.Send(send[:blk], dest=0, tag=6)
+        want = (np.arange(blk) % 251 + 7 * peer).astype(np.uint8)
+        assert np.array_equal(rbuf[:blk], want), ("Send/Recv", blk)
+c.Barrier()
+print(f"rank {r}: OK", flush=True)
+'''
+
+
+@pytest.mark.parametrize("bounce", ["on", "off"])
+def test_copies_16_bytes_off_are_exact_bounced_or_not(bounce):
+    res = _run(2, {"ERDMA_VERBOSE": "1", "ERDMA_SHM_CMA_BOUNCE": bounce,
+                   "ERDMA_SHM_BULK_CMA": "16K"}, script=_ALIAS_SCRIPT)
+    assert "goes by CMA" not in res.stderr      # nothing measured: both set by hand
+    _run(3, {"ERDMA_SHM_CMA_BOUNCE": bounce}, script=_ALIAS_SCRIPT)
+
+
+def test_bounce_measured_at_start_up():
+    res = _run(2, {"ERDMA_VERBOSE": "1"})
+    got = re.findall(r"modulo the page goes by (the vector loop|memcpy), by CMA "
+                     r"(through a bounce buffer|straight)", res.stderr)
+    assert len(got) == 2, res.stderr[-2000:]
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")

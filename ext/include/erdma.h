@@ -83,6 +83,10 @@ typedef struct erdma_config {
   uint64_t shm_p2p_split_min; /* bytes from which a point-to-point message to a rank of this
                                 host goes by RTS and is copied half by its receiver, half by
                                 its sender at once, with CMA (0: never; see erdma_shm.c) */
+  int shm_cma_bounce;        /* a CMA copy whose destination lies 1-63 bytes after its source
+                                modulo the page goes through a buffer at the source's offset
+                                (the kernel's copy stalls there on some CPUs): 0: if a
+                                self-read at shm set-up shows the stall, 1: always, 2: never */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   double hello_timeout;      /* seconds an accepted connection has, from its first packet, to

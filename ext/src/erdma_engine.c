@@ -310,11 +310,14 @@ static int pktio_dpdk_open(erdma_engine *e) {
 }
 
 /* ------------------------------------------------------------ lifecycle */
+static pthread_once_t copy_once = PTHREAD_ONCE_INIT;
+
 int erdma_engine_new(const erdma_config *cfg, erdma_engine **out) {
   erdma_engine *e;
   pthread_condattr_t ca;
   if (!cfg || !out || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
     return ERDMA_ERR_INVAL;
+  pthread_once(&copy_once, erdma_copy_calibrate);
   if (!(e = calloc(1, sizeof *e))) return ERDMA_ERR_NOMEM;
   e->cfg = *cfg;
   snprintf(e->bind_addr, sizeof e->bind_addr, "%s", cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");

@@ -252,40 +252,63 @@ int shm_is_local(erdma_engine *e, int rank) {
  * the two ranks of one job (both start at once): medians were 2.5-4.3,
  * single pairs 0.3-8, and the ring was faster there (two-rank Bcast of
  * 16 KiB-1 MiB 1.3-1.6x, Alltoall up to 1.4x); the Xeon read at 1.9x.
- * Returns UINT64_MAX (never) when a read costs more than 2.2 copies or
- * fails. */
+ * Never (UINT64_MAX) where a read costs more than 2.2 copies or fails. */
 #define SHM_BULK_PROBE ((uint64_t)256 << 10)
 #define SHM_BULK_MIN ((uint64_t)16 << 10)
 #define SHM_BULK_TRIES 9
-static uint64_t shm_bulk_calibrate(void) {
+/* The kernel's copy of a CMA read whose destination lies 1-63 bytes after
+ * its source modulo the page (two NumPy arrays allocated one after the
+ * other) stalls as glibc's memcpy does (erdma_copy.h) on some CPUs: 5x
+ * slower on an EPYC VM, 1.1x on a Xeon.  Where a self-read 16 bytes off
+ * takes more than this (hundredths) of an aligned one, such reads go
+ * through a bounce buffer (cma_io); elsewhere the bounce would only add a
+ * copy (two-rank Alltoall of 512 KiB, Xeon: 24.7 us against 15.4). */
+#define SHM_ALIAS_STALL 150
+
+static void ratio_insert(uint64_t *ratio, int k, uint64_t v) { /* ratio[0..k] ascending */
+  int j = k;
+  for (; j > 0 && ratio[j - 1] > v; j--) ratio[j] = ratio[j - 1];
+  ratio[j] = v;
+}
+
+/* Medians of nine timed rounds after one to warm up, in a few
+ * milliseconds at most: *bulk_min (when 0 on entry) as above, and
+ * *bounce (when 0 on entry) 1 where the aliased read stalls, else 2.  A
+ * read that fails leaves CMA for bulk off and the bounce on. */
+static void shm_cma_calibrate(uint64_t *bulk_min, int *bounce) {
   const uint64_t n = SHM_BULK_PROBE;
   uint8_t *a = NULL, *b = NULL;
-  uint64_t ratio[SHM_BULK_TRIES]; /* read / copy, in hundredths */
+  uint64_t copy[SHM_BULK_TRIES], alias[SHM_BULK_TRIES]; /* a read / copy or aligned read, % */
   int ok = 1;
-  if (posix_memalign((void **)&a, 4096, n) || posix_memalign((void **)&b, 4096, n)) {
+  if (posix_memalign((void **)&a, 4096, n) || posix_memalign((void **)&b, 4096, n + 4096)) {
     free(a);
-    return UINT64_MAX;
+    a = NULL;
+    ok = 0;
   }
-  memset(a, 1, n);
-  memset(b, 2, n);
   pid_t me = getpid();
-  for (int k = -1; k < SHM_BULK_TRIES && ok; k++) { /* k = -1: a round to warm up */
+  if (ok) {
+    memset(a, 1, n);
+    memset(b, 2, n + 4096);
+  }
+  for (int k = -1; ok && k < SHM_BULK_TRIES; k++) { /* k = -1: a round to warm up */
     uint64_t t0 = erdma_now();
     memcpy(b, a, n);
     uint64_t t1 = erdma_now();
-    struct iovec l = {b, (size_t)n}, r = {a, (size_t)n};
+    struct iovec l = {b, (size_t)n}, r = {a, (size_t)n}, l16 = {b + 16, (size_t)n};
     ssize_t got = process_vm_readv(me, &l, 1, &r, 1, 0);
     uint64_t t2 = erdma_now();
+    if (got == (ssize_t)n && *bounce == 0) got = process_vm_readv(me, &l16, 1, &r, 1, 0);
+    uint64_t t3 = erdma_now();
     ok = got == (ssize_t)n;
     if (k < 0 || !ok) continue;
-    uint64_t v = (t2 - t1) * 100 / (t1 - t0 ? t1 - t0 : 1);
-    int j = k; /* insertion: ratio[0..k] ascending */
-    for (; j > 0 && ratio[j - 1] > v; j--) ratio[j] = ratio[j - 1];
-    ratio[j] = v;
+    ratio_insert(copy, k, (t2 - t1) * 100 / (t1 - t0 ? t1 - t0 : 1));
+    ratio_insert(alias, k, (t3 - t2) * 100 / (t2 - t1 ? t2 - t1 : 1));
   }
   free(a);
   free(b);
-  return ok && ratio[SHM_BULK_TRIES / 2] <= 220 ? SHM_BULK_MIN : UINT64_MAX;
+  if (*bulk_min == 0)
+    *bulk_min = ok && copy[SHM_BULK_TRIES / 2] <= 220 ? SHM_BULK_MIN : UINT64_MAX;
+  if (*bounce == 0) *bounce = !ok || alias[SHM_BULK_TRIES / 2] > SHM_ALIAS_STALL ? 1 : 2;
 }
 
 /* A point-to-point message to a rank of this host from
@@ -355,14 +378,17 @@ int erdma_engine_shm_setup(erdma_engine *e, const char *job, const int *local_ra
   int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   s->oversub = nlocal > ncpu;
   if (use_cma) s->cma = cma_grant(e);
-  if (s->cma && !e->cfg.shm_bulk_cma_min) {
-    e->cfg.shm_bulk_cma_min = shm_bulk_calibrate();
+  if (s->cma && (!e->cfg.shm_bulk_cma_min || !e->cfg.shm_cma_bounce)) {
+    shm_cma_calibrate(&e->cfg.shm_bulk_cma_min, &e->cfg.shm_cma_bounce);
     if (e->cfg.verbose)
       fprintf(stderr, "erdma[%d]: a collective's block to a rank of this host goes by CMA "
-                      "from %s%llu bytes\n", e->cfg.rank,
+                      "from %s%llu bytes; a copy 1-63 bytes after its source modulo the "
+                      "page goes by %s, by CMA %s\n", e->cfg.rank,
               e->cfg.shm_bulk_cma_min == UINT64_MAX ? "(never) " : "",
               (unsigned long long)(e->cfg.shm_bulk_cma_min == UINT64_MAX
-                                       ? 0 : e->cfg.shm_bulk_cma_min));
+                                       ? 0 : e->cfg.shm_bulk_cma_min),
+              erdma_copy_stall ? "the vector loop" : "memcpy",
+              e->cfg.shm_cma_bounce == 1 ? "through a bounce buffer" : "straight");
   }
   s->map_len = s->maps_len = SHM_RINGS + (size_t)nlocal * ring_stride(rb);
   seg_name(e, e->cfg.rank, s->name, sizeof s->name);
@@ -1059,13 +1085,14 @@ void shm_sleep_done(erdma_engine *e) {
   if (e->shm.seg) atomic_store_explicit(&e->shm.seg->sleeping, 0, memory_order_relaxed);
 }
 
-/* The kernel copies a process_vm_readv/writev with `rep movsb` and stalls
+/* The kernel copies a process_vm_readv/writev with `rep movsb` and on AMD stalls
  * as memcpy does (erdma_copy.h) when the destination lies 1-63 bytes after
  * the source modulo the page: 1 MiB from 118 us to 611 us on an EPYC VM,
  * where two NumPy arrays allocated one after the other are 16 bytes apart
- * modulo the page.  Such a transfer goes through a buffer of this thread
- * placed at the remote address's page offset, CMA_BOUNCE bytes at a time:
- * a kernel copy that does not stall, and an erdma_copy in the cache. */
+ * modulo the page.  Where it does (cfg.shm_cma_bounce, shm_cma_calibrate),
+ * such a transfer goes through a buffer of this thread placed at the remote
+ * address's page offset, CMA_BOUNCE bytes at a time: a kernel copy that
+ * does not stall, and an erdma_copy in the cache. */
 #define CMA_BOUNCE ((size_t)128 << 10)
 static pthread_key_t bounce_key;
 static pthread_once_t bounce_once = PTHREAD_ONCE_INIT;
@@ -1091,10 +1118,11 @@ static uint8_t *cma_bounce(void) {
 
 /* One process_vm_readv (write 0: remote -> local) or process_vm_writev of
  * up to n bytes: what it returned. */
-static ssize_t cma_io(pid_t pid, uint8_t *local, uint64_t remote, size_t n, int write) {
+static ssize_t cma_io(const erdma_engine *e, pid_t pid, uint8_t *local, uint64_t remote,
+                      size_t n, int write) {
   uint8_t *b;
   void *r0 = (void *)(uintptr_t)remote;
-  int stall = n >= ERDMA_ALIAS_MIN &&
+  int stall = e->cfg.shm_cma_bounce != 2 && n >= ERDMA_ALIAS_MIN &&
               (write ? erdma_copy_aliases(r0, local) : erdma_copy_aliases(local, r0));
   if (stall && (b = cma_bounce())) {
     b += remote & 4095u;
@@ -1124,7 +1152,7 @@ static int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uin
   _Atomic uint32_t *live = cma_slot(c->peer_seg, sid);
   if (atomic_load(live) != sid) return -2;
   while (done < n) {
-    ssize_t got = cma_io(c->peer_seg->pid, (uint8_t *)dst + done, addr + done,
+    ssize_t got = cma_io(e, c->peer_seg->pid, (uint8_t *)dst + done, addr + done,
                          (size_t)(n - done), 0);
     if (got <= 0) {
       if (atomic_load(live) != sid) return -2; /* freed under us */
@@ -1293,7 +1321,8 @@ int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64
   pid_t pid = e->peers[peer].conn->peer_seg->pid;
   uint64_t done = 0;
   while (done < n) {
-    ssize_t got = cma_io(pid, (uint8_t *)local + done, remote + done, (size_t)(n - done), write);
+    ssize_t got =
+        cma_io(e, pid, (uint8_t *)local + done, remote + done, (size_t)(n - done), write);
     if (got <= 0) {
       if (got < 0 && (errno == EPERM || errno == ENOSYS || errno == EACCES)) {
         if (e->cfg.verbose)

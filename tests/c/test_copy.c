@@ -4,7 +4,8 @@
  * every kind of distance between the buffers (the stalling 1-63 bytes
  * after the source modulo a page, and others); erdma_copy_aliases names
  * exactly those distances; erdma_copy_nt gives the same bytes; erdma_move
- * gives memmove's bytes, overlapping or not. */
+ * gives memmove's bytes, overlapping or not; erdma_copy_calibrate picks
+ * memcpy or the loop for the stalling case, and either copies right. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -33,26 +34,44 @@ TEST(aliases_names_one_to_63_bytes_after_modulo_a_page) {
   CHECK(erdma_copy_aliases(s - 4096 + 1, s));
 }
 
-TEST(copies_every_size_at_every_distance) {
+TEST(copies_every_size_at_every_distance_by_the_loop_and_by_memcpy) {
   static const size_t sizes[] = {0, 1, 7, 127, 128, 129, 2047, 2048, 2049, 4096, 4096 + 17,
                                  65536 + 5, 300000, (1u << 20) + 3};
   static const size_t dists[] = {0, 1, 8, 16, 31, 48, 63, 64, 100, 4080, 4095};
   uint8_t *src = pool(), *dst = pool();
   CHECK(src && dst);
   for (size_t i = 0; i < POOL; i++) src[i] = (uint8_t)(i * 131u + (i >> 9) * 7u + 1u);
+  for (int stall = 0; stall < 2; stall++) /* what erdma_copy_calibrate may choose */
   for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
     for (size_t b = 0; b < sizeof dists / sizeof *dists; b++) {
+      erdma_copy_stall = stall;
       size_t n = sizes[a], so = 16, doff = (so + dists[b]) % 4096 + 4096;
       memset(dst, 0xEE, POOL);
       void *r = erdma_copy(dst + doff, src + so, n);
       CHECK(r == dst + doff);
       CHECK(erdma_copy_aliases(dst + doff, src + so) == (dists[b] >= 1 && dists[b] < 64));
       if (memcmp(dst + doff, src + so, n) != 0)
-        fprintf(stderr, "size %zu distance %zu differs\n", n, dists[b]);
+        fprintf(stderr, "size %zu distance %zu (stall %d) differs\n", n, dists[b], stall);
       CHECK_MEM(dst + doff, src + so, n);
       for (size_t k = 0; k < doff; k++) CHECK_EQ(dst[k], 0xEE);
       for (size_t k = doff + n; k < doff + n + 4096 && k < POOL; k++) CHECK_EQ(dst[k], 0xEE);
     }
+  free(src);
+  free(dst);
+}
+
+TEST(calibrate_chooses_one_of_the_two_and_the_copy_stays_right) {
+  erdma_copy_stall = 7;
+  erdma_copy_calibrate();
+#if defined(__x86_64__)
+  CHECK(erdma_copy_stall == 0 || erdma_copy_stall == 1);
+#endif
+  uint8_t *src = pool(), *dst = pool();
+  CHECK(src && dst);
+  for (size_t i = 0; i < POOL; i++) src[i] = (uint8_t)(i * 29u + 3u);
+  erdma_copy(dst + 16, src, 1u << 20);
+  CHECK_MEM(dst + 16, src, 1u << 20);
+  erdma_copy_stall = 1;
   free(src);
   free(dst);
 }
