@@ -672,6 +672,7 @@ class Engine:
             return False
         buf = ffi.cast("void *", addr)
         if isroot:
+            lib.erdma_pair_lead(self._h, slot, nbytes)
             self._pair_wait(slot, "bcast")
             _check(lib.erdma_pair_put(self._h, slot, buf, nbytes), "bcast")
             return True
@@ -693,6 +694,7 @@ class Engine:
         mine, theirs = rbuf + me * blk, rbuf + (1 - me) * blk
         if saddr is not None:
             ffi.memmove(mine, ffi.cast("char *", saddr), blk)
+        lib.erdma_pair_lead(self._h, slot, 0)
         self._pair_wait(slot, "allgather")
         h = self._h
         self._pair_receive(slot, "allgather", lambda: lib.erdma_pair_share(h, slot, mine, blk),

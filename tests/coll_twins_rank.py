@@ -364,7 +364,8 @@ def ar1000():
 
 
 def bc1000():
-    buf = data("sens", 1000, np.float64) if me == 0 else np.zeros(1000)
+    k = PAIR_DATA_MAX // 8 + 1000       # beyond the two-rank flags, which post nothing
+    buf = data("sens", k, np.float64) if me == 0 else np.zeros(k)
     comm.Bcast([buf, MPI.DOUBLE], root=0)
     return [buf]
 

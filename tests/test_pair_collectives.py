@@ -117,15 +117,19 @@ def test_a_signal_interrupts_a_bcast_by_flags(mode):
 
 # Bcast sizes that differ between the ranks (an erroneous program): the
 # receiver of 16 bytes by flags gets ERR_TRUNCATE, not stale bytes, where
-# the root sent 24; the two then go on alike
+# the root sent 24 (both in the slot's lines), 6000 where it sent 8000 (both
+# in its areas), 80 where it sent 200 and 200 where it sent 80 (one in
+# each); the two then go on alike
 _MISMATCH = r"""
+import sys
 import numpy as np
 from erdmampi import MPI
 comm = MPI.COMM_WORLD
 comm.Set_errhandler(MPI.ERRORS_RETURN)
 for _ in range(3):
     comm.Barrier()
-buf = np.arange(6 if comm.rank == 0 else 4, dtype=np.int32)
+sent, expected = int(sys.argv[1]), int(sys.argv[2])
+buf = np.arange(sent if comm.rank == 0 else expected, dtype=np.int32)
 try:
     comm.Bcast(buf, root=0)
     print(f"rank {comm.rank}: ok", flush=True)
@@ -138,8 +142,9 @@ print(f"rank {comm.rank}: after={v.tolist()}", flush=True)
 """
 
 
-def test_bcast_sizes_that_differ_give_an_error_not_stale_bytes():
-    res = run_mpi(2, _MISMATCH, timeout=60)
+@pytest.mark.parametrize("sent,expected", [(6, 4), (2000, 1500), (50, 20), (20, 50)])
+def test_bcast_sizes_that_differ_give_an_error_not_stale_bytes(sent, expected):
+    res = run_mpi(2, _MISMATCH, args=[str(sent), str(expected)], timeout=60)
     out = res.stdout + res.stderr
     assert "rank 0: ok" in out and "rank 1: class=True" in out, out
     assert "rank 0: after=[5, 5]" in out and "rank 1: after=[5, 5]" in out, out

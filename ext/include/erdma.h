@@ -307,20 +307,23 @@ void erdma_pair_arrive(erdma_engine *e, int slot);
 int erdma_pair_poll(erdma_engine *e, int slot, int spins);
 int erdma_pair_wait(erdma_engine *e, int slot, double timeout);
 /* A two-rank Bcast of 1 to ERDMA_PAIR_DATA_MAX bytes on an agreed pair
- * (every blocking path takes it, as the Barrier): the root waits
- * (erdma_pair_wait: the peer took its last bytes), then erdma_pair_put; the
+ * (every blocking path takes it, as the Barrier): the root calls
+ * erdma_pair_lead with the size, waits (erdma_pair_wait: the peer took
+ * enough of its last bytes to make room), then erdma_pair_put; the
  * other rank calls erdma_pair_expect, waits (erdma_pair_wait), then
  * erdma_pair_take (0; ERDMA_ERR_TRUNCATE when the root's bytes were not n
  * by flags; ERDMA_ERR_PEER when it freed the communicator instead), or
  * erdma_pair_withdraw where it gives the wait up (a signal).  A two-rank
- * Allgather of 1 to ERDMA_PAIR_DATA_MAX bytes a block: both wait
- * (erdma_pair_wait), erdma_pair_share their block, wait again, then
+ * Allgather of 1 to ERDMA_PAIR_DATA_MAX bytes a block: both call
+ * erdma_pair_lead with 0 and wait (erdma_pair_wait), erdma_pair_share their
+ * block, wait again, then
  * erdma_pair_take the peer's (or erdma_pair_withdraw).  erdma_pair_withdraw
  * undoes an expect or share not yet taken, and does nothing otherwise, so a
  * caller interrupted anywhere between the first and the take may call it.
  * A communicator freed before the peer took its last bytes keeps its slot
  * until the peer did (erdma_pair_offer reuses it only then). */
-#define ERDMA_PAIR_DATA_MAX 112
+#define ERDMA_PAIR_DATA_MAX 8192
+void erdma_pair_lead(erdma_engine *e, int slot, uint64_t n);
 int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n);
 void erdma_pair_expect(erdma_engine *e, int slot);
 void erdma_pair_withdraw(erdma_engine *e, int slot);

@@ -271,7 +271,10 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   if (n == 1) return 0;
   int slot = n == 2 && nbytes && nbytes <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
-    if (me != root) erdma_pair_expect(e, slot);
+    if (me != root)
+      erdma_pair_expect(e, slot);
+    else
+      erdma_pair_lead(e, slot, nbytes);
     int rc = pair_wait(e, slot, slice);
     if (rc) return rc;
     return me == root ? erdma_pair_put(e, slot, buf, nbytes) : erdma_pair_take(e, slot, buf, nbytes);
@@ -394,6 +397,7 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   if (blk == 0 || n == 1) return 0;
   int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_bcast) */
+    erdma_pair_lead(e, slot, 0);
     int rc = pair_wait(e, slot, slice);
     if (rc || (rc = erdma_pair_share(e, slot, mine, blk))) return rc;
     rc = pair_wait(e, slot, slice);

@@ -2043,11 +2043,12 @@ static int pair_wait(pf_state *s) {
   }
 }
 
-/* A Bcast of two ranks that agreed on flags, small enough for the root's
- * line (erdma_pair_put / _take). */
+/* A Bcast of two ranks that agreed on flags, of up to ERDMA_PAIR_DATA_MAX
+ * bytes (erdma_pair_put / _take). */
 static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
   int rc;
   if (s->me == root) {
+    erdma_pair_lead(s->e, s->pair, len);
     if (!(rc = pair_wait(s))) rc = erdma_pair_put(s->e, s->pair, buf, len);
   } else {
     erdma_pair_expect(s->e, s->pair);
@@ -2057,12 +2058,13 @@ static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }
 
-/* An Allgather of two ranks that agreed on flags, blocks of blk bytes
- * small enough for a line (erdma_pair_share / _take); sb NULL: in place. */
+/* An Allgather of two ranks that agreed on flags, blocks of up to
+ * ERDMA_PAIR_DATA_MAX bytes (erdma_pair_share / _take); sb NULL: in place. */
 static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk) {
   uint8_t *mine = (uint8_t *)rb + (uint64_t)s->me * blk;
   int rc;
   if (sb && sb != mine) memcpy(mine, sb, blk);
+  erdma_pair_lead(s->e, s->pair, 0);
   if (!(rc = pair_wait(s)) && !(rc = erdma_pair_share(s->e, s->pair, mine, blk))) {
     if (!(rc = pair_wait(s)))
       rc = erdma_pair_take(s->e, s->pair, (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk);

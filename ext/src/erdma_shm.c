@@ -48,7 +48,7 @@
 #include "erdma_ulfm.h"
 #include "erdma_copy.h"
 
-#define SHM_MAGIC 0x3530736d616d6465ull /* "edmams05" */
+#define SHM_MAGIC 0x3630736d616d6465ull /* "edmams06" */
 #define SHM_HDR 512
 /* After the header: the ids of our sends whose buffers local peers may read
  * with CMA right now (slot id % SHM_CMA_SLOTS; 0: free).  A reader checks
@@ -61,10 +61,21 @@
 /* Then the two-rank slots (shm_pair_*), two cache lines each: the
  * communicator's context << 32 | the operations by flags its owner entered,
  * then a small Bcast's count << 32 | length and its bytes (erdma_pair_put;
- * up to 48 of them share the first line with the count). */
+ * up to SHM_PAIR_LINE_MAX, 48 of them in the first line with the count);
+ * then each slot's SHM_PAIR_DEPTH areas for larger ones, up to
+ * ERDMA_PAIR_DATA_MAX, operation k in area k % SHM_PAIR_DEPTH: a line
+ * naming the operation as the slot's second word does, then the bytes (the
+ * pages are touched only once a slot carries such bytes). */
 #define SHM_PAIR_BYTES 128
+#define SHM_PAIR_LINE_MAX 112
+#define SHM_PAIR_DEPTH 4
+#define SHM_PAIR_AREA (64 + (size_t)ERDMA_PAIR_DATA_MAX)
 #define SHM_PAIR_WORDS (SHM_CLAIMS + SHM_CMA_SLOTS * sizeof(uint64_t))
-#define SHM_RINGS (SHM_PAIR_WORDS + SHM_PAIRS * SHM_PAIR_BYTES)
+#define SHM_PAIR_AREAS ((SHM_PAIR_WORDS + SHM_PAIRS * SHM_PAIR_BYTES + 4095) & ~(size_t)4095)
+#define SHM_RINGS \
+  ((SHM_PAIR_AREAS + SHM_PAIRS * SHM_PAIR_DEPTH * SHM_PAIR_AREA + 4095) & ~(size_t)4095)
+_Static_assert(SHM_PAIR_AREAS % 4096 == 0 && SHM_RINGS % 4096 == 0,
+               "pair areas and rings start at a page");
 /* An application thread that just left an engine call (between a send and
  * the wait for the reply, say) will poll the rings itself soon: producers
  * skip the doorbell for this long after it left, and the owner's progress
@@ -127,6 +138,10 @@ static _Atomic uint32_t *cma_slot(struct shm_seg *s, uint32_t sid) {
 
 static _Atomic uint64_t *pair_word(struct shm_seg *s, int slot) {
   return (_Atomic uint64_t *)((uint8_t *)s + SHM_PAIR_WORDS + (size_t)slot * SHM_PAIR_BYTES);
+}
+
+static uint8_t *pair_area(struct shm_seg *s, int slot) {
+  return (uint8_t *)s + SHM_PAIR_AREAS + (size_t)slot * SHM_PAIR_DEPTH * SHM_PAIR_AREA;
 }
 
 static _Atomic uint64_t *cma_claim(struct shm_seg *s, uint32_t sid) {
@@ -1398,7 +1413,8 @@ void shm_unmap_peers(erdma_engine *e) {
 
 static int pair_done(const shm_pair *p) {
   uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
-  if ((uint32_t)(w >> 32) != p->ctx || (int32_t)((uint32_t)w - p->count) >= 0) return 1;
+  if ((uint32_t)(w >> 32) != p->ctx || (int32_t)((uint32_t)w - (p->count - p->slack)) >= 0)
+    return 1;
   if (!p->data_wait) return 0;
   uint64_t d = atomic_load_explicit(p->theirs + 1, memory_order_acquire);
   return (int32_t)((uint32_t)(d >> 32) - p->count) >= 0;
@@ -1444,6 +1460,7 @@ int erdma_pair_offer(erdma_engine *e, int peer, uint32_t ctx) {
     p->ctx = ctx;
     p->peer = peer;
     p->mine = pair_word(s->seg, at);
+    p->my_area = pair_area(s->seg, at);
     p->peer_seg = c->peer_seg;
     atomic_store_explicit(p->mine + 1, 0, memory_order_relaxed);
     atomic_store_explicit(p->mine, (uint64_t)ctx << 32, memory_order_release);
@@ -1462,6 +1479,7 @@ int erdma_pair_settle(erdma_engine *e, uint32_t ctx, int mine, int theirs) {
   if (p->ctx == ctx && !p->on && !p->parked) {
     if ((theirs & 0x80) && (theirs & 0x7f) < SHM_PAIRS) {
       p->theirs = pair_word(p->peer_seg, theirs & 0x7f);
+      p->their_area = pair_area(p->peer_seg, theirs & 0x7f);
       p->on = 1;
       s->pair_gen++;
       slot = mine & 0x7f;
@@ -1509,6 +1527,7 @@ void shm_pair_forget(erdma_engine *e, uint32_t ctx) {
 
 void erdma_pair_arrive(erdma_engine *e, int slot) {
   shm_pair *p = &e->shm.pair[slot];
+  p->slack = 0;
   p->count++;
   atomic_store_explicit(p->mine, (uint64_t)p->ctx << 32 | p->count, memory_order_release);
   /* against a peer thread that announced its sleep and looked before our store */
@@ -1517,42 +1536,72 @@ void erdma_pair_arrive(erdma_engine *e, int slot) {
 }
 
 /* A two-rank Bcast of at most ERDMA_PAIR_DATA_MAX bytes by flags: the
- * root's line carries the bytes, after a word naming the operation it
- * belongs to (count << 32 | length), so that a receiver whose root took
- * another way (sizes that differ between the ranks: an erroneous program)
- * gets an error rather than stale bytes.  The root writes only once the
- * peer's count shows it took the last bytes (erdma_pair_wait first); the
- * receiver counts the operation, waits, copies, and only then publishes its
- * count. */
-#define PAIR_DATA(w) ((uint8_t *)(w) + 16)
-_Static_assert(16 + ERDMA_PAIR_DATA_MAX <= SHM_PAIR_BYTES, "a pair's Bcast bytes fit its slot");
+ * root's line carries up to SHM_PAIR_LINE_MAX bytes after a word naming
+ * the operation they belong to (count << 32 | length), so that a receiver
+ * whose root took another way (sizes that differ between the ranks: an
+ * erroneous program) gets an error rather than stale bytes.  Larger bytes
+ * go into the slot's area for the operation, after the same word.  The
+ * root writes into its line only once the peer's count shows it took all
+ * the bytes before, and into an area once it took all but the last
+ * SHM_PAIR_DEPTH - 1 operations' (erdma_pair_lead, then erdma_pair_wait),
+ * so that a root of back-to-back Bcasts runs ahead of its receiver as a
+ * sender into a ring does.  The receiver counts the operation, waits,
+ * copies, and only then publishes its count. */
+_Static_assert(16 + SHM_PAIR_LINE_MAX <= SHM_PAIR_BYTES, "a pair's small bytes fit its lines");
+
+/* The word naming operation `op` of n bytes and where its bytes go: the
+ * slot's second word and line (w), or the operation's area (areas) */
+static _Atomic uint64_t *pair_head(_Atomic uint64_t *w, uint8_t *areas, uint32_t op, uint64_t n,
+                                   uint8_t **data) {
+  if (n <= SHM_PAIR_LINE_MAX) {
+    *data = (uint8_t *)w + 16;
+    return w + 1;
+  }
+  uint8_t *a = areas + (size_t)(op % SHM_PAIR_DEPTH) * SHM_PAIR_AREA;
+  *data = a + 64;
+  return (_Atomic uint64_t *)a;
+}
+
+/* n 0: the wait before an Allgather's share (the peer took everything) */
+void erdma_pair_lead(erdma_engine *e, int slot, uint64_t n) {
+  e->shm.pair[slot].slack = n > SHM_PAIR_LINE_MAX ? SHM_PAIR_DEPTH - 1 : 0;
+}
 
 int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];
+  uint8_t *data;
+  p->slack = 0;
   if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
-  if (n) memcpy(PAIR_DATA(p->mine), buf, n);
-  atomic_store_explicit(p->mine + 1, (uint64_t)(p->count + 1) << 32 | n, memory_order_relaxed);
+  _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
+  if (n) erdma_copy(data, buf, n);
+  atomic_store_explicit(head, (uint64_t)(p->count + 1) << 32 | n, memory_order_relaxed);
   erdma_pair_arrive(e, slot); /* (its release store publishes the bytes) */
   return 0;
 }
 
 void erdma_pair_expect(erdma_engine *e, int slot) {
+  e->shm.pair[slot].slack = 0;
   e->shm.pair[slot].count++;
   e->shm.pair[slot].expecting = 1;
 }
 
 /* A two-rank Allgather's exchange: both ranks put their block as a Bcast
- * root does, but the word naming it (released last) is what the peer waits
- * for, and the count is published only once the peer's block is taken
- * (erdma_pair_take), so that neither writes its next block over one the
- * other has not read. */
+ * root does (once the peer took all before: no lead), but the slot's
+ * second word (released last) is what the peer waits for, and the count is
+ * published only once the peer's block is taken (erdma_pair_take), so that
+ * neither writes its next block over one the other has not read. */
 int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];
+  uint8_t *data;
+  p->slack = 0;
   if (!n || n > ERDMA_PAIR_DATA_MAX || !buf) return ERDMA_ERR_INVAL;
-  memcpy(PAIR_DATA(p->mine), buf, n);
+  _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
+  erdma_copy(data, buf, n);
   p->count++;
   p->data_wait = 1;
   p->expecting = 1;
+  if (head != p->mine + 1)
+    atomic_store_explicit(head, (uint64_t)p->count << 32 | n, memory_order_relaxed);
   atomic_store_explicit(p->mine + 1, (uint64_t)p->count << 32 | n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
@@ -1573,8 +1622,10 @@ void erdma_pair_withdraw(erdma_engine *e, int slot) {
 
 int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];
+  uint8_t *data;
   uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
-  uint64_t d = atomic_load_explicit(p->theirs + 1, memory_order_acquire);
+  uint64_t d = atomic_load_explicit(pair_head(p->theirs, p->their_area, p->count, n, &data),
+                                    memory_order_acquire);
   int rc = 0;
   p->data_wait = 0;
   p->expecting = 0;
@@ -1583,7 +1634,7 @@ int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
   else if ((uint32_t)(d >> 32) != p->count || (uint32_t)d != n)
     rc = ERDMA_ERR_TRUNCATE; /* the root sent other bytes, or none this way */
   else if (n)
-    memcpy(buf, PAIR_DATA(p->theirs), n);
+    erdma_copy(buf, data, n);
   /* taken: the root may write its next bytes (and the peer's Barriers go on) */
   atomic_store_explicit(p->mine, (uint64_t)p->ctx << 32 | p->count, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);

@@ -27,10 +27,13 @@ typedef struct shm_pair {
   int on;                       /* agreed with the peer */
   int peer;                     /* world rank */
   uint32_t count;               /* our operations by flags so far */
+  uint32_t slack;               /* a wait ends with the peer this many operations behind
+                                   (erdma_pair_lead; 0 after any other call) */
   int data_wait;                /* erdma_pair_share's: the peer's bytes also end a wait */
   int expecting;                /* counted by _expect / _share, not yet taken (_withdraw) */
   int parked;                   /* freed before the peer took our last bytes (shm_pair_forget) */
   _Atomic uint64_t *mine, *theirs; /* ctx << 32 | count, ours and the peer's slot */
+  uint8_t *my_area, *their_area;  /* the slots' areas for bytes beyond their lines */
   struct shm_seg *peer_seg;
 } shm_pair;
 

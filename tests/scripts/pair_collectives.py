@@ -1,7 +1,8 @@
 """Bcast's and Allgather's semantics where two ranks of one host hold small
 ones by flags in shared memory (erdma_pair_put / _share / _take, up to
 PAIR_DATA_MAX bytes): every size around the limit, both roots, a rank that
-runs ahead of a slow peer, in place, between Barriers, pickled bcasts,
+runs ahead of a slow peer, a root's Bcasts of sizes for the slot's lines
+and its areas back to back, in place, between Barriers, pickled bcasts,
 Ibcast, Iallgather and Allreduce, through a second object of the
 communicator on one rank only, with one rank on the Python algorithm or a
 strided datatype while the other is in C, a read-only root buffer, a
@@ -18,7 +19,14 @@ from _mpi import MPI, check, done, on_two_comms
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 REFERENCE = os.environ.get("ERDMA_REFERENCE") == "mpi4py"
-SIZES = [1, 2, 7, 8, 16, 24, 47, 48, 49, 64, 100, 111, 112, 113, 128, 1000]
+# around the limits: 48 bytes share the first line with the count, 112 fit
+# the slot's lines, PAIR_DATA_MAX (8 KiB) its areas
+SIZES = [1, 2, 7, 8, 16, 24, 47, 48, 49, 64, 100, 111, 112, 113, 128, 1000, 4096, 8191, 8192,
+         8193]
+# one root's Bcasts back to back, lines and areas in turn, and a run of
+# areas longer than a slot has (a root may run up to three areas ahead of
+# its receiver, but into its line only once the receiver took everything)
+MIXED = [5000, 50, 8192, 112, 113, 3000, 1, 8000, 7000, 6000, 5000, 4000, 3000, 2000, 1000, 200, 16]
 
 
 def pair_on(c):
@@ -76,6 +84,30 @@ def rounds(c, what, count=60, slow_every=0, buf_of=None):
                 return
 
 
+def mixed(c, what, count=30):
+    """Each rank in turn roots ``count`` runs of the MIXED sizes back to
+    back while a receiver sleeps now and then; after each run an Allgather
+    of 3000-byte blocks (which waits for the receiver to take everything)."""
+    me, n = c.Get_rank(), c.Get_size()
+    for root in range(n):
+        for i in range(count):
+            for k, nbytes in enumerate(MIXED):
+                want = pattern(nbytes, i * 100 + k, root)
+                buf = want.copy() if me == root else np.zeros(nbytes, np.uint8)
+                if me != root and (i * len(MIXED) + k) % 7 == 0:
+                    time.sleep(0.001)
+                c.Bcast(buf, root=root)
+                if me != root and not np.array_equal(buf, want):
+                    check(False, f"{what}: run {i}, {nbytes} B after {MIXED[k - 1]} B, "
+                                 f"root {root}: wrong bytes")
+                    return
+            r = np.zeros(3000 * n, np.uint8)
+            c.Allgather(pattern(3000, i, me), r)
+            if not np.array_equal(r, np.concatenate([pattern(3000, i, k) for k in range(n)])):
+                check(False, f"{what}: Allgather after run {i}, root {root}: wrong bytes")
+                return
+
+
 comm.Barrier()
 comm.Barrier()
 comm.Barrier()
@@ -86,6 +118,7 @@ rounds(comm, "world")
 rounds(comm, "slow receiver", count=30, slow_every=3)
 gathers(comm, "world")
 gathers(comm, "one rank late", count=30, slow_every=3)
+mixed(comm, "mixed sizes")
 
 # float64 and int32 arrays, as [buffer, datatype]
 for count in (1, 3, 6, 7):
