@@ -195,6 +195,32 @@ class _CollTransport:
             recvbuf[...] = rarr
         return done
 
+    def pair_alltoall(self, sendbuf, recvbuf):
+        """A blocking Alltoall of two ranks by flags, blocks of at most
+        _engine.PAIR_DATA_MAX bytes, packed in ``recvbuf`` (``sendbuf``
+        None: in place), as pair_allgather: True when done, False
+        otherwise."""
+        if not self.blocking or self.size != 2:
+            return False
+        blk = recvbuf.nbytes // 2
+        if not 0 < blk <= _engine.PAIR_DATA_MAX or recvbuf.nbytes != 2 * blk:
+            return False
+        rarr = recvbuf if recvbuf.flags.c_contiguous else np.ascontiguousarray(recvbuf)
+        sarr = None
+        if sendbuf is not None:
+            sarr = np.ascontiguousarray(sendbuf).reshape(-1).view(np.uint8)
+            if sarr.nbytes < 2 * blk:
+                return False
+        try:
+            done = self._eng.pair_alltoall(self._ranks[1 - self.rank], self._ctx,
+                                           None if sarr is None else sarr.ctypes.data,
+                                           rarr.ctypes.data, blk, self.rank)
+        except _engine.EngineError as e:
+            raise engine_exception(e) from None
+        if done and rarr is not recvbuf:
+            recvbuf[...] = rarr
+        return done
+
     def isend(self, buf, dest, tag):
         _collsched.notify_started()
         buf = np.ascontiguousarray(buf)

@@ -694,12 +694,40 @@ class Engine:
         mine, theirs = rbuf + me * blk, rbuf + (1 - me) * blk
         if saddr is not None:
             ffi.memmove(mine, ffi.cast("char *", saddr), blk)
-        lib.erdma_pair_lead(self._h, slot, 0)
-        self._pair_wait(slot, "allgather")
-        h = self._h
-        self._pair_receive(slot, "allgather", lambda: lib.erdma_pair_share(h, slot, mine, blk),
-                           lambda: lib.erdma_pair_take(h, slot, theirs, blk))
+        self._pair_exchange(slot, "allgather", mine, theirs, blk)
         return True
+
+    def pair_alltoall(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
+        """A two-rank Alltoall of ``blk``-byte blocks (at most PAIR_DATA_MAX)
+        with world rank ``peer`` by flags, as pair_allgather: block ``1 -
+        me`` of the input to the peer, its block ``me`` into block ``1 - me``
+        of ``raddr``; ``saddr`` None: in place."""
+        if not 0 < blk <= PAIR_DATA_MAX:
+            return False
+        slot = lib.erdma_pair_find(self._h, peer, ctx)
+        if slot < 0:
+            return False
+        rbuf = ffi.cast("char *", raddr)
+        sbuf = rbuf if saddr is None else ffi.cast("char *", saddr)
+        own = None if saddr is None else (rbuf + me * blk, sbuf + me * blk)
+        self._pair_exchange(slot, "alltoall", sbuf + (1 - me) * blk, rbuf + (1 - me) * blk, blk,
+                            own)
+        return True
+
+    def _pair_exchange(self, slot: int, what: str, out, into, blk: int, own=None) -> None:
+        """An Allgather's or Alltoall's exchange by flags: ``out`` to the
+        peer, the peer's block into ``into``; ``own`` (to, from): this
+        rank's own block, copied once ``out`` is shared."""
+        h = self._h
+        lib.erdma_pair_lead(h, slot, 0)
+        self._pair_wait(slot, what)
+
+        def share():
+            rc = lib.erdma_pair_share(h, slot, out, blk)
+            if own is not None and not rc:
+                ffi.memmove(own[0], own[1], blk)
+            return rc
+        self._pair_receive(slot, what, share, lambda: lib.erdma_pair_take(h, slot, into, blk))
 
     def _pair_receive(self, slot: int, what: str, count, take) -> None:
         """``count()`` (erdma_pair_expect or _share: the operation counted;
@@ -1015,7 +1043,10 @@ def coll_barrier(eng, cranks, n, me, tag, ctx):
 
 def coll_alltoall(eng, saddr, raddr, blk, cranks, n, me, tag, ctx):
     """Direct Alltoall of ``blk``-byte blocks in one engine call
-    (erdma_coll_alltoall); ``saddr`` None: in place."""
+    (erdma_coll_alltoall); ``saddr`` None: in place.  Two ranks that agreed
+    on flags: by flags, waited for in slices (signals)."""
+    if n == 2 and eng.pair_alltoall(cranks[1 - me], ctx, saddr, raddr, blk, me):
+        return
     _coll_call(lib.erdma_coll_alltoall, "alltoall", eng._h,
                ffi.NULL if saddr is None else saddr, raddr, blk, cranks, n, me, tag, ctx)
 

@@ -436,7 +436,7 @@ class CommColl:
                              f"count {c[self._rank]}")
         return _run_allgatherv(self._transport(), smsg, rmsg, counts, displs)
 
-    def _c_alltoall(self, sendbuf, recvbuf, compress=None):
+    def _c_alltoall(self, sendbuf, recvbuf, compress=None, blocking=False):
         self._check()
         size = len(self._ranks)
         inplace = is_in_place(sendbuf)
@@ -455,6 +455,7 @@ class CommColl:
         cd = self._cplan_msgs("alltoall", compress, rmsg, None, size)
         if cd is not None:
             return _run_compressed(_czcoll.alltoall, t, smsg, rmsg, cd)
+        t.blocking = blocking       # (pair_alltoall)
         return _run_blocks(coll.alltoall, t, smsg, rmsg)
 
     def _c_alltoallv(self, sendbuf, recvbuf):
@@ -1051,7 +1052,7 @@ class CommColl:
             if r:
                 self._alltoall_more(r, sendbuf, recvbuf)
             return
-        self._c_alltoall(sendbuf, recvbuf, compress)()
+        self._c_alltoall(sendbuf, recvbuf, compress, blocking=True)()
 
     def _alltoall_more(self, r, sendbuf, recvbuf):
         """Alltoall (no ``compress``) after the fast call answered ``r``."""
@@ -1059,7 +1060,7 @@ class CommColl:
             return _fast_coll_raise(r, "alltoall")
         if self._blocks_fast("alltoall", sendbuf, recvbuf):
             return
-        self._c_alltoall(sendbuf, recvbuf, None)()
+        self._c_alltoall(sendbuf, recvbuf, None, blocking=True)()
 
     def Alltoallv(self, sendbuf, recvbuf):
         self._c_alltoallv(sendbuf, recvbuf)()

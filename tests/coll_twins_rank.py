@@ -327,7 +327,8 @@ for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
              other="ring", flags=n == 2 and 8 * blk <= PAIR_DATA_MAX)
 
 # -- alltoall (direct; the bulk one from ERDMA_SCHED_MIN both ways, or with two
-# ranks from BULK_ALLTOALL_PAIR_MIN)
+# ranks from BULK_ALLTOALL_PAIR_MIN; two ranks, blocks up to PAIR_DATA_MAX
+# bytes: by flags on every path)
 for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
     for inplace in (False, True):
         def alltoall(blk=blk, inplace=inplace):
@@ -340,7 +341,7 @@ for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
             return [r]
         algo = coll._default("alltoall", 2 * blk * n * 8, n, blk * n * 8, True)
         twin(f"alltoall blk={blk} inplace={inplace}", "ALLTOALL", algo, alltoall,
-             other="pairwise")
+             other="pairwise", flags=n == 2 and 8 * blk <= PAIR_DATA_MAX)
 
 
 # -- sensitivity: a different Python algorithm must post other messages

@@ -28,7 +28,8 @@ TIMEOUT = 3.0   # ERDMA_TIMEOUT of the jobs below
 # rank 1 waits in a Bcast by flags whose root (rank 0) is killed or stopped
 # (mode), or rings itself an alarm 0.3 s in (mode "signal"; "signal-alias":
 # in a second object's first call, which takes the Python-resolved path;
-# "signal-allgather": in an Allgather), the root being late; then both check
+# "signal-allgather", "signal-alltoall": in an Allgather or Alltoall), the
+# root being late; then both check
 # that they still agree
 _WAITER = PAIR_JOB + r"""
 buf = np.zeros(4, np.int32)
@@ -44,6 +45,8 @@ if mode.startswith("signal"):
         try:
             if mode == "signal-allgather":
                 comm.Allgather(np.array([1, 1], np.int32), buf)
+            elif mode == "signal-alltoall":
+                comm.Alltoall(np.array([1, 1, 1, 1], np.int32), buf)
             else:
                 (MPI.Intracomm(comm) if mode == "signal-alias" else comm).Bcast(buf, root=0)
             print("rank 1: no signal", flush=True)
@@ -51,12 +54,16 @@ if mode.startswith("signal"):
             print(f"rank 1: interrupted after {time.monotonic() - t0:.2f} s", flush=True)
         if mode == "signal-allgather":
             comm.Allgather(np.array([7, 7], np.int32), buf)     # called again
+        elif mode == "signal-alltoall":
+            comm.Alltoall(np.full(4, 7, np.int32), buf)
         else:
             comm.Bcast(buf, root=0)     # the root's bytes, taken now
     else:
         time.sleep(2.0)
         if mode == "signal-allgather":
             comm.Allgather(np.array([7, 7], np.int32), buf)
+        elif mode == "signal-alltoall":
+            comm.Alltoall(np.full(4, 7, np.int32), buf)
         else:
             buf[:] = 7
             comm.Bcast(buf, root=0)
@@ -100,7 +107,8 @@ def test_a_dead_or_stopped_root_fails_a_bcast_by_flags(mode):
         assert TIMEOUT - 0.5 <= took < 2 * TIMEOUT + 3, out
 
 
-@pytest.mark.parametrize("mode", ["signal", "signal-alias", "signal-allgather"])
+@pytest.mark.parametrize("mode", ["signal", "signal-alias", "signal-allgather",
+                                  "signal-alltoall"])
 def test_a_signal_interrupts_a_bcast_by_flags(mode):
     # the interrupted Bcast leaves no trace: called again, it takes the
     # root's bytes (as a withdrawn receive posted again)

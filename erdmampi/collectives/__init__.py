@@ -383,6 +383,9 @@ def alltoall(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray,
     same on every rank, so every rank selects alike; Bruck is possible
     here, unlike in :func:`alltoallv`).  ``sendbuf=None``: in place."""
     n = t.size
+    pair = getattr(t, "pair_alltoall", None)    # a two-rank Alltoall: flags once agreed
+    if pair is not None and n == 2 and pair(sendbuf, recvbuf):
+        return
     nbytes = recvbuf.nbytes // n * n
     # _default reads the per-rank traffic (send+receive) from nbytes and the
     # vector size from count, as alltoallv does

@@ -361,6 +361,17 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
     return 0;
   }
   uint8_t *d = rbuf;
+  int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
+  if (slot >= 0) { /* by flags, as erdma_coll_allgather: our block for the peer, its for us */
+    const uint8_t *out = (sbuf ? (const uint8_t *)sbuf : d) + (uint64_t)(1 - me) * blk;
+    erdma_pair_lead(e, slot, 0);
+    int rc = pair_wait(e, slot, slice);
+    if (rc || (rc = erdma_pair_share(e, slot, out, blk))) return rc;
+    if (sbuf && sbuf != rbuf)
+      erdma_copy(d + (uint64_t)me * blk, (const uint8_t *)sbuf + (uint64_t)me * blk, blk);
+    rc = pair_wait(e, slot, slice);
+    return rc ? rc : erdma_pair_take(e, slot, d + (uint64_t)(1 - me) * blk, blk);
+  }
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
   const uint8_t *s = sbuf;

@@ -1640,6 +1640,7 @@ static PyObject *weak_array(PyObject *spec, const pf_layout *l, PyObject *dt, in
 
 static int pair_of(pf_state *s);
 static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk);
+static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t blk);
 
 /* The engine call of a remembered Allreduce, Reduce_scatter_block, Alltoall
  * or Allgather (GIL released). */
@@ -1720,9 +1721,10 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   const void *sb = x->weak ? (sa ? sv.buf : NULL) : x->sarr ? x->sview.buf : NULL;
   void *rb = x->weak ? rv.buf : x->rview.buf;
   x->busy++;
-  if (which == SR_ALLGATHER && s->size == 2 && x->count && x->count <= ERDMA_PAIR_DATA_MAX &&
-      pair_of(s)) { /* by flags (every path of a blocking Allgather, as Bcast's) */
-    PyObject *res = pair_allgather(s, sb, rb, x->count);
+  if ((which == SR_ALLGATHER || which == SR_ALLTOALL) && s->size == 2 && x->count &&
+      x->count <= ERDMA_PAIR_DATA_MAX && pair_of(s)) {
+    /* by flags (every path of a blocking Allgather or Alltoall, as Bcast's) */
+    PyObject *res = (which == SR_ALLGATHER ? pair_allgather : pair_alltoall)(s, sb, rb, x->count);
     x->busy--;
     if (sa) PyBuffer_Release(&sv);
     if (ra) PyBuffer_Release(&rv);
@@ -2058,20 +2060,37 @@ static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }
 
-/* An Allgather of two ranks that agreed on flags, blocks of up to
- * ERDMA_PAIR_DATA_MAX bytes (erdma_pair_share / _take); sb NULL: in place. */
-static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk) {
-  uint8_t *mine = (uint8_t *)rb + (uint64_t)s->me * blk;
+/* The exchange of an Allgather or Alltoall of two ranks that agreed on
+ * flags, blocks of up to ERDMA_PAIR_DATA_MAX bytes (erdma_pair_share /
+ * _take): `out` to the peer, the peer's into `in`; between the two, `own`
+ * bytes from `from` to `to` (an Alltoall's own block). */
+static PyObject *pair_exchange(pf_state *s, const void *out, void *in, uint64_t blk,
+                               void *to, const void *from, uint64_t own) {
   int rc;
-  if (sb && sb != mine) memcpy(mine, sb, blk);
   erdma_pair_lead(s->e, s->pair, 0);
-  if (!(rc = pair_wait(s)) && !(rc = erdma_pair_share(s->e, s->pair, mine, blk))) {
+  if (!(rc = pair_wait(s)) && !(rc = erdma_pair_share(s->e, s->pair, out, blk))) {
+    if (own) erdma_copy(to, from, own);
     if (!(rc = pair_wait(s)))
-      rc = erdma_pair_take(s->e, s->pair, (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk);
+      rc = erdma_pair_take(s->e, s->pair, in, blk);
     else if (rc == PF_SIGNALLED)
       erdma_pair_withdraw(s->e, s->pair);
   }
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
+
+/* An Allgather by flags; sb NULL: in place */
+static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk) {
+  uint8_t *mine = (uint8_t *)rb + (uint64_t)s->me * blk;
+  if (sb && sb != mine) memcpy(mine, sb, blk);
+  return pair_exchange(s, mine, (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk, NULL, NULL, 0);
+}
+
+/* An Alltoall by flags; sb NULL: in place */
+static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t blk) {
+  uint64_t me = (uint64_t)s->me * blk, peer = (uint64_t)(1 - s->me) * blk;
+  uint8_t *d = rb;
+  const uint8_t *src = sb ? (const uint8_t *)sb : d;
+  return pair_exchange(s, src + peer, d + peer, blk, d + me, src + me, src != d ? blk : 0);
 }
 
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two

@@ -1,6 +1,6 @@
-"""Bcast's and Allgather's semantics where two ranks of one host hold small
-ones by flags in shared memory (erdma_pair_put / _share / _take, up to
-PAIR_DATA_MAX bytes): every size around the limit, both roots, a rank that
+"""Bcast's, Allgather's and Alltoall's semantics where two ranks of one host
+hold small ones by flags in shared memory (erdma_pair_put / _share / _take,
+up to PAIR_DATA_MAX bytes): every size around the limit, both roots, a rank that
 runs ahead of a slow peer, a root's Bcasts of sizes for the slot's lines
 and its areas back to back, in place, between Barriers, pickled bcasts,
 Ibcast, Iallgather and Allreduce, through a second object of the
@@ -63,6 +63,27 @@ def gathers(c, what, count=40, slow_every=0):
                 return
 
 
+def alltoalls(c, what, count=20, slow_every=0):
+    """``count`` Alltoalls of every block size (every other one in place),
+    as gathers."""
+    me, n = c.Get_rank(), c.Get_size()
+    for blk in SIZES:
+        for i in range(count):
+            want = np.concatenate([pattern(blk, i * n + me, r) for r in range(n)])
+            if slow_every and i % slow_every == 0 and me == (i // slow_every) % n:
+                time.sleep(0.002)
+            s = np.concatenate([pattern(blk, i * n + r, me) for r in range(n)])
+            if i % 2:
+                c.Alltoall(MPI.IN_PLACE, s)
+                r = s
+            else:
+                r = np.zeros(blk * n, np.uint8)
+                c.Alltoall(s, r)
+            if not np.array_equal(r, want):
+                check(False, f"{what}: Alltoall {blk} B a block, round {i}: wrong bytes")
+                return
+
+
 def rounds(c, what, count=60, slow_every=0, buf_of=None):
     """``count`` Bcasts of every size, the root turning; the receivers check
     every byte.  ``slow_every``: a receiver sleeps before every such call,
@@ -119,6 +140,8 @@ rounds(comm, "slow receiver", count=30, slow_every=3)
 gathers(comm, "world")
 gathers(comm, "one rank late", count=30, slow_every=3)
 mixed(comm, "mixed sizes")
+alltoalls(comm, "world")
+alltoalls(comm, "one rank late", count=16, slow_every=3)
 
 # float64 and int32 arrays, as [buffer, datatype]
 for count in (1, 3, 6, 7):
@@ -161,6 +184,8 @@ alias = MPI.Intracomm(fresh) if rank == 0 else fresh
 rounds(alias, "second object on rank 0", count=6)
 gathers(MPI.Intracomm(fresh) if rank == 0 else fresh, "Allgather, second object on rank 0",
         count=4)
+alltoalls(MPI.Intracomm(fresh) if rank == 0 else fresh, "Alltoall, second object on rank 0",
+          count=4)
 
 # rank 0 on the Python algorithm (an ERDMA_COLL_BCAST override), the others in C
 if rank == 0:
@@ -172,6 +197,10 @@ if rank == 0:
 gathers(fresh, "Allgather, Python path on rank 0", count=6)
 if rank == 0:
     del os.environ["ERDMA_COLL_ALLGATHERV"]
+    os.environ["ERDMA_COLL_ALLTOALL"] = "pairwise"
+alltoalls(fresh, "Alltoall, Python path on rank 0", count=6)
+if rank == 0:
+    del os.environ["ERDMA_COLL_ALLTOALL"]
 
 # a strided datatype on rank 0 (the Python path), a contiguous buffer elsewhere
 vec = MPI.DOUBLE.Create_vector(5, 1, 2).Commit()
@@ -228,6 +257,7 @@ for i in range(140):
           f"Allgather then Free, round {i}: wrong bytes")
 
 # two threads, two communicators
-on_two_comms(comm, lambda c, what: (rounds(c, what, count=10), gathers(c, what, count=6)))
+on_two_comms(comm, lambda c, what: (rounds(c, what, count=10), gathers(c, what, count=6),
+                                    alltoalls(c, what, count=4)))
 fresh.Free()
 done("pair_collectives")
