@@ -349,6 +349,10 @@ int erdma_req_withdraw_failed(erdma_req *r);
 /* Requests.  A pending ANY_SOURCE receive may answer ERDMA_ERR_PEER_PENDING
  * (see erdma_ctx_group). */
 int erdma_req_test(erdma_req *r, int *done, erdma_status *st);
+/* 1 (and *st) when r is done, read without the engine's lock (a request's
+ * done flag only goes 0 -> 1, published after its status); else 0, and
+ * nothing is polled: a caller that must progress calls erdma_req_test. */
+int erdma_req_peek(erdma_req *r, erdma_status *st);
 /* timeout < 0 waits forever; returns ERDMA_ERR_TIMEOUT when it runs out. */
 int erdma_req_wait(erdma_req *r, double timeout, erdma_status *st);
 /* Wait until at least one of reqs[0..n) (NULL entries skipped) completes;

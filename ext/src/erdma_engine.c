@@ -863,6 +863,12 @@ int erdma_req_test(erdma_req *r, int *done, erdma_status *st) {
   return rv;
 }
 
+int erdma_req_peek(erdma_req *r, erdma_status *st) {
+  if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) return 0;
+  if (st) *st = r->st;
+  return 1;
+}
+
 /* Every peer is on this host: waiters sleep on the shared-memory bell. */
 static int all_shm(erdma_engine *e) {
   return e->shm.seg && e->shm.nlocal == e->cfg.size && e->running;

@@ -40,7 +40,7 @@ void req_complete(erdma_req *r, int error) {
     r->offered = NULL;
   }
   if (error && !r->st.error) r->st.error = error;
-  r->done = 1;
+  __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE); /* (after st: erdma_req_peek) */
   engine_wake_waiters(r->e);
   if (r->user_freed) req_destroy(r);
 }

@@ -835,8 +835,23 @@ static void op_release(pf_op *o) {
 }
 
 /* The request completed with *st: its fields; -1 with an exception. */
+/* The fields of a send's status without an error (one tuple shared by all):
+ * a new reference, or NULL */
+static PyObject *op_send_fields(void) {
+  if (!op_done_fields && !(op_done_fields = Py_BuildValue("(llliO)", op_any_source,
+                                                          op_any_tag, 0L, 0, Py_False)))
+    return NULL;
+  Py_INCREF(op_done_fields);
+  return op_done_fields;
+}
+
 static int op_complete(pf_op *o, const erdma_status *st) {
   if (o->fields) return 0; /* another thread was first */
+  if (!o->index && !st->error && !st->cancelled) {
+    if (!(o->fields = op_send_fields())) return -1;
+    op_release(o);
+    return 0;
+  }
   long src = op_any_source, tag = op_any_tag, cls = 0;
   unsigned long long nbytes = 0;
   if (o->index) {
@@ -900,6 +915,10 @@ static PyObject *op_wait(PyObject *self, PyObject *unused) {
   if (o->fields) Py_RETURN_NONE;
   if (!o->req) return op_fail(ERDMA_ERR_INVAL, "wait");
   erdma_req *r = o->req;
+  if (erdma_req_peek(r, &st)) { /* done already: no lock, the GIL kept */
+    if (op_complete(o, &st)) return NULL;
+    Py_RETURN_NONE;
+  }
   for (;;) {
     o->waiters++;
     PyThreadState *ts = PyEval_SaveThread();
@@ -927,22 +946,91 @@ static PyObject *op_wait(PyObject *self, PyObject *unused) {
  * exc from the wait stops there, cleared: Python's loop reports it). */
 static PyObject *str_group, *str_index, *str_op, *str_predef, *str_start, *no_args;
 static PyObject *str_h, *str_obj, *str_named;
+static Py_ssize_t end_inline_run(PyObject *const *args);
 static PyObject *pf_end_inline(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (n != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyType_Check(args[3])) {
     PyErr_SetString(PyExc_TypeError, "end_inline(list, names, exc, done_type)");
     return NULL;
   }
+  Py_ssize_t start = end_inline_run(args);
+  return start < 0 ? NULL : PyLong_FromSsize_t(start);
+}
+
+/* Request.Waitall as a classmethod (args[0] the class): the common call,
+ * a list and no statuses, ends what end_inline can and leaves the rest to
+ * cls._waitall_rest; any other call goes to cls._waitall_py, the Python
+ * method, as it is.  waitall_setup(names, exc, done_type) gives it
+ * end_inline's other arguments. */
+static PyObject *wa_args[4];
+static PyObject *pf_waitall_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  if (n != 3 || !PyDict_Check(args[0]) || !PyType_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "waitall_setup(names, exc, done_type)");
+    return NULL;
+  }
+  for (int i = 0; i < 3; i++) {
+    PyObject *old = wa_args[i + 1];
+    Py_INCREF(args[i]);
+    wa_args[i + 1] = args[i];
+    Py_XDECREF(old);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *pf_waitall(PyObject *self, PyObject *const *args, Py_ssize_t n,
+                            PyObject *kwnames) {
+  static PyObject *str_rest, *str_py;
+  if ((!str_rest && !(str_rest = PyUnicode_InternFromString("_waitall_rest"))) ||
+      (!str_py && !(str_py = PyUnicode_InternFromString("_waitall_py"))))
+    return NULL;
+  if (n < 1) {
+    PyErr_SetString(PyExc_TypeError, "Waitall() needs its class");
+    return NULL;
+  }
+  if (n != 2 || kwnames || !PyList_CheckExact(args[1]) || !wa_args[1]) {
+    Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+    PyObject *py = PyObject_GetAttr(args[0], str_py), *pos = NULL, *kw = NULL, *r = NULL;
+    if (py && (pos = PyTuple_New(n - 1)) && (!nkw || (kw = PyDict_New()))) {
+      int ok = 1;
+      for (Py_ssize_t i = 1; i < n; i++) {
+        Py_INCREF(args[i]);
+        PyTuple_SetItem(pos, i - 1, args[i]);
+      }
+      for (Py_ssize_t i = 0; i < nkw && ok; i++)
+        ok = PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[n + i]) == 0;
+      if (ok) r = PyObject_Call(py, pos, kw);
+    }
+    Py_XDECREF(py);
+    Py_XDECREF(pos);
+    Py_XDECREF(kw);
+    return r;
+  }
+  PyObject *call[4] = {args[1], wa_args[1], wa_args[2], wa_args[3]};
+  Py_ssize_t start = end_inline_run(call);
+  if (start < 0) return NULL;
+  if (start < PyList_Size(args[1])) {
+    PyObject *at = PyLong_FromSsize_t(start);
+    PyObject *r = at ? PyObject_CallMethodObjArgs(args[0], str_rest, args[1], Py_None, at, NULL)
+                     : NULL;
+    Py_XDECREF(at);
+    if (!r) return NULL;
+    Py_DECREF(r);
+  }
+  Py_RETURN_TRUE;
+}
+
+/* end_inline's loop: args as end_inline's; the count, or -1 (raised) */
+static Py_ssize_t end_inline_run(PyObject *const *args) {
   if ((!str_op && !(str_op = PyUnicode_InternFromString("_op"))) ||
       (!str_h && !(str_h = PyUnicode_InternFromString("_h"))) ||
       (!str_obj && !(str_obj = PyUnicode_InternFromString("obj"))) ||
       (!str_named && !(str_named = PyUnicode_InternFromString("_named"))))
-    return NULL;
+    return -1;
   PyObject *list = args[0], *zero = NULL;
   Py_ssize_t start = 0;
   for (;; start++) {
     if (start >= PyList_Size(list)) break; /* the list may change while the GIL is released */
     PyObject *req = PyList_GetItem(list, start);
-    if (!req) return NULL;
+    if (!req) return -1;
     Py_INCREF(req);
     PyObject *op = PyObject_GetAttr(req, str_op);
     int end = 0;
@@ -961,7 +1049,7 @@ static PyObject *pf_end_inline(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_DECREF(op);
         Py_DECREF(req);
         Py_XDECREF(zero);
-        return NULL;
+        return -1;
       }
     } else if (Py_TYPE(op) == (PyTypeObject *)args[3]) {
       PyObject *obj = PyObject_GetAttr(op, str_obj);
@@ -983,13 +1071,13 @@ static PyObject *pf_end_inline(PyObject *self, PyObject *const *args, Py_ssize_t
     if (!end) {
       if (PyErr_Occurred()) {
         Py_XDECREF(zero);
-        return NULL;
+        return -1;
       }
       break;
     }
   }
   Py_XDECREF(zero);
-  return PyLong_FromSsize_t(start);
+  return start;
 }
 
 static PyObject *op_cancel(PyObject *self, PyObject *unused) {
@@ -1090,18 +1178,19 @@ static PyObject *op_new(erdma_req *r, PyObject *keep, PyObject *index, double sl
 /* An Op complete from the start: a send that went into a local peer's
  * ring (the fields of a send's status; one tuple shared by all). */
 static PyObject *op_done_send(void) {
-  PyObject *fields = op_done_fields;
-  if (!fields && !(fields = op_done_fields = Py_BuildValue("(llliO)", op_any_source,
-                                                           op_any_tag, 0L, 0, Py_False)))
-    return NULL;
+  PyObject *fields = op_send_fields();
+  if (!fields) return NULL;
   PyTypeObject *tp = (PyTypeObject *)op_type;
   allocfunc a = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
   pf_op *o = (pf_op *)a(tp, 0);
-  if (!o) return NULL;
+  if (!o) {
+    Py_DECREF(fields);
+    return NULL;
+  }
   o->req = NULL;
   o->keep = NULL;
   o->index = NULL;
-  o->fields = Py_NewRef(fields);
+  o->fields = fields;
   o->slice = 0;
   o->waiters = 0;
   return (PyObject *)o;
@@ -2997,6 +3086,9 @@ static PyMethodDef pf_methods[] = {
     {"recv_status", (PyCFunction)(void (*)(void))pf_recv_status, METH_FASTCALL, NULL},
     {"hits", (PyCFunction)(void (*)(void))pf_hits, METH_FASTCALL, NULL},
     {"end_inline", (PyCFunction)(void (*)(void))pf_end_inline, METH_FASTCALL, NULL},
+    {"waitall_setup", (PyCFunction)(void (*)(void))pf_waitall_setup, METH_FASTCALL, NULL},
+    {"waitall", (PyCFunction)(void (*)(void))pf_waitall, METH_FASTCALL | METH_KEYWORDS,
+     "Wait for all requests; fills ``statuses`` (a list) when given."},
     {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
     {"sendrecv_replace", (PyCFunction)(void (*)(void))pf_sendrecv_replace, METH_FASTCALL,
      NULL},
