@@ -1078,7 +1078,10 @@ peer, src = (r + 1) % n, (r - 1) % n
 # in-band pickles (loaded in C), an out-of-band frame (a large array: Python
 # decodes it), bytes that look like that frame's magic, and empty ones
 objs = [None, 0, "x", b"", {"a": [1, 2.5]}, np.arange(10), np.arange(300000.0),
-        b"\x00ERDMA5\x00zz", bytes(5000)]
+        b"\x00ERDMA5\x00zz", bytes(5000),
+        # records pickled without a buffer callback (small, shallow), and not
+        {"k": [1, (2.5, "s"), None, True]}, list(range(40)), {"a": {"b": {"c": {"d": 1}}}},
+        (b"x", [b"y", 3.0])]
 for o in objs:
     if r % 2 == 0:
         c.send(o, peer, 3)
@@ -1088,6 +1091,15 @@ for o in objs:
         c.send(o, peer, 3)
     same = (got == o).all() if isinstance(o, np.ndarray) else got == o
     assert same and type(got) is type(o), (type(o), got)
+# a large array inside a small record still goes out of band, and arrives
+rec = {"k": [np.arange(300000.0) + r]}
+if r % 2 == 0:
+    c.send(rec, peer, 6)
+    got = c.recv(source=src, tag=6)
+else:
+    got = c.recv(source=src, tag=6)
+    c.send(rec, peer, 6)
+assert (got["k"][0] == np.arange(300000.0) + src).all()
 # a pickle that fails to load raises in recv, and the next message is fine
 class Bad:
     def __reduce__(self):

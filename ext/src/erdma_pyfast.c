@@ -2383,10 +2383,33 @@ static PyType_Spec oobcb_spec = {"erdmampi._erdma_fast.OobCallback", sizeof(pf_o
                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
                                  oobcb_slots};
 
-/* Types whose pickle holds no buffer (msgpickle._NO_BUFFERS, less complex). */
-static int no_buffers(PyObject *o) {
-  return o == Py_None || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
-         PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) || PyBool_Check(o);
+/* Types whose pickle holds no buffer (msgpickle._NO_BUFFERS, less complex);
+ * with depth > 0 also lists, tuples and dicts of at most NB_ITEMS such
+ * objects, that deep (a small record: pickled without a buffer callback,
+ * whose keyword call costs as much as the rest of the check). */
+#define NB_ITEMS 16
+static int no_buffers(PyObject *o, int depth) {
+  if (o == Py_None || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+      PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) || PyBool_Check(o))
+    return 1;
+  if (depth <= 0) return 0;
+  if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+    int list = PyList_CheckExact(o);
+    Py_ssize_t n = list ? PyList_Size(o) : PyTuple_Size(o);
+    if (n > NB_ITEMS) return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+      if (!no_buffers(list ? PyList_GetItem(o, i) : PyTuple_GetItem(o, i), depth - 1)) return 0;
+    return 1;
+  }
+  if (PyDict_CheckExact(o)) {
+    PyObject *k, *v;
+    Py_ssize_t at = 0;
+    if (PyDict_Size(o) > NB_ITEMS) return 0;
+    while (PyDict_Next(o, &at, &k, &v))
+      if (!no_buffers(k, depth - 1) || !no_buffers(v, depth - 1)) return 0;
+    return 1;
+  }
+  return 0;
 }
 
 /* The pickle of obj for wire (dumps, protocol, threshold): new bytes, NULL
@@ -2407,7 +2430,7 @@ static PyObject *dumps_wire(PyObject *obj, PyObject *wire) {
     return NULL;
   }
   PyObject *data;
-  if (protocol < 5 || no_buffers(obj)) {
+  if (protocol < 5 || no_buffers(obj, 3)) {
     data = PyObject_CallFunctionObjArgs(dumps, obj, proto, NULL);
   } else {
     pf_oobcb *cb = (pf_oobcb *)oob_cb;
