@@ -550,8 +550,8 @@ static void notify_peer(erdma_engine *e, erdma_conn *c) {
 static void ring_put(struct shm_ring *r, uint64_t cap, uint64_t pos, const uint8_t *src,
                      uint64_t n) {
   uint64_t off = pos & (cap - 1), first = cap - off < n ? cap - off : n;
-  erdma_copy(r->data + off, src, first);
-  if (n > first) erdma_copy(r->data, src + first, n - first);
+  erdma_copy_out(r->data + off, src, first);
+  if (n > first) erdma_copy_out(r->data, src + first, n - first);
 }
 
 static int shm_flush(erdma_conn *c) {
@@ -1573,7 +1573,7 @@ int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   p->slack = 0;
   if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
   _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
-  if (n) erdma_copy(data, buf, n);
+  if (n) erdma_copy_out(data, buf, n);
   atomic_store_explicit(head, (uint64_t)(p->count + 1) << 32 | n, memory_order_relaxed);
   erdma_pair_arrive(e, slot); /* (its release store publishes the bytes) */
   return 0;
@@ -1596,7 +1596,7 @@ int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   p->slack = 0;
   if (!n || n > ERDMA_PAIR_DATA_MAX || !buf) return ERDMA_ERR_INVAL;
   _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
-  erdma_copy(data, buf, n);
+  erdma_copy_out(data, buf, n);
   p->count++;
   p->data_wait = 1;
   p->expecting = 1;

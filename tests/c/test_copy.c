@@ -4,7 +4,8 @@
  * every kind of distance between the buffers (the stalling 1-63 bytes
  * after the source modulo a page, and others); erdma_copy_aliases names
  * exactly those distances; erdma_copy_nt gives the same bytes; erdma_move
- * gives memmove's bytes, overlapping or not; erdma_copy_calibrate picks
+ * gives memmove's bytes, overlapping or not; erdma_copy_out the same
+ * bytes as erdma_copy; erdma_copy_calibrate picks
  * memcpy or the loop for the stalling case, and either copies right. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,8 +36,8 @@ TEST(aliases_names_one_to_63_bytes_after_modulo_a_page) {
 }
 
 TEST(copies_every_size_at_every_distance_by_the_loop_and_by_memcpy) {
-  static const size_t sizes[] = {0, 1, 7, 127, 128, 129, 2047, 2048, 2049, 4096, 4096 + 17,
-                                 65536 + 5, 300000, (1u << 20) + 3};
+  static const size_t sizes[] = {0, 1, 7, 127, 128, 129, 1023, 1024, 1500, 2047, 2048, 2049,
+                                 4095, 4096, 4096 + 17, 65536 + 5, 300000, (1u << 20) + 3};
   static const size_t dists[] = {0, 1, 8, 16, 31, 48, 63, 64, 100, 4080, 4095};
   uint8_t *src = pool(), *dst = pool();
   CHECK(src && dst);
@@ -48,6 +49,10 @@ TEST(copies_every_size_at_every_distance_by_the_loop_and_by_memcpy) {
       size_t n = sizes[a], so = 16, doff = (so + dists[b]) % 4096 + 4096;
       memset(dst, 0xEE, POOL);
       void *r = erdma_copy(dst + doff, src + so, n);
+      CHECK(r == dst + doff);
+      CHECK_MEM(dst + doff, src + so, n);
+      memset(dst, 0xEE, POOL);
+      r = erdma_copy_out(dst + doff, src + so, n); /* rep movsb for 1-4 KiB */
       CHECK(r == dst + doff);
       CHECK(erdma_copy_aliases(dst + doff, src + so) == (dists[b] >= 1 && dists[b] < 64));
       if (memcmp(dst + doff, src + so, n) != 0)
