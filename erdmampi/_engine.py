@@ -579,13 +579,15 @@ class Engine:
         engine sends a collective's blocks to ranks of this host through
         the ring alone (never by CMA); ``shm_cma_bounce`` whether a CMA copy
         whose destination lies 1-63 bytes after its source modulo the page
-        goes through a buffer (None where CMA is off)."""
+        goes through a buffer (None where it was left to a measurement that
+        did not run: no local peer, or CMA off)."""
         cfg = ffi.new("erdma_config *")
         _check(lib.erdma_engine_config(self._h, cfg), "engine config")
         out = {k: getattr(cfg, k) for k in (*TUNING, "eager_limit")}
         if out["shm_bulk_cma_min"] in (0, (1 << 64) - 1):   # (0: shared memory not set up)
             out["shm_bulk_cma_min"] = None
-        # True / False: an aliased CMA copy bounces or not (None: not measured, no CMA)
+        # True / False: an aliased CMA copy bounces or not (None: left to a measurement
+        # that did not run)
         out["shm_cma_bounce"] = {1: True, 2: False}.get(cfg.shm_cma_bounce)
         return out
 

@@ -725,12 +725,12 @@ def _end_inline_args(requests, names, exc, done):
 # the C loop when there is one; it reads _named from this module's globals
 _end_fast = getattr(_engine.fast, "end_inline", _end_inline_args)
 _GLOBALS = globals()
-if hasattr(_engine.fast, "waitall"):
+if hasattr(_engine.fast, "Waitall"):
     # Waitall itself in C: the common call (a list, no statuses) costs no
     # Python frame; any other goes to the method above, kept as _waitall_py
     Request._waitall_py = Request.__dict__["Waitall"]
     _engine.fast.waitall_setup(_GLOBALS, MPIException, _DoneOp)
-    Request.Waitall = classmethod(_engine.fast.waitall)
+    Request.Waitall = classmethod(_engine.fast.Waitall)
 
 
 def _adopt_all(requests):

@@ -150,6 +150,46 @@ print(f"rank {comm.rank}: after={v.tolist()}", flush=True)
 """
 
 
+# the same on a slot another communicator used before: its areas still
+# hold the old communicator's words for the same operation numbers
+_REUSED = r"""
+import numpy as np
+from erdmampi import MPI
+from erdmampi._commrt import _rt
+from erdmampi._engine import lib
+def slot(c):
+    return lib.erdma_pair_find(_rt.engine._h, c._ranks[1 - c.rank], c._ctx + 1)
+old = MPI.COMM_WORLD.Dup()
+for _ in range(3):
+    old.Barrier()
+was = slot(old)
+buf = np.full(2000, 7, np.int32)
+old.Bcast(buf, root=0)          # operation 1 of the slot, in an area
+old.Barrier()
+old.Free()
+new = MPI.COMM_WORLD.Dup()
+new.Set_errhandler(MPI.ERRORS_RETURN)
+for _ in range(3):
+    new.Barrier()
+print(f"rank {new.rank}: same slot={slot(new) == was >= 0}", flush=True)
+# operation 1 again: the root sends 24 bytes (its lines), rank 1 expects 8000
+buf = np.arange(6 if new.rank == 0 else 2000, dtype=np.int32)
+try:
+    new.Bcast(buf, root=0)
+    print(f"rank {new.rank}: ok stale={bool((buf == 7).all())}", flush=True)
+except MPI.Exception as e:
+    print(f"rank {new.rank}: class={e.Get_error_class() == MPI.ERR_TRUNCATE}", flush=True)
+new.Barrier()
+"""
+
+
+def test_a_reused_slot_gives_an_error_not_the_old_communicators_bytes():
+    res = run_mpi(2, _REUSED, timeout=60)
+    out = res.stdout + res.stderr
+    assert "rank 0: same slot=True" in out and "rank 1: same slot=True" in out, out
+    assert "rank 0: ok" in out and "rank 1: class=True" in out, out
+
+
 @pytest.mark.parametrize("sent,expected", [(6, 4), (2000, 1500), (50, 20), (20, 50)])
 def test_bcast_sizes_that_differ_give_an_error_not_stale_bytes(sent, expected):
     res = run_mpi(2, _MISMATCH, args=[str(sent), str(expected)], timeout=60)

@@ -834,7 +834,6 @@ static void op_release(pf_op *o) {
   }
 }
 
-/* The request completed with *st: its fields; -1 with an exception. */
 /* The fields of a send's status without an error (one tuple shared by all):
  * a new reference, or NULL */
 static PyObject *op_send_fields(void) {
@@ -845,6 +844,7 @@ static PyObject *op_send_fields(void) {
   return op_done_fields;
 }
 
+/* The request completed with *st: its fields; -1 with an exception. */
 static int op_complete(pf_op *o, const erdma_status *st) {
   if (o->fields) return 0; /* another thread was first */
   if (!o->index && !st->error && !st->cancelled) {
@@ -3110,7 +3110,8 @@ static PyMethodDef pf_methods[] = {
     {"hits", (PyCFunction)(void (*)(void))pf_hits, METH_FASTCALL, NULL},
     {"end_inline", (PyCFunction)(void (*)(void))pf_end_inline, METH_FASTCALL, NULL},
     {"waitall_setup", (PyCFunction)(void (*)(void))pf_waitall_setup, METH_FASTCALL, NULL},
-    {"waitall", (PyCFunction)(void (*)(void))pf_waitall, METH_FASTCALL | METH_KEYWORDS,
+    {"Waitall", (PyCFunction)(void (*)(void))pf_waitall, METH_FASTCALL | METH_KEYWORDS,
+     "Waitall($module, cls, requests, statuses=None)\n--\n\n"
      "Wait for all requests; fills ``statuses`` (a list) when given."},
     {"sendrecv", (PyCFunction)(void (*)(void))pf_sendrecv, METH_FASTCALL, NULL},
     {"sendrecv_replace", (PyCFunction)(void (*)(void))pf_sendrecv_replace, METH_FASTCALL,

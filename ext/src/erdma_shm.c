@@ -1423,8 +1423,8 @@ static int pair_done(const shm_pair *p) {
 /* Whether the peer has taken everything we put in a slot: its count caught
  * up with ours, or it left the communicator (another context in its word),
  * or it failed.  Until then a freed slot stays as it was (parked): a
- * receiver may still be on its way to a small Bcast's bytes that our rank
- * put there and returned from. */
+ * receiver may still be on its way to Bcasts' bytes (up to four
+ * operations') that our rank put there and returned from. */
 static int pair_peer_done(erdma_engine *e, const shm_pair *p) {
   uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
   return (uint32_t)(w >> 32) != p->ctx || (int32_t)((uint32_t)w - p->count) >= 0 ||
@@ -1550,7 +1550,10 @@ void erdma_pair_arrive(erdma_engine *e, int slot) {
 _Static_assert(16 + SHM_PAIR_LINE_MAX <= SHM_PAIR_BYTES, "a pair's small bytes fit its lines");
 
 /* The word naming operation `op` of n bytes and where its bytes go: the
- * slot's second word and line (w), or the operation's area (areas) */
+ * slot's second word and line (w), or the operation's area (areas), whose
+ * next word holds the communicator's context: a slot reused by another
+ * communicator starts counting again, and its areas still hold the old
+ * one's words. */
 static _Atomic uint64_t *pair_head(_Atomic uint64_t *w, uint8_t *areas, uint32_t op, uint64_t n,
                                    uint8_t **data) {
   if (n <= SHM_PAIR_LINE_MAX) {
@@ -1574,6 +1577,7 @@ int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
   _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
   if (n) erdma_copy_out(data, buf, n);
+  if (head != p->mine + 1) atomic_store_explicit(head + 1, p->ctx, memory_order_relaxed);
   atomic_store_explicit(head, (uint64_t)(p->count + 1) << 32 | n, memory_order_relaxed);
   erdma_pair_arrive(e, slot); /* (its release store publishes the bytes) */
   return 0;
@@ -1586,7 +1590,7 @@ void erdma_pair_expect(erdma_engine *e, int slot) {
 }
 
 /* A two-rank Allgather's exchange: both ranks put their block as a Bcast
- * root does (once the peer took all before: no lead), but the slot's
+ * root does (once the peer took all before: erdma_pair_lead with 0), but the slot's
  * second word (released last) is what the peer waits for, and the count is
  * published only once the peer's block is taken (erdma_pair_take), so that
  * neither writes its next block over one the other has not read. */
@@ -1600,8 +1604,10 @@ int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   p->count++;
   p->data_wait = 1;
   p->expecting = 1;
-  if (head != p->mine + 1)
+  if (head != p->mine + 1) {
+    atomic_store_explicit(head + 1, p->ctx, memory_order_relaxed);
     atomic_store_explicit(head, (uint64_t)p->count << 32 | n, memory_order_relaxed);
+  }
   atomic_store_explicit(p->mine + 1, (uint64_t)p->count << 32 | n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
@@ -1624,14 +1630,16 @@ int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];
   uint8_t *data;
   uint64_t w = atomic_load_explicit(p->theirs, memory_order_acquire);
-  uint64_t d = atomic_load_explicit(pair_head(p->theirs, p->their_area, p->count, n, &data),
-                                    memory_order_acquire);
+  _Atomic uint64_t *head = pair_head(p->theirs, p->their_area, p->count, n, &data);
+  uint64_t d = atomic_load_explicit(head, memory_order_acquire);
   int rc = 0;
   p->data_wait = 0;
   p->expecting = 0;
   if ((uint32_t)(w >> 32) != p->ctx)
     rc = ERDMA_ERR_PEER; /* the root freed the communicator instead */
-  else if ((uint32_t)(d >> 32) != p->count || (uint32_t)d != n)
+  else if ((uint32_t)(d >> 32) != p->count || (uint32_t)d != n ||
+           (head != p->theirs + 1 &&
+            atomic_load_explicit(head + 1, memory_order_relaxed) != p->ctx))
     rc = ERDMA_ERR_TRUNCATE; /* the root sent other bytes, or none this way */
   else if (n)
     erdma_copy(buf, data, n);
