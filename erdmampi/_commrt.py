@@ -181,19 +181,10 @@ class _CollTransport:
         if not 0 < blk <= _engine.PAIR_DATA_MAX or (
                 displs is not None and [int(d) for d in displs] != [0, int(counts[0])]):
             return False
-        rarr = recvbuf if recvbuf.flags.c_contiguous else np.ascontiguousarray(recvbuf)
         sarr = None
         if sendbuf is not None:
             sarr = np.ascontiguousarray(sendbuf).view(np.uint8)[:blk]
-        try:
-            done = self._eng.pair_allgather(self._ranks[1 - self.rank], self._ctx,
-                                            None if sarr is None else sarr.ctypes.data,
-                                            rarr.ctypes.data, blk, self.rank)
-        except _engine.EngineError as e:
-            raise engine_exception(e) from None
-        if done and rarr is not recvbuf:
-            recvbuf[...] = rarr
-        return done
+        return self._pair_blocks(self._eng.pair_allgather, sarr, recvbuf, blk)
 
     def pair_alltoall(self, sendbuf, recvbuf):
         """A blocking Alltoall of two ranks by flags, blocks of at most
@@ -205,16 +196,22 @@ class _CollTransport:
         blk = recvbuf.nbytes // 2
         if not 0 < blk <= _engine.PAIR_DATA_MAX or recvbuf.nbytes != 2 * blk:
             return False
-        rarr = recvbuf if recvbuf.flags.c_contiguous else np.ascontiguousarray(recvbuf)
         sarr = None
         if sendbuf is not None:
             sarr = np.ascontiguousarray(sendbuf).reshape(-1).view(np.uint8)
             if sarr.nbytes < 2 * blk:
                 return False
+        return self._pair_blocks(self._eng.pair_alltoall, sarr, recvbuf, blk)
+
+    def _pair_blocks(self, fn, sarr, recvbuf, blk):
+        """``fn`` (Engine.pair_allgather or pair_alltoall) on ``sarr`` (None:
+        in place) and ``recvbuf``, through a contiguous copy of the latter
+        where it is not: True when done."""
+        rarr = recvbuf if recvbuf.flags.c_contiguous else np.ascontiguousarray(recvbuf)
         try:
-            done = self._eng.pair_alltoall(self._ranks[1 - self.rank], self._ctx,
-                                           None if sarr is None else sarr.ctypes.data,
-                                           rarr.ctypes.data, blk, self.rank)
+            done = fn(self._ranks[1 - self.rank], self._ctx,
+                      None if sarr is None else sarr.ctypes.data, rarr.ctypes.data, blk,
+                      self.rank)
         except _engine.EngineError as e:
             raise engine_exception(e) from None
         if done and rarr is not recvbuf:

@@ -667,9 +667,7 @@ class Engine:
         """A Bcast of at most PAIR_DATA_MAX bytes at ``addr`` with world rank
         ``peer`` by flags, as pair_barrier: True when done, False (nothing
         done) when the two did not agree on flags."""
-        if not 0 < nbytes <= PAIR_DATA_MAX:
-            return False
-        slot = lib.erdma_pair_find(self._h, peer, ctx)
+        slot = self._pair_slot(peer, ctx, nbytes)
         if slot < 0:
             return False
         buf = ffi.cast("void *", addr)
@@ -687,9 +685,7 @@ class Engine:
         """A two-rank Allgather of ``blk``-byte blocks (at most PAIR_DATA_MAX)
         with world rank ``peer`` by flags, as pair_bcast; ``saddr`` None: in
         place in ``raddr``, where this rank's block is block ``me``."""
-        if not 0 < blk <= PAIR_DATA_MAX:
-            return False
-        slot = lib.erdma_pair_find(self._h, peer, ctx)
+        slot = self._pair_slot(peer, ctx, blk)
         if slot < 0:
             return False
         rbuf = ffi.cast("char *", raddr)
@@ -704,9 +700,7 @@ class Engine:
         with world rank ``peer`` by flags, as pair_allgather: block ``1 -
         me`` of the input to the peer, its block ``me`` into block ``1 - me``
         of ``raddr``; ``saddr`` None: in place."""
-        if not 0 < blk <= PAIR_DATA_MAX:
-            return False
-        slot = lib.erdma_pair_find(self._h, peer, ctx)
+        slot = self._pair_slot(peer, ctx, blk)
         if slot < 0:
             return False
         rbuf = ffi.cast("char *", raddr)
@@ -715,6 +709,13 @@ class Engine:
         self._pair_exchange(slot, "alltoall", sbuf + (1 - me) * blk, rbuf + (1 - me) * blk, blk,
                             own)
         return True
+
+    def _pair_slot(self, peer: int, ctx: int, nbytes: int) -> int:
+        """The slot agreed with world rank ``peer`` for ``nbytes`` by flags
+        on context ``ctx``, or -1 (none, or too many bytes)."""
+        if not 0 < nbytes <= PAIR_DATA_MAX:
+            return -1
+        return lib.erdma_pair_find(self._h, peer, ctx)
 
     def _pair_exchange(self, slot: int, what: str, out, into, blk: int, own=None) -> None:
         """An Allgather's or Alltoall's exchange by flags: ``out`` to the

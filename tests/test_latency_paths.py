@@ -1082,23 +1082,19 @@ objs = [None, 0, "x", b"", {"a": [1, 2.5]}, np.arange(10), np.arange(300000.0),
         # records pickled without a buffer callback (small, shallow), and not
         {"k": [1, (2.5, "s"), None, True]}, list(range(40)), {"a": {"b": {"c": {"d": 1}}}},
         (b"x", [b"y", 3.0])]
-for o in objs:
+def around(o, tag):   # o to the next rank, the previous rank's back (even ranks first)
     if r % 2 == 0:
-        c.send(o, peer, 3)
-        got = c.recv(source=src, tag=3)
-    else:
-        got = c.recv(source=src, tag=3)
-        c.send(o, peer, 3)
+        c.send(o, peer, tag)
+        return c.recv(source=src, tag=tag)
+    got = c.recv(source=src, tag=tag)
+    c.send(o, peer, tag)
+    return got
+for o in objs:
+    got = around(o, 3)
     same = (got == o).all() if isinstance(o, np.ndarray) else got == o
     assert same and type(got) is type(o), (type(o), got)
 # a large array inside a small record still goes out of band, and arrives
-rec = {"k": [np.arange(300000.0) + r]}
-if r % 2 == 0:
-    c.send(rec, peer, 6)
-    got = c.recv(source=src, tag=6)
-else:
-    got = c.recv(source=src, tag=6)
-    c.send(rec, peer, 6)
+got = around({"k": [np.arange(300000.0) + r]}, 6)
 assert (got["k"][0] == np.arange(300000.0) + src).all()
 # a pickle that fails to load raises in recv, and the next message is fine
 class Bad:
