@@ -262,6 +262,20 @@ static int pair_wait(erdma_engine *e, int slot, double slice) {
   return rc;
 }
 
+/* An Allgather's or Alltoall's exchange on an agreed pair (as
+ * erdma_pyfast.c's pair_exchange, without its signal checks): `out` to the
+ * peer, the peer's block into `in`; once shared, `own` bytes from `from`
+ * to `to` (an Alltoall's own block). */
+static int pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
+                         void *to, const void *from, uint64_t own, double slice) {
+  erdma_pair_lead(e, slot, 0);
+  int rc = pair_wait(e, slot, slice);
+  if (rc || (rc = erdma_pair_share(e, slot, out, blk))) return rc;
+  if (own) erdma_copy(to, from, own);
+  rc = pair_wait(e, slot, slice);
+  return rc ? rc : erdma_pair_take(e, slot, in, blk);
+}
+
 int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
                      int n, int me, int tag, uint32_t ctx, double slice,
                      erdma_coll **pending) {
@@ -363,14 +377,10 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
   uint8_t *d = rbuf;
   int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* by flags, as erdma_coll_allgather: our block for the peer, its for us */
-    const uint8_t *out = (sbuf ? (const uint8_t *)sbuf : d) + (uint64_t)(1 - me) * blk;
-    erdma_pair_lead(e, slot, 0);
-    int rc = pair_wait(e, slot, slice);
-    if (rc || (rc = erdma_pair_share(e, slot, out, blk))) return rc;
-    if (sbuf && sbuf != rbuf)
-      erdma_copy(d + (uint64_t)me * blk, (const uint8_t *)sbuf + (uint64_t)me * blk, blk);
-    rc = pair_wait(e, slot, slice);
-    return rc ? rc : erdma_pair_take(e, slot, d + (uint64_t)(1 - me) * blk, blk);
+    const uint8_t *src = sbuf ? (const uint8_t *)sbuf : d;
+    uint64_t mine = (uint64_t)me * blk, theirs = (uint64_t)(1 - me) * blk;
+    return pair_exchange(e, slot, src + theirs, d + theirs, blk, d + mine, src + mine,
+                         src != d ? blk : 0, slice);
   }
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
@@ -407,13 +417,9 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   if (blk && sbuf && sbuf != mine) erdma_copy(mine, sbuf, blk);
   if (blk == 0 || n == 1) return 0;
   int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
-  if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_bcast) */
-    erdma_pair_lead(e, slot, 0);
-    int rc = pair_wait(e, slot, slice);
-    if (rc || (rc = erdma_pair_share(e, slot, mine, blk))) return rc;
-    rc = pair_wait(e, slot, slice);
-    return rc ? rc : erdma_pair_take(e, slot, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk);
-  }
+  if (slot >= 0) /* by flags, agreed at an earlier Barrier (as erdma_coll_bcast) */
+    return pair_exchange(e, slot, mine, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk, NULL,
+                         NULL, 0, slice);
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
   /* allgatherv_direct's messages: tag 0.  Sent from the caller's send

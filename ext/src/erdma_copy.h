@@ -139,6 +139,14 @@ static inline void erdma_copy_nt(void *dst, const void *src, size_t n) {
   erdma_copy(dst, src, n);
 }
 
+/* v into a[0..k] kept ascending (a[0..k-1] already are): the medians of
+ * the copy calibrations here and in erdma_shm.c */
+static inline void erdma_sorted_insert(uint64_t *a, int k, uint64_t v) {
+  int j = k;
+  for (; j > 0 && a[j - 1] > v; j--) a[j] = a[j - 1];
+  a[j] = v;
+}
+
 /* Sets erdma_copy_stall: 1 where memcpy of 64 KiB to 16 bytes after its
  * source modulo the page takes over 1.2x the vector loop (medians of nine
  * rounds after one to warm up; about 0.1 ms, 2 ms where it stalls). */
@@ -169,12 +177,8 @@ static inline void erdma_copy_calibrate(void) {
     uint64_t ns[3];
     for (int i = 0; i < 3; i++)
       ns[i] = (uint64_t)t[i].tv_sec * 1000000000u + (uint64_t)t[i].tv_nsec;
-    uint64_t a = ns[1] - ns[0], b = ns[2] - ns[1];
-    int i = k, j = k; /* insertion sorts: lib[0..k], loop[0..k] ascending */
-    for (; i > 0 && lib[i - 1] > a; i--) lib[i] = lib[i - 1];
-    lib[i] = a;
-    for (; j > 0 && loop[j - 1] > b; j--) loop[j] = loop[j - 1];
-    loop[j] = b;
+    erdma_sorted_insert(lib, k, ns[1] - ns[0]);
+    erdma_sorted_insert(loop, k, ns[2] - ns[1]);
   }
   free(s);
   free(d);

@@ -280,12 +280,6 @@ int shm_is_local(erdma_engine *e, int rank) {
  * copy (two-rank Alltoall of 512 KiB, Xeon: 24.7 us against 15.4). */
 #define SHM_ALIAS_STALL 150
 
-static void ratio_insert(uint64_t *ratio, int k, uint64_t v) { /* ratio[0..k] ascending */
-  int j = k;
-  for (; j > 0 && ratio[j - 1] > v; j--) ratio[j] = ratio[j - 1];
-  ratio[j] = v;
-}
-
 /* Medians of nine timed rounds after one to warm up, in a few
  * milliseconds at most: *bulk_min (when 0 on entry) as above, and
  * *bounce (when 0 on entry) 1 where the aliased read stalls, else 2.  A
@@ -316,8 +310,8 @@ static void shm_cma_calibrate(uint64_t *bulk_min, int *bounce) {
     uint64_t t3 = erdma_now();
     ok = got == (ssize_t)n;
     if (k < 0 || !ok) continue;
-    ratio_insert(copy, k, (t2 - t1) * 100 / (t1 - t0 ? t1 - t0 : 1));
-    ratio_insert(alias, k, (t3 - t2) * 100 / (t2 - t1 ? t2 - t1 : 1));
+    erdma_sorted_insert(copy, k, (t2 - t1) * 100 / (t1 - t0 ? t1 - t0 : 1));
+    erdma_sorted_insert(alias, k, (t3 - t2) * 100 / (t2 - t1 ? t2 - t1 : 1));
   }
   free(a);
   free(b);
@@ -1570,15 +1564,22 @@ void erdma_pair_lead(erdma_engine *e, int slot, uint64_t n) {
   e->shm.pair[slot].slack = n > SHM_PAIR_LINE_MAX ? SHM_PAIR_DEPTH - 1 : 0;
 }
 
-int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
-  shm_pair *p = &e->shm.pair[slot];
+/* Our next operation's n bytes and the word naming them (an area's also
+ * its context), stored relaxed: the caller's release store publishes them */
+static void pair_write(shm_pair *p, const void *buf, uint64_t n) {
   uint8_t *data;
-  p->slack = 0;
-  if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
-  _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
+  uint32_t op = p->count + 1;
+  _Atomic uint64_t *head = pair_head(p->mine, p->my_area, op, n, &data);
   if (n) erdma_copy_out(data, buf, n);
   if (head != p->mine + 1) atomic_store_explicit(head + 1, p->ctx, memory_order_relaxed);
-  atomic_store_explicit(head, (uint64_t)(p->count + 1) << 32 | n, memory_order_relaxed);
+  atomic_store_explicit(head, (uint64_t)op << 32 | n, memory_order_relaxed);
+}
+
+int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
+  shm_pair *p = &e->shm.pair[slot];
+  p->slack = 0;
+  if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
+  pair_write(p, buf, n);
   erdma_pair_arrive(e, slot); /* (its release store publishes the bytes) */
   return 0;
 }
@@ -1596,18 +1597,13 @@ void erdma_pair_expect(erdma_engine *e, int slot) {
  * neither writes its next block over one the other has not read. */
 int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];
-  uint8_t *data;
   p->slack = 0;
   if (!n || n > ERDMA_PAIR_DATA_MAX || !buf) return ERDMA_ERR_INVAL;
-  _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
-  erdma_copy_out(data, buf, n);
+  pair_write(p, buf, n);
   p->count++;
   p->data_wait = 1;
   p->expecting = 1;
-  if (head != p->mine + 1) {
-    atomic_store_explicit(head + 1, p->ctx, memory_order_relaxed);
-    atomic_store_explicit(head, (uint64_t)p->count << 32 | n, memory_order_relaxed);
-  }
+  /* (for bytes in the lines the same word as pair_write's, now released) */
   atomic_store_explicit(p->mine + 1, (uint64_t)p->count << 32 | n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
