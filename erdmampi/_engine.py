@@ -468,6 +468,7 @@ class Engine:
         cfg.path_log_ms = config.get("ERDMA_PATH_LOG_MS")
         cfg.pace = int(config.get("ERDMA_PACE"))
         cfg.shm_cma_bounce = {"auto": 0, "on": 1, "off": 2}[config.get("ERDMA_SHM_CMA_BOUNCE")]
+        cfg.shm_demote = {"auto": 0, "on": 1, "off": 2}[config.get("ERDMA_SHM_DEMOTE")]
         cfg.max_pacing_rate = config.get("ERDMA_MAX_PACING_RATE") or 0
         cfg.pace_learn = int(config.get("ERDMA_PACE_LEARN"))
         cfg.launcher_pid = config.get("ERDMA_LAUNCHER_PID") or 0
@@ -580,7 +581,9 @@ class Engine:
         the ring alone (never by CMA); ``shm_cma_bounce`` whether a CMA copy
         whose destination lies 1-63 bytes after its source modulo the page
         goes through a buffer (None where it was left to a measurement that
-        did not run: no local peer, or CMA off)."""
+        did not run: no local peer, or CMA off); ``shm_demote`` whether lines
+        written for a rank of this host go to the shared cache (CLDEMOTE;
+        None without shared memory)."""
         cfg = ffi.new("erdma_config *")
         _check(lib.erdma_engine_config(self._h, cfg), "engine config")
         out = {k: getattr(cfg, k) for k in (*TUNING, "eager_limit")}
@@ -589,6 +592,9 @@ class Engine:
         # True / False: an aliased CMA copy bounces or not (None: left to a measurement
         # that did not run)
         out["shm_cma_bounce"] = {1: True, 2: False}.get(cfg.shm_cma_bounce)
+        # True / False: lines written for a rank of this host are demoted to the shared
+        # cache or not (None: shared memory not set up)
+        out["shm_demote"] = {1: True, 2: False}.get(cfg.shm_demote)
         return out
 
     def stats(self) -> dict:

@@ -104,6 +104,10 @@ VARS_LIST = (
         "bytes after its source modulo the page goes through a buffer of the reader (the "
         "kernel's copy stalls there on AMD CPUs): auto (if a read of 256 KiB at start-up "
         "shows the stall), on or off", {"choices": ("auto", "on", "off")}),
+       ("ERDMA_SHM_DEMOTE", "choice", "auto", "lines written for a rank of this host (ring "
+        "bytes, flags) go to the shared cache at once with CLDEMOTE, where the reader finds "
+        "them sooner: auto (if the CPU has the instruction), on (a no-op elsewhere) or off",
+        {"choices": ("auto", "on", "off")}),
        ("ERDMA_SHM_BULK_CMA", "size", None, "a collective's block to a rank of this host "
         "goes by one process_vm_readv copy from this size, below ERDMA_SHM_EAGER_LIMIT "
         "(default: measured at start-up; 0: never)", {"lo": 0}),

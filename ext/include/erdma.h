@@ -87,6 +87,10 @@ typedef struct erdma_config {
                                 modulo the page goes through a buffer at the source's offset
                                 (the kernel's copy stalls there on some CPUs): 0: if a
                                 self-read at shm set-up shows the stall, 1: always, 2: never */
+  int shm_demote;            /* lines written for a rank of this host (ring bytes, pair
+                                flags) go to the shared cache at once (CLDEMOTE): 0: where
+                                the CPU has the instruction, 1: always (a NOP elsewhere),
+                                2: never */
   double idle_timeout;       /* seconds without peer traffic before a peer is dead */
   double handshake_timeout;  /* seconds */
   double hello_timeout;      /* seconds an accepted connection has, from its first packet, to

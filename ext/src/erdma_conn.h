@@ -169,6 +169,8 @@ typedef struct erdma_conn {
   int shm;
   struct shm_ring *tx_ring, *rx_ring;
   uint64_t tx_ring_tail;  /* tx_ring's tail as last read: re-read only when room is short */
+  int rx_since_tx;        /* bytes came from the peer since our last frame to it: the next
+                           * one is likely a reply it waits for (ring_demote) */
   struct shm_seg *peer_seg;
   size_t peer_map_len;
   uint64_t beat_seen, beat_at; /* the peer's heartbeat, and when it last moved */

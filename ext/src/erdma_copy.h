@@ -23,6 +23,7 @@
 #include <time.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -118,6 +119,32 @@ static inline void *erdma_copy_out(void *dst, const void *src, size_t n) {
   }
 #endif
   return erdma_copy(dst, src, n);
+}
+
+/* CLDEMOTE: lines this core has just written for another core go from its
+ * private caches to the shared L3, where the reader's loads find them
+ * instead of snooping them out of ours (Intel from Sapphire Rapids; other
+ * CPUs treat the encoding as a NOP, and callers skip the loop where CPUID
+ * does not list it: erdma_cpu_demotes).  A hint: the bytes and their
+ * order do not change.  On a Xeon VM a two-rank ping-pong one way: 8 bytes
+ * 0.61 -> 0.55 us, 512 bytes 0.78 -> 0.62, 2 KiB 1.03 -> 0.83. */
+static inline int erdma_cpu_demotes(void) {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 25 & 1);
+#else
+  return 0;
+#endif
+}
+
+static inline void erdma_demote(const void *p, size_t n) {
+#if defined(__x86_64__)
+  uintptr_t a = (uintptr_t)p & ~(uintptr_t)63, b = (uintptr_t)p + n;
+  for (; a < b; a += 64) __asm__ volatile("cldemote (%0)" ::"r"(a) : "memory");
+#else
+  (void)p;
+  (void)n;
+#endif
 }
 
 /* erdma_copy with non-temporal stores, for a copy that would only push the

@@ -50,6 +50,8 @@ typedef struct shm_state {
   uint64_t next_liveness;
   int cma;               /* single-copy reads (process_vm_readv) allowed */
   int oversub;           /* more local ranks than CPUs: spinners yield every turn */
+  int demote;            /* lines written for a local peer go to the shared cache
+                          * (erdma_demote; cfg.shm_demote) */
   int lf_spin;           /* threads peeking at the rings without e->mu (atomic) */
   uint64_t spin_ns;      /* a waiter's spin now (adapts; 0: cfg.spin_us) */
   int held;              /* drain_ring left a peer's bytes in its ring (shm_hold_max) */

@@ -5,7 +5,7 @@
  * after the source modulo a page, and others); erdma_copy_aliases names
  * exactly those distances; erdma_copy_nt gives the same bytes; erdma_move
  * gives memmove's bytes, overlapping or not; erdma_copy_out the same
- * bytes as erdma_copy; erdma_copy_calibrate picks
+ * bytes as erdma_copy; erdma_demote none changed; erdma_copy_calibrate picks
  * memcpy or the loop for the stalling case, and either copies right. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -113,6 +113,22 @@ TEST(move_handles_overlap_either_way) {
   }
   free(a);
   free(b);
+}
+
+/* CLDEMOTE is a hint: run here whether or not CPUID lists it (where it
+ * does not, the encoding must be a NOP, not an invalid instruction), it
+ * leaves every byte as it was, at any size and alignment. */
+TEST(demote_leaves_the_bytes_on_any_cpu) {
+  uint8_t *a = pool();
+  CHECK(a);
+  for (size_t i = 0; i < POOL; i++) a[i] = (uint8_t)(i * 13u + (i >> 9));
+  static const size_t sizes[] = {0, 1, 8, 63, 64, 65, 127, 4096, 4097, 65536 + 3};
+  for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+    for (size_t off = 0; off < 130; off += 43) erdma_demote(a + 4096 + off, sizes[k]);
+  for (size_t i = 0; i < POOL; i++)
+    if (a[i] != (uint8_t)(i * 13u + (i >> 9))) CHECK_EQ(a[i], (uint8_t)(i * 13u + (i >> 9)));
+  CHECK(erdma_cpu_demotes() == 0 || erdma_cpu_demotes() == 1);
+  free(a);
 }
 
 CTEST_MAIN()
