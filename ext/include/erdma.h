@@ -60,6 +60,9 @@
                                  size allows, never by the point-to-point CMA rule */
 #define ERDMA_SEND_BULK 2 /* a collective's block: to a rank of this host, from
                              cfg.shm_bulk_cma_min bytes by one CMA read, not the ring */
+#define ERDMA_SEND_EXCHANGE 8 /* the peer sends to us meanwhile (Sendrecv, a collective's
+                                 round), rather than waiting for this as a reply: to a
+                                 rank of this host, its bytes are not demoted (cfg.shm_demote) */
 
 typedef struct erdma_engine erdma_engine;
 typedef struct erdma_req erdma_req;

@@ -108,9 +108,11 @@ static int coll_step(erdma_coll *c, double slice) {
   int rc;
   for (; c->mposted < c->nmsg; c->mposted++) {
     coll_msg *m = &c->msg[c->mposted];
-    if (m->send && erdma_shm_try_send(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, c->sflags))
+    /* (every rank sends to every other: an exchange, see ERDMA_SEND_EXCHANGE) */
+    int fl = c->sflags | ERDMA_SEND_EXCHANGE;
+    if (m->send && erdma_shm_try_send(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, fl))
       continue; /* complete, no request (its slot stays NULL) */
-    rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, c->sflags,
+    rc = m->send ? erdma_isend(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, fl,
                                &c->mreq[c->mposted])
                  : erdma_irecv(c->e, m->buf, m->len, m->peer, m->tag, c->ctx, 0,
                                &c->mreq[c->mposted]);
@@ -133,9 +135,9 @@ static int coll_step(erdma_coll *c, double slice) {
         rc = erdma_irecv(c->e, rb, rn, r->recv_from, r->tag, c->ctx, 0, &c->rreq);
         if (rc) return rc;
       }
-      if (r->send_to >= 0 &&
-          !erdma_shm_try_send(c->e, sb, sn, r->send_to, r->tag, c->ctx, c->sflags)) {
-        rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, c->sflags, &c->sreq);
+      int fl = c->sflags | (r->recv_from == r->send_to ? ERDMA_SEND_EXCHANGE : 0);
+      if (r->send_to >= 0 && !erdma_shm_try_send(c->e, sb, sn, r->send_to, r->tag, c->ctx, fl)) {
+        rc = erdma_isend(c->e, sb, sn, r->send_to, r->tag, c->ctx, fl, &c->sreq);
         if (rc) return rc;
       }
     }

@@ -657,6 +657,8 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.ctx = ctx;
     h.tag = tag;
     h.len = nbytes;
+    if (p->conn && (flags & ERDMA_SEND_EXCHANGE) && nbytes > SHM_DEMOTE_EXCHANGE_MAX)
+      p->conn->rx_since_tx = 0; /* not a reply: a local peer's ring bytes stay undemoted */
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
     } else if (nbytes <= conn_eager_max(p->conn) && eager_ok(e, p->conn, nbytes, flags, ctx) &&

@@ -1388,7 +1388,10 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace, int method, P
     if (sx) mem_done(&sm);
     return PyLong_FromLong(1);
   }
-  if (sx == &s->raw || rx == &s->raw) { /* bytes, bytearray: Python's Sendrecv (raw_wait) */
+  /* bytes, a bytearray: exported for the whole call, so waited on here to
+   * the end (as raw_wait); with a packed other side, or in place: Python */
+  int raw = sx == &s->raw || rx == &s->raw;
+  if (raw && (!sx || !rx || replace)) {
     if (sx) mem_done(&sm);
     if (rx) mem_done(&rm);
     return PyLong_FromLong(1);
@@ -1437,7 +1440,8 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace, int method, P
   int rc = 0;
   if (sp && sp->total && !packed_direct(sp))
     rc = erdma_pack_runs(sp->tmp.buf, sav.buf, sp->n, sp->step, sp->off, sp->ln, sp->nruns);
-  int sent = !rc && erdma_shm_try_send(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx, 0);
+  int sent = !rc && erdma_shm_try_send(s->e, sbuf, slen, s->ranks[dest], (int)stag, s->ctx,
+                                       ERDMA_SEND_EXCHANGE);
   if (!sent && replace) { /* nothing done: Python sends from a copy */
     PyEval_RestoreThread(ts);
     sx->busy--;
@@ -1453,6 +1457,17 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace, int method, P
                      (int)rtag, s->ctx, 0, &rr);
   if (!rc) rc = erdma_req_wait(rr, s->slice, &rst);
   if (!rc && sr) rc = erdma_req_wait(sr, s->slice, &sst);
+  while (raw && rc == ERDMA_ERR_TIMEOUT) { /* signal checks between slices */
+    PyEval_RestoreThread(ts);
+    int sig = PyErr_CheckSignals();
+    ts = PyEval_SaveThread();
+    if (sig) {
+      rc = PF_SIGNALLED; /* both withdrawn below, the exception raised */
+      break;
+    }
+    rc = erdma_req_wait(rr, s->slice, &rst);
+    if (!rc && sr) rc = erdma_req_wait(sr, s->slice, &sst);
+  }
   if (rc && rc != ERDMA_ERR_TIMEOUT) {
     erdma_req *both[2] = {rr, sr};
     for (int i = 0; i < 2; i++)
@@ -1477,6 +1492,7 @@ static PyObject *sendrecv_impl(PyObject *const *args, int replace, int method, P
   else mem_done(&sm);
   if (rp) PyBuffer_Release(&rav);
   else mem_done(&rm);
+  if (rc == PF_SIGNALLED) return NULL;
   if (rc) {
     if (rc == ERDMA_ERR_TIMEOUT && (sp || rp))
       return Py_BuildValue("(iKK(OO))", rc, (unsigned long long)(uintptr_t)rr,
@@ -2463,7 +2479,13 @@ static PyObject *dumps_wire(PyObject *obj, PyObject *wire) {
 /* send_obj(state, obj, dest, tag, wire[, base]): send_bytes of obj pickled
  * here (wire: msgpickle.Pickle._wire, a tuple, or None): 0 sent; the
  * pickle (bytes) not sent; 1 miss: Python encodes (not picklable here). */
+static PyObject *send_obj_flags(PyObject *const *args, Py_ssize_t n, int flags);
 static PyObject *pf_send_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  return send_obj_flags(args, n, 0);
+}
+
+/* send_obj with erdma_shm_try_send's flags (sendrecv_obj: ERDMA_SEND_EXCHANGE) */
+static PyObject *send_obj_flags(PyObject *const *args, Py_ssize_t n, int flags) {
   long dest, tag;
   uint32_t ctx;
   pf_state *s;
@@ -2475,7 +2497,7 @@ static PyObject *pf_send_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
   char *buf = PyBytes_AsString(data);
   Py_ssize_t len = PyBytes_Size(data);
   if (buf && len >= 0 &&
-      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx, 0)) {
+      erdma_shm_try_send(s->e, buf, (uint64_t)len, s->ranks[dest], (int)tag, ctx, flags)) {
     Py_DECREF(data);
     return PyLong_FromLong(0);
   }
@@ -2645,7 +2667,7 @@ static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *pf_sendrecv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (n != 8) return more_new(Py_BuildValue("(i)", 1));
   PyObject *sa[5] = {args[0], args[1], args[2], args[3], args[6]};
-  PyObject *r = pf_send_obj(NULL, sa, 5);
+  PyObject *r = send_obj_flags(sa, 5, ERDMA_SEND_EXCHANGE);
   if (!r) return NULL;
   if (!PyLong_CheckExact(r) || PyObject_IsTrue(r) != 0) {
     PyObject *t = PyTuple_Pack(1, r);
@@ -2689,7 +2711,7 @@ static PyObject *pf_pair_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
   int peer = s->ranks[1 - s->me];
   if (sdata) {
     if (!erdma_shm_try_send(s->e, PyBytes_AsString(sdata), (uint64_t)PyBytes_Size(sdata), peer,
-                            (int)base, s->ctx + 1, 0))
+                            (int)base, s->ctx + 1, ERDMA_SEND_EXCHANGE))
       goto rest; /* a full ring, a large pickle, another host: Python sends */
     Py_CLEAR(sdata);
   }

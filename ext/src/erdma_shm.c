@@ -559,7 +559,10 @@ static void ring_put(struct shm_ring *r, uint64_t cap, uint64_t pos, const uint8
  * the call's (a two-rank ping-pong one way, 4 KiB: 1.34 -> 1.19 us).  A
  * sender of frames back to back does not demote: there the consumer keeps
  * up from our cache, and the instruction costs the producer about 7 ns a
- * line (a stream of 4 KiB messages 0.62 -> 1.07 us each). */
+ * line (a stream of 4 KiB messages 0.62 -> 1.07 us each); nor does a send
+ * of an exchange (ERDMA_SEND_EXCHANGE clears rx_since_tx), whose peer is
+ * sending too (Sendrecv of 4 KiB: 1.48 -> 1.57 us demoted), unless it is
+ * short (SHM_DEMOTE_EXCHANGE_MAX: Sendrecv of 64 bytes 0.82 -> 0.76). */
 static void ring_demote(const erdma_engine *e, erdma_conn *c, uint64_t cap, uint64_t from,
                         uint64_t to) {
   struct shm_ring *r = c->tx_ring;
@@ -682,6 +685,8 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
     h.ctx = ctx;
     h.tag = tag;
     h.len = nbytes;
+    if ((flags & ERDMA_SEND_EXCHANGE) && nbytes > SHM_DEMOTE_EXCHANGE_MAX)
+      c->rx_since_tx = 0; /* not a reply: not demoted */
     sent = shm_send_direct(c, &h, buf, nbytes);
     if (sent) {
       TRACE_MSG(e, ERDMA_TRACE_SEND, dest, tag, ctx, nbytes);

@@ -21,6 +21,9 @@
 /* Two-rank Barriers by flags (shm_pair_*, erdma_pair_* in erdma.h): slots
  * per rank, each two lines of its segment; a Barrier's token names one
  * as 0x80 | slot. */
+/* a send of an exchange (ERDMA_SEND_EXCHANGE) up to this many bytes is
+ * still demoted as a reply (ring_demote in erdma_shm.c) */
+#define SHM_DEMOTE_EXCHANGE_MAX 256
 #define SHM_PAIRS 128
 typedef struct shm_pair {
   uint32_t ctx;                 /* the communicator's collective context; 0: free */

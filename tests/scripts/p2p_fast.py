@@ -289,6 +289,26 @@ if size > 1:
         check(bytes(got[:nbytes]) == want, f"bytes {nbytes}: data, no status")
     exchange(c, lambda: (c.Send(b"abcd", peer, 61), c.Send(b"efgh", peer, 62)),
              lambda: bad_receives(c, src))
+    # Sendrecv with bytes or a bytearray on either side (numpy on the other)
+    for i, nbytes in enumerate((0, 1, 69, 4096, 300000) * 2):
+        data, want = pattern(rank, i, nbytes), pattern(src, i, nbytes)
+        send = (data, bytearray(data), np.frombuffer(data, np.uint8))[i % 3]
+        got = (bytearray(nbytes + 3), np.zeros(nbytes + 3, np.uint8))[i % 2]
+        st = MPI.Status()
+        c.Sendrecv(send, peer, 80 + i, got, src, 80 + i, st)
+        check(bytes(got[:nbytes]) == want and not any(got[nbytes:]),
+              f"Sendrecv bytes {nbytes} ({type(send).__name__}, {type(got).__name__}): data")
+        check(st.Get_count(MPI.BYTE) == nbytes and st.Get_source() == src
+              and st.Get_tag() == 80 + i, f"Sendrecv bytes {nbytes}: status")
+    check(raises(MPI.ERR_TRUNCATE, c.Sendrecv, b"toolong", peer, 90, bytearray(2), src, 90),
+          "Sendrecv into too small a bytearray")
+    try:      # (refused before anything is sent, as MPICH checks both sides first)
+        c.Sendrecv(b"ab", peer, 91, b"xy", src, 91)
+        check(False, "Sendrecv with bytes as the receive buffer")
+    except BufferError:
+        pass
+    c.Barrier()
+    check(not c.Iprobe(src, 91), "a Sendrecv refused sent nothing")
     # a receive into a bytearray that waits past the engine's 0.5 s wait
     # slice: the bytearray cannot be resized meanwhile (its memory stays
     # exported for the whole call)
@@ -312,6 +332,28 @@ if size > 1:
         th.join()
         check(seen == ["refused"] and ba == bytearray(b"late" * 4),
               f"bytearray resized during a long Recv: {seen}")
+    c.Barrier()
+    # the same for a Sendrecv waiting past the slice on its receive
+    if rank == 0:
+        c.Recv(bytearray(2), 1, 71)
+        time.sleep(1.5)
+        c.Send(b"LATE" * 4, 1, 72)
+    elif rank == 1:
+        ba, seen = bytearray(16), []
+
+        def resize():
+            time.sleep(0.8)
+            try:
+                ba.extend(bytes(100000))
+                seen.append("resized")
+            except BufferError:
+                seen.append("refused")
+        th = threading.Thread(target=resize)
+        th.start()
+        c.Sendrecv(b"go", 0, 71, ba, 0, 72)
+        th.join()
+        check(seen == ["refused"] and ba == bytearray(b"LATE" * 4),
+              f"bytearray resized during a long Sendrecv: {seen}")
     c.Barrier()
     c.Free()
 
