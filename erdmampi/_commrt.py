@@ -187,14 +187,14 @@ class _CollTransport:
         return self._pair_blocks(self._eng.pair_allgather, sarr, recvbuf, blk)
 
     def pair_alltoall(self, sendbuf, recvbuf):
-        """A blocking Alltoall of two ranks by flags, blocks of at most
-        _engine.PAIR_DATA_MAX bytes, packed in ``recvbuf`` (``sendbuf``
+        """A blocking Alltoall of two ranks by flags, blocks below
+        _engine.PAIR_CMA_MAX bytes (above PAIR_DATA_MAX read with CMA), packed in ``recvbuf`` (``sendbuf``
         None: in place), as pair_allgather: True when done, False
         otherwise."""
         if not self.blocking or self.size != 2:
             return False
         blk = recvbuf.nbytes // 2
-        if not 0 < blk <= _engine.PAIR_DATA_MAX or recvbuf.nbytes != 2 * blk:
+        if not 0 < blk < _engine.PAIR_CMA_MAX or recvbuf.nbytes != 2 * blk:
             return False
         sarr = None
         if sendbuf is not None:

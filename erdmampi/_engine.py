@@ -26,6 +26,7 @@ ERR_AUTH = lib.ERDMA_ERR_AUTH
 ERR_PKTIO = lib.ERDMA_ERR_PKTIO
 ERR_PEER_PENDING = lib.ERDMA_ERR_PEER_PENDING
 
+PAIR_CMA_MAX = lib.ERDMA_PAIR_CMA_MAX     # a two-rank Alltoall's blocks below: by flags and CMA
 PAIR_DATA_MAX = lib.ERDMA_PAIR_DATA_MAX   # a two-rank Bcast by flags, at most
 
 CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
@@ -702,18 +703,39 @@ class Engine:
         return True
 
     def pair_alltoall(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
-        """A two-rank Alltoall of ``blk``-byte blocks (at most PAIR_DATA_MAX)
+        """A two-rank Alltoall of ``blk``-byte blocks (below PAIR_CMA_MAX)
         with world rank ``peer`` by flags, as pair_allgather: block ``1 -
         me`` of the input to the peer, its block ``me`` into block ``1 - me``
-        of ``raddr``; ``saddr`` None: in place."""
-        slot = self._pair_slot(peer, ctx, blk)
+        of ``raddr``; ``saddr`` None: in place.  Blocks above PAIR_DATA_MAX:
+        their addresses by flags, the bytes by CMA (erdma_pair_rec)."""
+        slot = self._pair_slot(peer, ctx, min(blk, PAIR_DATA_MAX) if blk < PAIR_CMA_MAX else blk)
         if slot < 0:
             return False
         rbuf = ffi.cast("char *", raddr)
         sbuf = rbuf if saddr is None else ffi.cast("char *", saddr)
-        own = None if saddr is None else (rbuf + me * blk, sbuf + me * blk)
-        self._pair_exchange(slot, "alltoall", sbuf + (1 - me) * blk, rbuf + (1 - me) * blk, blk,
-                            own)
+        own = None if saddr is None else (rbuf + me * blk, sbuf + me * blk, blk)
+        out, into = sbuf + (1 - me) * blk, rbuf + (1 - me) * blk
+        if blk <= PAIR_DATA_MAX:
+            self._pair_exchange(slot, "alltoall", out, into, blk, own)
+            return True
+        if saddr is None:                       # in place: the peer reads a copy
+            out = ffi.new("char[]", blk)
+            ffi.memmove(out, into, blk)
+        mine = ffi.new("erdma_pair_rec *", {"addr": int(ffi.cast("uintptr_t", out)), "len": blk,
+                                            "cma": lib.erdma_pair_cma_ok(self._h, slot)})
+        theirs = ffi.new("erdma_pair_rec *")
+        size = ffi.sizeof("erdma_pair_rec")
+        self._pair_exchange(slot, "alltoall", mine, theirs, size, own)
+        if theirs.len != blk:                   # (the peer sees it too)
+            _check(ERR_TRUNCATE, "alltoall")
+        read = ffi.new("uint64_t *", mine.cma and theirs.cma and
+                       lib.erdma_pair_read(self._h, slot, into, theirs.addr, blk) == 0)
+        peer_read = ffi.new("uint64_t *")
+        self._pair_exchange(slot, "alltoall", read, peer_read, 8)
+        if not (read[0] and peer_read[0]):      # by flags, a piece at a time
+            for off in range(0, blk, PAIR_DATA_MAX):
+                k = min(PAIR_DATA_MAX, blk - off)
+                self._pair_exchange(slot, "alltoall", out + off, into + off, k)
         return True
 
     def _pair_slot(self, peer: int, ctx: int, nbytes: int) -> int:
@@ -725,8 +747,8 @@ class Engine:
 
     def _pair_exchange(self, slot: int, what: str, out, into, blk: int, own=None) -> None:
         """An Allgather's or Alltoall's exchange by flags: ``out`` to the
-        peer, the peer's block into ``into``; ``own`` (to, from): this
-        rank's own block, copied once ``out`` is shared."""
+        peer, the peer's block into ``into``; ``own`` (to, from[, bytes,
+        else blk]): this rank's own block, copied once ``out`` is shared."""
         h = self._h
         lib.erdma_pair_lead(h, slot, 0)
         self._pair_wait(slot, what)
@@ -734,7 +756,7 @@ class Engine:
         def share():
             rc = lib.erdma_pair_share(h, slot, out, blk)
             if own is not None and not rc:
-                ffi.memmove(own[0], own[1], blk)
+                ffi.memmove(own[0], own[1], own[2] if len(own) > 2 else blk)
             return rc
         self._pair_receive(slot, what, share, lambda: lib.erdma_pair_take(h, slot, into, blk))
 

@@ -336,6 +336,23 @@ void erdma_pair_expect(erdma_engine *e, int slot);
 void erdma_pair_withdraw(erdma_engine *e, int slot);
 int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n);
 int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n);
+/* A two-rank Alltoall of blocks above ERDMA_PAIR_DATA_MAX and below
+ * ERDMA_PAIR_CMA_MAX bytes on an agreed pair: an Allgather by flags of
+ * each rank's erdma_pair_rec (where its block for the peer is, and whether
+ * it can read the peer's memory: erdma_pair_cma_ok), then each reads the
+ * peer's block with erdma_pair_read (0, or -1: not possible, as CMA
+ * refused), then an Allgather by flags of whether that worked (so that no
+ * rank returns while the peer still reads its buffer); where either did
+ * not, the blocks move by flags, ERDMA_PAIR_DATA_MAX bytes at a time. */
+#define ERDMA_PAIR_CMA_MAX (2u << 20)
+typedef struct erdma_pair_rec {
+  uint64_t addr; /* the block for the peer, in the sender's address space */
+  uint64_t len;  /* its bytes (a peer whose block differs: ERDMA_ERR_TRUNCATE) */
+  uint64_t cma;  /* the sender can read the peer's memory */
+  uint64_t pad;
+} erdma_pair_rec;
+int erdma_pair_cma_ok(erdma_engine *e, int slot);
+int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_t n);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
  * world ranks a receive on context ctx can match (n = 0: forget ctx, and

@@ -278,6 +278,30 @@ static int pair_exchange(erdma_engine *e, int slot, const void *out, void *in, u
   return rc ? rc : erdma_pair_take(e, slot, in, blk);
 }
 
+/* pair_exchange of an Alltoall's blocks above ERDMA_PAIR_DATA_MAX (see
+ * erdma_pair_rec in erdma.h): addresses by flags, each block read by its
+ * receiver with one CMA copy, then whether it was; else by flags in
+ * pieces.  `out` must stay unchanged until the peer has read it: in place,
+ * the caller passes a copy. */
+static int pair_exchange_cma(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
+                             void *to, const void *from, uint64_t own, double slice) {
+  erdma_pair_rec mine = {(uintptr_t)out, blk, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
+  int rc = pair_exchange(e, slot, &mine, &theirs, sizeof mine, to, from, own, slice);
+  if (rc) return rc;
+  if (theirs.len != blk) return ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
+  uint64_t read = mine.cma && theirs.cma && erdma_pair_read(e, slot, in, theirs.addr, blk) == 0,
+           peer_read;
+  if ((rc = pair_exchange(e, slot, &read, &peer_read, sizeof read, NULL, NULL, 0, slice)))
+    return rc;
+  for (uint64_t off = 0; !(read && peer_read) && off < blk && !rc;) {
+    uint64_t k = blk - off < ERDMA_PAIR_DATA_MAX ? blk - off : ERDMA_PAIR_DATA_MAX;
+    rc = pair_exchange(e, slot, (const uint8_t *)out + off, (uint8_t *)in + off, k, NULL, NULL, 0,
+                       slice);
+    off += k;
+  }
+  return rc;
+}
+
 int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
                      int n, int me, int tag, uint32_t ctx, double slice,
                      erdma_coll **pending) {
@@ -377,12 +401,20 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
     return 0;
   }
   uint8_t *d = rbuf;
-  int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
+  int slot = n == 2 && blk < ERDMA_PAIR_CMA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* by flags, as erdma_coll_allgather: our block for the peer, its for us */
     const uint8_t *src = sbuf ? (const uint8_t *)sbuf : d;
     uint64_t mine = (uint64_t)me * blk, theirs = (uint64_t)(1 - me) * blk;
-    return pair_exchange(e, slot, src + theirs, d + theirs, blk, d + mine, src + mine,
-                         src != d ? blk : 0, slice);
+    if (blk <= ERDMA_PAIR_DATA_MAX)
+      return pair_exchange(e, slot, src + theirs, d + theirs, blk, d + mine, src + mine,
+                           src != d ? blk : 0, slice);
+    void *tmp = src == d ? malloc(blk) : NULL; /* in place: the peer reads a copy */
+    if (src == d && !tmp) return ERDMA_ERR_NOMEM;
+    if (tmp) memcpy(tmp, src + theirs, blk);
+    int rc = pair_exchange_cma(e, slot, tmp ? tmp : src + theirs, d + theirs, blk, d + mine,
+                               src + mine, src != d ? blk : 0, slice);
+    free(tmp);
+    return rc;
   }
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;

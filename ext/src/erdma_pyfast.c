@@ -1827,7 +1827,8 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
   void *rb = x->weak ? rv.buf : x->rview.buf;
   x->busy++;
   if ((which == SR_ALLGATHER || which == SR_ALLTOALL) && s->size == 2 && x->count &&
-      x->count <= ERDMA_PAIR_DATA_MAX && pair_of(s)) {
+      (x->count <= ERDMA_PAIR_DATA_MAX ||
+       (which == SR_ALLTOALL && x->count < ERDMA_PAIR_CMA_MAX)) && pair_of(s)) {
     /* by flags (every path of a blocking Allgather or Alltoall, as Bcast's) */
     PyObject *res = (which == SR_ALLGATHER ? pair_allgather : pair_alltoall)(s, sb, rb, x->count);
     x->busy--;
@@ -2169,16 +2170,52 @@ static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
  * flags, blocks of up to ERDMA_PAIR_DATA_MAX bytes (erdma_pair_share /
  * _take): `out` to the peer, the peer's into `in`; between the two, `own`
  * bytes from `from` to `to` (an Alltoall's own block). */
-static PyObject *pair_exchange(pf_state *s, const void *out, void *in, uint64_t blk,
-                               void *to, const void *from, uint64_t own) {
+static int pair_exchange_rc(pf_state *s, const void *out, void *in, uint64_t blk, void *to,
+                            const void *from, uint64_t own) {
   int rc;
   erdma_pair_lead(s->e, s->pair, 0);
   if (!(rc = pair_wait(s)) && !(rc = erdma_pair_share(s->e, s->pair, out, blk))) {
-    if (own) erdma_copy(to, from, own);
+    if (own > ERDMA_PAIR_DATA_MAX) { /* a large own block: without the GIL */
+      PyThreadState *ts = PyEval_SaveThread();
+      erdma_copy(to, from, own);
+      PyEval_RestoreThread(ts);
+    } else if (own) {
+      erdma_copy(to, from, own);
+    }
     if (!(rc = pair_wait(s)))
       rc = erdma_pair_take(s->e, s->pair, in, blk);
     else if (rc == PF_SIGNALLED)
       erdma_pair_withdraw(s->e, s->pair);
+  }
+  return rc;
+}
+
+static PyObject *pair_exchange(pf_state *s, const void *out, void *in, uint64_t blk,
+                               void *to, const void *from, uint64_t own) {
+  int rc = pair_exchange_rc(s, out, in, blk, to, from, own);
+  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
+
+/* pair_exchange of an Alltoall's blocks above ERDMA_PAIR_DATA_MAX, as
+ * erdma_coll.c's pair_exchange_cma (erdma_pair_rec in erdma.h): `out` a
+ * copy where the Alltoall is in place. */
+static PyObject *pair_exchange_cma(pf_state *s, const void *out, void *in, uint64_t blk,
+                                   void *to, const void *from, uint64_t own) {
+  erdma_pair_rec mine = {(uintptr_t)out, blk, (uint64_t)erdma_pair_cma_ok(s->e, s->pair), 0},
+                 theirs;
+  int rc = pair_exchange_rc(s, &mine, &theirs, sizeof mine, to, from, own);
+  if (!rc && theirs.len != blk) rc = ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
+  uint64_t read = 0, peer_read = 0;
+  if (!rc && mine.cma && theirs.cma) {
+    PyThreadState *ts = PyEval_SaveThread();
+    read = erdma_pair_read(s->e, s->pair, in, theirs.addr, blk) == 0;
+    PyEval_RestoreThread(ts);
+  }
+  if (!rc) rc = pair_exchange_rc(s, &read, &peer_read, sizeof read, NULL, NULL, 0);
+  for (uint64_t off = 0; !rc && !(read && peer_read) && off < blk;) {
+    uint64_t k = blk - off < ERDMA_PAIR_DATA_MAX ? blk - off : ERDMA_PAIR_DATA_MAX;
+    rc = pair_exchange_rc(s, (const uint8_t *)out + off, (uint8_t *)in + off, k, NULL, NULL, 0);
+    off += k;
   }
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }
@@ -2195,7 +2232,15 @@ static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t b
   uint64_t me = (uint64_t)s->me * blk, peer = (uint64_t)(1 - s->me) * blk;
   uint8_t *d = rb;
   const uint8_t *src = sb ? (const uint8_t *)sb : d;
-  return pair_exchange(s, src + peer, d + peer, blk, d + me, src + me, src != d ? blk : 0);
+  if (blk <= ERDMA_PAIR_DATA_MAX)
+    return pair_exchange(s, src + peer, d + peer, blk, d + me, src + me, src != d ? blk : 0);
+  void *tmp = src == d ? malloc(blk) : NULL; /* in place: the peer reads a copy */
+  if (src == d && !tmp) return PyErr_NoMemory();
+  if (tmp) memcpy(tmp, src + peer, blk);
+  PyObject *r = pair_exchange_cma(s, tmp ? tmp : src + peer, d + peer, blk, d + me, src + me,
+                                  src != d ? blk : 0);
+  free(tmp);
+  return r;
 }
 
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two

@@ -1682,6 +1682,36 @@ int erdma_pair_take(erdma_engine *e, int slot, void *buf, uint64_t n) {
   return rc;
 }
 
+int erdma_pair_cma_ok(erdma_engine *e, int slot) {
+  if (slot < 0 || slot >= SHM_PAIRS) return 0;
+  const shm_pair *p = &e->shm.pair[slot];
+  return p->on && p->peer_seg && e->shm.cma && shm_cma_ok(e, p->peer);
+}
+
+/* n bytes at addr in the pair's peer into dst with process_vm_readv.  The
+ * address comes from the peer: a bad one fails the read (EFAULT), and the
+ * length is ours, so a lying peer can make us read only its own memory. */
+int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_t n) {
+  if (!erdma_pair_cma_ok(e, slot)) return -1;
+  const shm_pair *p = &e->shm.pair[slot];
+  for (uint64_t done = 0; done < n;) {
+    ssize_t got = cma_io(e, p->peer_seg->pid, (uint8_t *)dst + done, addr + done,
+                         (size_t)(n - done), 0);
+    if (got <= 0) {
+      if (done == 0 && got < 0 && (errno == EPERM || errno == EACCES || errno == ENOSYS)) {
+        if (e->cfg.verbose)
+          fprintf(stderr, "erdma[%d]: process_vm_readv from rank %d refused (%s); "
+                          "large messages go through the ring\n", e->cfg.rank, p->peer,
+                  strerror(errno));
+        e->shm.cma = 0;
+      }
+      return -1;
+    }
+    done += (uint64_t)got;
+  }
+  return 0;
+}
+
 int erdma_pair_poll(erdma_engine *e, int slot, int spins) {
   const shm_pair *p = &e->shm.pair[slot];
   if (e->shm.oversub) spins = 1; /* the peer may be waiting for our core */
