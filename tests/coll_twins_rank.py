@@ -30,7 +30,7 @@ import numpy as np
 
 from erdmampi import MPI
 from erdmampi._commrt import _COLL_TAGS, _rt
-from erdmampi._engine import PAIR_DATA_MAX
+from erdmampi._engine import PAIR_CMA_MAX, PAIR_DATA_MAX
 import erdmampi.collectives as coll
 
 QUICK = "--quick" in sys.argv
@@ -327,8 +327,8 @@ for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
              other="ring", flags=n == 2 and 8 * blk <= PAIR_DATA_MAX)
 
 # -- alltoall (direct; the bulk one from ERDMA_SCHED_MIN both ways, or with two
-# ranks from BULK_ALLTOALL_PAIR_MIN; two ranks, blocks up to PAIR_DATA_MAX
-# bytes: by flags on every path)
+# ranks from BULK_ALLTOALL_PAIR_MIN; two ranks, blocks below PAIR_CMA_MAX
+# bytes: by flags on every path, above PAIR_DATA_MAX their bytes read by CMA)
 for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
     for inplace in (False, True):
         def alltoall(blk=blk, inplace=inplace):
@@ -341,7 +341,7 @@ for blk in [1, 512] + ([] if QUICK else [4096, 16384]):
             return [r]
         algo = coll._default("alltoall", 2 * blk * n * 8, n, blk * n * 8, True)
         twin(f"alltoall blk={blk} inplace={inplace}", "ALLTOALL", algo, alltoall,
-             other="pairwise", flags=n == 2 and 8 * blk <= PAIR_DATA_MAX)
+             other="pairwise", flags=n == 2 and 8 * blk < PAIR_CMA_MAX)
 
 
 # -- sensitivity: a different Python algorithm must post other messages

@@ -282,3 +282,65 @@ def test_a_handler_raising_between_the_steps_of_a_receive_leaves_the_counts_in_s
     assert res.returncode == 0, out
     assert "rank 0: flags=True" in out and "rank 1: flags=True" in out, out
     assert "rank 0: bad=[]" in out and "rank 1: bad=[]" in out, out
+
+
+# A two-rank Alltoall of blocks from 8 KiB to 2 MiB trades the blocks'
+# addresses by flags and reads them with CMA (erdma_pair_rec); where a read
+# is refused (rank 1 not dumpable, the job without CAP_SYS_PTRACE) both
+# ranks move the blocks by flags instead, 8 KiB at a time, every path
+# (C, the Python algorithm on rank 0, in place) exact; blocks whose sizes
+# differ between the ranks give ERR_TRUNCATE on both, the pair in step.
+_A2A_CMA = r"""
+import ctypes, os, sys
+if sys.argv[1] == "refuse" and os.environ.get("ERDMA_RANK") == "1":
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)          # PR_SET_DUMPABLE 0: CMA gets EPERM
+import numpy as np
+from erdmampi import MPI
+c = MPI.COMM_WORLD
+me = c.rank
+for _ in range(3):
+    c.Barrier()
+for blk in (8193, 65536, 300001, (2 << 20) - 1):
+    for i in range(6):
+        if i == 4 and me == 0:
+            os.environ["ERDMA_COLL_ALLTOALL"] = "pairwise"   # the Python path on rank 0
+        s = np.concatenate([np.full(blk, 16 * me + r + i, np.uint8) for r in range(2)])
+        want = np.concatenate([np.full(blk, 16 * r + me + i, np.uint8) for r in range(2)])
+        if i % 2:
+            c.Alltoall(MPI.IN_PLACE, s)
+            r = s
+        else:
+            r = np.zeros(2 * blk, np.uint8)
+            c.Alltoall(s, r)
+        assert np.array_equal(r, want), (blk, i)
+        os.environ.pop("ERDMA_COLL_ALLTOALL", None)
+c.Set_errhandler(MPI.ERRORS_RETURN)
+blk = 100000 if me == 0 else 90000
+try:
+    c.Alltoall(np.zeros(2 * blk, np.uint8), np.zeros(2 * blk, np.uint8))
+    print(f"rank {me}: no error", flush=True)
+except MPI.Exception as e:
+    print(f"rank {me}: truncate={e.Get_error_class() == MPI.ERR_TRUNCATE}", flush=True)
+r = np.zeros(2 * 70000, np.uint8)
+c.Alltoall(np.full(2 * 70000, me + 1, np.uint8), r)
+assert (r[:70000] == 1).all() and (r[70000:] == 2).all(), "after the mismatch"
+print(f"rank {me}: OK", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "refuse"])
+def test_large_two_rank_alltoall_by_cma_or_flags(mode, monkeypatch):
+    import shutil
+    import harness
+    if mode == "refuse":
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv (util-linux)")
+        orig = harness.erdmarun_cmd
+        monkeypatch.setattr(harness, "erdmarun_cmd", lambda: [
+            "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"] + orig())
+    res = run_mpi(2, _A2A_CMA, args=[mode], timeout=120, env={"ERDMA_VERBOSE": "1"})
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    for i in range(2):
+        assert f"rank {i}: truncate=True" in out and f"rank {i}: OK" in out, out[-3000:]
+    assert ("refused" in res.stderr) == (mode == "refuse"), res.stderr[-2000:]
