@@ -156,10 +156,11 @@ class _CollTransport:
             raise engine_exception(e) from None
 
     def pair_bcast(self, buf, root):
-        """A blocking Bcast of two ranks of at most _engine.PAIR_DATA_MAX
-        bytes by flags, as pair_barrier (the C paths take them too): True
-        when done, False (nothing done) otherwise."""
-        if not self.blocking or self.size != 2 or not 0 < buf.nbytes <= _engine.PAIR_DATA_MAX:
+        """A blocking Bcast of two ranks of fewer than _engine.PAIR_BCAST_MAX
+        bytes by flags (above PAIR_DATA_MAX copied with CMA), as
+        pair_barrier (the C paths take them too): True when done, False
+        (nothing done) otherwise."""
+        if not self.blocking or self.size != 2 or not 0 < buf.nbytes < _engine.PAIR_BCAST_MAX:
             return False
         arr = buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)
         try:

@@ -27,6 +27,7 @@ ERR_PKTIO = lib.ERDMA_ERR_PKTIO
 ERR_PEER_PENDING = lib.ERDMA_ERR_PEER_PENDING
 
 PAIR_CMA_MAX = lib.ERDMA_PAIR_CMA_MAX     # a two-rank Alltoall's blocks below: by flags and CMA
+PAIR_BCAST_MAX = lib.ERDMA_PAIR_BCAST_MAX  # a two-rank Bcast below: by flags and CMA
 PAIR_DATA_MAX = lib.ERDMA_PAIR_DATA_MAX   # a two-rank Bcast by flags, at most
 
 CC_ALGOS = {"auto": lib.ERDMA_CC_AUTO, "reno": lib.ERDMA_CC_RENO,
@@ -671,13 +672,19 @@ class Engine:
         return True
 
     def pair_bcast(self, peer: int, ctx: int, addr, nbytes: int, isroot: bool) -> bool:
-        """A Bcast of at most PAIR_DATA_MAX bytes at ``addr`` with world rank
-        ``peer`` by flags, as pair_barrier: True when done, False (nothing
-        done) when the two did not agree on flags."""
-        slot = self._pair_slot(peer, ctx, nbytes)
+        """A Bcast of fewer than PAIR_BCAST_MAX bytes at ``addr`` with world
+        rank ``peer`` by flags, as pair_barrier: True when done, False
+        (nothing done) when the two did not agree on flags.  Above
+        PAIR_DATA_MAX: the buffers' addresses by flags, the bytes copied by
+        both with CMA (erdma_pair_write)."""
+        slot = self._pair_slot(peer, ctx, min(nbytes, PAIR_DATA_MAX)
+                               if nbytes < PAIR_BCAST_MAX else nbytes)
         if slot < 0:
             return False
-        buf = ffi.cast("void *", addr)
+        buf = ffi.cast("char *", addr)
+        if nbytes > PAIR_DATA_MAX:
+            self._pair_bcast_cma(slot, buf, nbytes, isroot)
+            return True
         if isroot:
             lib.erdma_pair_lead(self._h, slot, nbytes)
             self._pair_wait(slot, "bcast")
@@ -687,6 +694,27 @@ class Engine:
         self._pair_receive(slot, "bcast", lambda: lib.erdma_pair_expect(h, slot) or 0,
                            lambda: lib.erdma_pair_take(h, slot, buf, nbytes))
         return True
+
+    def _pair_bcast_cma(self, slot: int, buf, n: int, isroot: bool) -> None:
+        """pair_bcast above PAIR_DATA_MAX, as erdma_coll.c's pair_bcast_cma."""
+        h = self._h
+        mine = ffi.new("erdma_pair_rec *", {"addr": int(ffi.cast("uintptr_t", buf)), "len": n,
+                                            "cma": lib.erdma_pair_cma_ok(h, slot)})
+        theirs = ffi.new("erdma_pair_rec *")
+        self._pair_exchange(slot, "bcast", mine, theirs, ffi.sizeof("erdma_pair_rec"))
+        if theirs.len != n:                     # (the peer sees it too)
+            _check(ERR_TRUNCATE, "bcast")
+        cut = lib.erdma_pair_split(n)
+        ok = mine.cma and theirs.cma and (
+            lib.erdma_pair_write(h, slot, theirs.addr + cut, buf + cut, n - cut) if isroot
+            else lib.erdma_pair_read(h, slot, buf, theirs.addr, cut)) == 0
+        done, peer_done = ffi.new("uint64_t *", ok), ffi.new("uint64_t *")
+        self._pair_exchange(slot, "bcast", done, peer_done, 8)
+        if not (done[0] and peer_done[0]):      # by flags from the root, a piece at a time
+            scratch = ffi.new("char[]", PAIR_DATA_MAX)
+            for off in range(0, n, PAIR_DATA_MAX):
+                k = min(PAIR_DATA_MAX, n - off)
+                self._pair_exchange(slot, "bcast", buf + off, scratch if isroot else buf + off, k)
 
     def pair_allgather(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
         """A two-rank Allgather of ``blk``-byte blocks (at most PAIR_DATA_MAX)

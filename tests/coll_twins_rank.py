@@ -30,7 +30,7 @@ import numpy as np
 
 from erdmampi import MPI
 from erdmampi._commrt import _COLL_TAGS, _rt
-from erdmampi._engine import PAIR_CMA_MAX, PAIR_DATA_MAX
+from erdmampi._engine import PAIR_BCAST_MAX, PAIR_CMA_MAX, PAIR_DATA_MAX
 import erdmampi.collectives as coll
 
 QUICK = "--quick" in sys.argv
@@ -192,8 +192,8 @@ small = [1, 3, 1000] if QUICK else [1, 3, 1000, 8192]
 twin("barrier", "BARRIER", "dissemination", lambda: (comm.Barrier(), [])[1],
      other=None)
 
-# -- bcast (binomial; two ranks up to 4 MiB; two ranks, up to PAIR_DATA_MAX
-# bytes: by flags on every path)
+# -- bcast (binomial; two ranks below PAIR_BCAST_MAX bytes: by flags on every
+# path, above PAIR_DATA_MAX the bytes copied with CMA)
 for count in small + ([131072] if n == 2 else []):
     for root in sorted({0, n - 1}):
         def bcast(count=count, root=root):
@@ -208,7 +208,7 @@ for count in small + ([131072] if n == 2 else []):
             return [b2[:, 0]]
         twin(f"bcast n={count} root={root}", "BCAST", "binomial", bcast,
              other="scatter_allgather", strided=bcast_strided,
-             flags=n == 2 and 8 * count <= PAIR_DATA_MAX)
+             flags=n == 2 and 8 * count < PAIR_BCAST_MAX)
 
 # -- allreduce (recursive doubling; two ranks of one host: the pair)
 for dt in ("f8", "i4"):
@@ -365,7 +365,7 @@ def ar1000():
 
 
 def bc1000():
-    k = PAIR_DATA_MAX // 8 + 1000       # beyond the two-rank flags, which post nothing
+    k = PAIR_DATA_MAX // 8 + 1000       # (three ranks and more: two take flags, posting nothing)
     buf = data("sens", k, np.float64) if me == 0 else np.zeros(k)
     comm.Bcast([buf, MPI.DOUBLE], root=0)
     return [buf]
@@ -380,7 +380,8 @@ def a2a64():
 
 if not BREAK:
     sensitive("allreduce ring", "ALLREDUCE", "ring", ar1000)
-    sensitive("bcast scatter_allgather", "BCAST", "scatter_allgather", bc1000)
+    if n > 2:
+        sensitive("bcast scatter_allgather", "BCAST", "scatter_allgather", bc1000)
     if 2 < n < 5:   # two ranks: pairwise and direct post the same messages; five: bruck
         sensitive("alltoall pairwise", "ALLTOALL", "pairwise", a2a64)
 

@@ -285,10 +285,12 @@ def test_a_handler_raising_between_the_steps_of_a_receive_leaves_the_counts_in_s
 
 
 # A two-rank Alltoall of blocks from 8 KiB to 2 MiB trades the blocks'
-# addresses by flags and reads them with CMA (erdma_pair_rec); where a read
-# is refused (rank 1 not dumpable, the job without CAP_SYS_PTRACE) both
-# ranks move the blocks by flags instead, 8 KiB at a time, every path
-# (C, the Python algorithm on rank 0, in place) exact; blocks whose sizes
+# addresses by flags and reads them with CMA (erdma_pair_rec), a Bcast
+# above 8 KiB the buffers' addresses, and the root writes the second part
+# while the receiver reads the first (erdma_pair_write); where a copy is
+# refused (rank 1 not dumpable, the job without CAP_SYS_PTRACE) both ranks
+# move the bytes by flags instead, 8 KiB at a time, every path (C, the
+# Python algorithm on rank 0, in place, both roots) exact; sizes that
 # differ between the ranks give ERR_TRUNCATE on both, the pair in step.
 _A2A_CMA = r"""
 import ctypes, os, sys
@@ -314,7 +316,23 @@ for blk in (8193, 65536, 300001, (2 << 20) - 1):
             c.Alltoall(s, r)
         assert np.array_equal(r, want), (blk, i)
         os.environ.pop("ERDMA_COLL_ALLTOALL", None)
+for nbytes in (8193, 100000, 3000001, (4 << 20) + 5):
+    for i in range(4):
+        root = i % 2
+        if i == 2 and me == 0:
+            os.environ["ERDMA_COLL_BCAST"] = "binomial"       # the Python path on rank 0
+        want = np.full(nbytes, 7 * root + i + 1, np.uint8)
+        want[::4099] = i
+        b = want.copy() if me == root else np.zeros(nbytes, np.uint8)
+        c.Bcast(b, root=root)
+        assert np.array_equal(b, want), ("Bcast", nbytes, i)
+        os.environ.pop("ERDMA_COLL_BCAST", None)
 c.Set_errhandler(MPI.ERRORS_RETURN)
+try:
+    c.Bcast(np.zeros(100000 if me == 0 else 90000, np.uint8), root=0)
+    print(f"rank {me}: bcast no error", flush=True)
+except MPI.Exception as e:
+    print(f"rank {me}: bcast truncate={e.Get_error_class() == MPI.ERR_TRUNCATE}", flush=True)
 blk = 100000 if me == 0 else 90000
 try:
     c.Alltoall(np.zeros(2 * blk, np.uint8), np.zeros(2 * blk, np.uint8))
@@ -329,7 +347,7 @@ print(f"rank {me}: OK", flush=True)
 
 
 @pytest.mark.parametrize("mode", ["plain", "refuse"])
-def test_large_two_rank_alltoall_by_cma_or_flags(mode, monkeypatch):
+def test_large_two_rank_alltoall_and_bcast_by_cma_or_flags(mode, monkeypatch):
     import shutil
     import harness
     if mode == "refuse":
@@ -343,4 +361,5 @@ def test_large_two_rank_alltoall_by_cma_or_flags(mode, monkeypatch):
     assert res.returncode == 0, out[-3000:]
     for i in range(2):
         assert f"rank {i}: truncate=True" in out and f"rank {i}: OK" in out, out[-3000:]
+        assert f"rank {i}: bcast truncate=True" in out, out[-3000:]
     assert ("refused" in res.stderr) == (mode == "refuse"), res.stderr[-2000:]

@@ -353,6 +353,15 @@ typedef struct erdma_pair_rec {
 } erdma_pair_rec;
 int erdma_pair_cma_ok(erdma_engine *e, int slot);
 int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_t n);
+/* A two-rank Bcast of more than ERDMA_PAIR_DATA_MAX and less than
+ * ERDMA_PAIR_BCAST_MAX bytes likewise: the records of the root's buffer and
+ * the receiver's, then the root writes the second part (from
+ * erdma_pair_split) into the receiver's buffer with erdma_pair_write while
+ * the receiver reads the first, each on its core; whether both worked by
+ * flags; else the bytes by flags from the root. */
+#define ERDMA_PAIR_BCAST_MAX (1u << 30)
+int erdma_pair_write(erdma_engine *e, int slot, uint64_t addr, const void *src, uint64_t n);
+uint64_t erdma_pair_split(uint64_t n);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
  * world ranks a receive on context ctx can match (n = 0: forget ctx, and

@@ -302,6 +302,32 @@ static int pair_exchange_cma(erdma_engine *e, int slot, const void *out, void *i
   return rc;
 }
 
+/* A two-rank Bcast above ERDMA_PAIR_DATA_MAX (erdma_pair_write in erdma.h):
+ * both buffers' records by flags, the receiver reads the first part while
+ * the root writes the rest, whether both did by flags; else by flags in
+ * pieces from the root. */
+static int pair_bcast_cma(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
+                          double slice) {
+  erdma_pair_rec mine = {(uintptr_t)buf, n, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
+  int rc = pair_exchange(e, slot, &mine, &theirs, sizeof mine, NULL, NULL, 0, slice);
+  if (rc) return rc;
+  if (theirs.len != n) return ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
+  uint64_t h = erdma_pair_split(n), done = 0, peer_done;
+  if (mine.cma && theirs.cma)
+    done = isroot ? erdma_pair_write(e, slot, theirs.addr + h, (uint8_t *)buf + h, n - h) == 0
+                  : erdma_pair_read(e, slot, buf, theirs.addr, h) == 0;
+  if ((rc = pair_exchange(e, slot, &done, &peer_done, sizeof done, NULL, NULL, 0, slice)))
+    return rc;
+  uint8_t scratch[ERDMA_PAIR_DATA_MAX];
+  for (uint64_t off = 0; !(done && peer_done) && off < n && !rc;) {
+    uint64_t k = n - off < ERDMA_PAIR_DATA_MAX ? n - off : ERDMA_PAIR_DATA_MAX;
+    uint8_t *at = (uint8_t *)buf + off;
+    rc = pair_exchange(e, slot, at, isroot ? scratch : at, k, NULL, NULL, 0, slice);
+    off += k;
+  }
+  return rc;
+}
+
 int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
                      int n, int me, int tag, uint32_t ctx, double slice,
                      erdma_coll **pending) {
@@ -309,7 +335,9 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   if (coll_check_comm(e, ranks, n, me) || root < 0 || root >= n || (nbytes && !buf))
     return ERDMA_ERR_INVAL;
   if (n == 1) return 0;
-  int slot = n == 2 && nbytes && nbytes <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
+  int slot = n == 2 && nbytes && nbytes < ERDMA_PAIR_BCAST_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
+  if (slot >= 0 && nbytes > ERDMA_PAIR_DATA_MAX)
+    return pair_bcast_cma(e, slot, buf, nbytes, me == root, slice);
   if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
     if (me != root)
       erdma_pair_expect(e, slot);

@@ -2151,10 +2151,14 @@ static int pair_wait(pf_state *s) {
   }
 }
 
+static PyObject *pair_bcast_cma(pf_state *s, void *buf, uint64_t n, int isroot);
+
 /* A Bcast of two ranks that agreed on flags, of up to ERDMA_PAIR_DATA_MAX
- * bytes (erdma_pair_put / _take). */
+ * bytes (erdma_pair_put / _take); larger, below ERDMA_PAIR_BCAST_MAX:
+ * pair_bcast_cma. */
 static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
   int rc;
+  if (len > ERDMA_PAIR_DATA_MAX) return pair_bcast_cma(s, buf, len, s->me == root);
   if (s->me == root) {
     erdma_pair_lead(s->e, s->pair, len);
     if (!(rc = pair_wait(s))) rc = erdma_pair_put(s->e, s->pair, buf, len);
@@ -2220,6 +2224,31 @@ static PyObject *pair_exchange_cma(pf_state *s, const void *out, void *in, uint6
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }
 
+/* A Bcast above ERDMA_PAIR_DATA_MAX, as erdma_coll.c's pair_bcast_cma
+ * (erdma_pair_write in erdma.h), its copy without the GIL. */
+static PyObject *pair_bcast_cma(pf_state *s, void *buf, uint64_t n, int isroot) {
+  erdma_pair_rec mine = {(uintptr_t)buf, n, (uint64_t)erdma_pair_cma_ok(s->e, s->pair), 0},
+                 theirs;
+  int rc = pair_exchange_rc(s, &mine, &theirs, sizeof mine, NULL, NULL, 0);
+  if (!rc && theirs.len != n) rc = ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
+  uint64_t h = erdma_pair_split(n), done = 0, peer_done = 0;
+  if (!rc && mine.cma && theirs.cma) {
+    PyThreadState *ts = PyEval_SaveThread();
+    done = isroot ? erdma_pair_write(s->e, s->pair, theirs.addr + h, (uint8_t *)buf + h, n - h) == 0
+                  : erdma_pair_read(s->e, s->pair, buf, theirs.addr, h) == 0;
+    PyEval_RestoreThread(ts);
+  }
+  if (!rc) rc = pair_exchange_rc(s, &done, &peer_done, sizeof done, NULL, NULL, 0);
+  uint8_t scratch[ERDMA_PAIR_DATA_MAX];
+  for (uint64_t off = 0; !rc && !(done && peer_done) && off < n;) {
+    uint64_t k = n - off < ERDMA_PAIR_DATA_MAX ? n - off : ERDMA_PAIR_DATA_MAX;
+    uint8_t *at = (uint8_t *)buf + off;
+    rc = pair_exchange_rc(s, at, isroot ? scratch : at, k, NULL, NULL, 0);
+    off += k;
+  }
+  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
+
 /* An Allgather by flags; sb NULL: in place */
 static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk) {
   uint8_t *mine = (uint8_t *)rb + (uint64_t)s->me * blk;
@@ -2259,7 +2288,7 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return PyLong_FromLong(1);
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
-  if (s->size == 2 && x->rview.len > 0 && x->rview.len <= ERDMA_PAIR_DATA_MAX && pair_of(s)) {
+  if (s->size == 2 && x->rview.len > 0 && x->rview.len < ERDMA_PAIR_BCAST_MAX && pair_of(s)) {
     x->busy++;
     PyObject *res = pair_bcast(s, x->rview.buf, (uint64_t)x->rview.len, (int)root);
     x->busy--;

@@ -1688,15 +1688,17 @@ int erdma_pair_cma_ok(erdma_engine *e, int slot) {
   return p->on && p->peer_seg && e->shm.cma && shm_cma_ok(e, p->peer);
 }
 
-/* n bytes at addr in the pair's peer into dst with process_vm_readv.  The
- * address comes from the peer: a bad one fails the read (EFAULT), and the
- * length is ours, so a lying peer can make us read only its own memory. */
-int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_t n) {
+/* n bytes at addr in the pair's peer into local (write 0: process_vm_readv)
+ * or from local to there (process_vm_writev).  The address comes from the
+ * peer: a bad one fails the copy (EFAULT), and the length is ours, so a
+ * lying peer can make us read or write only its own memory. */
+static int pair_cma(erdma_engine *e, int slot, void *local, uint64_t addr, uint64_t n,
+                    int write) {
   if (!erdma_pair_cma_ok(e, slot)) return -1;
   const shm_pair *p = &e->shm.pair[slot];
   for (uint64_t done = 0; done < n;) {
-    ssize_t got = cma_io(e, p->peer_seg->pid, (uint8_t *)dst + done, addr + done,
-                         (size_t)(n - done), 0);
+    ssize_t got = cma_io(e, p->peer_seg->pid, (uint8_t *)local + done, addr + done,
+                         (size_t)(n - done), write);
     if (got <= 0) {
       if (done == 0 && got < 0 && (errno == EPERM || errno == EACCES || errno == ENOSYS)) {
         if (e->cfg.verbose)
@@ -1710,6 +1712,23 @@ int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_
     done += (uint64_t)got;
   }
   return 0;
+}
+
+int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_t n) {
+  return pair_cma(e, slot, dst, addr, n, 0);
+}
+
+/* (the address comes from the peer, as erdma_pair_read's: a lying one
+ * makes us write only into its own memory) */
+int erdma_pair_write(erdma_engine *e, int slot, uint64_t addr, const void *src, uint64_t n) {
+  return pair_cma(e, slot, (void *)src, addr, n, 1);
+}
+
+/* Where a Bcast's copy splits: the receiver reads [0, split), the root
+ * writes the rest; a multiple of 4 KiB, so that the two copies share no
+ * line of a buffer that starts a line */
+uint64_t erdma_pair_split(uint64_t n) {
+  return (n / 2 + 4095) & ~(uint64_t)4095;
 }
 
 int erdma_pair_poll(erdma_engine *e, int slot, int spins) {
