@@ -45,6 +45,7 @@ from .comm_objcoll import CommObjColl
 from .comm_ulfm import CommULFM
 from ._objmodel import HandleBase
 from . import _membuf
+from . import msgpickle as _msgpickle
 from .intracomm_inter import IntracommInter
 from .intracomm_topo import IntracommTopo
 
@@ -591,6 +592,7 @@ def c_methods():
                    _pickle.loads, Request, Status)
     except ValueError:      # done by an earlier import of this module (reloaded)
         return
+    _msgpickle._pickle_changed = fast.pickle_changed
     for slot, (name, spec) in enumerate(_C_METHODS.items()):
         call, order, consts, more, none_mask, extra, result = spec
         py = getattr(Comm, name)

@@ -32,6 +32,9 @@ MAGIC = b"\x00ERDMA5\x00"
 # types whose pickle holds no buffer that could travel out of band
 _NO_BUFFERS = frozenset((int, float, complex, bool, str, bytes, type(None)))
 _U64 = struct.Struct("<Q")
+# told of every change of a Pickle's wiring (set by comm.c_methods: the C
+# methods cache each communicator's pickling arguments)
+_pickle_changed = None
 
 
 class _OobBuffers(list):
@@ -81,6 +84,8 @@ class Pickle:
         p, t = self._protocol, self._threshold
         self._wire = ((_dumps, p, t) if self._dumps is _dumps and type(p) is int
                       and type(t) is int and 0 <= p <= _pickle.HIGHEST_PROTOCOL else None)
+        if _pickle_changed is not None:
+            _pickle_changed()       # the C methods' cached arguments are stale
 
     @property
     def PROTOCOL(self):

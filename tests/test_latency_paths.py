@@ -1112,14 +1112,26 @@ if r % 2 == 1:
     c.send(Bad(), peer, 5)
 c.Barrier()
 # a custom loads (not pickle.loads) gets the message as bytes
-MPI.pickle.__init__(lambda obj, *a: json.dumps(obj).encode(), lambda b: json.loads(bytes(b)))
+dumped = []
+def jdumps(obj, *a):
+    dumped.append(obj)
+    return json.dumps(obj).encode()
+MPI.pickle.__init__(jdumps, lambda b: json.loads(bytes(b)))
 if r % 2 == 0:
     c.send({"k": r}, peer, 4)
     got = c.recv(source=src, tag=4)
 else:
     got = c.recv(source=src, tag=4)
     c.send({"k": r}, peer, 4)
-assert got == {"k": src}, got
+assert got == {"k": src} and dumped == [{"k": r}], (got, dumped)
+# and back to the default (the C methods read the pickle's arguments again):
+# a tuple, which JSON would make a list
+MPI.pickle.__init__()
+got = around((r, "t"), 7)
+assert got == (src, "t") and type(got) is tuple and len(dumped) == 1, (got, dumped)
+if c.Get_size() > 1:
+    got = c.sendrecv((r, 2.5), peer, 8, source=src, recvtag=8)
+    assert got == (src, 2.5) and type(got) is tuple, got
 print("OK", r)
 """
 

@@ -253,6 +253,10 @@ typedef struct {
   pf_packed pk[2][PF_SLOTS];   /* packed Sendrecv sides, [0]: send, [1]: recv */
   unsigned long hits; /* Sendrecv, Isend, Irecv calls run here (see hits()) */
   int *inv, ninv;     /* world rank -> rank (comm_rank), made on first use */
+  /* the C methods' pickling arguments (meth_extra 1 and 2) as read last,
+   * valid while pkl_gen is pickle_gen (pickle_changed()) */
+  PyObject *pkl_wire, *pkl_loads;
+  unsigned long pkl_gen;
   int ranks[];
 } pf_state;
 
@@ -325,6 +329,8 @@ static void state_free(PyObject *cap) {
   for (int i = 0; i < 3; i++) coll_clear(&s->rooted[i]);
   Py_XDECREF(s->bar_env);
   Py_XDECREF(s->bar_key);
+  Py_XDECREF(s->pkl_wire);
+  Py_XDECREF(s->pkl_loads);
   Py_XDECREF(s->owner);
   Py_XDECREF(s->seq);
   free(s->inv);
@@ -2919,9 +2925,43 @@ out:
   return r;
 }
 
+/* Bumped by pickle_changed() (msgpickle.Pickle._rewire: a pickle's dumps,
+ * loads, protocol or threshold changed): the states' cached pickling
+ * arguments are read again.  Starts at 1, above a new state's 0. */
+static unsigned long pickle_gen = 1;
+
+static PyObject *pf_pickle_changed(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+  pickle_gen++;
+  Py_RETURN_NONE;
+}
+
+static PyObject *meth_extra_read(int kind, PyObject *self);
+
 /* An `extra` argument (kind 1, 2 or 4, see method) as a new reference, or
- * NULL: take the full path (no error set). */
-static PyObject *meth_extra(int kind, PyObject *self) {
+ * NULL: take the full path (no error set).  Kinds 1 and 2 from the state's
+ * cache while no pickle changed (a communicator's _pkl is set once, when
+ * it is made): the two attribute reads of each cost as much as a small
+ * send's transport. */
+static PyObject *meth_extra(int kind, PyObject *self, PyObject *state) {
+  pf_state *s = kind != 4 ? state_of(state) : NULL;
+  if (!s) return meth_extra_read(kind, self);
+  if (s->pkl_gen != pickle_gen) {
+    PyObject *w = meth_extra_read(1, self), *l = w ? meth_extra_read(2, self) : NULL;
+    if (!l) {
+      Py_XDECREF(w);
+      return NULL;
+    }
+    PyObject *ow = s->pkl_wire, *ol = s->pkl_loads;
+    s->pkl_wire = w;
+    s->pkl_loads = l;
+    s->pkl_gen = pickle_gen;
+    Py_XDECREF(ow);
+    Py_XDECREF(ol);
+  }
+  return Py_NewRef(kind == 1 ? s->pkl_wire : s->pkl_loads);
+}
+
+static PyObject *meth_extra_read(int kind, PyObject *self) {
   if (kind == 4) {
     PyObject *g = PyObject_GetAttr(self, str_group), *x = NULL;
     if (g) {
@@ -2996,8 +3036,8 @@ static PyObject *meth_call(pf_meth *m, PyObject *self, PyObject *const *args, Py
                   ? all[m->order[i]]
                   : m->dflt_at[m->nmax - m->nmin - 1 - m->order[i]];
   PyObject *x = NULL, *x2 = NULL;
-  if ((m->extra && !(a[na++] = x = meth_extra(m->extra == 3 ? 1 : m->extra, self))) ||
-      (m->extra == 3 && !(a[na++] = x2 = meth_extra(2, self)))) {
+  if ((m->extra && !(a[na++] = x = meth_extra(m->extra == 3 ? 1 : m->extra, self, state))) ||
+      (m->extra == 3 && !(a[na++] = x2 = meth_extra(2, self, state)))) {
     Py_DECREF(state);
     Py_XDECREF(x);
     return meth_full(m, self, args, n, kwnames);
@@ -3196,6 +3236,7 @@ static PyObject *pf_method(PyObject *self, PyObject *const *args, Py_ssize_t n) 
 static PyMethodDef pf_methods[] = {
     {"method", (PyCFunction)(void (*)(void))pf_method, METH_FASTCALL, NULL},
     {"setup", (PyCFunction)(void (*)(void))pf_setup, METH_FASTCALL, NULL},
+    {"pickle_changed", (PyCFunction)(void (*)(void))pf_pickle_changed, METH_FASTCALL, NULL},
     {"remember_allreduce", (PyCFunction)(void (*)(void))pf_remember_allreduce, METH_FASTCALL,
      NULL},
     {"allreduce", (PyCFunction)(void (*)(void))pf_allreduce, METH_FASTCALL, NULL},
