@@ -418,6 +418,12 @@ int erdma_blocking_wait(erdma_req *r, double timeout, erdma_blocking *out);
  * caller may hold the GIL. */
 int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
                    uint32_t ctx, erdma_blocking *out);
+/* The same for a receive of any length: the buffer comes from
+ * alloc(arg, length) (NULL: nothing taken, the message stays; 0), called
+ * under the engine lock and so never calling back into the engine.  1 and
+ * *out (nbytes the message's length) when taken. */
+int erdma_recv_now_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
+                         void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out);
 int erdma_req_cancel(erdma_req *r);
 /* Withdraw a pending request whatever its state, so the engine never touches
  * its buffer again (a send's unsent bytes are copied first); it completes as

@@ -1075,6 +1075,34 @@ int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag
   return 1;
 }
 
+int erdma_recv_now_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
+                         void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out) {
+  if (!check_src(e, source) || !alloc || (tag < 0 && tag != ERDMA_ANY_TAG) ||
+      pthread_mutex_trylock(&e->mu) != 0)
+    return 0;
+  erdma_msg *m = e->unexp_head ? unexp_find(e, source, tag, ctx) : NULL;
+  void *buf = NULL;
+  if (!m || m->rndv || m->error || !m->complete || m->sync || m->sreq ||
+      !(buf = alloc(arg, m->len))) {
+    pthread_mutex_unlock(&e->mu);
+    return 0; /* (the first match decides: messages are taken in order) */
+  }
+  TRACE_MSG(e, ERDMA_TRACE_RECV, source, tag, ctx, m->len);
+  DL_REMOVE(e->unexp_head, e->unexp_tail, m);
+  m->queued = 0;
+  if (m->len) erdma_copy(buf, m->data, m->len);
+  out->source = m->source;
+  out->tag = m->tag;
+  out->error = 0;
+  out->cancelled = 0;
+  out->nbytes = m->len;
+  out->left = NULL;
+  msg_free(m);
+  shm_app_active(e);
+  pthread_mutex_unlock(&e->mu);
+  return 1;
+}
+
 int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
                double timeout, erdma_blocking *out) {
   erdma_req *r;

@@ -2730,10 +2730,48 @@ static int load_payload(erdma_req *req, const erdma_status *st, PyObject *loads,
  * pickle; else a More whose value is (payload or None, error) for Python to
  * finish (an out-of-band frame, an error), 1 (a miss) or (rc, left) as
  * recv. */
+/* erdma_recv_now_alloc's buffer: a new bytes object (into *arg) */
+static void *bytes_alloc(void *arg, uint64_t n) {
+  PyObject *b = n <= (uint64_t)PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n)
+                                              : NULL;
+  if (!b) {
+    PyErr_Clear();
+    return NULL;
+  }
+  *(PyObject **)arg = b;
+  return PyBytes_AsString(b);
+}
+
+/* recv_obj's shortcut: the message is here whole (erdma_recv_now_alloc):
+ * copied once, into the bytes that loads reads, with no request and no
+ * wait.  NULL with no error set: not taken (recv_alloc's way then). */
+static PyObject *recv_obj_now(PyObject *const *args, Py_ssize_t n) {
+  static const char magic[8] = {0, 'E', 'R', 'D', 'M', 'A', '5', 0}; /* msgpickle.MAGIC */
+  long src, tag;
+  uint32_t ctx;
+  pf_state *s;
+  erdma_blocking out;
+  PyObject *b = NULL;
+  if (n < 4 || !(s = state_of(args[0])) ||
+      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
+      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) || !coll_tag(s, args, n, 4, &tag, &ctx) ||
+      !erdma_recv_now_alloc(s->e, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
+                            (int)tag, ctx, bytes_alloc, &b, &out))
+    return NULL;
+  const char *d = PyBytes_AsString(b);
+  PyObject *loads = args[3] == Py_None ? NULL : args[3];
+  if (!loads || !out.nbytes || (out.nbytes >= sizeof magic && !memcmp(d, magic, sizeof magic)))
+    return more_new(Py_BuildValue("(Ni)", b, 0)); /* Python decodes (an out-of-band frame) */
+  PyObject *obj = PyObject_CallFunctionObjArgs(loads, b, NULL);
+  Py_DECREF(b);
+  return obj ? obj : (PyErr_Occurred() ? NULL : more_new(Py_BuildValue("(Oi)", Py_None, 0)));
+}
+
 static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   erdma_req *req;
   erdma_status st;
-  PyObject *res;
+  PyObject *res = recv_obj_now(args, n);
+  if (res || PyErr_Occurred()) return res;
   if (!recv_alloc(args, n, 4, &req, &st, &res)) return more_new(res);
   int rc = load_payload(req, &st, args[3] == Py_None ? NULL : args[3], &res);
   return rc == 0 ? more_new(res) : res;
