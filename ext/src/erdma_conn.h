@@ -169,6 +169,9 @@ typedef struct erdma_conn {
   int shm;
   struct shm_ring *tx_ring, *rx_ring;
   uint64_t tx_ring_tail;  /* tx_ring's tail as last read: re-read only when room is short */
+  uint64_t tx_ring_head;  /* tx_ring's head, which only we write: never read back from
+                           * the ring, whose line the consumer keeps reading (and a
+                           * demoted one has left our caches) */
   int rx_since_tx;        /* bytes came from the peer since our last frame to it: the next
                            * one is likely a reply it waits for (ring_demote) */
   struct shm_seg *peer_seg;

@@ -504,6 +504,7 @@ int shm_attach_peers(erdma_engine *e) {
     c->peer_map_len = s->map_len;
     s->maps[i] = ps;
     c->tx_ring = ring_at(ps, s->my_index);
+    c->tx_ring_head = atomic_load_explicit(&c->tx_ring->head, memory_order_relaxed);
     ring_prefault(e, c->tx_ring);
     c->rx_ring = ring_at(s->seg, i);
     c->beat_seen = atomic_load_explicit(&ps->beat, memory_order_relaxed);
@@ -579,7 +580,7 @@ static int shm_flush(erdma_conn *c) {
   uint64_t cap = e->shm.ring_bytes, wrote = 0;
   if (atomic_load_explicit(&c->peer_seg->closed, memory_order_relaxed)) return 0;
   for (;;) {
-    uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed), from = head;
+    uint64_t head = c->tx_ring_head, from = head;
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
     uint64_t room = cap - (head - tail);
     c->tx_ring_tail = tail;
@@ -603,6 +604,7 @@ static int shm_flush(erdma_conn *c) {
       if (t->written == ERDMA_HDR_LEN + t->plen) c->tx_write = t->next;
     }
     atomic_store_explicit(&r->head, head, memory_order_release);
+    c->tx_ring_head = head;
     ring_demote(e, c, cap, from, head);
     if (!c->tx_write) break;
     /* ring full: ask the consumer to ring us back, then look once more */
@@ -629,7 +631,7 @@ static int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, u
   if (c->tx_write || c->closed || atomic_load_explicit(&c->peer_seg->closed,
                                                        memory_order_relaxed))
     return 0;
-  uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+  uint64_t head = c->tx_ring_head;
   /* the consumer's tail only when the one we saw last leaves too little room:
    * its cache line is the consumer's, and reading it costs a transfer */
   if (cap - (head - c->tx_ring_tail) < len) {
@@ -654,6 +656,7 @@ static int shm_send_direct(erdma_conn *c, const frame_hdr *h, const void *buf, u
     }
   }
   atomic_store_explicit(&r->head, head + len, memory_order_release);
+  c->tx_ring_head = head + len;
   ring_demote(e, c, cap, shown, head + len);
   c->rx_since_tx = 0;
   c->tx_offset += len; /* as if queued and written at once */
