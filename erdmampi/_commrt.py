@@ -189,8 +189,9 @@ class _CollTransport:
 
     def pair_alltoall(self, sendbuf, recvbuf):
         """A blocking Alltoall of two ranks by flags, blocks below
-        _engine.PAIR_CMA_MAX bytes (above PAIR_DATA_MAX read with CMA), packed in ``recvbuf`` (``sendbuf``
-        None: in place), as pair_allgather: True when done, False
+        _engine.PAIR_CMA_MAX bytes (above PAIR_DATA_MAX read with CMA),
+        packed in ``recvbuf`` (``sendbuf`` None: in place), as
+        pair_allgather: True when done, False
         otherwise."""
         if not self.blocking or self.size != 2:
             return False

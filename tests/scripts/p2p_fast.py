@@ -311,49 +311,32 @@ if size > 1:
     check(not c.Iprobe(src, 91), "a Sendrecv refused sent nothing")
     # a receive into a bytearray that waits past the engine's 0.5 s wait
     # slice: the bytearray cannot be resized meanwhile (its memory stays
-    # exported for the whole call)
-    c.Barrier()
-    if rank == 0:
-        time.sleep(1.5)
-        c.Send(b"late" * 4, 1, 70)
-    elif rank == 1:
-        ba, seen = bytearray(16), []
+    # exported for the whole call); a Recv, then a Sendrecv
+    calls = (("Recv", b"late", lambda ba: c.Recv(ba, 0, 70)),
+             ("Sendrecv", b"LATE", lambda ba: c.Sendrecv(b"go", 0, 71, ba, 0, 70)))
+    for what, data, call in calls:
+        c.Barrier()
+        if rank == 0:
+            if what == "Sendrecv":
+                c.Recv(bytearray(2), 1, 71)
+            time.sleep(1.5)
+            c.Send(data * 4, 1, 70)
+        elif rank == 1:
+            ba, seen = bytearray(16), []
 
-        def resize():
-            time.sleep(0.8)
-            try:
-                ba.extend(bytes(100000))
-                seen.append("resized")
-            except BufferError:
-                seen.append("refused")
-        th = threading.Thread(target=resize)
-        th.start()
-        c.Recv(ba, 0, 70)
-        th.join()
-        check(seen == ["refused"] and ba == bytearray(b"late" * 4),
-              f"bytearray resized during a long Recv: {seen}")
-    c.Barrier()
-    # the same for a Sendrecv waiting past the slice on its receive
-    if rank == 0:
-        c.Recv(bytearray(2), 1, 71)
-        time.sleep(1.5)
-        c.Send(b"LATE" * 4, 1, 72)
-    elif rank == 1:
-        ba, seen = bytearray(16), []
-
-        def resize():
-            time.sleep(0.8)
-            try:
-                ba.extend(bytes(100000))
-                seen.append("resized")
-            except BufferError:
-                seen.append("refused")
-        th = threading.Thread(target=resize)
-        th.start()
-        c.Sendrecv(b"go", 0, 71, ba, 0, 72)
-        th.join()
-        check(seen == ["refused"] and ba == bytearray(b"LATE" * 4),
-              f"bytearray resized during a long Sendrecv: {seen}")
+            def resize():
+                time.sleep(0.8)
+                try:
+                    ba.extend(bytes(100000))
+                    seen.append("resized")
+                except BufferError:
+                    seen.append("refused")
+            th = threading.Thread(target=resize)
+            th.start()
+            call(ba)
+            th.join()
+            check(seen == ["refused"] and ba == bytearray(data * 4),
+                  f"bytearray resized during a long {what}: {seen}")
     c.Barrier()
     c.Free()
 

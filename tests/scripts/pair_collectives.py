@@ -205,7 +205,8 @@ if rank == 0:
     os.environ["ERDMA_COLL_ALLTOALL"] = "pairwise"
 # (two ranks, up to 2 MiB: beyond, and at three ranks, the override's messages would
 # not meet the others' bulk algorithm)
-alltoalls(fresh, "Alltoall, Python path on rank 0", count=6, big=A2A_BIG[:4] if size == 2 else [])
+alltoalls(fresh, "Alltoall, Python path on rank 0", count=6,
+          big=A2A_BIG[:4] if size == 2 else [])
 if rank == 0:
     del os.environ["ERDMA_COLL_ALLTOALL"]
 
