@@ -677,8 +677,7 @@ class Engine:
         (nothing done) when the two did not agree on flags.  Above
         PAIR_DATA_MAX: the buffers' addresses by flags, the bytes copied by
         both with CMA (erdma_pair_write)."""
-        slot = self._pair_slot(peer, ctx, min(nbytes, PAIR_DATA_MAX)
-                               if nbytes < PAIR_BCAST_MAX else nbytes)
+        slot = self._pair_slot(peer, ctx, nbytes, PAIR_BCAST_MAX)
         if slot < 0:
             return False
         buf = ffi.cast("char *", addr)
@@ -736,7 +735,7 @@ class Engine:
         me`` of the input to the peer, its block ``me`` into block ``1 - me``
         of ``raddr``; ``saddr`` None: in place.  Blocks above PAIR_DATA_MAX:
         their addresses by flags, the bytes by CMA (erdma_pair_rec)."""
-        slot = self._pair_slot(peer, ctx, min(blk, PAIR_DATA_MAX) if blk < PAIR_CMA_MAX else blk)
+        slot = self._pair_slot(peer, ctx, blk, PAIR_CMA_MAX)
         if slot < 0:
             return False
         rbuf = ffi.cast("char *", raddr)
@@ -766,10 +765,10 @@ class Engine:
                 self._pair_exchange(slot, "alltoall", out + off, into + off, k)
         return True
 
-    def _pair_slot(self, peer: int, ctx: int, nbytes: int) -> int:
+    def _pair_slot(self, peer: int, ctx: int, nbytes: int, below=PAIR_DATA_MAX + 1) -> int:
         """The slot agreed with world rank ``peer`` for ``nbytes`` by flags
-        on context ``ctx``, or -1 (none, or too many bytes)."""
-        if not 0 < nbytes <= PAIR_DATA_MAX:
+        on context ``ctx``, or -1 (none, or ``below`` bytes or more)."""
+        if not 0 < nbytes < below:
             return -1
         return lib.erdma_pair_find(self._h, peer, ctx)
 

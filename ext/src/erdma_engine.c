@@ -657,8 +657,7 @@ int erdma_isend(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int
     h.ctx = ctx;
     h.tag = tag;
     h.len = nbytes;
-    if (p->conn && (flags & ERDMA_SEND_EXCHANGE) && nbytes > SHM_DEMOTE_EXCHANGE_MAX)
-      p->conn->rx_since_tx = 0; /* not a reply: a local peer's ring bytes stay undemoted */
+    if (p->conn) shm_note_send(p->conn, flags, nbytes);
     if (p->error || !p->conn || p->conn->closed) {
       req_complete(r, p->error ? p->error : ERDMA_ERR_PEER);
     } else if (nbytes <= conn_eager_max(p->conn) && eager_ok(e, p->conn, nbytes, flags, ctx) &&
@@ -1048,13 +1047,16 @@ int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int 
   return rv ? rv : wait_blocking(r, timeout, out);
 }
 
-int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
-                   uint32_t ctx, erdma_blocking *out) {
+/* erdma_recv_now and erdma_recv_now_alloc: into buf (cap bytes), or into
+ * what alloc(arg, length) gives (buf NULL) */
+static int recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
+                    void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out) {
   if (!check_src(e, source) || (!buf && cap) || (tag < 0 && tag != ERDMA_ANY_TAG) ||
       pthread_mutex_trylock(&e->mu) != 0)
     return 0;
   erdma_msg *m = e->unexp_head ? unexp_find(e, source, tag, ctx) : NULL;
-  if (!m || m->rndv || m->error || !m->complete || m->sync || m->sreq) {
+  if (!m || m->rndv || m->error || !m->complete || m->sync || m->sreq ||
+      (alloc && !(buf = alloc(arg, cap = m->len)))) {
     pthread_mutex_unlock(&e->mu);
     return 0; /* (the first match decides: messages are taken in order) */
   }
@@ -1075,32 +1077,14 @@ int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag
   return 1;
 }
 
+int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
+                   uint32_t ctx, erdma_blocking *out) {
+  return recv_now(e, buf, cap, source, tag, ctx, NULL, NULL, out);
+}
+
 int erdma_recv_now_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
                          void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out) {
-  if (!check_src(e, source) || !alloc || (tag < 0 && tag != ERDMA_ANY_TAG) ||
-      pthread_mutex_trylock(&e->mu) != 0)
-    return 0;
-  erdma_msg *m = e->unexp_head ? unexp_find(e, source, tag, ctx) : NULL;
-  void *buf = NULL;
-  if (!m || m->rndv || m->error || !m->complete || m->sync || m->sreq ||
-      !(buf = alloc(arg, m->len))) {
-    pthread_mutex_unlock(&e->mu);
-    return 0; /* (the first match decides: messages are taken in order) */
-  }
-  TRACE_MSG(e, ERDMA_TRACE_RECV, source, tag, ctx, m->len);
-  DL_REMOVE(e->unexp_head, e->unexp_tail, m);
-  m->queued = 0;
-  if (m->len) erdma_copy(buf, m->data, m->len);
-  out->source = m->source;
-  out->tag = m->tag;
-  out->error = 0;
-  out->cancelled = 0;
-  out->nbytes = m->len;
-  out->left = NULL;
-  msg_free(m);
-  shm_app_active(e);
-  pthread_mutex_unlock(&e->mu);
-  return 1;
+  return alloc ? recv_now(e, NULL, 0, source, tag, ctx, alloc, arg, out) : 0;
 }
 
 int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,

@@ -2593,20 +2593,33 @@ static PyObject *send_obj_flags(PyObject *const *args, Py_ssize_t n, int flags) 
 static int recv_alloc_at(pf_state *s, int src, long tag, uint32_t ctx, erdma_req **reqp,
                          erdma_status *st, PyObject **res);
 
-static int recv_alloc(PyObject *const *args, Py_ssize_t n, Py_ssize_t at, erdma_req **reqp,
-                      erdma_status *st, PyObject **res) {
-  long src, tag;
-  uint32_t ctx;
+/* A receive's arguments (state, source, tag, ..., a call tag base at
+ * args[at] if present): 1 with the state, the source's world rank
+ * (ANY_SOURCE kept), the tag and the context; 0: a miss. */
+static int recv_args(PyObject *const *args, Py_ssize_t n, Py_ssize_t at, pf_state **sp, int *src,
+                     long *tag, uint32_t *ctx) {
+  long r;
   pf_state *s;
   if (n < at || !(s = state_of(args[0])) ||
-      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) ||
-      !coll_tag(s, args, n, at, &tag, &ctx)) {
+      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &r) || r == -1 ||
+      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, tag) || !coll_tag(s, args, n, at, tag, ctx))
+    return 0;
+  *sp = s;
+  *src = r == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[r];
+  return 1;
+}
+
+static int recv_alloc(PyObject *const *args, Py_ssize_t n, Py_ssize_t at, erdma_req **reqp,
+                      erdma_status *st, PyObject **res) {
+  long tag;
+  uint32_t ctx;
+  int src;
+  pf_state *s;
+  if (!recv_args(args, n, at, &s, &src, &tag, &ctx)) {
     *res = PyLong_FromLong(1);
     return 0;
   }
-  return recv_alloc_at(s, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src], tag, ctx,
-                       reqp, st, res);
+  return recv_alloc_at(s, src, tag, ctx, reqp, st, res);
 }
 
 /* recv_alloc's receive from world rank src (or ANY_SOURCE). */
@@ -2696,26 +2709,15 @@ static PyObject *more_new(PyObject *value) {
   return (PyObject *)m;
 }
 
-/* The object in a completed alloc receive (freed here): 1 and *out, the
+/* An object's payload b (stolen) as recv_obj answers it: 1 and *out, the
  * object loads made of an in-band pickle; 0 and *out, recv_bytes' answer
- * (payload or None, error) for Python to finish (an out-of-band frame, an
- * error); -1: an exception (from loads). */
-static int load_payload(erdma_req *req, const erdma_status *st, PyObject *loads,
-                        PyObject **out) {
+ * (b, 0) for Python to finish (no loads here, nothing, or an out-of-band
+ * frame); -1: an exception (from loads). */
+static int load_bytes(PyObject *b, PyObject *loads, PyObject **out) {
   static const char magic[8] = {0, 'E', 'R', 'D', 'M', 'A', '5', 0}; /* msgpickle.MAGIC */
-  *out = NULL;
-  if (st->error) {
-    erdma_req_free(req);
-    *out = Py_BuildValue("(Oi)", Py_None, st->error);
-    return *out ? 0 : -1;
-  }
-  const char *d = erdma_req_data(req);
-  int here = loads && st->nbytes &&
-             !(st->nbytes >= sizeof magic && !memcmp(d, magic, sizeof magic));
-  PyObject *b = PyBytes_FromStringAndSize(d, (Py_ssize_t)st->nbytes);
-  erdma_req_free(req);
-  if (!b) return -1;
-  if (!here) {
+  Py_ssize_t nb = PyBytes_Size(b);
+  if (!loads || nb <= 0 ||
+      (nb >= (Py_ssize_t)sizeof magic && !memcmp(PyBytes_AsString(b), magic, sizeof magic))) {
     *out = Py_BuildValue("(Ni)", b, 0);
     return *out ? 0 : -1;
   }
@@ -2724,12 +2726,21 @@ static int load_payload(erdma_req *req, const erdma_status *st, PyObject *loads,
   return *out ? 1 : -1;
 }
 
-/* recv_obj(state, source, tag, loads[, base]): recv_bytes of a lowercase
- * recv (with base: an object collective's message) that also unpickles: the
- * object, when loads (pickle.loads, or None: never here) took an in-band
- * pickle; else a More whose value is (payload or None, error) for Python to
- * finish (an out-of-band frame, an error), 1 (a miss) or (rc, left) as
- * recv. */
+/* The object in a completed alloc receive (freed here), as load_bytes;
+ * a failed receive: 0 and *out (None, error). */
+static int load_payload(erdma_req *req, const erdma_status *st, PyObject *loads,
+                        PyObject **out) {
+  *out = NULL;
+  if (st->error) {
+    erdma_req_free(req);
+    *out = Py_BuildValue("(Oi)", Py_None, st->error);
+    return *out ? 0 : -1;
+  }
+  PyObject *b = PyBytes_FromStringAndSize(erdma_req_data(req), (Py_ssize_t)st->nbytes);
+  erdma_req_free(req);
+  return b ? load_bytes(b, loads, out) : -1;
+}
+
 /* erdma_recv_now_alloc's buffer: a new bytes object (into *arg) */
 static void *bytes_alloc(void *arg, uint64_t n) {
   PyObject *b = n <= (uint64_t)PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n)
@@ -2742,38 +2753,29 @@ static void *bytes_alloc(void *arg, uint64_t n) {
   return PyBytes_AsString(b);
 }
 
-/* recv_obj's shortcut: the message is here whole (erdma_recv_now_alloc):
- * copied once, into the bytes that loads reads, with no request and no
- * wait.  NULL with no error set: not taken (recv_alloc's way then). */
-static PyObject *recv_obj_now(PyObject *const *args, Py_ssize_t n) {
-  static const char magic[8] = {0, 'E', 'R', 'D', 'M', 'A', '5', 0}; /* msgpickle.MAGIC */
-  long src, tag;
-  uint32_t ctx;
-  pf_state *s;
-  erdma_blocking out;
-  PyObject *b = NULL;
-  if (n < 4 || !(s = state_of(args[0])) ||
-      !small_int(args[1], ERDMA_ANY_SOURCE, s->size - 1, &src) || src == -1 ||
-      !small_int(args[2], ERDMA_ANY_TAG, s->tag_ub, &tag) || !coll_tag(s, args, n, 4, &tag, &ctx) ||
-      !erdma_recv_now_alloc(s->e, src == ERDMA_ANY_SOURCE ? ERDMA_ANY_SOURCE : s->ranks[src],
-                            (int)tag, ctx, bytes_alloc, &b, &out))
-    return NULL;
-  const char *d = PyBytes_AsString(b);
-  PyObject *loads = args[3] == Py_None ? NULL : args[3];
-  if (!loads || !out.nbytes || (out.nbytes >= sizeof magic && !memcmp(d, magic, sizeof magic)))
-    return more_new(Py_BuildValue("(Ni)", b, 0)); /* Python decodes (an out-of-band frame) */
-  PyObject *obj = PyObject_CallFunctionObjArgs(loads, b, NULL);
-  Py_DECREF(b);
-  return obj ? obj : (PyErr_Occurred() ? NULL : more_new(Py_BuildValue("(Oi)", Py_None, 0)));
-}
-
+/* recv_obj(state, source, tag, loads[, base]): recv_bytes of a lowercase
+ * recv (with base: an object collective's message) that also unpickles: the
+ * object, when loads (pickle.loads, or None: never here) took an in-band
+ * pickle; else a More whose value is (payload or None, error) for Python to
+ * finish (an out-of-band frame, an error), 1 (a miss) or (rc, left) as
+ * recv.  A message here whole already (erdma_recv_now_alloc) is copied
+ * once, into the bytes loads reads, with no request and no wait. */
 static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   erdma_req *req;
   erdma_status st;
-  PyObject *res = recv_obj_now(args, n);
-  if (res || PyErr_Occurred()) return res;
-  if (!recv_alloc(args, n, 4, &req, &st, &res)) return more_new(res);
-  int rc = load_payload(req, &st, args[3] == Py_None ? NULL : args[3], &res);
+  erdma_blocking now;
+  PyObject *res, *b = NULL, *loads = n >= 4 && args[3] != Py_None ? args[3] : NULL;
+  long tag;
+  uint32_t ctx;
+  int src, rc;
+  pf_state *s;
+  if (!recv_args(args, n, 4, &s, &src, &tag, &ctx)) return more_new(PyLong_FromLong(1));
+  if (erdma_recv_now_alloc(s->e, src, (int)tag, ctx, bytes_alloc, &b, &now))
+    rc = load_bytes(b, loads, &res);
+  else if (!recv_alloc_at(s, src, tag, ctx, &req, &st, &res))
+    return more_new(res);
+  else
+    rc = load_payload(req, &st, loads, &res);
   return rc == 0 ? more_new(res) : res;
 }
 

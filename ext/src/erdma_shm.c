@@ -688,8 +688,7 @@ int erdma_shm_try_send(erdma_engine *e, const void *buf, uint64_t nbytes, int de
     h.ctx = ctx;
     h.tag = tag;
     h.len = nbytes;
-    if ((flags & ERDMA_SEND_EXCHANGE) && nbytes > SHM_DEMOTE_EXCHANGE_MAX)
-      c->rx_since_tx = 0; /* not a reply: not demoted */
+    shm_note_send(c, flags, nbytes);
     sent = shm_send_direct(c, &h, buf, nbytes);
     if (sent) {
       TRACE_MSG(e, ERDMA_TRACE_SEND, dest, tag, ctx, nbytes);
@@ -1691,30 +1690,14 @@ int erdma_pair_cma_ok(erdma_engine *e, int slot) {
   return p->on && p->peer_seg && e->shm.cma && shm_cma_ok(e, p->peer);
 }
 
-/* n bytes at addr in the pair's peer into local (write 0: process_vm_readv)
- * or from local to there (process_vm_writev).  The address comes from the
- * peer: a bad one fails the copy (EFAULT), and the length is ours, so a
- * lying peer can make us read or write only its own memory. */
+/* n bytes at addr in the pair's peer into local (write 0) or from local to
+ * there (shm_cma_copy).  The address comes from the peer: a bad one fails
+ * the copy (EFAULT), and the length is ours, so a lying peer can make us
+ * read or write only its own memory. */
 static int pair_cma(erdma_engine *e, int slot, void *local, uint64_t addr, uint64_t n,
                     int write) {
   if (!erdma_pair_cma_ok(e, slot)) return -1;
-  const shm_pair *p = &e->shm.pair[slot];
-  for (uint64_t done = 0; done < n;) {
-    ssize_t got = cma_io(e, p->peer_seg->pid, (uint8_t *)local + done, addr + done,
-                         (size_t)(n - done), write);
-    if (got <= 0) {
-      if (done == 0 && got < 0 && (errno == EPERM || errno == EACCES || errno == ENOSYS)) {
-        if (e->cfg.verbose)
-          fprintf(stderr, "erdma[%d]: process_vm_readv from rank %d refused (%s); "
-                          "large messages go through the ring\n", e->cfg.rank, p->peer,
-                  strerror(errno));
-        e->shm.cma = 0;
-      }
-      return -1;
-    }
-    done += (uint64_t)got;
-  }
-  return 0;
+  return shm_cma_copy(e, e->shm.pair[slot].peer, local, addr, n, write);
 }
 
 int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_t n) {

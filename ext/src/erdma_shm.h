@@ -24,6 +24,11 @@
 /* a send of an exchange (ERDMA_SEND_EXCHANGE) up to this many bytes is
  * still demoted as a reply (ring_demote in erdma_shm.c) */
 #define SHM_DEMOTE_EXCHANGE_MAX 256
+/* Before a send with `flags` on c: one of an exchange above that size is
+ * not a reply, and its ring bytes stay undemoted. */
+static inline void shm_note_send(erdma_conn *c, int flags, uint64_t nbytes) {
+  if ((flags & ERDMA_SEND_EXCHANGE) && nbytes > SHM_DEMOTE_EXCHANGE_MAX) c->rx_since_tx = 0;
+}
 #define SHM_PAIRS 128
 typedef struct shm_pair {
   uint32_t ctx;                 /* the communicator's collective context; 0: free */
