@@ -26,6 +26,7 @@ ERR_AUTH = lib.ERDMA_ERR_AUTH
 ERR_PKTIO = lib.ERDMA_ERR_PKTIO
 ERR_PEER_PENDING = lib.ERDMA_ERR_PEER_PENDING
 
+_U64 = (1 << 64) - 1                     # an address from a peer plus an offset wraps, as in C
 PAIR_CMA_MAX = lib.ERDMA_PAIR_CMA_MAX     # a two-rank Alltoall's blocks below: by flags and CMA
 PAIR_BCAST_MAX = lib.ERDMA_PAIR_BCAST_MAX  # a two-rank Bcast below: by flags and CMA
 PAIR_DATA_MAX = lib.ERDMA_PAIR_DATA_MAX   # a two-rank Bcast by flags, at most
@@ -705,7 +706,7 @@ class Engine:
             _check(ERR_TRUNCATE, "bcast")
         cut = lib.erdma_pair_split(n)
         ok = mine.cma and theirs.cma and (
-            lib.erdma_pair_write(h, slot, theirs.addr + cut, buf + cut, n - cut) if isroot
+            lib.erdma_pair_write(h, slot, (theirs.addr + cut) & _U64, buf + cut, n - cut) if isroot
             else lib.erdma_pair_read(h, slot, buf, theirs.addr, cut)) == 0
         done, peer_done = ffi.new("uint64_t *", ok), ffi.new("uint64_t *")
         self._pair_exchange(slot, "bcast", done, peer_done, 8)

@@ -2,8 +2,8 @@
 memory (erdma_pair_put / _share / _take in erdma_shm.c): their semantics on
 every path (tests/scripts/pair_collectives.py, also against mpi4py), a root
 that dies or stops while the other waits for its bytes, a signal during a
-Bcast's or an Allgather's wait, and a Bcast whose sizes differ between the
-ranks."""
+Bcast's or an Allgather's wait, a Bcast whose sizes differ between the
+ranks, and a local peer that lies in the records of the CMA copies."""
 import re
 
 import pytest
@@ -363,3 +363,83 @@ def test_large_two_rank_alltoall_and_bcast_by_cma_or_flags(mode, monkeypatch):
         assert f"rank {i}: truncate=True" in out and f"rank {i}: OK" in out, out[-3000:]
         assert f"rank {i}: bcast truncate=True" in out, out[-3000:]
     assert ("refused" in res.stderr) == (mode == "refuse"), res.stderr[-2000:]
+
+
+# Rank 1 lies in the records of the two-rank CMA protocols (it takes the
+# Python path, whose record it rewrites before it is shared): an address of
+# nothing, of the kernel, one whose range wraps, one page followed by an
+# unreadable one, an address in rank 0's memory (rank 0 sends it: a check
+# that rank 1's copy cannot reach rank 0); and, first, its segment's pid
+# rewritten to rank 0's, so that a rank reading that pid at copy time would
+# copy into itself.  Rank 0 (the C path) must get every byte right by the
+# flags fallback, never crash, and find its own sentinel untouched.
+_LIAR = r"""
+import ctypes, mmap, os, re
+import numpy as np
+from erdmampi import MPI
+from erdmampi import _engine
+from erdmampi._engine import ffi
+c = MPI.COMM_WORLD
+me = c.rank
+for _ in range(3):
+    c.Barrier()                                     # (the pair is agreed by then)
+sentinel = np.full(1 << 20, 0x5A, np.uint8)
+there = c.sendrecv((os.getpid(), sentinel.ctypes.data), dest=1 - me, source=1 - me)
+libc = ctypes.CDLL(None, use_errno=True)
+lie, told = [0], [0]
+if me == 1:
+    rewrote = 0
+    for line in open("/proc/self/maps"):
+        m = re.match(r"([0-9a-f]+)-[0-9a-f]+ rw-s 00000000 \S+ \d+ +/dev/shm/erdma-", line)
+        if m and ctypes.c_int32.from_address(int(m.group(1), 16) + 8).value == 1:
+            ctypes.c_int32.from_address(int(m.group(1), 16) + 16).value = there[0]
+            rewrote += 1
+    assert rewrote == 1, rewrote
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    # one page then 4 MiB that neither copy can reach (PROT_NONE): what the
+    # copies can touch of the liar is its own business, not this test's
+    page = libc.mmap(None, 4096 + (4 << 20), 3, 0x22, -1, 0)   # RW, PRIVATE|ANONYMOUS
+    assert libc.mprotect(ctypes.c_void_p(page + 4096), 4 << 20, 0) == 0
+    lies = [0, 8, 0xFFFFFFFFFF600000, (1 << 64) - 4096, page, there[1]]
+    os.environ["ERDMA_COLL_ALLTOALL"] = "pairwise"
+    os.environ["ERDMA_COLL_BCAST"] = "binomial"
+    real = _engine.Engine._pair_exchange
+    def lying(self, slot, what, out, into, blk, own=None):
+        if ffi.typeof(out) is ffi.typeof("erdma_pair_rec *"):
+            out.addr = lie[0]
+            told[0] += 1
+        return real(self, slot, what, out, into, blk, own)
+    _engine.Engine._pair_exchange = lying
+else:
+    lies = [None] * 6
+c.Barrier()
+for i, addr in enumerate(lies):
+    lie[0] = addr
+    for blk in (65536, 300001):
+        s = np.concatenate([np.full(blk, 16 * me + r + i, np.uint8) for r in range(2)])
+        r = np.zeros(2 * blk, np.uint8)
+        c.Alltoall(s, r)
+        if me == 0:
+            want = np.concatenate([np.full(blk, 16 * r + me + i, np.uint8) for r in range(2)])
+            assert np.array_equal(r, want), ("Alltoall", i, blk)
+    for root in (0, 1):
+        want = np.full(1 << 20, 3 + i + root, np.uint8)
+        b = want.copy() if me == root else np.zeros(1 << 20, np.uint8)
+        c.Bcast(b, root=root)
+        if me == 0:
+            assert np.array_equal(b, want), ("Bcast", i, root)
+    if me == 0:
+        assert (sentinel == 0x5A).all(), ("sentinel", i)
+c.Barrier()
+assert told[0] == (24 if me == 1 else 0), told
+print(f"rank {me}: OK", flush=True)
+"""
+
+
+def test_a_local_peer_lying_in_its_records_reaches_only_its_own_memory():
+    res = run_mpi(2, _LIAR, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "rank 0: OK" in out and "rank 1: OK" in out, out[-3000:]

@@ -175,6 +175,9 @@ typedef struct erdma_conn {
   int rx_since_tx;        /* bytes came from the peer since our last frame to it: the next
                            * one is likely a reply it waits for (ring_demote) */
   struct shm_seg *peer_seg;
+  pid_t peer_pid;         /* the peer's pid as its segment gave it when mapped: the
+                           * segment stays writable by the peer, which must not
+                           * steer our CMA copies to another process later */
   size_t peer_map_len;
   uint64_t beat_seen, beat_at; /* the peer's heartbeat, and when it last moved */
 } erdma_conn;

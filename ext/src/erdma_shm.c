@@ -483,8 +483,9 @@ int shm_attach_peers(erdma_engine *e) {
       missing = 1;
       continue;
     }
+    pid_t pid = ps->pid;
     if (ps->owner != p || ps->nlocal != s->nlocal || ps->ring_bytes != s->ring_bytes ||
-        ps->pid <= 0) {
+        pid <= 0 || pid == getpid()) {
       munmap(ps, s->map_len);
       return seg_refused(e, name, "its header does not describe this job's rank");
     }
@@ -501,6 +502,7 @@ int shm_attach_peers(erdma_engine *e) {
     memcpy(&c->remote, &e->peers[p].addr, e->peers[p].addr_len);
     c->remote_len = e->peers[p].addr_len;
     c->peer_seg = ps;
+    c->peer_pid = pid;
     c->peer_map_len = s->map_len;
     s->maps[i] = ps;
     c->tx_ring = ring_at(ps, s->my_index);
@@ -831,18 +833,18 @@ static void check_alive(erdma_engine *e, erdma_conn *c, uint64_t now) {
              !atomic_load(&ps->closed)) {
     if (!e->stopping)
       fprintf(stderr, "erdma[%d]: rank %d (pid %d, same host) has not responded for %.1f s "
-                      "(stopped or hung)\n", e->cfg.rank, c->peer, ps->pid,
+                      "(stopped or hung)\n", e->cfg.rank, c->peer, (int)c->peer_pid,
               (double)(now - c->beat_at) / 1e9);
     shm_fail(e, c);
   } else if (atomic_load(&ps->closed)) {
     drain_ring(e, c, &total, 1); /* its last messages, published before `closed` */
     c->closed = 1; /* a goodbye: later use of the peer fails quietly */
     if (!e->stopping) engine_fail_peer(e, c->peer, ERDMA_ERR_PEER);
-  } else if (kill(ps->pid, 0) != 0 && errno == ESRCH) {
+  } else if (kill(c->peer_pid, 0) != 0 && errno == ESRCH) {
     drain_ring(e, c, &total, 1);
     if (!e->stopping)
       fprintf(stderr, "erdma[%d]: rank %d (pid %d, same host) has exited\n", e->cfg.rank,
-              c->peer, ps->pid);
+              c->peer, (int)c->peer_pid);
     shm_fail(e, c);
   }
 }
@@ -1199,7 +1201,7 @@ static int shm_cma_read(erdma_engine *e, int peer, void *dst, uint64_t addr, uin
   _Atomic uint32_t *live = cma_slot(c->peer_seg, sid);
   if (atomic_load(live) != sid) return -2;
   while (done < n) {
-    ssize_t got = cma_io(e, c->peer_seg->pid, (uint8_t *)dst + done, addr + done,
+    ssize_t got = cma_io(e, c->peer_pid, (uint8_t *)dst + done, addr + done,
                          (size_t)(n - done), 0);
     if (got <= 0) {
       if (atomic_load(live) != sid) return -2; /* freed under us */
@@ -1295,7 +1297,7 @@ static int shm_split_take(erdma_conn *c, void *dst, uint64_t addr, uint64_t n, u
   /* the sender claimed the rest: wait until it is written (or not) */
   uint64_t deadline = claim_deadline(e);
   while (v >> 8 == sid && !(v & (CLAIM_SENT | CLAIM_FAILED)))
-    if ((v = claim_wait(e, c->peer_seg->pid, claim, v, deadline)) == CLAIM_GAVE_UP) return -2;
+    if ((v = claim_wait(e, c->peer_pid, claim, v, deadline)) == CLAIM_GAVE_UP) return -2;
   if (v >> 8 != sid) return -2;
   if (v & CLAIM_FAILED) goto rest; /* the sender waits for our CTS */
   /* SENT: our part read, the sender completes; else our CTS decides (an
@@ -1330,7 +1332,7 @@ static int shm_split_push(erdma_conn *c, erdma_req *r, uint64_t raddr) {
   e->stats.split_pushes++;
   uint64_t deadline = claim_deadline(e);
   for (int tries = 0; !(v & (CLAIM_READ | CLAIM_UNREAD));) {
-    uint64_t w = claim_wait(e, c->peer_seg->pid, claim, v, deadline);
+    uint64_t w = claim_wait(e, c->peer_pid, claim, v, deadline);
     if (w != CLAIM_GAVE_UP) {
       v = w;
     } else if (atomic_compare_exchange_strong(claim, &v, v | CLAIM_ABANDONED) ||
@@ -1365,7 +1367,7 @@ int shm_cma_ok(erdma_engine *e, int peer) {
 int shm_cma_copy(erdma_engine *e, int peer, void *local, uint64_t remote, uint64_t n,
                  int write) {
   if (!shm_cma_ok(e, peer)) return -1;
-  pid_t pid = e->peers[peer].conn->peer_seg->pid;
+  pid_t pid = e->peers[peer].conn->peer_pid;
   uint64_t done = 0;
   while (done < n) {
     ssize_t got =

@@ -47,6 +47,7 @@ static void setup(double timeout) {
   C.shm = 1;
   C.peer = 1;
   C.peer_seg = SEG;
+  C.peer_pid = getpid(); /* the "peer" is this process: CMA copies within it */
   for (uint64_t i = 0; i < N; i++) SRC[i] = (uint8_t)(i * 7 + 3);
   memset(DST, 0, N);
   atomic_store(cma_slot(SEG, SID), SID);
