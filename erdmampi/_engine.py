@@ -612,7 +612,7 @@ class Engine:
                                             "lanes_ready", "conns_pending", "retries_sent",
                                             "pending_dropped", "rate_reports_sent",
                                             "rate_reports_recv", "split_recvs",
-                                            "split_pushes")}
+                                            "split_pushes", "shm_demotes")}
 
     # -- message trace (tests)
     def trace_start(self, cap: int = 1 << 16) -> None:

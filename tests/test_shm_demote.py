@@ -5,7 +5,8 @@ A hint that changes no byte: replies and streams of every size, across
 the ring's wrap (a 64 KiB ring) and past its length, arrive exact with the
 hint on, off and as the CPU decides, and Engine.config() reports the
 choice made (auto: whether the CPU lists the instruction, as the kernel's
-/proc/cpuinfo does)."""
+/proc/cpuinfo does); the engine's count of demoted writes tells replies
+from streams and exchanges."""
 import pytest
 
 from harness import run_mpi
@@ -73,3 +74,64 @@ def test_the_choice_is_printed_at_start_up():
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stderr.count("lines written for a rank of this host stay in this core's "
                             "cache") == 2, res.stderr[-2000:]
+
+
+# Which sends are demoted (ERDMA_SHM_DEMOTE=on, the hint a NOP where the CPU
+# lacks it): a ping-pong's replies; not a stream's frames, nor the 4 KiB
+# sends of an exchange (Sendrecv, or Isend with the peer's receive already
+# posted); an exchange's short sends still are.  Counted on rank 1 by the
+# engine (stats()["shm_demotes"]) over N rounds.
+_WHICH = r'''
+import numpy as np
+from erdmampi import MPI
+from erdmampi.bootstrap import init_world
+
+c = MPI.COMM_WORLD
+r, o = c.rank, 1 - c.rank
+eng = init_world()
+N = 50
+a, b = np.ones(4096, np.uint8), np.zeros(4096, np.uint8)
+def pingpong(a, b):
+    if r == 0:
+        c.Send(a, o, 1)
+        c.Recv(b, o, 1)
+    else:
+        c.Recv(b, o, 1)
+        c.Send(a, o, 1)
+def stream(a, b):
+    if r == 0:
+        c.Recv(b, o, 2)
+    else:
+        c.Send(a, o, 2)
+def posted(a, b):
+    MPI.Request.Waitall([c.Irecv(b, o, 3), c.Isend(a, o, 3)])
+def sendrecv(a, b):
+    c.Sendrecv(a, o, 4, b, o, 4)
+for name, f in (("pingpong", pingpong), ("stream", stream), ("posted", posted),
+                ("sendrecv", sendrecv)):
+    for size in (64, 4096):
+        c.Barrier()
+        before = eng.stats()["shm_demotes"]
+        for _ in range(N):
+            f(a[:size], b[:size])
+        got = eng.stats()["shm_demotes"] - before
+        c.Barrier()
+        if r == 1:
+            print(f"{name} {size} {got}", flush=True)
+'''
+
+
+def test_replies_are_demoted_and_an_exchange_above_256_bytes_is_not():
+    res = run_mpi(2, _WHICH, timeout=120, env={"ERDMA_SHM_DEMOTE": "on"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    got = {" ".join(line.split()[:2]): int(line.split()[2])
+           for line in res.stdout.splitlines() if line.count(" ") == 2}
+    n = 50
+    assert got["pingpong 64"] >= n - 1 and got["pingpong 4096"] >= n - 1, got
+    assert got["stream 4096"] == 0 and got["stream 64"] <= 1, got
+    # (an Irecv that found the peer's bytes already here posts nothing: the
+    # peer waits for ours, a reply)
+    assert got["posted 4096"] <= n // 10 and got["sendrecv 4096"] <= n // 10, got
+    # (a send of an exchange that left before the peer's bytes were read is
+    # no reply: some rounds are not demoted)
+    assert got["posted 64"] >= n // 2 and got["sendrecv 64"] >= n // 2, got

@@ -195,6 +195,9 @@ typedef struct erdma_stats {
    * receives that invited their sender, and second parts this rank wrote
    * into a receiver's buffer as the sender */
   uint64_t split_recvs, split_pushes;
+  /* ring writes to a local peer moved to the shared cache as replies
+   * (ERDMA_SHM_DEMOTE) */
+  uint64_t shm_demotes;
 } erdma_stats;
 
 void erdma_config_default(erdma_config *cfg);

@@ -63,6 +63,15 @@ erdma_req *posted_take(erdma_engine *e, int src, int tag, uint32_t ctx) {
   return NULL;
 }
 
+/* Whether a receive that `src` could match is posted, on any context,
+ * among the first few (a hint: an exchange in progress). */
+int posted_from(const erdma_engine *e, int src) {
+  int n = 0;
+  for (const erdma_req *r = e->posted_head; r && n < 8; r = r->next, n++)
+    if (r->source == src || r->source == ERDMA_ANY_SOURCE) return 1;
+  return 0;
+}
+
 erdma_msg *unexp_find(erdma_engine *e, int src, int tag, uint32_t ctx) {
   for (erdma_msg *m = e->unexp_head; m; m = m->next)
     if (match(src, tag, ctx, m->source, m->tag, m->ctx)) return m;

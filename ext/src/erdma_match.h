@@ -83,6 +83,7 @@ void req_complete(erdma_req *r, int error);
 void req_release(erdma_req *r);      /* drop an engine reference */
 int match(int want_src, int want_tag, uint32_t want_ctx, int src, int tag, uint32_t ctx);
 erdma_req *posted_take(erdma_engine *e, int src, int tag, uint32_t ctx);
+int posted_from(const erdma_engine *e, int src);
 erdma_msg *unexp_find(erdma_engine *e, int src, int tag, uint32_t ctx);
 erdma_msg *msg_new(int src, int tag, uint32_t ctx, uint64_t len);
 int msg_alloc_data(erdma_msg *m);    /* m->data for m->len bytes; 0 or -1 */

@@ -14,6 +14,7 @@
 
 #include "erdma.h"
 #include "erdma_conn.h"
+#include "erdma_match.h"
 
 /* ---- shared memory between ranks on one host (erdma_shm.c) ----
  * A connection to a local rank is reached through its channel,
@@ -24,10 +25,14 @@
 /* a send of an exchange (ERDMA_SEND_EXCHANGE) up to this many bytes is
  * still demoted as a reply (ring_demote in erdma_shm.c) */
 #define SHM_DEMOTE_EXCHANGE_MAX 256
-/* Before a send with `flags` on c: one of an exchange above that size is
- * not a reply, and its ring bytes stay undemoted. */
+/* Before a send with `flags` on c (under e->mu): one of an exchange above
+ * that size is not a reply, and its ring bytes stay undemoted.  An
+ * exchange: said by the caller (Sendrecv, a collective's round), or a
+ * receive from the peer already posted (Irecv then Isend). */
 static inline void shm_note_send(erdma_conn *c, int flags, uint64_t nbytes) {
-  if ((flags & ERDMA_SEND_EXCHANGE) && nbytes > SHM_DEMOTE_EXCHANGE_MAX) c->rx_since_tx = 0;
+  if (c->rx_since_tx && nbytes > SHM_DEMOTE_EXCHANGE_MAX &&
+      ((flags & ERDMA_SEND_EXCHANGE) || posted_from(c->e, c->peer)))
+    c->rx_since_tx = 0;
 }
 #define SHM_PAIRS 128
 typedef struct shm_pair {
