@@ -255,50 +255,89 @@ int erdma_coll_allreduce(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   return coll_go(c, slice, pending);
 }
 
-/* erdma_pair_wait to its end, slice by slice: a collective on an agreed pair
- * (its callers' Python paths wait in slices themselves, with signal checks) */
-static int pair_wait(erdma_engine *e, int slot, double slice) {
+/* erdma_pair_wait to its end, slice by slice: the waiter of a collective in
+ * C on an agreed pair (the one-call path waits in slices with signal
+ * checks: erdma_pyfast.c) */
+static int pair_wait_slices(void *arg, erdma_engine *e, int slot) {
+  double slice = *(const double *)arg;
   int rc;
   while ((rc = erdma_pair_wait(e, slot, slice)) == ERDMA_ERR_TIMEOUT) {
   }
   return rc;
 }
 
-/* An Allgather's or Alltoall's exchange on an agreed pair (as
- * erdma_pyfast.c's pair_exchange, without its signal checks): `out` to the
- * peer, the peer's block into `in`; once shared, `own` bytes from `from`
- * to `to` (an Alltoall's own block). */
-static int pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
-                         void *to, const void *from, uint64_t own, double slice) {
-  erdma_pair_lead(e, slot, 0);
-  int rc = pair_wait(e, slot, slice);
-  if (rc || (rc = erdma_pair_share(e, slot, out, blk))) return rc;
-  if (own) erdma_copy(to, from, own);
-  rc = pair_wait(e, slot, slice);
-  return rc ? rc : erdma_pair_take(e, slot, in, blk);
+/* a copy of n bytes, the waiter's lock released around a long one */
+static void pair_copy(const coll_pair_waiter *w, void *to, const void *from, uint64_t n) {
+  if (n > ERDMA_PAIR_DATA_MAX && w->release) {
+    void *token = w->release(w->arg);
+    erdma_copy(to, from, n);
+    w->acquire(w->arg, token);
+  } else if (n) {
+    erdma_copy(to, from, n);
+  }
 }
 
-/* pair_exchange of an Alltoall's blocks above ERDMA_PAIR_DATA_MAX (see
+int coll_pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
+                       void *to, const void *from, uint64_t own, const coll_pair_waiter *w) {
+  erdma_pair_lead(e, slot, 0);
+  int rc = w->wait(w->arg, e, slot);
+  if (rc || (rc = erdma_pair_share(e, slot, out, blk))) return rc;
+  pair_copy(w, to, from, own);
+  if (!(rc = w->wait(w->arg, e, slot))) return erdma_pair_take(e, slot, in, blk);
+  if (rc == w->interrupted) erdma_pair_withdraw(e, slot);
+  return rc;
+}
+
+/* 1 when the CMA copy of n bytes between `local` and the peer's `addr`
+ * worked (write: to the peer), the waiter's lock released meanwhile */
+static uint64_t pair_cma_copy(erdma_engine *e, int slot, const coll_pair_waiter *w, void *local,
+                              uint64_t addr, uint64_t n, int write) {
+  void *token = w->release ? w->release(w->arg) : NULL;
+  int rc = write ? erdma_pair_write(e, slot, addr, local, n)
+                 : erdma_pair_read(e, slot, local, addr, n);
+  if (w->release) w->acquire(w->arg, token);
+  return rc == 0;
+}
+
+/* coll_pair_exchange of an Alltoall's blocks above ERDMA_PAIR_DATA_MAX (see
  * erdma_pair_rec in erdma.h): addresses by flags, each block read by its
  * receiver with one CMA copy, then whether it was; else by flags in
  * pieces.  `out` must stay unchanged until the peer has read it: in place,
  * the caller passes a copy. */
 static int pair_exchange_cma(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
-                             void *to, const void *from, uint64_t own, double slice) {
+                             void *to, const void *from, uint64_t own,
+                             const coll_pair_waiter *w) {
   erdma_pair_rec mine = {(uintptr_t)out, blk, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
-  int rc = pair_exchange(e, slot, &mine, &theirs, sizeof mine, to, from, own, slice);
+  int rc = coll_pair_exchange(e, slot, &mine, &theirs, sizeof mine, to, from, own, w);
   if (rc) return rc;
   if (theirs.len != blk) return ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
-  uint64_t read = mine.cma && theirs.cma && erdma_pair_read(e, slot, in, theirs.addr, blk) == 0,
+  uint64_t read = mine.cma && theirs.cma && pair_cma_copy(e, slot, w, in, theirs.addr, blk, 0),
            peer_read;
-  if ((rc = pair_exchange(e, slot, &read, &peer_read, sizeof read, NULL, NULL, 0, slice)))
+  if ((rc = coll_pair_exchange(e, slot, &read, &peer_read, sizeof read, NULL, NULL, 0, w)))
     return rc;
   for (uint64_t off = 0; !(read && peer_read) && off < blk && !rc;) {
     uint64_t k = blk - off < ERDMA_PAIR_DATA_MAX ? blk - off : ERDMA_PAIR_DATA_MAX;
-    rc = pair_exchange(e, slot, (const uint8_t *)out + off, (uint8_t *)in + off, k, NULL, NULL, 0,
-                       slice);
+    rc = coll_pair_exchange(e, slot, (const uint8_t *)out + off, (uint8_t *)in + off, k, NULL,
+                            NULL, 0, w);
     off += k;
   }
+  return rc;
+}
+
+int coll_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf, uint64_t blk,
+                       int me, const coll_pair_waiter *w) {
+  uint8_t *d = rbuf;
+  const uint8_t *src = sbuf ? (const uint8_t *)sbuf : d;
+  uint64_t mine = (uint64_t)me * blk, theirs = (uint64_t)(1 - me) * blk;
+  if (blk <= ERDMA_PAIR_DATA_MAX)
+    return coll_pair_exchange(e, slot, src + theirs, d + theirs, blk, d + mine, src + mine,
+                              src != d ? blk : 0, w);
+  void *tmp = src == d ? malloc(blk) : NULL; /* in place: the peer reads a copy */
+  if (src == d && !tmp) return ERDMA_ERR_NOMEM;
+  if (tmp) memcpy(tmp, src + theirs, blk);
+  int rc = pair_exchange_cma(e, slot, tmp ? tmp : src + theirs, d + theirs, blk, d + mine,
+                             src + mine, src != d ? blk : 0, w);
+  free(tmp);
   return rc;
 }
 
@@ -306,27 +345,31 @@ static int pair_exchange_cma(erdma_engine *e, int slot, const void *out, void *i
  * both buffers' records by flags, the receiver reads the first part while
  * the root writes the rest, whether both did by flags; else by flags in
  * pieces from the root. */
-static int pair_bcast_cma(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
-                          double slice) {
+int coll_pair_bcast_cma(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
+                        const coll_pair_waiter *w) {
   erdma_pair_rec mine = {(uintptr_t)buf, n, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
-  int rc = pair_exchange(e, slot, &mine, &theirs, sizeof mine, NULL, NULL, 0, slice);
+  int rc = coll_pair_exchange(e, slot, &mine, &theirs, sizeof mine, NULL, NULL, 0, w);
   if (rc) return rc;
   if (theirs.len != n) return ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
   uint64_t h = erdma_pair_split(n), done = 0, peer_done;
   if (mine.cma && theirs.cma)
-    done = isroot ? erdma_pair_write(e, slot, theirs.addr + h, (uint8_t *)buf + h, n - h) == 0
-                  : erdma_pair_read(e, slot, buf, theirs.addr, h) == 0;
-  if ((rc = pair_exchange(e, slot, &done, &peer_done, sizeof done, NULL, NULL, 0, slice)))
+    done = isroot ? pair_cma_copy(e, slot, w, (uint8_t *)buf + h, theirs.addr + h, n - h, 1)
+                  : pair_cma_copy(e, slot, w, buf, theirs.addr, h, 0);
+  if ((rc = coll_pair_exchange(e, slot, &done, &peer_done, sizeof done, NULL, NULL, 0, w)))
     return rc;
   uint8_t scratch[ERDMA_PAIR_DATA_MAX];
   for (uint64_t off = 0; !(done && peer_done) && off < n && !rc;) {
     uint64_t k = n - off < ERDMA_PAIR_DATA_MAX ? n - off : ERDMA_PAIR_DATA_MAX;
     uint8_t *at = (uint8_t *)buf + off;
-    rc = pair_exchange(e, slot, at, isroot ? scratch : at, k, NULL, NULL, 0, slice);
+    rc = coll_pair_exchange(e, slot, at, isroot ? scratch : at, k, NULL, NULL, 0, w);
     off += k;
   }
   return rc;
 }
+
+/* the waiter of the collectives in C: in slices of `slice` seconds */
+#define SLICE_WAITER(slice) \
+  (&(const coll_pair_waiter){pair_wait_slices, NULL, NULL, (void *)&(slice), 0})
 
 int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
                      int n, int me, int tag, uint32_t ctx, double slice,
@@ -337,13 +380,13 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   if (n == 1) return 0;
   int slot = n == 2 && nbytes && nbytes < ERDMA_PAIR_BCAST_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0 && nbytes > ERDMA_PAIR_DATA_MAX)
-    return pair_bcast_cma(e, slot, buf, nbytes, me == root, slice);
+    return coll_pair_bcast_cma(e, slot, buf, nbytes, me == root, SLICE_WAITER(slice));
   if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
     if (me != root)
       erdma_pair_expect(e, slot);
     else
       erdma_pair_lead(e, slot, nbytes);
-    int rc = pair_wait(e, slot, slice);
+    int rc = pair_wait_slices(&slice, e, slot);
     if (rc) return rc;
     return me == root ? erdma_pair_put(e, slot, buf, nbytes) : erdma_pair_take(e, slot, buf, nbytes);
   }
@@ -376,7 +419,7 @@ int erdma_coll_barrier(erdma_engine *e, const int *ranks, int n, int me, int tag
   int slot = n == 2 ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) { /* the two agreed on flags at an earlier Barrier (erdma_pair_settle) */
     erdma_pair_arrive(e, slot);
-    return pair_wait(e, slot, slice);
+    return pair_wait_slices(&slice, e, slot);
   }
   erdma_coll *c = coll_new(e, 1, ctx, n); /* 1-byte tokens, as the Python algorithm */
   if (!c || !(c->tmp_mem = calloc(2, 1))) {
@@ -430,20 +473,8 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
   }
   uint8_t *d = rbuf;
   int slot = n == 2 && blk < ERDMA_PAIR_CMA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
-  if (slot >= 0) { /* by flags, as erdma_coll_allgather: our block for the peer, its for us */
-    const uint8_t *src = sbuf ? (const uint8_t *)sbuf : d;
-    uint64_t mine = (uint64_t)me * blk, theirs = (uint64_t)(1 - me) * blk;
-    if (blk <= ERDMA_PAIR_DATA_MAX)
-      return pair_exchange(e, slot, src + theirs, d + theirs, blk, d + mine, src + mine,
-                           src != d ? blk : 0, slice);
-    void *tmp = src == d ? malloc(blk) : NULL; /* in place: the peer reads a copy */
-    if (src == d && !tmp) return ERDMA_ERR_NOMEM;
-    if (tmp) memcpy(tmp, src + theirs, blk);
-    int rc = pair_exchange_cma(e, slot, tmp ? tmp : src + theirs, d + theirs, blk, d + mine,
-                               src + mine, src != d ? blk : 0, slice);
-    free(tmp);
-    return rc;
-  }
+  if (slot >= 0) /* by flags, as erdma_coll_allgather: our block for the peer, its for us */
+    return coll_pair_alltoall(e, slot, sbuf, rbuf, blk, me, SLICE_WAITER(slice));
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
   const uint8_t *s = sbuf;
@@ -480,8 +511,8 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   if (blk == 0 || n == 1) return 0;
   int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) /* by flags, agreed at an earlier Barrier (as erdma_coll_bcast) */
-    return pair_exchange(e, slot, mine, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk, NULL,
-                         NULL, 0, slice);
+    return coll_pair_exchange(e, slot, mine, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk,
+                              NULL, NULL, 0, SLICE_WAITER(slice));
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
   /* allgatherv_direct's messages: tag 0.  Sent from the caller's send

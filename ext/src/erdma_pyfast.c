@@ -65,6 +65,7 @@
 #include <string.h>
 
 #include "erdma.h"
+#include "erdma_coll.h"
 #include "erdma_copy.h"
 
 static volatile unsigned pyfast_epoch = 1;
@@ -2157,14 +2158,32 @@ static int pair_wait(pf_state *s) {
   }
 }
 
-static PyObject *pair_bcast_cma(pf_state *s, void *buf, uint64_t n, int isroot);
+/* pair_wait as a coll_pair_waiter (erdma_coll.h), the GIL released
+ * around long copies: the two-rank protocols of erdma_coll.c with signal
+ * checks */
+static int pf_pair_wait(void *arg, erdma_engine *e, int slot) {
+  return pair_wait((pf_state *)arg);
+}
+static void *pf_release(void *arg) {
+  return PyEval_SaveThread();
+}
+static void pf_acquire(void *arg, void *token) {
+  PyEval_RestoreThread(token);
+}
+#define PF_WAITER(s) \
+  (&(const coll_pair_waiter){pf_pair_wait, pf_release, pf_acquire, (s), PF_SIGNALLED})
+
+static PyObject *pair_result(int rc) {
+  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+}
 
 /* A Bcast of two ranks that agreed on flags, of up to ERDMA_PAIR_DATA_MAX
  * bytes (erdma_pair_put / _take); larger, below ERDMA_PAIR_BCAST_MAX:
- * pair_bcast_cma. */
+ * coll_pair_bcast_cma. */
 static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
   int rc;
-  if (len > ERDMA_PAIR_DATA_MAX) return pair_bcast_cma(s, buf, len, s->me == root);
+  if (len > ERDMA_PAIR_DATA_MAX)
+    return pair_result(coll_pair_bcast_cma(s->e, s->pair, buf, len, s->me == root, PF_WAITER(s)));
   if (s->me == root) {
     erdma_pair_lead(s->e, s->pair, len);
     if (!(rc = pair_wait(s))) rc = erdma_pair_put(s->e, s->pair, buf, len);
@@ -2173,109 +2192,22 @@ static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
     if (!(rc = pair_wait(s))) rc = erdma_pair_take(s->e, s->pair, buf, len);
     else if (rc == PF_SIGNALLED) erdma_pair_withdraw(s->e, s->pair);
   }
-  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
-}
-
-/* The exchange of an Allgather or Alltoall of two ranks that agreed on
- * flags, blocks of up to ERDMA_PAIR_DATA_MAX bytes (erdma_pair_share /
- * _take): `out` to the peer, the peer's into `in`; between the two, `own`
- * bytes from `from` to `to` (an Alltoall's own block). */
-static int pair_exchange_rc(pf_state *s, const void *out, void *in, uint64_t blk, void *to,
-                            const void *from, uint64_t own) {
-  int rc;
-  erdma_pair_lead(s->e, s->pair, 0);
-  if (!(rc = pair_wait(s)) && !(rc = erdma_pair_share(s->e, s->pair, out, blk))) {
-    if (own > ERDMA_PAIR_DATA_MAX) { /* a large own block: without the GIL */
-      PyThreadState *ts = PyEval_SaveThread();
-      erdma_copy(to, from, own);
-      PyEval_RestoreThread(ts);
-    } else if (own) {
-      erdma_copy(to, from, own);
-    }
-    if (!(rc = pair_wait(s)))
-      rc = erdma_pair_take(s->e, s->pair, in, blk);
-    else if (rc == PF_SIGNALLED)
-      erdma_pair_withdraw(s->e, s->pair);
-  }
-  return rc;
-}
-
-static PyObject *pair_exchange(pf_state *s, const void *out, void *in, uint64_t blk,
-                               void *to, const void *from, uint64_t own) {
-  int rc = pair_exchange_rc(s, out, in, blk, to, from, own);
-  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
-}
-
-/* pair_exchange of an Alltoall's blocks above ERDMA_PAIR_DATA_MAX, as
- * erdma_coll.c's pair_exchange_cma (erdma_pair_rec in erdma.h): `out` a
- * copy where the Alltoall is in place. */
-static PyObject *pair_exchange_cma(pf_state *s, const void *out, void *in, uint64_t blk,
-                                   void *to, const void *from, uint64_t own) {
-  erdma_pair_rec mine = {(uintptr_t)out, blk, (uint64_t)erdma_pair_cma_ok(s->e, s->pair), 0},
-                 theirs;
-  int rc = pair_exchange_rc(s, &mine, &theirs, sizeof mine, to, from, own);
-  if (!rc && theirs.len != blk) rc = ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
-  uint64_t read = 0, peer_read = 0;
-  if (!rc && mine.cma && theirs.cma) {
-    PyThreadState *ts = PyEval_SaveThread();
-    read = erdma_pair_read(s->e, s->pair, in, theirs.addr, blk) == 0;
-    PyEval_RestoreThread(ts);
-  }
-  if (!rc) rc = pair_exchange_rc(s, &read, &peer_read, sizeof read, NULL, NULL, 0);
-  for (uint64_t off = 0; !rc && !(read && peer_read) && off < blk;) {
-    uint64_t k = blk - off < ERDMA_PAIR_DATA_MAX ? blk - off : ERDMA_PAIR_DATA_MAX;
-    rc = pair_exchange_rc(s, (const uint8_t *)out + off, (uint8_t *)in + off, k, NULL, NULL, 0);
-    off += k;
-  }
-  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
-}
-
-/* A Bcast above ERDMA_PAIR_DATA_MAX, as erdma_coll.c's pair_bcast_cma
- * (erdma_pair_write in erdma.h), its copy without the GIL. */
-static PyObject *pair_bcast_cma(pf_state *s, void *buf, uint64_t n, int isroot) {
-  erdma_pair_rec mine = {(uintptr_t)buf, n, (uint64_t)erdma_pair_cma_ok(s->e, s->pair), 0},
-                 theirs;
-  int rc = pair_exchange_rc(s, &mine, &theirs, sizeof mine, NULL, NULL, 0);
-  if (!rc && theirs.len != n) rc = ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
-  uint64_t h = erdma_pair_split(n), done = 0, peer_done = 0;
-  if (!rc && mine.cma && theirs.cma) {
-    PyThreadState *ts = PyEval_SaveThread();
-    done = isroot ? erdma_pair_write(s->e, s->pair, theirs.addr + h, (uint8_t *)buf + h, n - h) == 0
-                  : erdma_pair_read(s->e, s->pair, buf, theirs.addr, h) == 0;
-    PyEval_RestoreThread(ts);
-  }
-  if (!rc) rc = pair_exchange_rc(s, &done, &peer_done, sizeof done, NULL, NULL, 0);
-  uint8_t scratch[ERDMA_PAIR_DATA_MAX];
-  for (uint64_t off = 0; !rc && !(done && peer_done) && off < n;) {
-    uint64_t k = n - off < ERDMA_PAIR_DATA_MAX ? n - off : ERDMA_PAIR_DATA_MAX;
-    uint8_t *at = (uint8_t *)buf + off;
-    rc = pair_exchange_rc(s, at, isroot ? scratch : at, k, NULL, NULL, 0);
-    off += k;
-  }
-  return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
+  return pair_result(rc);
 }
 
 /* An Allgather by flags; sb NULL: in place */
 static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk) {
   uint8_t *mine = (uint8_t *)rb + (uint64_t)s->me * blk;
   if (sb && sb != mine) memcpy(mine, sb, blk);
-  return pair_exchange(s, mine, (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk, NULL, NULL, 0);
+  return pair_result(coll_pair_exchange(s->e, s->pair, mine,
+                                        (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk, NULL,
+                                        NULL, 0, PF_WAITER(s)));
 }
 
-/* An Alltoall by flags; sb NULL: in place */
+/* An Alltoall by flags (and CMA above ERDMA_PAIR_DATA_MAX); sb NULL: in place */
 static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t blk) {
-  uint64_t me = (uint64_t)s->me * blk, peer = (uint64_t)(1 - s->me) * blk;
-  uint8_t *d = rb;
-  const uint8_t *src = sb ? (const uint8_t *)sb : d;
-  if (blk <= ERDMA_PAIR_DATA_MAX)
-    return pair_exchange(s, src + peer, d + peer, blk, d + me, src + me, src != d ? blk : 0);
-  void *tmp = src == d ? malloc(blk) : NULL; /* in place: the peer reads a copy */
-  if (src == d && !tmp) return PyErr_NoMemory();
-  if (tmp) memcpy(tmp, src + peer, blk);
-  PyObject *r = pair_exchange_cma(s, tmp ? tmp : src + peer, d + peer, blk, d + me, src + me,
-                                  src != d ? blk : 0);
-  free(tmp);
-  return r;
+  int rc = coll_pair_alltoall(s->e, s->pair, sb, rb, blk, s->me, PF_WAITER(s));
+  return rc == ERDMA_ERR_NOMEM ? PyErr_NoMemory() : pair_result(rc);
 }
 
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
