@@ -71,6 +71,20 @@ def strerror(code: int) -> str:
     return ffi.string(lib.erdma_strerror(code)).decode()
 
 
+def cpu_settle() -> None:
+    """Clear the upper halves of this thread's AVX registers (erdma_cpu.c):
+    code that leaves them in use (the ChaCha20-Poly1305 that seals the
+    rendezvous records) slows every later SSE instruction of the thread,
+    NumPy's included, until something does."""
+    lib.erdma_cpu_settle()
+
+
+def cpu_upper_in_use() -> int | None:
+    """Whether this thread's AVX upper halves are in use (None: unknown)."""
+    v = lib.erdma_cpu_upper_in_use()
+    return None if v < 0 else bool(v)
+
+
 class EngineError(Exception):
     """An ERDMA_ERR_* code from the C engine (mapped to MPI.Exception above)."""
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 from . import config as _config
-from ._engine import Engine
+from ._engine import Engine, cpu_settle
 
 _RANK_SIZE_VARS = [
     ("ERDMA_RANK", "ERDMA_SIZE"),
@@ -230,6 +230,9 @@ def init_world() -> Engine:
         universe_size=_cfg("ERDMA_UNIVERSE_SIZE", size, env),
         bootstrap_seconds=time.monotonic() - t_start,
     )
+    # the records' ChaCha20-Poly1305 (OpenSSL, in the cryptography wheel)
+    # leaves the AVX upper halves in use: np.empty then took 2x as long
+    cpu_settle()
     _world = eng
     return eng
 

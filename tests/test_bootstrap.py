@@ -147,3 +147,21 @@ def test_dead_peer_raises_mpi_error_within_timeout(shm, call):
     else:
         assert elapsed < 5.0, line
         assert "same host) has exited" in res.stderr, res.stderr
+
+
+def test_start_up_leaves_the_avx_upper_halves_clear():
+    """The rendezvous records' ChaCha20-Poly1305 leaves the AVX upper halves
+    in use, which made every later SSE instruction of the rank's main thread
+    (NumPy's among them) wait on them: start-up clears them (erdma_cpu.c)."""
+    code = ("from erdmampi import MPI\n"
+            "from erdmampi._engine import cpu_upper_in_use\n"
+            "c = MPI.COMM_WORLD\n"
+            "print('rank', c.rank, 'upper', cpu_upper_in_use(), flush=True)\n"
+            "c.Barrier()\n")
+    res = run_mpi(2, code, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = sorted(line.split()[-1] for line in res.stdout.splitlines() if " upper " in line)
+    assert len(got) == 2, res.stdout
+    if got[0] == "None":
+        pytest.skip("this CPU does not report which register state is in use (XINUSE)")
+    assert got == ["False", "False"], res.stdout

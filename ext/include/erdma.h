@@ -205,6 +205,13 @@ const char *erdma_strerror(int rc);
 int erdma_err_is_fatal(int rc);
 /* Why the last erdma_engine_new of this thread failed, in words ("" if not known). */
 const char *erdma_last_error(void);
+/* The calling thread's vector state (erdma_cpu.c): erdma_cpu_settle clears
+ * the upper halves of the AVX registers (VZEROUPPER; nothing without AVX),
+ * which code that leaves them in use makes every later SSE instruction of
+ * the thread wait on; erdma_cpu_upper_in_use: whether they are in use now
+ * (1, 0; -1 where the CPU cannot tell). */
+void erdma_cpu_settle(void);
+int erdma_cpu_upper_in_use(void);
 
 /* Create the engine: generates a TLS identity and binds the UDP socket. */
 int erdma_engine_new(const erdma_config *cfg, erdma_engine **out);
