@@ -26,7 +26,6 @@ ERR_AUTH = lib.ERDMA_ERR_AUTH
 ERR_PKTIO = lib.ERDMA_ERR_PKTIO
 ERR_PEER_PENDING = lib.ERDMA_ERR_PEER_PENDING
 
-_U64 = (1 << 64) - 1                     # an address from a peer plus an offset wraps, as in C
 PAIR_CMA_MAX = lib.ERDMA_PAIR_CMA_MAX     # a two-rank Alltoall's blocks below: by flags and CMA
 PAIR_BCAST_MAX = lib.ERDMA_PAIR_BCAST_MAX  # a two-rank Bcast below: by flags and CMA
 PAIR_DATA_MAX = lib.ERDMA_PAIR_DATA_MAX   # a two-rank Bcast by flags, at most
@@ -83,6 +82,26 @@ def cpu_upper_in_use() -> int | None:
     """Whether this thread's AVX upper halves are in use (None: unknown)."""
     v = lib.erdma_cpu_upper_in_use()
     return None if v < 0 else bool(v)
+
+
+_INTERRUPTED = -(1 << 30)   # not an ERDMA_ERR_* code: the wait raised (_pair_run)
+
+
+def _pair_wait_slices(arg, e, slot):
+    """erdma_pair_waiter.wait for _pair_run: erdma_pair_wait in slices (the
+    GIL released in each); an exception (a signal's handler) is kept in the
+    run's list and ends the protocol."""
+    try:
+        while (rc := lib.erdma_pair_wait(e, slot, _SLICE)) == ERR_TIMEOUT:
+            pass
+        return rc
+    except BaseException as exc:
+        ffi.from_handle(arg).append(exc)
+        return _INTERRUPTED
+
+
+_PAIR_WAIT = ffi.callback("int(void *, erdma_engine *, int)", _pair_wait_slices,
+                          error=_INTERRUPTED)
 
 
 class EngineError(Exception):
@@ -697,7 +716,7 @@ class Engine:
             return False
         buf = ffi.cast("char *", addr)
         if nbytes > PAIR_DATA_MAX:
-            self._pair_bcast_cma(slot, buf, nbytes, isroot)
+            self._pair_run("bcast", lib.erdma_pair_bcast_large, slot, buf, nbytes, int(isroot))
             return True
         if isroot:
             lib.erdma_pair_lead(self._h, slot, nbytes)
@@ -708,27 +727,6 @@ class Engine:
         self._pair_receive(slot, "bcast", lambda: lib.erdma_pair_expect(h, slot) or 0,
                            lambda: lib.erdma_pair_take(h, slot, buf, nbytes))
         return True
-
-    def _pair_bcast_cma(self, slot: int, buf, n: int, isroot: bool) -> None:
-        """pair_bcast above PAIR_DATA_MAX, as erdma_coll.c's pair_bcast_cma."""
-        h = self._h
-        mine = ffi.new("erdma_pair_rec *", {"addr": int(ffi.cast("uintptr_t", buf)), "len": n,
-                                            "cma": lib.erdma_pair_cma_ok(h, slot)})
-        theirs = ffi.new("erdma_pair_rec *")
-        self._pair_exchange(slot, "bcast", mine, theirs, ffi.sizeof("erdma_pair_rec"))
-        if theirs.len != n:                     # (the peer sees it too)
-            _check(ERR_TRUNCATE, "bcast")
-        cut = lib.erdma_pair_split(n)
-        ok = mine.cma and theirs.cma and (
-            lib.erdma_pair_write(h, slot, (theirs.addr + cut) & _U64, buf + cut, n - cut) if isroot
-            else lib.erdma_pair_read(h, slot, buf, theirs.addr, cut)) == 0
-        done, peer_done = ffi.new("uint64_t *", ok), ffi.new("uint64_t *")
-        self._pair_exchange(slot, "bcast", done, peer_done, 8)
-        if not (done[0] and peer_done[0]):      # by flags from the root, a piece at a time
-            scratch = ffi.new("char[]", PAIR_DATA_MAX)
-            for off in range(0, n, PAIR_DATA_MAX):
-                k = min(PAIR_DATA_MAX, n - off)
-                self._pair_exchange(slot, "bcast", buf + off, scratch if isroot else buf + off, k)
 
     def pair_allgather(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
         """A two-rank Allgather of ``blk``-byte blocks (at most PAIR_DATA_MAX)
@@ -746,39 +744,30 @@ class Engine:
 
     def pair_alltoall(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
         """A two-rank Alltoall of ``blk``-byte blocks (below PAIR_CMA_MAX)
-        with world rank ``peer`` by flags, as pair_allgather: block ``1 -
-        me`` of the input to the peer, its block ``me`` into block ``1 - me``
-        of ``raddr``; ``saddr`` None: in place.  Blocks above PAIR_DATA_MAX:
-        their addresses by flags, the bytes by CMA (erdma_pair_rec)."""
+        with world rank ``peer`` (erdma_pair_alltoall: by flags, and by CMA
+        above PAIR_DATA_MAX); ``saddr`` None: in place, where this rank's
+        block is block ``me``."""
         slot = self._pair_slot(peer, ctx, blk, PAIR_CMA_MAX)
         if slot < 0:
             return False
-        rbuf = ffi.cast("char *", raddr)
-        sbuf = rbuf if saddr is None else ffi.cast("char *", saddr)
-        own = None if saddr is None else (rbuf + me * blk, sbuf + me * blk, blk)
-        out, into = sbuf + (1 - me) * blk, rbuf + (1 - me) * blk
-        if blk <= PAIR_DATA_MAX:
-            self._pair_exchange(slot, "alltoall", out, into, blk, own)
-            return True
-        if saddr is None:                       # in place: the peer reads a copy
-            out = ffi.new("char[]", blk)
-            ffi.memmove(out, into, blk)
-        mine = ffi.new("erdma_pair_rec *", {"addr": int(ffi.cast("uintptr_t", out)), "len": blk,
-                                            "cma": lib.erdma_pair_cma_ok(self._h, slot)})
-        theirs = ffi.new("erdma_pair_rec *")
-        size = ffi.sizeof("erdma_pair_rec")
-        self._pair_exchange(slot, "alltoall", mine, theirs, size, own)
-        if theirs.len != blk:                   # (the peer sees it too)
-            _check(ERR_TRUNCATE, "alltoall")
-        read = ffi.new("uint64_t *", mine.cma and theirs.cma and
-                       lib.erdma_pair_read(self._h, slot, into, theirs.addr, blk) == 0)
-        peer_read = ffi.new("uint64_t *")
-        self._pair_exchange(slot, "alltoall", read, peer_read, 8)
-        if not (read[0] and peer_read[0]):      # by flags, a piece at a time
-            for off in range(0, blk, PAIR_DATA_MAX):
-                k = min(PAIR_DATA_MAX, blk - off)
-                self._pair_exchange(slot, "alltoall", out + off, into + off, k)
+        sbuf = ffi.NULL if saddr is None else ffi.cast("char *", saddr)
+        self._pair_run("alltoall", lib.erdma_pair_alltoall, slot, sbuf,
+                       ffi.cast("char *", raddr), blk, me)
         return True
+
+    def _pair_run(self, what: str, fn, slot: int, *args) -> None:
+        """``fn`` (erdma_pair_alltoall, erdma_pair_bcast_large) on ``slot``,
+        waiting as _pair_wait does: in slices, a signal's handler between
+        two; an exception it raises ends the protocol (what was counted
+        withdrawn) and is raised here."""
+        raised = []
+        handle = ffi.new_handle(raised)
+        waiter = ffi.new("erdma_pair_waiter *", {"wait": _PAIR_WAIT, "arg": handle,
+                                                 "interrupted": _INTERRUPTED})
+        rc = fn(self._h, slot, *args, waiter)
+        if raised:
+            raise raised[0]
+        _check(rc, what)
 
     def _pair_slot(self, peer: int, ctx: int, nbytes: int, below=PAIR_DATA_MAX + 1) -> int:
         """The slot agreed with world rank ``peer`` for ``nbytes`` by flags

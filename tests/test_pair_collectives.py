@@ -28,9 +28,10 @@ TIMEOUT = 3.0   # ERDMA_TIMEOUT of the jobs below
 # rank 1 waits in a Bcast by flags whose root (rank 0) is killed or stopped
 # (mode), or rings itself an alarm 0.3 s in (mode "signal"; "signal-alias":
 # in a second object's first call, which takes the Python-resolved path;
-# "signal-allgather", "signal-alltoall": in an Allgather or Alltoall), the
-# root being late; then both check
-# that they still agree
+# "signal-allgather", "signal-alltoall": in an Allgather or Alltoall;
+# "signal-alltoall-python": the Alltoall of the Python algorithms, whose
+# waits run in a callback of the engine's protocol), the root being late;
+# then both check that they still agree
 _WAITER = PAIR_JOB + r"""
 buf = np.zeros(4, np.int32)
 class Alarm(Exception):
@@ -39,13 +40,15 @@ def ring(*_):
     raise Alarm()
 if mode.startswith("signal"):
     if comm.rank == 1:
+        if mode == "signal-alltoall-python":
+            os.environ["ERDMA_COLL_ALLTOALL"] = "pairwise"
         signal.signal(signal.SIGALRM, ring)
         signal.setitimer(signal.ITIMER_REAL, 0.3)
         t0 = time.monotonic()
         try:
             if mode == "signal-allgather":
                 comm.Allgather(np.array([1, 1], np.int32), buf)
-            elif mode == "signal-alltoall":
+            elif mode.startswith("signal-alltoall"):
                 comm.Alltoall(np.array([1, 1, 1, 1], np.int32), buf)
             else:
                 (MPI.Intracomm(comm) if mode == "signal-alias" else comm).Bcast(buf, root=0)
@@ -54,7 +57,7 @@ if mode.startswith("signal"):
             print(f"rank 1: interrupted after {time.monotonic() - t0:.2f} s", flush=True)
         if mode == "signal-allgather":
             comm.Allgather(np.array([7, 7], np.int32), buf)     # called again
-        elif mode == "signal-alltoall":
+        elif mode.startswith("signal-alltoall"):
             comm.Alltoall(np.full(4, 7, np.int32), buf)
         else:
             comm.Bcast(buf, root=0)     # the root's bytes, taken now
@@ -62,7 +65,7 @@ if mode.startswith("signal"):
         time.sleep(2.0)
         if mode == "signal-allgather":
             comm.Allgather(np.array([7, 7], np.int32), buf)
-        elif mode == "signal-alltoall":
+        elif mode.startswith("signal-alltoall"):
             comm.Alltoall(np.full(4, 7, np.int32), buf)
         else:
             buf[:] = 7
@@ -108,7 +111,7 @@ def test_a_dead_or_stopped_root_fails_a_bcast_by_flags(mode):
 
 
 @pytest.mark.parametrize("mode", ["signal", "signal-alias", "signal-allgather",
-                                  "signal-alltoall"])
+                                  "signal-alltoall", "signal-alltoall-python"])
 def test_a_signal_interrupts_a_bcast_by_flags(mode):
     # the interrupted Bcast leaves no trace: called again, it takes the
     # root's bytes (as a withdrawn receive posted again)
@@ -365,28 +368,29 @@ def test_large_two_rank_alltoall_and_bcast_by_cma_or_flags(mode, monkeypatch):
     assert ("refused" in res.stderr) == (mode == "refuse"), res.stderr[-2000:]
 
 
-# Rank 1 lies in the records of the two-rank CMA protocols (it takes the
-# Python path, whose record it rewrites before it is shared): an address of
-# nothing, of the kernel, one whose range wraps, one page followed by an
-# unreadable one, an address in rank 0's memory (rank 0 sends it: a check
-# that rank 1's copy cannot reach rank 0); and, first, its segment's pid
-# rewritten to rank 0's, so that a rank reading that pid at copy time would
-# copy into itself.  Rank 0 (the C path) must get every byte right by the
-# flags fallback, never crash, and find its own sentinel untouched.
+# Rank 1 lies in the records of the two-rank CMA protocols: it speaks them
+# itself, by flags (the engine's erdma_pair_* calls, as erdma_coll.c's
+# coll_pair_exchange), publishing an address of nothing, of the kernel, one
+# whose range wraps, one page followed by unreadable ones, or an address in
+# rank 0's memory (rank 0 sends it: a check that rank 0's copy cannot reach
+# itself); and, first, its segment's pid rewritten to rank 0's, so that a
+# rank reading that pid at copy time would copy into itself.  It always
+# claims its own copy worked.  Rank 0 (the engine's protocol) must get every
+# byte right by the flags fallback, never crash, and find its sentinel
+# untouched.
 _LIAR = r"""
-import ctypes, mmap, os, re
+import ctypes, os, re
 import numpy as np
 from erdmampi import MPI
-from erdmampi import _engine
-from erdmampi._engine import ffi
+from erdmampi._engine import ERR_TIMEOUT, ffi, lib
+from erdmampi.bootstrap import init_world
 c = MPI.COMM_WORLD
 me = c.rank
 for _ in range(3):
     c.Barrier()                                     # (the pair is agreed by then)
 sentinel = np.full(1 << 20, 0x5A, np.uint8)
 there = c.sendrecv((os.getpid(), sentinel.ctypes.data), dest=1 - me, source=1 - me)
-libc = ctypes.CDLL(None, use_errno=True)
-lie, told = [0], [0]
+told = 0
 if me == 1:
     rewrote = 0
     for line in open("/proc/self/maps"):
@@ -395,6 +399,7 @@ if me == 1:
             ctypes.c_int32.from_address(int(m.group(1), 16) + 16).value = there[0]
             rewrote += 1
     assert rewrote == 1, rewrote
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long]
@@ -403,37 +408,68 @@ if me == 1:
     page = libc.mmap(None, 4096 + (4 << 20), 3, 0x22, -1, 0)   # RW, PRIVATE|ANONYMOUS
     assert libc.mprotect(ctypes.c_void_p(page + 4096), 4 << 20, 0) == 0
     lies = [0, 8, 0xFFFFFFFFFF600000, (1 << 64) - 4096, page, there[1]]
-    os.environ["ERDMA_COLL_ALLTOALL"] = "pairwise"
-    os.environ["ERDMA_COLL_BCAST"] = "binomial"
-    real = _engine.Engine._pair_exchange
-    def lying(self, slot, what, out, into, blk, own=None):
-        if ffi.typeof(out) is ffi.typeof("erdma_pair_rec *"):
-            out.addr = lie[0]
-            told[0] += 1
-        return real(self, slot, what, out, into, blk, own)
-    _engine.Engine._pair_exchange = lying
+    h = init_world()._h
+    slot = lib.erdma_pair_find(h, 0, c._ctx + 1)
+    assert slot >= 0, "no pair agreed"
+    def wait():
+        while (rc := lib.erdma_pair_wait(h, slot, 0.5)) == ERR_TIMEOUT:
+            pass
+        assert rc == 0, rc
+    def exchange(out, into, n):
+        lib.erdma_pair_lead(h, slot, 0)
+        wait()
+        assert lib.erdma_pair_share(h, slot, out, n) == 0
+        wait()
+        assert lib.erdma_pair_take(h, slot, into, n) == 0
+    def records(addr, n):
+        global told
+        theirs = ffi.new("erdma_pair_rec *")
+        exchange(ffi.new("erdma_pair_rec *", {"addr": addr, "len": n, "cma": 1}), theirs,
+                 ffi.sizeof("erdma_pair_rec"))
+        told += 1
+        assert theirs.len == n
+        done, peer_done = ffi.new("uint64_t *", 1), ffi.new("uint64_t *")
+        exchange(done, peer_done, 8)                # "my copy worked"
+        return peer_done[0]
+    def pieces(out, into, n):
+        for off in range(0, n, 8192):
+            exchange(out + off, into + off, min(8192, n - off))
+    def alltoall(s, r, blk, addr):                  # this rank's index is 1
+        r[blk:] = s[blk:]
+        sp, rp = ffi.cast("char *", s.ctypes.data), ffi.cast("char *", r.ctypes.data)
+        if not records(addr, blk):
+            pieces(sp, rp, blk)
+    def bcast(b, root, addr):
+        bp, scratch = ffi.cast("char *", b.ctypes.data), ffi.new("char[]", 8192)
+        if not records(addr, b.nbytes):
+            for off in range(0, b.nbytes, 8192):
+                k = min(8192, b.nbytes - off)
+                exchange(bp + off, scratch if root == 1 else bp + off, k)
 else:
     lies = [None] * 6
 c.Barrier()
 for i, addr in enumerate(lies):
-    lie[0] = addr
     for blk in (65536, 300001):
         s = np.concatenate([np.full(blk, 16 * me + r + i, np.uint8) for r in range(2)])
         r = np.zeros(2 * blk, np.uint8)
-        c.Alltoall(s, r)
-        if me == 0:
+        if me == 1:
+            alltoall(s, r, blk, addr)
+        else:
+            c.Alltoall(s, r)
             want = np.concatenate([np.full(blk, 16 * r + me + i, np.uint8) for r in range(2)])
             assert np.array_equal(r, want), ("Alltoall", i, blk)
     for root in (0, 1):
         want = np.full(1 << 20, 3 + i + root, np.uint8)
         b = want.copy() if me == root else np.zeros(1 << 20, np.uint8)
-        c.Bcast(b, root=root)
-        if me == 0:
+        if me == 1:
+            bcast(b, root, addr)
+        else:
+            c.Bcast(b, root=root)
             assert np.array_equal(b, want), ("Bcast", i, root)
     if me == 0:
         assert (sentinel == 0x5A).all(), ("sentinel", i)
 c.Barrier()
-assert told[0] == (24 if me == 1 else 0), told
+assert told == (24 if me == 1 else 0), told
 print(f"rank {me}: OK", flush=True)
 """
 

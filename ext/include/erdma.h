@@ -372,6 +372,28 @@ int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_
 #define ERDMA_PAIR_BCAST_MAX (1u << 30)
 int erdma_pair_write(erdma_engine *e, int slot, uint64_t addr, const void *src, uint64_t n);
 uint64_t erdma_pair_split(uint64_t n);
+/* Those two protocols whole (erdma_coll.c), for every caller: how it waits
+ * in them is a erdma_pair_waiter.  wait(arg, e, slot) runs erdma_pair_wait
+ * to its end and answers 0, the peer's error, or `interrupted` (a signal,
+ * a Python exception), after which a counted operation is withdrawn
+ * (erdma_pair_withdraw) and the protocol ends with that code; release(arg)
+ * and acquire(arg, token), where not NULL, are called around each copy of
+ * more than ERDMA_PAIR_DATA_MAX bytes (Python's GIL).  erdma_pair_alltoall:
+ * blocks of at most ERDMA_PAIR_DATA_MAX bytes by flags, larger ones (below
+ * ERDMA_PAIR_CMA_MAX) by CMA as above; sbuf NULL: in place; `me` this
+ * rank's index.  erdma_pair_bcast_large: a Bcast above ERDMA_PAIR_DATA_MAX
+ * (below ERDMA_PAIR_BCAST_MAX).  0 or an error code. */
+typedef struct erdma_pair_waiter {
+  int (*wait)(void *arg, erdma_engine *e, int slot);
+  void *(*release)(void *arg);
+  void (*acquire)(void *arg, void *token);
+  void *arg;
+  int interrupted;
+} erdma_pair_waiter;
+int erdma_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf, uint64_t blk,
+                        int me, const erdma_pair_waiter *w);
+int erdma_pair_bcast_large(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
+                           const erdma_pair_waiter *w);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
  * world ranks a receive on context ctx can match (n = 0: forget ctx, and

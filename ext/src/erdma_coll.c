@@ -267,7 +267,7 @@ static int pair_wait_slices(void *arg, erdma_engine *e, int slot) {
 }
 
 /* a copy of n bytes, the waiter's lock released around a long one */
-static void pair_copy(const coll_pair_waiter *w, void *to, const void *from, uint64_t n) {
+static void pair_copy(const erdma_pair_waiter *w, void *to, const void *from, uint64_t n) {
   if (n > ERDMA_PAIR_DATA_MAX && w->release) {
     void *token = w->release(w->arg);
     erdma_copy(to, from, n);
@@ -278,7 +278,7 @@ static void pair_copy(const coll_pair_waiter *w, void *to, const void *from, uin
 }
 
 int coll_pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
-                       void *to, const void *from, uint64_t own, const coll_pair_waiter *w) {
+                       void *to, const void *from, uint64_t own, const erdma_pair_waiter *w) {
   erdma_pair_lead(e, slot, 0);
   int rc = w->wait(w->arg, e, slot);
   if (rc || (rc = erdma_pair_share(e, slot, out, blk))) return rc;
@@ -290,7 +290,7 @@ int coll_pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uin
 
 /* 1 when the CMA copy of n bytes between `local` and the peer's `addr`
  * worked (write: to the peer), the waiter's lock released meanwhile */
-static uint64_t pair_cma_copy(erdma_engine *e, int slot, const coll_pair_waiter *w, void *local,
+static uint64_t pair_cma_copy(erdma_engine *e, int slot, const erdma_pair_waiter *w, void *local,
                               uint64_t addr, uint64_t n, int write) {
   void *token = w->release ? w->release(w->arg) : NULL;
   int rc = write ? erdma_pair_write(e, slot, addr, local, n)
@@ -306,7 +306,7 @@ static uint64_t pair_cma_copy(erdma_engine *e, int slot, const coll_pair_waiter 
  * the caller passes a copy. */
 static int pair_exchange_cma(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
                              void *to, const void *from, uint64_t own,
-                             const coll_pair_waiter *w) {
+                             const erdma_pair_waiter *w) {
   erdma_pair_rec mine = {(uintptr_t)out, blk, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
   int rc = coll_pair_exchange(e, slot, &mine, &theirs, sizeof mine, to, from, own, w);
   if (rc) return rc;
@@ -324,8 +324,8 @@ static int pair_exchange_cma(erdma_engine *e, int slot, const void *out, void *i
   return rc;
 }
 
-int coll_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf, uint64_t blk,
-                       int me, const coll_pair_waiter *w) {
+int erdma_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf, uint64_t blk,
+                       int me, const erdma_pair_waiter *w) {
   uint8_t *d = rbuf;
   const uint8_t *src = sbuf ? (const uint8_t *)sbuf : d;
   uint64_t mine = (uint64_t)me * blk, theirs = (uint64_t)(1 - me) * blk;
@@ -345,8 +345,8 @@ int coll_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf, 
  * both buffers' records by flags, the receiver reads the first part while
  * the root writes the rest, whether both did by flags; else by flags in
  * pieces from the root. */
-int coll_pair_bcast_cma(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
-                        const coll_pair_waiter *w) {
+int erdma_pair_bcast_large(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
+                        const erdma_pair_waiter *w) {
   erdma_pair_rec mine = {(uintptr_t)buf, n, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
   int rc = coll_pair_exchange(e, slot, &mine, &theirs, sizeof mine, NULL, NULL, 0, w);
   if (rc) return rc;
@@ -369,7 +369,7 @@ int coll_pair_bcast_cma(erdma_engine *e, int slot, void *buf, uint64_t n, int is
 
 /* the waiter of the collectives in C: in slices of `slice` seconds */
 #define SLICE_WAITER(slice) \
-  (&(const coll_pair_waiter){pair_wait_slices, NULL, NULL, (void *)&(slice), 0})
+  (&(const erdma_pair_waiter){pair_wait_slices, NULL, NULL, (void *)&(slice), 0})
 
 int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, const int *ranks,
                      int n, int me, int tag, uint32_t ctx, double slice,
@@ -380,7 +380,7 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
   if (n == 1) return 0;
   int slot = n == 2 && nbytes && nbytes < ERDMA_PAIR_BCAST_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0 && nbytes > ERDMA_PAIR_DATA_MAX)
-    return coll_pair_bcast_cma(e, slot, buf, nbytes, me == root, SLICE_WAITER(slice));
+    return erdma_pair_bcast_large(e, slot, buf, nbytes, me == root, SLICE_WAITER(slice));
   if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
     if (me != root)
       erdma_pair_expect(e, slot);
@@ -474,7 +474,7 @@ int erdma_coll_alltoall(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t 
   uint8_t *d = rbuf;
   int slot = n == 2 && blk < ERDMA_PAIR_CMA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) /* by flags, as erdma_coll_allgather: our block for the peer, its for us */
-    return coll_pair_alltoall(e, slot, sbuf, rbuf, blk, me, SLICE_WAITER(slice));
+    return erdma_pair_alltoall(e, slot, sbuf, rbuf, blk, me, SLICE_WAITER(slice));
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
   const uint8_t *s = sbuf;

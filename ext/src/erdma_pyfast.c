@@ -2158,7 +2158,7 @@ static int pair_wait(pf_state *s) {
   }
 }
 
-/* pair_wait as a coll_pair_waiter (erdma_coll.h), the GIL released
+/* pair_wait as a erdma_pair_waiter (erdma_coll.h), the GIL released
  * around long copies: the two-rank protocols of erdma_coll.c with signal
  * checks */
 static int pf_pair_wait(void *arg, erdma_engine *e, int slot) {
@@ -2171,7 +2171,7 @@ static void pf_acquire(void *arg, void *token) {
   PyEval_RestoreThread(token);
 }
 #define PF_WAITER(s) \
-  (&(const coll_pair_waiter){pf_pair_wait, pf_release, pf_acquire, (s), PF_SIGNALLED})
+  (&(const erdma_pair_waiter){pf_pair_wait, pf_release, pf_acquire, (s), PF_SIGNALLED})
 
 static PyObject *pair_result(int rc) {
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
@@ -2179,11 +2179,12 @@ static PyObject *pair_result(int rc) {
 
 /* A Bcast of two ranks that agreed on flags, of up to ERDMA_PAIR_DATA_MAX
  * bytes (erdma_pair_put / _take); larger, below ERDMA_PAIR_BCAST_MAX:
- * coll_pair_bcast_cma. */
+ * erdma_pair_bcast_large. */
 static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
   int rc;
   if (len > ERDMA_PAIR_DATA_MAX)
-    return pair_result(coll_pair_bcast_cma(s->e, s->pair, buf, len, s->me == root, PF_WAITER(s)));
+    return pair_result(
+        erdma_pair_bcast_large(s->e, s->pair, buf, len, s->me == root, PF_WAITER(s)));
   if (s->me == root) {
     erdma_pair_lead(s->e, s->pair, len);
     if (!(rc = pair_wait(s))) rc = erdma_pair_put(s->e, s->pair, buf, len);
@@ -2206,7 +2207,7 @@ static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t 
 
 /* An Alltoall by flags (and CMA above ERDMA_PAIR_DATA_MAX); sb NULL: in place */
 static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t blk) {
-  int rc = coll_pair_alltoall(s->e, s->pair, sb, rb, blk, s->me, PF_WAITER(s));
+  int rc = erdma_pair_alltoall(s->e, s->pair, sb, rb, blk, s->me, PF_WAITER(s));
   return rc == ERDMA_ERR_NOMEM ? PyErr_NoMemory() : pair_result(rc);
 }
 
