@@ -2158,9 +2158,8 @@ static int pair_wait(pf_state *s) {
   }
 }
 
-/* pair_wait as a erdma_pair_waiter (erdma_coll.h), the GIL released
- * around long copies: the two-rank protocols of erdma_coll.c with signal
- * checks */
+/* pair_wait as an erdma_pair_waiter (erdma.h), the GIL released around
+ * long copies: the two-rank protocols of erdma_coll.c with signal checks */
 static int pf_pair_wait(void *arg, erdma_engine *e, int slot) {
   return pair_wait((pf_state *)arg);
 }
