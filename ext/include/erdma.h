@@ -456,6 +456,13 @@ int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag
  * *out (nbytes the message's length) when taken. */
 int erdma_recv_now_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
                          void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out);
+/* erdma_recv_now_alloc that, while no message matches and every peer is on
+ * this host, spins up to spin_ns reading the rings itself (never waiting
+ * for the engine lock: a caller may hold the GIL): 1 and *out when taken,
+ * else 0 (post the receive). */
+int erdma_recv_soon_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
+                          void *(*alloc)(void *arg, uint64_t n), void *arg, uint64_t spin_ns,
+                          erdma_blocking *out);
 int erdma_req_cancel(erdma_req *r);
 /* Withdraw a pending request whatever its state, so the engine never touches
  * its buffer again (a send's unsent bytes are copied first); it completes as

@@ -1047,19 +1047,14 @@ int erdma_send(erdma_engine *e, const void *buf, uint64_t nbytes, int dest, int 
   return rv ? rv : wait_blocking(r, timeout, out);
 }
 
-/* erdma_recv_now and erdma_recv_now_alloc: into buf (cap bytes), or into
- * what alloc(arg, length) gives (buf NULL) */
-static int recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
+/* The receive of erdma_recv_now and erdma_recv_now_alloc under e->mu: into
+ * buf (cap bytes), or into what alloc(arg, length) gives (buf NULL). */
+static int take_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
                     void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out) {
-  if (!check_src(e, source) || (!buf && cap) || (tag < 0 && tag != ERDMA_ANY_TAG) ||
-      pthread_mutex_trylock(&e->mu) != 0)
-    return 0;
   erdma_msg *m = e->unexp_head ? unexp_find(e, source, tag, ctx) : NULL;
   if (!m || m->rndv || m->error || !m->complete || m->sync || m->sreq ||
-      (alloc && !(buf = alloc(arg, cap = m->len)))) {
-    pthread_mutex_unlock(&e->mu);
+      (alloc && !(buf = alloc(arg, cap = m->len))))
     return 0; /* (the first match decides: messages are taken in order) */
-  }
   TRACE_MSG(e, ERDMA_TRACE_RECV, source, tag, ctx, cap);
   DL_REMOVE(e->unexp_head, e->unexp_tail, m);
   m->queued = 0;
@@ -1073,8 +1068,19 @@ static int recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int ta
   out->left = NULL;
   msg_free(m);
   shm_app_active(e);
-  pthread_mutex_unlock(&e->mu);
   return 1;
+}
+
+static int recv_args_ok(erdma_engine *e, void *buf, uint64_t cap, int source, int tag) {
+  return check_src(e, source) && (buf || !cap) && (tag >= 0 || tag == ERDMA_ANY_TAG);
+}
+
+static int recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,
+                    void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out) {
+  if (!recv_args_ok(e, buf, cap, source, tag) || pthread_mutex_trylock(&e->mu) != 0) return 0;
+  int got = take_now(e, buf, cap, source, tag, ctx, alloc, arg, out);
+  pthread_mutex_unlock(&e->mu);
+  return got;
 }
 
 int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag,
@@ -1085,6 +1091,49 @@ int erdma_recv_now(erdma_engine *e, void *buf, uint64_t cap, int source, int tag
 int erdma_recv_now_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
                          void *(*alloc)(void *arg, uint64_t n), void *arg, erdma_blocking *out) {
   return alloc ? recv_now(e, NULL, 0, source, tag, ctx, alloc, arg, out) : 0;
+}
+
+/* A message from a local peer sent as this rank reached its receive (an
+ * exchange) lands within a microsecond: reading it straight from the ring
+ * into alloc's buffer spares the request, its zeroed buffer, a second copy
+ * and the wait's hand-over of the caller's lock (the GIL).  The spin reads
+ * the rings' counters without e->mu, counted in lf_spin (taken under the
+ * lock, as spin_shm) so that teardown waits for it, and only ever tries the
+ * lock while counted. */
+int erdma_recv_soon_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
+                          void *(*alloc)(void *arg, uint64_t n), void *arg, uint64_t spin_ns,
+                          erdma_blocking *out) {
+  if (!alloc || !recv_args_ok(e, NULL, 0, source, tag) || pthread_mutex_trylock(&e->mu) != 0)
+    return 0;
+  int got = take_now(e, NULL, 0, source, tag, ctx, alloc, arg, out);
+  struct shm_seg *seg = e->shm.seg;
+  if (got || !spin_ns || !all_shm(e) || e->shm.oversub || source == e->cfg.rank) {
+    pthread_mutex_unlock(&e->mu);
+    return got;
+  }
+  __atomic_add_fetch(&e->shm.lf_spin, 1, __ATOMIC_ACQ_REL);
+  pthread_mutex_unlock(&e->mu);
+  uint64_t until = erdma_now() + spin_ns;
+  for (unsigned it = 1;; it++) {
+    if (shm_rx_ready(e) && pthread_mutex_trylock(&e->mu) == 0) {
+      int live = e->shm.seg == seg && e->running;
+      if (live) {
+        shm_poll_rings(e);
+        conn_flush_all(e);
+        got = take_now(e, NULL, 0, source, tag, ctx, alloc, arg, out);
+      }
+      if (got || !live) {
+        __atomic_sub_fetch(&e->shm.lf_spin, 1, __ATOMIC_ACQ_REL);
+        pthread_mutex_unlock(&e->mu);
+        return got;
+      }
+      pthread_mutex_unlock(&e->mu); /* still counted: the segment stays */
+    }
+    if ((it & 15) == 0 && erdma_now() >= until) break;
+    cpu_relax();
+  }
+  __atomic_sub_fetch(&e->shm.lf_spin, 1, __ATOMIC_ACQ_REL);
+  return 0;
 }
 
 int erdma_recv(erdma_engine *e, void *buf, uint64_t cap, int source, int tag, uint32_t ctx,

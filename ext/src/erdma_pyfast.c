@@ -2685,6 +2685,29 @@ static void *bytes_alloc(void *arg, uint64_t n) {
   return PyBytes_AsString(b);
 }
 
+/* How long recv_obj reads the rings itself, holding the GIL, before it
+ * posts a receive and waits without it: a peer's message of an exchange
+ * lands well within this; a later one waits as any receive. */
+#define RECV_SOON_NS 2000u
+
+/* recv_obj's receive from world rank src (or ANY_SOURCE), as load_bytes
+ * answers: 1 and *out the object loads made; 0 and *out a value for a More
+ * ((payload or None, error) for Python to finish, or (rc, left) as recv);
+ * -1 an exception.  A message here whole already, or that lands within
+ * RECV_SOON_NS, is copied once, into the bytes loads reads, with no request
+ * and no wait. */
+static int recv_obj_at(pf_state *s, int src, long tag, uint32_t ctx, PyObject *loads,
+                       PyObject **out) {
+  erdma_req *req;
+  erdma_status st;
+  erdma_blocking now;
+  PyObject *b = NULL;
+  if (erdma_recv_soon_alloc(s->e, src, (int)tag, ctx, bytes_alloc, &b, RECV_SOON_NS, &now))
+    return load_bytes(b, loads, out);
+  if (!recv_alloc_at(s, src, tag, ctx, &req, &st, out)) return *out ? 0 : -1;
+  return load_payload(req, &st, loads, out);
+}
+
 /* recv_obj(state, source, tag, loads[, base]): recv_bytes of a lowercase
  * recv (with base: an object collective's message) that also unpickles: the
  * object, when loads (pickle.loads, or None: never here) took an in-band
@@ -2693,21 +2716,13 @@ static void *bytes_alloc(void *arg, uint64_t n) {
  * recv.  A message here whole already (erdma_recv_now_alloc) is copied
  * once, into the bytes loads reads, with no request and no wait. */
 static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  erdma_req *req;
-  erdma_status st;
-  erdma_blocking now;
-  PyObject *res, *b = NULL, *loads = n >= 4 && args[3] != Py_None ? args[3] : NULL;
+  PyObject *res, *loads = n >= 4 && args[3] != Py_None ? args[3] : NULL;
   long tag;
   uint32_t ctx;
-  int src, rc;
+  int src;
   pf_state *s;
   if (!recv_args(args, n, 4, &s, &src, &tag, &ctx)) return more_new(PyLong_FromLong(1));
-  if (erdma_recv_now_alloc(s->e, src, (int)tag, ctx, bytes_alloc, &b, &now))
-    rc = load_bytes(b, loads, &res);
-  else if (!recv_alloc_at(s, src, tag, ctx, &req, &st, &res))
-    return more_new(res);
-  else
-    rc = load_payload(req, &st, loads, &res);
+  int rc = recv_obj_at(s, src, tag, ctx, loads, &res);
   return rc == 0 ? more_new(res) : res;
 }
 
@@ -2772,17 +2787,11 @@ static PyObject *pf_pair_obj(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (!mine && !recv) goto fail;
   }
   if (recv) {
-    erdma_req *req;
-    erdma_status st;
     PyObject *et = NULL, *ev = NULL, *tb = NULL;
     if (odata && !mine) PyErr_Fetch(&et, &ev, &tb); /* raised once received */
     int rc; /* 2 received and loaded, 1 Python finishes (got), 0 an exception */
-    if (recv_alloc_at(s, peer, base, s->ctx + 1, &req, &st, &got)) {
-      int l = load_payload(req, &st, loads, &got);
-      rc = l < 0 ? 0 : l == 0 ? 1 : 2;
-    } else {
-      rc = got ? 1 : 0;
-    }
+    int l = recv_obj_at(s, peer, base, s->ctx + 1, loads, &got);
+    rc = l < 0 ? 0 : l == 0 ? 1 : 2;
     if (rc == 1) { /* Python finishes the receive, then loads the copy again */
       Py_XDECREF(et);
       Py_XDECREF(ev);
