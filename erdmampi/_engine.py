@@ -714,18 +714,8 @@ class Engine:
         slot = self._pair_slot(peer, ctx, nbytes, PAIR_BCAST_MAX)
         if slot < 0:
             return False
-        buf = ffi.cast("char *", addr)
-        if nbytes > PAIR_DATA_MAX:
-            self._pair_run("bcast", lib.erdma_pair_bcast_large, slot, buf, nbytes, int(isroot))
-            return True
-        if isroot:
-            lib.erdma_pair_lead(self._h, slot, nbytes)
-            self._pair_wait(slot, "bcast")
-            _check(lib.erdma_pair_put(self._h, slot, buf, nbytes), "bcast")
-            return True
-        h = self._h
-        self._pair_receive(slot, "bcast", lambda: lib.erdma_pair_expect(h, slot) or 0,
-                           lambda: lib.erdma_pair_take(h, slot, buf, nbytes))
+        self._pair_run("bcast", lib.erdma_pair_bcast, slot, ffi.cast("char *", addr), nbytes,
+                       int(isroot))
         return True
 
     def pair_allgather(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
@@ -739,7 +729,8 @@ class Engine:
         mine, theirs = rbuf + me * blk, rbuf + (1 - me) * blk
         if saddr is not None:
             ffi.memmove(mine, ffi.cast("char *", saddr), blk)
-        self._pair_exchange(slot, "allgather", mine, theirs, blk)
+        self._pair_run("allgather", lib.erdma_pair_exchange, slot, mine, theirs, blk, ffi.NULL,
+                       ffi.NULL, 0)
         return True
 
     def pair_alltoall(self, peer: int, ctx: int, saddr, raddr, blk: int, me: int) -> bool:
@@ -756,7 +747,7 @@ class Engine:
         return True
 
     def _pair_run(self, what: str, fn, slot: int, *args) -> None:
-        """``fn`` (erdma_pair_alltoall, erdma_pair_bcast_large) on ``slot``,
+        """``fn`` (erdma_pair_alltoall, _bcast, _exchange) on ``slot``,
         waiting as _pair_wait does: in slices, a signal's handler between
         two; an exception it raises ends the protocol (what was counted
         withdrawn) and is raised here."""
@@ -775,35 +766,6 @@ class Engine:
         if not 0 < nbytes < below:
             return -1
         return lib.erdma_pair_find(self._h, peer, ctx)
-
-    def _pair_exchange(self, slot: int, what: str, out, into, blk: int, own=None) -> None:
-        """An Allgather's or Alltoall's exchange by flags: ``out`` to the
-        peer, the peer's block into ``into``; ``own`` (to, from[, bytes,
-        else blk]): this rank's own block, copied once ``out`` is shared."""
-        h = self._h
-        lib.erdma_pair_lead(h, slot, 0)
-        self._pair_wait(slot, what)
-
-        def share():
-            rc = lib.erdma_pair_share(h, slot, out, blk)
-            if own is not None and not rc:
-                ffi.memmove(own[0], own[1], own[2] if len(own) > 2 else blk)
-            return rc
-        self._pair_receive(slot, what, share, lambda: lib.erdma_pair_take(h, slot, into, blk))
-
-    def _pair_receive(self, slot: int, what: str, count, take) -> None:
-        """``count()`` (erdma_pair_expect or _share: the operation counted;
-        its error code), the wait, then ``take()``; a signal's handler that
-        raises anywhere in here withdraws what was counted and not taken."""
-        try:
-            rc = count()
-            if rc == 0:
-                self._pair_wait(slot, what)
-                rc = take()
-        except BaseException:
-            lib.erdma_pair_withdraw(self._h, slot)
-            raise
-        _check(rc, what)
 
     def _pair_wait(self, slot: int, what: str) -> None:
         """erdma_pair_wait in slices (the GIL released in each; a signal's

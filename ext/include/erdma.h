@@ -372,7 +372,7 @@ int erdma_pair_read(erdma_engine *e, int slot, void *dst, uint64_t addr, uint64_
 #define ERDMA_PAIR_BCAST_MAX (1u << 30)
 int erdma_pair_write(erdma_engine *e, int slot, uint64_t addr, const void *src, uint64_t n);
 uint64_t erdma_pair_split(uint64_t n);
-/* Those two protocols whole (erdma_coll.c), for every caller: how it waits
+/* These protocols whole (erdma_coll.c), for every caller: how it waits
  * in them is a erdma_pair_waiter.  wait(arg, e, slot) runs erdma_pair_wait
  * to its end and answers 0, the peer's error, or `interrupted` (a signal,
  * a Python exception), after which a counted operation is withdrawn
@@ -381,8 +381,12 @@ uint64_t erdma_pair_split(uint64_t n);
  * more than ERDMA_PAIR_DATA_MAX bytes (Python's GIL).  erdma_pair_alltoall:
  * blocks of at most ERDMA_PAIR_DATA_MAX bytes by flags, larger ones (below
  * ERDMA_PAIR_CMA_MAX) by CMA as above; sbuf NULL: in place; `me` this
- * rank's index.  erdma_pair_bcast_large: a Bcast above ERDMA_PAIR_DATA_MAX
- * (below ERDMA_PAIR_BCAST_MAX).  0 or an error code. */
+ * rank's index.  erdma_pair_bcast: a Bcast of 1 byte to less than
+ * ERDMA_PAIR_BCAST_MAX (erdma_pair_bcast_large above ERDMA_PAIR_DATA_MAX).
+ * erdma_pair_exchange: an Allgather's exchange by flags of blocks of at
+ * most ERDMA_PAIR_DATA_MAX bytes, `out` to the peer and the peer's into
+ * `in`, and `own` bytes copied from `from` to `to` once `out` is shared
+ * (0: none).  0 or an error code. */
 typedef struct erdma_pair_waiter {
   int (*wait)(void *arg, erdma_engine *e, int slot);
   void *(*release)(void *arg);
@@ -394,6 +398,10 @@ int erdma_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf,
                         int me, const erdma_pair_waiter *w);
 int erdma_pair_bcast_large(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
                            const erdma_pair_waiter *w);
+int erdma_pair_bcast(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
+                     const erdma_pair_waiter *w);
+int erdma_pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
+                        void *to, const void *from, uint64_t own, const erdma_pair_waiter *w);
 
 /* Failures and receives from ANY_SOURCE (erdma_ulfm.c): tell the engine the
  * world ranks a receive on context ctx can match (n = 0: forget ctx, and

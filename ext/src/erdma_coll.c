@@ -277,8 +277,8 @@ static void pair_copy(const erdma_pair_waiter *w, void *to, const void *from, ui
   }
 }
 
-int coll_pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
-                       void *to, const void *from, uint64_t own, const erdma_pair_waiter *w) {
+int erdma_pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
+                        void *to, const void *from, uint64_t own, const erdma_pair_waiter *w) {
   erdma_pair_lead(e, slot, 0);
   int rc = w->wait(w->arg, e, slot);
   if (rc || (rc = erdma_pair_share(e, slot, out, blk))) return rc;
@@ -308,17 +308,17 @@ static int pair_exchange_cma(erdma_engine *e, int slot, const void *out, void *i
                              void *to, const void *from, uint64_t own,
                              const erdma_pair_waiter *w) {
   erdma_pair_rec mine = {(uintptr_t)out, blk, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
-  int rc = coll_pair_exchange(e, slot, &mine, &theirs, sizeof mine, to, from, own, w);
+  int rc = erdma_pair_exchange(e, slot, &mine, &theirs, sizeof mine, to, from, own, w);
   if (rc) return rc;
   if (theirs.len != blk) return ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
   uint64_t read = mine.cma && theirs.cma && pair_cma_copy(e, slot, w, in, theirs.addr, blk, 0),
            peer_read;
-  if ((rc = coll_pair_exchange(e, slot, &read, &peer_read, sizeof read, NULL, NULL, 0, w)))
+  if ((rc = erdma_pair_exchange(e, slot, &read, &peer_read, sizeof read, NULL, NULL, 0, w)))
     return rc;
   for (uint64_t off = 0; !(read && peer_read) && off < blk && !rc;) {
     uint64_t k = blk - off < ERDMA_PAIR_DATA_MAX ? blk - off : ERDMA_PAIR_DATA_MAX;
-    rc = coll_pair_exchange(e, slot, (const uint8_t *)out + off, (uint8_t *)in + off, k, NULL,
-                            NULL, 0, w);
+    rc = erdma_pair_exchange(e, slot, (const uint8_t *)out + off, (uint8_t *)in + off, k, NULL,
+                             NULL, 0, w);
     off += k;
   }
   return rc;
@@ -330,8 +330,8 @@ int erdma_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf,
   const uint8_t *src = sbuf ? (const uint8_t *)sbuf : d;
   uint64_t mine = (uint64_t)me * blk, theirs = (uint64_t)(1 - me) * blk;
   if (blk <= ERDMA_PAIR_DATA_MAX)
-    return coll_pair_exchange(e, slot, src + theirs, d + theirs, blk, d + mine, src + mine,
-                              src != d ? blk : 0, w);
+    return erdma_pair_exchange(e, slot, src + theirs, d + theirs, blk, d + mine, src + mine,
+                               src != d ? blk : 0, w);
   void *tmp = src == d ? malloc(blk) : NULL; /* in place: the peer reads a copy */
   if (src == d && !tmp) return ERDMA_ERR_NOMEM;
   if (tmp) memcpy(tmp, src + theirs, blk);
@@ -348,22 +348,35 @@ int erdma_pair_alltoall(erdma_engine *e, int slot, const void *sbuf, void *rbuf,
 int erdma_pair_bcast_large(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
                         const erdma_pair_waiter *w) {
   erdma_pair_rec mine = {(uintptr_t)buf, n, (uint64_t)erdma_pair_cma_ok(e, slot), 0}, theirs;
-  int rc = coll_pair_exchange(e, slot, &mine, &theirs, sizeof mine, NULL, NULL, 0, w);
+  int rc = erdma_pair_exchange(e, slot, &mine, &theirs, sizeof mine, NULL, NULL, 0, w);
   if (rc) return rc;
   if (theirs.len != n) return ERDMA_ERR_TRUNCATE; /* (the peer sees it too) */
   uint64_t h = erdma_pair_split(n), done = 0, peer_done;
   if (mine.cma && theirs.cma)
     done = isroot ? pair_cma_copy(e, slot, w, (uint8_t *)buf + h, theirs.addr + h, n - h, 1)
                   : pair_cma_copy(e, slot, w, buf, theirs.addr, h, 0);
-  if ((rc = coll_pair_exchange(e, slot, &done, &peer_done, sizeof done, NULL, NULL, 0, w)))
+  if ((rc = erdma_pair_exchange(e, slot, &done, &peer_done, sizeof done, NULL, NULL, 0, w)))
     return rc;
   uint8_t scratch[ERDMA_PAIR_DATA_MAX];
   for (uint64_t off = 0; !(done && peer_done) && off < n && !rc;) {
     uint64_t k = n - off < ERDMA_PAIR_DATA_MAX ? n - off : ERDMA_PAIR_DATA_MAX;
     uint8_t *at = (uint8_t *)buf + off;
-    rc = coll_pair_exchange(e, slot, at, isroot ? scratch : at, k, NULL, NULL, 0, w);
+    rc = erdma_pair_exchange(e, slot, at, isroot ? scratch : at, k, NULL, NULL, 0, w);
     off += k;
   }
+  return rc;
+}
+
+int erdma_pair_bcast(erdma_engine *e, int slot, void *buf, uint64_t n, int isroot,
+                     const erdma_pair_waiter *w) {
+  if (n > ERDMA_PAIR_DATA_MAX) return erdma_pair_bcast_large(e, slot, buf, n, isroot, w);
+  if (isroot)
+    erdma_pair_lead(e, slot, n);
+  else
+    erdma_pair_expect(e, slot);
+  int rc = w->wait(w->arg, e, slot);
+  if (!rc) return isroot ? erdma_pair_put(e, slot, buf, n) : erdma_pair_take(e, slot, buf, n);
+  if (rc == w->interrupted) erdma_pair_withdraw(e, slot);
   return rc;
 }
 
@@ -379,17 +392,8 @@ int erdma_coll_bcast(erdma_engine *e, void *buf, uint64_t nbytes, int root, cons
     return ERDMA_ERR_INVAL;
   if (n == 1) return 0;
   int slot = n == 2 && nbytes && nbytes < ERDMA_PAIR_BCAST_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
-  if (slot >= 0 && nbytes > ERDMA_PAIR_DATA_MAX)
-    return erdma_pair_bcast_large(e, slot, buf, nbytes, me == root, SLICE_WAITER(slice));
-  if (slot >= 0) { /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
-    if (me != root)
-      erdma_pair_expect(e, slot);
-    else
-      erdma_pair_lead(e, slot, nbytes);
-    int rc = pair_wait_slices(&slice, e, slot);
-    if (rc) return rc;
-    return me == root ? erdma_pair_put(e, slot, buf, nbytes) : erdma_pair_take(e, slot, buf, nbytes);
-  }
+  if (slot >= 0) /* by flags, agreed at an earlier Barrier (as erdma_coll_barrier) */
+    return erdma_pair_bcast(e, slot, buf, nbytes, me == root, SLICE_WAITER(slice));
   erdma_coll *c = coll_new(e, nbytes, ctx, n);
   if (!c) return ERDMA_ERR_NOMEM;
   c->buf[0] = buf;
@@ -511,8 +515,8 @@ int erdma_coll_allgather(erdma_engine *e, const void *sbuf, void *rbuf, uint64_t
   if (blk == 0 || n == 1) return 0;
   int slot = n == 2 && blk <= ERDMA_PAIR_DATA_MAX ? erdma_pair_find(e, ranks[1 - me], ctx) : -1;
   if (slot >= 0) /* by flags, agreed at an earlier Barrier (as erdma_coll_bcast) */
-    return coll_pair_exchange(e, slot, mine, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk,
-                              NULL, NULL, 0, SLICE_WAITER(slice));
+    return erdma_pair_exchange(e, slot, mine, (uint8_t *)rbuf + (uint64_t)(1 - me) * blk, blk,
+                               NULL, NULL, 0, SLICE_WAITER(slice));
   erdma_coll *c = coll_new_msgs(e, ctx, n, 2 * (n - 1));
   if (!c) return ERDMA_ERR_NOMEM;
   /* allgatherv_direct's messages: tag 0.  Sent from the caller's send

@@ -13,15 +13,4 @@ static inline int coll_check_comm(erdma_engine *e, const int *ranks, int n, int 
   return 0;
 }
 
-/* On pair `slot`, agreed with the peer (erdma_pair_find): an Allgather's or
- * Alltoall's exchange of blocks of at most ERDMA_PAIR_DATA_MAX bytes by
- * flags, `out` to the peer and its block into `in`, `own` bytes from `from`
- * to `to` once `out` is shared; 0 or an error code (the waiter's own
- * included: erdma_pair_waiter in erdma.h).  With erdma_pair_alltoall and
- * erdma_pair_bcast_large, the one form of these protocols for the
- * collectives in C (erdma_coll_*), the one-call path (erdma_pyfast.c) and
- * the Python algorithms (erdmampi/_engine.py). */
-int coll_pair_exchange(erdma_engine *e, int slot, const void *out, void *in, uint64_t blk,
-                       void *to, const void *from, uint64_t own, const erdma_pair_waiter *w);
-
 #endif /* ERDMA_COLL_H */

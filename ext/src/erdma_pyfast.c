@@ -65,7 +65,6 @@
 #include <string.h>
 
 #include "erdma.h"
-#include "erdma_coll.h"
 #include "erdma_copy.h"
 
 static volatile unsigned pyfast_epoch = 1;
@@ -2176,32 +2175,18 @@ static PyObject *pair_result(int rc) {
   return rc == PF_SIGNALLED ? NULL : coll_result(rc, NULL);
 }
 
-/* A Bcast of two ranks that agreed on flags, of up to ERDMA_PAIR_DATA_MAX
- * bytes (erdma_pair_put / _take); larger, below ERDMA_PAIR_BCAST_MAX:
- * erdma_pair_bcast_large. */
+/* A Bcast of two ranks that agreed on flags (erdma_pair_bcast) */
 static PyObject *pair_bcast(pf_state *s, void *buf, uint64_t len, int root) {
-  int rc;
-  if (len > ERDMA_PAIR_DATA_MAX)
-    return pair_result(
-        erdma_pair_bcast_large(s->e, s->pair, buf, len, s->me == root, PF_WAITER(s)));
-  if (s->me == root) {
-    erdma_pair_lead(s->e, s->pair, len);
-    if (!(rc = pair_wait(s))) rc = erdma_pair_put(s->e, s->pair, buf, len);
-  } else {
-    erdma_pair_expect(s->e, s->pair);
-    if (!(rc = pair_wait(s))) rc = erdma_pair_take(s->e, s->pair, buf, len);
-    else if (rc == PF_SIGNALLED) erdma_pair_withdraw(s->e, s->pair);
-  }
-  return pair_result(rc);
+  return pair_result(erdma_pair_bcast(s->e, s->pair, buf, len, s->me == root, PF_WAITER(s)));
 }
 
 /* An Allgather by flags; sb NULL: in place */
 static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk) {
   uint8_t *mine = (uint8_t *)rb + (uint64_t)s->me * blk;
   if (sb && sb != mine) memcpy(mine, sb, blk);
-  return pair_result(coll_pair_exchange(s->e, s->pair, mine,
-                                        (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk, NULL,
-                                        NULL, 0, PF_WAITER(s)));
+  return pair_result(erdma_pair_exchange(s->e, s->pair, mine,
+                                         (uint8_t *)rb + (uint64_t)(1 - s->me) * blk, blk, NULL,
+                                         NULL, 0, PF_WAITER(s)));
 }
 
 /* An Alltoall by flags (and CMA above ERDMA_PAIR_DATA_MAX); sb NULL: in place */
