@@ -257,6 +257,9 @@ typedef struct {
    * valid while pkl_gen is pickle_gen (pickle_changed()) */
   PyObject *pkl_wire, *pkl_loads;
   unsigned long pkl_gen;
+  /* meth_extra 4 as read first: a communicator's group changes only with
+   * a new state (Comm._setup, Free: _fast None) */
+  PyObject *gindex;
   int ranks[];
 } pf_state;
 
@@ -331,6 +334,7 @@ static void state_free(PyObject *cap) {
   Py_XDECREF(s->bar_key);
   Py_XDECREF(s->pkl_wire);
   Py_XDECREF(s->pkl_loads);
+  Py_XDECREF(s->gindex);
   Py_XDECREF(s->owner);
   Py_XDECREF(s->seq);
   free(s->inv);
@@ -943,6 +947,44 @@ static PyObject *op_wait(PyObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+/* Request's slots `_op`, `_predef` and `_start`, read and written through
+ * their member descriptors, found once (setup): a generic getattr/setattr
+ * first looks the name up along the type's MRO, which cost more than the
+ * rest of making an Isend's request.  Another type (a subclass), or a
+ * descriptor without both functions: the generic way. */
+typedef struct {
+  PyObject *d;
+  descrgetfunc get;
+  descrsetfunc set;
+} pf_slot;
+static pf_slot slot_op, slot_predef, slot_start;
+static PyTypeObject *request_type;
+
+static int slot_find(pf_slot *sl, PyObject *name) {
+  PyObject *d = PyObject_GetAttr((PyObject *)request_type, name);
+  if (!d) return -1;
+  sl->get = (descrgetfunc)PyType_GetSlot(Py_TYPE(d), Py_tp_descr_get);
+  sl->set = (descrsetfunc)PyType_GetSlot(Py_TYPE(d), Py_tp_descr_set);
+  if (sl->get && sl->set) {
+    sl->d = d;
+  } else {
+    sl->d = NULL;
+    Py_DECREF(d);
+  }
+  return 0;
+}
+
+static PyObject *req_get(const pf_slot *sl, PyObject *req, PyObject *name) {
+  if (sl->d && Py_TYPE(req) == request_type)
+    return sl->get(sl->d, req, (PyObject *)request_type);
+  return PyObject_GetAttr(req, name);
+}
+
+static int req_set(const pf_slot *sl, PyObject *req, PyObject *name, PyObject *v) {
+  if (sl->d && Py_TYPE(req) == request_type) return sl->set(sl->d, req, v);
+  return PyObject_SetAttr(req, name, v);
+}
+
 /* end_inline(requests, names, exc, done_type): request._end_inline in C:
  * from the first request of the list `requests` on, end those whose Op (a
  * C Op waited here, or a done_type complete from the start with no object)
@@ -1038,7 +1080,7 @@ static Py_ssize_t end_inline_run(PyObject *const *args) {
     PyObject *req = PyList_GetItem(list, start);
     if (!req) return -1;
     Py_INCREF(req);
-    PyObject *op = PyObject_GetAttr(req, str_op);
+    PyObject *op = req_get(&slot_op, req, str_op);
     int end = 0;
     if (!op) {
       PyErr_Clear();
@@ -1064,7 +1106,7 @@ static Py_ssize_t end_inline_run(PyObject *const *args) {
       PyErr_Clear();
     }
     Py_XDECREF(op);
-    if (end && PyObject_SetAttr(req, str_op, Py_None)) end = 0;
+    if (end && req_set(&slot_op, req, str_op, Py_None)) end = 0;
     if (end) { /* _named read now: another thread may have named a handle meanwhile */
       PyObject *nm = PyDict_GetItemWithError(args[1], str_named);
       int named = nm ? PyObject_IsTrue(nm) : PyErr_Occurred() ? -1 : 0;
@@ -2859,15 +2901,14 @@ typedef struct {
 static PyTypeObject *handle_type;
 static Py_ssize_t fast_offset;
 static PyObject *reap_list, *reap, *std_loads, *str_pkl, *str_wire, *str_loads;
-static PyTypeObject *request_type;
 
 /* A Request of the Op `op` (as Request._new: the handle type's new, then
  * _predef False, _op, _start None). */
 static PyObject *request_of(PyObject *op) {
   newfunc nf = (newfunc)PyType_GetSlot(handle_type, Py_tp_new);
   PyObject *req = nf ? nf(request_type, no_args, NULL) : NULL;
-  if (req && (PyObject_SetAttr(req, str_predef, Py_False) || PyObject_SetAttr(req, str_op, op) ||
-              PyObject_SetAttr(req, str_start, Py_None)))
+  if (req && (req_set(&slot_predef, req, str_predef, Py_False) ||
+              req_set(&slot_op, req, str_op, op) || req_set(&slot_start, req, str_start, Py_None)))
     Py_CLEAR(req);
   return req;
 }
@@ -2909,8 +2950,12 @@ static PyObject *meth_extra_read(int kind, PyObject *self);
  * it is made): the two attribute reads of each cost as much as a small
  * send's transport. */
 static PyObject *meth_extra(int kind, PyObject *self, PyObject *state) {
-  pf_state *s = kind != 4 ? state_of(state) : NULL;
+  pf_state *s = state_of(state);
   if (!s) return meth_extra_read(kind, self);
+  if (kind == 4) {
+    if (!s->gindex && !(s->gindex = meth_extra_read(4, self))) return NULL;
+    return Py_NewRef(s->gindex);
+  }
   if (s->pkl_gen != pickle_gen) {
     PyObject *w = meth_extra_read(1, self), *l = w ? meth_extra_read(2, self) : NULL;
     if (!l) {
@@ -3106,6 +3151,11 @@ static PyObject *pf_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
       (!no_args && !(no_args = PyTuple_New(0))))
     return NULL;
   request_type = (PyTypeObject *)Py_NewRef(args[5]);
+  if (slot_find(&slot_op, str_op) || slot_find(&slot_predef, str_predef) ||
+      slot_find(&slot_start, str_start)) {
+    Py_CLEAR(request_type);
+    return NULL;
+  }
   status_type = (PyTypeObject *)Py_NewRef(args[6]);
   handle_type = (PyTypeObject *)Py_NewRef(args[0]);
   fast_offset = off;
