@@ -531,10 +531,12 @@ class CommColl:
                          or n == 2 and arr.nbytes < coll.BULK_BCAST_MIN)  # binomial too
                     and self._no_compress("bcast", arr.nbytes, npd, arr=arr)):
                 ptr = _buffer_pointer(arr)
-                self._bccache = (arr, None if arr is buf else buf[1], arr.nbytes, npd, ptr)
+                fresh = self._new_arrays("bcast", arr, None)
+                ent = (arr, None if arr is buf else buf[1], arr.nbytes, npd, ptr)
+                self._bccache = None if fresh else ent
                 self._fast_remember("bcast", _fast_remember_bcast, (
-                    buf, arr, self._bccache[1], arr.flags.num, _environ_data,
-                    _COLL_ENV["bcast"], _cz._config, self._chints))
+                    buf, arr, ent[1], arr.flags.num, _environ_data,
+                    _COLL_ENV["bcast"], _cz._config, self._chints, fresh))
                 try:
                     _engine.coll_bcast(_rt.engine, ptr, arr.nbytes, root,
                                        self._cranks, n, self._rank, self._coll_base(),
@@ -639,10 +641,13 @@ class CommColl:
              rarr, None if type(recvbuf) is _ndarray else rdt,
              sarr, None if sarr is None or type(sendbuf) is _ndarray else sdt,
              rarr.nbytes, saddr, raddr, count, codes, ctype[1])
-        # the cache keeps its arrays alive: not a large one
-        self._arcache = c if rarr.nbytes <= _COLL_CACHE_MAX else None
+        # the cache keeps its arrays alive: not a large one, nor the arrays of
+        # a program that passes new ones every call (their memory would be
+        # freed in the next call instead of when the program drops them)
+        fresh = self._new_arrays("allreduce", rarr, sarr)
+        self._arcache = c if rarr.nbytes <= _COLL_CACHE_MAX and not fresh else None
         if fn is _engine.coll_allreduce:
-            self._fast_remember_allreduce(sendbuf, recvbuf, c)
+            self._fast_remember_allreduce(sendbuf, recvbuf, c, fresh)
         try:
             fn(_rt.engine, saddr, raddr, count, codes, ctype[1], self._cranks,
                len(self._ranks), self._rank, self._coll_base(), self._ctx + 1)
@@ -666,17 +671,19 @@ class CommColl:
             if f is not None and remember(f, *args):
                 self._fast = f
 
-    def _fast_remember_allreduce(self, sendbuf, recvbuf, c):
+    def _fast_remember_allreduce(self, sendbuf, recvbuf, c, fresh=None):
         """Make the small Allreduce _small_allreduce just resolved (its cache
         entry ``c``) known to the C fast path, when it would take the same
         way again as long as the environment override, the compression mode
-        and the hints stay as they are now (the C call checks them)."""
+        and the hints stay as they are now (the C call checks them);
+        ``fresh``: _new_arrays' answer for this call, if asked already."""
         rarr, sarr = c[3], c[5]
+        if fresh is None:
+            fresh = self._new_arrays("allreduce", rarr, sarr)
         self._fast_remember("allreduce", _fast_remember_allreduce, (
             IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],
             c[10], c[11], c[12], 0 if sarr is None else sarr.flags.num, rarr.flags.num,
-            _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints,
-            self._new_arrays("allreduce", rarr, sarr), 0, -1.0))
+            _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints, fresh, 0, -1.0))
 
     def _new_arrays(self, name, rarr, sarr):
         """Whether this call's arrays have the layouts of the last resolved.
@@ -708,11 +715,13 @@ class CommColl:
         if not self._small_ok(name):
             return False
         c = self._bkcache.get(name) if self._bkcache is not None else None
-        if (c is None or c[6] is not op or not _same_spec(recvbuf, c[0], c[1], c[4], True)
-                or not _same_spec(sendbuf, c[2], c[3], c[5], False)):
+        resolved = (c is None or c[6] is not op or not _same_spec(recvbuf, c[0], c[1], c[4], True)
+                    or not _same_spec(sendbuf, c[2], c[3], c[5], False))
+        if resolved:
             c = self._blocks_resolve(name, sendbuf, recvbuf, op)
             if c is None:
                 return False
+        fresh = self._fresh_arrays(name, c[0], None if c[3] is _UNUSED else c[2], resolved)
         remember, bulk = _FAST_BLOCKS.get(c[-2], (None, 0))
         if remember is not None:
             # the C fast path; arrays over the cache's limit are not kept
@@ -729,10 +738,17 @@ class CommColl:
                 None if c[3] is _UNUSED else c[3], recvbuf, c[0], c[1], op, count, opc, dtc,
                 0 if c[3] is _UNUSED else c[2].flags.num, c[0].flags.num, _environ_data,
                 _COLL_ENV[name], _cz._config, self._chints,
-                c[4] + c[5] > _COLL_CACHE_MAX or self._new_arrays(
-                    name, c[0], None if c[3] is _UNUSED else c[2]),
-                bulk, float(part)))
+                c[4] + c[5] > _COLL_CACHE_MAX or fresh, bulk, float(part)))
         return self._one_call(name, c)
+
+    def _fresh_arrays(self, name, rarr, sarr, resolved):
+        """_new_arrays for block or rooted collective ``name``; the entry
+        just resolved (``resolved``) of new arrays of the last call's layouts
+        is not kept in the cache (see _small_allreduce)."""
+        fresh = self._new_arrays(name, rarr, sarr)
+        if fresh and resolved and self._bkcache is not None:
+            self._bkcache.pop(name, None)
+        return fresh
 
     def _one_call(self, name, c):
         """Run the resolved one-call entry ``c`` of collective ``name`` (its
@@ -840,21 +856,22 @@ class CommColl:
         if type(root) is not int or not self._small_ok(name):
             return False
         c = self._bkcache.get(name) if self._bkcache is not None else None
-        if (c is None or c[0] != root or c[1] is not op
-                or not _same_spec(sendbuf, c[2], c[3], c[4], False)
-                or not _same_spec(recvbuf, c[5], c[6], c[7], True)):
+        resolved = (c is None or c[0] != root or c[1] is not op
+                    or not _same_spec(sendbuf, c[2], c[3], c[4], False)
+                    or not _same_spec(recvbuf, c[5], c[6], c[7], True))
+        if resolved:
             c = self._rooted_resolve(name, sendbuf, recvbuf, root, op)
             if c is None:
                 return False
         if not self._one_call(name, c):
             return False
-        self._fast_remember_rooted(name, c, sendbuf, recvbuf)
+        self._fast_remember_rooted(name, c, sendbuf, recvbuf, resolved)
         return True
 
-    def _fast_remember_rooted(self, name, c, sendbuf, recvbuf):
+    def _fast_remember_rooted(self, name, c, sendbuf, recvbuf, resolved):
         """Make the rooted call just run in one engine call (cache entry ``c``,
-        see _rooted_resolve) known to the C fast path, as
-        _fast_remember_allreduce does."""
+        see _rooted_resolve, ``resolved`` for this call) known to the C fast
+        path, as _fast_remember_allreduce does."""
         root, op = c[0], c[1]
         isroot = self._rank == root
         sarr = None if c[3] is _UNUSED else c[2]
@@ -869,7 +886,7 @@ class CommColl:
             op if name == "reduce" else None, args[2], opc, dtc,
             0 if sarr is None else sarr.flags.num, 0 if rarr is None else rarr.flags.num,
             _environ_data, _COLL_ENV[name], _cz._config, self._chints,
-            self._new_arrays(name, rarr, sarr)))
+            self._fresh_arrays(name, rarr, sarr, resolved)))
 
     def _rooted_resolve(self, name, sendbuf, recvbuf, root, op):
         """The cache entry of a rooted collective (see above), or None."""

@@ -1066,6 +1066,76 @@ def test_large_p2p_buffers_take_the_c_path_without_being_kept(nprocs):
     _ok(run_mpi(nprocs, LARGE_P2P_SCRIPT, timeout=120), nprocs)
 
 
+# -- new arrays every call: the one-call path, and nothing kept alive ---------
+
+NEW_ARRAYS_SCRIPT = r"""
+import gc, weakref
+import numpy as np
+from erdmampi import MPI
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+Comm = type(comm)
+misses = []
+bcast_more = Comm._bcast_more
+Comm._bcast_more = lambda self, *a: misses.append("bcast") or bcast_more(self, *a)
+# a Bcast of a new [array, datatype] every call: Python resolves the first two
+# (the second finds the layout again), the C method takes the rest (above
+# 64 KiB only two ranks' Bcast is one engine call)
+for nbytes in (64, 4096, 300 << 10) if n == 2 else (64, 4096):
+    del misses[:]
+    for k in range(12):
+        root = k % n
+        a = np.full(nbytes // 4, k * 10 + r if r == root else -1, np.int32)
+        comm.Bcast([a, MPI.INT], root=root)
+        assert (a == k * 10 + root).all(), (nbytes, k, a[:4])
+    if n > 1:
+        assert len(misses) <= 2, (nbytes, misses)
+# the arrays of a program that makes new ones for every call are not kept
+# alive (their memory freed in our next call instead of when dropped)
+blk = 64 << 10
+calls = {
+    "bcast": lambda: (np.full(blk, r, np.uint8), None),
+    "allreduce": lambda: (np.full(blk, r, np.float32), np.zeros(blk, np.float32)),
+    "allgather": lambda: (np.full(blk, r, np.uint8), np.zeros(blk * n, np.uint8)),
+    "alltoall": lambda: (np.full(blk * n, r, np.uint8), np.zeros(blk * n, np.uint8)),
+    "reduce_scatter": lambda: (np.full(blk * n, r, np.int32), np.zeros(blk, np.int32)),
+    "gather": lambda: (np.full(blk, r, np.uint8), np.zeros(blk * n, np.uint8)),
+}
+for name, make in calls.items():
+    refs = []
+    for k in range(6):
+        a, b = make()
+        if name == "bcast":
+            comm.Bcast(a, root=0)
+            assert (a == 0).all(), name
+        elif name == "allreduce":
+            comm.Allreduce(a, b)
+            assert (b == n * (n - 1) / 2).all(), name
+        elif name == "allgather":
+            comm.Allgather(a, b)
+            assert (b == np.repeat(np.arange(n), blk)).all(), name
+        elif name == "alltoall":
+            comm.Alltoall(a, b)
+            assert (b == np.repeat(np.arange(n), blk)).all(), name
+        elif name == "reduce_scatter":
+            comm.Reduce_scatter_block(a, b)
+            assert (b == n * (n - 1) // 2).all(), name
+        else:
+            comm.Gather(a, b, root=0)
+            assert r != 0 or (b == np.repeat(np.arange(n), blk)).all(), name
+        refs = [weakref.ref(a)] + ([] if b is None else [weakref.ref(b)])
+        del a, b
+    gc.collect()
+    assert all(w() is None for w in refs), name + ": an array of the last call was kept"
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_new_arrays_every_call_take_the_c_path_and_are_not_kept(nprocs):
+    _ok(run_mpi(nprocs, NEW_ARRAYS_SCRIPT, timeout=120), nprocs)
+
+
 # -- lowercase recv: received, copied out and unpickled in one C call ---------
 
 RECV_OBJ_SCRIPT = r"""

@@ -555,10 +555,11 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
  * in cache-sized pieces) over the bytes it computes and reduces it with its
  * own, both in rank order (in0 OP in1), so every result has the same bits;
  * then each waits until the other is done with its buffers.
- *   allreduce, small: both compute the whole vector;
- *   allreduce, large (push): each computes one half and writes every
+ *   allreduce, below BULK_RED_HALVES: both compute the whole vector;
+ *   allreduce, from there (push): each computes one half and writes every
  *     finished piece into the other's rbuf as well (read N/2, reduce N/2,
- *     write N/2 instead of read N, reduce N);
+ *     write N/2 instead of read N, reduce N: from the pair's smallest size,
+ *     above 64 KiB, 128 KiB took 18 us against 21 one call at a time);
  *   reduce_scatter: each computes its own block (into rbuf).
  * A pair without CMA trades the input ranges as messages instead.
  * In place (sbuf == rbuf, allreduce only): a push lands in the range of the
@@ -571,7 +572,7 @@ int erdma_coll_bcast_bulk(erdma_engine *e, void *buf, uint64_t nbytes, int root,
  * place decides for both (the first header says it), so a pair of which
  * one rank is in place and the other not agrees too. */
 #define BULK_RED_PIECE ((uint64_t)64 << 10)
-#define BULK_RED_HALVES ((uint64_t)256 << 10) /* allreduce: halves from here */
+#define BULK_RED_HALVES ((uint64_t)64 << 10) /* allreduce: halves from here */
 
 typedef struct {
   uint64_t lo, len; /* bytes of the vector this rank computes */

@@ -2073,25 +2073,33 @@ static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) 
 /* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints): Python
  * found this Bcast one for erdma_coll_bcast (dt None: the spec is arr). */
 static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-  if (n != 9) {
-    PyErr_SetString(PyExc_TypeError, "remember_bcast() takes 9 arguments");
+  if (n != 9 && n != 10) {
+    PyErr_SetString(PyExc_TypeError, "remember_bcast() takes 9 or 10 arguments");
     return NULL;
   }
   pf_state *s = state_of(args[0]);
   long flags = PyLong_AsLong(args[4]);
+  int weak = n == 10 ? PyObject_IsTrue(args[9]) : 0;
   if (PyErr_Occurred()) return NULL;
-  if (!s || s->bc.busy || !PyDict_Check(args[5]) || !PyDict_Check(args[8])) Py_RETURN_FALSE;
+  if (!s || s->bc.busy || !PyDict_Check(args[5]) || !PyDict_Check(args[8]) || weak < 0)
+    Py_RETURN_FALSE;
   PyObject *mode = PyObject_GetAttrString(args[7], "mode");
   if (!mode) return NULL;
   pf_coll x = {0};
-  if (!coll_view(args[2], flags, NP_C_CONTIGUOUS | NP_WRITEABLE, 1, &x.rview)) {
+  int need = NP_C_CONTIGUOUS | NP_WRITEABLE;
+  if (weak ? ((np_head *)args[2])->flags != (int)flags || (flags & need) != need ||
+                 !layout_keep(&x.rl, args[2])
+           : !coll_view(args[2], flags, need, 1, &x.rview)) {
     Py_DECREF(mode);
     Py_RETURN_FALSE;
   }
   coll_clear(&s->bc);
   x.have = 1;
-  x.rspec = Py_NewRef(args[1]);
-  x.rarr = Py_NewRef(args[2]);
+  x.weak = weak;
+  if (!weak) {
+    x.rspec = Py_NewRef(args[1]);
+    x.rarr = Py_NewRef(args[2]);
+  }
   x.rdt = args[3] == Py_None ? NULL : Py_NewRef(args[3]);
   coll_keep_checks(&x, args[5], args[6], args[7], mode, args[8]);
   s->bc = x;
@@ -2240,42 +2248,60 @@ static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t b
 /* bcast(state, buf, root) -> 0 | 1 (miss) | (rc, pending).  The root of two
  * ranks hands its one message of the binomial tree to the peer's ring
  * itself when it fits there, as erdma_coll_bcast would. */
+static PyObject *bcast_run(pf_state *s, pf_coll *x, void *buf, uint64_t len, long root);
+
 static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   pf_state *s;
   long root;
   if (n != 3 || !(s = state_of(args[0]))) return PyLong_FromLong(1);
   pf_coll *x = &s->bc;
-  if (!x->have || x->busy || !small_int(args[2], 0, s->size - 1, &root) ||
-      !spec_is(args[1], x->rspec, x->rarr, x->rdt) ||
-      (((np_head *)(x->rdt ? x->rarr : args[1]))->flags & (NP_C_CONTIGUOUS | NP_WRITEABLE)) !=
-          (NP_C_CONTIGUOUS | NP_WRITEABLE) ||
-      !coll_still(x))
+  int need = NP_C_CONTIGUOUS | NP_WRITEABLE;
+  if (!x->have || x->busy || !small_int(args[2], 0, s->size - 1, &root) || !coll_still(x))
     return PyLong_FromLong(1);
+  if (x->weak) { /* any array of the layout: exported for the call */
+    PyObject *a = weak_array(args[1], &x->rl, x->rdt, need);
+    Py_buffer v;
+    if (!a || PyObject_GetBuffer(a, &v, PyBUF_WRITABLE) != 0) {
+      PyErr_Clear();
+      return PyLong_FromLong(1);
+    }
+    PyObject *res = bcast_run(s, x, v.buf, (uint64_t)v.len, root);
+    PyBuffer_Release(&v);
+    return res;
+  }
+  if (!spec_is(args[1], x->rspec, x->rarr, x->rdt) ||
+      (((np_head *)(x->rdt ? x->rarr : args[1]))->flags & need) != need)
+    return PyLong_FromLong(1);
+  return bcast_run(s, x, x->rview.buf, (uint64_t)x->rview.len, root);
+}
+
+/* pf_bcast's call on the memory found for it */
+static PyObject *bcast_run(pf_state *s, pf_coll *x, void *buf, uint64_t len, long root) {
   long tag = next_coll_tag(s);
   if (tag < 0) return tag == -1 ? NULL : PyLong_FromLong(1);
-  if (s->size == 2 && x->rview.len > 0 && x->rview.len < ERDMA_PAIR_BCAST_MAX && pair_of(s)) {
+  if (s->size == 2 && len > 0 && len < ERDMA_PAIR_BCAST_MAX && pair_of(s)) {
     x->busy++;
-    PyObject *res = pair_bcast(s, x->rview.buf, (uint64_t)x->rview.len, (int)root);
+    PyObject *res = pair_bcast(s, buf, len, (int)root);
     x->busy--;
     return res;
   }
   if (s->size == 2 && s->me == root &&
-      erdma_shm_try_send(s->e, x->rview.buf, (uint64_t)x->rview.len, s->ranks[1 - root],
-                         (int)tag, s->ctx + 1, ERDMA_SEND_BULK))
+      erdma_shm_try_send(s->e, buf, len, s->ranks[1 - root], (int)tag, s->ctx + 1,
+                         ERDMA_SEND_BULK))
     return PyLong_FromLong(0);
   if (s->size == 2 && s->me != root) {
     /* the other rank of two: the binomial tree's one receive, without the
      * collective's state */
     x->busy++;
-    PyObject *res = recv_one(s, x->rview.buf, (uint64_t)x->rview.len, s->ranks[root], tag);
+    PyObject *res = recv_one(s, buf, len, s->ranks[root], tag);
     x->busy--;
     return res;
   }
   erdma_coll *pending = NULL;
   x->busy++;
   PyThreadState *ts = PyEval_SaveThread();
-  int rc = erdma_coll_bcast(s->e, x->rview.buf, (uint64_t)x->rview.len, (int)root, s->ranks,
-                            s->size, s->me, (int)tag, s->ctx + 1, s->slice, &pending);
+  int rc = erdma_coll_bcast(s->e, buf, len, (int)root, s->ranks, s->size, s->me, (int)tag,
+                            s->ctx + 1, s->slice, &pending);
   PyEval_RestoreThread(ts);
   x->busy--;
   return coll_result(rc, pending);
