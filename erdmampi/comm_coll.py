@@ -11,7 +11,8 @@ from .collectives import wan as _wan_algos
 from ._commrt import (
     _blocks, _buffer_pointer, _c_dtype, _C_OPS, _check_op, coll, _COLL_CACHE_MAX,
     _COLL_ENV, _collsched, _cz, _czcoll, _dev, _dev_addr, _dev_dtype_datatype, _dev_msg,
-    _engine, engine_exception, _environ_data, ERR_TRUNCATE, _extent, _fast_allreduce,
+    _engine, engine_exception, _environ_data, ERR_BUFFER, ERR_TRUNCATE, _extent,
+    _fast_allreduce,
     _fast_allgather, _fast_alltoall, _fast_barrier, _fast_bcast, _fast_coll_raise,
     _fast_reduce_scatter, _fast_remember_allgather, _fast_remember_allreduce,
     _fast_remember_alltoall, _fast_remember_barrier, _fast_remember_bcast,
@@ -25,11 +26,31 @@ from ._commrt import (
 
 
 def _check_cro(smsg, rmsg):
-    """mpi4py's checks of a reduction's send and receive messages."""
+    """mpi4py's checks of a reduction's send and receive messages, and
+    MPICH's that they are not the same buffer."""
     if smsg.datatype != rmsg.datatype:
         raise buffers.type_mismatch(smsg, rmsg)
     if smsg.count != rmsg.count:
         raise _mismatch(smsg, rmsg)
+    _check_alias(smsg, rmsg)
+
+
+def _check_alias(smsg, rmsg, same=True, soff=0, roff=0):
+    """MPICH's MPIR_ERRTEST_ALIAS_COLL: a collective whose send buffer (from
+    byte ``soff``) starts where its receive buffer (from byte ``roff``: this
+    rank's block of an Allgather or a root's Gather) does, not MPI.IN_PLACE,
+    fails with ERR_BUFFER, where ``same`` (its counts and datatypes agree)
+    and a byte is sent; buffers that overlap from other starts are not
+    checked, as there."""
+    if same and smsg is not None and rmsg is not None and smsg.nbytes and \
+            smsg.addr + soff == rmsg.addr + roff:
+        raise_error(ERR_BUFFER, "Buffers must not be aliased")
+
+
+def _alike(a, b):
+    """Whether two block messages have the same datatype and count per
+    block (message_cco's count; MPICH checks aliasing only then)."""
+    return a is not None and b is not None and a.datatype == b.datatype and a.count == b.count
 
 
 # the rooted calls' numbers in the C fast path (remember_rooted / rooted)
@@ -281,6 +302,10 @@ class CommColl:
         smsg = None if inplace else message_cco(sendbuf, True, 1)
         if smsg is not None and smsg.datatype != rmsg.datatype:
             raise buffers.type_mismatch(smsg, rmsg)
+        if block and smsg is not None and smsg.count != rmsg.count * size:
+            raise ValueError(f"mismatch in send count {smsg.count // size} "
+                             f"and receive count {rmsg.count}")     # (mpi4py's)
+        _check_alias(smsg, rmsg, rmsg.count != 0 or not block)
         if smsg is not None and not block and counts is not None:
             me = self._rank
             if smsg.count != sum(counts):
@@ -340,6 +365,7 @@ class CommColl:
             blk = rmsg.nbytes // size
             if smsg is not None and smsg.nbytes != blk:
                 raise _mismatch(smsg, rmsg)
+            _check_alias(smsg, rmsg, _alike(smsg, rmsg), roff=root * blk)
         t = self._transport()
         cd = self._cplan_msgs("gather", compress, rmsg, smsg, size)
         if cd is not None:
@@ -380,6 +406,7 @@ class CommColl:
             blk = smsg.nbytes // size
             if rmsg is not None and rmsg.nbytes != blk:
                 raise _mismatch(smsg, rmsg)
+            _check_alias(smsg, rmsg, _alike(rmsg, smsg), soff=root * blk)
         t = self._transport()
         cd = self._cplan_msgs("scatter", compress, smsg, rmsg, size)
         if cd is not None:
@@ -418,6 +445,7 @@ class CommColl:
                                       f"block ({rmsg.count} // {size})")
         if smsg is not None and smsg.nbytes != blk:
             raise _mismatch(smsg, rmsg)
+        _check_alias(smsg, rmsg, _alike(smsg, rmsg), roff=self._rank * blk)
         counts, displs = _blocks(blk, size)
         t = self._transport()
         cd = self._cplan_msgs("allgather", compress, rmsg, None, size)
@@ -451,6 +479,7 @@ class CommColl:
         smsg = None if inplace else message_cco(sendbuf, True, size)
         if smsg is not None and smsg.nbytes != rmsg.nbytes:
             raise _mismatch(smsg, rmsg)
+        _check_alias(smsg, rmsg, _alike(smsg, rmsg))
         t = self._transport()
         cd = self._cplan_msgs("alltoall", compress, rmsg, None, size)
         if cd is not None:
@@ -628,6 +657,8 @@ class CommColl:
                     fn is not _engine.coll_allreduce and np.may_share_memory(sarr, rarr)):
                 return False
             saddr = _buffer_pointer(sarr)
+            if saddr == _buffer_pointer(rarr) and rarr.nbytes:
+                return False        # the same buffer: the normal path reports it
         ctype = _c_dtype(rdt)
         if ctype is None or ctype[2] and op._name not in _LOGICAL_OPS:
             return False
