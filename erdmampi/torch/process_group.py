@@ -175,6 +175,17 @@ def _host(t: torch.Tensor):
     return t
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share memory: torch allows an
+    all_gather_into_tensor whose input is its own block of the output, or a
+    reduce_scatter_tensor whose output lies in its input (NCCL's in place),
+    where MPI fails buffers at one address (ERR_BUFFER)."""
+    if a.device != b.device:
+        return False
+    pa, pb = a.data_ptr(), b.data_ptr()
+    return pa < pb + b.numel() * b.element_size() and pb < pa + a.numel() * a.element_size()
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a contiguous tensor (data movement of any dtype)."""
     return t.reshape(-1).view(torch.uint8)
@@ -481,7 +492,8 @@ class ProcessGroupErdma(dist.ProcessGroup):
         src = _Contig(input_tensor).buf
 
         def run(c):
-            c.Allgather(_host(_bytes(src)), _host(_bytes(out.buf)))
+            mine = src.clone() if _overlaps(src, out.buf) else src
+            c.Allgather(_host(_bytes(mine)), _host(_bytes(out.buf)))
             out.back()
         return self._submit("all_gather_into_tensor", [output_tensor], run, opts,
                             uses=[input_tensor])
@@ -524,7 +536,12 @@ class ProcessGroupErdma(dist.ProcessGroup):
 
         def run(c):
             send = red.scaled(src, inplace=False)
-            c.Reduce_scatter_block(_host(send), _host(out.buf), op=red.mpi)
+            if _overlaps(send, out.buf):
+                res = torch.empty_like(out.buf)
+                c.Reduce_scatter_block(_host(send), _host(res), op=red.mpi)
+                out.buf.copy_(res)
+            else:
+                c.Reduce_scatter_block(_host(send), _host(out.buf), op=red.mpi)
             if red.name == "AVG":
                 self._avg(out.buf)
             out.back()

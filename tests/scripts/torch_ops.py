@@ -101,6 +101,11 @@ for dt in FLOATS + INTS:
         big = torch.zeros(n * 6, dtype=dt)
         dist.all_gather_into_tensor(big, base(dt))
         out(f"allgather_into_tensor.{name}", big)
+        # in place, as FSDP calls it: the input is this rank's block of the output
+        own = torch.zeros(n * 6, dtype=dt)
+        own[r * 6:(r + 1) * 6] = base(dt)
+        dist.all_gather_into_tensor(own, own[r * 6:(r + 1) * 6])
+        out(f"allgather_into_tensor_own_block.{name}", own)
     attempt(f"allgather.{name}", allgather)
 
     def reduce_scatter():
@@ -110,6 +115,10 @@ for dt in FLOATS + INTS:
         o2 = torch.zeros(2, dtype=dt)
         dist.reduce_scatter_tensor(o2, base(dt, 2 * n))
         out(f"reduce_scatter_tensor.{name}", o2)
+        # the output in the input, at this rank's block (NCCL's in place)
+        full = base(dt, 2 * n).clone()
+        dist.reduce_scatter_tensor(full[2 * r:2 * r + 2], full)
+        out(f"reduce_scatter_tensor_in_input.{name}", full[2 * r:2 * r + 2])
     attempt(f"reduce_scatter.{name}", reduce_scatter)
 
     def alltoall():
