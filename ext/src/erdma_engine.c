@@ -1103,8 +1103,12 @@ int erdma_recv_now_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
 int erdma_recv_soon_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
                           void *(*alloc)(void *arg, uint64_t n), void *arg, uint64_t spin_ns,
                           erdma_blocking *out) {
-  if (!alloc || !recv_args_ok(e, NULL, 0, source, tag) || pthread_mutex_trylock(&e->mu) != 0)
-    return 0;
+  if (!alloc || !recv_args_ok(e, NULL, 0, source, tag)) return 0;
+  uint64_t until = spin_ns ? erdma_now() + spin_ns : 0;
+  while (pthread_mutex_trylock(&e->mu) != 0) { /* busy (the progress thread): within the spin */
+    if (!spin_ns || erdma_now() >= until) return 0;
+    cpu_relax();
+  }
   int got = take_now(e, NULL, 0, source, tag, ctx, alloc, arg, out);
   struct shm_seg *seg = e->shm.seg;
   if (got || !spin_ns || !all_shm(e) || e->shm.oversub || source == e->cfg.rank) {
@@ -1113,7 +1117,6 @@ int erdma_recv_soon_alloc(erdma_engine *e, int source, int tag, uint32_t ctx,
   }
   __atomic_add_fetch(&e->shm.lf_spin, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_unlock(&e->mu);
-  uint64_t until = erdma_now() + spin_ns;
   for (unsigned it = 1;; it++) {
     if (shm_rx_ready(e) && pthread_mutex_trylock(&e->mu) == 0) {
       int live = e->shm.seg == seg && e->running;
