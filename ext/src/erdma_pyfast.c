@@ -2070,8 +2070,9 @@ static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) 
   return res;
 }
 
-/* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints): Python
- * found this Bcast one for erdma_coll_bcast (dt None: the spec is arr). */
+/* remember_bcast(state, spec, arr, dt, flags, env, envkey, cfg, hints[, weak]):
+ * Python found this Bcast one for erdma_coll_bcast (dt None: the spec is
+ * arr); weak: any array of arr's layout, not kept (see pf_coll). */
 static PyObject *pf_remember_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   if (n != 9 && n != 10) {
     PyErr_SetString(PyExc_TypeError, "remember_bcast() takes 9 or 10 arguments");
@@ -2766,8 +2767,7 @@ static int recv_obj_at(pf_state *s, int src, long tag, uint32_t ctx, PyObject *l
  * object, when loads (pickle.loads, or None: never here) took an in-band
  * pickle; else a More whose value is (payload or None, error) for Python to
  * finish (an out-of-band frame, an error), 1 (a miss) or (rc, left) as
- * recv.  A message here whole already (erdma_recv_now_alloc) is copied
- * once, into the bytes loads reads, with no request and no wait. */
+ * recv (the receive: recv_obj_at). */
 static PyObject *pf_recv_obj(PyObject *self, PyObject *const *args, Py_ssize_t n) {
   PyObject *res, *loads = n >= 4 && args[3] != Py_None ? args[3] : NULL;
   long tag;
