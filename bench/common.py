@@ -57,13 +57,17 @@ def _np():
 
 
 def fresh_array(count, dtype, offset=0):
-    """A zero array on pages the kernel maps anew (an anonymous mmap): not
-    yet touched, unlike malloc's, which may come back already faulted in;
-    it starts ``offset`` bytes into its first page."""
+    """A zero array on pages the kernel maps anew (a private anonymous mmap,
+    the memory malloc gives a large NumPy array): not yet touched, unlike
+    malloc's, which may come back already faulted in; it starts ``offset``
+    bytes into its first page.  Private, not ``mmap.mmap(-1, n)``'s default
+    shared mapping: shared anonymous pages are shmem, whose page faults cost
+    more and which no program's arrays are."""
     import mmap
     np = _np()
     dtype = np.dtype(dtype)
-    buf = mmap.mmap(-1, max(1, count * dtype.itemsize + offset))
+    buf = mmap.mmap(-1, max(1, count * dtype.itemsize + offset),
+                    flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
 
 
