@@ -63,7 +63,8 @@ _FAST_BLOCKS = {_engine.coll_alltoall: (_fast_remember_alltoall, 0),
                 _engine.coll_allgather: (_fast_remember_allgather, 0),
                 _engine.coll_reduce_scatter: (_fast_remember_reduce_scatter, 0),
                 _engine.coll_alltoall_bulk: (_fast_remember_alltoall, 1),
-                _engine.coll_allgather_bulk: (_fast_remember_allgather, 1)}
+                _engine.coll_allgather_bulk: (_fast_remember_allgather, 1),
+                _engine.coll_reduce_scatter_pair: (_fast_remember_reduce_scatter, 1)}
 
 
 class CommColl:
@@ -622,7 +623,7 @@ class CommColl:
                 and self._no_compress("allreduce", c[7], c[1], op, c[3])):
             f = c[3].flags
             if f.writeable and f.c_contiguous:
-                if c[0] is _engine.coll_allreduce:
+                if c[0] is _engine.coll_allreduce or c[0] is _engine.coll_allreduce_pair:
                     self._fast_remember_allreduce(sendbuf, recvbuf, c)
                 try:
                     c[0](_rt.engine, c[8], c[9], c[10], c[11], c[12], self._cranks,
@@ -677,7 +678,7 @@ class CommColl:
         # freed in the next call instead of when the program drops them)
         fresh = self._new_arrays("allreduce", rarr, sarr)
         self._arcache = c if rarr.nbytes <= _COLL_CACHE_MAX and not fresh else None
-        if fn is _engine.coll_allreduce:
+        if fn is _engine.coll_allreduce or fn is _engine.coll_allreduce_pair:
             self._fast_remember_allreduce(sendbuf, recvbuf, c, fresh)
         try:
             fn(_rt.engine, saddr, raddr, count, codes, ctype[1], self._cranks,
@@ -714,7 +715,8 @@ class CommColl:
         self._fast_remember("allreduce", _fast_remember_allreduce, (
             IN_PLACE if sarr is None else sendbuf, sarr, c[6], recvbuf, rarr, c[4], c[2],
             c[10], c[11], c[12], 0 if sarr is None else sarr.flags.num, rarr.flags.num,
-            _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints, fresh, 0, -1.0))
+            _environ_data, _COLL_ENV["allreduce"], _cz._config, self._chints, fresh,
+            int(c[0] is _engine.coll_allreduce_pair), -1.0))
 
     def _new_arrays(self, name, rarr, sarr):
         """Whether this call's arrays have the layouts of the last resolved.
@@ -758,7 +760,7 @@ class CommColl:
             # the C fast path; arrays over the cache's limit are not kept
             # alive there but checked by their layout on every call
             a = c[-1]
-            if bulk:    # (saddr, raddr, blk, pull_part) / (saddr, raddr, offs, lens)
+            if bulk and op is None:  # (saddr, raddr, blk, pull_part) / (saddr, raddr, offs, lens)
                 count, part = (a[2], a[3]) if name == "alltoall" else (a[3][0], -1.0)
                 opc = dtc = 0
             else:

@@ -212,6 +212,13 @@ const char *erdma_last_error(void);
  * (1, 0; -1 where the CPU cannot tell). */
 void erdma_cpu_settle(void);
 int erdma_cpu_upper_in_use(void);
+/* A receive buffer's pages (erdma_pages.c): when the buffer (at least
+ * ERDMA_PREFAULT_MIN bytes) has never been written, so that its writes would
+ * fault page by page, erdma_prefault maps its pages in one system call:
+ * 1 when it did, 0 when it was not needed or could not.  The bytes do not
+ * change. */
+#define ERDMA_PREFAULT_MIN 65536
+int erdma_prefault(void *buf, uint64_t nbytes);
 
 /* Create the engine: generates a TLS identity and binds the UDP socket. */
 int erdma_engine_new(const erdma_config *cfg, erdma_engine **out);

@@ -193,7 +193,8 @@ typedef struct {
    * against these layouts and exports them for the call's duration */
   int weak;
   pf_layout sl, rl;
-  int kind;    /* 0: erdma_coll_*; 1: erdma_coll_alltoall_bulk / _allgather_bulk */
+  int kind;    /* 0: erdma_coll_*; 1: erdma_coll_alltoall_bulk / _allgather_bulk /
+                * _allreduce_pair / _reduce_scatter_pair (erdma_bulk.c) */
   double part; /* the bulk Alltoall's pull_part */
 } pf_coll;
 
@@ -1651,7 +1652,9 @@ static pf_coll *sr_slot(pf_state *s, int which) {
  * remember_alltoall / remember_allgather for erdma_coll_alltoall /
  * erdma_coll_allgather of count-byte blocks (op None, opc and dtc 0), or
  * with kind 1 for erdma_coll_alltoall_bulk (pull_part `part`) /
- * erdma_coll_allgather_bulk.  weak: the arrays are not kept (see pf_coll). */
+ * erdma_coll_allgather_bulk; kind 1 of the two reducing calls: two ranks,
+ * erdma_coll_allreduce_pair / _reduce_scatter_pair.  weak: the arrays are
+ * not kept (see pf_coll). */
 static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
   if (n != 17 && n != 20) {
     PyErr_SetString(PyExc_TypeError, "remember_*() takes 17 or 20 arguments");
@@ -1667,7 +1670,8 @@ static PyObject *remember_sr(PyObject *const *args, Py_ssize_t n, int which) {
   if (PyErr_Occurred()) return NULL;
   pf_coll *slot = s ? sr_slot(s, which) : NULL;
   if (!s || slot->busy || !PyDict_Check(args[13]) || !PyDict_Check(args[16]) || weak < 0 ||
-      kind < 0 || kind > 1 || (kind && which != SR_ALLTOALL && which != SR_ALLGATHER))
+      kind < 0 || kind > 1 ||
+      (kind && (which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER) && s->size != 2))
     Py_RETURN_FALSE;
   PyObject *mode = PyObject_GetAttrString(args[15], "mode");
   if (!mode) return NULL;
@@ -1791,6 +1795,16 @@ static PyObject *weak_array(PyObject *spec, const pf_layout *l, PyObject *dt, in
   return a;
 }
 
+/* A new receive array of a weakly remembered call: its pages mapped in one
+ * system call if it was never written (erdma_prefault), the GIL released
+ * meanwhile.  Arrays a call keeps are not checked: they have been written. */
+static void fresh_pages(void *buf, Py_ssize_t len) {
+  if (len < ERDMA_PREFAULT_MIN) return;
+  PyThreadState *ts = PyEval_SaveThread();
+  erdma_prefault(buf, (uint64_t)len);
+  PyEval_RestoreThread(ts);
+}
+
 static int pair_of(pf_state *s);
 static PyObject *pair_allgather(pf_state *s, const void *sb, void *rb, uint64_t blk);
 static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t blk);
@@ -1799,6 +1813,10 @@ static PyObject *pair_alltoall(pf_state *s, const void *sb, void *rb, uint64_t b
  * or Allgather (GIL released). */
 static int sr_run(pf_state *s, pf_coll *x, int which, const void *sb, void *rb, int tag,
                   erdma_coll **pending) {
+  if ((which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER) && x->kind)
+    return (which == SR_ALLREDUCE ? erdma_coll_allreduce_pair : erdma_coll_reduce_scatter_pair)(
+        s->e, sb, rb, x->count, x->opc, x->dtc, s->ranks, s->size, s->me, tag, s->ctx + 1,
+        -1.0);
   if (which == SR_ALLREDUCE || which == SR_REDUCE_SCATTER)
     return (which == SR_ALLREDUCE ? erdma_coll_allreduce : erdma_coll_reduce_scatter)(
         s->e, sb, rb, x->count, x->opc, x->dtc, s->ranks, s->size, s->me, tag, s->ctx + 1,
@@ -1870,6 +1888,7 @@ static PyObject *sr_call(PyObject *const *args, Py_ssize_t n, int which) {
     if (ra) PyBuffer_Release(&rv);
     return tag == -1 ? NULL : PyLong_FromLong(1);
   }
+  if (ra) fresh_pages(rv.buf, rv.len);
   erdma_coll *pending = NULL;
   const void *sb = x->weak ? (sa ? sv.buf : NULL) : x->sarr ? x->sview.buf : NULL;
   void *rb = x->weak ? rv.buf : x->rview.buf;
@@ -2061,10 +2080,12 @@ static PyObject *pf_rooted(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     res = PyLong_FromLong(1);
   else if ((tag = next_coll_tag(s)) < 0)
     res = tag == -1 ? NULL : PyLong_FromLong(1);
-  else
+  else {
+    if (rgot) fresh_pages(rv.buf, rv.len);
     res = rooted_run(s, x, (int)which, (int)root, tag,
                      sgot ? sv.buf : x->sarr ? x->sview.buf : NULL,
                      rgot ? rv.buf : x->rarr ? x->rview.buf : NULL);
+  }
   if (sgot) PyBuffer_Release(&sv);
   if (rgot) PyBuffer_Release(&rv);
   return res;
@@ -2266,6 +2287,7 @@ static PyObject *pf_bcast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
       PyErr_Clear();
       return PyLong_FromLong(1);
     }
+    if (root != s->me) fresh_pages(v.buf, v.len);
     PyObject *res = bcast_run(s, x, v.buf, (uint64_t)v.len, root);
     PyBuffer_Release(&v);
     return res;
