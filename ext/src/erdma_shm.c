@@ -1617,12 +1617,38 @@ static void pair_write(shm_pair *p, const void *buf, uint64_t n) {
   atomic_store_explicit(head, (uint64_t)op << 32 | n, memory_order_relaxed);
 }
 
+/* The area our next operation of n bytes will write, asked for with
+ * PREFETCHW once this one is out: the peer read it SHM_PAIR_DEPTH
+ * operations ago, so each of its lines must be taken back from the peer's
+ * cache before our stores to it complete, and the release that publishes
+ * those bytes (erdma_pair_arrive's fence) waited for all of them.  Asked
+ * for now, they come while the caller returns to its program (back to back,
+ * 8 KiB Bcasts: 1.0-1.2 -> 0.87 us a call; 2-8 KiB Allgathers and Alltoalls
+ * 1.2-1.35x faster).  Only from `min` bytes: a Bcast's root runs ahead of
+ * its receiver, which may still be reading that area (4 KiB Bcasts: 0.58
+ * -> 0.62 us).  A hint: a NOP on CPUs without it; the bytes and their order
+ * do not change. */
+static void pair_prepare_next(shm_pair *p, uint64_t n, uint64_t min) {
+#if defined(__x86_64__)
+  if (n <= SHM_PAIR_LINE_MAX || n < min) return;
+  uint8_t *data;
+  _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
+  for (uint8_t *a = (uint8_t *)head; a < data + n; a += 64)
+    __asm__ volatile("prefetchw (%0)" ::"r"(a));
+#else
+  (void)p;
+  (void)n;
+  (void)min;
+#endif
+}
+
 int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   shm_pair *p = &e->shm.pair[slot];
   p->slack = 0;
   if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
   pair_write(p, buf, n);
   erdma_pair_arrive(e, slot); /* (its release store publishes the bytes) */
+  pair_prepare_next(p, n, 4097);
   return 0;
 }
 
@@ -1649,6 +1675,7 @@ int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   atomic_store_explicit(p->mine + 1, (uint64_t)p->count << 32 | n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
+  pair_prepare_next(p, n, 0); /* in step with the peer: it is done with that area */
   return 0;
 }
 
