@@ -623,8 +623,7 @@ class CommColl:
                 and self._no_compress("allreduce", c[7], c[1], op, c[3])):
             f = c[3].flags
             if f.writeable and f.c_contiguous:
-                if c[0] is _engine.coll_allreduce or c[0] is _engine.coll_allreduce_pair:
-                    self._fast_remember_allreduce(sendbuf, recvbuf, c)
+                self._fast_remember_allreduce(sendbuf, recvbuf, c)
                 try:
                     c[0](_rt.engine, c[8], c[9], c[10], c[11], c[12], self._cranks,
                          len(self._ranks), self._rank, self._coll_base(), self._ctx + 1)
@@ -678,8 +677,7 @@ class CommColl:
         # freed in the next call instead of when the program drops them)
         fresh = self._new_arrays("allreduce", rarr, sarr)
         self._arcache = c if rarr.nbytes <= _COLL_CACHE_MAX and not fresh else None
-        if fn is _engine.coll_allreduce or fn is _engine.coll_allreduce_pair:
-            self._fast_remember_allreduce(sendbuf, recvbuf, c, fresh)
+        self._fast_remember_allreduce(sendbuf, recvbuf, c, fresh)
         try:
             fn(_rt.engine, saddr, raddr, count, codes, ctype[1], self._cranks,
                len(self._ranks), self._rank, self._coll_base(), self._ctx + 1)

@@ -1624,13 +1624,13 @@ static void pair_write(shm_pair *p, const void *buf, uint64_t n) {
  * those bytes (erdma_pair_arrive's fence) waited for all of them.  Asked
  * for now, they come while the caller returns to its program (back to back,
  * 8 KiB Bcasts: 1.0-1.2 -> 0.87 us a call; 2-8 KiB Allgathers and Alltoalls
- * 1.2-1.35x faster).  Only from `min` bytes: a Bcast's root runs ahead of
+ * 1.2-1.35x faster).  Only above `above` bytes: a Bcast's root runs ahead of
  * its receiver, which may still be reading that area (4 KiB Bcasts: 0.58
  * -> 0.62 us).  A hint: a NOP on CPUs without it; the bytes and their order
  * do not change. */
-static void pair_prepare_next(shm_pair *p, uint64_t n, uint64_t min) {
+static void pair_prepare_next(shm_pair *p, uint64_t n, uint64_t above) {
 #if defined(__x86_64__)
-  if (n <= SHM_PAIR_LINE_MAX || n < min) return;
+  if (n <= above) return;
   uint8_t *data;
   _Atomic uint64_t *head = pair_head(p->mine, p->my_area, p->count + 1, n, &data);
   for (uint8_t *a = (uint8_t *)head; a < data + n; a += 64)
@@ -1638,7 +1638,7 @@ static void pair_prepare_next(shm_pair *p, uint64_t n, uint64_t min) {
 #else
   (void)p;
   (void)n;
-  (void)min;
+  (void)above;
 #endif
 }
 
@@ -1648,7 +1648,7 @@ int erdma_pair_put(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   if (n > ERDMA_PAIR_DATA_MAX || (n && !buf)) return ERDMA_ERR_INVAL;
   pair_write(p, buf, n);
   erdma_pair_arrive(e, slot); /* (its release store publishes the bytes) */
-  pair_prepare_next(p, n, 4097);
+  pair_prepare_next(p, n, 4096);
   return 0;
 }
 
@@ -1675,7 +1675,8 @@ int erdma_pair_share(erdma_engine *e, int slot, const void *buf, uint64_t n) {
   atomic_store_explicit(p->mine + 1, (uint64_t)p->count << 32 | n, memory_order_release);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&p->peer_seg->bell_waiters, memory_order_relaxed)) ring_bell(p->peer_seg);
-  pair_prepare_next(p, n, 0); /* in step with the peer: it is done with that area */
+  /* in step with the peer: it is done with that area (a line's bytes: no area) */
+  pair_prepare_next(p, n, SHM_PAIR_LINE_MAX);
   return 0;
 }
 
